@@ -1,0 +1,21 @@
+//! The YAML configuration: parsing, environment interpolation, units, validation with file locations.
+
+mod model;
+
+pub use model::*;
+
+/// Formats milliseconds the way the config file writes durations (`250ms`, `2s`, `1m`, `1h`, `1d`).
+pub fn format_duration_ms(ms: u64) -> String {
+    const UNITS: [(u64, &str); 4] = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1_000, "s"),
+    ];
+    for (size, unit) in UNITS {
+        if ms >= size && ms % size == 0 {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}

@@ -1,0 +1,159 @@
+//! The validated configuration: what the rest of tollgate runs on, built once from the YAML file.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
+use ipnet::IpNet;
+
+use crate::key::KeySpec;
+use crate::limiter::{Limit, OnError};
+
+/// A whole, valid configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it was read from (for messages and reloads).
+    pub source: PathBuf,
+    /// Where the gateway listens.
+    pub listen: SocketAddr,
+    /// The admin listener.
+    pub admin: AdminSettings,
+    /// The limiter store.
+    pub store: StoreSettings,
+    /// How the client address is found.
+    pub client_ip: ClientIpSettings,
+    /// HTTP server limits.
+    pub server: ServerSettings,
+    /// Named upstreams, in file order.
+    pub upstreams: Vec<UpstreamSettings>,
+    /// Routes, in file order (first match wins).
+    pub routes: Vec<RouteSettings>,
+}
+
+/// `admin:`
+#[derive(Debug, Clone)]
+pub struct AdminSettings {
+    /// Default `127.0.0.1:9901`.
+    pub listen: SocketAddr,
+    /// Bearer token for the admin API; `None` when empty.
+    pub token: Option<String>,
+}
+
+/// Which store holds limit state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// Redis (standalone, Sentinel or Cluster, by URL scheme).
+    Redis,
+    /// In-process.
+    Memory,
+}
+
+/// `store:`
+#[derive(Debug, Clone)]
+pub struct StoreSettings {
+    /// Default `memory`.
+    pub backend: BackendKind,
+    /// Default `redis://127.0.0.1:6379`.
+    pub url: String,
+    /// Budget for one limiter call, default 25ms.
+    pub timeout: Duration,
+    /// Default `local`.
+    pub on_error: OnError,
+    /// Default `tollgate:`.
+    pub key_prefix: String,
+    /// Bound of the in-process store, default 1,000,000.
+    pub max_keys: usize,
+    /// Redis connections, default 4.
+    pub pool_size: usize,
+}
+
+/// `client_ip:`
+#[derive(Debug, Clone, Default)]
+pub struct ClientIpSettings {
+    /// Peers whose `Forwarded` / `X-Forwarded-For` are believed.
+    pub trusted_proxies: Vec<IpNet>,
+}
+
+/// `server:` (optional): protections of the HTTP listener.
+#[derive(Debug, Clone)]
+pub struct ServerSettings {
+    /// Time a client has to send its request headers, default 10s.
+    pub header_read_timeout: Duration,
+    /// Largest request head accepted (431 beyond), default 64 KiB.
+    pub max_header_bytes: usize,
+    /// Time in-flight requests get to finish on shutdown, default 30s.
+    pub shutdown_grace: Duration,
+}
+
+/// One entry of `upstreams:`.
+#[derive(Debug, Clone)]
+pub struct UpstreamSettings {
+    /// Its key in `upstreams:`.
+    pub name: String,
+    /// `http://host:port[/base-path]` targets, used round robin.
+    pub targets: Vec<Uri>,
+    /// Time to wait for the response head, default 30s.
+    pub timeout: Duration,
+    /// Time to wait for a TCP connection, default 5s.
+    pub connect_timeout: Duration,
+}
+
+/// One entry of `routes:`.
+#[derive(Debug, Clone)]
+pub struct RouteSettings {
+    /// Unique route name.
+    pub name: String,
+    /// Which requests it takes.
+    pub matcher: RouteMatch,
+    /// What it does with them once admitted.
+    pub action: RouteAction,
+    /// Its limits, all checked together.
+    pub limits: Vec<LimitSettings>,
+    /// Status of denied requests, default 429.
+    pub deny_status: StatusCode,
+    /// Whether rate-limit headers are added to admitted responses, default true.
+    pub headers: bool,
+}
+
+/// `match:` of a route. Every given condition must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouteMatch {
+    /// Path prefix, matched on whole segments (`/api` takes `/api` and `/api/x`, not `/apix`).
+    pub path_prefix: Option<String>,
+    /// Exact path.
+    pub path: Option<String>,
+    /// Allowed methods; empty means any.
+    pub methods: Vec<Method>,
+    /// Host, case-insensitive, without port; `*.example.com` matches any subdomain.
+    pub host: Option<String>,
+}
+
+/// What a route does with an admitted request.
+#[derive(Debug, Clone)]
+pub enum RouteAction {
+    /// Forward to the named upstream.
+    Upstream(String),
+    /// Answer directly.
+    Respond(DirectResponse),
+}
+
+/// `respond:` of a route.
+#[derive(Debug, Clone)]
+pub struct DirectResponse {
+    /// Default 200.
+    pub status: StatusCode,
+    /// Default empty.
+    pub body: String,
+    /// Extra response headers.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+/// One entry of a route's `limits:`.
+#[derive(Debug, Clone)]
+pub struct LimitSettings {
+    /// The validated limit (name, algorithm, cost).
+    pub limit: Limit,
+    /// How the limit keys requests.
+    pub key: KeySpec,
+}

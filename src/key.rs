@@ -1,0 +1,438 @@
+//! Limiting keys: which client a request belongs to (its address, seen through trusted proxies, or a header, a
+//! query parameter, the route...) and the store key that holds its state.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use http::{HeaderMap, HeaderName, Method};
+use ipnet::IpNet;
+use sha2::{Digest, Sha256};
+
+/// Key values longer than this are replaced by their digest, so clients cannot grow store keys.
+pub const MAX_PLAIN_KEY_LEN: usize = 64;
+
+/// One component of a limiting key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyPart {
+    /// The client's address (see [`ClientIpResolver`]).
+    Ip,
+    /// The route's name: one shared bucket for every client of the route.
+    Route,
+    /// The request method.
+    Method,
+    /// The request path, without the query.
+    Path,
+    /// The request host, lower-cased, without port.
+    Host,
+    /// The value of a request header.
+    Header(HeaderName),
+    /// The value of a query parameter (percent-decoded).
+    Query(String),
+}
+
+/// What a limit does when a key part is absent from the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MissingKey {
+    /// Key the request by the client address instead.
+    #[default]
+    Ip,
+    /// Do not apply this limit to the request.
+    Skip,
+}
+
+/// How a limit builds its key from a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySpec {
+    parts: Vec<KeyPart>,
+    missing: MissingKey,
+}
+
+/// What the key of a request may be built from.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestFacts<'a> {
+    /// The client address, already resolved through trusted proxies.
+    pub client_ip: IpAddr,
+    /// The matched route's name.
+    pub route: &'a str,
+    /// The request method.
+    pub method: &'a Method,
+    /// The request path.
+    pub path: &'a str,
+    /// The request host without port, if any.
+    pub host: Option<&'a str>,
+    /// The request headers.
+    pub headers: &'a HeaderMap,
+    /// The raw query string, if any.
+    pub query: Option<&'a str>,
+}
+
+/// Finds the client address: the peer, or, when the peer is a trusted proxy, the nearest untrusted address of
+/// `Forwarded` / `X-Forwarded-For`, walking from the right past trusted hops.
+#[derive(Debug, Clone, Default)]
+pub struct ClientIpResolver {
+    trusted: Vec<IpNet>,
+}
+
+/// Why a key part could not be parsed from the config.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyPartError {
+    /// Not one of the known parts.
+    #[error("unknown key part {0:?} (use ip, route, method, path, host, header:NAME, query:NAME)")]
+    Unknown(String),
+    /// `header:` with an invalid header name.
+    #[error("invalid header name in key part {0:?}")]
+    BadHeader(String),
+    /// `header:` or `query:` without a name.
+    #[error("key part {0:?} needs a name after the colon")]
+    MissingName(String),
+}
+
+// === impl KeyPart ===
+
+impl KeyPart {
+    /// Parses `ip`, `route`, `method`, `path`, `host`, `header:NAME` or `query:NAME`.
+    pub fn parse(text: &str) -> Result<Self, KeyPartError> {
+        let text = text.trim();
+        if let Some(name) = text.strip_prefix("header:") {
+            if name.is_empty() {
+                return Err(KeyPartError::MissingName(text.to_owned()));
+            }
+            return HeaderName::from_bytes(name.as_bytes())
+                .map(KeyPart::Header)
+                .map_err(|_| KeyPartError::BadHeader(text.to_owned()));
+        }
+        if let Some(name) = text.strip_prefix("query:") {
+            if name.is_empty() {
+                return Err(KeyPartError::MissingName(text.to_owned()));
+            }
+            return Ok(KeyPart::Query(name.to_owned()));
+        }
+        match text {
+            "ip" => Ok(KeyPart::Ip),
+            "route" => Ok(KeyPart::Route),
+            "method" => Ok(KeyPart::Method),
+            "path" => Ok(KeyPart::Path),
+            "host" => Ok(KeyPart::Host),
+            other => Err(KeyPartError::Unknown(other.to_owned())),
+        }
+    }
+}
+
+impl fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyPart::Ip => f.write_str("ip"),
+            KeyPart::Route => f.write_str("route"),
+            KeyPart::Method => f.write_str("method"),
+            KeyPart::Path => f.write_str("path"),
+            KeyPart::Host => f.write_str("host"),
+            KeyPart::Header(name) => write!(f, "header:{name}"),
+            KeyPart::Query(name) => write!(f, "query:{name}"),
+        }
+    }
+}
+
+// === impl KeySpec ===
+
+impl KeySpec {
+    /// A key made of `parts` (at least one), falling back as `missing` says when a part is absent.
+    pub fn new(parts: Vec<KeyPart>, missing: MissingKey) -> Self {
+        let parts = if parts.is_empty() {
+            vec![KeyPart::Ip]
+        } else {
+            parts
+        };
+        Self { parts, missing }
+    }
+
+    /// The key parts.
+    pub fn parts(&self) -> &[KeyPart] {
+        &self.parts
+    }
+
+    /// What happens when a part is absent.
+    pub fn missing(&self) -> MissingKey {
+        self.missing
+    }
+
+    /// The key value of a request, or `None` when the limit does not apply to it (`missing: skip`).
+    ///
+    /// Parts are joined with `|`. The value is not yet safe for a store key: see [`store_key`].
+    pub fn value(&self, facts: &RequestFacts<'_>) -> Option<String> {
+        let mut value = String::new();
+        for (i, part) in self.parts.iter().enumerate() {
+            if i > 0 {
+                value.push('|');
+            }
+            match part_value(part, facts) {
+                Some(v) => value.push_str(&v),
+                None => {
+                    return match self.missing {
+                        MissingKey::Skip => None,
+                        MissingKey::Ip => Some(facts.client_ip.to_string()),
+                    }
+                }
+            }
+        }
+        Some(value)
+    }
+}
+
+impl fmt::Display for KeySpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, part) in self.parts.iter().enumerate() {
+            if i > 0 {
+                f.write_str("+")?;
+            }
+            write!(f, "{part}")?;
+        }
+        Ok(())
+    }
+}
+
+fn part_value<'a>(part: &KeyPart, facts: &RequestFacts<'a>) -> Option<std::borrow::Cow<'a, str>> {
+    use std::borrow::Cow;
+    let non_empty = |s: &'a str| (!s.is_empty()).then_some(Cow::Borrowed(s));
+    match part {
+        KeyPart::Ip => Some(Cow::Owned(facts.client_ip.to_string())),
+        KeyPart::Route => Some(Cow::Borrowed(facts.route)),
+        KeyPart::Method => Some(Cow::Borrowed(facts.method.as_str())),
+        KeyPart::Path => Some(Cow::Borrowed(facts.path)),
+        KeyPart::Host => facts.host.and_then(non_empty),
+        KeyPart::Header(name) => {
+            let value = facts.headers.get(name)?;
+            let text = String::from_utf8_lossy(value.as_bytes());
+            let trimmed = text.trim();
+            (!trimmed.is_empty()).then(|| Cow::Owned(trimmed.to_owned()))
+        }
+        KeyPart::Query(name) => form_urlencoded::parse(facts.query?.as_bytes())
+            .find(|(k, _)| k == name.as_str())
+            .map(|(_, v)| v)
+            .filter(|v| !v.is_empty())
+            .map(|v| Cow::Owned(v.into_owned())),
+    }
+}
+
+/// The store key of one limit for one key value: `<prefix><route>:<limit>:{<value>}`.
+///
+/// The braces make the value the Redis Cluster hash tag. A value longer than [`MAX_PLAIN_KEY_LEN`] bytes, or with
+/// `{`, `}` or control characters, is replaced by its SHA-256 hex digest, so that clients can
+/// neither grow keys nor choose the cluster slot.
+pub fn store_key(prefix: &str, route: &str, limit: &str, value: &str) -> String {
+    let needs_digest = value.len() > MAX_PLAIN_KEY_LEN
+        || value
+            .chars()
+            .any(|c| c == '{' || c == '}' || c.is_control());
+    let mut key =
+        String::with_capacity(prefix.len() + route.len() + limit.len() + 4 + MAX_PLAIN_KEY_LEN);
+    key.push_str(prefix);
+    key.push_str(route);
+    key.push(':');
+    key.push_str(limit);
+    key.push_str(":{");
+    if needs_digest {
+        let digest = Sha256::digest(value.as_bytes());
+        for byte in digest {
+            key.push_str(&format!("{byte:02x}"));
+        }
+    } else {
+        key.push_str(value);
+    }
+    key.push('}');
+    key
+}
+
+// === impl ClientIpResolver ===
+
+impl ClientIpResolver {
+    /// A resolver that believes forwarding headers only from peers within `trusted`.
+    pub fn new(trusted: Vec<IpNet>) -> Self {
+        Self { trusted }
+    }
+
+    /// The client address of a request from `peer`.
+    ///
+    /// Headers are believed only when the peer is trusted. `Forwarded` is preferred to `X-Forwarded-For` when both
+    /// are present. Walking from the nearest hop outwards, trusted hops are skipped and the first untrusted address
+    /// is the client; a malformed entry stops the walk at the last address known good (a trusted proxy wrote what
+    /// follows it, but nobody vouches for the malformed value).
+    pub fn resolve(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        let peer = canonical(peer);
+        if self.trusted.is_empty() || !self.is_trusted(peer) {
+            return peer;
+        }
+        let forwarded: Vec<&str> = headers
+            .get_all(http::header::FORWARDED)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        let hops: Vec<Option<IpAddr>> = if !forwarded.is_empty() {
+            forwarded
+                .iter()
+                .flat_map(|v| v.split(','))
+                .map(forwarded_for)
+                .collect()
+        } else {
+            headers
+                .get_all("x-forwarded-for")
+                .iter()
+                .flat_map(|v| match v.to_str() {
+                    Ok(s) => s
+                        .split(',')
+                        .map(|hop| parse_ip(hop.trim()))
+                        .collect::<Vec<_>>(),
+                    Err(_) => vec![None],
+                })
+                .collect()
+        };
+        let mut client = peer;
+        for hop in hops.into_iter().rev() {
+            match hop {
+                Some(ip) => {
+                    client = ip;
+                    if !self.is_trusted(ip) {
+                        return ip;
+                    }
+                }
+                None => return client,
+            }
+        }
+        client
+    }
+
+    fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|net| net.contains(&ip))
+    }
+}
+
+/// IPv4-mapped IPv6 addresses (`::ffff:1.2.3.4`) are the IPv4 client they carry.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Parses an address as proxies write it: `1.2.3.4`, `1.2.3.4:5678`, `2001:db8::1`, `[2001:db8::1]:443`.
+fn parse_ip(text: &str) -> Option<IpAddr> {
+    let text = text.trim().trim_matches('"');
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        return Some(canonical(ip));
+    }
+    if let Ok(sock) = text.parse::<std::net::SocketAddr>() {
+        return Some(canonical(sock.ip()));
+    }
+    let inner = text.strip_prefix('[')?.split(']').next()?;
+    inner.parse::<IpAddr>().ok().map(canonical)
+}
+
+/// The `for=` address of one `Forwarded` element (RFC 7239); `None` when absent, obfuscated or malformed.
+fn forwarded_for(element: &str) -> Option<IpAddr> {
+    element
+        .split(';')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(name, _)| name.trim().eq_ignore_ascii_case("for"))
+        .and_then(|(_, value)| parse_ip(value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn resolver() -> ClientIpResolver {
+        ClientIpResolver::new(vec!["10.0.0.0/8".parse().unwrap()])
+    }
+
+    fn xff(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-forwarded-for", HeaderValue::from_str(value).unwrap());
+        headers
+    }
+
+    #[test]
+    fn untrusted_peer_headers_are_ignored() {
+        assert_eq!(
+            resolver().resolve(ip("192.0.2.1"), &xff("203.0.113.9")),
+            ip("192.0.2.1")
+        );
+    }
+
+    #[test]
+    fn walks_right_to_left_past_trusted_hops() {
+        let headers = xff("198.51.100.7, 203.0.113.9, 10.1.1.1");
+        assert_eq!(
+            resolver().resolve(ip("10.0.0.1"), &headers),
+            ip("203.0.113.9")
+        );
+    }
+
+    #[test]
+    fn malformed_hop_stops_at_last_good_address() {
+        let headers = xff("203.0.113.9, not-an-ip, 10.1.1.1");
+        assert_eq!(resolver().resolve(ip("10.0.0.1"), &headers), ip("10.1.1.1"));
+    }
+
+    #[test]
+    fn forwarded_header_is_preferred() {
+        let mut headers = xff("198.51.100.7");
+        headers.insert(
+            http::header::FORWARDED,
+            HeaderValue::from_static("for=192.0.2.60;proto=http, for=\"[2001:db8::1]:4711\""),
+        );
+        assert_eq!(
+            resolver().resolve(ip("10.0.0.1"), &headers),
+            ip("2001:db8::1")
+        );
+    }
+
+    #[test]
+    fn long_or_braced_values_are_digested() {
+        let plain = store_key("t:", "api", "per-ip", "1.2.3.4");
+        assert_eq!(plain, "t:api:per-ip:{1.2.3.4}");
+        let braced = store_key("t:", "api", "k", "a}{b");
+        let long = store_key("t:", "api", "k", &"x".repeat(10_000));
+        for key in [braced, long] {
+            let value = key
+                .strip_prefix("t:api:k:{")
+                .unwrap()
+                .strip_suffix('}')
+                .unwrap();
+            assert_eq!(value.len(), 64);
+            assert!(value.chars().all(|c| c.is_ascii_hexdigit()));
+        }
+    }
+
+    #[test]
+    fn missing_part_falls_back_or_skips() {
+        let headers = HeaderMap::new();
+        let facts = RequestFacts {
+            client_ip: ip("192.0.2.1"),
+            route: "api",
+            method: &Method::GET,
+            path: "/x",
+            host: None,
+            headers: &headers,
+            query: Some("tenant=acme&x=1"),
+        };
+        let by_header = KeySpec::new(
+            vec![KeyPart::parse("header:x-api-key").unwrap()],
+            MissingKey::Ip,
+        );
+        assert_eq!(by_header.value(&facts).as_deref(), Some("192.0.2.1"));
+        let skip = KeySpec::new(
+            vec![KeyPart::parse("header:x-api-key").unwrap()],
+            MissingKey::Skip,
+        );
+        assert_eq!(skip.value(&facts), None);
+        let mixed = KeySpec::new(
+            vec![KeyPart::Route, KeyPart::parse("query:tenant").unwrap()],
+            MissingKey::Ip,
+        );
+        assert_eq!(mixed.value(&facts).as_deref(), Some("api|acme"));
+    }
+}

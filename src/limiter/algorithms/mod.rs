@@ -1,0 +1,83 @@
+//! The algorithms as pure functions of (state, now, cost): no I/O, no clock, no HTTP.
+//!
+//! Each function mirrors a section of `scripts/check.lua` integer for integer, so that the memory store and the
+//! Redis store make the same decision for the same sequence of timestamps.
+
+pub mod sliding_log;
+pub mod sliding_window;
+pub mod token_bucket;
+
+use super::{Algorithm, Decision};
+
+/// The state one key holds, whichever algorithm it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// `sliding_window` counters.
+    Window(sliding_window::WindowState),
+    /// `sliding_log` timestamps of admitted requests.
+    Log(sliding_log::LogState),
+    /// `token_bucket` level.
+    Bucket(token_bucket::BucketState),
+}
+
+/// What an algorithm says about one request, before the store decides whether to commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evaluation<S> {
+    /// The decision if the request is admitted by every limit (state consumed).
+    pub admitted: Decision,
+    /// The decision if the request is denied by any limit (nothing consumed). Equal to `admitted` when this
+    /// limit itself denies.
+    pub standing: Decision,
+    /// The state to store if the request is admitted.
+    pub next: S,
+    /// How long the key must live after committing `next`, in milliseconds.
+    pub ttl_ms: u64,
+}
+
+/// Evaluates `cost` against `state` at `now_ms`; a state of another algorithm counts as absent.
+pub fn evaluate(
+    algorithm: &Algorithm,
+    state: Option<&State>,
+    now_ms: i64,
+    cost: u64,
+) -> Evaluation<State> {
+    match *algorithm {
+        Algorithm::SlidingWindow { limit, period_ms } => {
+            let state = match state {
+                Some(State::Window(s)) => Some(s),
+                _ => None,
+            };
+            sliding_window::evaluate(limit, period_ms, state, now_ms, cost).map(State::Window)
+        }
+        Algorithm::SlidingLog { limit, period_ms } => {
+            let state = match state {
+                Some(State::Log(s)) => Some(s),
+                _ => None,
+            };
+            sliding_log::evaluate(limit, period_ms, state, now_ms, cost).map(State::Log)
+        }
+        Algorithm::TokenBucket { rate, burst } => {
+            let state = match state {
+                Some(State::Bucket(s)) => Some(s),
+                _ => None,
+            };
+            token_bucket::evaluate(rate, burst, state, now_ms, cost).map(State::Bucket)
+        }
+    }
+}
+
+impl<S> Evaluation<S> {
+    fn map<T>(self, f: impl FnOnce(S) -> T) -> Evaluation<T> {
+        Evaluation {
+            admitted: self.admitted,
+            standing: self.standing,
+            next: f(self.next),
+            ttl_ms: self.ttl_ms,
+        }
+    }
+}
+
+/// `ceil(a / b)` for non-negative `a` and positive `b`.
+fn ceil_div(a: u64, b: u64) -> u64 {
+    a.div_ceil(b)
+}

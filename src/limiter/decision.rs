@@ -1,0 +1,76 @@
+//! The answer a limit gives for one request, and the combined answer of all the limits of a route.
+
+use std::time::Duration;
+
+/// What one limit says about one request.
+///
+/// When the request as a whole is denied, nothing was consumed from any limit, and every decision describes the
+/// state as it stands (for a limit that would have admitted, `remaining` counts what is still available).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether this limit admits the request.
+    pub allowed: bool,
+    /// The capacity of the limit: `limit` for window algorithms, `burst` for bucket algorithms.
+    pub limit: u64,
+    /// What is still available after this request (or, when denied, what is available now).
+    pub remaining: u64,
+    /// Milliseconds until this request, with its cost, would be admitted; zero when admitted.
+    pub retry_after_ms: u64,
+    /// Milliseconds until the limit is back to full capacity for this key.
+    pub reset_after_ms: u64,
+}
+
+/// The combined answer of every limit of a route, in the order of the route's limits.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Outcome {
+    /// True when every limit admitted the request (and so it consumed from each).
+    pub allowed: bool,
+    /// One decision per limit; empty when no store could decide and the policy admitted the request.
+    pub decisions: Vec<Decision>,
+}
+
+impl Decision {
+    /// How long until this request would be admitted.
+    pub fn retry_after(&self) -> Duration {
+        Duration::from_millis(self.retry_after_ms)
+    }
+
+    /// How long until the limit is back to full capacity.
+    pub fn reset_after(&self) -> Duration {
+        Duration::from_millis(self.reset_after_ms)
+    }
+}
+
+impl Outcome {
+    /// Builds an outcome from per-limit decisions: admitted only if every limit admits.
+    pub fn from_decisions(decisions: Vec<Decision>) -> Self {
+        Self {
+            allowed: decisions.iter().all(|d| d.allowed),
+            decisions,
+        }
+    }
+
+    /// Index of the decision that explains the outcome best: among the denying limits the one that makes the
+    /// client wait longest; when admitted, the limit with the fewest requests remaining.
+    pub fn most_restrictive(&self) -> Option<usize> {
+        let indexed = self.decisions.iter().enumerate();
+        if self.allowed {
+            indexed.min_by_key(|(_, d)| d.remaining).map(|(i, _)| i)
+        } else {
+            indexed
+                .filter(|(_, d)| !d.allowed)
+                .max_by_key(|(_, d)| (d.retry_after_ms, u64::MAX - d.remaining))
+                .map(|(i, _)| i)
+        }
+    }
+
+    /// The longest wait among the denying limits: when the whole request would be admitted.
+    pub fn retry_after_ms(&self) -> u64 {
+        self.decisions
+            .iter()
+            .filter(|d| !d.allowed)
+            .map(|d| d.retry_after_ms)
+            .max()
+            .unwrap_or(0)
+    }
+}

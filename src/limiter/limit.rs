@@ -1,0 +1,277 @@
+//! Validated limit definitions: an algorithm with its parameters, a cost and a name.
+
+use std::fmt;
+
+/// The largest value any algorithm's scaled integer arithmetic may reach (2^52).
+///
+/// The Redis scripts compute with Lua numbers (IEEE doubles), which are exact integers, and whose floor division is
+/// exact, below 2^53. Keeping every product below 2^52 makes the Lua scripts and the Rust memory store compute the
+/// same integers, so both stores make identical decisions.
+pub const MAX_SCALED: u64 = 1 << 52;
+
+/// `count` events per `period_ms` milliseconds; both are positive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    count: u64,
+    period_ms: u64,
+}
+
+/// Which algorithm a limit uses, with its validated parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    /// Counter over the current and previous aligned window, weighted by overlap (Cloudflare's approximation).
+    SlidingWindow {
+        /// Requests per period.
+        limit: u64,
+        /// Window length in milliseconds.
+        period_ms: u64,
+    },
+    /// Exact log of admitted requests: at most `limit` in any interval of `period_ms`.
+    SlidingLog {
+        /// Requests per period.
+        limit: u64,
+        /// Interval length in milliseconds.
+        period_ms: u64,
+    },
+    /// Bucket of `burst` tokens refilled continuously at `rate`.
+    TokenBucket {
+        /// Refill rate.
+        rate: Rate,
+        /// Bucket capacity.
+        burst: u64,
+    },
+}
+
+/// One named limit of a route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limit {
+    name: String,
+    algorithm: Algorithm,
+    cost: u64,
+}
+
+/// Why a limit definition was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimitError {
+    /// A parameter that must be positive was zero.
+    #[error("{0} must be greater than 0")]
+    Zero(&'static str),
+    /// A request would cost more than the limit can ever hold.
+    #[error(
+        "cost {cost} is larger than the capacity {capacity}: no request could ever be admitted"
+    )]
+    CostAboveCapacity {
+        /// The configured cost.
+        cost: u64,
+        /// The limit's capacity.
+        capacity: u64,
+    },
+    /// The parameters are too large for exact arithmetic.
+    #[error("{what} is too large: {value} exceeds {max} (lower the {what} or shorten the period)")]
+    TooLarge {
+        /// Which product overflowed.
+        what: &'static str,
+        /// Its value.
+        value: u128,
+        /// The largest allowed value.
+        max: u64,
+    },
+}
+
+// === impl Rate ===
+
+impl Rate {
+    /// `count` events per `period_ms` milliseconds.
+    pub fn new(count: u64, period_ms: u64) -> Result<Self, LimitError> {
+        if count == 0 {
+            return Err(LimitError::Zero("rate count"));
+        }
+        if period_ms == 0 {
+            return Err(LimitError::Zero("rate period"));
+        }
+        Ok(Self { count, period_ms })
+    }
+
+    /// Events per period.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Period in milliseconds.
+    pub fn period_ms(&self) -> u64 {
+        self.period_ms
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}/{}",
+            self.count,
+            crate::config::format_duration_ms(self.period_ms)
+        )
+    }
+}
+
+// === impl Algorithm ===
+
+impl Algorithm {
+    /// The algorithm's name as written in the config file.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::SlidingWindow { .. } => "sliding_window",
+            Algorithm::SlidingLog { .. } => "sliding_log",
+            Algorithm::TokenBucket { .. } => "token_bucket",
+        }
+    }
+
+    /// The capacity: requests per window, or the bucket size.
+    pub fn capacity(&self) -> u64 {
+        match *self {
+            Algorithm::SlidingWindow { limit, .. } | Algorithm::SlidingLog { limit, .. } => limit,
+            Algorithm::TokenBucket { burst, .. } => burst,
+        }
+    }
+
+    /// The policy window in milliseconds: the period for window algorithms, the time to refill an empty bucket
+    /// for bucket algorithms (the `w` of the `RateLimit-Policy` header).
+    pub fn window_ms(&self) -> u64 {
+        match *self {
+            Algorithm::SlidingWindow { period_ms, .. }
+            | Algorithm::SlidingLog { period_ms, .. } => period_ms,
+            Algorithm::TokenBucket { rate, burst } => {
+                (u128::from(burst) * u128::from(rate.period_ms)).div_ceil(u128::from(rate.count))
+                    as u64
+            }
+        }
+    }
+
+    /// The longest time a key of this algorithm must be kept once traffic stops.
+    pub fn max_ttl_ms(&self) -> u64 {
+        match *self {
+            Algorithm::SlidingWindow { period_ms, .. } => 2 * period_ms,
+            Algorithm::SlidingLog { period_ms, .. } => period_ms,
+            Algorithm::TokenBucket { .. } => self.window_ms(),
+        }
+    }
+
+    fn validate(&self) -> Result<(), LimitError> {
+        let (what, value) = match *self {
+            Algorithm::SlidingWindow { limit, period_ms }
+            | Algorithm::SlidingLog { limit, period_ms } => {
+                if limit == 0 {
+                    return Err(LimitError::Zero("limit"));
+                }
+                if period_ms == 0 {
+                    return Err(LimitError::Zero("period"));
+                }
+                (
+                    "limit × period (in ms)",
+                    u128::from(limit) * u128::from(period_ms),
+                )
+            }
+            Algorithm::TokenBucket { rate, burst } => {
+                if burst == 0 {
+                    return Err(LimitError::Zero("burst"));
+                }
+                let scaled = u128::from(burst) * u128::from(rate.period_ms);
+                let refill = u128::from(rate.count) * u128::from(rate.period_ms);
+                if refill > scaled {
+                    ("rate count × period (in ms)", refill)
+                } else {
+                    ("burst × rate period (in ms)", scaled)
+                }
+            }
+        };
+        if value > u128::from(MAX_SCALED) {
+            return Err(LimitError::TooLarge {
+                what,
+                value,
+                max: MAX_SCALED,
+            });
+        }
+        Ok(())
+    }
+}
+
+// === impl Limit ===
+
+impl Limit {
+    /// A validated limit; `cost` is what one request takes from it.
+    pub fn new(
+        name: impl Into<String>,
+        algorithm: Algorithm,
+        cost: u64,
+    ) -> Result<Self, LimitError> {
+        algorithm.validate()?;
+        if cost == 0 {
+            return Err(LimitError::Zero("cost"));
+        }
+        let capacity = algorithm.capacity();
+        if cost > capacity {
+            return Err(LimitError::CostAboveCapacity { cost, capacity });
+        }
+        Ok(Self {
+            name: name.into(),
+            algorithm,
+            cost,
+        })
+    }
+
+    /// The limit's name, unique within its route.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The algorithm and its parameters.
+    pub fn algorithm(&self) -> &Algorithm {
+        &self.algorithm
+    }
+
+    /// What one request takes from the limit.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_cost_above_capacity() {
+        let alg = Algorithm::SlidingLog {
+            limit: 3,
+            period_ms: 1000,
+        };
+        assert_eq!(
+            Limit::new("l", alg, 4),
+            Err(LimitError::CostAboveCapacity {
+                cost: 4,
+                capacity: 3
+            })
+        );
+    }
+
+    #[test]
+    fn refuses_products_beyond_exact_arithmetic() {
+        let alg = Algorithm::SlidingWindow {
+            limit: 1 << 30,
+            period_ms: 1 << 30,
+        };
+        assert!(matches!(
+            Limit::new("l", alg, 1),
+            Err(LimitError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn bucket_window_is_time_to_refill_from_empty() {
+        let alg = Algorithm::TokenBucket {
+            rate: Rate::new(5, 1000).unwrap(),
+            burst: 10,
+        };
+        assert_eq!(alg.window_ms(), 2000);
+    }
+}

@@ -1,0 +1,13 @@
+//! Rate limiting independent of HTTP: limits, decisions, the algorithms and the stores that keep their state.
+
+pub mod algorithms;
+mod clock;
+mod decision;
+mod limit;
+mod rate_limiter;
+pub mod store;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use decision::{Decision, Outcome};
+pub use limit::{Algorithm, Limit, LimitError, Rate, MAX_SCALED};
+pub use rate_limiter::{Backend, OnError, RateLimiter, Unavailable};

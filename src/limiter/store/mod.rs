@@ -1,0 +1,33 @@
+//! Where limit state lives: in Redis, shared by every gateway instance, or in this process.
+
+mod memory;
+mod redis;
+
+use thiserror::Error;
+
+pub use self::memory::MemoryStore;
+pub use self::redis::{RedisStore, RedisTopology};
+use super::Limit;
+
+/// One limit to check for one request: the limit and the store key of the client it applies to.
+#[derive(Debug, Clone, Copy)]
+pub struct LimitCheck<'a> {
+    /// The full store key, `<prefix><route>:<limit>:{<value>}`.
+    pub key: &'a str,
+    /// The limit to apply.
+    pub limit: &'a Limit,
+}
+
+/// Why a store could not decide.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// Redis answered with an error or the connection failed.
+    #[error("redis: {0}")]
+    Redis(#[from] fred::error::Error),
+    /// Redis did not answer within the budget.
+    #[error("redis did not answer within {0:?}")]
+    Timeout(std::time::Duration),
+    /// Redis answered something the script never returns.
+    #[error("unexpected reply from the limiter script: {0}")]
+    Reply(String),
+}
