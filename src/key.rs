@@ -300,7 +300,9 @@ impl ClientIpResolver {
         client
     }
 
-    fn is_trusted(&self, ip: IpAddr) -> bool {
+    /// Whether `ip` is a trusted proxy.
+    pub fn is_trusted(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
         self.trusted.iter().any(|net| net.contains(&ip))
     }
 }

@@ -1,5 +1,9 @@
 //! tollgate: a rate-limiting HTTP reverse proxy whose limits hold across every gateway instance through Redis.
 
+pub mod admin;
 pub mod config;
+pub mod gateway;
 pub mod key;
 pub mod limiter;
+pub mod proxy;
+pub mod routing;

@@ -1,1 +1,280 @@
-fn main() {}
+//! The `tollgate` binary: command line, start-up, signals.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use tokio::net::TcpListener;
+use tracing_subscriber::EnvFilter;
+
+use tollgate::config::{self, BackendKind, Config, RouteAction};
+use tollgate::gateway::{self, Gateway};
+use tollgate::limiter::{Backend, OnError};
+
+/// A rate-limiting HTTP reverse proxy with limits shared through Redis.
+#[derive(Debug, Parser)]
+#[command(name = "tollgate", version, about)]
+struct Cli {
+    /// The config file.
+    #[arg(long, global = true, env = "TOLLGATE_CONFIG", default_value = "gateway.yaml")]
+    config: PathBuf,
+    /// Log output format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Pretty)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gateway (the default).
+    Run,
+    /// Validate the config, print what was understood, exit 0 (valid) or 2 (invalid).
+    Check,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Pretty,
+    Json,
+}
+
+/// Exit code for an invalid config or invalid arguments (clap uses 2 for the latter too).
+const EXIT_INVALID: u8 = 2;
+/// Exit code for any other start-up failure.
+const EXIT_FAILURE: u8 = 1;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.log_format);
+    let config = match config::load(&cli.config) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("{error}");
+            return ExitCode::from(EXIT_INVALID);
+        }
+    };
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Check => {
+            print!("{}", summary(&config));
+            ExitCode::SUCCESS
+        }
+        Command::Run => {
+            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    eprintln!("tollgate: cannot start the async runtime: {error}");
+                    return ExitCode::from(EXIT_FAILURE);
+                }
+            };
+            runtime.block_on(run(config))
+        }
+    }
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Pretty => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn run(config: Config) -> ExitCode {
+    let limiter = match gateway::build_limiter(&config.store) {
+        Ok(limiter) => Arc::new(limiter),
+        Err(error) => {
+            eprintln!("{}: store.url: {error}", config.source.display());
+            return ExitCode::from(EXIT_INVALID);
+        }
+    };
+    if let Backend::Redis(redis) = limiter.backend() {
+        if redis.wait_connected(Duration::from_secs(2)).await {
+            tracing::info!(url = %redact(&config.store.url), "connected to redis");
+        } else {
+            let consequence = match config.store.on_error {
+                OnError::Local => "limits are enforced by this instance alone (in-process store) until it answers",
+                OnError::Allow => "requests are admitted UNLIMITED until it answers",
+                OnError::Deny => "requests are refused with 503 until it answers",
+            };
+            tracing::warn!(
+                url = %redact(&config.store.url),
+                "REDIS IS UNREACHABLE: {consequence} (store.on_error: {:?})",
+                config.store.on_error
+            );
+        }
+    }
+
+    let listener = match TcpListener::bind(config.listen).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!("tollgate: cannot listen on {}: {error}", config.listen);
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    let admin_listener = match TcpListener::bind(config.admin.listen).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!("tollgate: cannot listen on {} (admin): {error}", config.admin.listen);
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+
+    let gateway = Arc::new(Gateway::new(&config, limiter.clone()));
+    let admin = tollgate::admin::router(gateway.clone());
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(admin_listener, admin).await {
+            tracing::error!(%error, "admin listener failed");
+        }
+    });
+    tokio::spawn(purge_expired_keys(limiter));
+    tokio::spawn(reload_on_sighup(gateway.clone(), config.source.clone()));
+
+    let listen = listener.local_addr().map_or(config.listen, |a| a);
+    tracing::info!(%listen, admin = %config.admin.listen, routes = config.routes.len(), "tollgate listening");
+    match gateway::serve(listener, gateway, &config.server, shutdown_signal()).await {
+        Ok(()) => {
+            tracing::info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            tracing::warn!(%error, "stopped before every request finished");
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(error) => {
+                tracing::warn!(%error, "cannot watch SIGTERM");
+                let _ = interrupt.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+    tracing::info!("shutdown requested");
+}
+
+/// Reloads the config on SIGHUP; a config that fails validation is logged and the running one stays.
+async fn reload_on_sighup(gateway: Arc<Gateway>, path: PathBuf) {
+    #[cfg(unix)]
+    {
+        let Ok(mut hangup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+            return;
+        };
+        while hangup.recv().await.is_some() {
+            reload(&gateway, &path);
+        }
+    }
+}
+
+fn reload(gateway: &Gateway, path: &Path) {
+    match config::load(path) {
+        Ok(config) => {
+            gateway.reload(&config);
+            tracing::info!(routes = config.routes.len(), "config reloaded");
+        }
+        Err(error) => tracing::error!("config reload refused, the running config stays:\n{error}"),
+    }
+}
+
+/// Keeps the in-process store's memory proportional to live keys.
+async fn purge_expired_keys(limiter: Arc<tollgate::limiter::RateLimiter>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        tick.tick().await;
+        limiter.local().purge_expired();
+    }
+}
+
+/// The URL without its password, for logs.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => format!("{}://***{}", &url[..scheme_end], &url[at..]),
+        _ => url.to_owned(),
+    }
+}
+
+/// What `tollgate check` prints: the routes and limits as understood.
+fn summary(config: &Config) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let store = match config.store.backend {
+        BackendKind::Memory => "memory".to_owned(),
+        BackendKind::Redis => format!("redis {}", redact(&config.store.url)),
+    };
+    let _ = writeln!(out, "{}: valid", config.source.display());
+    let _ = writeln!(out, "listen {}  admin {}", config.listen, config.admin.listen);
+    let _ = writeln!(
+        out,
+        "store {store}  timeout {}  on_error {:?}",
+        config::format_duration_ms(config.store.timeout.as_millis() as u64),
+        config.store.on_error
+    );
+    let _ = writeln!(out, "routes (first match wins):");
+    for route in &config.routes {
+        let m = &route.matcher;
+        let mut matches = Vec::new();
+        if let Some(p) = &m.path_prefix {
+            matches.push(format!("path_prefix {p}"));
+        }
+        if let Some(p) = &m.path {
+            matches.push(format!("path {p}"));
+        }
+        if !m.methods.is_empty() {
+            let methods: Vec<&str> = m.methods.iter().map(|m| m.as_str()).collect();
+            matches.push(format!("methods {}", methods.join(",")));
+        }
+        if let Some(h) = &m.host {
+            matches.push(format!("host {h}"));
+        }
+        if matches.is_empty() {
+            matches.push("everything".to_owned());
+        }
+        let action = match &route.action {
+            RouteAction::Upstream(name) => format!("-> upstream {name}"),
+            RouteAction::Respond(direct) => format!("-> respond {}", direct.status.as_u16()),
+        };
+        let _ = writeln!(out, "  {}: {}  {action}", route.name, matches.join(" "));
+        if route.limits.is_empty() {
+            let _ = writeln!(out, "    (no limits)");
+        }
+        for l in &route.limits {
+            let _ = writeln!(
+                out,
+                "    {}: {} {}  key {}  cost {}",
+                l.limit.name(),
+                l.limit.algorithm().name(),
+                describe_parameters(l.limit.algorithm()),
+                l.key,
+                l.limit.cost()
+            );
+        }
+    }
+    out
+}
+
+fn describe_parameters(algorithm: &tollgate::limiter::Algorithm) -> String {
+    use tollgate::limiter::Algorithm;
+    match *algorithm {
+        Algorithm::SlidingWindow { limit, period_ms } | Algorithm::SlidingLog { limit, period_ms } => {
+            format!("limit {limit} per {}", config::format_duration_ms(period_ms))
+        }
+        Algorithm::TokenBucket { rate, burst } => format!("rate {rate} burst {burst}"),
+    }
+}

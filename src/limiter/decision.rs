@@ -18,6 +18,8 @@ pub struct Decision {
     pub retry_after_ms: u64,
     /// Milliseconds until the limit is back to full capacity for this key.
     pub reset_after_ms: u64,
+    /// Milliseconds the request must be held before it conforms (`leaky_bucket` in `delay` mode); zero otherwise.
+    pub delay_ms: u64,
 }
 
 /// The combined answer of every limit of a route, in the order of the route's limits.
@@ -62,6 +64,11 @@ impl Outcome {
                 .max_by_key(|(_, d)| (d.retry_after_ms, u64::MAX - d.remaining))
                 .map(|(i, _)| i)
         }
+    }
+
+    /// How long an admitted request must be held before it is forwarded: the longest delay of its limits.
+    pub fn delay_ms(&self) -> u64 {
+        self.decisions.iter().map(|d| d.delay_ms).max().unwrap_or(0)
     }
 
     /// The longest wait among the denying limits: when the whole request would be admitted.

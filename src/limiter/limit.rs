@@ -2,6 +2,9 @@
 
 use std::fmt;
 
+pub use super::algorithms::leaky_bucket::LeakyMode;
+use super::algorithms::gcra::{Ticks, EPOCH_MS};
+
 /// The largest value any algorithm's scaled integer arithmetic may reach (2^52).
 ///
 /// The Redis scripts compute with Lua numbers (IEEE doubles), which are exact integers, and whose floor division is
@@ -19,6 +22,13 @@ pub struct Rate {
 /// Which algorithm a limit uses, with its validated parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algorithm {
+    /// Counter per aligned window.
+    FixedWindow {
+        /// Requests per window.
+        limit: u64,
+        /// Window length in milliseconds.
+        period_ms: u64,
+    },
     /// Counter over the current and previous aligned window, weighted by overlap (Cloudflare's approximation).
     SlidingWindow {
         /// Requests per period.
@@ -39,6 +49,22 @@ pub enum Algorithm {
         rate: Rate,
         /// Bucket capacity.
         burst: u64,
+    },
+    /// Generic cell rate algorithm (redis-cell `CL.THROTTLE` semantics).
+    Gcra {
+        /// Sustained rate.
+        rate: Rate,
+        /// Requests a fresh key may make at once.
+        burst: u64,
+    },
+    /// Meter of capacity `burst` leaking at `rate`, rejecting or delaying what overflows.
+    LeakyBucket {
+        /// Leak rate.
+        rate: Rate,
+        /// Meter capacity.
+        burst: u64,
+        /// Reject, or delay up to a bound.
+        mode: LeakyMode,
     },
 }
 
@@ -120,17 +146,24 @@ impl Algorithm {
     /// The algorithm's name as written in the config file.
     pub fn name(&self) -> &'static str {
         match self {
+            Algorithm::FixedWindow { .. } => "fixed_window",
             Algorithm::SlidingWindow { .. } => "sliding_window",
             Algorithm::SlidingLog { .. } => "sliding_log",
             Algorithm::TokenBucket { .. } => "token_bucket",
+            Algorithm::Gcra { .. } => "gcra",
+            Algorithm::LeakyBucket { .. } => "leaky_bucket",
         }
     }
 
     /// The capacity: requests per window, or the bucket size.
     pub fn capacity(&self) -> u64 {
         match *self {
-            Algorithm::SlidingWindow { limit, .. } | Algorithm::SlidingLog { limit, .. } => limit,
-            Algorithm::TokenBucket { burst, .. } => burst,
+            Algorithm::FixedWindow { limit, .. }
+            | Algorithm::SlidingWindow { limit, .. }
+            | Algorithm::SlidingLog { limit, .. } => limit,
+            Algorithm::TokenBucket { burst, .. }
+            | Algorithm::Gcra { burst, .. }
+            | Algorithm::LeakyBucket { burst, .. } => burst,
         }
     }
 
@@ -138,11 +171,13 @@ impl Algorithm {
     /// for bucket algorithms (the `w` of the `RateLimit-Policy` header).
     pub fn window_ms(&self) -> u64 {
         match *self {
-            Algorithm::SlidingWindow { period_ms, .. }
+            Algorithm::FixedWindow { period_ms, .. }
+            | Algorithm::SlidingWindow { period_ms, .. }
             | Algorithm::SlidingLog { period_ms, .. } => period_ms,
-            Algorithm::TokenBucket { rate, burst } => {
-                (u128::from(burst) * u128::from(rate.period_ms)).div_ceil(u128::from(rate.count))
-                    as u64
+            Algorithm::TokenBucket { rate, burst }
+            | Algorithm::Gcra { rate, burst }
+            | Algorithm::LeakyBucket { rate, burst, .. } => {
+                (u128::from(burst) * u128::from(rate.period_ms)).div_ceil(u128::from(rate.count)) as u64
             }
         }
     }
@@ -150,48 +185,71 @@ impl Algorithm {
     /// The longest time a key of this algorithm must be kept once traffic stops.
     pub fn max_ttl_ms(&self) -> u64 {
         match *self {
+            Algorithm::FixedWindow { period_ms, .. } | Algorithm::SlidingLog { period_ms, .. } => period_ms,
             Algorithm::SlidingWindow { period_ms, .. } => 2 * period_ms,
-            Algorithm::SlidingLog { period_ms, .. } => period_ms,
-            Algorithm::TokenBucket { .. } => self.window_ms(),
+            Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => self.window_ms(),
+            Algorithm::LeakyBucket { mode, .. } => {
+                let held = match mode {
+                    LeakyMode::Reject => 0,
+                    LeakyMode::Delay { max_delay_ms } => max_delay_ms,
+                };
+                self.window_ms() + held
+            }
         }
     }
 
     fn validate(&self) -> Result<(), LimitError> {
-        let (what, value) = match *self {
-            Algorithm::SlidingWindow { limit, period_ms }
-            | Algorithm::SlidingLog { limit, period_ms } => {
-                if limit == 0 {
-                    return Err(LimitError::Zero("limit"));
-                }
-                if period_ms == 0 {
-                    return Err(LimitError::Zero("period"));
-                }
-                (
-                    "limit × period (in ms)",
-                    u128::from(limit) * u128::from(period_ms),
-                )
+        let capacity = self.capacity();
+        if capacity == 0 {
+            return Err(LimitError::Zero(match self {
+                Algorithm::FixedWindow { .. } | Algorithm::SlidingWindow { .. } | Algorithm::SlidingLog { .. } => "limit",
+                _ => "burst",
+            }));
+        }
+        for (what, value) in self.scaled_products() {
+            if value > u128::from(MAX_SCALED) {
+                return Err(LimitError::TooLarge {
+                    what,
+                    value,
+                    max: MAX_SCALED,
+                });
             }
-            Algorithm::TokenBucket { rate, burst } => {
-                if burst == 0 {
-                    return Err(LimitError::Zero("burst"));
-                }
-                let scaled = u128::from(burst) * u128::from(rate.period_ms);
-                let refill = u128::from(rate.count) * u128::from(rate.period_ms);
-                if refill > scaled {
-                    ("rate count × period (in ms)", refill)
-                } else {
-                    ("burst × rate period (in ms)", scaled)
-                }
-            }
-        };
-        if value > u128::from(MAX_SCALED) {
-            return Err(LimitError::TooLarge {
-                what,
-                value,
-                max: MAX_SCALED,
-            });
         }
         Ok(())
+    }
+
+    /// The largest integers each algorithm's arithmetic reaches, with what to call them in an error.
+    fn scaled_products(&self) -> Vec<(&'static str, u128)> {
+        let wide = |a: u64, b: u64| u128::from(a) * u128::from(b);
+        match *self {
+            Algorithm::FixedWindow { .. } => Vec::new(),
+            Algorithm::SlidingWindow { limit, period_ms } | Algorithm::SlidingLog { limit, period_ms } => {
+                vec![("limit × period (in ms)", wide(limit, period_ms))]
+            }
+            Algorithm::TokenBucket { rate, burst } => vec![
+                ("burst × rate period (in ms)", wide(burst, rate.period_ms)),
+                ("rate count × period (in ms)", wide(rate.count, rate.period_ms)),
+            ],
+            Algorithm::Gcra { rate, burst } => {
+                let ticks = Ticks::of(rate);
+                // Ticks since the GCRA epoch must stay exact until 2100.
+                let until_2100 = (4_102_444_800_000 - EPOCH_MS) as u64;
+                vec![
+                    ("burst × emission interval (in ticks)", wide(burst, ticks.interval)),
+                    (
+                        "rate precision (use a count that divides the period more evenly)",
+                        wide(ticks.ticks_per_ms, until_2100),
+                    ),
+                ]
+            }
+            Algorithm::LeakyBucket { rate, burst, mode } => {
+                let held = match mode {
+                    LeakyMode::Reject => 0,
+                    LeakyMode::Delay { max_delay_ms } => wide(max_delay_ms, rate.count),
+                };
+                vec![("burst × rate period + max_delay × rate count", wide(burst, rate.period_ms) + held)]
+            }
+        }
     }
 }
 

@@ -9,5 +9,5 @@ pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Outcome};
-pub use limit::{Algorithm, Limit, LimitError, Rate, MAX_SCALED};
+pub use limit::{Algorithm, LeakyMode, Limit, LimitError, Rate, MAX_SCALED};
 pub use rate_limiter::{Backend, OnError, RateLimiter, Unavailable};

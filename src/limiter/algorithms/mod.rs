@@ -3,6 +3,9 @@
 //! Each function mirrors a section of `scripts/check.lua` integer for integer, so that the memory store and the
 //! Redis store make the same decision for the same sequence of timestamps.
 
+pub mod fixed_window;
+pub mod gcra;
+pub mod leaky_bucket;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
@@ -12,12 +15,18 @@ use super::{Algorithm, Decision};
 /// The state one key holds, whichever algorithm it belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
+    /// `fixed_window` counter.
+    FixedWindow(fixed_window::FixedWindowState),
     /// `sliding_window` counters.
     Window(sliding_window::WindowState),
     /// `sliding_log` timestamps of admitted requests.
     Log(sliding_log::LogState),
     /// `token_bucket` level.
     Bucket(token_bucket::BucketState),
+    /// `gcra` theoretical arrival time.
+    Gcra(gcra::GcraState),
+    /// `leaky_bucket` water level.
+    Meter(token_bucket::BucketState),
 }
 
 /// What an algorithm says about one request, before the store decides whether to commit.
@@ -35,33 +44,49 @@ pub struct Evaluation<S> {
 }
 
 /// Evaluates `cost` against `state` at `now_ms`; a state of another algorithm counts as absent.
-pub fn evaluate(
-    algorithm: &Algorithm,
-    state: Option<&State>,
-    now_ms: i64,
-    cost: u64,
-) -> Evaluation<State> {
+pub fn evaluate(algorithm: &Algorithm, state: Option<&State>, now_ms: i64, cost: u64) -> Evaluation<State> {
     match *algorithm {
-        Algorithm::SlidingWindow { limit, period_ms } => {
-            let state = match state {
-                Some(State::Window(s)) => Some(s),
+        Algorithm::FixedWindow { limit, period_ms } => {
+            let state = state.and_then(|s| match s {
+                State::FixedWindow(s) => Some(s),
                 _ => None,
-            };
+            });
+            fixed_window::evaluate(limit, period_ms, state, now_ms, cost).map(State::FixedWindow)
+        }
+        Algorithm::SlidingWindow { limit, period_ms } => {
+            let state = state.and_then(|s| match s {
+                State::Window(s) => Some(s),
+                _ => None,
+            });
             sliding_window::evaluate(limit, period_ms, state, now_ms, cost).map(State::Window)
         }
         Algorithm::SlidingLog { limit, period_ms } => {
-            let state = match state {
-                Some(State::Log(s)) => Some(s),
+            let state = state.and_then(|s| match s {
+                State::Log(s) => Some(s),
                 _ => None,
-            };
+            });
             sliding_log::evaluate(limit, period_ms, state, now_ms, cost).map(State::Log)
         }
         Algorithm::TokenBucket { rate, burst } => {
-            let state = match state {
-                Some(State::Bucket(s)) => Some(s),
+            let state = state.and_then(|s| match s {
+                State::Bucket(s) => Some(s),
                 _ => None,
-            };
+            });
             token_bucket::evaluate(rate, burst, state, now_ms, cost).map(State::Bucket)
+        }
+        Algorithm::Gcra { rate, burst } => {
+            let state = state.and_then(|s| match s {
+                State::Gcra(s) => Some(s),
+                _ => None,
+            });
+            gcra::evaluate(rate, burst, state, now_ms, cost).map(State::Gcra)
+        }
+        Algorithm::LeakyBucket { rate, burst, mode } => {
+            let state = state.and_then(|s| match s {
+                State::Meter(s) => Some(s),
+                _ => None,
+            });
+            leaky_bucket::evaluate(rate, burst, mode, state, now_ms, cost).map(State::Meter)
         }
     }
 }

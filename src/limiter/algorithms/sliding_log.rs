@@ -39,6 +39,7 @@ pub fn evaluate(
             remaining: limit - count - cost,
             retry_after_ms: 0,
             reset_after_ms: period_ms,
+            delay_ms: 0,
         };
         let standing = Decision {
             remaining: limit - count,
@@ -65,6 +66,7 @@ pub fn evaluate(
         remaining: limit.saturating_sub(count),
         retry_after_ms,
         reset_after_ms: standing_reset,
+        delay_ms: 0,
     };
     Evaluation {
         admitted: denied,

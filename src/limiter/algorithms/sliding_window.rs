@@ -53,6 +53,7 @@ pub fn evaluate(
             remaining: (capacity - used - cost * period_ms) / period_ms,
             retry_after_ms: 0,
             reset_after_ms: left + period_ms,
+            delay_ms: 0,
         };
         let standing = Decision {
             remaining: standing_remaining,
@@ -86,6 +87,7 @@ pub fn evaluate(
         remaining: standing_remaining,
         retry_after_ms: retry_after_ms.max(1),
         reset_after_ms: standing_reset,
+        delay_ms: 0,
     };
     Evaluation {
         admitted: denied,

@@ -52,6 +52,7 @@ pub fn evaluate(
             remaining: after / unit,
             retry_after_ms: 0,
             reset_after_ms: reset,
+            delay_ms: 0,
         };
         let standing = Decision {
             remaining: level / unit,
@@ -75,6 +76,7 @@ pub fn evaluate(
         remaining: level / unit,
         retry_after_ms: ceil_div(need - level, per_ms),
         reset_after_ms: standing_reset,
+        delay_ms: 0,
     };
     Evaluation {
         admitted: denied,

@@ -3,16 +3,24 @@
 -- KEYS[i]  the state key of limit i.
 -- ARGV[1]  the time in milliseconds since the Unix epoch, or "" to take it from Redis TIME (the normal case:
 --          every gateway instance then shares Redis's clock). Tests pass explicit times.
--- ARGV[2+5(i-1) .. 6+5(i-1)]  limit i: algorithm id, three parameters, cost.
+-- ARGV[2 + 6(i-1) .. 7 + 6(i-1)]  limit i: algorithm id, four parameters, cost:
+--   1 sliding_window  limit, period_ms
+--   2 sliding_log     limit, period_ms
+--   3 token_bucket    burst, rate count, rate period_ms
+--   4 fixed_window    limit, period_ms
+--   5 gcra            burst, ticks per ms, emission interval in ticks
+--   6 leaky_bucket    burst, rate count, rate period_ms, max_delay_ms (0 in reject mode)
 --
--- Returns {now_ms, all_allowed, then per limit: allowed, limit, remaining, retry_after_ms, reset_after_ms}.
+-- Returns {now_ms, all_allowed, then per limit: allowed, limit, remaining, retry_after_ms, reset_after_ms,
+-- delay_ms}.
 --
 -- Every section mirrors src/limiter/algorithms/*.rs integer for integer. Lua numbers are doubles; the gateway
 -- keeps every product below 2^52 (see MAX_SCALED), where doubles are exact integers and floor(a / b) is exact.
 -- Numbers are written to Redis with string.format("%d") because Lua's default conversion would print large
 -- integers in exponent notation.
 
-local SLIDING_WINDOW, SLIDING_LOG, TOKEN_BUCKET = 1, 2, 3
+local ARGS_PER_LIMIT = 6
+local GCRA_EPOCH_MS = 1735689600000
 
 local now
 if ARGV[1] ~= "" then
@@ -30,19 +38,30 @@ local function ceil_div(a, b)
   return math.ceil(a / b)
 end
 
--- Each evaluator returns: the decision if the request is admitted, the decision if it is denied (nothing
--- consumed), and a function that commits the admission (nil when this limit denies).
+-- A key left by another algorithm (the limit's algorithm was changed in the config) is state we cannot read:
+-- start afresh rather than fail with WRONGTYPE.
+local function expect_type(key, kind)
+  local actual = redis.call('TYPE', key)['ok']
+  if actual ~= 'none' and actual ~= kind then
+    redis.call('DEL', key)
+  end
+end
 
-local function sliding_window(key, limit, period, _, cost)
+-- Each evaluator returns: the decision if the request is admitted, the decision if it is denied (nothing
+-- consumed), and a function that commits the admission (nil when this limit denies). A decision is
+-- {allowed, limit, remaining, retry_after_ms, reset_after_ms, delay_ms}.
+
+local function sliding_window(key, limit, period, _, _, cost)
+  expect_type(key, 'hash')
   local window_start = now - (now % period)
   local elapsed = now - window_start
   local st = redis.call('HMGET', key, 'w', 'c', 'p')
   local w = tonumber(st[1])
   local previous, current = 0, 0
   if w == window_start then
-    previous, current = tonumber(st[3]), tonumber(st[2])
+    previous, current = tonumber(st[3]) or 0, tonumber(st[2]) or 0
   elseif w == window_start - period then
-    previous, current = tonumber(st[2]), 0
+    previous, current = tonumber(st[2]) or 0, 0
   end
   local left = period - elapsed
   local used = previous * left + current * period
@@ -56,8 +75,8 @@ local function sliding_window(key, limit, period, _, cost)
   local standing_remaining = math.floor(math.max(capacity - used, 0) / period)
 
   if used + cost * period <= capacity then
-    local admitted = {1, limit, math.floor((capacity - used - cost * period) / period), 0, left + period}
-    local standing = {1, limit, standing_remaining, 0, standing_reset}
+    local admitted = {1, limit, math.floor((capacity - used - cost * period) / period), 0, left + period, 0}
+    local standing = {1, limit, standing_remaining, 0, standing_reset, 0}
     return admitted, standing, function()
       redis.call('HSET', key, 'w', int(window_start), 'c', int(current + cost), 'p', int(previous))
       redis.call('PEXPIRE', key, int(left + period))
@@ -73,11 +92,12 @@ local function sliding_window(key, limit, period, _, cost)
   if retry < 1 then
     retry = 1
   end
-  local denied = {0, limit, standing_remaining, retry, standing_reset}
+  local denied = {0, limit, standing_remaining, retry, standing_reset, 0}
   return denied, denied, nil
 end
 
-local function sliding_log(key, limit, period, _, cost)
+local function sliding_log(key, limit, period, _, _, cost)
+  expect_type(key, 'zset')
   -- Time never runs backwards for a key, which keeps members unique (see below).
   local t = now
   local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
@@ -92,8 +112,8 @@ local function sliding_log(key, limit, period, _, cost)
   end
 
   if count + cost <= limit then
-    local admitted = {1, limit, limit - count - cost, 0, period}
-    local standing = {1, limit, limit - count, 0, standing_reset}
+    local admitted = {1, limit, limit - count - cost, 0, period, 0}
+    local standing = {1, limit, limit - count, 0, standing_reset, 0}
     return admitted, standing, function()
       -- Members are "<ms>-<n>", n counting the entries already at this millisecond: entries at the newest
       -- millisecond are never pruned, so n only grows and every member is unique, however many requests share
@@ -122,58 +142,153 @@ local function sliding_log(key, limit, period, _, cost)
   if entry[2] then
     retry = tonumber(entry[2]) + period - t
   end
-  local denied = {0, limit, math.max(limit - count, 0), retry, standing_reset}
+  local denied = {0, limit, math.max(limit - count, 0), retry, standing_reset, 0}
   return denied, denied, nil
 end
 
-local function token_bucket(key, burst, per_ms, unit, cost)
-  -- Levels are in units of 1/rate.count token-periods: one token is `unit` (the period in ms) and each
-  -- millisecond refills `per_ms` (the rate's count), so fractions of a token are never rounded away.
-  local capacity = burst * unit
-  local st = redis.call('HMGET', key, 'l', 'u')
-  local level = capacity
-  if st[1] then
-    local stored = tonumber(st[1])
-    local elapsed = math.max(now - tonumber(st[2]), 0)
-    local missing = math.max(capacity - stored, 0)
-    if elapsed * per_ms < missing then
-      level = stored + elapsed * per_ms
-    end
+-- Bucket levels are in units of 1/rate.count token-periods: one request is `unit` (the period in ms) and each
+-- millisecond refills (or leaks) `per_ms` (the rate's count), so fractions are never rounded away.
+local function read_level(key, field, empty_level, capacity, per_ms, filling)
+  local st = redis.call('HMGET', key, field, 'u')
+  if not st[1] then
+    return empty_level
   end
+  local stored = tonumber(st[1])
+  local elapsed = math.max(now - tonumber(st[2]), 0)
+  if filling then
+    -- Compared, not added, so a long idle time cannot leave exact integers.
+    if elapsed * per_ms >= math.max(capacity - stored, 0) then
+      return capacity
+    end
+    return stored + elapsed * per_ms
+  end
+  if elapsed * per_ms >= stored then
+    return 0
+  end
+  return stored - elapsed * per_ms
+end
+
+local function token_bucket(key, burst, per_ms, unit, _, cost)
+  expect_type(key, 'hash')
+  local capacity = burst * unit
+  local level = read_level(key, 'l', capacity, capacity, per_ms, true)
   local need = cost * unit
   local standing_reset = ceil_div(capacity - level, per_ms)
 
   if level >= need then
     local after = level - need
     local reset = ceil_div(capacity - after, per_ms)
-    local admitted = {1, burst, math.floor(after / unit), 0, reset}
-    local standing = {1, burst, math.floor(level / unit), 0, standing_reset}
+    local admitted = {1, burst, math.floor(after / unit), 0, reset, 0}
+    local standing = {1, burst, math.floor(level / unit), 0, standing_reset, 0}
     return admitted, standing, function()
       redis.call('HSET', key, 'l', int(after), 'u', int(now))
       redis.call('PEXPIRE', key, int(math.max(reset, 1)))
     end
   end
 
-  local denied = {0, burst, math.floor(level / unit), ceil_div(need - level, per_ms), standing_reset}
+  local denied = {0, burst, math.floor(level / unit), ceil_div(need - level, per_ms), standing_reset, 0}
+  return denied, denied, nil
+end
+
+local function fixed_window(key, limit, period, _, _, cost)
+  expect_type(key, 'hash')
+  local window_start = now - (now % period)
+  local left = period - (now - window_start)
+  local st = redis.call('HMGET', key, 'fw', 'fc')
+  local count = 0
+  if tonumber(st[1]) == window_start then
+    count = tonumber(st[2]) or 0
+  end
+  local standing_reset = 0
+  if count > 0 then
+    standing_reset = left
+  end
+  if count + cost <= limit then
+    local admitted = {1, limit, limit - count - cost, 0, left, 0}
+    local standing = {1, limit, limit - count, 0, standing_reset, 0}
+    return admitted, standing, function()
+      if count == 0 then
+        redis.call('HSET', key, 'fw', int(window_start), 'fc', int(cost))
+        redis.call('PEXPIRE', key, int(left))
+      else
+        redis.call('HINCRBY', key, 'fc', int(cost))
+      end
+    end
+  end
+  local denied = {0, limit, math.max(limit - count, 0), left, standing_reset, 0}
+  return denied, denied, nil
+end
+
+local function gcra(key, burst, ticks_per_ms, interval, _, cost)
+  expect_type(key, 'string')
+  -- Time in ticks of 1/ticks_per_ms ms since GCRA_EPOCH_MS: the emission interval is a whole number of ticks.
+  local t = (now - GCRA_EPOCH_MS) * ticks_per_ms
+  local tolerance = interval * burst
+  local increment = interval * cost
+  local tat = tonumber(redis.call('GET', key)) or t
+  local new_tat = math.max(tat, t) + increment
+  local allow_at = new_tat - tolerance
+  local function to_ms(ticks)
+    return ceil_div(math.max(ticks, 0), ticks_per_ms)
+  end
+  local function remaining(ttl)
+    return math.floor(math.max(tolerance - ttl, 0) / interval)
+  end
+  local standing_ttl = math.max(tat - t, 0)
+  local standing = {1, burst, remaining(standing_ttl), 0, to_ms(standing_ttl), 0}
+  if t >= allow_at then
+    local ttl = new_tat - t
+    local admitted = {1, burst, remaining(ttl), 0, to_ms(ttl), 0}
+    return admitted, standing, function()
+      redis.call('SET', key, int(new_tat), 'PX', int(math.max(to_ms(ttl), 1)))
+    end
+  end
+  local denied = {0, burst, remaining(standing_ttl), to_ms(allow_at - t), to_ms(standing_ttl), 0}
+  return denied, denied, nil
+end
+
+local function leaky_bucket(key, burst, per_ms, unit, max_delay, cost)
+  expect_type(key, 'hash')
+  local capacity = burst * unit
+  local water = read_level(key, 'm', 0, capacity, per_ms, false)
+  local need = cost * unit
+  local function room(w)
+    return math.floor(math.max(capacity - w, 0) / unit)
+  end
+  local standing = {1, burst, room(water), 0, ceil_div(water, per_ms), 0}
+  local wait = ceil_div(math.max(water + need - capacity, 0), per_ms)
+  if wait <= max_delay then
+    local after = water + need
+    local reset = ceil_div(after, per_ms)
+    local admitted = {1, burst, room(after), 0, reset, wait}
+    return admitted, standing, function()
+      redis.call('HSET', key, 'm', int(after), 'u', int(now))
+      redis.call('PEXPIRE', key, int(math.max(reset, 1)))
+    end
+  end
+  local denied = {0, burst, room(water), wait - max_delay, ceil_div(water, per_ms), 0}
   return denied, denied, nil
 end
 
 local evaluators = {
-  [SLIDING_WINDOW] = sliding_window,
-  [SLIDING_LOG] = sliding_log,
-  [TOKEN_BUCKET] = token_bucket,
+  [1] = sliding_window,
+  [2] = sliding_log,
+  [3] = token_bucket,
+  [4] = fixed_window,
+  [5] = gcra,
+  [6] = leaky_bucket,
 }
 
 local admitted, standing, commits = {}, {}, {}
 local all_allowed = true
 for i = 1, #KEYS do
-  local base = 2 + (i - 1) * 5
+  local base = 2 + (i - 1) * ARGS_PER_LIMIT
   local evaluate = evaluators[tonumber(ARGV[base])]
   if not evaluate then
     return redis.error_reply('tollgate: unknown algorithm id ' .. tostring(ARGV[base]))
   end
   local a, s, commit = evaluate(KEYS[i], tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]),
-    tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]))
+    tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5]))
   admitted[i], standing[i], commits[i] = a, s, commit
   if not commit then
     all_allowed = false
@@ -192,7 +307,7 @@ else
   reply[2] = 0
 end
 for i = 1, #KEYS do
-  for j = 1, 5 do
+  for j = 1, 6 do
     reply[#reply + 1] = chosen[i][j]
   end
 end

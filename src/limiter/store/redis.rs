@@ -13,13 +13,16 @@ use fred::types::CustomCommand;
 use fred::util::redis_keyslot;
 
 use super::{LimitCheck, StoreError};
-use crate::limiter::{Algorithm, Decision, Outcome};
+use crate::limiter::algorithms::gcra::Ticks;
+use crate::limiter::{Algorithm, Decision, LeakyMode, Outcome};
 
 /// The script, reviewed as Lua in its own file.
 const CHECK_SCRIPT: &str = include_str!("../scripts/check.lua");
 
 /// Fields per limit in the script's reply.
-const REPLY_FIELDS: usize = 5;
+const REPLY_FIELDS: usize = 6;
+/// Arguments per limit: algorithm id, four parameters, cost.
+const ARGS_PER_LIMIT: usize = 6;
 
 /// Which kind of Redis deployment the URL names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,11 +107,11 @@ impl RedisStore {
         now_ms: Option<i64>,
     ) -> Result<Outcome, StoreError> {
         let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
-        let mut args: Vec<Value> = Vec::with_capacity(1 + checks.len() * REPLY_FIELDS);
+        let mut args: Vec<Value> = Vec::with_capacity(1 + checks.len() * ARGS_PER_LIMIT);
         args.push(now_ms.map_or_else(|| Value::from(""), Value::from));
         for check in checks {
-            let (id, a, b, c) = script_params(check.limit.algorithm());
-            args.extend([id, a, b, c, check.limit.cost()].map(|v| Value::from(v as i64)));
+            let [id, a, b, c, d] = script_params(check.limit.algorithm());
+            args.extend([id, a, b, c, d, check.limit.cost()].map(|v| Value::from(v as i64)));
         }
         let reply: Vec<i64> = self.eval(keys, args).await?;
         parse_reply(&reply, checks.len())
@@ -146,12 +149,24 @@ impl RedisStore {
     }
 }
 
-/// The script's algorithm id and three parameters for a limit.
-fn script_params(algorithm: &Algorithm) -> (u64, u64, u64, u64) {
+/// The script's algorithm id and four parameters for a limit (see the header of `check.lua`).
+fn script_params(algorithm: &Algorithm) -> [u64; 5] {
     match *algorithm {
-        Algorithm::SlidingWindow { limit, period_ms } => (1, limit, period_ms, 0),
-        Algorithm::SlidingLog { limit, period_ms } => (2, limit, period_ms, 0),
-        Algorithm::TokenBucket { rate, burst } => (3, burst, rate.count(), rate.period_ms()),
+        Algorithm::SlidingWindow { limit, period_ms } => [1, limit, period_ms, 0, 0],
+        Algorithm::SlidingLog { limit, period_ms } => [2, limit, period_ms, 0, 0],
+        Algorithm::TokenBucket { rate, burst } => [3, burst, rate.count(), rate.period_ms(), 0],
+        Algorithm::FixedWindow { limit, period_ms } => [4, limit, period_ms, 0, 0],
+        Algorithm::Gcra { rate, burst } => {
+            let ticks = Ticks::of(rate);
+            [5, burst, ticks.ticks_per_ms, ticks.interval, 0]
+        }
+        Algorithm::LeakyBucket { rate, burst, mode } => {
+            let max_delay_ms = match mode {
+                LeakyMode::Reject => 0,
+                LeakyMode::Delay { max_delay_ms } => max_delay_ms,
+            };
+            [6, burst, rate.count(), rate.period_ms(), max_delay_ms]
+        }
     }
 }
 
@@ -171,10 +186,22 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<Outcome, StoreError> {
             remaining: as_u64(f[2]),
             retry_after_ms: as_u64(f[3]),
             reset_after_ms: as_u64(f[4]),
+            delay_ms: as_u64(f[5]),
         })
         .collect();
     Ok(Outcome {
         allowed: reply[1] == 1,
         decisions,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::algorithms::gcra::EPOCH_MS;
+
+    #[test]
+    fn script_and_rust_share_the_gcra_epoch() {
+        assert!(CHECK_SCRIPT.contains(&format!("local GCRA_EPOCH_MS = {EPOCH_MS}\n")));
+    }
 }

@@ -1,0 +1,11 @@
+//! The gateway itself: per request, find the route, build the keys, ask the limiter, then forward or refuse.
+
+mod handler;
+mod rate_limit_headers;
+mod responses;
+mod runtime;
+mod server;
+
+pub use handler::Gateway;
+pub use runtime::{build_limiter, Runtime};
+pub use server::{serve, ServeError};

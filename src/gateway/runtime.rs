@@ -1,0 +1,98 @@
+//! What a config compiles into: matchers, upstream pools, the limiter; swapped atomically on reload.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::HeaderValue;
+
+use super::rate_limit_headers;
+use crate::config::{BackendKind, Config, DirectResponse, LimitSettings, RouteAction, StoreSettings};
+use crate::key::ClientIpResolver;
+use crate::limiter::store::{RedisStore, StoreError};
+use crate::limiter::{Backend, RateLimiter, SystemClock};
+use crate::proxy::Upstream;
+use crate::routing::{Matcher, RequestTarget};
+
+/// A compiled configuration.
+#[derive(Debug)]
+pub struct Runtime {
+    pub(super) routes: Vec<Route>,
+    pub(super) client_ip: ClientIpResolver,
+    pub(super) key_prefix: String,
+}
+
+/// A compiled route.
+#[derive(Debug)]
+pub(super) struct Route {
+    pub name: String,
+    pub matcher: Matcher,
+    pub action: Action,
+    pub limits: Vec<LimitSettings>,
+    pub deny_status: http::StatusCode,
+    pub headers: bool,
+    /// `RateLimit-Policy`, rendered once.
+    pub policy: Option<HeaderValue>,
+}
+
+#[derive(Debug)]
+pub(super) enum Action {
+    Upstream(Arc<Upstream>),
+    Respond(DirectResponse),
+}
+
+// === impl Runtime ===
+
+impl Runtime {
+    /// Compiles a validated config.
+    pub fn new(config: &Config) -> Self {
+        let upstreams: HashMap<&str, Arc<Upstream>> = config
+            .upstreams
+            .iter()
+            .map(|u| (u.name.as_str(), Arc::new(Upstream::new(u))))
+            .collect();
+        let routes = config
+            .routes
+            .iter()
+            .filter_map(|route| {
+                let action = match &route.action {
+                    // Validation guarantees the upstream exists.
+                    RouteAction::Upstream(name) => Action::Upstream(upstreams.get(name.as_str())?.clone()),
+                    RouteAction::Respond(direct) => Action::Respond(direct.clone()),
+                };
+                Some(Route {
+                    name: route.name.clone(),
+                    matcher: Matcher::new(&route.matcher),
+                    action,
+                    limits: route.limits.clone(),
+                    deny_status: route.deny_status,
+                    headers: route.headers,
+                    policy: rate_limit_headers::policy(&route.limits),
+                })
+            })
+            .collect();
+        Self {
+            routes,
+            client_ip: ClientIpResolver::new(config.client_ip.trusted_proxies.clone()),
+            key_prefix: config.store.key_prefix.clone(),
+        }
+    }
+
+    pub(super) fn route_for(&self, target: &RequestTarget<'_>) -> Option<&Route> {
+        self.routes.iter().find(|r| r.matcher.matches(target))
+    }
+}
+
+/// Builds the limiter for the `store:` settings. Connecting to Redis happens in the background.
+pub fn build_limiter(store: &StoreSettings) -> Result<RateLimiter, StoreError> {
+    let backend = match store.backend {
+        BackendKind::Memory => Backend::Memory,
+        BackendKind::Redis => Backend::Redis(RedisStore::connect(&store.url, store.pool_size)?),
+    };
+    Ok(RateLimiter::new(
+        backend,
+        store.timeout,
+        store.on_error,
+        store.max_keys,
+        Arc::new(SystemClock),
+    ))
+}

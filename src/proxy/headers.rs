@@ -1,0 +1,145 @@
+//! Header rewriting for proxying: hop-by-hop fields removed both ways, `X-Forwarded-*` and `Via` added.
+
+use std::net::IpAddr;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::Version;
+
+/// The pseudonym tollgate uses in `Via`.
+pub const VIA: &str = "tollgate";
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// What the gateway knows about the hop a request came over.
+#[derive(Debug, Clone, Copy)]
+pub struct ForwardedFacts<'a> {
+    /// The TCP peer.
+    pub peer: IpAddr,
+    /// Whether the peer is a trusted proxy, whose `X-Forwarded-*` are kept and extended.
+    pub peer_trusted: bool,
+    /// The host the client asked for, if any.
+    pub host: Option<&'a str>,
+    /// The client's HTTP version, for `Via`.
+    pub version: Version,
+}
+
+/// Removes the hop-by-hop fields of RFC 9110 §7.6.1: `Connection` and every field it names, `Keep-Alive`,
+/// `Proxy-Connection`, `TE`, `Trailer`, `Transfer-Encoding` and `Upgrade`.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        &header::CONNECTION,
+        &KEEP_ALIVE,
+        &PROXY_CONNECTION,
+        &header::TE,
+        &header::TRAILER,
+        &header::TRANSFER_ENCODING,
+        &header::UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+}
+
+/// Prepares request headers for the upstream.
+///
+/// From a trusted proxy, `X-Forwarded-For` is extended with the peer and the other `X-Forwarded-*` are kept; from
+/// anyone else they are replaced, since nobody vouches for what a client claims about itself.
+pub fn prepare_request(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) {
+    remove_hop_by_hop(headers);
+    let peer = facts.peer.to_string();
+    let forwarded_for = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(existing) if facts.peer_trusted && !existing.trim().is_empty() => format!("{existing}, {peer}"),
+        _ => peer,
+    };
+    if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
+        headers.insert(&X_FORWARDED_FOR, value);
+    }
+    if !(facts.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    }
+    if !(facts.peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
+        match facts.host.and_then(|h| HeaderValue::from_str(h).ok()) {
+            Some(host) => {
+                headers.insert(&X_FORWARDED_HOST, host);
+            }
+            None => {
+                headers.remove(&X_FORWARDED_HOST);
+            }
+        }
+    }
+    append_via(headers, facts.version);
+}
+
+/// Prepares response headers for the client.
+pub fn prepare_response(headers: &mut HeaderMap, version: Version) {
+    remove_hop_by_hop(headers);
+    append_via(headers, version);
+}
+
+fn append_via(headers: &mut HeaderMap, version: Version) {
+    let protocol = match version {
+        Version::HTTP_09 => "0.9",
+        Version::HTTP_10 => "1.0",
+        Version::HTTP_2 => "2",
+        Version::HTTP_3 => "3",
+        _ => "1.1",
+    };
+    if let Ok(value) = HeaderValue::from_str(&format!("{protocol} {VIA}")) {
+        headers.append(header::VIA, value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(trusted: bool) -> ForwardedFacts<'static> {
+        ForwardedFacts {
+            peer: "192.0.2.1".parse().unwrap(),
+            peer_trusted: trusted,
+            host: Some("api.example.com"),
+            version: Version::HTTP_11,
+        }
+    }
+
+    #[test]
+    fn connection_named_fields_are_removed() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret"));
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        remove_hop_by_hop(&mut h);
+        assert!(h.get("x-secret").is_none() && h.get(header::TE).is_none());
+        assert!(h.get("x-kept").is_some());
+    }
+
+    #[test]
+    fn forwarded_for_is_extended_only_from_trusted_peers() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.9"));
+        prepare_request(&mut h, &facts(true));
+        assert_eq!(h["x-forwarded-for"], "203.0.113.9, 192.0.2.1");
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.9"));
+        h.insert("x-forwarded-host", HeaderValue::from_static("evil"));
+        prepare_request(&mut h, &facts(false));
+        assert_eq!(h["x-forwarded-for"], "192.0.2.1");
+        assert_eq!(h["x-forwarded-host"], "api.example.com");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["via"], "1.1 tollgate");
+    }
+}

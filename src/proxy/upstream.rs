@@ -1,0 +1,155 @@
+//! One upstream: its targets (round robin), a pooled hyper client, and the forwarding of one request.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::body::Body;
+use http::uri::{PathAndQuery, Uri};
+use http::{header, Request, Response};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use thiserror::Error;
+
+use super::headers::{self, ForwardedFacts};
+use crate::config::UpstreamSettings;
+
+/// A named upstream with its connection pool.
+#[derive(Debug)]
+pub struct Upstream {
+    name: String,
+    targets: Vec<Target>,
+    next: AtomicUsize,
+    timeout: Duration,
+    client: Client<HttpConnector, Body>,
+}
+
+#[derive(Debug)]
+struct Target {
+    /// `scheme://authority` of the target.
+    origin: Uri,
+    /// Path prefix of the target URL without trailing slash, e.g. `/base` for `http://host/base/`.
+    base_path: String,
+}
+
+/// Why a request could not be forwarded.
+#[derive(Debug, Error)]
+pub enum ProxyError {
+    /// No connection could be made, or it broke before a response head arrived.
+    #[error("upstream {upstream} unreachable: {source}")]
+    Unreachable {
+        /// The upstream's name.
+        upstream: String,
+        /// The client error.
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    /// No response head within the upstream's timeout.
+    #[error("upstream {upstream} did not answer within {timeout:?}")]
+    Timeout {
+        /// The upstream's name.
+        upstream: String,
+        /// Its timeout.
+        timeout: Duration,
+    },
+    /// The request could not be turned into an upstream request.
+    #[error("cannot build the upstream request: {0}")]
+    BadRequest(#[from] http::Error),
+}
+
+// === impl Upstream ===
+
+impl Upstream {
+    /// Builds the upstream and its pool from validated settings.
+    pub fn new(settings: &UpstreamSettings) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(settings.connect_timeout));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(1024)
+            .build(connector);
+        let targets = settings
+            .targets
+            .iter()
+            .map(|uri| {
+                let origin = Uri::builder()
+                    .scheme(uri.scheme_str().unwrap_or("http"))
+                    .authority(uri.authority().map_or("127.0.0.1", |a| a.as_str()))
+                    .path_and_query("/")
+                    .build()
+                    .unwrap_or_default();
+                Target {
+                    origin,
+                    base_path: uri.path().trim_end_matches('/').to_owned(),
+                }
+            })
+            .collect();
+        Self {
+            name: settings.name.clone(),
+            targets,
+            next: AtomicUsize::new(0),
+            timeout: settings.timeout,
+            client,
+        }
+    }
+
+    /// The upstream's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Forwards `request` (whose path is already normalised into `path`) to the next target.
+    ///
+    /// Only the configured target is ever contacted: the scheme and authority of the request target are ignored,
+    /// so an absolute-form request (`GET http://elsewhere/`) cannot turn the gateway into an open proxy.
+    pub async fn forward(
+        &self,
+        mut request: Request<Body>,
+        path: &str,
+        facts: &ForwardedFacts<'_>,
+    ) -> Result<Response<Body>, ProxyError> {
+        let target = &self.targets[self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len()];
+        let mut path_and_query = String::with_capacity(target.base_path.len() + path.len() + 32);
+        path_and_query.push_str(&target.base_path);
+        path_and_query.push_str(path);
+        if let Some(query) = request.uri().query() {
+            path_and_query.push('?');
+            path_and_query.push_str(query);
+        }
+        let mut parts = target.origin.clone().into_parts();
+        parts.path_and_query = Some(PathAndQuery::try_from(path_and_query).map_err(http::Error::from)?);
+        let uri = Uri::from_parts(parts).map_err(http::Error::from)?;
+
+        // HTTP/2 clients send the host as :authority; HTTP/1.1 upstreams need it as Host.
+        if !request.headers().contains_key(header::HOST) {
+            if let Some(host) = facts.host.and_then(|h| http::HeaderValue::from_str(h).ok()) {
+                request.headers_mut().insert(header::HOST, host);
+            }
+        }
+        headers::prepare_request(request.headers_mut(), facts);
+        *request.uri_mut() = uri;
+        *request.version_mut() = http::Version::HTTP_11;
+
+        let response = match tokio::time::timeout(self.timeout, self.client.request(request)).await {
+            Err(_) => {
+                return Err(ProxyError::Timeout {
+                    upstream: self.name.clone(),
+                    timeout: self.timeout,
+                })
+            }
+            Ok(Err(source)) => {
+                return Err(ProxyError::Unreachable {
+                    upstream: self.name.clone(),
+                    source,
+                })
+            }
+            Ok(Ok(response)) => response,
+        };
+        let (mut parts, body) = response.into_parts();
+        headers::prepare_response(&mut parts.headers, parts.version);
+        // Streamed through, never buffered whole.
+        Ok(Response::from_parts(parts, Body::new(body)))
+    }
+}

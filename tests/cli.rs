@@ -1,0 +1,198 @@
+//! The `tollgate` binary: `check`, exit codes, located config errors, and several processes sharing one Redis.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::free_port;
+use common::http_client::client;
+use common::redis::RedisServer;
+use common::upstream::Upstream;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+
+fn write_config(dir: &tempfile::TempDir, name: &str, yaml: &str) -> std::path::PathBuf {
+    let path = dir.path().join(name);
+    let mut file = std::fs::File::create(&path).expect("create config");
+    file.write_all(yaml.as_bytes()).expect("write config");
+    path
+}
+
+fn tollgate(args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .env_remove("TOLLGATE_CONFIG")
+        .output()
+        .expect("run tollgate")
+}
+
+#[test]
+fn check_reports_a_located_error_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = "\
+store:
+  backend: memory
+routes:
+  - name: demo
+    match: { path_prefix: /demo }
+    respond: { status: 200 }
+    limits:
+      - name: per-ip
+        key: ip
+        algorithm: sliding_window
+        limit: 10
+        period: 1 minute
+";
+    let path = write_config(&dir, "broken.yaml", yaml);
+    let output = tollgate(&["check", "--config", path.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let expected = format!(
+        "{}:12:9: routes[0].limits[0].period: invalid duration \"1 minute\" (use 250ms, 1s, 1m, 1h, 1d)",
+        path.display()
+    );
+    assert!(stderr.contains(&expected), "stderr:\n{stderr}\nexpected:\n{expected}");
+}
+
+#[test]
+fn unknown_keys_are_rejected_with_their_location() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = "store:\n  backend: memory\n  timout: 25ms\n";
+    let path = write_config(&dir, "typo.yaml", yaml);
+    let output = tollgate(&["check", "--config", path.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("typo.yaml:3:"), "{stderr}");
+    assert!(stderr.contains("timout"), "{stderr}");
+}
+
+#[test]
+fn check_prints_routes_and_limits_of_the_shipped_config() {
+    let output = tollgate(&["check", "--config", concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.yaml")]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    for expected in ["demo", "api", "token_bucket", "per-ip"] {
+        assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
+    }
+}
+
+#[test]
+fn missing_config_file_exits_2_and_bad_arguments_exit_2() {
+    let output = tollgate(&["check", "--config", "/nonexistent/tollgate.yaml"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("/nonexistent/tollgate.yaml"));
+    assert_eq!(tollgate(&["--no-such-flag"]).status.code(), Some(2));
+}
+
+#[test]
+fn port_in_use_exits_1() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "listen: 127.0.0.1:{port}\nadmin:\n  listen: 127.0.0.1:{}\nstore:\n  backend: memory\nroutes: []\n",
+        free_port()
+    );
+    let path = write_config(&dir, "busy.yaml", &yaml);
+    let output = tollgate(&["run", "--config", path.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
+/// A `tollgate run` process, killed when dropped.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_until_listening(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "tollgate on {port} did not start");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_on_one_redis_admit_exactly_the_limit() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut processes = Vec::new();
+    let mut ports = Vec::new();
+    for i in 0..3 {
+        let port = free_port();
+        let yaml = format!(
+            r#"listen: 127.0.0.1:{port}
+admin:
+  listen: 127.0.0.1:{admin}
+store:
+  backend: redis
+  url: {redis}
+  timeout: 1s
+  on_error: deny
+upstreams:
+  backend:
+    targets: ["{upstream}"]
+routes:
+  - name: api
+    match: {{ path_prefix: /api }}
+    upstream: backend
+    limits:
+      - name: global
+        key: route
+        algorithm: sliding_log
+        limit: 100
+        period: 1m
+"#,
+            admin = free_port(),
+            redis = redis.url(),
+            upstream = upstream.url(),
+        );
+        let path = write_config(&dir, &format!("g{i}.yaml"), &yaml);
+        let child = Command::new(BIN)
+            .args(["run", "--config", path.to_str().unwrap()])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn tollgate");
+        processes.push(Process(child));
+        ports.push(port);
+    }
+    for &port in &ports {
+        wait_until_listening(port);
+    }
+
+    // 300 requests, 100 to each process, 25 at a time per process.
+    let client = client();
+    let mut tasks = Vec::new();
+    for &port in &ports {
+        for _ in 0..25 {
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                for _ in 0..4 {
+                    let url = format!("http://127.0.0.1:{port}/api");
+                    statuses.push(client.get(url).send().await.expect("request").status().as_u16());
+                }
+                statuses
+            }));
+        }
+    }
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.extend(task.await.unwrap());
+    }
+    let admitted = statuses.iter().filter(|&&s| s == 200).count();
+    let denied = statuses.iter().filter(|&&s| s == 429).count();
+    assert_eq!(statuses.len(), 300);
+    assert_eq!(admitted, 100, "statuses: {statuses:?}");
+    assert_eq!(denied, 200);
+    assert_eq!(upstream.hits(), 100);
+}

@@ -1,0 +1,25 @@
+//! A plain HTTP client for tests, and a raw-socket sender for requests no client library would send.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A client without proxies or retries, with a short timeout.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .pool_max_idle_per_host(64)
+        .build()
+        .expect("client")
+}
+
+/// Sends raw bytes to `addr` and returns everything read until the server closes or 5 s pass.
+pub async fn raw(addr: std::net::SocketAddr, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(request).await.expect("write");
+    let mut buffer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut buffer)).await;
+    String::from_utf8_lossy(&buffer).into_owned()
+}

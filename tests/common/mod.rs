@@ -1,0 +1,85 @@
+//! Test helpers: a real `redis-server`, a real upstream and the gateway, each on a free loopback port.
+#![allow(dead_code)]
+
+pub mod http_client;
+pub mod redis;
+pub mod upstream;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tollgate::config::{self, Config};
+use tollgate::gateway::{self, Gateway};
+use tollgate::limiter::Backend;
+
+/// A gateway served in this process on a free port.
+pub struct TestGateway {
+    pub addr: SocketAddr,
+    pub gateway: Arc<Gateway>,
+    shutdown: Option<oneshot::Sender<()>>,
+}
+
+/// Parses `yaml` as a config file called `test.yaml`, panicking with the located errors if it is invalid.
+pub fn config(yaml: &str) -> Config {
+    match config::parse(yaml, Path::new("test.yaml")) {
+        Ok(config) => config,
+        Err(error) => panic!("invalid test config:\n{error}\n---\n{yaml}"),
+    }
+}
+
+/// Starts a gateway for `yaml` on 127.0.0.1 and a free port (the config's `listen` is ignored). When the store
+/// is Redis, waits until it is connected, so that no test request is decided by the fallback by accident.
+pub async fn start_gateway(yaml: &str) -> TestGateway {
+    let config = config(yaml);
+    let limiter = Arc::new(gateway::build_limiter(&config.store).expect("store settings"));
+    if let Backend::Redis(redis) = limiter.backend() {
+        assert!(
+            redis.wait_connected(Duration::from_secs(5)).await,
+            "redis did not answer"
+        );
+    }
+    let gateway = Arc::new(Gateway::new(&config, limiter));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("local addr");
+    let (tx, rx) = oneshot::channel();
+    let served = gateway.clone();
+    let settings = config.server.clone();
+    tokio::spawn(async move {
+        let _ = gateway::serve(listener, served, &settings, async {
+            let _ = rx.await;
+        })
+        .await;
+    });
+    TestGateway {
+        addr,
+        gateway,
+        shutdown: Some(tx),
+    }
+}
+
+impl TestGateway {
+    /// `http://127.0.0.1:PORT` + `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+}
+
+impl Drop for TestGateway {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound, then released; for servers that must be told their port).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}

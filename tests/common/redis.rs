@@ -1,0 +1,77 @@
+//! A real `redis-server` on a free loopback port, killed when dropped.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::free_port;
+
+/// A running `redis-server`.
+pub struct RedisServer {
+    pub port: u16,
+    child: Child,
+}
+
+impl RedisServer {
+    /// Starts `redis-server` on a free port with persistence off, and waits until it answers PING.
+    pub fn start() -> Self {
+        Self::start_on(free_port())
+    }
+
+    /// Starts `redis-server` on `port` (to restart one on the same port).
+    pub fn start_on(port: u16) -> Self {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (the README's test command installs it)");
+        let server = Self { port, child };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while server.cli(&["PING"]).as_deref() != Some("PONG") {
+            assert!(Instant::now() < deadline, "redis-server on {port} did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Runs `redis-cli` against this server; the trimmed output, or `None` if it failed.
+    pub fn cli(&self, args: &[&str]) -> Option<String> {
+        let output = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .ok()?;
+        output
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    }
+
+    /// Stops the server (SIGKILL) now.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

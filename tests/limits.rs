@@ -1,0 +1,241 @@
+//! End-to-end limiting: exact admission counts, headers, keys, shared state, run against a real Redis and against
+//! the in-process store, which must give the same answers.
+
+mod common;
+
+use common::http_client::client;
+use common::redis::RedisServer;
+use common::upstream::Upstream;
+use common::{start_gateway, TestGateway};
+
+/// The two stores every test runs against.
+#[derive(Debug, Clone, Copy)]
+enum Store {
+    Redis,
+    Memory,
+}
+
+const STORES: [Store; 2] = [Store::Redis, Store::Memory];
+
+/// A gateway with one upstream route `/api` carrying `limits` (YAML list items, indented by 6 spaces), plus
+/// `trusted_proxies`. Holds the Redis server (if any) alive as long as the gateway.
+struct Setup {
+    gateway: TestGateway,
+    upstream: Upstream,
+    _redis: Option<RedisServer>,
+}
+
+async fn setup(store: Store, trusted: &str, limits: &str) -> Setup {
+    let upstream = Upstream::start().await;
+    let redis = matches!(store, Store::Redis).then(RedisServer::start);
+    let yaml = gateway_yaml(store_yaml(redis.as_ref()), trusted, &upstream.url(), limits);
+    let gateway = start_gateway(&yaml).await;
+    Setup {
+        gateway,
+        upstream,
+        _redis: redis,
+    }
+}
+
+fn store_yaml(redis: Option<&RedisServer>) -> String {
+    match redis {
+        Some(redis) => format!("  backend: redis\n  url: {}\n  timeout: 500ms\n  on_error: deny\n", redis.url()),
+        None => "  backend: memory\n".to_owned(),
+    }
+}
+
+fn gateway_yaml(store: String, trusted: &str, upstream: &str, limits: &str) -> String {
+    format!(
+        r#"listen: 127.0.0.1:0
+store:
+{store}client_ip:
+  trusted_proxies: [{trusted}]
+upstreams:
+  backend:
+    targets: ["{upstream}"]
+routes:
+  - name: api
+    match: {{ path_prefix: /api }}
+    upstream: backend
+    limits:
+{limits}"#
+    )
+}
+
+/// Sends `n` GETs one after another; returns the statuses.
+async fn hammer(url: &str, n: usize, headers: &[(&str, &str)]) -> Vec<u16> {
+    let client = client();
+    let mut statuses = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut request = client.get(url);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        statuses.push(request.send().await.expect("request").status().as_u16());
+    }
+    statuses
+}
+
+fn count(statuses: &[u16], status: u16) -> usize {
+    statuses.iter().filter(|&&s| s == status).count()
+}
+
+const PER_IP_LOG_5: &str = "      - name: per-ip\n        key: ip\n        algorithm: sliding_log\n        limit: 5\n        period: 1m\n";
+
+#[tokio::test]
+async fn sliding_log_admits_exactly_its_limit() {
+    for store in STORES {
+        let s = setup(store, "", PER_IP_LOG_5).await;
+        let statuses = hammer(&s.gateway.url("/api/items"), 20, &[]).await;
+        assert_eq!(count(&statuses, 200), 5, "{store:?}: {statuses:?}");
+        assert_eq!(count(&statuses, 429), 15, "{store:?}");
+        assert_eq!(s.upstream.hits(), 5, "{store:?}: denied requests must not reach the upstream");
+    }
+}
+
+#[tokio::test]
+async fn sliding_window_admits_exactly_its_limit() {
+    let limits = "      - name: per-ip\n        key: ip\n        algorithm: sliding_window\n        limit: 10\n        period: 1h\n";
+    for store in STORES {
+        let s = setup(store, "", limits).await;
+        let statuses = hammer(&s.gateway.url("/api"), 25, &[]).await;
+        assert_eq!(count(&statuses, 200), 10, "{store:?}: {statuses:?}");
+        assert_eq!(s.upstream.hits(), 10, "{store:?}");
+    }
+}
+
+#[tokio::test]
+async fn token_bucket_admits_its_burst() {
+    let limits = "      - name: per-ip\n        key: ip\n        algorithm: token_bucket\n        rate: 1/1h\n        burst: 3\n";
+    for store in STORES {
+        let s = setup(store, "", limits).await;
+        let statuses = hammer(&s.gateway.url("/api"), 10, &[]).await;
+        assert_eq!(count(&statuses, 200), 3, "{store:?}: {statuses:?}");
+    }
+}
+
+#[tokio::test]
+async fn denied_response_carries_retry_after_and_rate_limit_headers() {
+    for store in STORES {
+        let s = setup(store, "", PER_IP_LOG_5).await;
+        let client = client();
+        let first = client.get(s.gateway.url("/api")).send().await.expect("first");
+        assert_eq!(first.status(), 200);
+        assert_eq!(first.headers()["x-ratelimit-limit"], "5");
+        assert_eq!(first.headers()["x-ratelimit-remaining"], "4");
+        assert_eq!(first.headers()["ratelimit-policy"], "\"per-ip\";q=5;w=60");
+        hammer(&s.gateway.url("/api"), 4, &[]).await;
+
+        let denied = client.get(s.gateway.url("/api")).send().await.expect("denied");
+        assert_eq!(denied.status(), 429, "{store:?}");
+        let h = denied.headers().clone();
+        let retry_after: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!((58..=60).contains(&retry_after), "{store:?}: Retry-After {retry_after}");
+        assert_eq!(h["x-ratelimit-limit"], "5");
+        assert_eq!(h["x-ratelimit-remaining"], "0");
+        let reset: u64 = h["x-ratelimit-reset"].to_str().unwrap().parse().unwrap();
+        assert!((58..=60).contains(&reset), "{store:?}: reset {reset}");
+        assert_eq!(h["ratelimit-policy"], "\"per-ip\";q=5;w=60");
+        assert_eq!(h["ratelimit"], format!("\"per-ip\";r=0;t={reset}").as_str());
+        assert_eq!(h["content-type"], "application/json");
+        let body: serde_json::Value = serde_json::from_str(&denied.text().await.unwrap()).unwrap();
+        assert_eq!(body["error"], "rate_limited");
+        assert_eq!(body["route"], "api");
+        assert_eq!(body["limit"], "per-ip");
+        let retry_ms = body["retry_after_ms"].as_u64().unwrap();
+        assert!(retry_ms > 57_000 && retry_ms <= 60_000, "{store:?}: {retry_ms}");
+        assert_eq!(retry_after, retry_ms.div_ceil(1000));
+    }
+}
+
+#[tokio::test]
+async fn header_keys_are_counted_separately() {
+    let limits = "      - name: per-key\n        key: [header:x-api-key]\n        missing: skip\n        algorithm: sliding_log\n        limit: 2\n        period: 1m\n";
+    for store in STORES {
+        let s = setup(store, "", limits).await;
+        let url = s.gateway.url("/api");
+        let a = hammer(&url, 4, &[("x-api-key", "alpha")]).await;
+        let b = hammer(&url, 4, &[("x-api-key", "beta")]).await;
+        assert_eq!(count(&a, 200), 2, "{store:?}");
+        assert_eq!(count(&b, 200), 2, "{store:?}");
+        // `missing: skip`: without the header the limit does not apply.
+        let none = hammer(&url, 5, &[]).await;
+        assert_eq!(count(&none, 200), 5, "{store:?}");
+    }
+}
+
+#[tokio::test]
+async fn forwarded_for_is_believed_only_from_trusted_proxies() {
+    for store in STORES {
+        // The test client connects from 127.0.0.1: trusted here, so each X-Forwarded-For is its own client.
+        let trusted = setup(store, "127.0.0.1/32", PER_IP_LOG_5).await;
+        let url = trusted.gateway.url("/api");
+        let one = hammer(&url, 6, &[("x-forwarded-for", "203.0.113.1")]).await;
+        let two = hammer(&url, 6, &[("x-forwarded-for", "198.51.100.2, 203.0.113.2")]).await;
+        assert_eq!(count(&one, 200), 5, "{store:?}");
+        assert_eq!(count(&two, 200), 5, "{store:?}");
+
+        // Untrusted: the header is ignored and both "clients" share the peer's bucket.
+        let untrusted = setup(store, "10.0.0.0/8", PER_IP_LOG_5).await;
+        let url = untrusted.gateway.url("/api");
+        let one = hammer(&url, 6, &[("x-forwarded-for", "203.0.113.1")]).await;
+        let two = hammer(&url, 6, &[("x-forwarded-for", "203.0.113.2")]).await;
+        assert_eq!(count(&one, 200) + count(&two, 200), 5, "{store:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_denied_request_consumes_from_no_limit() {
+    let limits = "      - name: wide
+        key: ip
+        algorithm: sliding_log
+        limit: 10
+        period: 1m
+      - name: narrow
+        key: [header:x-user]
+        missing: skip
+        algorithm: sliding_log
+        limit: 2
+        period: 1m
+";
+    for store in STORES {
+        let s = setup(store, "", limits).await;
+        let url = s.gateway.url("/api");
+        // 2 admitted, 6 refused by `narrow`: `wide` must have lost only 2.
+        let statuses = hammer(&url, 8, &[("x-user", "u1")]).await;
+        assert_eq!(count(&statuses, 200), 2, "{store:?}");
+        let rest = hammer(&url, 10, &[]).await;
+        assert_eq!(count(&rest, 200), 8, "{store:?}: {rest:?}");
+    }
+}
+
+#[tokio::test]
+async fn two_gateways_sharing_redis_enforce_one_limit() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let limits = "      - name: global\n        key: route\n        algorithm: sliding_log\n        limit: 10\n        period: 1m\n";
+    let yaml = gateway_yaml(store_yaml(Some(&redis)), "", &upstream.url(), limits);
+    let a = start_gateway(&yaml).await;
+    let b = start_gateway(&yaml).await;
+    let client = client();
+    let mut admitted = 0;
+    for i in 0..30 {
+        let gateway = if i % 2 == 0 { &a } else { &b };
+        if client.get(gateway.url("/api")).send().await.unwrap().status() == 200 {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 10);
+    assert_eq!(upstream.hits(), 10);
+}
+
+#[tokio::test]
+async fn redis_keys_follow_the_documented_layout_and_expire() {
+    let s = setup(Store::Redis, "", PER_IP_LOG_5).await;
+    hammer(&s.gateway.url("/api"), 1, &[]).await;
+    let redis = s._redis.as_ref().unwrap();
+    let keys = redis.cli(&["KEYS", "*"]).unwrap();
+    assert_eq!(keys, "tollgate:api:per-ip:{127.0.0.1}");
+    let ttl: i64 = redis.cli(&["PTTL", &keys]).unwrap().parse().unwrap();
+    assert!(ttl > 0 && ttl <= 60_000, "ttl {ttl}");
+}

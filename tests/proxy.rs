@@ -1,0 +1,143 @@
+//! Proxying end to end: what reaches the upstream, what comes back, and the gateway's own error answers.
+
+mod common;
+
+use common::http_client::{client, raw};
+use common::upstream::Upstream;
+use common::{free_port, start_gateway};
+use serde_json::Value;
+
+fn yaml(targets: &[String], upstream_timeout: &str) -> String {
+    let targets: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
+    format!(
+        r#"listen: 127.0.0.1:0
+store:
+  backend: memory
+upstreams:
+  backend:
+    targets: [{}]
+    timeout: {upstream_timeout}
+routes:
+  - name: demo
+    match: {{ path_prefix: /demo }}
+    respond: {{ status: 200, body: "hello from tollgate\n" }}
+  - name: api
+    match: {{ path_prefix: /api, methods: [GET, POST] }}
+    upstream: backend
+"#,
+        targets.join(", ")
+    )
+}
+
+async fn json(response: reqwest::Response) -> Value {
+    serde_json::from_str(&response.text().await.expect("body")).expect("json body")
+}
+
+#[tokio::test]
+async fn forwards_method_path_query_body_and_forwarding_headers() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&yaml(&[upstream.url()], "5s")).await;
+    let response = client()
+        .post(gateway.url("/api/items/../orders?limit=3&x=%20y"))
+        .header("host", "shop.example.test")
+        .header("connection", "x-secret")
+        .header("x-secret", "hop-by-hop")
+        .header("x-custom", "kept")
+        .body("order-body")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["via"], "1.1 tollgate");
+    let echo = json(response).await;
+    assert_eq!(echo["method"], "POST");
+    assert_eq!(echo["path"], "/api/orders", "dot segments resolved before forwarding");
+    assert_eq!(echo["query"], "limit=3&x=%20y");
+    assert_eq!(echo["body"], "order-body");
+    let headers = &echo["headers"];
+    assert_eq!(headers["host"], "shop.example.test", "Host is preserved");
+    assert_eq!(headers["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(headers["x-forwarded-proto"], "http");
+    assert_eq!(headers["x-forwarded-host"], "shop.example.test");
+    assert_eq!(headers["via"], "1.1 tollgate");
+    assert_eq!(headers["x-custom"], "kept");
+    assert!(headers.get("x-secret").is_none(), "fields named by Connection are hop-by-hop");
+}
+
+#[tokio::test]
+async fn round_robin_over_targets() {
+    let first = Upstream::start().await;
+    let second = Upstream::start().await;
+    let gateway = start_gateway(&yaml(&[first.url(), second.url()], "5s")).await;
+    let client = client();
+    for _ in 0..10 {
+        assert_eq!(client.get(gateway.url("/api")).send().await.unwrap().status(), 200);
+    }
+    assert_eq!((first.hits(), second.hits()), (5, 5));
+}
+
+#[tokio::test]
+async fn unreachable_upstream_is_502_and_the_gateway_keeps_serving() {
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let gateway = start_gateway(&yaml(&[dead], "5s")).await;
+    let client = client();
+    for _ in 0..3 {
+        let response = client.get(gateway.url("/api/x")).send().await.unwrap();
+        assert_eq!(response.status(), 502);
+        assert_eq!(response.headers()["content-type"], "application/json");
+        let body = json(response).await;
+        assert_eq!(body["error"], "upstream_unreachable");
+        assert_eq!(body["route"], "api");
+    }
+    let demo = client.get(gateway.url("/demo")).send().await.unwrap();
+    assert_eq!(demo.status(), 200);
+    assert_eq!(demo.text().await.unwrap(), "hello from tollgate\n");
+}
+
+#[tokio::test]
+async fn slow_upstream_is_504() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&yaml(&[upstream.url()], "300ms")).await;
+    let response = client().get(gateway.url("/api/slow")).send().await.unwrap();
+    assert_eq!(response.status(), 504);
+    assert_eq!(json(response).await["error"], "upstream_timeout");
+}
+
+#[tokio::test]
+async fn unknown_paths_and_methods_get_404_json() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&yaml(&[upstream.url()], "5s")).await;
+    let client = client();
+    let response = client.get(gateway.url("/nowhere")).send().await.unwrap();
+    assert_eq!(response.status(), 404);
+    let body = json(response).await;
+    assert_eq!(body["error"], "no_route");
+    assert_eq!(body["path"], "/nowhere");
+    // /api takes GET and POST only; /apiary is not under /api.
+    assert_eq!(client.delete(gateway.url("/api")).send().await.unwrap().status(), 404);
+    assert_eq!(client.get(gateway.url("/apiary")).send().await.unwrap().status(), 404);
+    assert_eq!(upstream.hits(), 0);
+}
+
+#[tokio::test]
+async fn absolute_form_target_is_never_proxied_elsewhere() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&yaml(&[upstream.url()], "5s")).await;
+    // Names a host that is not the upstream: tollgate must use only the route's configured target.
+    let response = raw(
+        gateway.addr,
+        b"GET http://elsewhere.invalid/api/latest?x=1 HTTP/1.1\r\nHost: elsewhere.invalid\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(response.contains("\"path\":\"/api/latest\""), "{response}");
+    assert_eq!(upstream.hits(), 1);
+}
+
+#[tokio::test]
+async fn request_target_that_is_not_a_path_is_400() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&yaml(&[upstream.url()], "5s")).await;
+    let response = raw(gateway.addr, b"OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+    assert!(response.starts_with("HTTP/1.1 400"), "{response}");
+}

@@ -1,0 +1,85 @@
+//! The Redis script and the in-process store make identical decisions for the same requests at the same
+//! (explicit) timestamps: random limits, costs and time steps, including repeated and backward timestamps.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::redis::RedisServer;
+use proptest::prelude::*;
+use tollgate::limiter::store::{LimitCheck, MemoryStore, RedisStore};
+use tollgate::limiter::{Algorithm, Limit, ManualClock, Rate};
+
+fn algorithm() -> impl Strategy<Value = Algorithm> {
+    let period = prop_oneof![Just(1_000u64), Just(60_000), 1u64..5_000];
+    prop_oneof![
+        (1u64..20, period.clone()).prop_map(|(limit, period_ms)| Algorithm::SlidingWindow { limit, period_ms }),
+        (1u64..20, period.clone()).prop_map(|(limit, period_ms)| Algorithm::SlidingLog { limit, period_ms }),
+        (1u64..20, 1u64..50, period).prop_map(|(burst, count, period_ms)| Algorithm::TokenBucket {
+            rate: Rate::new(count, period_ms).expect("positive"),
+            burst,
+        }),
+    ]
+}
+
+/// A step: time moves by `delta` ms (sometimes zero, sometimes backwards), and a request of cost `cost` checks
+/// both limits.
+fn steps() -> impl Strategy<Value = Vec<(i64, u64)>> {
+    prop::collection::vec((prop_oneof![Just(0i64), -50i64..0, 0i64..3_000], 1u64..4), 1..60)
+}
+
+struct Fixture {
+    _redis: RedisServer,
+    store: RedisStore,
+    runtime: tokio::runtime::Runtime,
+    case: AtomicUsize,
+}
+
+fn fixture() -> &'static Fixture {
+    static FIXTURE: std::sync::OnceLock<Fixture> = std::sync::OnceLock::new();
+    FIXTURE.get_or_init(|| {
+        let redis = RedisServer::start();
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let store = runtime.block_on(async {
+            let store = RedisStore::connect(&redis.url(), 1).expect("connect");
+            assert!(store.wait_connected(Duration::from_secs(5)).await);
+            store
+        });
+        Fixture {
+            _redis: redis,
+            store,
+            runtime,
+            case: AtomicUsize::new(0),
+        }
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn redis_and_memory_decide_alike(first in algorithm(), second in algorithm(), steps in steps()) {
+        let fx = fixture();
+        let case = fx.case.fetch_add(1, Ordering::SeqCst);
+        let memory = MemoryStore::new(10_000, Arc::new(ManualClock::new(0)));
+        let mut now: i64 = 1_700_000_000_000;
+        for (i, (delta, cost)) in steps.into_iter().enumerate() {
+            now += delta;
+            let cost_a = cost.min(first.capacity());
+            let cost_b = cost.min(second.capacity());
+            let a = Limit::new("a", first, cost_a).expect("valid");
+            let b = Limit::new("b", second, cost_b).expect("valid");
+            let key_a = format!("case{case}:a");
+            let key_b = format!("case{case}:b");
+            let checks = [
+                LimitCheck { key: &key_a, limit: &a },
+                LimitCheck { key: &key_b, limit: &b },
+            ];
+            let expected = memory.check_at(now, &checks);
+            let actual = fx.runtime.block_on(fx.store.check(&checks, Some(now))).expect("redis");
+            prop_assert_eq!(&actual, &expected, "step {} at {} (cost {})", i, now, cost);
+        }
+    }
+}
