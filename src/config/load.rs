@@ -1,0 +1,449 @@
+//! Loading a config file: read, interpolate, parse, validate, and place every problem in the file.
+
+use std::path::Path;
+
+use super::error::{ConfigError, Problem};
+use super::interpolate::{interpolate, Interpolated};
+use super::locate::{Locator, Position};
+use super::model::Config;
+use super::raw::RawConfig;
+use super::validate::validate;
+
+/// Reads and validates the config file at `path`, taking `${VAR}` values from the process environment.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::read(path, e))?;
+    parse(&text, path)
+}
+
+/// Validates config `text`, taking `${VAR}` values from the process environment. `source` names the file in
+/// messages and in [`Config::source`].
+pub fn parse(text: &str, source: &Path) -> Result<Config, ConfigError> {
+    parse_with_env(text, source, |name| std::env::var(name).ok())
+}
+
+/// Like [`parse`], taking `${VAR}` values from `env` instead of the process environment.
+pub fn parse_with_env(
+    text: &str,
+    source: &Path,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigError> {
+    let interpolated = interpolate(text, &env).map_err(|errors| {
+        let problems = errors
+            .into_iter()
+            .map(|e| Problem::new(source, (e.position.line, e.position.column), "", e.message))
+            .collect();
+        ConfigError::invalid(problems)
+    })?;
+    let located = Located {
+        source,
+        locator: Locator::new(&interpolated.text),
+        interpolated: &interpolated,
+    };
+    let raw = deserialize(&located)?;
+    validate(raw, source).map_err(|issues| {
+        let problems = issues
+            .into_iter()
+            .map(|issue| located.problem(&issue.path, issue.message))
+            .collect();
+        ConfigError::invalid(problems)
+    })
+}
+
+/// The parsed text with the means to place a problem in the original file.
+struct Located<'a> {
+    source: &'a Path,
+    locator: Locator,
+    interpolated: &'a Interpolated,
+}
+
+impl Located<'_> {
+    /// A problem on `path`, placed where the path is in the file.
+    fn problem(&self, path: &str, message: impl Into<String>) -> Problem {
+        self.problem_at(self.locator.locate(path), path, message)
+    }
+
+    /// A problem at `position` of the interpolated text.
+    fn problem_at(&self, position: Position, path: &str, message: impl Into<String>) -> Problem {
+        let Position { line, column } = self.interpolated.map.to_source(position);
+        Problem::new(self.source, (line, column), path, message)
+    }
+}
+
+/// The serde stage: syntax and structure (unknown keys, wrong types). Serde stops at its first error.
+fn deserialize(located: &Located<'_>) -> Result<RawConfig, ConfigError> {
+    let deserializer = serde_yaml::Deserializer::from_str(&located.interpolated.text);
+    serde_path_to_error::deserialize(deserializer).map_err(|err| {
+        let path = match err.path().to_string() {
+            root if root == "." => String::new(),
+            path => path,
+        };
+        let cause = err.into_inner();
+        // The parser knows where it stopped; the locator only knows where the field starts.
+        let problem = match cause.location() {
+            Some(at) => {
+                let position = Position {
+                    line: at.line(),
+                    column: at.column(),
+                };
+                located.problem_at(position, &path, serde_message(&cause, &path))
+            }
+            None => located.problem(&path, serde_message(&cause, &path)),
+        };
+        ConfigError::invalid(vec![problem.with_cause(cause)])
+    })
+}
+
+/// The serde error's text without what the problem line already says: its position and its field path.
+///
+/// serde_norway starts its messages with its own path, which for an unknown key is the enclosing mapping, while
+/// `serde_path_to_error` also names the key: any leading path that `path` extends is dropped.
+fn serde_message(error: &serde_yaml::Error, path: &str) -> String {
+    let text = error.to_string();
+    let own_path = text
+        .split_once(": ")
+        .filter(|(prefix, _)| !prefix.is_empty() && path.starts_with(prefix));
+    let text = own_path.map_or(text.as_str(), |(_, message)| message);
+    strip_positions(text)
+}
+
+/// Removes ` at line L column C` and ` at position N`, which the problem line already gives in `file:line:col`.
+fn strip_positions(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find(" at ") {
+        let (before, after) = rest.split_at(start);
+        out.push_str(before);
+        let after = &after[" at ".len()..];
+        match skip_position(after) {
+            Some(remaining) => rest = remaining,
+            None => {
+                out.push_str(" at ");
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The text after a leading `line L column C` or `position N`, if it starts with one.
+fn skip_position(text: &str) -> Option<&str> {
+    if let Some(rest) = text.strip_prefix("line ") {
+        let rest = skip_number(rest)?.strip_prefix(" column ")?;
+        return skip_number(rest);
+    }
+    skip_number(text.strip_prefix("position ")?)
+}
+
+/// The text after a leading number, if it starts with one.
+fn skip_number(text: &str) -> Option<&str> {
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    (digits > 0).then(|| &text[digits..])
+}
+
+#[cfg(test)]
+// A failed unwrap is a failed test, with the value in the message.
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::time::Duration;
+
+    use http::{Method, StatusCode};
+
+    use super::*;
+    use crate::config::{BackendKind, RouteAction};
+    use crate::key::{KeyPart, MissingKey};
+    use crate::limiter::{Algorithm, OnError, Rate};
+
+    /// The example of design.md §3, verbatim.
+    const DESIGN_EXAMPLE: &str = r##"listen: 0.0.0.0:8080
+admin:
+  listen: 127.0.0.1:9901            # health, metrics, admin API
+  token: "${TOLLGATE_ADMIN_TOKEN:-}"  # required (non-empty) when admin.listen is not loopback
+store:
+  backend: redis                    # redis | memory
+  url: "${REDIS_URL:-redis://127.0.0.1:6379}"   # redis://, rediss://, redis-cluster://, redis-sentinel://
+  timeout: 25ms                     # budget for one limiter call
+  on_error: local                   # what to do when Redis fails or times out: allow | deny | local
+  key_prefix: "tollgate:"
+client_ip:
+  trusted_proxies: []               # CIDRs; X-Forwarded-For / Forwarded are believed only from these peers
+upstreams:
+  api:
+    targets: ["http://127.0.0.1:3000"]   # several targets: round robin
+    timeout: 30s
+routes:                             # first match wins, in file order
+  - name: demo
+    match: { path_prefix: /demo }
+    respond: { status: 200, body: "hello from tollgate\n" }    # direct response, no upstream
+    limits:
+      - name: per-ip
+        key: ip
+        algorithm: token_bucket
+        rate: 5/s
+        burst: 10
+  - name: api
+    match: { path_prefix: /api, methods: [GET, POST] }   # also: path (exact), host
+    upstream: api
+    limits:
+      - name: per-ip
+        key: ip
+        algorithm: sliding_window
+        limit: 100
+        period: 1m
+      - name: per-api-key
+        key: [header:x-api-key]       # parts: ip, route, method, path, host, header:NAME, query:NAME
+        algorithm: gcra
+        rate: 1000/1h
+        burst: 50
+        cost: 1
+"##;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn parse_text(text: &str) -> Result<Config, ConfigError> {
+        parse_with_env(text, Path::new("gateway.yaml"), no_env)
+    }
+
+    /// The design example with its one not-yet-implemented algorithm swapped for one that is.
+    fn runnable_example() -> String {
+        DESIGN_EXAMPLE.replace("algorithm: gcra", "algorithm: token_bucket")
+    }
+
+    fn error_lines(result: Result<Config, ConfigError>) -> Vec<String> {
+        match result {
+            Ok(_) => panic!("expected the config to be refused"),
+            Err(err) => err.to_string().lines().map(str::to_owned).collect(),
+        }
+    }
+
+    #[test]
+    fn design_example_parses_into_the_model() {
+        let config = parse_text(&runnable_example()).unwrap();
+        assert_eq!(config.source, Path::new("gateway.yaml"));
+        assert_eq!(config.listen, "0.0.0.0:8080".parse().unwrap());
+        assert_eq!(config.admin.listen, "127.0.0.1:9901".parse().unwrap());
+        assert_eq!(config.admin.token, None);
+        assert_eq!(config.store.backend, BackendKind::Redis);
+        assert_eq!(config.store.url, "redis://127.0.0.1:6379");
+        assert_eq!(config.store.timeout, Duration::from_millis(25));
+        assert_eq!(config.store.on_error, OnError::Local);
+        assert_eq!(config.store.key_prefix, "tollgate:");
+        assert_eq!(config.store.max_keys, 1_000_000);
+        assert_eq!(config.store.pool_size, 4);
+        assert!(config.client_ip.trusted_proxies.is_empty());
+        assert_eq!(config.server.header_read_timeout, Duration::from_secs(10));
+
+        let [api] = config.upstreams.as_slice() else {
+            panic!("one upstream expected");
+        };
+        assert_eq!(api.name, "api");
+        assert_eq!(
+            api.targets,
+            vec!["http://127.0.0.1:3000".parse::<http::Uri>().unwrap()]
+        );
+        assert_eq!(api.timeout, Duration::from_secs(30));
+        assert_eq!(api.connect_timeout, Duration::from_secs(5));
+
+        let names: Vec<&str> = config.routes.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["demo", "api"]);
+
+        let demo = &config.routes[0];
+        assert_eq!(demo.matcher.path_prefix.as_deref(), Some("/demo"));
+        let RouteAction::Respond(response) = &demo.action else {
+            panic!("demo answers directly");
+        };
+        assert_eq!(response.status, StatusCode::OK);
+        assert_eq!(response.body, "hello from tollgate\n");
+        assert_eq!(demo.deny_status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(demo.headers);
+        let [demo_limit] = demo.limits.as_slice() else {
+            panic!("one limit expected");
+        };
+        assert_eq!(demo_limit.limit.name(), "per-ip");
+        assert_eq!(demo_limit.key.parts(), [KeyPart::Ip]);
+        assert_eq!(
+            *demo_limit.limit.algorithm(),
+            Algorithm::TokenBucket {
+                rate: Rate::new(5, 1_000).unwrap(),
+                burst: 10
+            }
+        );
+
+        let api_route = &config.routes[1];
+        assert_eq!(api_route.matcher.path_prefix.as_deref(), Some("/api"));
+        assert_eq!(api_route.matcher.methods, [Method::GET, Method::POST]);
+        assert!(matches!(&api_route.action, RouteAction::Upstream(name) if name == "api"));
+        let limits: Vec<(&str, Algorithm, u64)> = api_route
+            .limits
+            .iter()
+            .map(|l| (l.limit.name(), *l.limit.algorithm(), l.limit.cost()))
+            .collect();
+        assert_eq!(
+            limits,
+            [
+                (
+                    "per-ip",
+                    Algorithm::SlidingWindow {
+                        limit: 100,
+                        period_ms: 60_000
+                    },
+                    1
+                ),
+                (
+                    "per-api-key",
+                    Algorithm::TokenBucket {
+                        rate: Rate::new(1_000, 3_600_000).unwrap(),
+                        burst: 50
+                    },
+                    1
+                ),
+            ]
+        );
+        let api_key = &api_route.limits[1].key;
+        assert_eq!(
+            api_key.parts(),
+            [KeyPart::parse("header:x-api-key").unwrap()]
+        );
+        assert_eq!(api_key.missing(), MissingKey::Ip);
+    }
+
+    #[test]
+    fn design_example_names_gcra_as_not_available_yet() {
+        assert_eq!(
+            error_lines(parse_text(DESIGN_EXAMPLE)),
+            [concat!(
+                "gateway.yaml:38:9: routes[1].limits[1].algorithm: algorithm \"gcra\" is not available yet ",
+                "(available: sliding_window, sliding_log, token_bucket)"
+            )]
+        );
+    }
+
+    #[test]
+    fn bad_period_is_located_on_its_key() {
+        let text = runnable_example().replace("period: 1m", "period: 1 minute");
+        assert_eq!(
+            error_lines(parse_text(&text)),
+            [
+                r#"gateway.yaml:35:9: routes[1].limits[0].period: invalid duration "1 minute" (use 250ms, 1s, 1m, 1h, 1d)"#
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_key_is_refused_with_its_location() {
+        let text = runnable_example().replace("period: 1m", "perod: 1m");
+        let err = parse_text(&text).unwrap_err();
+        let [problem] = err.problems() else {
+            panic!("one problem expected: {err}");
+        };
+        assert_eq!((problem.line(), problem.column()), (35, 9));
+        assert_eq!(problem.path(), "routes[1].limits[0].perod");
+        assert!(
+            problem
+                .message()
+                .starts_with("unknown field `perod`, expected one of `name`, `key`"),
+            "{problem}"
+        );
+        assert!(std::error::Error::source(problem).is_some());
+        assert!(err
+            .to_string()
+            .starts_with("gateway.yaml:35:9: routes[1].limits[0].perod: unknown field `perod`"));
+    }
+
+    #[test]
+    fn top_level_typo_and_wrong_type_are_located() {
+        let lines = error_lines(parse_text(
+            "listen: 0.0.0.0:8080\nstroe:\n  backend: redis\n",
+        ));
+        assert_eq!(lines.len(), 1);
+        assert!(
+            lines[0].starts_with("gateway.yaml:2:1: stroe: unknown field `stroe`"),
+            "{lines:?}"
+        );
+        assert_eq!(
+            error_lines(parse_text("routes:\n  - name: a\n    deny_status: lots\n")),
+            [
+                r#"gateway.yaml:3:18: routes[0].deny_status: invalid type: string "lots", expected u16"#
+            ]
+        );
+    }
+
+    #[test]
+    fn yaml_syntax_errors_carry_the_parser_position() {
+        let err = parse_text("routes: [\n  - name: a\n").unwrap_err();
+        let [problem] = err.problems() else {
+            panic!("one problem expected: {err}");
+        };
+        assert_eq!(problem.line(), 2);
+        assert!(!problem.message().contains(" at line "), "{problem}");
+    }
+
+    #[test]
+    fn environment_values_and_defaults_are_used() {
+        let env = |name: &str| match name {
+            "REDIS_URL" => Some("rediss://cache.internal:6380".to_owned()),
+            "TOLLGATE_ADMIN_TOKEN" => Some("s3cret".to_owned()),
+            _ => None,
+        };
+        let text = runnable_example().replace("127.0.0.1:9901", "0.0.0.0:9901");
+        let config = parse_with_env(&text, Path::new("gateway.yaml"), env).unwrap();
+        assert_eq!(config.store.url, "rediss://cache.internal:6380");
+        assert_eq!(config.admin.token.as_deref(), Some("s3cret"));
+    }
+
+    #[test]
+    fn unset_variable_without_default_is_located() {
+        let text = "listen: 0.0.0.0:8080\nadmin:\n  token: \"${ADMIN_TOKEN}\"\n";
+        assert_eq!(
+            error_lines(parse_text(text)),
+            ["gateway.yaml:3:11: environment variable ADMIN_TOKEN is not set (write ${ADMIN_TOKEN:-default} to give a default)"]
+        );
+    }
+
+    #[test]
+    fn locations_after_a_substituted_value_are_those_of_the_file() {
+        let env = |name: &str| (name == "PREFIX").then(|| "/a-rather-long-prefix".to_owned());
+        let text = "upstreams:\n  u: { targets: [\"http://h:1\"] }\nroutes:\n  - { name: r, upstream: u, match: { path_prefix: \"${PREFIX}\", path: nope } }\n";
+        let lines = error_lines(parse_with_env(text, Path::new("g.yaml"), env));
+        assert_eq!(
+            lines,
+            [r#"g.yaml:4:64: routes[0].match.path: must start with "/" (got "nope")"#]
+        );
+    }
+
+    #[test]
+    fn load_reads_the_file_and_names_it_when_it_cannot() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gateway.yaml");
+        std::fs::write(&path, runnable_example()).unwrap();
+        let config = load(&path).unwrap();
+        assert_eq!(config.source, path);
+        assert_eq!(config.routes.len(), 2);
+
+        let missing = dir.path().join("absent.yaml");
+        let err = load(&missing).unwrap_err();
+        assert!(matches!(err, ConfigError::Read { .. }));
+        assert!(err.problems().is_empty());
+        let message = err.to_string();
+        assert!(
+            message.starts_with(&format!(
+                "{}: cannot read the config file: ",
+                missing.display()
+            )),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn positions_are_stripped_from_parser_messages() {
+        assert_eq!(
+            strip_positions("did not find x at line 2 column 1, while parsing at position 7"),
+            "did not find x, while parsing"
+        );
+        assert_eq!(strip_positions("look at this"), "look at this");
+    }
+}

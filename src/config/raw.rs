@@ -1,0 +1,370 @@
+//! The config file as written: plain serde structs mirroring the YAML, before any validation.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+
+/// The whole file.
+///
+/// Durations and rates stay strings in these structs, so that validation can report every bad value with its
+/// location instead of serde stopping at the first one. Unknown keys are refused everywhere: a typo must not
+/// disable a limit.
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawConfig {
+    pub listen: String,
+    pub admin: RawAdmin,
+    pub store: RawStore,
+    pub client_ip: RawClientIp,
+    pub server: RawServer,
+    pub upstreams: Ordered<RawUpstream>,
+    pub routes: Vec<RawRoute>,
+}
+
+/// `admin:`
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawAdmin {
+    pub listen: String,
+    /// `None` when written `token:` with nothing after it.
+    pub token: Option<String>,
+}
+
+/// `store.backend`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawBackend {
+    Redis,
+    Memory,
+}
+
+/// `store.on_error`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawOnError {
+    Allow,
+    Deny,
+    Local,
+}
+
+/// `store:`
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawStore {
+    pub backend: RawBackend,
+    pub url: String,
+    #[serde(deserialize_with = "scalar_text")]
+    pub timeout: String,
+    pub on_error: RawOnError,
+    pub key_prefix: String,
+    pub max_keys: u64,
+    pub pool_size: u64,
+}
+
+/// `client_ip:`
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawClientIp {
+    pub trusted_proxies: Vec<String>,
+}
+
+/// `server:`
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawServer {
+    #[serde(deserialize_with = "scalar_text")]
+    pub header_read_timeout: String,
+    pub max_header_bytes: u64,
+    #[serde(deserialize_with = "scalar_text")]
+    pub shutdown_grace: String,
+}
+
+/// One entry of `upstreams:`.
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawUpstream {
+    pub targets: Vec<String>,
+    #[serde(deserialize_with = "scalar_text")]
+    pub timeout: String,
+    #[serde(deserialize_with = "scalar_text")]
+    pub connect_timeout: String,
+}
+
+/// One entry of `routes:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRoute {
+    /// Empty when absent, so that validation reports it with the route's other problems.
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, rename = "match")]
+    pub matcher: RawMatch,
+    #[serde(default)]
+    pub upstream: Option<String>,
+    #[serde(default)]
+    pub respond: Option<RawRespond>,
+    #[serde(default)]
+    pub limits: Vec<RawLimit>,
+    #[serde(default = "default_deny_status")]
+    pub deny_status: u16,
+    #[serde(default = "default_true")]
+    pub headers: bool,
+}
+
+/// `match:` of a route.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawMatch {
+    pub path_prefix: Option<String>,
+    pub path: Option<String>,
+    pub methods: Vec<String>,
+    pub host: Option<String>,
+}
+
+/// `respond:` of a route.
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawRespond {
+    pub status: u16,
+    pub body: String,
+    pub headers: Ordered<String>,
+}
+
+/// `missing:` of a limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawMissing {
+    #[default]
+    Ip,
+    Skip,
+}
+
+/// One entry of a route's `limits:`. Parameters of every algorithm are optional here: validation says which
+/// the chosen algorithm needs and refuses the others.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLimit {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub key: Option<KeyParts>,
+    #[serde(default)]
+    pub missing: RawMissing,
+    #[serde(default)]
+    pub algorithm: String,
+    #[serde(default)]
+    pub limit: Option<u64>,
+    #[serde(default, deserialize_with = "optional_scalar_text")]
+    pub period: Option<String>,
+    #[serde(default, deserialize_with = "optional_scalar_text")]
+    pub rate: Option<String>,
+    #[serde(default)]
+    pub burst: Option<u64>,
+    #[serde(default = "default_cost")]
+    pub cost: u64,
+    #[serde(default)]
+    pub mode: Option<String>,
+    #[serde(default, deserialize_with = "optional_scalar_text")]
+    pub max_delay: Option<String>,
+}
+
+/// `key:` written as one part (`key: ip`) or a list (`key: [route, header:x-api-key]`); which of the two is kept
+/// so that messages name `key` or `key[1]` as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum KeyParts {
+    One(String),
+    List(Vec<String>),
+}
+
+/// A YAML mapping whose entry order matters (upstreams, response headers), refusing duplicate keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Ordered<V>(pub Vec<(String, V)>);
+
+// === defaults ===
+
+impl Default for RawConfig {
+    fn default() -> Self {
+        RawConfig {
+            listen: "0.0.0.0:8080".to_owned(),
+            admin: RawAdmin::default(),
+            store: RawStore::default(),
+            client_ip: RawClientIp::default(),
+            server: RawServer::default(),
+            upstreams: Ordered(Vec::new()),
+            routes: Vec::new(),
+        }
+    }
+}
+
+impl Default for RawAdmin {
+    fn default() -> Self {
+        RawAdmin {
+            listen: "127.0.0.1:9901".to_owned(),
+            token: None,
+        }
+    }
+}
+
+impl Default for RawStore {
+    fn default() -> Self {
+        RawStore {
+            backend: RawBackend::Memory,
+            url: "redis://127.0.0.1:6379".to_owned(),
+            timeout: "25ms".to_owned(),
+            on_error: RawOnError::Local,
+            key_prefix: "tollgate:".to_owned(),
+            max_keys: 1_000_000,
+            pool_size: 4,
+        }
+    }
+}
+
+impl Default for RawServer {
+    fn default() -> Self {
+        RawServer {
+            header_read_timeout: "10s".to_owned(),
+            max_header_bytes: 65_536,
+            shutdown_grace: "30s".to_owned(),
+        }
+    }
+}
+
+impl Default for RawUpstream {
+    fn default() -> Self {
+        RawUpstream {
+            targets: Vec::new(),
+            timeout: "30s".to_owned(),
+            connect_timeout: "5s".to_owned(),
+        }
+    }
+}
+
+impl Default for RawRespond {
+    fn default() -> Self {
+        RawRespond {
+            status: 200,
+            body: String::new(),
+            headers: Ordered(Vec::new()),
+        }
+    }
+}
+
+impl<V> Default for Ordered<V> {
+    fn default() -> Self {
+        Ordered(Vec::new())
+    }
+}
+
+fn default_deny_status() -> u16 {
+    429
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_cost() -> u64 {
+    1
+}
+
+// === scalars kept as text ===
+
+/// Accepts any scalar as text, so that `timeout: 30` reaches validation and gets the duration message ("use 1s")
+/// rather than a type error.
+fn scalar_text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    deserializer.deserialize_any(ScalarText)
+}
+
+fn optional_scalar_text<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<String>, D::Error> {
+    scalar_text(deserializer).map(Some)
+}
+
+struct ScalarText;
+
+impl Visitor<'_> for ScalarText {
+    type Value = String;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a duration such as 250ms, 1s or 1m, or a rate such as 10/s")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
+        Ok(v.to_owned())
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+}
+
+// === impl KeyParts ===
+
+impl<'de> Deserialize<'de> for KeyParts {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(KeyPartsVisitor)
+    }
+}
+
+struct KeyPartsVisitor;
+
+impl<'de> Visitor<'de> for KeyPartsVisitor {
+    type Value = KeyParts;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a key part (ip, header:NAME...) or a list of key parts")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<KeyParts, E> {
+        Ok(KeyParts::One(v.to_owned()))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<KeyParts, A::Error> {
+        let mut parts = Vec::new();
+        while let Some(part) = seq.next_element::<String>()? {
+            parts.push(part);
+        }
+        Ok(KeyParts::List(parts))
+    }
+}
+
+// === impl Ordered ===
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for Ordered<V> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(OrderedVisitor(PhantomData))
+    }
+}
+
+struct OrderedVisitor<V>(PhantomData<V>);
+
+impl<'de, V: Deserialize<'de>> Visitor<'de> for OrderedVisitor<V> {
+    type Value = Ordered<V>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a mapping")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Ordered<V>, A::Error> {
+        let mut entries: Vec<(String, V)> = Vec::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if entries.iter().any(|(seen, _)| *seen == key) {
+                return Err(de::Error::custom(format!("duplicate key {key:?}")));
+            }
+            let value = map.next_value()?;
+            entries.push((key, value));
+        }
+        Ok(Ordered(entries))
+    }
+}
