@@ -18,7 +18,12 @@ use tollgate::limiter::{Backend, OnError};
 #[command(name = "tollgate", version, about)]
 struct Cli {
     /// The config file.
-    #[arg(long, global = true, env = "TOLLGATE_CONFIG", default_value = "gateway.yaml")]
+    #[arg(
+        long,
+        global = true,
+        env = "TOLLGATE_CONFIG",
+        default_value = "gateway.yaml"
+    )]
     config: PathBuf,
     /// Log output format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Pretty)]
@@ -62,7 +67,10 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Run => {
-            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
                 Ok(runtime) => runtime,
                 Err(error) => {
                     eprintln!("tollgate: cannot start the async runtime: {error}");
@@ -76,7 +84,9 @@ fn main() -> ExitCode {
 
 fn init_tracing(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Pretty => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -96,7 +106,9 @@ async fn run(config: Config) -> ExitCode {
             tracing::info!(url = %redact(&config.store.url), "connected to redis");
         } else {
             let consequence = match config.store.on_error {
-                OnError::Local => "limits are enforced by this instance alone (in-process store) until it answers",
+                OnError::Local => {
+                    "limits are enforced by this instance alone (in-process store) until it answers"
+                }
                 OnError::Allow => "requests are admitted UNLIMITED until it answers",
                 OnError::Deny => "requests are refused with 503 until it answers",
             };
@@ -118,7 +130,10 @@ async fn run(config: Config) -> ExitCode {
     let admin_listener = match TcpListener::bind(config.admin.listen).await {
         Ok(listener) => listener,
         Err(error) => {
-            eprintln!("tollgate: cannot listen on {} (admin): {error}", config.admin.listen);
+            eprintln!(
+                "tollgate: cannot listen on {} (admin): {error}",
+                config.admin.listen
+            );
             return ExitCode::from(EXIT_FAILURE);
         }
     };
@@ -152,14 +167,15 @@ async fn shutdown_signal() {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(error) => {
-                tracing::warn!(%error, "cannot watch SIGTERM");
-                let _ = interrupt.await;
-                return;
-            }
-        };
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(signal) => signal,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot watch SIGTERM");
+                    let _ = interrupt.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = interrupt => {}
             _ = terminate.recv() => {}
@@ -174,7 +190,8 @@ async fn shutdown_signal() {
 async fn reload_on_sighup(gateway: Arc<Gateway>, path: PathBuf) {
     #[cfg(unix)]
     {
-        let Ok(mut hangup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        let Ok(mut hangup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        else {
             return;
         };
         while hangup.recv().await.is_some() {
@@ -205,7 +222,9 @@ async fn purge_expired_keys(limiter: Arc<tollgate::limiter::RateLimiter>) {
 /// The URL without its password, for logs.
 fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => format!("{}://***{}", &url[..scheme_end], &url[at..]),
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://***{}", &url[..scheme_end], &url[at..])
+        }
         _ => url.to_owned(),
     }
 }
@@ -219,7 +238,11 @@ fn summary(config: &Config) -> String {
         BackendKind::Redis => format!("redis {}", redact(&config.store.url)),
     };
     let _ = writeln!(out, "{}: valid", config.source.display());
-    let _ = writeln!(out, "listen {}  admin {}", config.listen, config.admin.listen);
+    let _ = writeln!(
+        out,
+        "listen {}  admin {}",
+        config.listen, config.admin.listen
+    );
     let _ = writeln!(
         out,
         "store {store}  timeout {}  on_error {:?}",
@@ -270,11 +293,25 @@ fn summary(config: &Config) -> String {
 }
 
 fn describe_parameters(algorithm: &tollgate::limiter::Algorithm) -> String {
-    use tollgate::limiter::Algorithm;
+    use tollgate::limiter::{Algorithm, LeakyMode};
     match *algorithm {
-        Algorithm::SlidingWindow { limit, period_ms } | Algorithm::SlidingLog { limit, period_ms } => {
-            format!("limit {limit} per {}", config::format_duration_ms(period_ms))
+        Algorithm::FixedWindow { limit, period_ms }
+        | Algorithm::SlidingWindow { limit, period_ms }
+        | Algorithm::SlidingLog { limit, period_ms } => {
+            format!(
+                "limit {limit} per {}",
+                config::format_duration_ms(period_ms)
+            )
         }
-        Algorithm::TokenBucket { rate, burst } => format!("rate {rate} burst {burst}"),
+        Algorithm::TokenBucket { rate, burst } | Algorithm::Gcra { rate, burst } => {
+            format!("rate {rate} burst {burst}")
+        }
+        Algorithm::LeakyBucket { rate, burst, mode } => match mode {
+            LeakyMode::Reject => format!("rate {rate} burst {burst} mode reject"),
+            LeakyMode::Delay { max_delay_ms } => format!(
+                "rate {rate} burst {burst} mode delay max_delay {}",
+                config::format_duration_ms(max_delay_ms)
+            ),
+        },
     }
 }

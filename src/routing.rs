@@ -81,7 +81,9 @@ impl Matcher {
         match &self.host {
             None => true,
             Some(HostPattern::Exact(h)) => target.host == Some(h.as_str()),
-            Some(HostPattern::Suffix(s)) => target.host.is_some_and(|h| h.len() > s.len() && h.ends_with(s.as_str())),
+            Some(HostPattern::Suffix(s)) => target
+                .host
+                .is_some_and(|h| h.len() > s.len() && h.ends_with(s.as_str())),
         }
     }
 }
@@ -106,7 +108,12 @@ pub fn normalize_path(path: &str) -> Option<Cow<'_, str>> {
         return None;
     }
     let clean = !path.contains("//")
-        && !path.split('/').any(|s| s == "." || s == ".." || s.eq_ignore_ascii_case("%2e") || s.eq_ignore_ascii_case("%2e%2e"));
+        && !path.split('/').any(|s| {
+            s == "."
+                || s == ".."
+                || s.eq_ignore_ascii_case("%2e")
+                || s.eq_ignore_ascii_case("%2e%2e")
+        });
     if clean {
         return Some(Cow::Borrowed(path));
     }
@@ -136,7 +143,12 @@ pub fn normalize_path(path: &str) -> Option<Cow<'_, str>> {
 mod tests {
     use super::*;
 
-    fn matcher(prefix: Option<&str>, path: Option<&str>, methods: &[Method], host: Option<&str>) -> Matcher {
+    fn matcher(
+        prefix: Option<&str>,
+        path: Option<&str>,
+        methods: &[Method],
+        host: Option<&str>,
+    ) -> Matcher {
         Matcher::new(&RouteMatch {
             path_prefix: prefix.map(str::to_owned),
             path: path.map(str::to_owned),
@@ -155,7 +167,11 @@ mod tests {
         assert!(m.matches(&target(&Method::GET, None, "/api")));
         assert!(m.matches(&target(&Method::GET, None, "/api/v1/x")));
         assert!(!m.matches(&target(&Method::GET, None, "/apiary")));
-        assert!(matcher(Some("/"), None, &[], None).matches(&target(&Method::GET, None, "/anything")));
+        assert!(matcher(Some("/"), None, &[], None).matches(&target(
+            &Method::GET,
+            None,
+            "/anything"
+        )));
     }
 
     #[test]
@@ -170,10 +186,16 @@ mod tests {
     #[test]
     fn dot_segments_are_resolved_before_matching() {
         assert_eq!(normalize_path("/api/../admin").as_deref(), Some("/admin"));
-        assert_eq!(normalize_path("/api/%2E%2E/admin").as_deref(), Some("/admin"));
+        assert_eq!(
+            normalize_path("/api/%2E%2E/admin").as_deref(),
+            Some("/admin")
+        );
         assert_eq!(normalize_path("//a/./b/").as_deref(), Some("/a/b/"));
         assert_eq!(normalize_path("/../..").as_deref(), Some("/"));
-        assert_eq!(normalize_path("/plain/path").as_deref(), Some("/plain/path"));
+        assert_eq!(
+            normalize_path("/plain/path").as_deref(),
+            Some("/plain/path")
+        );
         assert_eq!(normalize_path("*"), None);
     }
 }

@@ -53,7 +53,10 @@ routes:
         "{}:12:9: routes[0].limits[0].period: invalid duration \"1 minute\" (use 250ms, 1s, 1m, 1h, 1d)",
         path.display()
     );
-    assert!(stderr.contains(&expected), "stderr:\n{stderr}\nexpected:\n{expected}");
+    assert!(
+        stderr.contains(&expected),
+        "stderr:\n{stderr}\nexpected:\n{expected}"
+    );
 }
 
 #[test]
@@ -70,11 +73,23 @@ fn unknown_keys_are_rejected_with_their_location() {
 
 #[test]
 fn check_prints_routes_and_limits_of_the_shipped_config() {
-    let output = tollgate(&["check", "--config", concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.yaml")]);
+    let output = tollgate(&[
+        "check",
+        "--config",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.yaml"),
+    ]);
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     for expected in ["demo", "api", "token_bucket", "per-ip"] {
-        assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
     }
 }
 
@@ -97,7 +112,12 @@ fn port_in_use_exits_1() {
     );
     let path = write_config(&dir, "busy.yaml", &yaml);
     let output = tollgate(&["run", "--config", path.to_str().unwrap()]);
-    assert_eq!(output.status.code(), Some(1), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 /// A `tollgate run` process, killed when dropped.
@@ -113,7 +133,10 @@ impl Drop for Process {
 fn wait_until_listening(port: u16) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "tollgate on {port} did not start");
+        assert!(
+            Instant::now() < deadline,
+            "tollgate on {port} did not start"
+        );
         std::thread::sleep(Duration::from_millis(25));
     }
 }
@@ -179,7 +202,15 @@ routes:
                 let mut statuses = Vec::new();
                 for _ in 0..4 {
                     let url = format!("http://127.0.0.1:{port}/api");
-                    statuses.push(client.get(url).send().await.expect("request").status().as_u16());
+                    statuses.push(
+                        client
+                            .get(url)
+                            .send()
+                            .await
+                            .expect("request")
+                            .status()
+                            .as_u16(),
+                    );
                 }
                 statuses
             }));

@@ -39,7 +39,10 @@ async fn setup(store: Store, trusted: &str, limits: &str) -> Setup {
 
 fn store_yaml(redis: Option<&RedisServer>) -> String {
     match redis {
-        Some(redis) => format!("  backend: redis\n  url: {}\n  timeout: 500ms\n  on_error: deny\n", redis.url()),
+        Some(redis) => format!(
+            "  backend: redis\n  url: {}\n  timeout: 500ms\n  on_error: deny\n",
+            redis.url()
+        ),
         None => "  backend: memory\n".to_owned(),
     }
 }
@@ -89,7 +92,11 @@ async fn sliding_log_admits_exactly_its_limit() {
         let statuses = hammer(&s.gateway.url("/api/items"), 20, &[]).await;
         assert_eq!(count(&statuses, 200), 5, "{store:?}: {statuses:?}");
         assert_eq!(count(&statuses, 429), 15, "{store:?}");
-        assert_eq!(s.upstream.hits(), 5, "{store:?}: denied requests must not reach the upstream");
+        assert_eq!(
+            s.upstream.hits(),
+            5,
+            "{store:?}: denied requests must not reach the upstream"
+        );
     }
 }
 
@@ -119,18 +126,29 @@ async fn denied_response_carries_retry_after_and_rate_limit_headers() {
     for store in STORES {
         let s = setup(store, "", PER_IP_LOG_5).await;
         let client = client();
-        let first = client.get(s.gateway.url("/api")).send().await.expect("first");
+        let first = client
+            .get(s.gateway.url("/api"))
+            .send()
+            .await
+            .expect("first");
         assert_eq!(first.status(), 200);
         assert_eq!(first.headers()["x-ratelimit-limit"], "5");
         assert_eq!(first.headers()["x-ratelimit-remaining"], "4");
         assert_eq!(first.headers()["ratelimit-policy"], "\"per-ip\";q=5;w=60");
         hammer(&s.gateway.url("/api"), 4, &[]).await;
 
-        let denied = client.get(s.gateway.url("/api")).send().await.expect("denied");
+        let denied = client
+            .get(s.gateway.url("/api"))
+            .send()
+            .await
+            .expect("denied");
         assert_eq!(denied.status(), 429, "{store:?}");
         let h = denied.headers().clone();
         let retry_after: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
-        assert!((58..=60).contains(&retry_after), "{store:?}: Retry-After {retry_after}");
+        assert!(
+            (58..=60).contains(&retry_after),
+            "{store:?}: Retry-After {retry_after}"
+        );
         assert_eq!(h["x-ratelimit-limit"], "5");
         assert_eq!(h["x-ratelimit-remaining"], "0");
         let reset: u64 = h["x-ratelimit-reset"].to_str().unwrap().parse().unwrap();
@@ -143,7 +161,10 @@ async fn denied_response_carries_retry_after_and_rate_limit_headers() {
         assert_eq!(body["route"], "api");
         assert_eq!(body["limit"], "per-ip");
         let retry_ms = body["retry_after_ms"].as_u64().unwrap();
-        assert!(retry_ms > 57_000 && retry_ms <= 60_000, "{store:?}: {retry_ms}");
+        assert!(
+            retry_ms > 57_000 && retry_ms <= 60_000,
+            "{store:?}: {retry_ms}"
+        );
         assert_eq!(retry_after, retry_ms.div_ceil(1000));
     }
 }
@@ -221,7 +242,14 @@ async fn two_gateways_sharing_redis_enforce_one_limit() {
     let mut admitted = 0;
     for i in 0..30 {
         let gateway = if i % 2 == 0 { &a } else { &b };
-        if client.get(gateway.url("/api")).send().await.unwrap().status() == 200 {
+        if client
+            .get(gateway.url("/api"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            == 200
+        {
             admitted += 1;
         }
     }

@@ -51,7 +51,10 @@ async fn forwards_method_path_query_body_and_forwarding_headers() {
     assert_eq!(response.headers()["via"], "1.1 tollgate");
     let echo = json(response).await;
     assert_eq!(echo["method"], "POST");
-    assert_eq!(echo["path"], "/api/orders", "dot segments resolved before forwarding");
+    assert_eq!(
+        echo["path"], "/api/orders",
+        "dot segments resolved before forwarding"
+    );
     assert_eq!(echo["query"], "limit=3&x=%20y");
     assert_eq!(echo["body"], "order-body");
     let headers = &echo["headers"];
@@ -61,7 +64,10 @@ async fn forwards_method_path_query_body_and_forwarding_headers() {
     assert_eq!(headers["x-forwarded-host"], "shop.example.test");
     assert_eq!(headers["via"], "1.1 tollgate");
     assert_eq!(headers["x-custom"], "kept");
-    assert!(headers.get("x-secret").is_none(), "fields named by Connection are hop-by-hop");
+    assert!(
+        headers.get("x-secret").is_none(),
+        "fields named by Connection are hop-by-hop"
+    );
 }
 
 #[tokio::test]
@@ -71,7 +77,15 @@ async fn round_robin_over_targets() {
     let gateway = start_gateway(&yaml(&[first.url(), second.url()], "5s")).await;
     let client = client();
     for _ in 0..10 {
-        assert_eq!(client.get(gateway.url("/api")).send().await.unwrap().status(), 200);
+        assert_eq!(
+            client
+                .get(gateway.url("/api"))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
     }
     assert_eq!((first.hits(), second.hits()), (5, 5));
 }
@@ -114,8 +128,24 @@ async fn unknown_paths_and_methods_get_404_json() {
     assert_eq!(body["error"], "no_route");
     assert_eq!(body["path"], "/nowhere");
     // /api takes GET and POST only; /apiary is not under /api.
-    assert_eq!(client.delete(gateway.url("/api")).send().await.unwrap().status(), 404);
-    assert_eq!(client.get(gateway.url("/apiary")).send().await.unwrap().status(), 404);
+    assert_eq!(
+        client
+            .delete(gateway.url("/api"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    assert_eq!(
+        client
+            .get(gateway.url("/apiary"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
     assert_eq!(upstream.hits(), 0);
 }
 
@@ -138,6 +168,10 @@ async fn absolute_form_target_is_never_proxied_elsewhere() {
 async fn request_target_that_is_not_a_path_is_400() {
     let upstream = Upstream::start().await;
     let gateway = start_gateway(&yaml(&[upstream.url()], "5s")).await;
-    let response = raw(gateway.addr, b"OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+    let response = raw(
+        gateway.addr,
+        b"OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
     assert!(response.starts_with("HTTP/1.1 400"), "{response}");
 }

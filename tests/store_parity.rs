@@ -10,13 +10,29 @@ use std::time::Duration;
 use common::redis::RedisServer;
 use proptest::prelude::*;
 use tollgate::limiter::store::{LimitCheck, MemoryStore, RedisStore};
-use tollgate::limiter::{Algorithm, Limit, ManualClock, Rate};
+use tollgate::limiter::{Algorithm, LeakyMode, Limit, ManualClock, Rate};
 
 fn algorithm() -> impl Strategy<Value = Algorithm> {
     let period = prop_oneof![Just(1_000u64), Just(60_000), 1u64..5_000];
+    let rate = (1u64..50, period.clone())
+        .prop_map(|(count, period_ms)| Rate::new(count, period_ms).expect("positive"));
+    let mode = prop_oneof![
+        Just(LeakyMode::Reject),
+        (1u64..3_000).prop_map(|max_delay_ms| LeakyMode::Delay { max_delay_ms })
+    ];
     prop_oneof![
-        (1u64..20, period.clone()).prop_map(|(limit, period_ms)| Algorithm::SlidingWindow { limit, period_ms }),
-        (1u64..20, period.clone()).prop_map(|(limit, period_ms)| Algorithm::SlidingLog { limit, period_ms }),
+        (1u64..20, period.clone())
+            .prop_map(|(limit, period_ms)| Algorithm::FixedWindow { limit, period_ms }),
+        (1u64..20, rate.clone()).prop_map(|(burst, rate)| Algorithm::Gcra { rate, burst }),
+        (1u64..20, rate, mode).prop_map(|(burst, rate, mode)| Algorithm::LeakyBucket {
+            rate,
+            burst,
+            mode
+        }),
+        (1u64..20, period.clone())
+            .prop_map(|(limit, period_ms)| Algorithm::SlidingWindow { limit, period_ms }),
+        (1u64..20, period.clone())
+            .prop_map(|(limit, period_ms)| Algorithm::SlidingLog { limit, period_ms }),
         (1u64..20, 1u64..50, period).prop_map(|(burst, count, period_ms)| Algorithm::TokenBucket {
             rate: Rate::new(count, period_ms).expect("positive"),
             burst,
@@ -27,7 +43,10 @@ fn algorithm() -> impl Strategy<Value = Algorithm> {
 /// A step: time moves by `delta` ms (sometimes zero, sometimes backwards), and a request of cost `cost` checks
 /// both limits.
 fn steps() -> impl Strategy<Value = Vec<(i64, u64)>> {
-    prop::collection::vec((prop_oneof![Just(0i64), -50i64..0, 0i64..3_000], 1u64..4), 1..60)
+    prop::collection::vec(
+        (prop_oneof![Just(0i64), -50i64..0, 0i64..3_000], 1u64..4),
+        1..60,
+    )
 }
 
 struct Fixture {

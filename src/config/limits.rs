@@ -5,39 +5,39 @@ use super::raw::{KeyParts, RawLimit, RawMissing};
 use super::units::{parse_duration_ms, parse_rate};
 use super::validate::{check_name, Issues};
 use crate::key::{KeyPart, KeySpec, MissingKey};
-use crate::limiter::{Algorithm, Limit, Rate};
+use crate::limiter::{Algorithm, LeakyMode, Limit, Rate};
 
 /// Every algorithm the file may name, with the parameters it takes, in the order users read them.
 const ALGORITHMS: [AlgorithmSpec; 6] = [
     AlgorithmSpec {
         name: "sliding_window",
         params: &[Param::Limit, Param::Period],
-        build: Some(sliding_window),
+        build: (sliding_window),
     },
     AlgorithmSpec {
         name: "sliding_log",
         params: &[Param::Limit, Param::Period],
-        build: Some(sliding_log),
+        build: (sliding_log),
     },
     AlgorithmSpec {
         name: "token_bucket",
         params: &[Param::Rate, Param::Burst],
-        build: Some(token_bucket),
+        build: (token_bucket),
     },
     AlgorithmSpec {
         name: "fixed_window",
         params: &[Param::Limit, Param::Period],
-        build: None,
+        build: (fixed_window),
     },
     AlgorithmSpec {
         name: "gcra",
         params: &[Param::Rate, Param::Burst],
-        build: None,
+        build: (gcra),
     },
     AlgorithmSpec {
         name: "leaky_bucket",
         params: &[Param::Rate, Param::Burst, Param::Mode, Param::MaxDelay],
-        build: None,
+        build: (leaky_bucket),
     },
 ];
 
@@ -56,10 +56,10 @@ enum Param {
 #[derive(Debug)]
 struct AlgorithmSpec {
     name: &'static str,
-    /// All required: a limit without one of them has no meaning.
+    /// The parameters it takes; all required except `mode` and `max_delay` (see [`Param::optional`]).
     params: &'static [Param],
-    /// `None` while the limiter does not implement the algorithm.
-    build: Option<fn(&Parsed) -> Option<Algorithm>>,
+    /// Builds the algorithm from its parsed parameters.
+    build: fn(&Parsed) -> Option<Algorithm>,
 }
 
 /// The parameter values that parsed and are positive.
@@ -69,6 +69,7 @@ struct Parsed {
     period_ms: Option<u64>,
     rate: Option<Rate>,
     burst: Option<u64>,
+    mode: Option<LeakyMode>,
 }
 
 /// Validates one entry of `limits:` at `at` (`routes[1].limits[0]`).
@@ -95,7 +96,7 @@ pub(crate) fn limit_settings(
 
 fn algorithm(issues: &mut Issues, at: &str, raw: &RawLimit) -> Option<Algorithm> {
     let spec = algorithm_spec(issues, &format!("{at}.algorithm"), &raw.algorithm)?;
-    let build = spec.build?;
+    let build = spec.build;
     let before = issues.count();
     for param in Param::ALL {
         check_presence(issues, at, spec, param, raw);
@@ -110,14 +111,7 @@ fn algorithm(issues: &mut Issues, at: &str, raw: &RawLimit) -> Option<Algorithm>
 fn algorithm_spec(issues: &mut Issues, at: &str, name: &str) -> Option<&'static AlgorithmSpec> {
     let available = available_names();
     match ALGORITHMS.iter().find(|spec| spec.name == name) {
-        Some(spec) if spec.build.is_some() => Some(spec),
-        Some(_) => {
-            issues.add(
-                at,
-                format_args!("algorithm {name:?} is not available yet (available: {available})"),
-            );
-            None
-        }
+        Some(spec) => Some(spec),
         None if name.is_empty() => {
             issues.add(
                 at,
@@ -136,11 +130,7 @@ fn algorithm_spec(issues: &mut Issues, at: &str, name: &str) -> Option<&'static 
 }
 
 fn available_names() -> String {
-    let names: Vec<&str> = ALGORITHMS
-        .iter()
-        .filter(|spec| spec.build.is_some())
-        .map(|spec| spec.name)
-        .collect();
+    let names: Vec<&str> = ALGORITHMS.iter().map(|spec| spec.name).collect();
     names.join(", ")
 }
 
@@ -158,7 +148,9 @@ fn check_presence(
     let name = spec.name;
     let params = spec.param_list();
     match (takes, param.is_set(raw)) {
-        (true, false) => issues.add(path, format_args!("required by {name} (it takes {params})")),
+        (true, false) if !param.optional() => {
+            issues.add(path, format_args!("required by {name} (it takes {params})"))
+        }
         (false, true) => issues.add(
             path,
             format_args!("{} is not used by {name} (it takes {params})", param.name()),
@@ -185,6 +177,28 @@ fn token_bucket(p: &Parsed) -> Option<Algorithm> {
     Some(Algorithm::TokenBucket {
         rate: p.rate?,
         burst: p.burst?,
+    })
+}
+
+fn fixed_window(p: &Parsed) -> Option<Algorithm> {
+    Some(Algorithm::FixedWindow {
+        limit: p.limit?,
+        period_ms: p.period_ms?,
+    })
+}
+
+fn gcra(p: &Parsed) -> Option<Algorithm> {
+    Some(Algorithm::Gcra {
+        rate: p.rate?,
+        burst: p.burst?,
+    })
+}
+
+fn leaky_bucket(p: &Parsed) -> Option<Algorithm> {
+    Some(Algorithm::LeakyBucket {
+        rate: p.rate?,
+        burst: p.burst?,
+        mode: p.mode.unwrap_or(LeakyMode::Reject),
     })
 }
 
@@ -222,6 +236,11 @@ impl Param {
             Param::Mode => "mode",
             Param::MaxDelay => "max_delay",
         }
+    }
+
+    /// `mode` defaults to `reject`, and `max_delay` is only wanted by `mode: delay`.
+    fn optional(self) -> bool {
+        matches!(self, Param::Mode | Param::MaxDelay)
     }
 
     fn is_set(self, raw: &RawLimit) -> bool {
@@ -267,6 +286,42 @@ impl Parsed {
             period_ms,
             rate,
             burst: positive(issues, "burst", raw.burst),
+            mode: leaky_mode(issues, at, raw),
+        }
+    }
+}
+
+/// `mode: reject` (default) or `mode: delay` with its `max_delay`.
+fn leaky_mode(issues: &mut Issues, at: &str, raw: &RawLimit) -> Option<LeakyMode> {
+    match raw.mode.as_deref().map(str::trim) {
+        None | Some("reject") => {
+            if raw.max_delay.is_some() && raw.mode.is_some() {
+                issues.add(format!("{at}.max_delay"), "only used with mode: delay");
+            }
+            Some(LeakyMode::Reject)
+        }
+        Some("delay") => {
+            let path = format!("{at}.max_delay");
+            let Some(text) = raw.max_delay.as_deref() else {
+                issues.add(
+                    path,
+                    "required by mode: delay (the longest a request may be held)",
+                );
+                return None;
+            };
+            let max_delay_ms = issues.check(&path, parse_duration_ms(text))?;
+            if max_delay_ms == 0 {
+                issues.add(path, format_args!("must be greater than 0 (got {text:?})"));
+                return None;
+            }
+            Some(LeakyMode::Delay { max_delay_ms })
+        }
+        Some(other) => {
+            issues.add(
+                format!("{at}.mode"),
+                format_args!("invalid mode {other:?} (use reject or delay)"),
+            );
+            None
         }
     }
 }

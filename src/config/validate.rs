@@ -679,24 +679,30 @@ routes:
     }
 
     #[test]
-    fn algorithms_not_implemented_or_unknown_are_named() {
+    fn unknown_algorithms_and_bad_leaky_modes_are_named() {
         assert_eq!(
             problems(&with_limit(
                 "algorithm: leaky_bucket\nrate: 1/s\nburst: 2\nmode: delay"
             )),
             [
-                r#"routes[0].limits[0].algorithm: algorithm "leaky_bucket" is not available yet (available: sliding_window, sliding_log, token_bucket)"#
+                "routes[0].limits[0].max_delay: required by mode: delay (the longest a request may be held)"
             ]
+        );
+        assert_eq!(
+            problems(&with_limit(
+                "algorithm: leaky_bucket\nrate: 1/s\nburst: 2\nmode: queue"
+            )),
+            [r#"routes[0].limits[0].mode: invalid mode "queue" (use reject or delay)"#]
         );
         assert_eq!(
             problems(&with_limit("algorithm: sliding\nlimit: 1\nperiod: 1s")),
             [
-                r#"routes[0].limits[0].algorithm: unknown algorithm "sliding" (use sliding_window, sliding_log, token_bucket)"#
+                r#"routes[0].limits[0].algorithm: unknown algorithm "sliding" (use sliding_window, sliding_log, token_bucket, fixed_window, gcra, leaky_bucket)"#
             ]
         );
         assert_eq!(
             problems(&with_limit("limit: 1\nperiod: 1s")),
-            ["routes[0].limits[0].algorithm: a limit needs an algorithm (use sliding_window, sliding_log, token_bucket)"]
+            ["routes[0].limits[0].algorithm: a limit needs an algorithm (use sliding_window, sliding_log, token_bucket, fixed_window, gcra, leaky_bucket)"]
         );
         assert_eq!(
             problems(&with_limit("algorithm: token_bucket\nrate: 1/s\nburst: 2\nmax_delay: 1s")),

@@ -77,7 +77,12 @@ impl Gateway {
         let mut applied = Vec::with_capacity(route.limits.len());
         for settings in &route.limits {
             if let Some(value) = settings.key.value(&facts) {
-                keys.push(store_key(&runtime.key_prefix, &route.name, settings.limit.name(), &value));
+                keys.push(store_key(
+                    &runtime.key_prefix,
+                    &route.name,
+                    settings.limit.name(),
+                    &value,
+                ));
                 applied.push(&settings.limit);
             }
         }
@@ -97,6 +102,11 @@ impl Gateway {
 
         if !outcome.allowed {
             return refuse(route, &outcome, &names);
+        }
+        // `leaky_bucket` in delay mode: admitted, but only once the request conforms to the rate.
+        let delay_ms = outcome.delay_ms();
+        if delay_ms > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
         }
         let mut response = match &route.action {
             Action::Respond(direct) => {
@@ -121,7 +131,12 @@ impl Gateway {
             }
         };
         if route.headers {
-            rate_limit_headers::apply(response.headers_mut(), route.policy.as_ref(), &outcome, &names);
+            rate_limit_headers::apply(
+                response.headers_mut(),
+                route.policy.as_ref(),
+                &outcome,
+                &names,
+            );
         }
         response
     }
@@ -146,8 +161,14 @@ fn refuse(route: &Route, outcome: &Outcome, names: &[&str]) -> Response<Body> {
     let limit = names.get(index).copied().unwrap_or_default();
     let retry_after_ms = outcome.retry_after_ms();
     tracing::debug!(route = %route.name, limit, retry_after_ms, "rate limited");
-    let mut response = responses::rate_limited(route.deny_status, &route.name, limit, retry_after_ms);
-    rate_limit_headers::apply(response.headers_mut(), route.policy.as_ref(), outcome, names);
+    let mut response =
+        responses::rate_limited(route.deny_status, &route.name, limit, retry_after_ms);
+    rate_limit_headers::apply(
+        response.headers_mut(),
+        route.policy.as_ref(),
+        outcome,
+        names,
+    );
     response
 }
 
@@ -155,6 +176,8 @@ fn proxy_failure(route: &Route, error: &ProxyError) -> Response<Body> {
     tracing::warn!(route = %route.name, %error, "upstream failed");
     match error {
         ProxyError::Timeout { .. } => responses::gateway_timeout(&route.name),
-        ProxyError::Unreachable { .. } | ProxyError::BadRequest(_) => responses::bad_gateway(&route.name),
+        ProxyError::Unreachable { .. } | ProxyError::BadRequest(_) => {
+            responses::bad_gateway(&route.name)
+        }
     }
 }

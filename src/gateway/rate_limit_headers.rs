@@ -35,14 +35,22 @@ pub(super) fn policy(limits: &[LimitSettings]) -> Option<HeaderValue> {
 ///
 /// The `X-RateLimit-*` and `RateLimit` fields describe one limit: the one that explains the outcome (see
 /// [`Outcome::most_restrictive`]).
-pub(super) fn apply(headers: &mut HeaderMap, policy: Option<&HeaderValue>, outcome: &Outcome, names: &[&str]) {
+pub(super) fn apply(
+    headers: &mut HeaderMap,
+    policy: Option<&HeaderValue>,
+    outcome: &Outcome,
+    names: &[&str],
+) {
     let Some(index) = outcome.most_restrictive() else {
         return;
     };
     let decision: &Decision = &outcome.decisions[index];
     let reset = ceil_seconds(decision.reset_after_ms);
     headers.insert(&X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit));
-    headers.insert(&X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining));
+    headers.insert(
+        &X_RATELIMIT_REMAINING,
+        HeaderValue::from(decision.remaining),
+    );
     headers.insert(&X_RATELIMIT_RESET, HeaderValue::from(reset));
     if let Some(policy) = policy {
         headers.insert(&RATELIMIT_POLICY, policy.clone());

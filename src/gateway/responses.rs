@@ -9,15 +9,19 @@ use serde_json::json;
 pub(super) fn json(status: StatusCode, body: serde_json::Value) -> Response<Body> {
     let mut response = Response::new(Body::from(body.to_string()));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     response
 }
 
 /// 404 when no route matches.
 pub(super) fn no_route(path: &str) -> Response<Body> {
-    json(StatusCode::NOT_FOUND, json!({"error": "no_route", "path": path}))
+    json(
+        StatusCode::NOT_FOUND,
+        json!({"error": "no_route", "path": path}),
+    )
 }
 
 /// 400 for a request target that is not a path (`*`, authority-form).
@@ -41,7 +45,12 @@ pub(super) fn store_unavailable(route: &str) -> Response<Body> {
 }
 
 /// 429 (or the route's `deny_status`) for a denied request.
-pub(super) fn rate_limited(status: StatusCode, route: &str, limit: &str, retry_after_ms: u64) -> Response<Body> {
+pub(super) fn rate_limited(
+    status: StatusCode,
+    route: &str,
+    limit: &str,
+    retry_after_ms: u64,
+) -> Response<Body> {
     let mut response = json(
         status,
         json!({"error": "rate_limited", "route": route, "limit": limit, "retry_after_ms": retry_after_ms}),

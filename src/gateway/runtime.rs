@@ -6,7 +6,9 @@ use std::sync::Arc;
 use http::HeaderValue;
 
 use super::rate_limit_headers;
-use crate::config::{BackendKind, Config, DirectResponse, LimitSettings, RouteAction, StoreSettings};
+use crate::config::{
+    BackendKind, Config, DirectResponse, LimitSettings, RouteAction, StoreSettings,
+};
 use crate::key::ClientIpResolver;
 use crate::limiter::store::{RedisStore, StoreError};
 use crate::limiter::{Backend, RateLimiter, SystemClock};
@@ -56,7 +58,9 @@ impl Runtime {
             .filter_map(|route| {
                 let action = match &route.action {
                     // Validation guarantees the upstream exists.
-                    RouteAction::Upstream(name) => Action::Upstream(upstreams.get(name.as_str())?.clone()),
+                    RouteAction::Upstream(name) => {
+                        Action::Upstream(upstreams.get(name.as_str())?.clone())
+                    }
                     RouteAction::Respond(direct) => Action::Respond(direct.clone()),
                 };
                 Some(Route {

@@ -65,7 +65,9 @@ pub async fn serve(
             let gateway = gateway.clone();
             async move { Ok::<_, Infallible>(gateway.handle(request.map(Body::new), peer).await) }
         });
-        let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
+        let connection = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(error) = connection.await {

@@ -2,8 +2,8 @@
 
 use std::fmt;
 
-pub use super::algorithms::leaky_bucket::LeakyMode;
 use super::algorithms::gcra::{Ticks, EPOCH_MS};
+pub use super::algorithms::leaky_bucket::LeakyMode;
 
 /// The largest value any algorithm's scaled integer arithmetic may reach (2^52).
 ///
@@ -177,7 +177,8 @@ impl Algorithm {
             Algorithm::TokenBucket { rate, burst }
             | Algorithm::Gcra { rate, burst }
             | Algorithm::LeakyBucket { rate, burst, .. } => {
-                (u128::from(burst) * u128::from(rate.period_ms)).div_ceil(u128::from(rate.count)) as u64
+                (u128::from(burst) * u128::from(rate.period_ms)).div_ceil(u128::from(rate.count))
+                    as u64
             }
         }
     }
@@ -185,7 +186,9 @@ impl Algorithm {
     /// The longest time a key of this algorithm must be kept once traffic stops.
     pub fn max_ttl_ms(&self) -> u64 {
         match *self {
-            Algorithm::FixedWindow { period_ms, .. } | Algorithm::SlidingLog { period_ms, .. } => period_ms,
+            Algorithm::FixedWindow { period_ms, .. } | Algorithm::SlidingLog { period_ms, .. } => {
+                period_ms
+            }
             Algorithm::SlidingWindow { period_ms, .. } => 2 * period_ms,
             Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => self.window_ms(),
             Algorithm::LeakyBucket { mode, .. } => {
@@ -202,7 +205,9 @@ impl Algorithm {
         let capacity = self.capacity();
         if capacity == 0 {
             return Err(LimitError::Zero(match self {
-                Algorithm::FixedWindow { .. } | Algorithm::SlidingWindow { .. } | Algorithm::SlidingLog { .. } => "limit",
+                Algorithm::FixedWindow { .. }
+                | Algorithm::SlidingWindow { .. }
+                | Algorithm::SlidingLog { .. } => "limit",
                 _ => "burst",
             }));
         }
@@ -223,19 +228,26 @@ impl Algorithm {
         let wide = |a: u64, b: u64| u128::from(a) * u128::from(b);
         match *self {
             Algorithm::FixedWindow { .. } => Vec::new(),
-            Algorithm::SlidingWindow { limit, period_ms } | Algorithm::SlidingLog { limit, period_ms } => {
+            Algorithm::SlidingWindow { limit, period_ms }
+            | Algorithm::SlidingLog { limit, period_ms } => {
                 vec![("limit × period (in ms)", wide(limit, period_ms))]
             }
             Algorithm::TokenBucket { rate, burst } => vec![
                 ("burst × rate period (in ms)", wide(burst, rate.period_ms)),
-                ("rate count × period (in ms)", wide(rate.count, rate.period_ms)),
+                (
+                    "rate count × period (in ms)",
+                    wide(rate.count, rate.period_ms),
+                ),
             ],
             Algorithm::Gcra { rate, burst } => {
                 let ticks = Ticks::of(rate);
                 // Ticks since the GCRA epoch must stay exact until 2100.
                 let until_2100 = (4_102_444_800_000 - EPOCH_MS) as u64;
                 vec![
-                    ("burst × emission interval (in ticks)", wide(burst, ticks.interval)),
+                    (
+                        "burst × emission interval (in ticks)",
+                        wide(burst, ticks.interval),
+                    ),
                     (
                         "rate precision (use a count that divides the period more evenly)",
                         wide(ticks.ticks_per_ms, until_2100),
@@ -247,7 +259,10 @@ impl Algorithm {
                     LeakyMode::Reject => 0,
                     LeakyMode::Delay { max_delay_ms } => wide(max_delay_ms, rate.count),
                 };
-                vec![("burst × rate period + max_delay × rate count", wide(burst, rate.period_ms) + held)]
+                vec![(
+                    "burst × rate period + max_delay × rate count",
+                    wide(burst, rate.period_ms) + held,
+                )]
             }
         }
     }

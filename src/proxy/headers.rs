@@ -61,7 +61,9 @@ pub fn prepare_request(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) {
     remove_hop_by_hop(headers);
     let peer = facts.peer.to_string();
     let forwarded_for = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(existing) if facts.peer_trusted && !existing.trim().is_empty() => format!("{existing}, {peer}"),
+        Some(existing) if facts.peer_trusted && !existing.trim().is_empty() => {
+            format!("{existing}, {peer}")
+        }
         _ => peer,
     };
     if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
@@ -118,7 +120,10 @@ mod tests {
     #[test]
     fn connection_named_fields_are_removed() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
         h.insert("x-secret", HeaderValue::from_static("1"));
         h.insert(header::TE, HeaderValue::from_static("trailers"));
         h.insert("x-kept", HeaderValue::from_static("1"));

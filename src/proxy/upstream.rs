@@ -119,7 +119,8 @@ impl Upstream {
             path_and_query.push_str(query);
         }
         let mut parts = target.origin.clone().into_parts();
-        parts.path_and_query = Some(PathAndQuery::try_from(path_and_query).map_err(http::Error::from)?);
+        parts.path_and_query =
+            Some(PathAndQuery::try_from(path_and_query).map_err(http::Error::from)?);
         let uri = Uri::from_parts(parts).map_err(http::Error::from)?;
 
         // HTTP/2 clients send the host as :authority; HTTP/1.1 upstreams need it as Host.
@@ -132,7 +133,8 @@ impl Upstream {
         *request.uri_mut() = uri;
         *request.version_mut() = http::Version::HTTP_11;
 
-        let response = match tokio::time::timeout(self.timeout, self.client.request(request)).await {
+        let response = match tokio::time::timeout(self.timeout, self.client.request(request)).await
+        {
             Err(_) => {
                 return Err(ProxyError::Timeout {
                     upstream: self.name.clone(),

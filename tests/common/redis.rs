@@ -39,7 +39,10 @@ impl RedisServer {
         let server = Self { port, child };
         let deadline = Instant::now() + Duration::from_secs(10);
         while server.cli(&["PING"]).as_deref() != Some("PONG") {
-            assert!(Instant::now() < deadline, "redis-server on {port} did not start");
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on {port} did not start"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         server

@@ -19,12 +19,14 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// Starts the upstream. `GET /slow...` answers after 3 s; every other path echoes the request as JSON:
+    /// Starts the upstream. a path ending in `/slow` answers after 3 s; every other path echoes the request as JSON:
     /// `{"method", "path", "query", "headers": {name: value}, "body"}`.
     pub async fn start() -> Self {
         let hits = Arc::new(AtomicUsize::new(0));
         let app = Router::new().fallback(any(echo)).with_state(hits.clone());
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind upstream");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind upstream");
         let addr = listener.local_addr().expect("upstream addr");
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -52,9 +54,11 @@ impl Drop for Upstream {
 async fn echo(State(hits): State<Arc<AtomicUsize>>, request: Request) -> Json<Value> {
     hits.fetch_add(1, Ordering::SeqCst);
     let (parts, body) = request.into_parts();
-    let body = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_default();
+    let body = axum::body::to_bytes(body, 1 << 20)
+        .await
+        .unwrap_or_default();
     let request = Request::from_parts(parts, ());
-    if request.uri().path().starts_with("/slow") {
+    if request.uri().path().ends_with("/slow") {
         tokio::time::sleep(Duration::from_secs(3)).await;
     }
     let mut headers = Map::new();

@@ -43,8 +43,17 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 }
 
 /// Evaluates a request of `cost` at `now_ms`.
-pub fn evaluate(rate: Rate, burst: u64, state: Option<&GcraState>, now_ms: i64, cost: u64) -> Evaluation<GcraState> {
-    let Ticks { ticks_per_ms, interval } = Ticks::of(rate);
+pub fn evaluate(
+    rate: Rate,
+    burst: u64,
+    state: Option<&GcraState>,
+    now_ms: i64,
+    cost: u64,
+) -> Evaluation<GcraState> {
+    let Ticks {
+        ticks_per_ms,
+        interval,
+    } = Ticks::of(rate);
     let per_ms = ticks_per_ms as i64;
     let now = (now_ms - EPOCH_MS) * per_ms;
     let tolerance = (interval * burst) as i64;
@@ -108,7 +117,16 @@ mod tests {
         // CL.THROTTLE key 15 30 60 on a fresh key: 0 (allowed), 16, 15, -1, 2.
         let rate = Rate::new(30, 60_000).unwrap();
         let d = run(&mut None, rate, 16, EPOCH_MS + 5_000, 1);
-        assert_eq!((d.allowed, d.limit, d.remaining, d.retry_after_ms, d.reset_after_ms), (true, 16, 15, 0, 2_000));
+        assert_eq!(
+            (
+                d.allowed,
+                d.limit,
+                d.remaining,
+                d.retry_after_ms,
+                d.reset_after_ms
+            ),
+            (true, 16, 15, 0, 2_000)
+        );
     }
 
     #[test]
@@ -116,22 +134,35 @@ mod tests {
         let rate = Rate::new(30, 60_000).unwrap();
         let t0 = EPOCH_MS + 1_000_000;
         let mut state = None;
-        let admitted = (0..20).filter(|_| run(&mut state, rate, 16, t0, 1).allowed).count();
+        let admitted = (0..20)
+            .filter(|_| run(&mut state, rate, 16, t0, 1).allowed)
+            .count();
         assert_eq!(admitted, 16);
         let d = run(&mut state, rate, 16, t0, 1);
-        assert_eq!((d.remaining, d.retry_after_ms, d.reset_after_ms), (0, 2_000, 32_000));
+        assert_eq!(
+            (d.remaining, d.retry_after_ms, d.reset_after_ms),
+            (0, 2_000, 32_000)
+        );
         assert!(!run(&mut state, rate, 16, t0 + 1_999, 1).allowed);
         assert!(run(&mut state, rate, 16, t0 + 2_000, 1).allowed);
     }
 
     #[test]
     fn fractional_intervals_are_exact() {
-        // 3 per second: an interval of 333⅓ ms. Over 30 s exactly 90 requests pass after the burst.
+        // 3 per second: an interval of 333⅓ ms. Polled every millisecond after the burst is spent, exactly 90
+        // requests pass in 30 s: the thirds of a millisecond are never rounded away.
         let rate = Rate::new(3, 1_000).unwrap();
         let t0 = EPOCH_MS;
         let mut state = None;
-        assert!(run(&mut state, rate, 1, t0, 1).allowed);
-        let admitted = (1..=30_000).filter(|ms| run(&mut state, rate, 1, t0 + ms, 1).allowed).count();
+        assert_eq!(
+            (0..3)
+                .filter(|_| run(&mut state, rate, 3, t0, 1).allowed)
+                .count(),
+            3
+        );
+        let admitted = (1..=30_000)
+            .filter(|ms| run(&mut state, rate, 3, t0 + ms, 1).allowed)
+            .count();
         assert_eq!(admitted, 90);
     }
 

@@ -109,7 +109,9 @@ mod tests {
     #[test]
     fn reject_mode_admits_the_capacity_then_the_rate() {
         let mut state = None;
-        let admitted = (0..10).filter(|_| run(&mut state, LeakyMode::Reject, 0).allowed).count();
+        let admitted = (0..10)
+            .filter(|_| run(&mut state, LeakyMode::Reject, 0).allowed)
+            .count();
         assert_eq!(admitted, 5);
         let d = run(&mut state, LeakyMode::Reject, 0);
         assert_eq!((d.retry_after_ms, d.reset_after_ms), (100, 500));
@@ -129,7 +131,18 @@ mod tests {
         // 5 fit at once, the next 3 are released 100 ms apart, the rest would wait more than 300 ms.
         assert_eq!(
             delays,
-            [Some(0), Some(0), Some(0), Some(0), Some(0), Some(100), Some(200), Some(300), None, None]
+            [
+                Some(0),
+                Some(0),
+                Some(0),
+                Some(0),
+                Some(0),
+                Some(100),
+                Some(200),
+                Some(300),
+                None,
+                None
+            ]
         );
         let d = run(&mut state, mode, 0);
         assert_eq!(d.retry_after_ms, 100);

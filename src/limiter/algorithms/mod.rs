@@ -44,7 +44,12 @@ pub struct Evaluation<S> {
 }
 
 /// Evaluates `cost` against `state` at `now_ms`; a state of another algorithm counts as absent.
-pub fn evaluate(algorithm: &Algorithm, state: Option<&State>, now_ms: i64, cost: u64) -> Evaluation<State> {
+pub fn evaluate(
+    algorithm: &Algorithm,
+    state: Option<&State>,
+    now_ms: i64,
+    cost: u64,
+) -> Evaluation<State> {
     match *algorithm {
         Algorithm::FixedWindow { limit, period_ms } => {
             let state = state.and_then(|s| match s {

@@ -118,12 +118,18 @@ mod tests {
 
     #[test]
     fn fractional_refill_is_never_lost() {
-        // 3 per second: one token every 333.33 ms. Polling every 100 ms must still admit 3 per second.
+        // 3 per second: one token every 333.33 ms. Polling an emptied bucket every 100 ms must still admit 3 per
+        // second: the thirds of a token between polls add up.
         let rate = Rate::new(3, 1_000).unwrap();
         let mut state = None;
-        assert!(run(&mut state, rate, 1, 0).allowed);
+        assert_eq!(
+            (0..3)
+                .filter(|_| run(&mut state, rate, 3, 0).allowed)
+                .count(),
+            3
+        );
         let admitted = (1..=30)
-            .filter(|i| run(&mut state, rate, 1, i * 100).allowed)
+            .filter(|i| run(&mut state, rate, 3, i * 100).allowed)
             .count();
         assert_eq!(admitted, 9);
     }
