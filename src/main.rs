@@ -114,7 +114,7 @@ async fn run(config: Config) -> ExitCode {
             };
             tracing::warn!(
                 url = %redact(&config.store.url),
-                "REDIS IS UNREACHABLE: {consequence} (store.on_error: {:?})",
+                "REDIS IS UNREACHABLE: {consequence} (store.on_error: {})",
                 config.store.on_error
             );
         }
@@ -245,7 +245,7 @@ fn summary(config: &Config) -> String {
     );
     let _ = writeln!(
         out,
-        "store {store}  timeout {}  on_error {:?}",
+        "store {store}  timeout {}  on_error {}",
         config::format_duration_ms(config.store.timeout.as_millis() as u64),
         config.store.on_error
     );

@@ -267,3 +267,17 @@ async fn redis_keys_follow_the_documented_layout_and_expire() {
     let ttl: i64 = redis.cli(&["PTTL", &keys]).unwrap().parse().unwrap();
     assert!(ttl > 0 && ttl <= 60_000, "ttl {ttl}");
 }
+
+#[tokio::test]
+async fn script_is_reloaded_after_redis_forgets_it() {
+    // `on_error: deny` in this setup: had the reload failed, the request would get 503.
+    let s = setup(Store::Redis, "", PER_IP_LOG_5).await;
+    let redis = s._redis.as_ref().unwrap();
+    assert_eq!(hammer(&s.gateway.url("/api"), 1, &[]).await, [200]);
+    assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]).as_deref(), Some("OK"));
+    assert_eq!(hammer(&s.gateway.url("/api"), 1, &[]).await, [200]);
+    let keys = redis
+        .cli(&["ZCARD", "tollgate:api:per-ip:{127.0.0.1}"])
+        .unwrap();
+    assert_eq!(keys, "2", "both requests were counted in Redis");
+}

@@ -20,6 +20,16 @@ pub enum OnError {
     Local,
 }
 
+impl std::fmt::Display for OnError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OnError::Allow => "allow",
+            OnError::Deny => "deny",
+            OnError::Local => "local",
+        })
+    }
+}
+
 /// The store behind a limiter.
 #[derive(Debug)]
 pub enum Backend {
@@ -91,7 +101,7 @@ impl RateLimiter {
             Err(_) => StoreError::Timeout(self.timeout),
         };
         if !self.fallback_active.swap(true, Ordering::Relaxed) {
-            tracing::warn!(%error, policy = ?self.on_error, "redis failed: falling back");
+            tracing::warn!(%error, on_error = %self.on_error, "redis failed: falling back");
         }
         match self.on_error {
             OnError::Allow => Ok(Outcome {
