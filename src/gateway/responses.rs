@@ -3,7 +3,6 @@
 use axum::body::Body;
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
-use serde::Serialize;
 use serde_json::json;
 
 /// A response with a JSON body.
