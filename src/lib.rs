@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod enforcement;
 pub mod gateway;
 pub mod key;
 pub mod limiter;

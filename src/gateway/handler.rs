@@ -7,13 +7,11 @@ use arc_swap::ArcSwap;
 use axum::body::Body;
 use http::{header, Request, Response};
 
-use super::rate_limit_headers;
 use super::responses;
 use super::runtime::{Action, Route, Runtime};
 use crate::config::Config;
-use crate::key::{store_key, RequestFacts};
-use crate::limiter::store::LimitCheck;
-use crate::limiter::{Outcome, RateLimiter};
+use crate::key::RequestFacts;
+use crate::limiter::RateLimiter;
 use crate::proxy::{ForwardedFacts, ProxyError};
 use crate::routing::{normalize_path, RequestTarget};
 
@@ -72,36 +70,13 @@ impl Gateway {
             headers: request.headers(),
             query: request.uri().query(),
         };
-        // Keys, and the names of the limits that apply (a `missing: skip` limit may not).
-        let mut keys = Vec::with_capacity(route.limits.len());
-        let mut applied = Vec::with_capacity(route.limits.len());
-        for settings in &route.limits {
-            if let Some(value) = settings.key.value(&facts) {
-                keys.push(store_key(
-                    &runtime.key_prefix,
-                    &route.name,
-                    settings.limit.name(),
-                    &value,
-                ));
-                applied.push(&settings.limit);
-            }
-        }
-        let checks: Vec<LimitCheck<'_>> = keys
-            .iter()
-            .zip(&applied)
-            .map(|(key, limit)| LimitCheck { key, limit })
-            .collect();
-        let outcome = match self.limiter.check(&checks).await {
-            Ok(outcome) => outcome,
-            Err(unavailable) => {
-                tracing::warn!(route = %route.name, error = %unavailable, "refusing: limiter unavailable");
-                return responses::store_unavailable(&route.name);
-            }
+        let verdict = match route.limits.check(&self.limiter, &facts).await {
+            Ok(verdict) => verdict,
+            Err(unavailable) => return route.limits.unavailable(&unavailable),
         };
-        let names: Vec<&str> = applied.iter().map(|l| l.name()).collect();
-
+        let outcome = &verdict.outcome;
         if !outcome.allowed {
-            return refuse(route, &outcome, &names);
+            return route.limits.refusal(&verdict);
         }
         // `leaky_bucket` in delay mode: admitted, but only once the request conforms to the rate.
         let delay_ms = outcome.delay_ms();
@@ -131,12 +106,7 @@ impl Gateway {
             }
         };
         if route.headers {
-            rate_limit_headers::apply(
-                response.headers_mut(),
-                route.policy.as_ref(),
-                &outcome,
-                &names,
-            );
+            route.limits.decorate(response.headers_mut(), &verdict);
         }
         response
     }
@@ -154,22 +124,6 @@ fn request_host(request: &Request<Body>) -> Option<String> {
         }
     };
     Some(raw.to_ascii_lowercase())
-}
-
-fn refuse(route: &Route, outcome: &Outcome, names: &[&str]) -> Response<Body> {
-    let index = outcome.most_restrictive().unwrap_or_default();
-    let limit = names.get(index).copied().unwrap_or_default();
-    let retry_after_ms = outcome.retry_after_ms();
-    tracing::debug!(route = %route.name, limit, retry_after_ms, "rate limited");
-    let mut response =
-        responses::rate_limited(route.deny_status, &route.name, limit, retry_after_ms);
-    rate_limit_headers::apply(
-        response.headers_mut(),
-        route.policy.as_ref(),
-        outcome,
-        names,
-    );
-    response
 }
 
 fn proxy_failure(route: &Route, error: &ProxyError) -> Response<Body> {

@@ -1,7 +1,6 @@
 //! The gateway itself: per request, find the route, build the keys, ask the limiter, then forward or refuse.
 
 mod handler;
-mod rate_limit_headers;
 mod responses;
 mod runtime;
 mod server;

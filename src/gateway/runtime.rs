@@ -3,12 +3,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use http::HeaderValue;
-
-use super::rate_limit_headers;
-use crate::config::{
-    BackendKind, Config, DirectResponse, LimitSettings, RouteAction, StoreSettings,
-};
+use crate::config::{BackendKind, Config, DirectResponse, RouteAction, StoreSettings};
+use crate::enforcement::LimitSet;
 use crate::key::ClientIpResolver;
 use crate::limiter::store::{RedisStore, StoreError};
 use crate::limiter::{Backend, RateLimiter, SystemClock};
@@ -20,7 +16,6 @@ use crate::routing::{Matcher, RequestTarget};
 pub struct Runtime {
     pub(super) routes: Vec<Route>,
     pub(super) client_ip: ClientIpResolver,
-    pub(super) key_prefix: String,
 }
 
 /// A compiled route.
@@ -29,11 +24,8 @@ pub(super) struct Route {
     pub name: String,
     pub matcher: Matcher,
     pub action: Action,
-    pub limits: Vec<LimitSettings>,
-    pub deny_status: http::StatusCode,
+    pub limits: LimitSet,
     pub headers: bool,
-    /// `RateLimit-Policy`, rendered once.
-    pub policy: Option<HeaderValue>,
 }
 
 #[derive(Debug)]
@@ -67,17 +59,19 @@ impl Runtime {
                     name: route.name.clone(),
                     matcher: Matcher::new(&route.matcher),
                     action,
-                    limits: route.limits.clone(),
-                    deny_status: route.deny_status,
+                    limits: LimitSet::new(
+                        &route.name,
+                        &config.store.key_prefix,
+                        route.limits.clone(),
+                        route.deny_status,
+                    ),
                     headers: route.headers,
-                    policy: rate_limit_headers::policy(&route.limits),
                 })
             })
             .collect();
         Self {
             routes,
             client_ip: ClientIpResolver::new(config.client_ip.trusted_proxies.clone()),
-            key_prefix: config.store.key_prefix.clone(),
         }
     }
 

@@ -62,6 +62,6 @@ pub(super) fn apply(
 }
 
 /// Seconds for a header: rounded up, so a client that waits that long is never early.
-pub(super) fn ceil_seconds(ms: u64) -> u64 {
+fn ceil_seconds(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }
