@@ -8,3 +8,4 @@ pub mod key;
 pub mod limiter;
 pub mod proxy;
 pub mod routing;
+pub mod telemetry;

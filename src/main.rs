@@ -94,6 +94,7 @@ fn init_tracing(format: LogFormat) {
 }
 
 async fn run(config: Config) -> ExitCode {
+    tollgate::telemetry::prometheus();
     let limiter = match gateway::build_limiter(&config.store) {
         Ok(limiter) => Arc::new(limiter),
         Err(error) => {

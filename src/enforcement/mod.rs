@@ -91,7 +91,28 @@ impl LimitSet {
             })
             .collect();
         let outcome = limiter.check(&checks).await?;
-        Ok(Verdict { outcome, applied })
+        let verdict = Verdict { outcome, applied };
+        self.count_decisions(&verdict);
+        Ok(verdict)
+    }
+
+    /// `tollgate_decisions_total`: every limit of an admitted request counts as allowed; of a denied request
+    /// only the denying limits count (the others consumed nothing and decided nothing).
+    fn count_decisions(&self, verdict: &Verdict) {
+        for (i, decision) in verdict.outcome.decisions.iter().enumerate() {
+            let label = match (verdict.outcome.allowed, decision.allowed) {
+                (true, _) => "allowed",
+                (false, false) => "denied",
+                (false, true) => continue,
+            };
+            metrics::counter!(
+                "tollgate_decisions_total",
+                "route" => self.scope.clone(),
+                "limit" => self.name_of(verdict, i).to_owned(),
+                "decision" => label,
+            )
+            .increment(1);
+        }
     }
 
     /// The answer to a denied request: `deny_status` (429 by default) with `Retry-After`, the rate-limit fields

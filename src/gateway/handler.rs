@@ -2,9 +2,11 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use axum::body::Body;
+use http::header::{HeaderName, HeaderValue};
 use http::{header, Request, Response};
 
 use super::responses;
@@ -14,6 +16,8 @@ use crate::key::RequestFacts;
 use crate::limiter::RateLimiter;
 use crate::proxy::{ForwardedFacts, ProxyError};
 use crate::routing::{normalize_path, RequestTarget};
+
+static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The gateway: a compiled config (replaced atomically on reload) and the limiter (kept across reloads, so
 /// counters survive them).
@@ -44,11 +48,44 @@ impl Gateway {
         &self.limiter
     }
 
-    /// Answers one request from `peer`.
-    pub async fn handle(&self, request: Request<Body>, peer: SocketAddr) -> Response<Body> {
+    /// Answers one request from `peer`: with an `x-request-id` (generated when absent, passed upstream and
+    /// returned), counted in `tollgate_requests_total` and written to the access log.
+    pub async fn handle(&self, mut request: Request<Body>, peer: SocketAddr) -> Response<Body> {
+        let started = Instant::now();
+        let request_id = ensure_request_id(request.headers_mut());
+        let method = request.method().clone();
+        let uri_path = request.uri().path().to_owned();
         let runtime = self.runtime.load_full();
+        let (route, mut response) = self.route_request(&runtime, request, peer).await;
+        let route = route.map_or("none", |r| r.name.as_str());
+        let status = response.status();
+        metrics::counter!("tollgate_requests_total", "route" => route.to_owned(), "status" => status.as_str().to_owned())
+            .increment(1);
+        tracing::info!(
+            target: "tollgate::access",
+            %method,
+            path = %uri_path,
+            route,
+            status = status.as_u16(),
+            client = %peer.ip(),
+            duration_ms = started.elapsed().as_secs_f64() * 1e3,
+            request_id = request_id.to_str().unwrap_or_default(),
+        );
+        response
+            .headers_mut()
+            .insert(X_REQUEST_ID.clone(), request_id);
+        response
+    }
+
+    /// Routes, limits and answers one request; returns the matched route, if any, with the response.
+    async fn route_request<'r>(
+        &self,
+        runtime: &'r Runtime,
+        request: Request<Body>,
+        peer: SocketAddr,
+    ) -> (Option<&'r Route>, Response<Body>) {
         let Some(path) = normalize_path(request.uri().path()).map(|p| p.into_owned()) else {
-            return responses::bad_target();
+            return (None, responses::bad_target());
         };
         let host = request_host(&request);
         let target = RequestTarget {
@@ -57,7 +94,7 @@ impl Gateway {
             path: &path,
         };
         let Some(route) = runtime.route_for(&target) else {
-            return responses::no_route(&path);
+            return (None, responses::no_route(&path));
         };
 
         let client_ip = runtime.client_ip.resolve(peer.ip(), request.headers());
@@ -72,16 +109,16 @@ impl Gateway {
         };
         let verdict = match route.limits.check(&self.limiter, &facts).await {
             Ok(verdict) => verdict,
-            Err(unavailable) => return route.limits.unavailable(&unavailable),
+            Err(unavailable) => return (Some(route), route.limits.unavailable(&unavailable)),
         };
         let outcome = &verdict.outcome;
         if !outcome.allowed {
-            return route.limits.refusal(&verdict);
+            return (Some(route), route.limits.refusal(&verdict));
         }
         // `leaky_bucket` in delay mode: admitted, but only once the request conforms to the rate.
         let delay_ms = outcome.delay_ms();
         if delay_ms > 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
         }
         let mut response = match &route.action {
             Action::Respond(direct) => {
@@ -99,17 +136,34 @@ impl Gateway {
                     host: host.as_deref(),
                     version: request.version(),
                 };
-                match upstream.forward(request, &path, &forwarded).await {
+                let started = Instant::now();
+                let result = upstream.forward(request, &path, &forwarded).await;
+                metrics::histogram!("tollgate_upstream_duration_seconds", "route" => route.name.clone())
+                    .record(started.elapsed().as_secs_f64());
+                match result {
                     Ok(response) => response,
-                    Err(error) => return proxy_failure(route, &error),
+                    Err(error) => return (Some(route), proxy_failure(route, &error)),
                 }
             }
         };
         if route.headers {
             route.limits.decorate(response.headers_mut(), &verdict);
         }
-        response
+        (Some(route), response)
     }
+}
+
+/// The request's `x-request-id`, generated (128 random bits, hex) when the client sent none or an unusable one.
+fn ensure_request_id(headers: &mut http::HeaderMap) -> HeaderValue {
+    if let Some(id) = headers.get(&X_REQUEST_ID) {
+        if !id.is_empty() && id.len() <= 200 {
+            return id.clone();
+        }
+    }
+    let id = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+    let value = HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("0"));
+    headers.insert(X_REQUEST_ID.clone(), value.clone());
+    value
 }
 
 /// The host the client asked for, lower-cased and without port: the request target's authority (absolute form,

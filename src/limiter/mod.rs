@@ -1,8 +1,10 @@
 //! Rate limiting independent of HTTP: limits, decisions, the algorithms and the stores that keep their state.
 
 pub mod algorithms;
+mod breaker;
 mod clock;
 mod decision;
+mod deny_cache;
 mod limit;
 mod rate_limiter;
 pub mod store;

@@ -1,13 +1,19 @@
-//! The limiter a gateway asks: the configured store, its time budget, and what to do when Redis fails.
+//! The limiter a gateway asks: the configured store, its time budget, what to do when Redis fails, the circuit
+//! breaker that stops asking a dead Redis, and the over-limit cache that spares it floods on denied keys.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+use super::breaker::{CircuitBreaker, Tripped};
+use super::deny_cache::DenyCache;
 use super::store::{LimitCheck, MemoryStore, RedisStore, StoreError};
-use super::{Clock, Outcome};
+use super::{Clock, Decision, Outcome};
+
+/// How often a probe asks a Redis that the circuit breaker took out of service.
+const PROBE_INTERVAL: Duration = Duration::from_millis(200);
 
 /// What to do with a request when Redis fails or exceeds its time budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,16 +24,6 @@ pub enum OnError {
     Deny,
     /// Decide with the in-process store.
     Local,
-}
-
-impl std::fmt::Display for OnError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            OnError::Allow => "allow",
-            OnError::Deny => "deny",
-            OnError::Local => "local",
-        })
-    }
 }
 
 /// The store behind a limiter.
@@ -46,6 +42,14 @@ pub struct RateLimiter {
     local: MemoryStore,
     timeout: Duration,
     on_error: OnError,
+    health: Arc<Health>,
+    denials: DenyCache,
+}
+
+/// Whether Redis answers, shared with the probe task.
+#[derive(Debug, Default)]
+struct Health {
+    breaker: CircuitBreaker,
     fallback_active: AtomicBool,
 }
 
@@ -53,6 +57,18 @@ pub struct RateLimiter {
 #[derive(Debug, Error)]
 #[error("rate limit store unavailable: {0}")]
 pub struct Unavailable(#[source] pub StoreError);
+
+// === impl OnError ===
+
+impl std::fmt::Display for OnError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OnError::Allow => "allow",
+            OnError::Deny => "deny",
+            OnError::Local => "local",
+        })
+    }
+}
 
 // === impl RateLimiter ===
 
@@ -66,19 +82,22 @@ impl RateLimiter {
         max_keys: usize,
         clock: Arc<dyn Clock>,
     ) -> Self {
+        metrics::gauge!("tollgate_store_fallback").set(0.0);
         Self {
             backend,
             local: MemoryStore::new(max_keys, clock),
             timeout,
             on_error,
-            fallback_active: AtomicBool::new(false),
+            health: Arc::new(Health::default()),
+            denials: DenyCache::default(),
         }
     }
 
     /// Checks every limit of one request; consumes from all of them only if all admit.
     ///
-    /// Never waits longer than the store timeout for Redis. When Redis fails, answers per the `on_error` policy:
-    /// `Ok` with an empty outcome for `allow`, `Err(Unavailable)` for `deny`, the in-process decision for `local`.
+    /// Never waits longer than the store timeout for Redis, and not at all while the circuit breaker holds
+    /// Redis out of service. When Redis fails, answers per the `on_error` policy: `Ok` with an empty outcome for
+    /// `allow`, `Err(Unavailable)` for `deny`, the in-process decision for `local`.
     pub async fn check(&self, checks: &[LimitCheck<'_>]) -> Result<Outcome, Unavailable> {
         if checks.is_empty() {
             return Ok(Outcome {
@@ -90,17 +109,103 @@ impl RateLimiter {
             Backend::Memory => return Ok(self.local.check(checks)),
             Backend::Redis(redis) => redis,
         };
-        let error = match tokio::time::timeout(self.timeout, redis.check(checks, None)).await {
+        let now = Instant::now();
+        if let Some(outcome) = self.cached_denial(checks, now) {
+            return Ok(outcome);
+        }
+        if self.health.breaker.is_open() {
+            return self.fall_back(checks, StoreError::CircuitOpen);
+        }
+        let result = tokio::time::timeout(self.timeout, redis.check(checks, None)).await;
+        metrics::histogram!("tollgate_store_duration_seconds").record(now.elapsed().as_secs_f64());
+        let error = match result {
             Ok(Ok(outcome)) => {
-                if self.fallback_active.swap(false, Ordering::Relaxed) {
-                    tracing::info!("redis answers again: limiting is shared again");
+                self.health.recovered();
+                if !outcome.allowed {
+                    for (check, decision) in checks.iter().zip(&outcome.decisions) {
+                        self.denials.remember(check.key, *decision, now);
+                    }
                 }
                 return Ok(outcome);
             }
             Ok(Err(error)) => error,
             Err(_) => StoreError::Timeout(self.timeout),
         };
-        if !self.fallback_active.swap(true, Ordering::Relaxed) {
+        metrics::counter!("tollgate_store_errors_total").increment(1);
+        if self.health.breaker.record_failure() == Tripped::Opened {
+            tracing::warn!(%error, "redis keeps failing: circuit open, probing every {PROBE_INTERVAL:?}");
+            tokio::spawn(probe(redis.clone(), self.health.clone(), self.timeout));
+        }
+        self.fall_back(checks, error)
+    }
+
+    /// True while requests are answered by the `on_error` policy because Redis failed.
+    pub fn fallback_active(&self) -> bool {
+        self.health.fallback_active.load(Ordering::Relaxed)
+    }
+
+    /// What happens to requests when Redis fails.
+    pub fn on_error(&self) -> OnError {
+        self.on_error
+    }
+
+    /// The configured backend.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// The in-process store (the store itself for `Backend::Memory`, else the fallback).
+    pub fn local(&self) -> &MemoryStore {
+        &self.local
+    }
+
+    /// Forgets the remembered denials, so the next requests ask the store (after a reset of a key).
+    pub fn forget_denials(&self) {
+        self.denials.clear();
+    }
+
+    /// A denial answered in-process when one of the keys is known to be over its limit.
+    ///
+    /// Only the cached decisions are exact; the other limits of the request were not consulted, and are
+    /// reported as admitting with their full capacity (the headers and the body describe the denying limit).
+    fn cached_denial(&self, checks: &[LimitCheck<'_>], now: Instant) -> Option<Outcome> {
+        let cached: Vec<Option<Decision>> = checks
+            .iter()
+            .map(|c| self.denials.lookup(c.key, now))
+            .collect();
+        if cached.iter().all(Option::is_none) {
+            return None;
+        }
+        let decisions = cached
+            .into_iter()
+            .zip(checks)
+            .map(|(decision, check)| {
+                decision.unwrap_or_else(|| {
+                    let capacity = check.limit.algorithm().capacity();
+                    Decision {
+                        allowed: true,
+                        limit: capacity,
+                        remaining: capacity,
+                        retry_after_ms: 0,
+                        reset_after_ms: 0,
+                        delay_ms: 0,
+                    }
+                })
+            })
+            .collect();
+        Some(Outcome {
+            allowed: false,
+            decisions,
+        })
+    }
+
+    fn fall_back(
+        &self,
+        checks: &[LimitCheck<'_>],
+        error: StoreError,
+    ) -> Result<Outcome, Unavailable> {
+        if !self.health.fallback_active.swap(true, Ordering::Relaxed) {
+            metrics::gauge!("tollgate_store_fallback").set(1.0);
             tracing::warn!(%error, on_error = %self.on_error, "redis failed: falling back");
         }
         match self.on_error {
@@ -112,19 +217,29 @@ impl RateLimiter {
             OnError::Local => Ok(self.local.check(checks)),
         }
     }
+}
 
-    /// True while the last Redis call failed and requests are answered by the `on_error` policy.
-    pub fn fallback_active(&self) -> bool {
-        self.fallback_active.load(Ordering::Relaxed)
+// === impl Health ===
+
+impl Health {
+    fn recovered(&self) {
+        self.breaker.record_success();
+        if self.fallback_active.swap(false, Ordering::Relaxed) {
+            metrics::gauge!("tollgate_store_fallback").set(0.0);
+            tracing::info!("redis answers again: limiting is shared again");
+        }
     }
+}
 
-    /// The configured backend.
-    pub fn backend(&self) -> &Backend {
-        &self.backend
-    }
-
-    /// The in-process store (the store itself for `Backend::Memory`, else the fallback).
-    pub fn local(&self) -> &MemoryStore {
-        &self.local
+/// Pings Redis until it answers, then closes the circuit. Runs only while the circuit is open.
+async fn probe(redis: RedisStore, health: Arc<Health>, timeout: Duration) {
+    // The probe may wait longer than a request would: it delays nobody.
+    let budget = timeout.max(Duration::from_millis(250));
+    loop {
+        tokio::time::sleep(PROBE_INTERVAL).await;
+        if let Ok(Ok(())) = tokio::time::timeout(budget, redis.ping()).await {
+            health.recovered();
+            return;
+        }
     }
 }

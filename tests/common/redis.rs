@@ -66,6 +66,35 @@ impl RedisServer {
             .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} failed");
+    }
+
+    /// A counter of `INFO commandstats` (e.g. `evalsha`): how many times Redis ran that command.
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let info = self.cli(&["INFO", "commandstats"]).unwrap_or_default();
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Stops the server (SIGKILL) now.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

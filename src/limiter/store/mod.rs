@@ -27,6 +27,9 @@ pub enum StoreError {
     /// Redis did not answer within the budget.
     #[error("redis did not answer within {0:?}")]
     Timeout(std::time::Duration),
+    /// Redis is known to be down (the circuit breaker is open): not asked.
+    #[error("redis is down (circuit open), not asked")]
+    CircuitOpen,
     /// Redis answered something the script never returns.
     #[error("unexpected reply from the limiter script: {0}")]
     Reply(String),

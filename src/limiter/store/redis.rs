@@ -117,6 +117,17 @@ impl RedisStore {
         parse_reply(&reply, checks.len())
     }
 
+    /// Asks Redis for `PING`, failing fast while disconnected: the circuit breaker's probe.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let client = self.pool.next();
+        let fail_fast = client.with_options(&Options {
+            fail_fast: true,
+            ..Default::default()
+        });
+        let _: String = fail_fast.ping(None).await?;
+        Ok(())
+    }
+
     /// Runs the script by hash, loading it first when Redis does not know it (restart, `SCRIPT FLUSH`, failover).
     ///
     /// Sent as a custom command so that it can fail fast while disconnected: a queued command would run after

@@ -1,0 +1,102 @@
+//! The over-limit cache: a key the store denied until time T is answered in-process until T, so a flood on one
+//! key costs Redis nothing. Exact, because nothing can make a denied key admit sooner than its `retry_after`:
+//! denied requests consume nothing, and the same limit always asks the same cost.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::Decision;
+
+/// Entries kept at most; beyond it expired entries are dropped, then the cache is cleared (it is only an
+/// optimisation: an empty cache asks Redis, which is always right).
+const MAX_ENTRIES: usize = 100_000;
+
+/// Denied keys and until when.
+#[derive(Debug, Default)]
+pub struct DenyCache {
+    entries: Mutex<HashMap<Box<str>, Denial>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Denial {
+    decision: Decision,
+    at: Instant,
+}
+
+impl DenyCache {
+    /// Remembers that `key` was denied with `decision` at `at`.
+    pub fn remember(&self, key: &str, decision: Decision, at: Instant) {
+        if decision.allowed || decision.retry_after_ms == 0 {
+            return;
+        }
+        let mut entries = self.entries.lock();
+        if entries.len() >= MAX_ENTRIES {
+            entries.retain(|_, d| d.until() > at);
+            if entries.len() >= MAX_ENTRIES {
+                entries.clear();
+            }
+        }
+        entries.insert(key.into(), Denial { decision, at });
+    }
+
+    /// The denial of `key` as it stands at `now`, if it still holds.
+    pub fn lookup(&self, key: &str, now: Instant) -> Option<Decision> {
+        let entries = self.entries.lock();
+        let denial = entries.get(key)?;
+        if denial.until() <= now {
+            return None;
+        }
+        let elapsed = now.saturating_duration_since(denial.at).as_millis() as u64;
+        let d = denial.decision;
+        Some(Decision {
+            retry_after_ms: d.retry_after_ms.saturating_sub(elapsed).max(1),
+            reset_after_ms: d.reset_after_ms.saturating_sub(elapsed),
+            ..d
+        })
+    }
+
+    /// Forgets every denial (after an admin reset, for instance).
+    pub fn clear(&self) {
+        self.entries.lock().clear();
+    }
+}
+
+impl Denial {
+    fn until(&self) -> Instant {
+        self.at + Duration::from_millis(self.decision.retry_after_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn denied(retry_after_ms: u64) -> Decision {
+        Decision {
+            allowed: false,
+            limit: 5,
+            remaining: 0,
+            retry_after_ms,
+            reset_after_ms: retry_after_ms + 1_000,
+            delay_ms: 0,
+        }
+    }
+
+    #[test]
+    fn denial_holds_until_retry_after_then_expires() {
+        let cache = DenyCache::default();
+        let t0 = Instant::now();
+        cache.remember("k", denied(2_000), t0);
+        let held = cache
+            .lookup("k", t0 + Duration::from_millis(500))
+            .expect("still denied");
+        assert_eq!(held.retry_after_ms, 1_500);
+        assert_eq!(held.reset_after_ms, 2_500);
+        assert!(cache
+            .lookup("k", t0 + Duration::from_millis(2_000))
+            .is_none());
+        assert!(cache.lookup("other", t0).is_none());
+    }
+}

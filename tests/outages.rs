@@ -1,0 +1,213 @@
+//! Redis failures under load: each `on_error` policy answers with its own answer and never waits past the
+//! store timeout, the circuit breaker stops asking a dead or frozen Redis, limiting returns to Redis when it is
+//! back, and the over-limit cache spares Redis the floods on denied keys.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::http_client::client;
+use common::redis::RedisServer;
+use common::{start_gateway, TestGateway};
+
+/// Slack over the store timeout for a request on a loaded two-core machine.
+const SLACK: Duration = Duration::from_millis(700);
+
+fn yaml(redis: &RedisServer, on_error: &str, timeout_ms: u64, limit: u64) -> String {
+    format!(
+        r#"store:
+  backend: redis
+  url: {url}
+  timeout: {timeout_ms}ms
+  on_error: {on_error}
+routes:
+  - name: demo
+    match: {{ path_prefix: /demo }}
+    respond: {{ status: 200, body: "ok" }}
+    limits:
+      - name: per-ip
+        key: ip
+        algorithm: sliding_log
+        limit: {limit}
+        period: 1m
+"#,
+        url = redis.url()
+    )
+}
+
+/// Sends `n` requests one by one; returns (status, latency) of each.
+async fn timed_requests(gateway: &TestGateway, n: usize) -> Vec<(u16, Duration)> {
+    let client = client();
+    let mut results = Vec::with_capacity(n);
+    for _ in 0..n {
+        let started = Instant::now();
+        let response = client
+            .get(gateway.url("/demo"))
+            .send()
+            .await
+            .expect("request");
+        results.push((response.status().as_u16(), started.elapsed()));
+    }
+    results
+}
+
+fn max_latency(results: &[(u16, Duration)]) -> Duration {
+    results.iter().map(|r| r.1).max().unwrap_or_default()
+}
+
+/// Polls `condition` every 20 ms until it holds or `within` passes; returns how long it took.
+async fn eventually(
+    within: Duration,
+    mut condition: impl AsyncFnMut() -> bool,
+) -> Option<Duration> {
+    let started = Instant::now();
+    while started.elapsed() < within {
+        if condition().await {
+            return Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+#[tokio::test]
+async fn local_policy_keeps_limiting_in_process_and_returns_to_redis() {
+    let mut redis = RedisServer::start();
+    let port = redis.port;
+    let gateway = start_gateway(&yaml(&redis, "local", 100, 1_000)).await;
+    assert!(timed_requests(&gateway, 5).await.iter().all(|r| r.0 == 200));
+
+    redis.kill();
+    let during = timed_requests(&gateway, 50).await;
+    assert!(
+        during.iter().all(|r| r.0 == 200),
+        "local fallback admits: {during:?}"
+    );
+    let worst = max_latency(&during);
+    assert!(
+        worst < Duration::from_millis(100) + SLACK,
+        "a request waited {worst:?}"
+    );
+    assert!(gateway.gateway.limiter().fallback_active());
+
+    // Back on the same port: requests are decided by Redis again without a restart.
+    let redis = RedisServer::start_on(port);
+    let back = eventually(Duration::from_secs(5), async || {
+        timed_requests(&gateway, 1).await;
+        redis.cli(&["DBSIZE"]).as_deref() != Some("0")
+    })
+    .await
+    .expect("limiting never returned to redis");
+    println!("limiting returned to redis {back:?} after it was reachable again");
+    assert!(back < Duration::from_secs(2), "took {back:?}");
+    assert!(!gateway.gateway.limiter().fallback_active());
+}
+
+#[tokio::test]
+async fn local_fallback_still_enforces_the_limit() {
+    let mut redis = RedisServer::start();
+    let gateway = start_gateway(&yaml(&redis, "local", 100, 3)).await;
+    redis.kill();
+    let statuses: Vec<u16> = timed_requests(&gateway, 8)
+        .await
+        .iter()
+        .map(|r| r.0)
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 200).count(),
+        3,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 429).count(),
+        5,
+        "{statuses:?}"
+    );
+}
+
+#[tokio::test]
+async fn deny_policy_answers_503_quickly() {
+    let mut redis = RedisServer::start();
+    let gateway = start_gateway(&yaml(&redis, "deny", 100, 1_000)).await;
+    redis.kill();
+    let results = timed_requests(&gateway, 20).await;
+    assert!(results.iter().all(|r| r.0 == 503), "{results:?}");
+    assert!(max_latency(&results) < Duration::from_millis(100) + SLACK);
+    let response = client().get(gateway.url("/demo")).send().await.unwrap();
+    assert_eq!(response.headers()["retry-after"], "1");
+    let body: serde_json::Value = serde_json::from_str(&response.text().await.unwrap()).unwrap();
+    assert_eq!(body["error"], "limiter_unavailable");
+}
+
+#[tokio::test]
+async fn allow_policy_admits_without_limits() {
+    let mut redis = RedisServer::start();
+    let gateway = start_gateway(&yaml(&redis, "allow", 100, 2)).await;
+    redis.kill();
+    let results = timed_requests(&gateway, 10).await;
+    assert!(
+        results.iter().all(|r| r.0 == 200),
+        "limit 2 but redis is down and the policy admits: {results:?}"
+    );
+    let response = client().get(gateway.url("/demo")).send().await.unwrap();
+    assert!(
+        response.headers().get("x-ratelimit-limit").is_none(),
+        "no decision, no rate-limit headers"
+    );
+}
+
+#[tokio::test]
+async fn frozen_redis_is_treated_as_dead_and_the_breaker_stops_waiting_for_it() {
+    let redis = RedisServer::start();
+    let gateway = start_gateway(&yaml(&redis, "local", 200, 1_000)).await;
+    timed_requests(&gateway, 3).await;
+
+    redis.pause();
+    let first = timed_requests(&gateway, 3).await;
+    assert!(first.iter().all(|r| r.0 == 200), "{first:?}");
+    assert!(max_latency(&first) < Duration::from_millis(200) + SLACK);
+    // Three timeouts opened the circuit: later requests do not wait for Redis at all.
+    let later = timed_requests(&gateway, 20).await;
+    assert!(later.iter().all(|r| r.0 == 200));
+    let worst = max_latency(&later);
+    assert!(
+        worst < Duration::from_millis(150),
+        "circuit open, yet a request took {worst:?}"
+    );
+    assert!(gateway.gateway.limiter().fallback_active());
+
+    redis.resume();
+    let back = eventually(Duration::from_secs(5), async || {
+        timed_requests(&gateway, 1).await;
+        !gateway.gateway.limiter().fallback_active()
+    })
+    .await;
+    assert!(
+        back.is_some(),
+        "limiting never returned to redis after SIGCONT"
+    );
+}
+
+#[tokio::test]
+async fn a_flood_on_a_denied_key_costs_redis_almost_nothing() {
+    let redis = RedisServer::start();
+    let gateway = start_gateway(&yaml(&redis, "deny", 500, 5)).await;
+    let before = redis.command_calls("evalsha");
+    let statuses: Vec<u16> = timed_requests(&gateway, 300)
+        .await
+        .iter()
+        .map(|r| r.0)
+        .collect();
+    let calls = redis.command_calls("evalsha") - before;
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 200).count(),
+        5,
+        "decisions stay exact"
+    );
+    assert_eq!(statuses.iter().filter(|&&s| s == 429).count(), 295);
+    println!("300 requests on one key, limit 5: {calls} EVALSHA calls");
+    assert!(
+        calls <= 8,
+        "{calls} script calls for a flood on one denied key"
+    );
+}
