@@ -7,5 +7,6 @@ pub mod gateway;
 pub mod key;
 pub mod limiter;
 pub mod proxy;
+pub mod reload;
 pub mod routing;
 pub mod telemetry;

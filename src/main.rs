@@ -1,6 +1,6 @@
 //! The `tollgate` binary: command line, start-up, signals.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +50,8 @@ enum LogFormat {
 const EXIT_INVALID: u8 = 2;
 /// Exit code for any other start-up failure.
 const EXIT_FAILURE: u8 = 1;
+/// How often the config file is checked for changes.
+const CONFIG_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -148,6 +150,11 @@ async fn run(config: Config) -> ExitCode {
     });
     tokio::spawn(purge_expired_keys(limiter));
     tokio::spawn(reload_on_sighup(gateway.clone(), config.source.clone()));
+    tokio::spawn(tollgate::reload::watch(
+        gateway.clone(),
+        config.source.clone(),
+        CONFIG_POLL_INTERVAL,
+    ));
 
     let listen = listener.local_addr().map_or(config.listen, |a| a);
     tracing::info!(%listen, admin = %config.admin.listen, routes = config.routes.len(), "tollgate listening");
@@ -196,18 +203,10 @@ async fn reload_on_sighup(gateway: Arc<Gateway>, path: PathBuf) {
             return;
         };
         while hangup.recv().await.is_some() {
-            reload(&gateway, &path);
+            if let Err(error) = tollgate::reload::reload(&gateway, &path) {
+                tracing::error!("config reload refused, the running config stays:\n{error}");
+            }
         }
-    }
-}
-
-fn reload(gateway: &Gateway, path: &Path) {
-    match config::load(path) {
-        Ok(config) => {
-            gateway.reload(&config);
-            tracing::info!(routes = config.routes.len(), "config reloaded");
-        }
-        Err(error) => tracing::error!("config reload refused, the running config stays:\n{error}"),
     }
 }
 

@@ -34,7 +34,11 @@ pub fn config(yaml: &str) -> Config {
 /// Starts a gateway for `yaml` on 127.0.0.1 and a free port (the config's `listen` is ignored). When the store
 /// is Redis, waits until it is connected, so that no test request is decided by the fallback by accident.
 pub async fn start_gateway(yaml: &str) -> TestGateway {
-    let config = config(yaml);
+    start_gateway_with(config(yaml)).await
+}
+
+/// Starts a gateway for an already loaded config (see [`start_gateway`]).
+pub async fn start_gateway_with(config: Config) -> TestGateway {
     let limiter = Arc::new(gateway::build_limiter(&config.store).expect("store settings"));
     if let Backend::Redis(redis) = limiter.backend() {
         assert!(

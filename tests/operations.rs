@@ -1,0 +1,242 @@
+//! Operations: config reloads (file change and SIGHUP) that are atomic and keep counters, refused broken configs,
+//! and graceful shutdown on SIGTERM.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::http_client::client;
+use common::upstream::Upstream;
+use common::{free_port, start_gateway_with};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+
+fn limits_yaml(listen: &str, limit: u64, body: &str) -> String {
+    format!(
+        r#"listen: {listen}
+admin:
+  listen: 127.0.0.1:{admin}
+store:
+  backend: memory
+routes:
+  - name: version
+    match: {{ path: /version }}
+    respond: {{ status: 200, body: "{body}" }}
+  - name: demo
+    match: {{ path_prefix: /demo }}
+    respond: {{ status: 200, body: "{body}" }}
+    limits:
+      - name: per-ip
+        key: ip
+        algorithm: sliding_log
+        limit: {limit}
+        period: 1m
+"#,
+        admin = free_port()
+    )
+}
+
+fn write(path: &std::path::Path, text: &str) {
+    // Written to a temporary file and renamed, as editors and config managers do: never half a file.
+    let tmp = path.with_extension("tmp");
+    std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .expect("write config");
+    std::fs::rename(&tmp, path).expect("rename config");
+}
+
+async fn statuses(url: &str, n: usize) -> Vec<u16> {
+    let client = client();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(
+            client
+                .get(url)
+                .send()
+                .await
+                .expect("request")
+                .status()
+                .as_u16(),
+        );
+    }
+    out
+}
+
+/// Polls until `url` answers with `body`, or panics after `within`.
+async fn wait_for_body(url: &str, body: &str, within: Duration) {
+    let client = client();
+    let started = Instant::now();
+    loop {
+        if let Ok(response) = client.get(url).send().await {
+            if response.text().await.ok().as_deref() == Some(body) {
+                return;
+            }
+        }
+        assert!(started.elapsed() < within, "{url} never answered {body:?}");
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+}
+
+#[tokio::test]
+async fn file_change_reloads_atomically_and_keeps_counters() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.yaml");
+    write(&path, &limits_yaml("127.0.0.1:0", 3, "v1"));
+    let gateway = start_gateway_with(tollgate::config::load(&path).unwrap()).await;
+    tokio::spawn(tollgate::reload::watch(
+        Arc::clone(&gateway.gateway),
+        path.clone(),
+        Duration::from_millis(50),
+    ));
+    let url = gateway.url("/demo");
+    assert_eq!(statuses(&url, 2).await, [200, 200]);
+
+    // Raise the limit to 5: the two requests already made still count.
+    write(&path, &limits_yaml("127.0.0.1:0", 5, "v2"));
+    // /version has no limit: waiting on it consumes nothing from /demo.
+    wait_for_body(&gateway.url("/version"), "v2", Duration::from_secs(5)).await;
+    let after = statuses(&url, 5).await;
+    assert_eq!(
+        after,
+        [200, 200, 200, 429, 429],
+        "5 in total across the reload"
+    );
+
+    // A broken config is refused and the running one stays.
+    write(&path, "routes:\n  - name: demo\n    match: { path_prefix: /demo }\n    respond: { status: 200, body: v3 }\n    limits:\n      - name: x\n        algorithm: sliding_log\n        limit: 1\n        period: soon\n");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let response = client().get(&url).send().await.unwrap();
+    assert_eq!(response.status(), 429, "still limited by the v2 config");
+    assert_eq!(response.headers()["x-ratelimit-limit"], "5");
+}
+
+/// A `tollgate run` process, killed if still running when dropped.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(path: &std::path::Path) -> Process {
+    Process(
+        Command::new(BIN)
+            .args(["run", "--config", path.to_str().unwrap()])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn tollgate"),
+    )
+}
+
+fn wait_listening(port: u16) {
+    let started = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "tollgate did not start"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+fn signal(process: &Process, name: &str) {
+    let status = Command::new("kill")
+        .args([name, &process.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[tokio::test]
+async fn sighup_reloads_the_running_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.yaml");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    write(&path, &limits_yaml(&listen, 3, "before"));
+    let process = spawn(&path);
+    wait_listening(port);
+    let url = format!("http://{listen}/version");
+    wait_for_body(&url, "before", Duration::from_secs(5)).await;
+
+    write(&path, &limits_yaml(&listen, 3, "after"));
+    signal(&process, "-HUP");
+    wait_for_body(&url, "after", Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn sigterm_finishes_in_flight_requests_then_exits_0() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.yaml");
+    let port = free_port();
+    let yaml = format!(
+        r#"listen: 127.0.0.1:{port}
+admin:
+  listen: 127.0.0.1:{admin}
+server:
+  shutdown_grace: 10s
+upstreams:
+  backend:
+    targets: ["{upstream}"]
+routes:
+  - name: api
+    match: {{ path_prefix: /api }}
+    upstream: backend
+"#,
+        admin = free_port(),
+        upstream = upstream.url()
+    );
+    write(&path, &yaml);
+    let mut process = spawn(&path);
+    wait_listening(port);
+
+    // The upstream answers /slow after 3 s: the request is in flight when SIGTERM arrives.
+    let in_flight = tokio::spawn(async move {
+        client()
+            .get(format!("http://127.0.0.1:{port}/api/slow"))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    let started = Instant::now();
+    while upstream.hits() == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the slow request never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    signal(&process, "-TERM");
+
+    assert_eq!(
+        in_flight
+            .await
+            .unwrap()
+            .expect("in-flight request completed"),
+        200
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = process.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tollgate did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "no longer accepting"
+    );
+}
