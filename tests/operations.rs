@@ -126,7 +126,7 @@ impl Drop for Process {
 fn spawn(path: &std::path::Path) -> Process {
     Process(
         Command::new(BIN)
-            .args(["run", "--config", path.to_str().unwrap()])
+            .args(["run", "--config", path.to_str().expect("utf-8 path")])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -150,7 +150,7 @@ fn signal(process: &Process, name: &str) {
     let status = Command::new("kill")
         .args([name, &process.0.id().to_string()])
         .status()
-        .unwrap();
+        .expect("run kill");
     assert!(status.success());
 }
 
