@@ -1,0 +1,193 @@
+//! Hostile input: oversized or slow request heads, smuggling-shaped framing, forged or malformed forwarding
+//! headers, keys built to bloat Redis or pick a cluster slot, floods of distinct clients, an exposed admin.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::http_client::{client, raw};
+use common::redis::RedisServer;
+use common::upstream::Upstream;
+use common::{free_port, start_gateway};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tollgate::limiter::store::{LimitCheck, MemoryStore};
+use tollgate::limiter::{Algorithm, Limit, ManualClock};
+
+fn yaml(upstream: &str, extra: &str) -> String {
+    format!(
+        r#"server:
+  header_read_timeout: 500ms
+  max_header_bytes: 16384
+{extra}upstreams:
+  backend:
+    targets: ["{upstream}"]
+routes:
+  - name: api
+    match: {{ path_prefix: /api }}
+    upstream: backend
+    limits:
+      - name: per-ip
+        key: ip
+        algorithm: sliding_log
+        limit: 3
+        period: 1m
+"#
+    )
+}
+
+#[tokio::test]
+async fn oversized_request_head_gets_431() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&yaml(&upstream.url(), "")).await;
+    let big = "x".repeat(40_000);
+    let request =
+        format!("GET /api HTTP/1.1\r\nHost: a\r\nX-Big: {big}\r\nConnection: close\r\n\r\n");
+    let response = raw(gateway.addr, request.as_bytes()).await;
+    assert!(response.starts_with("HTTP/1.1 431"), "{response:.80}");
+    assert_eq!(upstream.hits(), 0);
+}
+
+#[tokio::test]
+async fn slow_request_head_is_cut_off() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&yaml(&upstream.url(), "")).await;
+    let mut stream = TcpStream::connect(gateway.addr).await.unwrap();
+    stream
+        .write_all(b"GET /api HTTP/1.1\r\nHost: a\r\n")
+        .await
+        .unwrap();
+    // Never finish the head: the gateway must close the connection after header_read_timeout (500 ms).
+    let started = Instant::now();
+    let mut buffer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut buffer)).await;
+    assert!(read.is_ok(), "connection still open after 5 s");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(upstream.hits(), 0);
+}
+
+#[tokio::test]
+async fn conflicting_framing_never_reaches_the_upstream_ambiguous() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&yaml(&upstream.url(), "")).await;
+    // Two different lengths: refused outright.
+    let two_lengths = b"POST /api HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nContent-Length: 5\r\nConnection: close\r\n\r\nabcde";
+    let response = raw(gateway.addr, two_lengths).await;
+    assert!(response.starts_with("HTTP/1.1 400"), "{response:.80}");
+    assert_eq!(upstream.hits(), 0);
+
+    // Transfer-Encoding and Content-Length: the chunked framing wins, Content-Length is dropped (RFC 9112 §6.3)
+    // and the connection is closed after the response, so the upstream sees one request with one framing and
+    // the bytes after the empty chunk are discarded, never a second request smuggled in behind the first.
+    let smuggle = b"POST /api/first HTTP/1.1\r\nHost: a\r\nContent-Length: 43\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /api/second HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
+    let response = raw(gateway.addr, smuggle).await;
+    assert_eq!(response.matches("HTTP/1.1 ").count(), 1, "{response}");
+    assert!(response.contains("connection: close"), "{response}");
+    assert!(response.contains("\"path\":\"/api/first\""), "{response}");
+    assert!(!response.contains("/api/second"), "{response}");
+    assert!(!response.contains("\"content-length\""), "{response}");
+    assert_eq!(upstream.hits(), 1);
+}
+
+#[tokio::test]
+async fn malformed_forwarded_for_from_a_trusted_proxy_falls_back_to_the_last_good_hop() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&yaml(
+        &upstream.url(),
+        "client_ip:\n  trusted_proxies: [127.0.0.1/32]\n",
+    ))
+    .await;
+    let client = client();
+    // `garbage` cannot be believed: the client is the hop that wrote it, 127.0.0.1 itself.
+    for forged in ["203.0.113.1, garbage", "203.0.113.2, 300.1.1.1", "unknown"] {
+        let response = client
+            .get(gateway.url("/api"))
+            .header("x-forwarded-for", forged)
+            .send()
+            .await
+            .unwrap();
+        assert!(response.status().is_success() || response.status() == 429);
+    }
+    // All three shared the 127.0.0.1 bucket of 3.
+    let response = client.get(gateway.url("/api")).send().await.unwrap();
+    assert_eq!(response.status(), 429);
+}
+
+#[tokio::test]
+async fn hostile_key_values_are_digested_in_redis() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let extra = format!(
+        "store:\n  backend: redis\n  url: {}\n  timeout: 500ms\n  on_error: deny\n",
+        redis.url()
+    );
+    let routes = yaml(&upstream.url(), &extra).replace("key: ip", "key: [header:x-api-key]");
+    let gateway = start_gateway(&routes).await;
+    let client = client();
+    let long = "k".repeat(10_000);
+    for value in ["{slot}", "a}b{c", long.as_str(), "tab\there"] {
+        let response = client
+            .get(gateway.url("/api"))
+            .header("x-api-key", value)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{value:.20}");
+    }
+    let keys = redis.cli(&["KEYS", "*"]).unwrap();
+    let keys: Vec<&str> = keys.lines().collect();
+    assert_eq!(keys.len(), 4, "{keys:?}");
+    for key in keys {
+        assert!(key.len() < 100, "{key}");
+        let tag = key.split_once('{').unwrap().1;
+        let tag = tag.strip_suffix('}').unwrap();
+        assert_eq!(tag.len(), 64, "{key}");
+        assert!(tag.chars().all(|c| c.is_ascii_hexdigit()), "{key}");
+    }
+}
+
+#[test]
+fn a_hundred_thousand_clients_stay_within_max_keys() {
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let store = MemoryStore::new(10_000, clock);
+    let limit = Limit::new(
+        "per-ip",
+        Algorithm::SlidingLog {
+            limit: 10,
+            period_ms: 3_600_000,
+        },
+        1,
+    )
+    .unwrap();
+    for i in 0..100_000u32 {
+        let ip = std::net::Ipv4Addr::from(0x0a00_0000 + i);
+        let key = format!("tollgate:api:per-ip:{{{ip}}}");
+        let outcome = store.check(&[LimitCheck {
+            key: &key,
+            limit: &limit,
+        }]);
+        assert!(outcome.allowed);
+    }
+    let held = store.len();
+    assert!(held <= 10_048, "{held} keys held for max_keys 10000");
+}
+
+#[test]
+fn admin_on_a_public_address_without_token_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("exposed.yaml");
+    let yaml = format!(
+        "listen: 127.0.0.1:{}\nadmin:\n  listen: 0.0.0.0:{}\nstore:\n  backend: memory\n",
+        free_port(),
+        free_port()
+    );
+    std::fs::write(&path, yaml).unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["run", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("admin.token"), "{stderr}");
+}
