@@ -281,3 +281,36 @@ async fn script_is_reloaded_after_redis_forgets_it() {
         .unwrap();
     assert_eq!(keys, "2", "both requests were counted in Redis");
 }
+
+#[tokio::test]
+async fn allowlisted_clients_skip_the_limits() {
+    for store in STORES {
+        let upstream = Upstream::start().await;
+        let redis = matches!(store, Store::Redis).then(RedisServer::start);
+        let base = gateway_yaml(
+            store_yaml(redis.as_ref()),
+            "127.0.0.1/32",
+            &upstream.url(),
+            PER_IP_LOG_5,
+        );
+        let yaml = base.replace(
+            "    upstream: backend\n",
+            "    upstream: backend\n    allow: [127.0.0.1, 10.0.0.0/8]\n",
+        );
+        let gateway = start_gateway(&yaml).await;
+        let url = gateway.url("/api");
+        // The test client is 127.0.0.1: allowlisted.
+        let statuses = hammer(&url, 12, &[]).await;
+        assert_eq!(count(&statuses, 200), 12, "{store:?}");
+        // Through the trusted proxy 127.0.0.1, a client outside the allowlist is limited as usual.
+        let outsider = hammer(&url, 7, &[("x-forwarded-for", "203.0.113.50")]).await;
+        assert_eq!(count(&outsider, 200), 5, "{store:?}");
+        if let Some(redis) = &redis {
+            let keys = redis.cli(&["KEYS", "*"]).unwrap();
+            assert_eq!(
+                keys, "tollgate:api:per-ip:{203.0.113.50}",
+                "allowlisted requests cost Redis nothing"
+            );
+        }
+    }
+}

@@ -114,6 +114,8 @@ pub struct RouteSettings {
     pub deny_status: StatusCode,
     /// Whether rate-limit headers are added to admitted responses, default true.
     pub headers: bool,
+    /// Client networks exempt from the route's limits (health checkers, internal callers).
+    pub allow: Vec<IpNet>,
 }
 
 /// `match:` of a route. Every given condition must hold.

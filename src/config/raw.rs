@@ -111,6 +111,9 @@ pub(crate) struct RawRoute {
     pub deny_status: u16,
     #[serde(default = "default_true")]
     pub headers: bool,
+    /// Client networks exempt from the route's limits.
+    #[serde(default)]
+    pub allow: Vec<String>,
 }
 
 /// `match:` of a route.

@@ -161,19 +161,24 @@ fn check_redis_url(issues: &mut Issues, url: &str) {
 }
 
 fn client_ip(issues: &mut Issues, raw: &RawClientIp) -> Option<ClientIpSettings> {
+    let trusted_proxies = networks(issues, "client_ip.trusted_proxies", &raw.trusted_proxies)?;
+    Some(ClientIpSettings { trusted_proxies })
+}
+
+/// A list of CIDRs (or plain addresses) at `at`; `None` if any is invalid.
+fn networks(issues: &mut Issues, at: &str, texts: &[String]) -> Option<Vec<IpNet>> {
     let before = issues.count();
-    let trusted_proxies: Vec<IpNet> = raw
-        .trusted_proxies
+    let nets: Vec<IpNet> = texts
         .iter()
         .enumerate()
         .filter_map(|(i, text)| {
             let net = parse_net(text).ok_or_else(|| {
                 format!("invalid CIDR {text:?} (use a network like 10.0.0.0/8 or an address like 10.0.0.1)")
             });
-            issues.check(format!("client_ip.trusted_proxies[{i}]"), net)
+            issues.check(format!("{at}[{i}]"), net)
         })
         .collect();
-    (issues.count() == before).then_some(ClientIpSettings { trusted_proxies })
+    (issues.count() == before).then_some(nets)
 }
 
 /// A network, or a plain address meaning just that host (/32 or /128).
@@ -314,6 +319,7 @@ fn route_settings(
         .filter_map(|(j, l)| limit_settings(issues, &format!("{at}.limits[{j}]"), l))
         .collect();
     let deny_status = deny_status(issues, &format!("{at}.deny_status"), raw.deny_status);
+    let allow = networks(issues, &format!("{at}.allow"), &raw.allow);
     if issues.count() != before {
         return None;
     }
@@ -324,6 +330,7 @@ fn route_settings(
         limits,
         deny_status: deny_status?,
         headers: raw.headers,
+        allow: allow?,
     })
 }
 

@@ -107,18 +107,24 @@ impl Gateway {
             headers: request.headers(),
             query: request.uri().query(),
         };
-        let verdict = match route.limits.check(&self.limiter, &facts).await {
-            Ok(verdict) => verdict,
-            Err(unavailable) => return (Some(route), route.limits.unavailable(&unavailable)),
+        // Allowlisted clients skip the limits entirely: no store call, nothing counted against anyone.
+        let verdict = if route.allow.iter().any(|net| net.contains(&client_ip)) {
+            None
+        } else {
+            match route.limits.check(&self.limiter, &facts).await {
+                Ok(verdict) => Some(verdict),
+                Err(unavailable) => return (Some(route), route.limits.unavailable(&unavailable)),
+            }
         };
-        let outcome = &verdict.outcome;
-        if !outcome.allowed {
-            return (Some(route), route.limits.refusal(&verdict));
-        }
-        // `leaky_bucket` in delay mode: admitted, but only once the request conforms to the rate.
-        let delay_ms = outcome.delay_ms();
-        if delay_ms > 0 {
-            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        if let Some(verdict) = &verdict {
+            if !verdict.outcome.allowed {
+                return (Some(route), route.limits.refusal(verdict));
+            }
+            // `leaky_bucket` in delay mode: admitted, but only once the request conforms to the rate.
+            let delay_ms = verdict.outcome.delay_ms();
+            if delay_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            }
         }
         let mut response = match &route.action {
             Action::Respond(direct) => {
@@ -146,8 +152,8 @@ impl Gateway {
                 }
             }
         };
-        if route.headers {
-            route.limits.decorate(response.headers_mut(), &verdict);
+        if let (true, Some(verdict)) = (route.headers, &verdict) {
+            route.limits.decorate(response.headers_mut(), verdict);
         }
         (Some(route), response)
     }

@@ -26,6 +26,8 @@ pub(super) struct Route {
     pub action: Action,
     pub limits: LimitSet,
     pub headers: bool,
+    /// Clients exempt from `limits`.
+    pub allow: Vec<ipnet::IpNet>,
 }
 
 #[derive(Debug)]
@@ -66,6 +68,7 @@ impl Runtime {
                         route.deny_status,
                     ),
                     headers: route.headers,
+                    allow: route.allow.clone(),
                 })
             })
             .collect();
