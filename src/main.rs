@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
-use tollgate::config::{self, BackendKind, Config, RouteAction};
+use tollgate::config::{self, Config};
 use tollgate::gateway::{self, Gateway};
 use tollgate::limiter::{Backend, OnError};
 
@@ -65,7 +65,7 @@ fn main() -> ExitCode {
     };
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => {
-            print!("{}", summary(&config));
+            print!("{}", config::summary::render(&config));
             ExitCode::SUCCESS
         }
         Command::Run => {
@@ -106,7 +106,7 @@ async fn run(config: Config) -> ExitCode {
     };
     if let Backend::Redis(redis) = limiter.backend() {
         if redis.wait_connected(Duration::from_secs(2)).await {
-            tracing::info!(url = %redact(&config.store.url), "connected to redis");
+            tracing::info!(url = %config::summary::redact(&config.store.url), "connected to redis");
         } else {
             let consequence = match config.store.on_error {
                 OnError::Local => {
@@ -116,7 +116,7 @@ async fn run(config: Config) -> ExitCode {
                 OnError::Deny => "requests are refused with 503 until it answers",
             };
             tracing::warn!(
-                url = %redact(&config.store.url),
+                url = %config::summary::redact(&config.store.url),
                 "REDIS IS UNREACHABLE: {consequence} (store.on_error: {})",
                 config.store.on_error
             );
@@ -216,102 +216,5 @@ async fn purge_expired_keys(limiter: Arc<tollgate::limiter::RateLimiter>) {
     loop {
         tick.tick().await;
         limiter.local().purge_expired();
-    }
-}
-
-/// The URL without its password, for logs.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}://***{}", &url[..scheme_end], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
-/// What `tollgate check` prints: the routes and limits as understood.
-fn summary(config: &Config) -> String {
-    use std::fmt::Write;
-    let mut out = String::new();
-    let store = match config.store.backend {
-        BackendKind::Memory => "memory".to_owned(),
-        BackendKind::Redis => format!("redis {}", redact(&config.store.url)),
-    };
-    let _ = writeln!(out, "{}: valid", config.source.display());
-    let _ = writeln!(
-        out,
-        "listen {}  admin {}",
-        config.listen, config.admin.listen
-    );
-    let _ = writeln!(
-        out,
-        "store {store}  timeout {}  on_error {}",
-        config::format_duration_ms(config.store.timeout.as_millis() as u64),
-        config.store.on_error
-    );
-    let _ = writeln!(out, "routes (first match wins):");
-    for route in &config.routes {
-        let m = &route.matcher;
-        let mut matches = Vec::new();
-        if let Some(p) = &m.path_prefix {
-            matches.push(format!("path_prefix {p}"));
-        }
-        if let Some(p) = &m.path {
-            matches.push(format!("path {p}"));
-        }
-        if !m.methods.is_empty() {
-            let methods: Vec<&str> = m.methods.iter().map(|m| m.as_str()).collect();
-            matches.push(format!("methods {}", methods.join(",")));
-        }
-        if let Some(h) = &m.host {
-            matches.push(format!("host {h}"));
-        }
-        if matches.is_empty() {
-            matches.push("everything".to_owned());
-        }
-        let action = match &route.action {
-            RouteAction::Upstream(name) => format!("-> upstream {name}"),
-            RouteAction::Respond(direct) => format!("-> respond {}", direct.status.as_u16()),
-        };
-        let _ = writeln!(out, "  {}: {}  {action}", route.name, matches.join(" "));
-        if route.limits.is_empty() {
-            let _ = writeln!(out, "    (no limits)");
-        }
-        for l in &route.limits {
-            let _ = writeln!(
-                out,
-                "    {}: {} {}  key {}  cost {}",
-                l.limit.name(),
-                l.limit.algorithm().name(),
-                describe_parameters(l.limit.algorithm()),
-                l.key,
-                l.limit.cost()
-            );
-        }
-    }
-    out
-}
-
-fn describe_parameters(algorithm: &tollgate::limiter::Algorithm) -> String {
-    use tollgate::limiter::{Algorithm, LeakyMode};
-    match *algorithm {
-        Algorithm::FixedWindow { limit, period_ms }
-        | Algorithm::SlidingWindow { limit, period_ms }
-        | Algorithm::SlidingLog { limit, period_ms } => {
-            format!(
-                "limit {limit} per {}",
-                config::format_duration_ms(period_ms)
-            )
-        }
-        Algorithm::TokenBucket { rate, burst } | Algorithm::Gcra { rate, burst } => {
-            format!("rate {rate} burst {burst}")
-        }
-        Algorithm::LeakyBucket { rate, burst, mode } => match mode {
-            LeakyMode::Reject => format!("rate {rate} burst {burst} mode reject"),
-            LeakyMode::Delay { max_delay_ms } => format!(
-                "rate {rate} burst {burst} mode delay max_delay {}",
-                config::format_duration_ms(max_delay_ms)
-            ),
-        },
     }
 }

@@ -7,6 +7,7 @@ mod load;
 mod locate;
 mod model;
 mod raw;
+pub mod summary;
 mod units;
 mod validate;
 

@@ -130,13 +130,14 @@ impl Rate {
 }
 
 impl fmt::Display for Rate {
+    /// As the config file writes it: `5/s`, `30/1m`, `100/5m`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}/{}",
-            self.count,
-            crate::config::format_duration_ms(self.period_ms)
-        )
+        let period = crate::config::format_duration_ms(self.period_ms);
+        let period = match period.as_str() {
+            "1s" | "1m" | "1h" | "1d" => &period[1..],
+            _ => &period,
+        };
+        write!(f, "{}/{period}", self.count)
     }
 }
 

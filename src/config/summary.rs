@@ -1,0 +1,208 @@
+//! What `tollgate check` prints: the store, then one table row per route and limit, as understood.
+
+use std::fmt::Write;
+
+use super::{format_duration_ms, BackendKind, Config, RouteAction, RouteSettings};
+use crate::key::MissingKey;
+use crate::limiter::{Algorithm, LeakyMode};
+
+/// Renders `config` as a short header and a table of routes, matches, limits and keys.
+pub fn render(config: &Config) -> String {
+    let mut out = String::new();
+    let store = match config.store.backend {
+        BackendKind::Memory => format!("memory (max_keys {})", config.store.max_keys),
+        BackendKind::Redis => format!(
+            "redis {} (timeout {}, on_error {})",
+            redact(&config.store.url),
+            format_duration_ms(config.store.timeout.as_millis() as u64),
+            config.store.on_error
+        ),
+    };
+    let _ = writeln!(out, "{}: valid", config.source.display());
+    let _ = writeln!(
+        out,
+        "listen {}   admin {}   store {store}",
+        config.listen, config.admin.listen
+    );
+    let _ = writeln!(out);
+
+    let mut rows = vec![[
+        "ROUTE",
+        "MATCH",
+        "ACTION",
+        "LIMIT",
+        "ALGORITHM",
+        "PARAMETERS",
+        "KEY",
+        "COST",
+    ]
+    .map(str::to_owned)];
+    for route in &config.routes {
+        rows.extend(route_rows(route));
+    }
+    out.push_str(&table(&rows));
+    out
+}
+
+fn route_rows(route: &RouteSettings) -> Vec<[String; 8]> {
+    let action = match &route.action {
+        RouteAction::Upstream(name) => format!("upstream {name}"),
+        RouteAction::Respond(direct) => format!("respond {}", direct.status.as_u16()),
+    };
+    let mut first = [
+        route.name.clone(),
+        describe_match(route),
+        action,
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+    ];
+    if route.limits.is_empty() {
+        first[3] = "(none)".to_owned();
+        return vec![first];
+    }
+    route
+        .limits
+        .iter()
+        .enumerate()
+        .map(|(i, settings)| {
+            let mut row = if i == 0 {
+                first.clone()
+            } else {
+                Default::default()
+            };
+            let key = match settings.key.missing() {
+                MissingKey::Ip => settings.key.to_string(),
+                MissingKey::Skip => format!("{} (else skip)", settings.key),
+            };
+            row[3] = settings.limit.name().to_owned();
+            row[4] = settings.limit.algorithm().name().to_owned();
+            row[5] = parameters(settings.limit.algorithm());
+            row[6] = key;
+            row[7] = settings.limit.cost().to_string();
+            row
+        })
+        .collect()
+}
+
+fn describe_match(route: &RouteSettings) -> String {
+    let m = &route.matcher;
+    let mut parts = Vec::new();
+    if let Some(p) = &m.path_prefix {
+        parts.push(format!("{p}*"));
+    }
+    if let Some(p) = &m.path {
+        parts.push(p.clone());
+    }
+    if !m.methods.is_empty() {
+        let methods: Vec<&str> = m.methods.iter().map(|m| m.as_str()).collect();
+        parts.push(methods.join(","));
+    }
+    if let Some(h) = &m.host {
+        parts.push(format!("host {h}"));
+    }
+    if !route.allow.is_empty() {
+        let nets: Vec<String> = route.allow.iter().map(|n| n.to_string()).collect();
+        parts.push(format!("(allow {})", nets.join(",")));
+    }
+    if parts.is_empty() {
+        "everything".to_owned()
+    } else {
+        parts.join(" ")
+    }
+}
+
+fn parameters(algorithm: &Algorithm) -> String {
+    match *algorithm {
+        Algorithm::FixedWindow { limit, period_ms }
+        | Algorithm::SlidingWindow { limit, period_ms }
+        | Algorithm::SlidingLog { limit, period_ms } => {
+            format!("{limit} per {}", format_duration_ms(period_ms))
+        }
+        Algorithm::TokenBucket { rate, burst } | Algorithm::Gcra { rate, burst } => {
+            format!("rate {rate}, burst {burst}")
+        }
+        Algorithm::LeakyBucket { rate, burst, mode } => match mode {
+            LeakyMode::Reject => format!("rate {rate}, burst {burst}, reject"),
+            LeakyMode::Delay { max_delay_ms } => {
+                format!(
+                    "rate {rate}, burst {burst}, delay ≤ {}",
+                    format_duration_ms(max_delay_ms)
+                )
+            }
+        },
+    }
+}
+
+/// Left-aligned columns two spaces apart, without trailing spaces.
+fn table(rows: &[[String; 8]]) -> String {
+    let mut widths = [0usize; 8];
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            line.push_str(cell);
+            if i + 1 < row.len() {
+                let pad = widths[i] - cell.chars().count() + 2;
+                line.extend(std::iter::repeat_n(' ', pad));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// The URL without its password, for output that may be shared.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://***{}", &url[..scheme_end], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_one_row_per_limit_in_aligned_columns() {
+        let yaml = "store:\n  backend: memory\nroutes:\n  - name: api\n    match: { path_prefix: /api, methods: [GET] }\n    respond: { status: 200 }\n    limits:\n      - name: per-ip\n        algorithm: sliding_window\n        limit: 100\n        period: 1m\n      - name: per-key\n        key: [header:x-api-key]\n        missing: skip\n        algorithm: gcra\n        rate: 1000/1h\n        burst: 50\n  - name: open\n    respond: { status: 204 }\n";
+        let config = super::super::parse(yaml, std::path::Path::new("g.yaml")).unwrap();
+        let text = render(&config);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "g.yaml: valid");
+        assert!(lines[3].starts_with("ROUTE  MATCH"), "{text}");
+        assert!(lines[4].starts_with("api    /api* GET"), "{text}");
+        assert!(
+            lines[4].contains("per-ip   sliding_window  100 per 1m"),
+            "{text}"
+        );
+        assert!(
+            lines[5].contains(
+                "per-key  gcra            rate 1000/1h, burst 50  header:x-api-key (else skip)"
+            ),
+            "{text}"
+        );
+        assert!(lines[6].starts_with("open   everything"), "{text}");
+        assert!(lines[6].ends_with("(none)"), "{text}");
+    }
+
+    #[test]
+    fn passwords_are_not_printed() {
+        assert_eq!(
+            redact("redis://user:secret@host:6379/0"),
+            "redis://***@host:6379/0"
+        );
+        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+    }
+}
