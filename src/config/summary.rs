@@ -189,7 +189,7 @@ mod tests {
         );
         assert!(
             lines[5].contains(
-                "per-key  gcra            rate 1000/1h, burst 50  header:x-api-key (else skip)"
+                "per-key  gcra            rate 1000/h, burst 50  header:x-api-key (else skip)"
             ),
             "{text}"
         );
