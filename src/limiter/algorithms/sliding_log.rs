@@ -51,7 +51,8 @@ pub fn evaluate(
             admitted,
             standing,
             next: log,
-            ttl_ms: period_ms,
+            // The log's time may be ahead of `now_ms` (clamped above): it expires one period after that.
+            ttl_ms: period_ms + (now - now_ms) as u64,
         };
     }
 

@@ -23,7 +23,11 @@ local ARGS_PER_LIMIT = 6
 local GCRA_EPOCH_MS = 1735689600000
 
 local now
-if ARGV[1] ~= "" then
+-- Explicit times (tests) are simulated: they may stand still or run backwards while real time passes, and Redis
+-- expires keys in real time, so a key could vanish while its simulated state still matters. With explicit times
+-- keys therefore get no expiry; the state an expiry would remove is by construction equivalent to no state.
+local explicit_time = ARGV[1] ~= ""
+if explicit_time then
   now = tonumber(ARGV[1])
 else
   local t = redis.call('TIME')
@@ -32,6 +36,13 @@ end
 
 local function int(x)
   return string.format('%d', x)
+end
+
+-- Every key expires once its state is equivalent to no state, so Redis empties itself when traffic stops.
+local function expire(key, ms)
+  if not explicit_time then
+    redis.call('PEXPIRE', key, int(math.max(ms, 1)))
+  end
 end
 
 local function ceil_div(a, b)
@@ -79,7 +90,7 @@ local function sliding_window(key, limit, period, _, _, cost)
     local standing = {1, limit, standing_remaining, 0, standing_reset, 0}
     return admitted, standing, function()
       redis.call('HSET', key, 'w', int(window_start), 'c', int(current + cost), 'p', int(previous))
-      redis.call('PEXPIRE', key, int(left + period))
+      expire(key, left + period)
     end
   end
 
@@ -104,8 +115,9 @@ local function sliding_log(key, limit, period, _, _, cost)
   if newest[2] and tonumber(newest[2]) > t then
     t = tonumber(newest[2])
   end
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(t - period))
-  local count = redis.call('ZCARD', key)
+  -- The interval is (t - period, t]. Counted, not pruned: a denied request writes nothing.
+  local oldest_kept = '(' .. int(t - period)
+  local count = redis.call('ZCOUNT', key, oldest_kept, '+inf')
   local standing_reset = 0
   if count > 0 then
     standing_reset = tonumber(newest[2]) + period - t
@@ -115,6 +127,7 @@ local function sliding_log(key, limit, period, _, _, cost)
     local admitted = {1, limit, limit - count - cost, 0, period, 0}
     local standing = {1, limit, limit - count, 0, standing_reset, 0}
     return admitted, standing, function()
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', int(t - period))
       -- Members are "<ms>-<n>", n counting the entries already at this millisecond: entries at the newest
       -- millisecond are never pruned, so n only grows and every member is unique, however many requests share
       -- a millisecond.
@@ -132,12 +145,14 @@ local function sliding_log(key, limit, period, _, _, cost)
       if #args > 0 then
         redis.call('ZADD', key, unpack(args))
       end
-      redis.call('PEXPIRE', key, int(period))
+      -- From the key's own (never backwards) time, which may be ahead of `now`.
+      expire(key, t - now + period)
     end
   end
 
+  -- Denied: wait until enough of the oldest entries in the interval leave it for `cost` to fit.
   local must_leave = count + cost - limit
-  local entry = redis.call('ZRANGE', key, must_leave - 1, must_leave - 1, 'WITHSCORES')
+  local entry = redis.call('ZRANGEBYSCORE', key, oldest_kept, '+inf', 'WITHSCORES', 'LIMIT', must_leave - 1, 1)
   local retry = period
   if entry[2] then
     retry = tonumber(entry[2]) + period - t
@@ -182,7 +197,7 @@ local function token_bucket(key, burst, per_ms, unit, _, cost)
     local standing = {1, burst, math.floor(level / unit), 0, standing_reset, 0}
     return admitted, standing, function()
       redis.call('HSET', key, 'l', int(after), 'u', int(now))
-      redis.call('PEXPIRE', key, int(math.max(reset, 1)))
+      expire(key, reset)
     end
   end
 
@@ -209,7 +224,7 @@ local function fixed_window(key, limit, period, _, _, cost)
     return admitted, standing, function()
       if count == 0 then
         redis.call('HSET', key, 'fw', int(window_start), 'fc', int(cost))
-        redis.call('PEXPIRE', key, int(left))
+        expire(key, left)
       else
         redis.call('HINCRBY', key, 'fc', int(cost))
       end
@@ -240,7 +255,8 @@ local function gcra(key, burst, ticks_per_ms, interval, _, cost)
     local ttl = new_tat - t
     local admitted = {1, burst, remaining(ttl), 0, to_ms(ttl), 0}
     return admitted, standing, function()
-      redis.call('SET', key, int(new_tat), 'PX', int(math.max(to_ms(ttl), 1)))
+      redis.call('SET', key, int(new_tat))
+      expire(key, to_ms(ttl))
     end
   end
   local denied = {0, burst, remaining(standing_ttl), to_ms(allow_at - t), to_ms(standing_ttl), 0}
@@ -263,7 +279,7 @@ local function leaky_bucket(key, burst, per_ms, unit, max_delay, cost)
     local admitted = {1, burst, room(after), 0, reset, wait}
     return admitted, standing, function()
       redis.call('HSET', key, 'm', int(after), 'u', int(now))
-      redis.call('PEXPIRE', key, int(math.max(reset, 1)))
+      expire(key, reset)
     end
   end
   local denied = {0, burst, room(water), wait - max_delay, ceil_div(water, per_ms), 0}
