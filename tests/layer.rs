@@ -313,8 +313,10 @@ impl Service<Request<Body>> for NeverReady {
 }
 
 fn request_from(peer: &str) -> Request<Body> {
-    let mut request = Request::get("/api/items").body(Body::empty()).unwrap();
-    let addr: SocketAddr = peer.parse().unwrap();
+    let mut request = Request::get("/api/items")
+        .body(Body::empty())
+        .expect("request");
+    let addr: SocketAddr = peer.parse().expect("socket address");
     request.extensions_mut().insert(ConnectInfo(addr));
     request
 }
