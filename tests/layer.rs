@@ -359,6 +359,58 @@ async fn poll_ready_never_waits_and_refusals_skip_the_inner_service() {
 }
 
 #[tokio::test]
+async fn limits_a_plain_hyper_service() {
+    use http_body_util::Full;
+    use hyper::body::Incoming;
+    use hyper_util::rt::TokioIo;
+
+    let (limiter, _clock) = manual_limiter();
+    let layer = RateLimitLayer::builder()
+        .limiter(limiter)
+        .scope("api")
+        .limit_by("per-ip", ["ip"], sliding_window(2))
+        .build()
+        .unwrap();
+    // Hyper's own body types on both sides: `Incoming` in, `Full` out.
+    let hello = tower::service_fn(|_request: Request<Incoming>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::from_static(b"hi\n"))))
+    });
+    let service = layer.layer(hello);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        loop {
+            let Ok((stream, peer)) = listener.accept().await else {
+                return;
+            };
+            let service = service.clone();
+            // Plain hyper has no `ConnectInfo`: the server puts the peer where the layer looks for it.
+            let per_request = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+                request.extensions_mut().insert(ConnectInfo(peer));
+                service.clone().oneshot(request)
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), per_request),
+            );
+        }
+    });
+    let client = client();
+    let url = format!("http://{addr}/");
+
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let response = client.get(&url).send().await.unwrap();
+        seen.push((response.status().as_u16(), response.text().await.unwrap()));
+    }
+    assert_eq!(seen[0], (200, "hi\n".to_owned()));
+    assert_eq!(seen[1].0, 200);
+    assert_eq!(seen[2].0, 429);
+    assert!(seen[2].1.contains("\"rate_limited\""), "{}", seen[2].1);
+    server.abort();
+}
+
+#[tokio::test]
 async fn headers_on_admitted_responses_can_be_turned_off() {
     let (limiter, _clock) = manual_limiter();
     let layer = RateLimitLayer::builder()
