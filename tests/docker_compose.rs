@@ -1,5 +1,4 @@
-//! The container setup holds together without a Docker engine: `docker-compose.yml` names what exists in the
-//! repository and configures the gateway it runs, and the Dockerfile copies files that exist.
+//! The container setup holds together without a Docker engine: compose file, Dockerfile, mounted config.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

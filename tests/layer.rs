@@ -1,5 +1,4 @@
-//! The tower layer in a real axum app on loopback: exact admission counts, refusals, keys, readiness, and a real
-//! Redis shared by two apps.
+//! The tower layer in real axum and hyper servers on loopback: counts, refusals, keys, readiness, shared Redis.
 
 mod common;
 
