@@ -1,10 +1,44 @@
 //! tollgate: a rate-limiting HTTP reverse proxy whose limits hold across every gateway instance through Redis.
+//!
+//! The `tollgate` binary runs the gateway from a `gateway.yaml` (see the README). This library is the same
+//! machinery, to embed: its most direct use is [`layer::RateLimitLayer`], a tower layer that puts tollgate's limits
+//! and stores in front of any axum or hyper service.
+//!
+//! ```no_run
+//! use std::net::SocketAddr;
+//!
+//! use axum::{routing::get, Router};
+//! use tollgate::config::parse_rate;
+//! use tollgate::layer::RateLimitLayer;
+//! use tollgate::limiter::Algorithm;
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // 10 requests at once per client address, then 5 a second; in this process's memory.
+//!     let limits = RateLimitLayer::builder()
+//!         .memory_store()
+//!         .scope("hello")
+//!         .limit_by("per-ip", ["ip"], Algorithm::TokenBucket { rate: parse_rate("5/s")?, burst: 10 })
+//!         .build()?;
+//!     let app = Router::new().route("/", get(|| async { "hello\n" })).layer(limits);
+//!     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//!     // The layer keys clients by the address that `ConnectInfo` carries.
+//!     axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! The modules, from the outside in: [`gateway`] (the request path and the listener), [`layer`] (the same limits
+//! as a tower layer), [`enforcement`] (a route's limits applied to HTTP requests), [`key`] (client addresses and
+//! limiting keys), [`limiter`] (the algorithms and the Redis and in-process stores, without HTTP), [`config`],
+//! [`routing`], [`proxy`] and [`admin`].
 
 pub mod admin;
 pub mod config;
 pub mod enforcement;
 pub mod gateway;
 pub mod key;
+pub mod layer;
 pub mod limiter;
 pub mod proxy;
 pub mod reload;

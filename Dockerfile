@@ -1,0 +1,41 @@
+# syntax=docker/dockerfile:1
+# tollgate's container image: `docker compose up` (docker-compose.yml) runs it with Redis and a demo upstream.
+
+# --- build ------------------------------------------------------------------------------------------------------
+FROM rust:1-bookworm AS builder
+WORKDIR /build
+
+# Dependencies first, against stub sources: this layer is rebuilt only when Cargo.toml or Cargo.lock change, not
+# on every edit of src/.
+COPY Cargo.toml Cargo.lock ./
+RUN mkdir src \
+ && echo 'fn main() {}' > src/main.rs \
+ && touch src/lib.rs \
+ && cargo build --release --locked \
+ && rm -rf src
+
+COPY src ./src
+# COPY keeps the files' own times, which may be older than the stubs' build: touch them so cargo rebuilds the crate.
+RUN touch src/main.rs src/lib.rs \
+ && cargo build --release --locked \
+ && cp target/release/tollgate /usr/local/bin/tollgate
+
+# --- run --------------------------------------------------------------------------------------------------------
+FROM debian:bookworm-slim
+# CA certificates for rediss:// (TLS) stores.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin tollgate
+
+COPY --from=builder /usr/local/bin/tollgate /usr/local/bin/tollgate
+# The shipped example config; docker-compose.yml mounts the repository's copy over it.
+COPY gateway.yaml /etc/tollgate/gateway.yaml
+
+USER tollgate
+# 8080: the gateway (gateway.yaml's `listen`, TOLLGATE_LISTEN). 9901: the admin listener, which gateway.yaml binds
+# to 127.0.0.1, so it answers only inside the container unless a config binds it elsewhere (with admin.token).
+EXPOSE 8080 9901
+ENV RUST_LOG=info
+ENTRYPOINT ["tollgate"]
+CMD ["--config", "/etc/tollgate/gateway.yaml"]

@@ -1,0 +1,164 @@
+//! The [`Service`] a [`RateLimitLayer`] wraps around its inner service: check, then refuse, hold or forward.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::BoxError;
+use bytes::Bytes;
+use http::{header, HeaderMap, Request, Response, Uri};
+use tower::{Service, ServiceExt};
+
+use super::future::ResponseFuture;
+use super::rate_limit::{RateLimitLayer, Shared};
+use crate::key::RequestFacts;
+use crate::routing::normalize_path;
+
+/// The client address assumed when a request carries no `ConnectInfo<SocketAddr>` (see the module docs).
+const UNKNOWN_PEER: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+
+/// A service limited by a [`RateLimitLayer`]; see the [module docs](super).
+#[derive(Debug, Clone)]
+pub struct RateLimit<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+// === impl RateLimit ===
+
+impl<S> RateLimit<S> {
+    /// `inner`, limited by `layer` (what [`tower::Layer::layer`] does).
+    pub fn new(inner: S, layer: &RateLimitLayer) -> Self {
+        Self {
+            inner,
+            shared: layer.shared.clone(),
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    ReqBody: Send + 'static,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Error>;
+
+    /// Always ready. Waiting here for the inner service would make denied requests, which never reach it, wait
+    /// too; the inner service's readiness is awaited for admitted requests only, once admitted.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let shared = self.shared.clone();
+        // The clone goes with the request, as with tower's `Oneshot`: it is made ready and called only if the
+        // request is admitted.
+        let inner = self.inner.clone();
+        ResponseFuture::new(admit(shared, inner, request))
+    }
+}
+
+/// Asks the limiter about `request`; answers the refusal, or holds the request as long as a `leaky_bucket` in
+/// delay mode says and passes it to `inner`.
+async fn admit<S, ReqBody, ResBody>(
+    shared: Arc<Shared>,
+    inner: S,
+    request: Request<ReqBody>,
+) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let peer = peer_ip(&shared, &request);
+    let client_ip = shared.client_ip.resolve(peer, request.headers());
+    // Keys see the path as the gateway does, so that `/a/../b` and `/b` share a key; a target that is not a path
+    // (`OPTIONS *`) is keyed as written, since rejecting it is the inner service's business.
+    let path = normalize_path(request.uri().path())
+        .map_or_else(|| request.uri().path().to_owned(), |p| p.into_owned());
+    let host = request_host(request.uri(), request.headers());
+    let facts = RequestFacts {
+        client_ip,
+        route: shared.limits.scope(),
+        method: request.method(),
+        path: &path,
+        host: host.as_deref(),
+        headers: request.headers(),
+        query: request.uri().query(),
+    };
+    let verdict = match shared.limits.check(&shared.limiter, &facts).await {
+        Ok(verdict) => verdict,
+        Err(unavailable) => return Ok(shared.limits.unavailable(&unavailable)),
+    };
+    if !verdict.outcome.allowed {
+        return Ok(shared.limits.refusal(&verdict));
+    }
+    let delay_ms = verdict.outcome.delay_ms();
+    if delay_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+    }
+    let response = inner.oneshot(request).await?;
+    let mut response = response.map(Body::new);
+    if shared.headers {
+        shared.limits.decorate(response.headers_mut(), &verdict);
+    }
+    Ok(response)
+}
+
+/// The peer address from axum's `ConnectInfo`, or [`UNKNOWN_PEER`], warning once per layer.
+fn peer_ip<B>(shared: &Shared, request: &Request<B>) -> IpAddr {
+    if let Some(ConnectInfo(peer)) = request.extensions().get::<ConnectInfo<SocketAddr>>() {
+        return peer.ip();
+    }
+    if !shared.warned_no_peer.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            scope = %shared.limits.scope(),
+            "request without ConnectInfo<SocketAddr>: every client is taken to be {UNKNOWN_PEER} (serve with \
+             into_make_service_with_connect_info::<SocketAddr>())"
+        );
+    }
+    UNKNOWN_PEER
+}
+
+/// The host the client asked for, lower-cased and without port: the target's authority (absolute form, HTTP/2),
+/// else the `Host` header.
+// The same rule as the gateway handler's `request_host`, which is private there and takes only its own body type.
+fn request_host(uri: &Uri, headers: &HeaderMap) -> Option<String> {
+    let host = match uri.authority() {
+        Some(authority) => authority.host().to_owned(),
+        None => {
+            let value = headers.get(header::HOST)?.to_str().ok()?;
+            value
+                .parse::<http::uri::Authority>()
+                .ok()?
+                .host()
+                .to_owned()
+        }
+    };
+    Some(host.to_ascii_lowercase())
+}

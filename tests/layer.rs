@@ -1,0 +1,694 @@
+//! The tower layer in real axum and hyper servers on loopback: counts, refusals, keys, readiness, shared Redis.
+
+mod common;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use axum::Router;
+use http::{Request, Response, StatusCode};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tower::{Layer, Service, ServiceExt};
+
+use common::http_client::client;
+use common::redis::RedisServer;
+use tollgate::config::{parse_rate, LimitSettings};
+use tollgate::key::{KeyPart, KeySpec, MissingKey};
+use tollgate::layer::{LayerError, RateLimitLayer};
+use tollgate::limiter::store::RedisStore;
+use tollgate::limiter::{
+    Algorithm, Backend, LeakyMode, Limit, ManualClock, OnError, Rate, RateLimiter,
+};
+
+/// Wall-clock milliseconds the manual clocks start at (an aligned minute, 2023-11-14).
+const T0: i64 = 1_699_999_980_000;
+
+/// An axum app with the layer in front of `GET /api/items`, served on 127.0.0.1 and a free port; stopped when
+/// dropped.
+struct App {
+    addr: SocketAddr,
+    /// How many requests reached the handler.
+    calls: Arc<AtomicUsize>,
+    server: JoinHandle<()>,
+}
+
+/// How the app is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Peer {
+    /// With `into_make_service_with_connect_info::<SocketAddr>()`, as the docs ask.
+    ConnectInfo,
+    /// Plain `Router` service: no `ConnectInfo` extension.
+    Missing,
+}
+
+/// The one helper that starts apps: the layer around a handler that counts its calls.
+async fn serve(layer: RateLimitLayer, peer: Peer) -> App {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let handler = move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async { ([("x-inner", "yes")], "items\n") }
+    };
+    let router = Router::new().route("/api/items", get(handler)).layer(layer);
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("local addr");
+    let server = tokio::spawn(async move {
+        let served = match peer {
+            Peer::ConnectInfo => {
+                axum::serve(
+                    listener,
+                    router.into_make_service_with_connect_info::<SocketAddr>(),
+                )
+                .await
+            }
+            Peer::Missing => axum::serve(listener, router).await,
+        };
+        served.expect("serve");
+    });
+    App {
+        addr,
+        calls,
+        server,
+    }
+}
+
+impl App {
+    fn url(&self) -> String {
+        format!("http://{}/api/items", self.addr)
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Sends `n` GETs one after another with `headers`; returns the statuses.
+    async fn hammer(&self, n: usize, headers: &[(&str, &str)]) -> Vec<u16> {
+        let client = client();
+        let mut statuses = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mut request = client.get(self.url());
+            for (name, value) in headers {
+                request = request.header(*name, *value);
+            }
+            statuses.push(request.send().await.expect("request").status().as_u16());
+        }
+        statuses
+    }
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// An in-process limiter on a clock that only moves when the test says, so counts are exact.
+fn manual_limiter() -> (Arc<RateLimiter>, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(T0));
+    let limiter = RateLimiter::new(
+        Backend::Memory,
+        Duration::from_millis(25),
+        OnError::Local,
+        10_000,
+        clock.clone(),
+    );
+    (Arc::new(limiter), clock)
+}
+
+fn statuses(ok: usize, denied: usize) -> Vec<u16> {
+    let mut expected = vec![200; ok];
+    expected.extend(std::iter::repeat_n(429, denied));
+    expected
+}
+
+fn header<'a>(response: &'a reqwest::Response, name: &str) -> Option<&'a str> {
+    response.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+fn sliding_window(limit: u64) -> Algorithm {
+    Algorithm::SlidingWindow {
+        limit,
+        period_ms: 60_000,
+    }
+}
+
+#[tokio::test]
+async fn admits_exactly_the_burst_then_refills() {
+    let (limiter, clock) = manual_limiter();
+    let layer = RateLimitLayer::builder()
+        .limiter(limiter)
+        .scope("api")
+        .limit_by(
+            "per-ip",
+            ["ip"],
+            Algorithm::TokenBucket {
+                rate: parse_rate("5/s").unwrap(),
+                burst: 10,
+            },
+        )
+        .build()
+        .unwrap();
+    let app = serve(layer, Peer::ConnectInfo).await;
+
+    assert_eq!(app.hammer(13, &[]).await, statuses(10, 3));
+    assert_eq!(app.calls(), 10);
+    // 400 ms at 5 per second refill exactly two tokens.
+    clock.advance(400);
+    assert_eq!(app.hammer(3, &[]).await, statuses(2, 1));
+    assert_eq!(app.calls(), 12);
+}
+
+#[tokio::test]
+async fn refusal_carries_the_json_body_and_rate_limit_headers() {
+    let (limiter, _clock) = manual_limiter();
+    let layer = RateLimitLayer::builder()
+        .limiter(limiter)
+        .scope("api")
+        .limit_by("per-ip", ["ip"], sliding_window(2))
+        .build()
+        .unwrap();
+    let app = serve(layer, Peer::ConnectInfo).await;
+    let client = client();
+
+    let first = client.get(app.url()).send().await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(header(&first, "x-inner"), Some("yes"));
+    assert_eq!(header(&first, "x-ratelimit-limit"), Some("2"));
+    assert_eq!(header(&first, "x-ratelimit-remaining"), Some("1"));
+    assert_eq!(
+        header(&first, "ratelimit-policy"),
+        Some("\"per-ip\";q=2;w=60")
+    );
+    assert_eq!(first.text().await.unwrap(), "items\n");
+    assert_eq!(
+        client.get(app.url()).send().await.unwrap().status(),
+        StatusCode::OK
+    );
+
+    let denied = client.get(app.url()).send().await.unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&denied, "content-type"), Some("application/json"));
+    assert_eq!(header(&denied, "x-inner"), None);
+    assert_eq!(header(&denied, "x-ratelimit-limit"), Some("2"));
+    assert_eq!(header(&denied, "x-ratelimit-remaining"), Some("0"));
+    assert_eq!(
+        header(&denied, "ratelimit-policy"),
+        Some("\"per-ip\";q=2;w=60")
+    );
+    let retry_after: u64 = header(&denied, "retry-after").unwrap().parse().unwrap();
+    let reset = header(&denied, "x-ratelimit-reset").unwrap().to_owned();
+    assert_eq!(
+        header(&denied, "ratelimit"),
+        Some(format!("\"per-ip\";r=0;t={reset}").as_str())
+    );
+    let body: serde_json::Value = serde_json::from_str(&denied.text().await.unwrap()).unwrap();
+    assert_eq!(body["error"], "rate_limited");
+    assert_eq!(body["route"], "api");
+    assert_eq!(body["limit"], "per-ip");
+    let retry_after_ms = body["retry_after_ms"].as_u64().unwrap();
+    assert!(retry_after_ms > 0);
+    assert_eq!(retry_after, retry_after_ms.div_ceil(1000).max(1));
+    let fields: Vec<&str> = body
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(fields, ["error", "route", "limit", "retry_after_ms"]);
+}
+
+#[tokio::test]
+async fn denied_requests_never_reach_the_inner_service() {
+    let (limiter, _clock) = manual_limiter();
+    let layer = RateLimitLayer::builder()
+        .limiter(limiter)
+        .scope("api")
+        .limit_by("per-ip", ["ip"], sliding_window(1))
+        .build()
+        .unwrap();
+    let app = serve(layer, Peer::ConnectInfo).await;
+
+    assert_eq!(app.hammer(20, &[]).await, statuses(1, 19));
+    assert_eq!(app.calls(), 1);
+}
+
+#[tokio::test]
+async fn api_keys_have_budgets_of_their_own() {
+    let (limiter, _clock) = manual_limiter();
+    let layer = RateLimitLayer::builder()
+        .limiter(limiter)
+        .scope("api")
+        .limit_by("per-key", ["header:x-api-key"], sliding_window(2))
+        .build()
+        .unwrap();
+    let app = serve(layer, Peer::ConnectInfo).await;
+
+    assert_eq!(
+        app.hammer(3, &[("x-api-key", "alpha")]).await,
+        statuses(2, 1)
+    );
+    assert_eq!(
+        app.hammer(3, &[("x-api-key", "beta")]).await,
+        statuses(2, 1)
+    );
+    // Without the header the client address is the key (`missing: ip`): a third budget.
+    assert_eq!(app.hammer(3, &[]).await, statuses(2, 1));
+    assert_eq!(
+        app.hammer(1, &[("x-api-key", "alpha")]).await,
+        statuses(0, 1)
+    );
+    assert_eq!(app.calls(), 6);
+}
+
+#[tokio::test]
+async fn missing_key_part_can_skip_the_limit() {
+    let (limiter, _clock) = manual_limiter();
+    let skip = LimitSettings {
+        limit: Limit::new("per-key", sliding_window(1), 1).unwrap(),
+        key: KeySpec::new(
+            vec![KeyPart::parse("header:x-api-key").unwrap()],
+            MissingKey::Skip,
+        ),
+    };
+    let layer = RateLimitLayer::builder()
+        .limiter(limiter)
+        .scope("api")
+        .limit(skip)
+        .build()
+        .unwrap();
+    let app = serve(layer, Peer::ConnectInfo).await;
+
+    assert_eq!(app.hammer(4, &[]).await, statuses(4, 0));
+    assert_eq!(app.hammer(2, &[("x-api-key", "k")]).await, statuses(1, 1));
+}
+
+/// An inner service that is never ready and must never be called.
+#[derive(Debug, Clone)]
+struct NeverReady;
+
+impl Service<Request<Body>> for NeverReady {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Pending
+    }
+
+    fn call(&mut self, _request: Request<Body>) -> Self::Future {
+        panic!("called without being ready");
+    }
+}
+
+fn request_from(peer: &str) -> Request<Body> {
+    let mut request = Request::get("/api/items")
+        .body(Body::empty())
+        .expect("request");
+    let addr: SocketAddr = peer.parse().expect("socket address");
+    request.extensions_mut().insert(ConnectInfo(addr));
+    request
+}
+
+#[tokio::test]
+async fn poll_ready_never_waits_and_refusals_skip_the_inner_service() {
+    let (limiter, _clock) = manual_limiter();
+    let layer = RateLimitLayer::builder()
+        .limiter(limiter)
+        .scope("api")
+        .limit_by("per-ip", ["ip"], sliding_window(1))
+        .build()
+        .unwrap();
+    let mut service = layer.layer(NeverReady);
+    let bound = Duration::from_secs(1);
+
+    // Ready at once although the inner service never is.
+    tokio::time::timeout(bound, service.ready())
+        .await
+        .expect("poll_ready waited")
+        .unwrap();
+    // The admitted request waits for the inner service, as it must...
+    let admitted = service.call(request_from("192.0.2.1:4000"));
+    assert!(tokio::time::timeout(Duration::from_millis(100), admitted)
+        .await
+        .is_err());
+    // ...while the refused one is answered without it.
+    service.ready().await.unwrap();
+    let refused = tokio::time::timeout(bound, service.call(request_from("192.0.2.1:4001")))
+        .await
+        .expect("refusal waited")
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Another client's budget is untouched.
+    service.ready().await.unwrap();
+    let other = service.call(request_from("198.51.100.7:4000"));
+    assert!(tokio::time::timeout(Duration::from_millis(100), other)
+        .await
+        .is_err());
+}
+
+#[tokio::test]
+async fn limits_a_plain_hyper_service() {
+    use http_body_util::Full;
+    use hyper::body::Incoming;
+    use hyper_util::rt::TokioIo;
+
+    let (limiter, _clock) = manual_limiter();
+    let layer = RateLimitLayer::builder()
+        .limiter(limiter)
+        .scope("api")
+        .limit_by("per-ip", ["ip"], sliding_window(2))
+        .build()
+        .unwrap();
+    // Hyper's own body types on both sides: `Incoming` in, `Full` out.
+    let hello = tower::service_fn(|_request: Request<Incoming>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::from_static(b"hi\n"))))
+    });
+    let service = layer.layer(hello);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        loop {
+            let Ok((stream, peer)) = listener.accept().await else {
+                return;
+            };
+            let service = service.clone();
+            // Plain hyper has no `ConnectInfo`: the server puts the peer where the layer looks for it.
+            let per_request = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+                request.extensions_mut().insert(ConnectInfo(peer));
+                service.clone().oneshot(request)
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), per_request),
+            );
+        }
+    });
+    let client = client();
+    let url = format!("http://{addr}/");
+
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let response = client.get(&url).send().await.unwrap();
+        seen.push((response.status().as_u16(), response.text().await.unwrap()));
+    }
+    assert_eq!(seen[0], (200, "hi\n".to_owned()));
+    assert_eq!(seen[1].0, 200);
+    assert_eq!(seen[2].0, 429);
+    assert!(seen[2].1.contains("\"rate_limited\""), "{}", seen[2].1);
+    server.abort();
+}
+
+#[tokio::test]
+async fn headers_on_admitted_responses_can_be_turned_off() {
+    let (limiter, _clock) = manual_limiter();
+    let layer = RateLimitLayer::builder()
+        .limiter(limiter)
+        .scope("api")
+        .limit_by("per-ip", ["ip"], sliding_window(1))
+        .headers(false)
+        .build()
+        .unwrap();
+    let app = serve(layer, Peer::ConnectInfo).await;
+    let client = client();
+
+    let admitted = client.get(app.url()).send().await.unwrap();
+    assert_eq!(admitted.status(), StatusCode::OK);
+    assert_eq!(header(&admitted, "x-ratelimit-limit"), None);
+    assert_eq!(header(&admitted, "ratelimit-policy"), None);
+    let denied = client.get(app.url()).send().await.unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&denied, "x-ratelimit-limit"), Some("1"));
+}
+
+#[tokio::test]
+async fn deny_status_is_configurable() {
+    let (limiter, _clock) = manual_limiter();
+    let layer = RateLimitLayer::builder()
+        .limiter(limiter)
+        .scope("api")
+        .limit_by("per-ip", ["ip"], sliding_window(1))
+        .deny_status(StatusCode::SERVICE_UNAVAILABLE)
+        .build()
+        .unwrap();
+    let app = serve(layer, Peer::ConnectInfo).await;
+    assert_eq!(app.hammer(2, &[]).await, [200, 503]);
+}
+
+#[tokio::test]
+async fn leaky_bucket_delay_holds_the_request_before_the_inner_service() {
+    // Real time: the hold is a real sleep. One request per 200 ms, a meter of one.
+    let layer = RateLimitLayer::builder()
+        .memory_store()
+        .scope("api")
+        .limit_by(
+            "smooth",
+            ["ip"],
+            Algorithm::LeakyBucket {
+                rate: Rate::new(5, 1_000).unwrap(),
+                burst: 1,
+                mode: LeakyMode::Delay {
+                    max_delay_ms: 1_000,
+                },
+            },
+        )
+        .build()
+        .unwrap();
+    let app = serve(layer, Peer::ConnectInfo).await;
+    let client = client();
+
+    let started = Instant::now();
+    assert_eq!(client.get(app.url()).send().await.unwrap().status(), 200);
+    assert_eq!(client.get(app.url()).send().await.unwrap().status(), 200);
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(150),
+        "held only {elapsed:?}"
+    );
+    assert_eq!(app.calls(), 2);
+}
+
+#[tokio::test]
+async fn without_connect_info_every_client_shares_one_address() {
+    let (limiter, _clock) = manual_limiter();
+    let layer = RateLimitLayer::builder()
+        .limiter(limiter.clone())
+        .scope("api")
+        .limit_by("per-ip", ["ip"], sliding_window(2))
+        .build()
+        .unwrap();
+    let app = serve(layer, Peer::Missing).await;
+
+    assert_eq!(app.hammer(3, &[]).await, statuses(2, 1));
+    // What clients say of themselves changes nothing: no peer is trusted.
+    let spoofed = [("x-forwarded-for", "203.0.113.9")];
+    assert_eq!(app.hammer(1, &spoofed).await, statuses(0, 1));
+    assert_eq!(limiter.local().len(), 1);
+}
+
+#[tokio::test]
+async fn from_route_applies_a_gateway_config_route() {
+    let yaml = r#"
+store:
+  backend: memory
+  key_prefix: "app:"
+routes:
+  - name: demo
+    match: { path_prefix: /demo }
+    respond: { status: 200 }
+    limits:
+      - name: per-ip
+        key: ip
+        algorithm: fixed_window
+        limit: 3
+        period: 1m
+  - name: api
+    match: { path_prefix: /api }
+    respond: { status: 200 }
+    deny_status: 503
+    headers: false
+    limits:
+      - name: per-ip
+        key: ip
+        algorithm: sliding_log
+        limit: 2
+        period: 1m
+      - name: per-tenant
+        key: [query:tenant]
+        missing: skip
+        algorithm: gcra
+        rate: 1/1m
+        burst: 1
+"#;
+    let config = tollgate::config::parse(yaml, Path::new("layer-test.yaml")).unwrap();
+    let (limiter, _clock) = manual_limiter();
+    let layer = RateLimitLayer::from_route(&config, "api")
+        .unwrap()
+        .limiter(limiter.clone())
+        .build()
+        .unwrap();
+    assert_eq!(layer.scope(), "api");
+    let names: Vec<&str> = layer
+        .limits()
+        .limits()
+        .iter()
+        .map(|l| l.limit.name())
+        .collect();
+    assert_eq!(names, ["per-ip", "per-tenant"]);
+    let app = serve(layer, Peer::ConnectInfo).await;
+    let client = client();
+
+    let admitted = client.get(app.url()).send().await.unwrap();
+    assert_eq!(admitted.status(), StatusCode::OK);
+    assert_eq!(header(&admitted, "x-ratelimit-limit"), None);
+    assert_eq!(app.hammer(2, &[]).await, [200, 503]);
+    assert_eq!(limiter.local().len(), 1);
+
+    assert!(matches!(
+        RateLimitLayer::from_route(&config, "nope"),
+        Err(LayerError::UnknownRoute(name)) if name == "nope"
+    ));
+}
+
+#[test]
+fn builder_reports_mistakes() {
+    let ok = || RateLimitLayer::builder().memory_store().scope("api");
+    let error = |builder: tollgate::layer::Builder| builder.build().unwrap_err();
+
+    assert_eq!(
+        error(
+            RateLimitLayer::builder()
+                .scope("api")
+                .limit_by("l", ["ip"], sliding_window(1))
+        ),
+        LayerError::NoLimiter
+    );
+    assert_eq!(
+        error(
+            RateLimitLayer::builder()
+                .memory_store()
+                .limit_by("l", ["ip"], sliding_window(1))
+        ),
+        LayerError::MissingName("scope")
+    );
+    assert_eq!(
+        error(ok()),
+        LayerError::NoLimits {
+            scope: "api".into()
+        }
+    );
+    assert_eq!(
+        error(ok().limit_by("l", ["ip"], sliding_window(1)).limit_by(
+            "l",
+            ["route"],
+            sliding_window(2)
+        )),
+        LayerError::DuplicateLimit {
+            scope: "api".into(),
+            limit: "l".into()
+        }
+    );
+    let bad_part = error(ok().limit_by("l", ["cookie:session"], sliding_window(1)));
+    assert!(matches!(bad_part, LayerError::Key { ref limit, .. } if limit == "l"));
+    assert!(
+        bad_part.to_string().contains("unknown key part"),
+        "{bad_part}"
+    );
+    let zero = error(ok().limit_by("l", ["ip"], sliding_window(0)));
+    assert!(matches!(zero, LayerError::Limit { ref limit, .. } if limit == "l"));
+    assert_eq!(
+        error(ok().limit_by("", ["ip"], sliding_window(1))),
+        LayerError::MissingName("limit")
+    );
+    assert!(ok()
+        .limit_by("l", Vec::<String>::new(), sliding_window(1))
+        .build()
+        .is_ok());
+}
+
+/// A Redis limiter that refuses (503) when Redis fails.
+async fn redis_limiter(url: &str, timeout: Duration) -> Arc<RateLimiter> {
+    let store = RedisStore::connect(url, 2).expect("redis url");
+    Arc::new(RateLimiter::new(
+        Backend::Redis(store),
+        timeout,
+        OnError::Deny,
+        10_000,
+        Arc::new(tollgate::limiter::SystemClock),
+    ))
+}
+
+#[tokio::test]
+async fn redis_store_is_shared_between_apps_with_the_gateway_key_layout() {
+    let redis = RedisServer::start();
+    let layer = |limiter: Arc<RateLimiter>| {
+        RateLimitLayer::builder()
+            .limiter(limiter)
+            .scope("api")
+            .key_prefix("t:")
+            .limit_by(
+                "per-ip",
+                ["ip"],
+                Algorithm::FixedWindow {
+                    limit: 3,
+                    period_ms: 60_000,
+                },
+            )
+            .build()
+            .unwrap()
+    };
+    // Two apps with limiters of their own, as two instances of a service would have.
+    let mut apps = Vec::new();
+    for _ in 0..2 {
+        let limiter = redis_limiter(&redis.url(), Duration::from_millis(500)).await;
+        let Backend::Redis(store) = limiter.backend() else {
+            unreachable!("a redis limiter");
+        };
+        assert!(store.wait_connected(Duration::from_secs(5)).await);
+        apps.push(serve(layer(limiter), Peer::ConnectInfo).await);
+    }
+
+    assert_eq!(apps[0].hammer(2, &[]).await, statuses(2, 0));
+    assert_eq!(apps[1].hammer(3, &[]).await, statuses(1, 2));
+    assert_eq!(apps[0].hammer(1, &[]).await, statuses(0, 1));
+    assert_eq!(apps[0].calls() + apps[1].calls(), 3);
+    assert_eq!(
+        redis
+            .cli(&["EXISTS", "t:api:per-ip:{127.0.0.1}"])
+            .as_deref(),
+        Some("1")
+    );
+}
+
+#[tokio::test]
+async fn store_failure_with_on_error_deny_answers_503() {
+    // Nothing listens there: every check fails and the policy refuses.
+    let dead = format!("redis://127.0.0.1:{}", common::free_port());
+    let limiter = redis_limiter(&dead, Duration::from_millis(100)).await;
+    let layer = RateLimitLayer::builder()
+        .limiter(limiter)
+        .scope("api")
+        .limit_by("per-ip", ["ip"], sliding_window(10))
+        .build()
+        .unwrap();
+    let app = serve(layer, Peer::ConnectInfo).await;
+
+    let response = client().get(app.url()).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: serde_json::Value = serde_json::from_str(&response.text().await.unwrap()).unwrap();
+    assert_eq!(
+        body,
+        serde_json::json!({"error": "limiter_unavailable", "route": "api"})
+    );
+    assert_eq!(app.calls(), 0);
+}
