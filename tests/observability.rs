@@ -13,8 +13,8 @@ use tokio::net::TcpListener;
 
 /// Serves the admin router of `gateway` on a free port; returns its base URL.
 async fn admin(gateway: &TestGateway) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind admin");
+    let addr = listener.local_addr().expect("admin addr");
     let router = tollgate::admin::router(Arc::clone(&gateway.gateway));
     tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
