@@ -1,0 +1,384 @@
+//! The Redis store on every deployment it supports: Cluster (keys in several slots), Sentinel (with a failover
+//! under traffic), password and ACL authentication, and TLS.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use common::cluster::RedisCluster;
+use common::http_client::client;
+use common::redis::RedisServer;
+use common::sentinel::RedisSentinel;
+use common::{start_gateway, start_gateway_without_waiting, TestGateway};
+use fred::util::redis_keyslot;
+use proptest::prelude::*;
+use tollgate::limiter::store::{LimitCheck, MemoryStore, RedisStore, RedisTopology};
+use tollgate::limiter::{Algorithm, Limit, ManualClock, Rate};
+
+/// A gateway config with one direct-response route `/spread` and `limits` (YAML list items, indented by 6).
+fn gateway_yaml(store: &str, limits: &str) -> String {
+    format!(
+        r#"listen: 127.0.0.1:0
+store:
+{store}routes:
+  - name: spread
+    match: {{ path_prefix: /spread }}
+    respond: {{ status: 200, body: "ok" }}
+    limits:
+{limits}"#
+    )
+}
+
+/// Three limits keyed by client address, tenant header and route: on Redis Cluster their keys hash to three
+/// different slots (checked by the tests), owned by three different nodes.
+const THREE_KEYS: &str = r#"      - name: per-ip
+        key: ip
+        algorithm: token_bucket
+        rate: 5/1d
+        burst: 5
+      - name: per-tenant
+        key: header:x-tenant
+        missing: skip
+        algorithm: sliding_log
+        limit: 3
+        period: 1h
+      - name: per-route
+        key: route
+        algorithm: gcra
+        rate: 10/1d
+        burst: 10
+"#;
+
+/// Sends `n` GETs to `/spread`, one after another, with `x-tenant: tenant` when given; returns the statuses.
+async fn send(gateway: &TestGateway, n: usize, tenant: Option<&str>) -> Vec<u16> {
+    let client = client();
+    let mut statuses = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut request = client.get(gateway.url("/spread"));
+        if let Some(tenant) = tenant {
+            request = request.header("x-tenant", tenant);
+        }
+        statuses.push(request.send().await.expect("request").status().as_u16());
+    }
+    statuses
+}
+
+fn count(statuses: &[u16], status: u16) -> usize {
+    statuses.iter().filter(|s| **s == status).count()
+}
+
+// === Redis Cluster ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_limits_over_three_slots_admit_exactly_and_denials_consume_nothing() {
+    let cluster = RedisCluster::start();
+    let ip_key = "tollgate:spread:per-ip:{127.0.0.1}";
+    let route_key = "tollgate:spread:per-route:{spread}";
+    let tenant_keys = [
+        "tollgate:spread:per-tenant:{alpha}",
+        "tollgate:spread:per-tenant:{two}",
+    ];
+    let slots: Vec<u16> = [ip_key, route_key, tenant_keys[0], tenant_keys[1]]
+        .iter()
+        .map(|k| redis_keyslot(k.as_bytes()))
+        .collect();
+    assert!(
+        slots[0] != slots[1] && slots[1] != slots[2] && slots[0] != slots[2] && slots[3] != slots[0],
+        "the test keys must hash to different slots: {slots:?}"
+    );
+
+    let store = format!(
+        "  backend: redis\n  url: {}\n  timeout: 2s\n  on_error: deny\n",
+        cluster.url()
+    );
+    let gateway = start_gateway(&gateway_yaml(&store, THREE_KEYS)).await;
+
+    // Tenant alpha: 3 admitted, then denied by per-tenant alone; the denials must take nothing from per-ip.
+    let alpha = send(&gateway, 8, Some("alpha")).await;
+    assert_eq!(alpha, [200, 200, 200, 429, 429, 429, 429, 429]);
+    // Tenant two: per-ip has 2 of its 5 tokens left.
+    let two = send(&gateway, 4, Some("two")).await;
+    assert_eq!(two, [200, 200, 429, 429]);
+    // Only per-route and per-ip apply now, and per-ip is empty.
+    assert_eq!(send(&gateway, 2, None).await, [429, 429]);
+
+    // Five admissions in all: per-route (burst 10) has 5 left, whatever the denials did.
+    let per_node = cluster.keys_per_node("tollgate:*");
+    let nodes_with_keys = per_node.iter().filter(|keys| !keys.is_empty()).count();
+    assert_eq!(nodes_with_keys, 3, "keys per node: {per_node:?}");
+    for key in [ip_key, route_key, tenant_keys[0], tenant_keys[1]] {
+        assert_eq!(
+            cluster.cli_cluster(&["EXISTS", key]).as_deref(),
+            Some("1"),
+            "{key} through redis-cli -c"
+        );
+    }
+    assert_eq!(
+        cluster
+            .cli_cluster(&["ZCARD", tenant_keys[0]])
+            .as_deref(),
+        Some("3")
+    );
+    assert_eq!(
+        cluster
+            .cli_cluster(&["ZCARD", tenant_keys[1]])
+            .as_deref(),
+        Some("2")
+    );
+    let route = client()
+        .get(gateway.url("/spread"))
+        .header("x-tenant", "fresh")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(route.status(), 429, "per-ip is still empty");
+    assert!(
+        !gateway.gateway.limiter().fallback_active(),
+        "every decision came from the cluster"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_store_checks_keys_in_three_slots_and_reloads_the_script_on_every_primary() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::connect(&cluster.url(), 2).expect("connect");
+    assert_eq!(store.topology(), RedisTopology::Cluster);
+    assert!(store.wait_connected(Duration::from_secs(10)).await);
+
+    // Hash tags chosen so that the three keys live on the three nodes (slot ranges of `--cluster create`).
+    let keys = ["t:a:{alpha}", "t:b:{spread}", "t:c:{127.0.0.1}"];
+    let mut slots: Vec<u16> = keys.iter().map(|k| redis_keyslot(k.as_bytes())).collect();
+    slots.dedup();
+    assert_eq!(slots.len(), 3, "three different slots");
+
+    let one = Limit::new(
+        "one",
+        Algorithm::FixedWindow {
+            limit: 1,
+            period_ms: 60_000,
+        },
+        1,
+    )
+    .expect("valid");
+    let three = Limit::new(
+        "three",
+        Algorithm::FixedWindow {
+            limit: 3,
+            period_ms: 60_000,
+        },
+        1,
+    )
+    .expect("valid");
+    let log = Limit::new(
+        "log",
+        Algorithm::SlidingLog {
+            limit: 3,
+            period_ms: 60_000,
+        },
+        1,
+    )
+    .expect("valid");
+    let all = [
+        LimitCheck {
+            key: keys[0],
+            limit: &one,
+        },
+        LimitCheck {
+            key: keys[1],
+            limit: &three,
+        },
+        LimitCheck {
+            key: keys[2],
+            limit: &log,
+        },
+    ];
+    // Aligned to the 1-minute window, in the past: the keys expire on their own within a minute.
+    let now = 28_000_000 * 60_000;
+
+    let first = store.check(&all, Some(now)).await.expect("first");
+    assert!(first.allowed);
+    let remaining: Vec<u64> = first.decisions.iter().map(|d| d.remaining).collect();
+    assert_eq!(remaining, [0, 2, 2]);
+
+    // Denied by `one`: the dry run spares the other two slots.
+    let second = store.check(&all, Some(now + 1)).await.expect("second");
+    assert!(!second.allowed);
+    let allowed: Vec<bool> = second.decisions.iter().map(|d| d.allowed).collect();
+    assert_eq!(allowed, [false, true, true]);
+    let remaining: Vec<u64> = second.decisions.iter().map(|d| d.remaining).collect();
+    assert_eq!(remaining, [0, 2, 2], "standing state, nothing consumed");
+
+    // Redis forgets the script on every primary (as after a failover or a restart): reloaded where needed.
+    for node in 0..3 {
+        assert_eq!(cluster.cli(node, &["SCRIPT", "FLUSH"]).as_deref(), Some("OK"));
+    }
+    let third = store.check(&all[1..], Some(now + 2)).await.expect("third");
+    assert!(third.allowed);
+    let remaining: Vec<u64> = third.decisions.iter().map(|d| d.remaining).collect();
+    assert_eq!(remaining, [1, 1], "the denied request consumed nothing");
+
+    let per_node = cluster.keys_per_node("t:*");
+    assert!(
+        per_node.iter().all(|keys| keys.len() == 1),
+        "one key on each node: {per_node:?}"
+    );
+}
+
+/// The cluster, a store on it and a runtime, shared by the property test's cases.
+struct ClusterFixture {
+    _cluster: RedisCluster,
+    store: RedisStore,
+    runtime: tokio::runtime::Runtime,
+    case: AtomicUsize,
+}
+
+fn cluster_fixture() -> &'static ClusterFixture {
+    static FIXTURE: OnceLock<ClusterFixture> = OnceLock::new();
+    FIXTURE.get_or_init(|| {
+        let cluster = RedisCluster::start();
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let store = runtime.block_on(async {
+            let store = RedisStore::connect(&cluster.url(), 1).expect("connect");
+            assert!(store.wait_connected(Duration::from_secs(10)).await);
+            store
+        });
+        ClusterFixture {
+            _cluster: cluster,
+            store,
+            runtime,
+            case: AtomicUsize::new(0),
+        }
+    })
+}
+
+fn small_algorithm() -> impl Strategy<Value = Algorithm> {
+    let period = prop_oneof![Just(1_000u64), 1u64..5_000];
+    let rate = (1u64..20, period.clone())
+        .prop_map(|(count, period_ms)| Rate::new(count, period_ms).expect("positive"));
+    prop_oneof![
+        (1u64..6, period.clone())
+            .prop_map(|(limit, period_ms)| Algorithm::FixedWindow { limit, period_ms }),
+        (1u64..6, rate.clone()).prop_map(|(burst, rate)| Algorithm::Gcra { rate, burst }),
+        (1u64..6, period)
+            .prop_map(|(limit, period_ms)| Algorithm::SlidingLog { limit, period_ms }),
+        (1u64..6, rate).prop_map(|(burst, rate)| Algorithm::TokenBucket { rate, burst }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Across slots (a dry run, then the commits) the cluster decides exactly as one atomic call would: as the
+    /// in-process store does, including "a denied request consumes nothing".
+    #[test]
+    fn cluster_across_slots_decides_like_the_memory_store(
+        first in small_algorithm(),
+        second in small_algorithm(),
+        steps in prop::collection::vec((prop_oneof![Just(0i64), 0i64..1_500], 1u64..3), 1..30),
+    ) {
+        let fx = cluster_fixture();
+        let case = fx.case.fetch_add(1, Ordering::SeqCst);
+        let memory = MemoryStore::new(10_000, Arc::new(ManualClock::new(0)));
+        let key_a = format!("p:a:{{a{case}}}");
+        let key_b = format!("p:b:{{b{case}x}}");
+        prop_assert_ne!(redis_keyslot(key_a.as_bytes()), redis_keyslot(key_b.as_bytes()));
+        let mut now: i64 = 1_700_000_000_000;
+        for (i, (delta, cost)) in steps.into_iter().enumerate() {
+            now += delta;
+            let a = Limit::new("a", first, cost.min(first.capacity())).expect("valid");
+            let b = Limit::new("b", second, cost.min(second.capacity())).expect("valid");
+            let checks = [
+                LimitCheck { key: &key_a, limit: &a },
+                LimitCheck { key: &key_b, limit: &b },
+            ];
+            let expected = memory.check_at(now, &checks);
+            let actual = fx.runtime.block_on(fx.store.check(&checks, Some(now))).expect("redis");
+            prop_assert_eq!(&actual, &expected, "step {} at {} (cost {})", i, now, cost);
+        }
+    }
+}
+
+// === Sentinel ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_limits_and_keeps_limiting_on_the_new_master_after_a_failover() {
+    let sentinel = Arc::new(RedisSentinel::start());
+    let store = format!(
+        "  backend: redis\n  url: \"{}\"\n  timeout: 1s\n  on_error: local\n",
+        sentinel.url()
+    );
+    let limits = "      - name: per-tenant\n        key: header:x-tenant\n        algorithm: sliding_log\n        limit: 5\n        period: 1h\n";
+    let gateway = Arc::new(start_gateway(&gateway_yaml(&store, limits)).await);
+
+    let before = send(&gateway, 7, Some("before")).await;
+    assert_eq!(before, [200, 200, 200, 200, 200, 429, 429]);
+    let key = "tollgate:spread:per-tenant:{before}";
+    assert_eq!(
+        sentinel
+            .cli(sentinel.master_port, &["ZCARD", key])
+            .as_deref(),
+        Some("5"),
+        "counted on the master"
+    );
+
+    // Traffic throughout the failover: every answer must be a decision (200 or 429), never an error.
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = tokio::spawn({
+        let gateway = gateway.clone();
+        let stop = stop.clone();
+        async move {
+            let client = client();
+            let mut statuses = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let response = client
+                    .get(gateway.url("/spread"))
+                    .header("x-tenant", "traffic")
+                    .send()
+                    .await
+                    .expect("request");
+                statuses.push(response.status().as_u16());
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            statuses
+        }
+    });
+
+    let new_master = tokio::task::spawn_blocking({
+        let sentinel = sentinel.clone();
+        move || sentinel.failover()
+    })
+    .await
+    .expect("failover");
+    assert_eq!(new_master, sentinel.replica_port);
+
+    // Within a bounded time the gateway limits on the new master: a fresh key is admitted exactly 5 times and
+    // its state is on the promoted server.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let tenant = format!("after-{attempt}");
+        let statuses = send(&gateway, 7, Some(&tenant)).await;
+        let key = format!("tollgate:spread:per-tenant:{{{tenant}}}");
+        let on_new_master = sentinel.cli(new_master, &["ZCARD", &key]);
+        if statuses == [200, 200, 200, 200, 200, 429, 429] && on_new_master.as_deref() == Some("5")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "limiting never moved to the new master: {statuses:?}, ZCARD there {on_new_master:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    stop.store(true, Ordering::Relaxed);
+    let statuses = traffic.await.expect("traffic task");
+    assert!(!statuses.is_empty());
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 429),
+        "only decisions during the failover: {statuses:?}"
+    );
+}
