@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -11,9 +13,10 @@ use common::cluster::RedisCluster;
 use common::http_client::client;
 use common::redis::RedisServer;
 use common::sentinel::RedisSentinel;
-use common::{start_gateway, start_gateway_without_waiting, TestGateway};
+use common::{free_port, start_gateway, start_gateway_without_waiting, TestGateway};
 use fred::util::redis_keyslot;
 use proptest::prelude::*;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
 use tollgate::limiter::store::{LimitCheck, MemoryStore, RedisStore, RedisTopology};
 use tollgate::limiter::{Algorithm, Limit, ManualClock, Rate};
 
@@ -85,7 +88,10 @@ async fn cluster_limits_over_three_slots_admit_exactly_and_denials_consume_nothi
         .map(|k| redis_keyslot(k.as_bytes()))
         .collect();
     assert!(
-        slots[0] != slots[1] && slots[1] != slots[2] && slots[0] != slots[2] && slots[3] != slots[0],
+        slots[0] != slots[1]
+            && slots[1] != slots[2]
+            && slots[0] != slots[2]
+            && slots[3] != slots[0],
         "the test keys must hash to different slots: {slots:?}"
     );
 
@@ -116,15 +122,11 @@ async fn cluster_limits_over_three_slots_admit_exactly_and_denials_consume_nothi
         );
     }
     assert_eq!(
-        cluster
-            .cli_cluster(&["ZCARD", tenant_keys[0]])
-            .as_deref(),
+        cluster.cli_cluster(&["ZCARD", tenant_keys[0]]).as_deref(),
         Some("3")
     );
     assert_eq!(
-        cluster
-            .cli_cluster(&["ZCARD", tenant_keys[1]])
-            .as_deref(),
+        cluster.cli_cluster(&["ZCARD", tenant_keys[1]]).as_deref(),
         Some("2")
     );
     let route = client()
@@ -212,7 +214,10 @@ async fn cluster_store_checks_keys_in_three_slots_and_reloads_the_script_on_ever
 
     // Redis forgets the script on every primary (as after a failover or a restart): reloaded where needed.
     for node in 0..3 {
-        assert_eq!(cluster.cli(node, &["SCRIPT", "FLUSH"]).as_deref(), Some("OK"));
+        assert_eq!(
+            cluster.cli(node, &["SCRIPT", "FLUSH"]).as_deref(),
+            Some("OK")
+        );
     }
     let third = store.check(&all[1..], Some(now + 2)).await.expect("third");
     assert!(third.allowed);
@@ -261,8 +266,7 @@ fn small_algorithm() -> impl Strategy<Value = Algorithm> {
         (1u64..6, period.clone())
             .prop_map(|(limit, period_ms)| Algorithm::FixedWindow { limit, period_ms }),
         (1u64..6, rate.clone()).prop_map(|(burst, rate)| Algorithm::Gcra { rate, burst }),
-        (1u64..6, period)
-            .prop_map(|(limit, period_ms)| Algorithm::SlidingLog { limit, period_ms }),
+        (1u64..6, period).prop_map(|(limit, period_ms)| Algorithm::SlidingLog { limit, period_ms }),
         (1u64..6, rate).prop_map(|(burst, rate)| Algorithm::TokenBucket { rate, burst }),
     ]
 }
@@ -380,5 +384,239 @@ async fn sentinel_limits_and_keeps_limiting_on_the_new_master_after_a_failover()
     assert!(
         statuses.iter().all(|s| *s == 200 || *s == 429),
         "only decisions during the failover: {statuses:?}"
+    );
+}
+
+// === Authentication ===
+
+/// One limit keyed by the tenant header: 3 per hour.
+const PER_TENANT_3: &str = "      - name: per-tenant\n        key: header:x-tenant\n        algorithm: sliding_log\n        limit: 3\n        period: 1h\n";
+
+/// A store section for `url` that makes any Redis error visible as 503.
+fn deny_on_error(url: &str, timeout: &str) -> String {
+    format!("  backend: redis\n  url: \"{url}\"\n  timeout: {timeout}\n  on_error: deny\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_protected_redis_limits_with_the_right_password() {
+    let redis = RedisServer::start_with_password("pa:ss@word");
+    // Reserved characters in the password are percent-encoded in the URL.
+    let url = format!("redis://:pa%3Ass%40word@127.0.0.1:{}", redis.port);
+    let gateway = start_gateway(&gateway_yaml(&deny_on_error(&url, "2s"), PER_TENANT_3)).await;
+    assert_eq!(send(&gateway, 4, Some("t")).await, [200, 200, 200, 429]);
+    assert_eq!(
+        redis
+            .cli(&["ZCARD", "tollgate:spread:per-tenant:{t}"])
+            .as_deref(),
+        Some("3")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_user_limits_within_its_key_pattern_and_is_refused_outside_it() {
+    let redis = RedisServer::start_with_password("admin");
+    for (user, pattern) in [("tollgate", "~tollgate:*"), ("elsewhere", "~other:*")] {
+        assert_eq!(
+            redis
+                .cli(&["ACL", "SETUSER", user, "on", ">secret", pattern, "+@all"])
+                .as_deref(),
+            Some("OK")
+        );
+    }
+
+    let url = format!("redis://tollgate:secret@127.0.0.1:{}", redis.port);
+    let gateway = start_gateway(&gateway_yaml(&deny_on_error(&url, "2s"), PER_TENANT_3)).await;
+    assert_eq!(send(&gateway, 4, Some("t")).await, [200, 200, 200, 429]);
+    assert_eq!(
+        redis
+            .cli(&["ZCARD", "tollgate:spread:per-tenant:{t}"])
+            .as_deref(),
+        Some("3")
+    );
+
+    // Logged in, but the keys are not this user's: every check fails (NOPERM), visibly.
+    let url = format!("redis://elsewhere:secret@127.0.0.1:{}", redis.port);
+    let gateway = start_gateway(&gateway_yaml(&deny_on_error(&url, "2s"), PER_TENANT_3)).await;
+    assert_eq!(send(&gateway, 2, Some("t")).await, [503, 503]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_credentials_make_the_store_fail_fast_instead_of_hanging() {
+    let redis = RedisServer::start_with_password("right");
+    for url in [
+        format!("redis://:wrong@127.0.0.1:{}", redis.port),
+        format!("redis://nobody:right@127.0.0.1:{}", redis.port),
+    ] {
+        let store = RedisStore::connect(&url, 1).expect("the URL itself is valid");
+        assert!(
+            !store.wait_connected(Duration::from_secs(1)).await,
+            "{url} must not connect"
+        );
+        let gateway = start_gateway_without_waiting(&gateway_yaml(
+            &deny_on_error(&url, "300ms"),
+            PER_TENANT_3,
+        ))
+        .await;
+        let started = Instant::now();
+        let statuses = send(&gateway, 5, Some("t")).await;
+        assert_eq!(count(&statuses, 503), 5, "{url}: {statuses:?}");
+        // Each request waits at most the store timeout; nothing queues behind a connection that never comes.
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{url}: {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+// === TLS ===
+
+/// A CA and a server certificate for 127.0.0.1 signed by it, as PEM files in `dir`: `(ca, cert, key)`.
+fn tls_files(dir: &Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let ca_key = KeyPair::generate().expect("ca key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, format!("tollgate test CA {name}"));
+    let ca = ca_params.self_signed(&ca_key).expect("ca cert");
+
+    let server_key = KeyPair::generate().expect("server key");
+    let mut server_params =
+        CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("server params");
+    server_params
+        .distinguished_name
+        .push(DnType::CommonName, "127.0.0.1");
+    let server = server_params
+        .signed_by(&server_key, &ca, &ca_key)
+        .expect("server cert");
+
+    let write = |file: &str, pem: String| {
+        let path = dir.join(format!("{name}-{file}"));
+        std::fs::write(&path, pem).expect("write pem");
+        path
+    };
+    (
+        write("ca.pem", ca.pem()),
+        write("cert.pem", server.pem()),
+        write("key.pem", server_key.serialize_pem()),
+    )
+}
+
+/// A `tollgate run` process, killed when dropped.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs the `tollgate` binary on `config`, trusting the certificates in `ca_file` (rustls-native-certs reads
+/// `SSL_CERT_FILE` instead of the system store); returns it, its URL once it accepts connections, and the file
+/// its output goes to.
+fn run_tollgate(dir: &Path, name: &str, store: &str, ca_file: &Path) -> (Process, String, PathBuf) {
+    let port = free_port();
+    let yaml = format!(
+        "listen: 127.0.0.1:{port}\nadmin:\n  listen: 127.0.0.1:{admin}\n{rest}",
+        admin = free_port(),
+        rest = gateway_yaml(store, PER_TENANT_3).trim_start_matches("listen: 127.0.0.1:0\n"),
+    );
+    let config = dir.join(format!("{name}.yaml"));
+    std::fs::write(&config, yaml).expect("write config");
+    let log_path = dir.join(format!("{name}.log"));
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["run", "--config", &config.to_string_lossy()])
+        .env_remove("TOLLGATE_CONFIG")
+        .env("SSL_CERT_FILE", ca_file)
+        .env_remove("SSL_CERT_DIR")
+        .stdout(log.try_clone().expect("log file"))
+        .stderr(log)
+        .spawn()
+        .expect("run tollgate");
+    let process = Process(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "tollgate on {port} did not start"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    (process, format!("http://127.0.0.1:{port}/spread"), log_path)
+}
+
+async fn get_status(url: &str, tenant: &str) -> u16 {
+    client()
+        .get(url)
+        .header("x-tenant", tenant)
+        .send()
+        .await
+        .expect("request")
+        .status()
+        .as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_limits_over_tls_trusting_only_the_configured_ca() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (ca, cert, key) = tls_files(dir.path(), "server");
+    let (other_ca, _, _) = tls_files(dir.path(), "other");
+    let tls_port = free_port();
+    // The plain port stays open for redis-cli; the gateway only ever gets the TLS port.
+    let redis = RedisServer::start_with(
+        free_port(),
+        &[
+            "--tls-port",
+            &tls_port.to_string(),
+            "--tls-cert-file",
+            &cert.to_string_lossy(),
+            "--tls-key-file",
+            &key.to_string_lossy(),
+            "--tls-ca-cert-file",
+            &ca.to_string_lossy(),
+            "--tls-auth-clients",
+            "no",
+        ],
+        &[],
+    );
+    let store = deny_on_error(&format!("rediss://127.0.0.1:{tls_port}"), "2s");
+
+    let (_trusting, url, _) = run_tollgate(dir.path(), "trusting", &store, &ca);
+    // Bounded wait for the first TLS connection (503 until then, with `on_error: deny`).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get_status(&url, "probe").await != 200 {
+        assert!(Instant::now() < deadline, "no TLS connection to redis");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(get_status(&url, "t").await);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    assert_eq!(
+        redis
+            .cli(&["ZCARD", "tollgate:spread:per-tenant:{t}"])
+            .as_deref(),
+        Some("3")
+    );
+
+    // A gateway that trusts another CA refuses the server's certificate: it found Redis unreachable during
+    // the two seconds it waits at start-up, and the store fails, visibly.
+    let (_distrusting, url, log) = run_tollgate(dir.path(), "distrusting", &store, &other_ca);
+    let output = std::fs::read_to_string(&log).expect("log");
+    assert!(output.contains("REDIS IS UNREACHABLE"), "{output}");
+    assert!(output.contains("redis connection failed"), "{output}");
+    for _ in 0..3 {
+        assert_eq!(get_status(&url, "u").await, 503);
+    }
+    assert_eq!(
+        redis
+            .cli(&["EXISTS", "tollgate:spread:per-tenant:{u}"])
+            .as_deref(),
+        Some("0")
     );
 }

@@ -55,7 +55,10 @@ impl RedisSentinel {
                 ),
             )
             .expect("write sentinel config");
-            vec![config.to_string_lossy().into_owned(), "--sentinel".to_owned()]
+            vec![
+                config.to_string_lossy().into_owned(),
+                "--sentinel".to_owned(),
+            ]
         });
         set.sentinel_port = sentinel_port;
         set.children.push(sentinel);
@@ -135,7 +138,8 @@ impl RedisSentinel {
 
     /// True when the sentinel lists the replica as a reachable replica whose link to the master is up.
     fn sentinel_sees_healthy_replica(&self) -> bool {
-        let Some(replicas) = self.cli(self.sentinel_port, &["SENTINEL", "REPLICAS", SERVICE]) else {
+        let Some(replicas) = self.cli(self.sentinel_port, &["SENTINEL", "REPLICAS", SERVICE])
+        else {
             return false;
         };
         let lines: Vec<&str> = replicas.lines().map(str::trim).collect();

@@ -3,6 +3,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -90,6 +92,7 @@ impl RedisStore {
             .build_pool(pool_size.max(1))?;
         // Connection tasks run for the life of the pool and reconnect on their own.
         let _handles = pool.connect_pool();
+        report_connection_errors(pool.next());
         Ok(Self {
             pool,
             script: Script::from_lua(CHECK_SCRIPT),
@@ -230,6 +233,28 @@ impl RedisStore {
     }
 }
 
+/// Logs why `client` cannot connect (wrong password, untrusted certificate, refused...), once per outage:
+/// requests only ever see "not connected", since they fail fast and are decided by the `on_error` policy.
+fn report_connection_errors(client: &Client) {
+    let reported = Arc::new(AtomicBool::new(false));
+    let _errors = client.on_error({
+        let reported = reported.clone();
+        move |(error, server)| {
+            let server = server.map_or_else(String::new, |s| format!(" ({s})"));
+            if reported.swap(true, Ordering::Relaxed) {
+                tracing::debug!("redis connection failed again{server}: {error}");
+            } else {
+                tracing::warn!("redis connection failed{server}: {error}");
+            }
+            async { Ok(()) }
+        }
+    });
+    let _reconnects = client.on_reconnect(move |_| {
+        reported.store(false, Ordering::Relaxed);
+        async { Ok(()) }
+    });
+}
+
 /// The script's algorithm id and four parameters for a limit (see the header of `check.lua`).
 fn script_params(algorithm: &Algorithm) -> [u64; 5] {
     match *algorithm {
@@ -345,6 +370,94 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<Outcome, StoreError> {
 mod tests {
     use super::*;
     use crate::limiter::algorithms::gcra::EPOCH_MS;
+    use crate::limiter::Limit;
+
+    fn limit() -> Limit {
+        Limit::new(
+            "l",
+            Algorithm::FixedWindow {
+                limit: 1,
+                period_ms: 1_000,
+            },
+            1,
+        )
+        .expect("valid")
+    }
+
+    #[test]
+    fn keys_sharing_a_hash_tag_need_one_call() {
+        let limit = limit();
+        let checks =
+            ["p:r:a:{v}", "p:r:b:{v}", "p:r:c:{v}"].map(|key| LimitCheck { key, limit: &limit });
+        assert_eq!(slot_groups(&checks), None);
+        assert_eq!(slot_groups(&checks[..1]), None);
+        assert_eq!(slot_groups(&[]), None);
+    }
+
+    #[test]
+    fn keys_in_several_slots_are_grouped_in_request_order() {
+        let limit = limit();
+        let checks = ["p:r:a:{x}", "p:r:b:{y}", "p:r:c:{x}", "p:r:d:{z}"]
+            .map(|key| LimitCheck { key, limit: &limit });
+        assert_eq!(
+            slot_groups(&checks),
+            Some(vec![vec![0, 2], vec![1], vec![3]])
+        );
+    }
+
+    #[test]
+    fn merged_outcomes_keep_the_request_order_and_admit_only_if_every_slot_does() {
+        let decision = |remaining| Decision {
+            allowed: remaining > 0,
+            limit: 9,
+            remaining,
+            retry_after_ms: 0,
+            reset_after_ms: 0,
+            delay_ms: 0,
+        };
+        let groups = vec![vec![0, 2], vec![1]];
+        let outcomes = vec![
+            Outcome {
+                allowed: true,
+                decisions: vec![decision(1), decision(3)],
+            },
+            Outcome {
+                allowed: false,
+                decisions: vec![decision(0)],
+            },
+        ];
+        let merged = merge(3, &groups, outcomes).expect("complete");
+        assert!(!merged.allowed);
+        let remaining: Vec<u64> = merged.decisions.iter().map(|d| d.remaining).collect();
+        assert_eq!(remaining, [1, 0, 3]);
+        assert!(merge(3, &groups[..1], Vec::new()).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn join_all_runs_futures_concurrently_and_keeps_their_order() {
+        let started = tokio::time::Instant::now();
+        let outputs = join_all([30u64, 10, 20].into_iter().map(|ms| async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            ms
+        }))
+        .await;
+        assert_eq!(outputs, [30, 10, 20]);
+        // Paused clock: one after another would take 60 ms.
+        assert_eq!(started.elapsed(), Duration::from_millis(30));
+    }
+
+    #[test]
+    fn rediss_urls_connect_with_rustls() {
+        for url in [
+            "rediss://127.0.0.1:6380",
+            "rediss://user:pass@127.0.0.1:6380/1",
+        ] {
+            let config = FredConfig::from_url(url).expect("valid URL");
+            assert!(config.uses_rustls(), "{url}");
+        }
+        let plain = FredConfig::from_url("redis://127.0.0.1:6379").expect("valid URL");
+        assert!(!plain.uses_tls());
+    }
 
     #[test]
     fn script_and_rust_share_the_gcra_epoch() {
