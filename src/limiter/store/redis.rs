@@ -1,5 +1,5 @@
 //! The Redis store: one Lua script evaluation per request covers all of a route's limits, atomically, with Redis's
-//! clock, so that every gateway instance shares one truth.
+//! clock, so that every gateway instance shares one truth (on Redis Cluster, one evaluation per hash slot).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -115,8 +115,8 @@ impl RedisStore {
 
     /// Checks every limit of one request with Redis's clock, or with `now_ms` when given (tests).
     ///
-    /// One script call covers all the limits, except on Redis Cluster when their keys hash to several slots:
-    /// see [`RedisStore::check_across_slots`].
+    /// One script call covers all the limits, except on Redis Cluster when their keys hash to several slots
+    /// (limits keyed by different values): then a dry run per slot, and the commits only if all admit.
     pub async fn check(
         &self,
         checks: &[LimitCheck<'_>],
