@@ -1,5 +1,6 @@
 //! A real Sentinel deployment on free loopback ports: a master, one replica and one sentinel, killed when dropped.
 
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -25,7 +26,8 @@ impl RedisSentinel {
     /// replica (so that a failover can be asked for at once).
     pub fn start() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let (master_port, master) = start_server(|port| server_args(port, None));
+        let data_dir = dir.path().to_owned();
+        let (master_port, master) = start_server(|port| server_args(port, None, &data_dir));
         let mut set = Self {
             master_port,
             replica_port: 0,
@@ -33,7 +35,8 @@ impl RedisSentinel {
             children: vec![master],
             _dir: dir,
         };
-        let (replica_port, replica) = start_server(|port| server_args(port, Some(master_port)));
+        let (replica_port, replica) =
+            start_server(|port| server_args(port, Some(master_port), &data_dir));
         set.replica_port = replica_port;
         set.children.push(replica);
 
@@ -164,8 +167,9 @@ impl Drop for RedisSentinel {
     }
 }
 
-/// Arguments of a data server on `port`, a replica of `master` when given.
-fn server_args(port: u16, master: Option<u16>) -> Vec<String> {
+/// Arguments of a data server on `port`, a replica of `master` when given. Files (the RDB a replica receives)
+/// go to `dir`, under a name per port.
+fn server_args(port: u16, master: Option<u16>, dir: &Path) -> Vec<String> {
     let mut args: Vec<String> = [
         "--port",
         &port.to_string(),
@@ -177,6 +181,10 @@ fn server_args(port: u16, master: Option<u16>) -> Vec<String> {
         "no",
         "--protected-mode",
         "no",
+        "--dir",
+        &dir.to_string_lossy(),
+        "--dbfilename",
+        &format!("dump-{port}.rdb"),
     ]
     .map(str::to_owned)
     .to_vec();
