@@ -6,7 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::cluster::RedisCluster;
@@ -16,6 +16,7 @@ use common::sentinel::RedisSentinel;
 use common::{free_port, start_gateway, start_gateway_without_waiting, TestGateway};
 use fred::util::redis_keyslot;
 use proptest::prelude::*;
+use proptest::test_runner::TestRunner;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
 use tollgate::limiter::store::{LimitCheck, MemoryStore, RedisStore, RedisTopology};
 use tollgate::limiter::{Algorithm, LeakyMode, Limit, ManualClock, Rate};
@@ -231,33 +232,6 @@ async fn cluster_store_checks_keys_in_three_slots_and_reloads_the_script_on_ever
     );
 }
 
-/// The cluster, a store on it and a runtime, shared by the property test's cases.
-struct ClusterFixture {
-    _cluster: RedisCluster,
-    store: RedisStore,
-    runtime: tokio::runtime::Runtime,
-    case: AtomicUsize,
-}
-
-fn cluster_fixture() -> &'static ClusterFixture {
-    static FIXTURE: OnceLock<ClusterFixture> = OnceLock::new();
-    FIXTURE.get_or_init(|| {
-        let cluster = RedisCluster::start();
-        let runtime = tokio::runtime::Runtime::new().expect("runtime");
-        let store = runtime.block_on(async {
-            let store = RedisStore::connect(&cluster.url(), 1).expect("connect");
-            assert!(store.wait_connected(Duration::from_secs(10)).await);
-            store
-        });
-        ClusterFixture {
-            _cluster: cluster,
-            store,
-            runtime,
-            case: AtomicUsize::new(0),
-        }
-    })
-}
-
 /// Limits whose keys never get less than about 15 s to live during a case (periods of 1 or 2 minutes, at most 5
 /// per period, at most 45 s of steps from a time aligned to both periods). Redis expires keys in real time while
 /// the in-process store follows the explicit timestamps: a key living only a few milliseconds could vanish from
@@ -282,37 +256,63 @@ fn slow_algorithm() -> impl Strategy<Value = Algorithm> {
     ]
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
-
-    /// Across slots (a dry run, then the commits) the cluster decides exactly as one atomic call would: as the
-    /// in-process store does, including "a denied request consumes nothing".
-    #[test]
-    fn cluster_across_slots_decides_like_the_memory_store(
-        first in slow_algorithm(),
-        second in slow_algorithm(),
-        steps in prop::collection::vec((prop_oneof![Just(0i64), 0i64..1_500], 1u64..3), 1..30),
-    ) {
-        let fx = cluster_fixture();
-        let case = fx.case.fetch_add(1, Ordering::SeqCst);
-        let memory = MemoryStore::new(10_000, Arc::new(ManualClock::new(0)));
-        let key_a = format!("p:a:{{a{case}}}");
-        let key_b = format!("p:b:{{b{case}x}}");
-        prop_assert_ne!(redis_keyslot(key_a.as_bytes()), redis_keyslot(key_b.as_bytes()));
-        // A multiple of both periods: fixed windows start here and outlive the case.
-        let mut now: i64 = 14_166_667 * 120_000;
-        for (i, (delta, cost)) in steps.into_iter().enumerate() {
-            now += delta;
-            let a = Limit::new("a", first, cost.min(first.capacity())).expect("valid");
-            let b = Limit::new("b", second, cost.min(second.capacity())).expect("valid");
-            let checks = [
-                LimitCheck { key: &key_a, limit: &a },
-                LimitCheck { key: &key_b, limit: &b },
-            ];
-            let expected = memory.check_at(now, &checks);
-            let actual = fx.runtime.block_on(fx.store.check(&checks, Some(now))).expect("redis");
-            prop_assert_eq!(&actual, &expected, "step {} at {} (cost {})", i, now, cost);
-        }
+/// Across slots (a dry run, then the commits) the cluster decides exactly as one atomic call would: as the
+/// in-process store does, including "a denied request consumes nothing". A property test run by hand rather than
+/// with `proptest!`, so that the cluster belongs to the test and is stopped when it ends.
+#[test]
+fn cluster_across_slots_decides_like_the_memory_store() {
+    let cluster = RedisCluster::start();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let store = runtime.block_on(async {
+        let store = RedisStore::connect(&cluster.url(), 1).expect("connect");
+        assert!(store.wait_connected(Duration::from_secs(10)).await);
+        store
+    });
+    let steps = prop::collection::vec((prop_oneof![Just(0i64), 0i64..1_500], 1u64..3), 1..30);
+    let case = AtomicUsize::new(0);
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 24,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let result = runner.run(
+        &(slow_algorithm(), slow_algorithm(), steps),
+        |(first, second, steps)| {
+            let case = case.fetch_add(1, Ordering::SeqCst);
+            let memory = MemoryStore::new(10_000, Arc::new(ManualClock::new(0)));
+            let key_a = format!("p:a:{{a{case}}}");
+            let key_b = format!("p:b:{{b{case}x}}");
+            prop_assert_ne!(
+                redis_keyslot(key_a.as_bytes()),
+                redis_keyslot(key_b.as_bytes())
+            );
+            // A multiple of both periods: fixed windows start here and outlive the case.
+            let mut now: i64 = 14_166_667 * 120_000;
+            for (i, (delta, cost)) in steps.into_iter().enumerate() {
+                now += delta;
+                let a = Limit::new("a", first, cost.min(first.capacity())).expect("valid");
+                let b = Limit::new("b", second, cost.min(second.capacity())).expect("valid");
+                let checks = [
+                    LimitCheck {
+                        key: &key_a,
+                        limit: &a,
+                    },
+                    LimitCheck {
+                        key: &key_b,
+                        limit: &b,
+                    },
+                ];
+                let expected = memory.check_at(now, &checks);
+                let actual = runtime
+                    .block_on(store.check(&checks, Some(now)))
+                    .expect("redis");
+                prop_assert_eq!(&actual, &expected, "step {} at {} (cost {})", i, now, cost);
+            }
+            Ok(())
+        },
+    );
+    if let Err(error) = result {
+        panic!("{error}");
     }
 }
 
