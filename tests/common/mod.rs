@@ -1,8 +1,10 @@
 //! Test helpers: a real `redis-server`, a real upstream and the gateway, each on a free loopback port.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod http_client;
 pub mod redis;
+pub mod sentinel;
 pub mod upstream;
 
 use std::net::SocketAddr;
@@ -34,15 +36,24 @@ pub fn config(yaml: &str) -> Config {
 /// Starts a gateway for `yaml` on 127.0.0.1 and a free port (the config's `listen` is ignored). When the store
 /// is Redis, waits until it is connected, so that no test request is decided by the fallback by accident.
 pub async fn start_gateway(yaml: &str) -> TestGateway {
-    start_gateway_with(config(yaml)).await
+    start(config(yaml), true).await
 }
 
 /// Starts a gateway for an already loaded config (see [`start_gateway`]).
 pub async fn start_gateway_with(config: Config) -> TestGateway {
+    start(config, true).await
+}
+
+/// Like [`start_gateway`], but does not wait for Redis: for stores meant to fail (wrong credentials...).
+pub async fn start_gateway_without_waiting(yaml: &str) -> TestGateway {
+    start(config(yaml), false).await
+}
+
+async fn start(config: Config, wait_for_redis: bool) -> TestGateway {
     let limiter = Arc::new(gateway::build_limiter(&config.store).expect("store settings"));
-    if let Backend::Redis(redis) = limiter.backend() {
+    if let (true, Backend::Redis(redis)) = (wait_for_redis, limiter.backend()) {
         assert!(
-            redis.wait_connected(Duration::from_secs(5)).await,
+            redis.wait_connected(Duration::from_secs(10)).await,
             "redis did not answer"
         );
     }

@@ -9,6 +9,8 @@ use super::free_port;
 pub struct RedisServer {
     pub port: u16,
     child: Child,
+    /// `redis-cli` arguments that authenticate as an administrator (empty without a password).
+    cli_auth: Vec<String>,
 }
 
 impl RedisServer {
@@ -19,6 +21,22 @@ impl RedisServer {
 
     /// Starts `redis-server` on `port` (to restart one on the same port).
     pub fn start_on(port: u16) -> Self {
+        Self::start_with(port, &[], &[])
+    }
+
+    /// Starts `redis-server` whose default user needs `password` (`requirepass`); [`RedisServer::cli`] then
+    /// authenticates with it.
+    pub fn start_with_password(password: &str) -> Self {
+        Self::start_with(
+            free_port(),
+            &["--requirepass", password],
+            &["-a", password, "--no-auth-warning"],
+        )
+    }
+
+    /// Starts `redis-server` on `port` with `extra` server arguments (after the defaults, so they may override
+    /// them); `cli_auth` are the `redis-cli` arguments [`RedisServer::cli`] needs to be let in.
+    pub fn start_with(port: u16, extra: &[&str], cli_auth: &[&str]) -> Self {
         let child = Command::new("redis-server")
             .args([
                 "--port",
@@ -32,11 +50,16 @@ impl RedisServer {
                 "--protected-mode",
                 "no",
             ])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server must be installed (the README's test command installs it)");
-        let server = Self { port, child };
+        let server = Self {
+            port,
+            child,
+            cli_auth: cli_auth.iter().map(|a| (*a).to_owned()).collect(),
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
         while server.cli(&["PING"]).as_deref() != Some("PONG") {
             assert!(
@@ -57,6 +80,7 @@ impl RedisServer {
     pub fn cli(&self, args: &[&str]) -> Option<String> {
         let output = Command::new("redis-cli")
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(&self.cli_auth)
             .args(args)
             .output()
             .ok()?;

@@ -3,7 +3,10 @@
 -- KEYS[i]  the state key of limit i.
 -- ARGV[1]  the time in milliseconds since the Unix epoch, or "" to take it from Redis TIME (the normal case:
 --          every gateway instance then shares Redis's clock). Tests pass explicit times.
--- ARGV[2 + 6(i-1) .. 7 + 6(i-1)]  limit i: algorithm id, four parameters, cost:
+-- ARGV[2]  "1" to commit (consume from every limit if all admit), "0" for a dry run that decides but consumes
+--          nothing. Redis Cluster needs the dry run when a request's keys span several hash slots: every slot is
+--          asked first, and committed only if all admit (see src/limiter/store/redis.rs).
+-- ARGV[3 + 6(i-1) .. 8 + 6(i-1)]  limit i: algorithm id, four parameters, cost:
 --   1 sliding_window  limit, period_ms
 --   2 sliding_log     limit, period_ms
 --   3 token_bucket    burst, rate count, rate period_ms
@@ -12,7 +15,11 @@
 --   6 leaky_bucket    burst, rate count, rate period_ms, max_delay_ms (0 in reject mode)
 --
 -- Returns {now_ms, all_allowed, then per limit: allowed, limit, remaining, retry_after_ms, reset_after_ms,
--- delay_ms}.
+-- delay_ms}. A committed admission reports the state after consuming; a denial, and any dry run, the state as
+-- it stands (a dry run's all_allowed says whether a commit would admit).
+--
+-- A dry run may still delete state no algorithm can read (a key of another type): that changes no decision.
+-- Otherwise a denial or a dry run writes nothing.
 --
 -- Every section mirrors src/limiter/algorithms/*.rs integer for integer. Lua numbers are doubles; the gateway
 -- keeps every product below 2^52 (see MAX_SCALED), where doubles are exact integers and floor(a / b) is exact.
@@ -20,6 +27,7 @@
 -- integers in exponent notation.
 
 local ARGS_PER_LIMIT = 6
+local FIRST_LIMIT_ARG = 3
 local GCRA_EPOCH_MS = 1735689600000
 
 local now
@@ -298,7 +306,7 @@ local evaluators = {
 local admitted, standing, commits = {}, {}, {}
 local all_allowed = true
 for i = 1, #KEYS do
-  local base = 2 + (i - 1) * ARGS_PER_LIMIT
+  local base = FIRST_LIMIT_ARG + (i - 1) * ARGS_PER_LIMIT
   local evaluate = evaluators[tonumber(ARGV[base])]
   if not evaluate then
     return redis.error_reply('tollgate: unknown algorithm id ' .. tostring(ARGV[base]))
@@ -313,7 +321,9 @@ end
 
 local reply = {now}
 local chosen = standing
-if all_allowed then
+if all_allowed and ARGV[2] == '0' then
+  reply[2] = 1
+elseif all_allowed then
   for i = 1, #KEYS do
     commits[i]()
   end

@@ -1,6 +1,11 @@
 //! The Redis store: one Lua script evaluation per request covers all of a route's limits, atomically, with Redis's
-//! clock, so that every gateway instance shares one truth.
+//! clock, so that every gateway instance shares one truth (on Redis Cluster, one evaluation per hash slot).
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use fred::prelude::*;
@@ -19,7 +24,7 @@ use crate::limiter::{Algorithm, Decision, LeakyMode, Outcome};
 /// The script, reviewed as Lua in its own file.
 const CHECK_SCRIPT: &str = include_str!("../scripts/check.lua");
 
-/// Fields per limit in the script's reply.
+/// Fields per limit in the script's reply (after `now_ms` and `all_allowed`).
 const REPLY_FIELDS: usize = 6;
 /// Arguments per limit: algorithm id, four parameters, cost.
 const ARGS_PER_LIMIT: usize = 6;
@@ -41,6 +46,13 @@ pub struct RedisStore {
     pool: Pool,
     script: Script,
     topology: RedisTopology,
+}
+
+/// `ARGV[2]` of the script: consume when admitted, or only decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Commit,
+    DryRun,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -80,6 +92,7 @@ impl RedisStore {
             .build_pool(pool_size.max(1))?;
         // Connection tasks run for the life of the pool and reconnect on their own.
         let _handles = pool.connect_pool();
+        report_connection_errors(pool.next());
         Ok(Self {
             pool,
             script: Script::from_lua(CHECK_SCRIPT),
@@ -101,19 +114,91 @@ impl RedisStore {
     }
 
     /// Checks every limit of one request with Redis's clock, or with `now_ms` when given (tests).
+    ///
+    /// One script call covers all the limits, except on Redis Cluster when their keys hash to several slots
+    /// (limits keyed by different values): then a dry run per slot, and the commits only if all admit.
     pub async fn check(
         &self,
         checks: &[LimitCheck<'_>],
         now_ms: Option<i64>,
     ) -> Result<Outcome, StoreError> {
-        let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
-        let mut args: Vec<Value> = Vec::with_capacity(1 + checks.len() * ARGS_PER_LIMIT);
-        args.push(now_ms.map_or_else(|| Value::from(""), Value::from));
+        let client = self.pool.next();
+        if self.topology == RedisTopology::Cluster {
+            if let Some(groups) = slot_groups(checks) {
+                return self
+                    .check_across_slots(client, checks, &groups, now_ms)
+                    .await;
+            }
+        }
+        self.run_script(client, checks, now_ms, Mode::Commit).await
+    }
+
+    /// Checks limits whose keys live in several hash slots (so possibly on several Cluster nodes), which no
+    /// single script call may touch.
+    ///
+    /// First every slot is asked in a dry run, concurrently, which decides without consuming; only if every slot
+    /// admits are the committing calls sent, again one per slot and concurrently. A request denied by any slot
+    /// therefore consumes nothing, as on a single Redis.
+    ///
+    /// What this cannot make atomic: between the dry run and the commit another request may consume from the
+    /// same keys. Each commit re-checks its limits, so no limit ever admits more than it allows; but in that race
+    /// one slot may deny the commit after another slot has committed, and the denied request then keeps what it
+    /// consumed from the slots that admitted it. Likewise when a commit call fails after another succeeded.
+    async fn check_across_slots(
+        &self,
+        client: &Client,
+        checks: &[LimitCheck<'_>],
+        groups: &[Vec<usize>],
+        now_ms: Option<i64>,
+    ) -> Result<Outcome, StoreError> {
+        let subsets: Vec<Vec<LimitCheck<'_>>> = groups
+            .iter()
+            .map(|group| group.iter().map(|&i| checks[i]).collect())
+            .collect();
+        let run_all = |mode| {
+            join_all(
+                subsets
+                    .iter()
+                    .map(move |subset| self.run_script(client, subset, now_ms, mode)),
+            )
+        };
+        let dry_runs = run_all(Mode::DryRun)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        if !dry_runs.iter().all(|outcome| outcome.allowed) {
+            return merge(checks.len(), groups, dry_runs);
+        }
+        let commits = run_all(Mode::Commit)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        merge(checks.len(), groups, commits)
+    }
+
+    /// One script call for `checks`, whose keys must all hash to one slot on Redis Cluster.
+    async fn run_script(
+        &self,
+        client: &Client,
+        checks: &[LimitCheck<'_>],
+        now_ms: Option<i64>,
+        mode: Mode,
+    ) -> Result<Outcome, StoreError> {
+        let mut command: Vec<Value> = Vec::with_capacity(4 + checks.len() * (1 + ARGS_PER_LIMIT));
+        command.push(Value::from(self.script.sha1().clone()));
+        command.push(Value::from(checks.len() as i64));
+        command.extend(checks.iter().map(|c| Value::from(c.key)));
+        command.push(now_ms.map_or_else(|| Value::from(""), Value::from));
+        command.push(Value::from(match mode {
+            Mode::Commit => "1",
+            Mode::DryRun => "0",
+        }));
         for check in checks {
             let [id, a, b, c, d] = script_params(check.limit.algorithm());
-            args.extend([id, a, b, c, d, check.limit.cost()].map(|v| Value::from(v as i64)));
+            command.extend([id, a, b, c, d, check.limit.cost()].map(|v| Value::from(v as i64)));
         }
-        let reply: Vec<i64> = self.eval(keys, args).await?;
+        let slot = checks.first().map(|c| redis_keyslot(c.key.as_bytes()));
+        let reply = self.evalsha(client, slot, command).await?;
         parse_reply(&reply, checks.len())
     }
 
@@ -129,21 +214,20 @@ impl RedisStore {
     }
 
     /// Runs the script by hash, loading it first when Redis does not know it (restart, `SCRIPT FLUSH`, failover).
+    /// On Redis Cluster the load goes to every primary.
     ///
     /// Sent as a custom command so that it can fail fast while disconnected: a queued command would run after
-    /// the request was already answered by the fallback.
-    async fn eval(&self, keys: Vec<&str>, args: Vec<Value>) -> Result<Vec<i64>, StoreError> {
-        let client = self.pool.next();
+    /// the request was already answered by the fallback. `slot` routes it to the node owning the keys.
+    async fn evalsha(
+        &self,
+        client: &Client,
+        slot: Option<u16>,
+        command: Vec<Value>,
+    ) -> Result<Vec<i64>, StoreError> {
         let fail_fast = client.with_options(&Options {
             fail_fast: true,
             ..Default::default()
         });
-        let slot = keys.first().map(|k| redis_keyslot(k.as_bytes()));
-        let mut command: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
-        command.push(Value::from(self.script.sha1().clone()));
-        command.push(Value::from(keys.len() as i64));
-        command.extend(keys.iter().map(|k| Value::from(*k)));
-        command.extend(args);
         let evalsha = || {
             fail_fast.custom::<Vec<i64>, Value>(
                 CustomCommand::new("EVALSHA", slot, false),
@@ -158,6 +242,28 @@ impl RedisStore {
             other => Ok(other?),
         }
     }
+}
+
+/// Logs why `client` cannot connect (wrong password, untrusted certificate, refused...), once per outage:
+/// requests only ever see "not connected", since they fail fast and are decided by the `on_error` policy.
+fn report_connection_errors(client: &Client) {
+    let reported = Arc::new(AtomicBool::new(false));
+    let _errors = client.on_error({
+        let reported = reported.clone();
+        move |(error, server)| {
+            let server = server.map_or_else(String::new, |s| format!(" ({s})"));
+            if reported.swap(true, Ordering::Relaxed) {
+                tracing::debug!("redis connection failed again{server}: {error}");
+            } else {
+                tracing::warn!("redis connection failed{server}: {error}");
+            }
+            async { Ok(()) }
+        }
+    });
+    let _reconnects = client.on_reconnect(move |_| {
+        reported.store(false, Ordering::Relaxed);
+        async { Ok(()) }
+    });
 }
 
 /// The script's algorithm id and four parameters for a limit (see the header of `check.lua`).
@@ -179,6 +285,71 @@ fn script_params(algorithm: &Algorithm) -> [u64; 5] {
             [6, burst, rate.count(), rate.period_ms(), max_delay_ms]
         }
     }
+}
+
+/// The request's checks grouped by the hash slot of their keys (indices into `checks`, in order), or `None`
+/// when all keys share one slot: the common case, then one script call covers them all.
+fn slot_groups(checks: &[LimitCheck<'_>]) -> Option<Vec<Vec<usize>>> {
+    let slot = |check: &LimitCheck<'_>| redis_keyslot(check.key.as_bytes());
+    let first = slot(checks.first()?);
+    if checks[1..].iter().all(|check| slot(check) == first) {
+        return None;
+    }
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (i, check) in checks.iter().enumerate() {
+        let slot = slot(check);
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((slot, vec![i])),
+        }
+    }
+    Some(groups.into_iter().map(|(_, members)| members).collect())
+}
+
+/// Puts the per-slot outcomes back in the order of the request's checks; admitted only if every slot admitted.
+fn merge(
+    limits: usize,
+    groups: &[Vec<usize>],
+    outcomes: Vec<Outcome>,
+) -> Result<Outcome, StoreError> {
+    let mut decisions: Vec<Option<Decision>> = vec![None; limits];
+    let mut allowed = true;
+    for (group, outcome) in groups.iter().zip(outcomes) {
+        allowed &= outcome.allowed;
+        for (&i, decision) in group.iter().zip(outcome.decisions) {
+            decisions[i] = Some(decision);
+        }
+    }
+    let decisions = decisions
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| StoreError::Reply(format!("missing decisions for {limits} limits")))?;
+    Ok(Outcome { allowed, decisions })
+}
+
+/// Polls every future concurrently and returns their outputs in order (the per-slot calls go to different
+/// nodes: waiting for them one after another would add a round trip per slot).
+async fn join_all<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut pending: Vec<Pin<Box<F>>> = futures.map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for (future, output) in pending.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(value) => *output = Some(value),
+                    Poll::Pending => done = false,
+                }
+            }
+        }
+        if done {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
 }
 
 fn parse_reply(reply: &[i64], limits: usize) -> Result<Outcome, StoreError> {
@@ -210,6 +381,94 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<Outcome, StoreError> {
 mod tests {
     use super::*;
     use crate::limiter::algorithms::gcra::EPOCH_MS;
+    use crate::limiter::Limit;
+
+    fn limit() -> Limit {
+        Limit::new(
+            "l",
+            Algorithm::FixedWindow {
+                limit: 1,
+                period_ms: 1_000,
+            },
+            1,
+        )
+        .expect("valid")
+    }
+
+    #[test]
+    fn keys_sharing_a_hash_tag_need_one_call() {
+        let limit = limit();
+        let checks =
+            ["p:r:a:{v}", "p:r:b:{v}", "p:r:c:{v}"].map(|key| LimitCheck { key, limit: &limit });
+        assert_eq!(slot_groups(&checks), None);
+        assert_eq!(slot_groups(&checks[..1]), None);
+        assert_eq!(slot_groups(&[]), None);
+    }
+
+    #[test]
+    fn keys_in_several_slots_are_grouped_in_request_order() {
+        let limit = limit();
+        let checks = ["p:r:a:{x}", "p:r:b:{y}", "p:r:c:{x}", "p:r:d:{z}"]
+            .map(|key| LimitCheck { key, limit: &limit });
+        assert_eq!(
+            slot_groups(&checks),
+            Some(vec![vec![0, 2], vec![1], vec![3]])
+        );
+    }
+
+    #[test]
+    fn merged_outcomes_keep_the_request_order_and_admit_only_if_every_slot_does() {
+        let decision = |remaining| Decision {
+            allowed: remaining > 0,
+            limit: 9,
+            remaining,
+            retry_after_ms: 0,
+            reset_after_ms: 0,
+            delay_ms: 0,
+        };
+        let groups = vec![vec![0, 2], vec![1]];
+        let outcomes = vec![
+            Outcome {
+                allowed: true,
+                decisions: vec![decision(1), decision(3)],
+            },
+            Outcome {
+                allowed: false,
+                decisions: vec![decision(0)],
+            },
+        ];
+        let merged = merge(3, &groups, outcomes).expect("complete");
+        assert!(!merged.allowed);
+        let remaining: Vec<u64> = merged.decisions.iter().map(|d| d.remaining).collect();
+        assert_eq!(remaining, [1, 0, 3]);
+        assert!(merge(3, &groups[..1], Vec::new()).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn join_all_runs_futures_concurrently_and_keeps_their_order() {
+        let started = tokio::time::Instant::now();
+        let outputs = join_all([30u64, 10, 20].into_iter().map(|ms| async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            ms
+        }))
+        .await;
+        assert_eq!(outputs, [30, 10, 20]);
+        // Paused clock: one after another would take 60 ms.
+        assert_eq!(started.elapsed(), Duration::from_millis(30));
+    }
+
+    #[test]
+    fn rediss_urls_connect_with_rustls() {
+        for url in [
+            "rediss://127.0.0.1:6380",
+            "rediss://user:pass@127.0.0.1:6380/1",
+        ] {
+            let config = FredConfig::from_url(url).expect("valid URL");
+            assert!(config.uses_rustls(), "{url}");
+        }
+        let plain = FredConfig::from_url("redis://127.0.0.1:6379").expect("valid URL");
+        assert!(!plain.uses_tls());
+    }
 
     #[test]
     fn script_and_rust_share_the_gcra_epoch() {

@@ -1,0 +1,175 @@
+//! A real three-primary Redis Cluster on free loopback ports, killed (and its files removed) when dropped.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::free_port;
+
+/// How many times to start a node on fresh ports when the free ports picked were taken meanwhile.
+const START_ATTEMPTS: usize = 5;
+
+/// A running Redis Cluster of three primaries without replicas, covering all 16384 slots.
+pub struct RedisCluster {
+    /// The client ports of the nodes.
+    pub ports: Vec<u16>,
+    nodes: Vec<Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisCluster {
+    /// Starts three `redis-server --cluster-enabled yes` nodes, joins them with `redis-cli --cluster create`
+    /// and waits until every node reports `cluster_state:ok`.
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut cluster = Self {
+            ports: Vec::new(),
+            nodes: Vec::new(),
+            _dir: dir,
+        };
+        for _ in 0..3 {
+            let (port, child) = start_node(cluster._dir.path());
+            cluster.ports.push(port);
+            cluster.nodes.push(child);
+        }
+        let addresses: Vec<String> = cluster
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let output = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("redis-cli must be installed");
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for &port in &cluster.ports {
+            while !cli(port, &["CLUSTER", "INFO"])
+                .is_some_and(|info| info.contains("cluster_state:ok"))
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "cluster node {port} never reached cluster_state:ok"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        cluster
+    }
+
+    /// `redis-cluster://127.0.0.1:PORT` of the first node (the client discovers the others).
+    pub fn url(&self) -> String {
+        format!("redis-cluster://127.0.0.1:{}", self.ports[0])
+    }
+
+    /// Runs `redis-cli` against node `index` without following redirections: what that node alone holds.
+    pub fn cli(&self, index: usize, args: &[&str]) -> Option<String> {
+        cli(self.ports[index], args)
+    }
+
+    /// Runs `redis-cli -c` (following MOVED redirections) from the first node: the cluster's view of a key.
+    pub fn cli_cluster(&self, args: &[&str]) -> Option<String> {
+        let output = Command::new("redis-cli")
+            .args(["-c", "-h", "127.0.0.1", "-p", &self.ports[0].to_string()])
+            .args(args)
+            .output()
+            .ok()?;
+        output
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    }
+
+    /// The keys matching `pattern` stored on each node, in node order.
+    pub fn keys_per_node(&self, pattern: &str) -> Vec<Vec<String>> {
+        (0..self.ports.len())
+            .map(|i| {
+                self.cli(i, &["--scan", "--pattern", pattern])
+                    .unwrap_or_default()
+                    .lines()
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for child in &mut self.nodes {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Starts one cluster-enabled node on free client and bus ports, retrying on fresh ports if it cannot bind.
+fn start_node(dir: &Path) -> (u16, Child) {
+    for _ in 0..START_ATTEMPTS {
+        let (port, bus_port) = (free_port(), free_port());
+        if port == bus_port {
+            continue;
+        }
+        let mut child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--cluster-port",
+                &bus_port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &dir.join(format!("nodes-{port}.conf")).to_string_lossy(),
+                "--cluster-node-timeout",
+                "5000",
+                "--dir",
+                &dir.to_string_lossy(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (the README's test command installs it)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if cli(port, &["PING"]).as_deref() == Some("PONG") {
+                return (port, child);
+            }
+            if matches!(child.try_wait(), Ok(Some(_))) || Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    panic!("could not start a cluster node in {START_ATTEMPTS} attempts");
+}
+
+fn cli(port: u16, args: &[&str]) -> Option<String> {
+    let output = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}

@@ -1,0 +1,643 @@
+//! The Redis store on every deployment it supports: Cluster (keys in several slots), Sentinel (with a failover
+//! under traffic), password and ACL authentication, and TLS.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::cluster::RedisCluster;
+use common::http_client::client;
+use common::redis::RedisServer;
+use common::sentinel::RedisSentinel;
+use common::{free_port, start_gateway, start_gateway_without_waiting, TestGateway};
+use fred::util::redis_keyslot;
+use proptest::prelude::*;
+use proptest::test_runner::TestRunner;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+use tollgate::limiter::store::{LimitCheck, MemoryStore, RedisStore, RedisTopology};
+use tollgate::limiter::{Algorithm, LeakyMode, Limit, ManualClock, Rate};
+
+/// A gateway config with one direct-response route `/spread` and `limits` (YAML list items, indented by 6).
+fn gateway_yaml(store: &str, limits: &str) -> String {
+    format!(
+        r#"listen: 127.0.0.1:0
+store:
+{store}routes:
+  - name: spread
+    match: {{ path_prefix: /spread }}
+    respond: {{ status: 200, body: "ok" }}
+    limits:
+{limits}"#
+    )
+}
+
+/// Three limits keyed by client address, tenant header and route: on Redis Cluster their keys hash to three
+/// different slots (checked by the tests), owned by three different nodes.
+const THREE_KEYS: &str = r#"      - name: per-ip
+        key: ip
+        algorithm: token_bucket
+        rate: 5/1d
+        burst: 5
+      - name: per-tenant
+        key: header:x-tenant
+        missing: skip
+        algorithm: sliding_log
+        limit: 3
+        period: 1h
+      - name: per-route
+        key: route
+        algorithm: gcra
+        rate: 10/1d
+        burst: 10
+"#;
+
+/// Sends `n` GETs to `/spread`, one after another, with `x-tenant: tenant` when given; returns the statuses.
+async fn send(gateway: &TestGateway, n: usize, tenant: Option<&str>) -> Vec<u16> {
+    let client = client();
+    let mut statuses = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut request = client.get(gateway.url("/spread"));
+        if let Some(tenant) = tenant {
+            request = request.header("x-tenant", tenant);
+        }
+        statuses.push(request.send().await.expect("request").status().as_u16());
+    }
+    statuses
+}
+
+fn count(statuses: &[u16], status: u16) -> usize {
+    statuses.iter().filter(|s| **s == status).count()
+}
+
+// === Redis Cluster ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_limits_over_three_slots_admit_exactly_and_denials_consume_nothing() {
+    let cluster = RedisCluster::start();
+    let ip_key = "tollgate:spread:per-ip:{127.0.0.1}";
+    let route_key = "tollgate:spread:per-route:{spread}";
+    let tenant_keys = [
+        "tollgate:spread:per-tenant:{alpha}",
+        "tollgate:spread:per-tenant:{two}",
+    ];
+    let slots: Vec<u16> = [ip_key, route_key, tenant_keys[0], tenant_keys[1]]
+        .iter()
+        .map(|k| redis_keyslot(k.as_bytes()))
+        .collect();
+    assert!(
+        slots[0] != slots[1]
+            && slots[1] != slots[2]
+            && slots[0] != slots[2]
+            && slots[3] != slots[0],
+        "the test keys must hash to different slots: {slots:?}"
+    );
+
+    let store = format!(
+        "  backend: redis\n  url: {}\n  timeout: 2s\n  on_error: deny\n",
+        cluster.url()
+    );
+    let gateway = start_gateway(&gateway_yaml(&store, THREE_KEYS)).await;
+
+    // Tenant alpha: 3 admitted, then denied by per-tenant alone; the denials must take nothing from per-ip.
+    let alpha = send(&gateway, 8, Some("alpha")).await;
+    assert_eq!(alpha, [200, 200, 200, 429, 429, 429, 429, 429]);
+    // Tenant two: per-ip has 2 of its 5 tokens left.
+    let two = send(&gateway, 4, Some("two")).await;
+    assert_eq!(two, [200, 200, 429, 429]);
+    // Only per-route and per-ip apply now, and per-ip is empty.
+    assert_eq!(send(&gateway, 2, None).await, [429, 429]);
+
+    // Five admissions in all: per-route (burst 10) has 5 left, whatever the denials did.
+    let per_node = cluster.keys_per_node("tollgate:*");
+    let nodes_with_keys = per_node.iter().filter(|keys| !keys.is_empty()).count();
+    assert_eq!(nodes_with_keys, 3, "keys per node: {per_node:?}");
+    for key in [ip_key, route_key, tenant_keys[0], tenant_keys[1]] {
+        assert_eq!(
+            cluster.cli_cluster(&["EXISTS", key]).as_deref(),
+            Some("1"),
+            "{key} through redis-cli -c"
+        );
+    }
+    assert_eq!(
+        cluster.cli_cluster(&["ZCARD", tenant_keys[0]]).as_deref(),
+        Some("3")
+    );
+    assert_eq!(
+        cluster.cli_cluster(&["ZCARD", tenant_keys[1]]).as_deref(),
+        Some("2")
+    );
+    let route = client()
+        .get(gateway.url("/spread"))
+        .header("x-tenant", "fresh")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(route.status(), 429, "per-ip is still empty");
+    assert!(
+        !gateway.gateway.limiter().fallback_active(),
+        "every decision came from the cluster"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_store_checks_keys_in_three_slots_and_reloads_the_script_on_every_primary() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::connect(&cluster.url(), 2).expect("connect");
+    assert_eq!(store.topology(), RedisTopology::Cluster);
+    assert!(store.wait_connected(Duration::from_secs(10)).await);
+
+    // Hash tags chosen so that the three keys live on the three nodes (slot ranges of `--cluster create`).
+    let keys = ["t:a:{alpha}", "t:b:{spread}", "t:c:{127.0.0.1}"];
+    let mut slots: Vec<u16> = keys.iter().map(|k| redis_keyslot(k.as_bytes())).collect();
+    slots.dedup();
+    assert_eq!(slots.len(), 3, "three different slots");
+
+    let one = Limit::new(
+        "one",
+        Algorithm::FixedWindow {
+            limit: 1,
+            period_ms: 60_000,
+        },
+        1,
+    )
+    .expect("valid");
+    let three = Limit::new(
+        "three",
+        Algorithm::FixedWindow {
+            limit: 3,
+            period_ms: 60_000,
+        },
+        1,
+    )
+    .expect("valid");
+    let log = Limit::new(
+        "log",
+        Algorithm::SlidingLog {
+            limit: 3,
+            period_ms: 60_000,
+        },
+        1,
+    )
+    .expect("valid");
+    let all = [
+        LimitCheck {
+            key: keys[0],
+            limit: &one,
+        },
+        LimitCheck {
+            key: keys[1],
+            limit: &three,
+        },
+        LimitCheck {
+            key: keys[2],
+            limit: &log,
+        },
+    ];
+    // Aligned to the 1-minute window, in the past: the keys expire on their own within a minute.
+    let now = 28_000_000 * 60_000;
+
+    let first = store.check(&all, Some(now)).await.expect("first");
+    assert!(first.allowed);
+    let remaining: Vec<u64> = first.decisions.iter().map(|d| d.remaining).collect();
+    assert_eq!(remaining, [0, 2, 2]);
+
+    // Denied by `one`: the dry run spares the other two slots.
+    let second = store.check(&all, Some(now + 1)).await.expect("second");
+    assert!(!second.allowed);
+    let allowed: Vec<bool> = second.decisions.iter().map(|d| d.allowed).collect();
+    assert_eq!(allowed, [false, true, true]);
+    let remaining: Vec<u64> = second.decisions.iter().map(|d| d.remaining).collect();
+    assert_eq!(remaining, [0, 2, 2], "standing state, nothing consumed");
+
+    // Redis forgets the script on every primary (as after a failover or a restart): reloaded where needed.
+    for node in 0..3 {
+        assert_eq!(
+            cluster.cli(node, &["SCRIPT", "FLUSH"]).as_deref(),
+            Some("OK")
+        );
+    }
+    let third = store.check(&all[1..], Some(now + 2)).await.expect("third");
+    assert!(third.allowed);
+    let remaining: Vec<u64> = third.decisions.iter().map(|d| d.remaining).collect();
+    assert_eq!(remaining, [1, 1], "the denied request consumed nothing");
+
+    let per_node = cluster.keys_per_node("t:*");
+    assert!(
+        per_node.iter().all(|keys| keys.len() == 1),
+        "one key on each node: {per_node:?}"
+    );
+}
+
+/// Limits whose keys never get less than about 15 s to live during a case (periods of 1 or 2 minutes, at most 5
+/// per period, at most 45 s of steps from a time aligned to both periods). Redis expires keys in real time while
+/// the in-process store follows the explicit timestamps: a key living only a few milliseconds could vanish from
+/// Redis between two steps at the same timestamp and make the comparison depend on the machine's speed.
+fn slow_algorithm() -> impl Strategy<Value = Algorithm> {
+    let period = prop_oneof![Just(60_000u64), Just(120_000)];
+    let rate = (1u64..=5, period.clone())
+        .prop_map(|(count, period_ms)| Rate::new(count, period_ms).expect("positive"));
+    prop_oneof![
+        (1u64..6, period.clone())
+            .prop_map(|(limit, period_ms)| Algorithm::FixedWindow { limit, period_ms }),
+        (1u64..6, period.clone())
+            .prop_map(|(limit, period_ms)| Algorithm::SlidingWindow { limit, period_ms }),
+        (1u64..6, period).prop_map(|(limit, period_ms)| Algorithm::SlidingLog { limit, period_ms }),
+        (1u64..6, rate.clone()).prop_map(|(burst, rate)| Algorithm::Gcra { rate, burst }),
+        (1u64..6, rate.clone()).prop_map(|(burst, rate)| Algorithm::TokenBucket { rate, burst }),
+        (1u64..6, rate).prop_map(|(burst, rate)| Algorithm::LeakyBucket {
+            rate,
+            burst,
+            mode: LeakyMode::Reject
+        }),
+    ]
+}
+
+/// Across slots (a dry run, then the commits) the cluster decides exactly as one atomic call would: as the
+/// in-process store does, including "a denied request consumes nothing". A property test run by hand rather than
+/// with `proptest!`, so that the cluster belongs to the test and is stopped when it ends.
+#[test]
+fn cluster_across_slots_decides_like_the_memory_store() {
+    let cluster = RedisCluster::start();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let store = runtime.block_on(async {
+        let store = RedisStore::connect(&cluster.url(), 1).expect("connect");
+        assert!(store.wait_connected(Duration::from_secs(10)).await);
+        store
+    });
+    let steps = prop::collection::vec((prop_oneof![Just(0i64), 0i64..1_500], 1u64..3), 1..30);
+    let case = AtomicUsize::new(0);
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 24,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let result = runner.run(
+        &(slow_algorithm(), slow_algorithm(), steps),
+        |(first, second, steps)| {
+            let case = case.fetch_add(1, Ordering::SeqCst);
+            let memory = MemoryStore::new(10_000, Arc::new(ManualClock::new(0)));
+            let key_a = format!("p:a:{{a{case}}}");
+            let key_b = format!("p:b:{{b{case}x}}");
+            prop_assert_ne!(
+                redis_keyslot(key_a.as_bytes()),
+                redis_keyslot(key_b.as_bytes())
+            );
+            // A multiple of both periods: fixed windows start here and outlive the case.
+            let mut now: i64 = 14_166_667 * 120_000;
+            for (i, (delta, cost)) in steps.into_iter().enumerate() {
+                now += delta;
+                let a = Limit::new("a", first, cost.min(first.capacity())).expect("valid");
+                let b = Limit::new("b", second, cost.min(second.capacity())).expect("valid");
+                let checks = [
+                    LimitCheck {
+                        key: &key_a,
+                        limit: &a,
+                    },
+                    LimitCheck {
+                        key: &key_b,
+                        limit: &b,
+                    },
+                ];
+                let expected = memory.check_at(now, &checks);
+                let actual = runtime
+                    .block_on(store.check(&checks, Some(now)))
+                    .expect("redis");
+                prop_assert_eq!(&actual, &expected, "step {} at {} (cost {})", i, now, cost);
+            }
+            Ok(())
+        },
+    );
+    if let Err(error) = result {
+        panic!("{error}");
+    }
+}
+
+// === Sentinel ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_limits_and_keeps_limiting_on_the_new_master_after_a_failover() {
+    let sentinel = Arc::new(RedisSentinel::start());
+    let store = format!(
+        "  backend: redis\n  url: \"{}\"\n  timeout: 1s\n  on_error: local\n",
+        sentinel.url()
+    );
+    let limits = "      - name: per-tenant\n        key: header:x-tenant\n        algorithm: sliding_log\n        limit: 5\n        period: 1h\n";
+    let gateway = Arc::new(start_gateway(&gateway_yaml(&store, limits)).await);
+
+    let before = send(&gateway, 7, Some("before")).await;
+    assert_eq!(before, [200, 200, 200, 200, 200, 429, 429]);
+    let key = "tollgate:spread:per-tenant:{before}";
+    assert_eq!(
+        sentinel
+            .cli(sentinel.master_port, &["ZCARD", key])
+            .as_deref(),
+        Some("5"),
+        "counted on the master"
+    );
+
+    // Traffic throughout the failover: every answer must be a decision (200 or 429), never an error.
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = tokio::spawn({
+        let gateway = gateway.clone();
+        let stop = stop.clone();
+        async move {
+            let client = client();
+            let mut statuses = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let response = client
+                    .get(gateway.url("/spread"))
+                    .header("x-tenant", "traffic")
+                    .send()
+                    .await
+                    .expect("request");
+                statuses.push(response.status().as_u16());
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            statuses
+        }
+    });
+
+    let new_master = tokio::task::spawn_blocking({
+        let sentinel = sentinel.clone();
+        move || sentinel.failover()
+    })
+    .await
+    .expect("failover");
+    assert_eq!(new_master, sentinel.replica_port);
+
+    // Within a bounded time the gateway limits on the new master: a fresh key is admitted exactly 5 times and
+    // its state is on the promoted server.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let tenant = format!("after-{attempt}");
+        let statuses = send(&gateway, 7, Some(&tenant)).await;
+        let key = format!("tollgate:spread:per-tenant:{{{tenant}}}");
+        let on_new_master = sentinel.cli(new_master, &["ZCARD", &key]);
+        if statuses == [200, 200, 200, 200, 200, 429, 429] && on_new_master.as_deref() == Some("5")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "limiting never moved to the new master: {statuses:?}, ZCARD there {on_new_master:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    stop.store(true, Ordering::Relaxed);
+    let statuses = traffic.await.expect("traffic task");
+    assert!(!statuses.is_empty());
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 429),
+        "only decisions during the failover: {statuses:?}"
+    );
+}
+
+// === Authentication ===
+
+/// One limit keyed by the tenant header: 3 per hour.
+const PER_TENANT_3: &str = "      - name: per-tenant\n        key: header:x-tenant\n        algorithm: sliding_log\n        limit: 3\n        period: 1h\n";
+
+/// A store section for `url` that makes any Redis error visible as 503.
+fn deny_on_error(url: &str, timeout: &str) -> String {
+    format!("  backend: redis\n  url: \"{url}\"\n  timeout: {timeout}\n  on_error: deny\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_protected_redis_limits_with_the_right_password() {
+    let redis = RedisServer::start_with_password("pa:ss@word");
+    // Reserved characters in the password are percent-encoded in the URL.
+    let url = format!("redis://:pa%3Ass%40word@127.0.0.1:{}", redis.port);
+    let gateway = start_gateway(&gateway_yaml(&deny_on_error(&url, "2s"), PER_TENANT_3)).await;
+    assert_eq!(send(&gateway, 4, Some("t")).await, [200, 200, 200, 429]);
+    assert_eq!(
+        redis
+            .cli(&["ZCARD", "tollgate:spread:per-tenant:{t}"])
+            .as_deref(),
+        Some("3")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_user_limits_within_its_key_pattern_and_is_refused_outside_it() {
+    let redis = RedisServer::start_with_password("admin");
+    for (user, pattern) in [("tollgate", "~tollgate:*"), ("elsewhere", "~other:*")] {
+        assert_eq!(
+            redis
+                .cli(&["ACL", "SETUSER", user, "on", ">secret", pattern, "+@all"])
+                .as_deref(),
+            Some("OK")
+        );
+    }
+
+    let url = format!("redis://tollgate:secret@127.0.0.1:{}", redis.port);
+    let gateway = start_gateway(&gateway_yaml(&deny_on_error(&url, "2s"), PER_TENANT_3)).await;
+    assert_eq!(send(&gateway, 4, Some("t")).await, [200, 200, 200, 429]);
+    assert_eq!(
+        redis
+            .cli(&["ZCARD", "tollgate:spread:per-tenant:{t}"])
+            .as_deref(),
+        Some("3")
+    );
+
+    // Logged in, but the keys are not this user's: every check fails (NOPERM), visibly.
+    let url = format!("redis://elsewhere:secret@127.0.0.1:{}", redis.port);
+    let gateway = start_gateway(&gateway_yaml(&deny_on_error(&url, "2s"), PER_TENANT_3)).await;
+    assert_eq!(send(&gateway, 2, Some("t")).await, [503, 503]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_credentials_make_the_store_fail_fast_instead_of_hanging() {
+    let redis = RedisServer::start_with_password("right");
+    for url in [
+        format!("redis://:wrong@127.0.0.1:{}", redis.port),
+        format!("redis://nobody:right@127.0.0.1:{}", redis.port),
+    ] {
+        let store = RedisStore::connect(&url, 1).expect("the URL itself is valid");
+        assert!(
+            !store.wait_connected(Duration::from_secs(1)).await,
+            "{url} must not connect"
+        );
+        let gateway = start_gateway_without_waiting(&gateway_yaml(
+            &deny_on_error(&url, "300ms"),
+            PER_TENANT_3,
+        ))
+        .await;
+        let started = Instant::now();
+        let statuses = send(&gateway, 5, Some("t")).await;
+        assert_eq!(count(&statuses, 503), 5, "{url}: {statuses:?}");
+        // Each request waits at most the store timeout; nothing queues behind a connection that never comes.
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{url}: {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+// === TLS ===
+
+/// A CA and a server certificate for 127.0.0.1 signed by it, as PEM files in `dir`: `(ca, cert, key)`.
+fn tls_files(dir: &Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let ca_key = KeyPair::generate().expect("ca key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, format!("tollgate test CA {name}"));
+    let ca = ca_params.self_signed(&ca_key).expect("ca cert");
+
+    let server_key = KeyPair::generate().expect("server key");
+    let mut server_params =
+        CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("server params");
+    server_params
+        .distinguished_name
+        .push(DnType::CommonName, "127.0.0.1");
+    let server = server_params
+        .signed_by(&server_key, &ca, &ca_key)
+        .expect("server cert");
+
+    let write = |file: &str, pem: String| {
+        let path = dir.join(format!("{name}-{file}"));
+        std::fs::write(&path, pem).expect("write pem");
+        path
+    };
+    (
+        write("ca.pem", ca.pem()),
+        write("cert.pem", server.pem()),
+        write("key.pem", server_key.serialize_pem()),
+    )
+}
+
+/// A `tollgate run` process, killed when dropped.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs the `tollgate` binary on `config`, trusting the certificates in `ca_file` (rustls-native-certs reads
+/// `SSL_CERT_FILE` instead of the system store); returns it, its URL once it accepts connections, and the file
+/// its output goes to.
+fn run_tollgate(dir: &Path, name: &str, store: &str, ca_file: &Path) -> (Process, String, PathBuf) {
+    let port = free_port();
+    let yaml = format!(
+        "listen: 127.0.0.1:{port}\nadmin:\n  listen: 127.0.0.1:{admin}\n{rest}",
+        admin = free_port(),
+        rest = gateway_yaml(store, PER_TENANT_3).trim_start_matches("listen: 127.0.0.1:0\n"),
+    );
+    let config = dir.join(format!("{name}.yaml"));
+    std::fs::write(&config, yaml).expect("write config");
+    let log_path = dir.join(format!("{name}.log"));
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["run", "--config", &config.to_string_lossy()])
+        .env_remove("TOLLGATE_CONFIG")
+        .env("SSL_CERT_FILE", ca_file)
+        .env_remove("SSL_CERT_DIR")
+        .stdout(log.try_clone().expect("log file"))
+        .stderr(log)
+        .spawn()
+        .expect("run tollgate");
+    let process = Process(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "tollgate on {port} did not start"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    (process, format!("http://127.0.0.1:{port}/spread"), log_path)
+}
+
+async fn get_status(url: &str, tenant: &str) -> u16 {
+    client()
+        .get(url)
+        .header("x-tenant", tenant)
+        .send()
+        .await
+        .expect("request")
+        .status()
+        .as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_limits_over_tls_trusting_only_the_configured_ca() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (ca, cert, key) = tls_files(dir.path(), "server");
+    let (other_ca, _, _) = tls_files(dir.path(), "other");
+    let tls_port = free_port();
+    // The plain port stays open for redis-cli; the gateway only ever gets the TLS port.
+    let redis = RedisServer::start_with(
+        free_port(),
+        &[
+            "--tls-port",
+            &tls_port.to_string(),
+            "--tls-cert-file",
+            &cert.to_string_lossy(),
+            "--tls-key-file",
+            &key.to_string_lossy(),
+            "--tls-ca-cert-file",
+            &ca.to_string_lossy(),
+            "--tls-auth-clients",
+            "no",
+        ],
+        &[],
+    );
+    let store = deny_on_error(&format!("rediss://127.0.0.1:{tls_port}"), "2s");
+
+    let (_trusting, url, _) = run_tollgate(dir.path(), "trusting", &store, &ca);
+    // Bounded wait for the first TLS connection (503 until then, with `on_error: deny`).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get_status(&url, "probe").await != 200 {
+        assert!(Instant::now() < deadline, "no TLS connection to redis");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(get_status(&url, "t").await);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    assert_eq!(
+        redis
+            .cli(&["ZCARD", "tollgate:spread:per-tenant:{t}"])
+            .as_deref(),
+        Some("3")
+    );
+
+    // A gateway that trusts another CA refuses the server's certificate: it finds Redis unreachable at
+    // start-up, logs why, and the store fails, visibly.
+    let (_distrusting, url, log) = run_tollgate(dir.path(), "distrusting", &store, &other_ca);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let output = std::fs::read_to_string(&log).expect("log");
+        if output.contains("REDIS IS UNREACHABLE")
+            && output.contains("redis connection failed")
+            && output.contains("UnknownIssuer")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{output}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for _ in 0..3 {
+        assert_eq!(get_status(&url, "u").await, 503);
+    }
+    assert_eq!(
+        redis
+            .cli(&["EXISTS", "tollgate:spread:per-tenant:{u}"])
+            .as_deref(),
+        Some("0")
+    );
+}
