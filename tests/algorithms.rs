@@ -16,8 +16,8 @@ use tollgate::limiter::{
     Algorithm, Decision, LeakyMode, Limit, ManualClock, Outcome, Rate, SystemClock,
 };
 
-/// 2026-01-01T00:00:01Z: one second into a day, so no window of a period dividing a day ends near it.
-const T0: i64 = 1_767_225_601_000;
+/// 2026-01-01T00:00:00Z: the start of an aligned window for every period that divides a day.
+const T0: i64 = 1_767_225_600_000;
 const HOUR_MS: u64 = 3_600_000;
 
 /// A store under test, driven with explicit timestamps.
@@ -223,11 +223,13 @@ async fn a_denied_request_records_nothing_in_the_routes_other_limits() {
     // The limit that must stay untouched: each algorithm with room for 10 and no refill to speak of, plus the
     // leaky bucket in delay mode (where an admission would also push back every later request).
     let mut others: Vec<Algorithm> = six(10, HOUR_MS).into();
+    // Slow rates everywhere: Redis expires keys in real time, and a key must outlive the test's steps even on a
+    // loaded machine.
     others.push(Algorithm::LeakyBucket {
-        rate: rate(1, 1_000),
+        rate: rate(1, 60_000),
         burst: 1,
         mode: LeakyMode::Delay {
-            max_delay_ms: 10_000,
+            max_delay_ms: 600_000,
         },
     });
     // The limit that denies: each algorithm with a capacity of 1, spent by the first request.
@@ -348,6 +350,14 @@ async fn fractional_refill_is_never_lost() {
 
 // === every key expires ===
 
+/// The key's PTTL: milliseconds left, -1 without expiry, -2 when it does not exist.
+fn read_pttl(server: &RedisServer, key: &str) -> i64 {
+    server
+        .cli(&["PTTL", key])
+        .and_then(|t| t.parse().ok())
+        .expect("pttl")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_key_gets_an_expiry_and_the_store_empties_itself() {
     // 300 ms periods (rates of 5 per 300 ms), and the leaky bucket in delay mode, whose keys live longest.
@@ -359,39 +369,46 @@ async fn every_key_gets_an_expiry_and_the_store_empties_itself() {
     });
     let limits: Vec<Limit> = algorithms.iter().map(|a| limit(*a)).collect();
     let longest = algorithms.iter().map(|a| a.max_ttl_ms()).max().unwrap_or(0);
-    let keys: Vec<(String, &Limit)> = limits
+    // Three clients per algorithm; 12 requests each at the start of a window fill every key (delay mode up to
+    // max_delay), so each key's TTL is its algorithm's longest, and the rest are denied.
+    let groups: Vec<(&Limit, Vec<String>)> = limits
         .iter()
         .enumerate()
-        .flat_map(|(i, l)| (0..3).map(move |client| (format!("exp:{i}:{{client-{client}}}"), l)))
+        .map(|(i, l)| {
+            (
+                l,
+                (0..3).map(|c| format!("exp:{i}:{{client-{c}}}")).collect(),
+            )
+        })
         .collect();
 
-    // Redis, on its own clock: some requests admitted (delay-mode keys filled to max_delay), some denied, on
-    // every key.
+    // Redis: the expiry runs in real time, set from the durations computed at the explicit timestamp. Each key's
+    // PTTL is read right after its writes; should a loaded machine take longer than the TTL to read it (the key
+    // is then already gone, PTTL -2), the key is written and read again.
     let server = RedisServer::start();
     let redis = connect(&server, 2).await;
-    for (key, limit) in &keys {
-        for _ in 0..12 {
-            redis
-                .check(&[LimitCheck { key, limit }], None)
-                .await
-                .expect("redis");
-        }
-    }
-    assert_eq!(
-        server.cli(&["DBSIZE"]).as_deref(),
-        Some(keys.len().to_string().as_str())
-    );
-    for (key, limit) in &keys {
-        let pttl: i64 = server
-            .cli(&["PTTL", key])
-            .and_then(|t| t.parse().ok())
-            .expect("pttl");
+    for (limit, keys) in &groups {
         let max = limit.algorithm().max_ttl_ms() as i64;
-        assert!(
-            pttl > 0 && pttl <= max,
-            "{key} ({}): PTTL {pttl}, at most {max}",
-            limit.algorithm().name()
-        );
+        for key in keys {
+            let mut pttl = -2;
+            for _attempt in 0..5 {
+                for _ in 0..12 {
+                    redis
+                        .check(&[LimitCheck { key, limit }], Some(T0))
+                        .await
+                        .expect("redis");
+                }
+                pttl = read_pttl(&server, key);
+                if pttl != -2 {
+                    break;
+                }
+            }
+            assert!(
+                pttl > 0 && pttl <= max,
+                "{key} ({}): PTTL {pttl}, at most {max}",
+                limit.algorithm().name()
+            );
+        }
     }
     let started = Instant::now();
     let deadline = started + Duration::from_millis(longest) + Duration::from_secs(5);
@@ -408,23 +425,36 @@ async fn every_key_gets_an_expiry_and_the_store_empties_itself() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    // The in-process store, on a manual clock: nothing is left once the longest TTL has passed.
+    // The in-process store, on a manual clock: each key lives exactly its algorithm's longest TTL.
     let clock = Arc::new(ManualClock::new(T0));
     let memory = MemoryStore::new(1_000, clock.clone());
-    for (key, limit) in &keys {
-        for _ in 0..12 {
-            memory.check(&[LimitCheck { key, limit }]);
+    for (limit, keys) in &groups {
+        for key in keys {
+            for _ in 0..12 {
+                memory.check(&[LimitCheck { key, limit }]);
+            }
         }
     }
-    assert_eq!(memory.len(), keys.len());
-    clock.advance(longest as i64 - 1);
-    assert_eq!(
-        memory.purge_expired(),
-        keys.len() - 3,
-        "only delay-mode keys live this long"
-    );
-    clock.advance(1);
-    assert_eq!(memory.purge_expired(), 3);
+    let total = groups.len() * 3;
+    assert_eq!(memory.len(), total);
+    let living_past = |ms: u64| {
+        groups
+            .iter()
+            .filter(|(l, _)| l.algorithm().max_ttl_ms() > ms)
+            .count()
+            * 3
+    };
+    let mut ttls: Vec<u64> = algorithms.iter().map(|a| a.max_ttl_ms()).collect();
+    ttls.sort_unstable();
+    ttls.dedup();
+    for ttl in ttls {
+        clock.set(T0 + ttl as i64 - 1);
+        memory.purge_expired();
+        assert_eq!(memory.len(), living_past(ttl - 1), "at {} ms", ttl - 1);
+        clock.set(T0 + ttl as i64);
+        memory.purge_expired();
+        assert_eq!(memory.len(), living_past(ttl), "at {ttl} ms");
+    }
     assert!(memory.is_empty());
 }
 
@@ -762,11 +792,16 @@ async fn gcra_answers_like_cl_throttle() {
             quantity: 1,
             reply: [0, 16, 15, -1, 2],
         },
-        // 700 ms later: reset_after 3.3 s rounds up to 4, remaining floor(28.7 / 2) = 14.
+        ThrottleCall {
+            at_ms: 100_000,
+            quantity: 10,
+            reply: [0, 16, 5, -1, 22],
+        },
+        // 700 ms later: reset_after 23.3 s rounds up to 24, remaining floor(8.7 s / 2 s) = 4.
         ThrottleCall {
             at_ms: 100_700,
             quantity: 1,
-            reply: [0, 16, 14, -1, 4],
+            reply: [0, 16, 4, -1, 24],
         },
     ];
     let algorithm = Algorithm::Gcra {
