@@ -35,11 +35,20 @@ pub fn evaluate(
     let unit = rate.period_ms();
     let per_ms = rate.count();
     let capacity = burst * unit;
+    let max_delay_ms = match mode {
+        LeakyMode::Reject => 0,
+        LeakyMode::Delay { max_delay_ms } => max_delay_ms,
+    };
+    // More water than these parameters can hold was written under others (the config changed): clamp it, so
+    // the key waits one window at most.
+    let most = capacity + max_delay_ms * per_ms;
     let water = match state {
         None => 0,
         Some(s) => {
             let elapsed = (now_ms - s.updated_ms).max(0) as u64;
-            s.level.saturating_sub(elapsed.saturating_mul(per_ms))
+            s.level
+                .min(most)
+                .saturating_sub(elapsed.saturating_mul(per_ms))
         }
     };
     let need = cost * unit;
@@ -54,10 +63,6 @@ pub fn evaluate(
     };
     // How long until the meter has room for `need`.
     let wait = ceil_div((water + need).saturating_sub(capacity), per_ms);
-    let max_delay_ms = match mode {
-        LeakyMode::Reject => 0,
-        LeakyMode::Delay { max_delay_ms } => max_delay_ms,
-    };
     if wait <= max_delay_ms {
         let after = water + need;
         let reset = ceil_div(after, per_ms);

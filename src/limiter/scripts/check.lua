@@ -171,6 +171,7 @@ end
 
 -- Bucket levels are in units of 1/rate.count token-periods: one request is `unit` (the period in ms) and each
 -- millisecond refills (or leaks) `per_ms` (the rate's count), so fractions are never rounded away.
+-- `capacity`: the level a filling bucket tops out at, or the most water a draining meter can hold.
 local function read_level(key, field, empty_level, capacity, per_ms, filling)
   local st = redis.call('HMGET', key, field, 'u')
   if not st[1] then
@@ -185,6 +186,8 @@ local function read_level(key, field, empty_level, capacity, per_ms, filling)
     end
     return stored + elapsed * per_ms
   end
+  -- Draining: `capacity` is the most water these parameters can hold.
+  stored = math.min(stored, capacity)
   if elapsed * per_ms >= stored then
     return 0
   end
@@ -248,7 +251,9 @@ local function gcra(key, burst, ticks_per_ms, interval, _, cost)
   local t = (now - GCRA_EPOCH_MS) * ticks_per_ms
   local tolerance = interval * burst
   local increment = interval * cost
-  local tat = tonumber(redis.call('GET', key)) or t
+  -- A TAT beyond t + tolerance was written under another rate (the config changed): clamp it, so the key counts
+  -- as fully used for one window instead of for years.
+  local tat = math.min(tonumber(redis.call('GET', key)) or t, t + tolerance)
   local new_tat = math.max(tat, t) + increment
   local allow_at = new_tat - tolerance
   local function to_ms(ticks)
@@ -274,7 +279,8 @@ end
 local function leaky_bucket(key, burst, per_ms, unit, max_delay, cost)
   expect_type(key, 'hash')
   local capacity = burst * unit
-  local water = read_level(key, 'm', 0, capacity, per_ms, false)
+  -- More water than these parameters can hold was written under others (the config changed): clamp it.
+  local water = read_level(key, 'm', 0, capacity + max_delay * per_ms, per_ms, false)
   local need = cost * unit
   local function room(w)
     return math.floor(math.max(capacity - w, 0) / unit)
