@@ -1,32 +1,55 @@
 //! The admin listener: liveness, readiness (is the store answering, or which fallback is active), Prometheus
-//! metrics.
+//! metrics, and the state of one limit for one key (read without consuming, or reset), behind a bearer token.
 
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use serde::Deserialize;
 use serde_json::json;
 
+use crate::config::LimitSettings;
 use crate::gateway::Gateway;
+use crate::limiter::store::{LimitCheck, StoreError};
 use crate::limiter::{Backend, OnError};
 
-/// The admin API's routes.
-pub fn router(gateway: Arc<Gateway>) -> Router {
+/// The admin API's routes. With a `token`, `/limits/...` requires `Authorization: Bearer <token>`; health,
+/// readiness and metrics stay open for probes and scrapers.
+pub fn router(gateway: Arc<Gateway>, token: Option<String>) -> Router {
+    let state = Admin {
+        gateway,
+        token: token.map(Arc::from),
+    };
     Router::new()
         .route("/healthz", get(|| async { (StatusCode::OK, "ok\n") }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(gateway)
+        .route(
+            "/limits/{route}/{limit}",
+            get(peek_limit).delete(reset_limit),
+        )
+        .with_state(state)
+}
+
+#[derive(Debug, Clone)]
+struct Admin {
+    gateway: Arc<Gateway>,
+    token: Option<Arc<str>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct KeyQuery {
+    key: Option<String>,
 }
 
 /// 200 while requests can be decided: by the store, or by a fallback that still serves (`on_error: local` or
 /// `allow`; the body says which). 503 while Redis is down under `on_error: deny`, since every limited request is
 /// then refused and a load balancer should prefer another instance.
-async fn readyz(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {
-    let limiter = gateway.limiter();
+async fn readyz(State(admin): State<Admin>) -> impl IntoResponse {
+    let limiter = admin.gateway.limiter();
     let store = match limiter.backend() {
         Backend::Memory => "memory",
         Backend::Redis(_) => "redis",
@@ -60,4 +83,124 @@ async fn metrics() -> impl IntoResponse {
             "# metrics recorder not installed\n".to_owned(),
         ),
     }
+}
+
+/// `GET /limits/{route}/{limit}?key=VALUE`: the state of that limit for that key, consuming nothing.
+async fn peek_limit(
+    State(admin): State<Admin>,
+    Path((route, limit)): Path<(String, String)>,
+    Query(query): Query<KeyQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let (store_key, settings) = match admin.locate(&headers, &route, &limit, query.key.as_deref()) {
+        Ok(found) => found,
+        Err(response) => return response,
+    };
+    let check = LimitCheck {
+        key: &store_key,
+        limit: &settings.limit,
+    };
+    match admin.gateway.limiter().peek(check).await {
+        Ok(decision) => Json(json!({
+            "route": route,
+            "limit": limit,
+            "key": query.key,
+            "store_key": store_key,
+            "algorithm": settings.limit.algorithm().name(),
+            "capacity": decision.limit,
+            "remaining": decision.remaining,
+            "would_admit": decision.allowed,
+            "retry_after_ms": decision.retry_after_ms,
+            "reset_after_ms": decision.reset_after_ms,
+        }))
+        .into_response(),
+        Err(error) => store_failure(&error),
+    }
+}
+
+/// `DELETE /limits/{route}/{limit}?key=VALUE`: forgets that key's state, so its next request starts afresh.
+async fn reset_limit(
+    State(admin): State<Admin>,
+    Path((route, limit)): Path<(String, String)>,
+    Query(query): Query<KeyQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let (store_key, _) = match admin.locate(&headers, &route, &limit, query.key.as_deref()) {
+        Ok(found) => found,
+        Err(response) => return response,
+    };
+    match admin.gateway.limiter().reset(&store_key).await {
+        Ok(existed) => {
+            tracing::info!(%route, %limit, %store_key, existed, "limit reset through the admin API");
+            Json(json!({"reset": true, "existed": existed, "store_key": store_key})).into_response()
+        }
+        Err(error) => store_failure(&error),
+    }
+}
+
+impl Admin {
+    /// Checks the token, then finds the limit and the store key for `key`; or the error response.
+    fn locate(
+        &self,
+        headers: &HeaderMap,
+        route: &str,
+        limit: &str,
+        key: Option<&str>,
+    ) -> Result<(String, LimitSettings), Response> {
+        self.authorize(headers)?;
+        let Some(key) = key.filter(|k| !k.is_empty()) else {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                "missing_key",
+                "give the key value as ?key=VALUE",
+            ));
+        };
+        let Some(limits) = self.gateway.limit_set(route) else {
+            return Err(error(StatusCode::NOT_FOUND, "unknown_route", route));
+        };
+        let Some((store_key, settings)) = limits.key_for(limit, key) else {
+            return Err(error(StatusCode::NOT_FOUND, "unknown_limit", limit));
+        };
+        Ok((store_key, settings.clone()))
+    }
+
+    fn authorize(&self, headers: &HeaderMap) -> Result<(), Response> {
+        let Some(token) = &self.token else {
+            return Ok(());
+        };
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        if presented.is_some_and(|p| constant_time_eq(p.as_bytes(), token.as_bytes())) {
+            return Ok(());
+        }
+        let mut response = error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "Authorization: Bearer <admin.token>",
+        );
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        Err(response)
+    }
+}
+
+/// Compares without stopping at the first difference, so response times do not reveal the token's prefix.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn error(status: StatusCode, code: &str, detail: &str) -> Response {
+    (status, Json(json!({"error": code, "detail": detail}))).into_response()
+}
+
+fn store_failure(failure: &StoreError) -> Response {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+        &failure.to_string(),
+    )
 }

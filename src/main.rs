@@ -142,7 +142,7 @@ async fn run(config: Config) -> ExitCode {
     };
 
     let gateway = Arc::new(Gateway::new(&config, limiter.clone()));
-    let admin = tollgate::admin::router(gateway.clone());
+    let admin = tollgate::admin::router(gateway.clone(), config.admin.token.clone());
     tokio::spawn(async move {
         if let Err(error) = axum::serve(admin_listener, admin).await {
             tracing::error!(%error, "admin listener failed");

@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 async fn admin(gateway: &TestGateway) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind admin");
     let addr = listener.local_addr().expect("admin addr");
-    let router = tollgate::admin::router(Arc::clone(&gateway.gateway));
+    let router = tollgate::admin::router(Arc::clone(&gateway.gateway), None);
     tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
     });

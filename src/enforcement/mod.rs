@@ -63,6 +63,16 @@ impl LimitSet {
         &self.limits
     }
 
+    /// The limit named `limit` and the store key it uses for the key value `value` (as `KeySpec::value` builds
+    /// it: parts joined with `|`).
+    pub fn key_for(&self, limit: &str, value: &str) -> Option<(String, &LimitSettings)> {
+        let settings = self.limits.iter().find(|s| s.limit.name() == limit)?;
+        Some((
+            store_key(&self.key_prefix, &self.scope, limit, value),
+            settings,
+        ))
+    }
+
     /// Builds the keys of `facts` and asks `limiter` once for all the limits that apply.
     pub async fn check(
         &self,

@@ -12,6 +12,7 @@ use http::{header, Request, Response};
 use super::responses;
 use super::runtime::{Action, Route, Runtime};
 use crate::config::Config;
+use crate::enforcement::LimitSet;
 use crate::key::RequestFacts;
 use crate::limiter::RateLimiter;
 use crate::proxy::{ForwardedFacts, ProxyError};
@@ -41,6 +42,16 @@ impl Gateway {
     /// Replaces the running config; requests in flight finish with the old one.
     pub fn reload(&self, config: &Config) {
         self.runtime.store(Arc::new(Runtime::new(config)));
+    }
+
+    /// The limits of the route named `route` in the running config.
+    pub fn limit_set(&self, route: &str) -> Option<LimitSet> {
+        let runtime = self.runtime.load();
+        runtime
+            .routes
+            .iter()
+            .find(|r| r.name == route)
+            .map(|r| r.limits.clone())
     }
 
     /// The limiter.

@@ -159,9 +159,32 @@ impl RateLimiter {
         &self.local
     }
 
-    /// Forgets the remembered denials, so the next requests ask the store (after a reset of a key).
-    pub fn forget_denials(&self) {
+    /// The state of one limit for one key, consuming nothing: from Redis (the shared truth), or from the
+    /// in-process store for `backend: memory`.
+    pub async fn peek(&self, check: LimitCheck<'_>) -> Result<Decision, StoreError> {
+        match &self.backend {
+            Backend::Memory => Ok(self.local.peek(check)),
+            Backend::Redis(redis) => {
+                tokio::time::timeout(self.timeout.max(Duration::from_secs(1)), redis.peek(check))
+                    .await
+                    .unwrap_or(Err(StoreError::Timeout(self.timeout)))
+            }
+        }
+    }
+
+    /// Forgets the state of `key` everywhere this instance keeps it: the store, the in-process fallback and the
+    /// over-limit cache. True if the store held state for it.
+    pub async fn reset(&self, key: &str) -> Result<bool, StoreError> {
         self.denials.clear();
+        let local = self.local.reset(key);
+        match &self.backend {
+            Backend::Memory => Ok(local),
+            Backend::Redis(redis) => {
+                tokio::time::timeout(self.timeout.max(Duration::from_secs(1)), redis.reset(key))
+                    .await
+                    .unwrap_or(Err(StoreError::Timeout(self.timeout)))
+            }
+        }
     }
 
     /// A denial answered in-process when one of the keys is known to be over its limit.

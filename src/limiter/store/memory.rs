@@ -94,6 +94,28 @@ impl MemoryStore {
         Outcome { allowed, decisions }
     }
 
+    /// The state of one limit for one key as it stands at the clock's time, consuming nothing.
+    pub fn peek(&self, check: LimitCheck<'_>) -> Decision {
+        let now_ms = self.clock.now_ms();
+        let shard = self.shards[self.shard_of(check.key)].lock();
+        let state = shard
+            .entries
+            .get(check.key)
+            .filter(|e| e.expires_at_ms > now_ms)
+            .map(|e| &e.state);
+        algorithms::evaluate(check.limit.algorithm(), state, now_ms, check.limit.cost()).standing
+    }
+
+    /// Forgets `key`; true if it was held (and not expired).
+    pub fn reset(&self, key: &str) -> bool {
+        let now_ms = self.clock.now_ms();
+        let mut shard = self.shards[self.shard_of(key)].lock();
+        shard
+            .entries
+            .swap_remove(key)
+            .is_some_and(|e| e.expires_at_ms > now_ms)
+    }
+
     /// Number of keys held, expired ones included until they are purged.
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| s.lock().entries.len()).sum()

@@ -202,6 +202,25 @@ impl RedisStore {
         parse_reply(&reply, checks.len())
     }
 
+    /// The state of one limit for one key as it stands, consuming nothing (a dry run of the script).
+    pub async fn peek(&self, check: LimitCheck<'_>) -> Result<Decision, StoreError> {
+        let client = self.pool.next();
+        let outcome = self
+            .run_script(client, &[check], None, Mode::DryRun)
+            .await?;
+        outcome
+            .decisions
+            .into_iter()
+            .next()
+            .ok_or_else(|| StoreError::Reply("no decision for the peeked limit".to_owned()))
+    }
+
+    /// Deletes the state of `key`; true if there was any.
+    pub async fn reset(&self, key: &str) -> Result<bool, StoreError> {
+        let deleted: i64 = self.pool.next().del(key).await?;
+        Ok(deleted > 0)
+    }
+
     /// Asks Redis for `PING`, failing fast while disconnected: the circuit breaker's probe.
     pub async fn ping(&self) -> Result<(), StoreError> {
         let client = self.pool.next();
