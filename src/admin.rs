@@ -85,37 +85,46 @@ async fn metrics() -> impl IntoResponse {
     }
 }
 
+/// Why an admin request failed; mapped to its HTTP answer in one place.
+#[derive(Debug)]
+enum AdminError {
+    Unauthorized,
+    MissingKey,
+    UnknownRoute(String),
+    UnknownLimit(String),
+    Store(StoreError),
+}
+
 /// `GET /limits/{route}/{limit}?key=VALUE`: the state of that limit for that key, consuming nothing.
 async fn peek_limit(
     State(admin): State<Admin>,
     Path((route, limit)): Path<(String, String)>,
     Query(query): Query<KeyQuery>,
     headers: HeaderMap,
-) -> Response {
-    let (store_key, settings) = match admin.locate(&headers, &route, &limit, query.key.as_deref()) {
-        Ok(found) => found,
-        Err(response) => return response,
-    };
+) -> Result<Json<serde_json::Value>, AdminError> {
+    let (store_key, settings) = admin.locate(&headers, &route, &limit, query.key.as_deref())?;
     let check = LimitCheck {
         key: &store_key,
         limit: &settings.limit,
     };
-    match admin.gateway.limiter().peek(check).await {
-        Ok(decision) => Json(json!({
-            "route": route,
-            "limit": limit,
-            "key": query.key,
-            "store_key": store_key,
-            "algorithm": settings.limit.algorithm().name(),
-            "capacity": decision.limit,
-            "remaining": decision.remaining,
-            "would_admit": decision.allowed,
-            "retry_after_ms": decision.retry_after_ms,
-            "reset_after_ms": decision.reset_after_ms,
-        }))
-        .into_response(),
-        Err(error) => store_failure(&error),
-    }
+    let decision = admin
+        .gateway
+        .limiter()
+        .peek(check)
+        .await
+        .map_err(AdminError::Store)?;
+    Ok(Json(json!({
+        "route": route,
+        "limit": limit,
+        "key": query.key,
+        "store_key": store_key,
+        "algorithm": settings.limit.algorithm().name(),
+        "capacity": decision.limit,
+        "remaining": decision.remaining,
+        "would_admit": decision.allowed,
+        "retry_after_ms": decision.retry_after_ms,
+        "reset_after_ms": decision.reset_after_ms,
+    })))
 }
 
 /// `DELETE /limits/{route}/{limit}?key=VALUE`: forgets that key's state, so its next request starts afresh.
@@ -124,47 +133,44 @@ async fn reset_limit(
     Path((route, limit)): Path<(String, String)>,
     Query(query): Query<KeyQuery>,
     headers: HeaderMap,
-) -> Response {
-    let (store_key, _) = match admin.locate(&headers, &route, &limit, query.key.as_deref()) {
-        Ok(found) => found,
-        Err(response) => return response,
-    };
-    match admin.gateway.limiter().reset(&store_key).await {
-        Ok(existed) => {
-            tracing::info!(%route, %limit, %store_key, existed, "limit reset through the admin API");
-            Json(json!({"reset": true, "existed": existed, "store_key": store_key})).into_response()
-        }
-        Err(error) => store_failure(&error),
-    }
+) -> Result<Json<serde_json::Value>, AdminError> {
+    let (store_key, _) = admin.locate(&headers, &route, &limit, query.key.as_deref())?;
+    let existed = admin
+        .gateway
+        .limiter()
+        .reset(&store_key)
+        .await
+        .map_err(AdminError::Store)?;
+    tracing::info!(%route, %limit, %store_key, existed, "limit reset through the admin API");
+    Ok(Json(
+        json!({"reset": true, "existed": existed, "store_key": store_key}),
+    ))
 }
 
 impl Admin {
-    /// Checks the token, then finds the limit and the store key for `key`; or the error response.
+    /// Checks the token, then finds the limit and the store key for `key`.
     fn locate(
         &self,
         headers: &HeaderMap,
         route: &str,
         limit: &str,
         key: Option<&str>,
-    ) -> Result<(String, LimitSettings), Response> {
+    ) -> Result<(String, LimitSettings), AdminError> {
         self.authorize(headers)?;
-        let Some(key) = key.filter(|k| !k.is_empty()) else {
-            return Err(error(
-                StatusCode::BAD_REQUEST,
-                "missing_key",
-                "give the key value as ?key=VALUE",
-            ));
-        };
-        let Some(limits) = self.gateway.limit_set(route) else {
-            return Err(error(StatusCode::NOT_FOUND, "unknown_route", route));
-        };
-        let Some((store_key, settings)) = limits.key_for(limit, key) else {
-            return Err(error(StatusCode::NOT_FOUND, "unknown_limit", limit));
-        };
+        let key = key
+            .filter(|k| !k.is_empty())
+            .ok_or(AdminError::MissingKey)?;
+        let limits = self
+            .gateway
+            .limit_set(route)
+            .ok_or_else(|| AdminError::UnknownRoute(route.to_owned()))?;
+        let (store_key, settings) = limits
+            .key_for(limit, key)
+            .ok_or_else(|| AdminError::UnknownLimit(limit.to_owned()))?;
         Ok((store_key, settings.clone()))
     }
 
-    fn authorize(&self, headers: &HeaderMap) -> Result<(), Response> {
+    fn authorize(&self, headers: &HeaderMap) -> Result<(), AdminError> {
         let Some(token) = &self.token else {
             return Ok(());
         };
@@ -174,17 +180,10 @@ impl Admin {
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim);
         if presented.is_some_and(|p| constant_time_eq(p.as_bytes(), token.as_bytes())) {
-            return Ok(());
+            Ok(())
+        } else {
+            Err(AdminError::Unauthorized)
         }
-        let mut response = error(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "Authorization: Bearer <admin.token>",
-        );
-        response
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        Err(response)
     }
 }
 
@@ -193,14 +192,33 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn error(status: StatusCode, code: &str, detail: &str) -> Response {
-    (status, Json(json!({"error": code, "detail": detail}))).into_response()
-}
-
-fn store_failure(failure: &StoreError) -> Response {
-    error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "store_unavailable",
-        &failure.to_string(),
-    )
+impl IntoResponse for AdminError {
+    fn into_response(self) -> Response {
+        let (status, code, detail) = match self {
+            AdminError::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "Authorization: Bearer <admin.token>".to_owned(),
+            ),
+            AdminError::MissingKey => (
+                StatusCode::BAD_REQUEST,
+                "missing_key",
+                "give the key value as ?key=VALUE".to_owned(),
+            ),
+            AdminError::UnknownRoute(route) => (StatusCode::NOT_FOUND, "unknown_route", route),
+            AdminError::UnknownLimit(limit) => (StatusCode::NOT_FOUND, "unknown_limit", limit),
+            AdminError::Store(error) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                error.to_string(),
+            ),
+        };
+        let mut response = (status, Json(json!({"error": code, "detail": detail}))).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
 }
