@@ -314,3 +314,55 @@ async fn allowlisted_clients_skip_the_limits() {
         }
     }
 }
+
+#[tokio::test]
+async fn shadow_limits_are_decided_and_counted_but_never_enforced() {
+    let limits = "      - name: enforced
+        key: ip
+        algorithm: sliding_log
+        limit: 6
+        period: 1m
+      - name: trial
+        key: ip
+        algorithm: sliding_log
+        limit: 2
+        period: 1m
+        shadow: true
+      - name: trial-delay
+        key: ip
+        algorithm: leaky_bucket
+        rate: 1/1h
+        burst: 1
+        mode: delay
+        max_delay: 1h
+        shadow: true
+";
+    for store in STORES {
+        let s = setup(store, "", limits).await;
+        let url = s.gateway.url("/api");
+        let started = std::time::Instant::now();
+        let client = client();
+        let first = client.get(&url).send().await.unwrap();
+        assert_eq!(
+            first.headers()["ratelimit-policy"],
+            "\"enforced\";q=6;w=60",
+            "{store:?}: shadow limits are not advertised"
+        );
+        assert_eq!(first.headers()["x-ratelimit-limit"], "6");
+        let rest = hammer(&url, 7, &[]).await;
+        // `trial` (2) would have denied from the 3rd request on; only `enforced` (6) does.
+        assert_eq!(count(&rest, 200), 5, "{store:?}: {rest:?}");
+        assert_eq!(s.upstream.hits(), 6);
+        // The shadow leaky bucket in delay mode would hold requests for an hour: nothing is held.
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{store:?}"
+        );
+        if let (Store::Redis, Some(redis)) = (store, &s._redis) {
+            let trial = redis
+                .cli(&["ZCARD", "tollgate:api:trial:{127.0.0.1}"])
+                .unwrap();
+            assert_eq!(trial, "2", "a shadow limit consumes only what it admits");
+        }
+    }
+}

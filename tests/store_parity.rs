@@ -79,7 +79,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
     #[test]
-    fn redis_and_memory_decide_alike(first in algorithm(), second in algorithm(), steps in steps()) {
+    fn redis_and_memory_decide_alike(
+        first in algorithm(),
+        second in algorithm(),
+        shadows in (any::<bool>(), any::<bool>()),
+        steps in steps(),
+    ) {
         let fx = fixture();
         let case = fx.case.fetch_add(1, Ordering::SeqCst);
         let memory = MemoryStore::new(10_000, Arc::new(ManualClock::new(0)));
@@ -88,8 +93,8 @@ proptest! {
             now += delta;
             let cost_a = cost.min(first.capacity());
             let cost_b = cost.min(second.capacity());
-            let a = Limit::new("a", first, cost_a).expect("valid");
-            let b = Limit::new("b", second, cost_b).expect("valid");
+            let a = Limit::new("a", first, cost_a).expect("valid").with_shadow(shadows.0);
+            let b = Limit::new("b", second, cost_b).expect("valid").with_shadow(shadows.1);
             let key_a = format!("case{case}:a");
             let key_b = format!("case{case}:b");
             let checks = [

@@ -88,7 +88,9 @@ pub(crate) fn limit_settings(
     if issues.count() != before {
         return None;
     }
-    let limit = issues.check(at, Limit::new(raw.name.clone(), algorithm?, raw.cost))?;
+    let limit = issues
+        .check(at, Limit::new(raw.name.clone(), algorithm?, raw.cost))?
+        .with_shadow(raw.shadow);
     Some(LimitSettings { limit, key: key? })
 }
 

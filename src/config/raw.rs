@@ -171,6 +171,9 @@ pub(crate) struct RawLimit {
     pub mode: Option<String>,
     #[serde(default, deserialize_with = "optional_scalar_text")]
     pub max_delay: Option<String>,
+    /// Decide, log and count, but never enforce.
+    #[serde(default)]
+    pub shadow: bool,
 }
 
 /// `key:` written as one part (`key: ip`) or a list (`key: [route, header:x-api-key]`); which of the two is kept

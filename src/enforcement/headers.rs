@@ -13,8 +13,10 @@ static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// `"per-ip";q=100;w=60, "per-key";q=50;w=180` for a route's limits; `None` without limits.
 pub(super) fn policy(limits: &[LimitSettings]) -> Option<HeaderValue> {
+    // Shadow limits are never enforced: clients are not told about them.
     let items: Vec<String> = limits
         .iter()
+        .filter(|l| !l.limit.is_shadow())
         .map(|l| {
             let algorithm = l.limit.algorithm();
             format!(

@@ -108,12 +108,23 @@ impl LimitSet {
 
     /// `tollgate_decisions_total`: every limit of an admitted request counts as allowed; of a denied request
     /// only the denying limits count (the others consumed nothing and decided nothing).
+    /// A shadow limit that denies counts as `shadow_denied` (and is logged), whatever the request's fate.
     fn count_decisions(&self, verdict: &Verdict) {
         for (i, decision) in verdict.outcome.decisions.iter().enumerate() {
-            let label = match (verdict.outcome.allowed, decision.allowed) {
-                (true, _) => "allowed",
-                (false, false) => "denied",
-                (false, true) => continue,
+            let shadow = self.is_shadow(verdict, i);
+            let label = match (shadow, verdict.outcome.allowed, decision.allowed) {
+                (true, _, false) => {
+                    tracing::info!(
+                        scope = %self.scope,
+                        limit = self.name_of(verdict, i),
+                        retry_after_ms = decision.retry_after_ms,
+                        "shadow limit would deny"
+                    );
+                    "shadow_denied"
+                }
+                (_, true, _) => "allowed",
+                (false, false, false) => "denied",
+                (_, false, true) => continue,
             };
             metrics::counter!(
                 "tollgate_decisions_total",
@@ -128,10 +139,10 @@ impl LimitSet {
     /// The answer to a denied request: `deny_status` (429 by default) with `Retry-After`, the rate-limit fields
     /// and a JSON body naming the limit.
     pub fn refusal(&self, verdict: &Verdict) -> Response<Body> {
-        let outcome = &verdict.outcome;
+        let (outcome, names) = self.enforced(verdict);
         let limit = outcome
             .most_restrictive()
-            .map(|i| self.name_of(verdict, i))
+            .and_then(|i| names.get(i).copied())
             .unwrap_or_default();
         let retry_after_ms = outcome.retry_after_ms();
         tracing::debug!(scope = %self.scope, limit, retry_after_ms, "rate limited");
@@ -164,10 +175,38 @@ impl LimitSet {
 
     /// Adds `X-RateLimit-*`, `RateLimit-Policy` and `RateLimit` describing `verdict`.
     pub fn decorate(&self, headers: &mut HeaderMap, verdict: &Verdict) {
-        let names: Vec<&str> = (0..verdict.applied.len())
-            .map(|i| self.name_of(verdict, i))
-            .collect();
-        headers::apply(headers, self.policy.as_ref(), &verdict.outcome, &names);
+        let (outcome, names) = self.enforced(verdict);
+        headers::apply(headers, self.policy.as_ref(), &outcome, &names);
+    }
+
+    /// The decisions of the enforced limits only, with their names: what clients are told about.
+    fn enforced<'a>(&'a self, verdict: &Verdict) -> (Outcome, Vec<&'a str>) {
+        let (decisions, names) = verdict
+            .outcome
+            .decisions
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| !self.is_shadow(verdict, i))
+            .map(|(i, d)| (*d, self.name_of(verdict, i)))
+            .unzip();
+        let outcome = Outcome {
+            allowed: verdict.outcome.allowed,
+            decisions,
+        };
+        (outcome, names)
+    }
+
+    /// How long an admitted request must be held (`leaky_bucket` in delay mode); shadow limits hold nothing.
+    pub fn delay_ms(&self, verdict: &Verdict) -> u64 {
+        self.enforced(verdict).0.delay_ms()
+    }
+
+    fn is_shadow(&self, verdict: &Verdict, decision: usize) -> bool {
+        verdict
+            .applied
+            .get(decision)
+            .and_then(|&index| self.limits.get(index))
+            .is_some_and(|settings| settings.limit.is_shadow())
     }
 
     fn name_of(&self, verdict: &Verdict, decision: usize) -> &str {

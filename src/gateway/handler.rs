@@ -132,7 +132,7 @@ impl Gateway {
                 return (Some(route), route.limits.refusal(verdict));
             }
             // `leaky_bucket` in delay mode: admitted, but only once the request conforms to the rate.
-            let delay_ms = verdict.outcome.delay_ms();
+            let delay_ms = route.limits.delay_ms(verdict);
             if delay_ms > 0 {
                 tokio::time::sleep(Duration::from_millis(delay_ms)).await;
             }

@@ -118,7 +118,7 @@ where
     if !verdict.outcome.allowed {
         return Ok(shared.limits.refusal(&verdict));
     }
-    let delay_ms = verdict.outcome.delay_ms();
+    let delay_ms = shared.limits.delay_ms(&verdict);
     if delay_ms > 0 {
         tokio::time::sleep(Duration::from_millis(delay_ms)).await;
     }

@@ -74,6 +74,7 @@ pub struct Limit {
     name: String,
     algorithm: Algorithm,
     cost: u64,
+    shadow: bool,
 }
 
 /// Why a limit definition was refused.
@@ -290,7 +291,20 @@ impl Limit {
             name: name.into(),
             algorithm,
             cost,
+            shadow: false,
         })
+    }
+
+    /// The same limit in shadow mode (`shadow: true`): decided, logged and counted, never enforced. A request
+    /// it denies is still admitted, and consumes from it nothing; a request it admits consumes as usual.
+    pub fn with_shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
+    }
+
+    /// Whether the limit is only observed, never enforced.
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
     }
 
     /// The limit's name, unique within its route.

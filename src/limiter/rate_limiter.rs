@@ -122,8 +122,11 @@ impl RateLimiter {
             Ok(Ok(outcome)) => {
                 self.health.recovered();
                 if !outcome.allowed {
+                    // A shadow limit's denial is never enforced, so never answered from the cache either.
                     for (check, decision) in checks.iter().zip(&outcome.decisions) {
-                        self.denials.remember(check.key, *decision, now);
+                        if !check.limit.is_shadow() {
+                            self.denials.remember(check.key, *decision, now);
+                        }
                     }
                 }
                 return Ok(outcome);

@@ -6,7 +6,8 @@
 -- ARGV[2]  "1" to commit (consume from every limit if all admit), "0" for a dry run that decides but consumes
 --          nothing. Redis Cluster needs the dry run when a request's keys span several hash slots: every slot is
 --          asked first, and committed only if all admit (see src/limiter/store/redis.rs).
--- ARGV[3 + 6(i-1) .. 8 + 6(i-1)]  limit i: algorithm id, four parameters, cost:
+-- ARGV[3 + 7(i-1) .. 9 + 7(i-1)]  limit i: algorithm id, four parameters, cost, shadow ("1": decided and
+--          reported, never enforced: it denies nothing, and consumes only when it admits):
 --   1 sliding_window  limit, period_ms
 --   2 sliding_log     limit, period_ms
 --   3 token_bucket    burst, rate count, rate period_ms
@@ -26,7 +27,7 @@
 -- Numbers are written to Redis with string.format("%d") because Lua's default conversion would print large
 -- integers in exponent notation.
 
-local ARGS_PER_LIMIT = 6
+local ARGS_PER_LIMIT = 7
 local FIRST_LIMIT_ARG = 3
 local GCRA_EPOCH_MS = 1735689600000
 
@@ -320,7 +321,7 @@ for i = 1, #KEYS do
   local a, s, commit = evaluate(KEYS[i], tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]),
     tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5]))
   admitted[i], standing[i], commits[i] = a, s, commit
-  if not commit then
+  if not commit and ARGV[base + 6] ~= '1' then
     all_allowed = false
   end
 end
@@ -330,10 +331,16 @@ local chosen = standing
 if all_allowed and ARGV[2] == '0' then
   reply[2] = 1
 elseif all_allowed then
+  chosen = {}
   for i = 1, #KEYS do
-    commits[i]()
+    -- A shadow limit that denies has no commit: it reports its standing state.
+    if commits[i] then
+      commits[i]()
+      chosen[i] = admitted[i]
+    else
+      chosen[i] = standing[i]
+    end
   end
-  chosen = admitted
   reply[2] = 1
 else
   reply[2] = 0

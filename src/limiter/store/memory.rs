@@ -73,12 +73,19 @@ impl MemoryStore {
             })
             .collect();
 
-        let allowed = evaluations.iter().all(|e| e.admitted.allowed);
+        // Shadow limits never deny the request; they consume only when they themselves admit.
+        let allowed = evaluations
+            .iter()
+            .zip(checks)
+            .all(|(e, check)| e.admitted.allowed || check.limit.is_shadow());
         let decisions: Vec<Decision> = if allowed {
             evaluations
                 .into_iter()
                 .zip(checks)
                 .map(|(ev, check)| {
+                    if !ev.admitted.allowed {
+                        return ev.standing;
+                    }
                     let shard = guard_for(&mut guards, self.shard_of(check.key));
                     let entry = Entry {
                         state: ev.next,

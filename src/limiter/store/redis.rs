@@ -27,7 +27,7 @@ const CHECK_SCRIPT: &str = include_str!("../scripts/check.lua");
 /// Fields per limit in the script's reply (after `now_ms` and `all_allowed`).
 const REPLY_FIELDS: usize = 6;
 /// Arguments per limit: algorithm id, four parameters, cost.
-const ARGS_PER_LIMIT: usize = 6;
+const ARGS_PER_LIMIT: usize = 7;
 
 /// Which kind of Redis deployment the URL names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,7 +195,10 @@ impl RedisStore {
         }));
         for check in checks {
             let [id, a, b, c, d] = script_params(check.limit.algorithm());
-            command.extend([id, a, b, c, d, check.limit.cost()].map(|v| Value::from(v as i64)));
+            let shadow = u64::from(check.limit.is_shadow());
+            command.extend(
+                [id, a, b, c, d, check.limit.cost(), shadow].map(|v| Value::from(v as i64)),
+            );
         }
         let slot = checks.first().map(|c| redis_keyslot(c.key.as_bytes()));
         let reply = self.evalsha(client, slot, command).await?;
