@@ -213,6 +213,23 @@ fn part_value<'a>(part: &KeyPart, facts: &RequestFacts<'a>) -> Option<std::borro
     }
 }
 
+/// The host a request asked for, lower-cased and without port: the authority of the request target (absolute
+/// form, HTTP/2's `:authority`), else the `Host` header. Used for routing and for the `host` key part.
+pub fn request_host(uri: &http::Uri, headers: &HeaderMap) -> Option<String> {
+    let host = match uri.authority() {
+        Some(authority) => authority.host().to_owned(),
+        None => {
+            let value = headers.get(http::header::HOST)?.to_str().ok()?;
+            value
+                .parse::<http::uri::Authority>()
+                .ok()?
+                .host()
+                .to_owned()
+        }
+    };
+    Some(host.to_ascii_lowercase())
+}
+
 /// The store key of one limit for one key value: `<prefix><route>:<limit>:{<value>}`.
 ///
 /// The braces make the value the Redis Cluster hash tag. A value longer than [`MAX_PLAIN_KEY_LEN`] bytes, or with

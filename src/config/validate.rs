@@ -16,7 +16,15 @@ use super::units::parse_duration;
 use crate::limiter::OnError;
 
 /// Redis URL schemes the store understands.
-const REDIS_SCHEMES: [&str; 4] = ["redis", "rediss", "redis-cluster", "redis-sentinel"];
+/// `rediss` variants are the same deployments over TLS.
+const REDIS_SCHEMES: [&str; 6] = [
+    "redis",
+    "rediss",
+    "redis-cluster",
+    "rediss-cluster",
+    "redis-sentinel",
+    "rediss-sentinel",
+];
 
 /// Methods a route may name. Extension methods are refused: a misspelt `GTE` would otherwise match nothing, silently.
 const METHODS: [&str; 9] = [
@@ -149,7 +157,7 @@ fn check_redis_url(issues: &mut Issues, url: &str) {
         issues.add(
             "store.url",
             format_args!(
-                "invalid Redis URL {url:?} (use redis://, rediss://, redis-cluster:// or redis-sentinel://)"
+                "invalid Redis URL {url:?} (use redis://, redis-cluster:// or redis-sentinel://, or rediss… for TLS)"
             ),
         );
         return;
@@ -755,7 +763,7 @@ routes:
         assert_eq!(
             problems("store:\n  backend: redis\n  url: http://cache:6379\n"),
             [
-                r#"store.url: invalid Redis URL "http://cache:6379" (use redis://, rediss://, redis-cluster:// or redis-sentinel://)"#
+                r#"store.url: invalid Redis URL "http://cache:6379" (use redis://, redis-cluster:// or redis-sentinel://, or rediss… for TLS)"#
             ]
         );
         for url in [

@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use axum::body::Body;
 use http::header::{HeaderName, HeaderValue};
-use http::{header, Request, Response};
+use http::{Request, Response};
 
 use super::responses;
 use super::runtime::{Action, Route, Runtime};
 use crate::config::Config;
 use crate::enforcement::LimitSet;
-use crate::key::RequestFacts;
+use crate::key::{request_host, RequestFacts};
 use crate::limiter::RateLimiter;
 use crate::proxy::{ForwardedFacts, ProxyError};
 use crate::routing::{normalize_path, RequestTarget};
@@ -98,7 +98,7 @@ impl Gateway {
         let Some(path) = normalize_path(request.uri().path()).map(|p| p.into_owned()) else {
             return (None, responses::bad_target());
         };
-        let host = request_host(&request);
+        let host = request_host(request.uri(), request.headers());
         let target = RequestTarget {
             method: request.method(),
             host: host.as_deref(),
@@ -181,20 +181,6 @@ fn ensure_request_id(headers: &mut http::HeaderMap) -> HeaderValue {
     let value = HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("0"));
     headers.insert(X_REQUEST_ID.clone(), value.clone());
     value
-}
-
-/// The host the client asked for, lower-cased and without port: the request target's authority (absolute form,
-/// HTTP/2) or else the `Host` header.
-fn request_host(request: &Request<Body>) -> Option<String> {
-    let raw = match request.uri().authority() {
-        Some(authority) => authority.host().to_owned(),
-        None => {
-            let value = request.headers().get(header::HOST)?.to_str().ok()?;
-            let authority: http::uri::Authority = value.parse().ok()?;
-            authority.host().to_owned()
-        }
-    };
-    Some(raw.to_ascii_lowercase())
 }
 
 fn proxy_failure(route: &Route, error: &ProxyError) -> Response<Body> {

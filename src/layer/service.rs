@@ -10,12 +10,12 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::BoxError;
 use bytes::Bytes;
-use http::{header, HeaderMap, Request, Response, Uri};
+use http::{Request, Response};
 use tower::{Service, ServiceExt};
 
 use super::future::ResponseFuture;
 use super::rate_limit::{RateLimitLayer, Shared};
-use crate::key::RequestFacts;
+use crate::key::{request_host, RequestFacts};
 use crate::routing::normalize_path;
 
 /// The client address assumed when a request carries no `ConnectInfo<SocketAddr>` (see the module docs).
@@ -143,22 +143,4 @@ fn peer_ip<B>(shared: &Shared, request: &Request<B>) -> IpAddr {
         );
     }
     UNKNOWN_PEER
-}
-
-/// The host the client asked for, lower-cased and without port: the target's authority (absolute form, HTTP/2),
-/// else the `Host` header.
-// The same rule as the gateway handler's `request_host`, which is private there and takes only its own body type.
-fn request_host(uri: &Uri, headers: &HeaderMap) -> Option<String> {
-    let host = match uri.authority() {
-        Some(authority) => authority.host().to_owned(),
-        None => {
-            let value = headers.get(header::HOST)?.to_str().ok()?;
-            value
-                .parse::<http::uri::Authority>()
-                .ok()?
-                .host()
-                .to_owned()
-        }
-    };
-    Some(host.to_ascii_lowercase())
 }
