@@ -371,7 +371,8 @@ async fn sentinel_limits_and_keeps_limiting_on_the_new_master_after_a_failover()
 
     // Within a bounded time the gateway limits on the new master: a fresh key is admitted exactly 5 times and
     // its state is on the promoted server.
-    let deadline = Instant::now() + Duration::from_secs(90);
+    let failed_over = Instant::now();
+    let deadline = failed_over + Duration::from_secs(90);
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -381,6 +382,10 @@ async fn sentinel_limits_and_keeps_limiting_on_the_new_master_after_a_failover()
         let on_new_master = sentinel.cli(new_master, &["ZCARD", &key]);
         if statuses == [200, 200, 200, 200, 200, 429, 429] && on_new_master.as_deref() == Some("5")
         {
+            println!(
+                "limiting on the new master {:?} after the failover",
+                failed_over.elapsed()
+            );
             break;
         }
         assert!(

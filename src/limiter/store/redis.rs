@@ -46,6 +46,8 @@ pub struct RedisStore {
     pool: Pool,
     script: Script,
     topology: RedisTopology,
+    /// Set while a forced reconnection (after a failover) is under way, so failing requests start only one.
+    reconnecting: Arc<AtomicBool>,
 }
 
 /// `ARGV[2]` of the script: consume when admitted, or only decide.
@@ -97,6 +99,7 @@ impl RedisStore {
             pool,
             script: Script::from_lua(CHECK_SCRIPT),
             topology,
+            reconnecting: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -261,8 +264,29 @@ impl RedisStore {
                 self.script.load(client).await?;
                 Ok(evalsha().await?)
             }
+            Err(error) if error.details().contains("READONLY") => {
+                self.reconnect_to_primary();
+                Err(error.into())
+            }
             other => Ok(other?),
         }
+    }
+
+    /// The server we write to became a replica (a Sentinel failover demoted it): reconnect now, which asks
+    /// Sentinel for the new primary, instead of writing into errors until the old primary drops us.
+    fn reconnect_to_primary(&self) {
+        if self.reconnecting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tracing::warn!("redis refused a write (READONLY): reconnecting to the current primary");
+        let pool = self.pool.clone();
+        let reconnecting = Arc::clone(&self.reconnecting);
+        tokio::spawn(async move {
+            if let Err(error) = pool.force_reconnection().await {
+                tracing::warn!(%error, "forced reconnection failed");
+            }
+            reconnecting.store(false, Ordering::Release);
+        });
     }
 }
 
