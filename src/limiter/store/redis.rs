@@ -92,9 +92,11 @@ impl RedisStore {
             // Retry forever, quickly at first: limiting must come back to Redis soon after it does.
             .set_policy(ReconnectPolicy::new_exponential(0, 50, 1_000, 2))
             .build_pool(pool_size.max(1))?;
+        // Subscribed before connecting, on every client: the first failure (a refused certificate, a wrong
+        // password) is the one worth a warning, and it may come from any connection of the pool.
+        report_connection_errors(pool.clients());
         // Connection tasks run for the life of the pool and reconnect on their own.
         let _handles = pool.connect_pool();
-        report_connection_errors(pool.next());
         Ok(Self {
             pool,
             script: Script::from_lua(CHECK_SCRIPT),
@@ -292,24 +294,27 @@ impl RedisStore {
 
 /// Logs why `client` cannot connect (wrong password, untrusted certificate, refused...), once per outage:
 /// requests only ever see "not connected", since they fail fast and are decided by the `on_error` policy.
-fn report_connection_errors(client: &Client) {
+fn report_connection_errors(clients: &[Client]) {
     let reported = Arc::new(AtomicBool::new(false));
-    let _errors = client.on_error({
-        let reported = reported.clone();
-        move |(error, server)| {
-            let server = server.map_or_else(String::new, |s| format!(" ({s})"));
-            if reported.swap(true, Ordering::Relaxed) {
-                tracing::debug!("redis connection failed again{server}: {error}");
-            } else {
-                tracing::warn!("redis connection failed{server}: {error}");
+    for client in clients {
+        let _errors = client.on_error({
+            let reported = reported.clone();
+            move |(error, server)| {
+                let server = server.map_or_else(String::new, |s| format!(" ({s})"));
+                if reported.swap(true, Ordering::Relaxed) {
+                    tracing::debug!("redis connection failed again{server}: {error}");
+                } else {
+                    tracing::warn!("redis connection failed{server}: {error}");
+                }
+                async { Ok(()) }
             }
+        });
+        let reported = reported.clone();
+        let _reconnects = client.on_reconnect(move |_| {
+            reported.store(false, Ordering::Relaxed);
             async { Ok(()) }
-        }
-    });
-    let _reconnects = client.on_reconnect(move |_| {
-        reported.store(false, Ordering::Relaxed);
-        async { Ok(()) }
-    });
+        });
+    }
 }
 
 /// The script's algorithm id and four parameters for a limit (see the header of `check.lua`).
