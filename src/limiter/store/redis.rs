@@ -292,7 +292,7 @@ impl RedisStore {
     }
 }
 
-/// Logs why `client` cannot connect (wrong password, untrusted certificate, refused...), once per outage:
+/// Logs why the pool cannot connect (wrong password, untrusted certificate, refused...), once per outage:
 /// requests only ever see "not connected", since they fail fast and are decided by the `on_error` policy.
 fn report_connection_errors(clients: &[Client]) {
     let reported = Arc::new(AtomicBool::new(false));
