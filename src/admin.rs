@@ -14,7 +14,7 @@ use serde_json::json;
 use crate::config::LimitSettings;
 use crate::gateway::Gateway;
 use crate::limiter::store::{LimitCheck, StoreError};
-use crate::limiter::{Backend, OnError};
+use crate::limiter::Backend;
 
 /// The admin API's routes. With a `token`, `/limits/...` requires `Authorization: Bearer <token>`; health,
 /// readiness and metrics stay open for probes and scrapers.
@@ -45,9 +45,9 @@ struct KeyQuery {
     key: Option<String>,
 }
 
-/// 200 while requests can be decided: by the store, or by a fallback that still serves (`on_error: local` or
-/// `allow`; the body says which). 503 while Redis is down under `on_error: deny`, since every limited request is
-/// then refused and a load balancer should prefer another instance.
+/// 200 while the process can answer: the store answers (`"status": "ready"`), or Redis failed and the
+/// `on_error` policy answers instead (`"status": "degraded"`, `"fallback_active": true`, and the policy: under
+/// `deny` limited requests then get 503, which the body makes visible to whoever watches readiness).
 async fn readyz(State(admin): State<Admin>) -> impl IntoResponse {
     let limiter = admin.gateway.limiter();
     let store = match limiter.backend() {
@@ -55,18 +55,14 @@ async fn readyz(State(admin): State<Admin>) -> impl IntoResponse {
         Backend::Redis(_) => "redis",
     };
     let fallback = limiter.fallback_active();
-    let (status, state) = match (fallback, limiter.on_error()) {
-        (false, _) => (StatusCode::OK, "ready"),
-        (true, OnError::Deny) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
-        (true, _) => (StatusCode::OK, "degraded"),
-    };
+    let state = if fallback { "degraded" } else { "ready" };
     let body = json!({
         "status": state,
         "store": store,
         "fallback_active": fallback,
         "on_error": limiter.on_error().to_string(),
     });
-    (status, Json(body))
+    (StatusCode::OK, Json(body))
 }
 
 /// Prometheus text format.

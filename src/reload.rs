@@ -10,8 +10,8 @@ use crate::gateway::Gateway;
 
 /// Loads `path` and, if it is valid, makes it the running config of `gateway`.
 ///
-/// Routes, limits, upstreams and client-address settings change; `listen`, `admin` and `store` need a restart
-/// (logged when they differ). The limiter and its counters are kept, so unchanged keys keep their state.
+/// Routes, limits, upstreams and client-address settings change; `listen`, `admin`, `store` and `server` need a
+/// restart. The limiter and its counters are kept, so unchanged keys keep their state.
 pub fn reload(gateway: &Gateway, path: &Path) -> Result<(), ConfigError> {
     let config = config::load(path)?;
     gateway.reload(&config);

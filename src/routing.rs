@@ -107,24 +107,19 @@ pub fn normalize_path(path: &str) -> Option<Cow<'_, str>> {
     if !path.starts_with('/') {
         return None;
     }
-    let clean = !path.contains("//")
-        && !path.split('/').any(|s| {
-            s == "."
-                || s == ".."
-                || s.eq_ignore_ascii_case("%2e")
-                || s.eq_ignore_ascii_case("%2e%2e")
-        });
+    let clean = !path.contains("//") && !path.split('/').any(is_dot_segment);
     if clean {
         return Some(Cow::Borrowed(path));
     }
     let mut segments: Vec<&str> = Vec::new();
     for segment in path.split('/').skip(1) {
-        match segment.to_ascii_lowercase().as_str() {
-            "" | "." | "%2e" => {}
-            ".." | "%2e%2e" | ".%2e" | "%2e." => {
-                segments.pop();
-            }
-            _ => segments.push(segment),
+        if segment.is_empty() || is_current(segment) {
+            continue;
+        }
+        if is_dot_segment(segment) {
+            segments.pop();
+        } else {
+            segments.push(segment);
         }
     }
     let mut out = String::with_capacity(path.len());
@@ -137,6 +132,18 @@ pub fn normalize_path(path: &str) -> Option<Cow<'_, str>> {
         out.push('/');
     }
     Some(Cow::Owned(out))
+}
+
+/// `.` in any spelling (`.`, `%2e`, `%2E`).
+fn is_current(segment: &str) -> bool {
+    segment == "." || segment.eq_ignore_ascii_case("%2e")
+}
+
+/// `.` or `..` in any spelling: the one rule for both deciding to clean and cleaning, so that no encoded form
+/// (`.%2e`, `%2E.`, `%2e%2E`) can be recognised by one and missed by the other.
+fn is_dot_segment(segment: &str) -> bool {
+    let decoded = segment.to_ascii_lowercase().replace("%2e", ".");
+    decoded == "." || decoded == ".."
 }
 
 #[cfg(test)]

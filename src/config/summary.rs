@@ -77,7 +77,11 @@ fn route_rows(route: &RouteSettings) -> Vec<[String; 8]> {
                 MissingKey::Ip => settings.key.to_string(),
                 MissingKey::Skip => format!("{} (else skip)", settings.key),
             };
-            row[3] = settings.limit.name().to_owned();
+            row[3] = if settings.limit.is_shadow() {
+                format!("{} (shadow)", settings.limit.name())
+            } else {
+                settings.limit.name().to_owned()
+            };
             row[4] = settings.limit.algorithm().name().to_owned();
             row[5] = parameters(settings.limit.algorithm());
             row[6] = key;
@@ -160,14 +164,32 @@ fn table(rows: &[[String; 8]]) -> String {
     out
 }
 
-/// The URL without its password, for output that may be shared.
+/// The URL without its credentials (user info, and query parameters such as `sentinelPassword`), for output
+/// that may be shared.
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let mut out = match (base.find("://"), base.rfind('@')) {
         (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}://***{}", &url[..scheme_end], &url[at..])
+            format!("{}://***{}", &base[..scheme_end], &base[at..])
         }
-        _ => url.to_owned(),
+        _ => base.to_owned(),
+    };
+    if let Some(query) = query {
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((name, _)) if name.to_ascii_lowercase().contains("password") => {
+                    format!("{name}=***")
+                }
+                _ => pair.to_owned(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&pairs.join("&"));
     }
+    out
 }
 
 #[cfg(test)]
@@ -204,5 +226,9 @@ mod tests {
             "redis://***@host:6379/0"
         );
         assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+        assert_eq!(
+            redact("redis-sentinel://s:26379/0?sentinelServiceName=main&sentinelPassword=hunter2"),
+            "redis-sentinel://s:26379/0?sentinelServiceName=main&sentinelPassword=***"
+        );
     }
 }

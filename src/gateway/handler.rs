@@ -1,6 +1,6 @@
 //! The request path: route, key, limiter, then the route's action or a refusal.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -67,7 +67,8 @@ impl Gateway {
         let method = request.method().clone();
         let uri_path = request.uri().path().to_owned();
         let runtime = self.runtime.load_full();
-        let (route, mut response) = self.route_request(&runtime, request, peer).await;
+        let client_ip = runtime.client_ip.resolve(peer.ip(), request.headers());
+        let (route, mut response) = self.route_request(&runtime, request, peer, client_ip).await;
         let route = route.map_or("none", |r| r.name.as_str());
         let status = response.status();
         metrics::counter!("tollgate_requests_total", "route" => route.to_owned(), "status" => status.as_str().to_owned())
@@ -78,7 +79,8 @@ impl Gateway {
             path = %uri_path,
             route,
             status = status.as_u16(),
-            client = %peer.ip(),
+            client = %client_ip,
+            peer = %peer.ip(),
             duration_ms = started.elapsed().as_secs_f64() * 1e3,
             request_id = request_id.to_str().unwrap_or_default(),
         );
@@ -94,6 +96,7 @@ impl Gateway {
         runtime: &'r Runtime,
         request: Request<Body>,
         peer: SocketAddr,
+        client_ip: IpAddr,
     ) -> (Option<&'r Route>, Response<Body>) {
         let Some(path) = normalize_path(request.uri().path()).map(|p| p.into_owned()) else {
             return (None, responses::bad_target());
@@ -108,7 +111,6 @@ impl Gateway {
             return (None, responses::no_route(&path));
         };
 
-        let client_ip = runtime.client_ip.resolve(peer.ip(), request.headers());
         let facts = RequestFacts {
             client_ip,
             route: &route.name,

@@ -94,10 +94,12 @@ pub enum LimitError {
         capacity: u64,
     },
     /// The parameters are too large for exact arithmetic.
-    #[error("{what} is too large: {value} exceeds {max} (lower the {what} or shorten the period)")]
+    #[error("{what} is too large: {value} exceeds {max} ({hint})")]
     TooLarge {
         /// Which product overflowed.
         what: &'static str,
+        /// What to change.
+        hint: &'static str,
         /// Its value.
         value: u128,
         /// The largest allowed value.
@@ -213,10 +215,11 @@ impl Algorithm {
                 _ => "burst",
             }));
         }
-        for (what, value) in self.scaled_products() {
+        for (what, value, hint) in self.scaled_products() {
             if value > u128::from(MAX_SCALED) {
                 return Err(LimitError::TooLarge {
                     what,
+                    hint,
                     value,
                     max: MAX_SCALED,
                 });
@@ -225,20 +228,27 @@ impl Algorithm {
         Ok(())
     }
 
-    /// The largest integers each algorithm's arithmetic reaches, with what to call them in an error.
-    fn scaled_products(&self) -> Vec<(&'static str, u128)> {
+    /// The largest integers each algorithm's arithmetic reaches, with what to call them and what to change in
+    /// an error.
+    fn scaled_products(&self) -> Vec<(&'static str, u128, &'static str)> {
+        const SHORTER: &str = "lower it or shorten the period";
         let wide = |a: u64, b: u64| u128::from(a) * u128::from(b);
         match *self {
             Algorithm::FixedWindow { .. } => Vec::new(),
             Algorithm::SlidingWindow { limit, period_ms }
             | Algorithm::SlidingLog { limit, period_ms } => {
-                vec![("limit × period (in ms)", wide(limit, period_ms))]
+                vec![("limit × period (in ms)", wide(limit, period_ms), SHORTER)]
             }
             Algorithm::TokenBucket { rate, burst } => vec![
-                ("burst × rate period (in ms)", wide(burst, rate.period_ms)),
+                (
+                    "burst × rate period (in ms)",
+                    wide(burst, rate.period_ms),
+                    SHORTER,
+                ),
                 (
                     "rate count × period (in ms)",
                     wide(rate.count, rate.period_ms),
+                    SHORTER,
                 ),
             ],
             Algorithm::Gcra { rate, burst } => {
@@ -249,10 +259,12 @@ impl Algorithm {
                     (
                         "burst × emission interval (in ticks)",
                         wide(burst, ticks.interval),
+                        SHORTER,
                     ),
                     (
-                        "rate precision (use a count that divides the period more evenly)",
+                        "rate precision (ticks per ms until 2100)",
                         wide(ticks.ticks_per_ms, until_2100),
+                        "use a count that divides the period in ms more evenly, e.g. 1000/1h",
                     ),
                 ]
             }
@@ -264,6 +276,7 @@ impl Algorithm {
                 vec![(
                     "burst × rate period + max_delay × rate count",
                     wide(burst, rate.period_ms) + held,
+                    "lower the burst or max_delay",
                 )]
             }
         }

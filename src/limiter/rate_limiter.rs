@@ -51,6 +51,8 @@ pub struct RateLimiter {
 struct Health {
     breaker: CircuitBreaker,
     fallback_active: AtomicBool,
+    /// A probe task is running.
+    probing: AtomicBool,
 }
 
 /// The limiter could not decide and the policy is to refuse.
@@ -137,6 +139,10 @@ impl RateLimiter {
         metrics::counter!("tollgate_store_errors_total").increment(1);
         if self.health.breaker.record_failure() == Tripped::Opened {
             tracing::warn!(%error, "redis keeps failing: circuit open, probing every {PROBE_INTERVAL:?}");
+        }
+        // Probing starts with the first failure, not only when the circuit opens: the fallback flag (and
+        // /readyz) must clear even if no request comes to prove Redis healthy again.
+        if !self.health.probing.swap(true, Ordering::AcqRel) {
             tokio::spawn(probe(redis.clone(), self.health.clone(), self.timeout));
         }
         self.fall_back(checks, error)
@@ -257,7 +263,7 @@ impl Health {
     }
 }
 
-/// Pings Redis until it answers, then closes the circuit. Runs only while the circuit is open.
+/// Pings Redis after a failure until it answers, then closes the circuit and clears the fallback.
 async fn probe(redis: RedisStore, health: Arc<Health>, timeout: Duration) {
     // The probe may wait longer than a request would: it delays nobody.
     let budget = timeout.max(Duration::from_millis(250));
@@ -265,6 +271,7 @@ async fn probe(redis: RedisStore, health: Arc<Health>, timeout: Duration) {
         tokio::time::sleep(PROBE_INTERVAL).await;
         if let Ok(Ok(())) = tokio::time::timeout(budget, redis.ping()).await {
             health.recovered();
+            health.probing.store(false, Ordering::Release);
             return;
         }
     }
