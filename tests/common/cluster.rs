@@ -5,9 +5,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::free_port;
-
-/// How many times to start a node on fresh ports when the free ports picked were taken meanwhile.
-const START_ATTEMPTS: usize = 5;
+use super::redis::{redis_cli, spawn_redis};
 
 /// A running Redis Cluster of three primaries without replicas, covering all 16384 slots.
 pub struct RedisCluster {
@@ -112,64 +110,42 @@ impl Drop for RedisCluster {
     }
 }
 
-/// Starts one cluster-enabled node on free client and bus ports, retrying on fresh ports if it cannot bind.
+/// Starts one cluster-enabled node on free client and bus ports.
 fn start_node(dir: &Path) -> (u16, Child) {
-    for _ in 0..START_ATTEMPTS {
-        let (port, bus_port) = (free_port(), free_port());
-        if port == bus_port {
-            continue;
-        }
-        let mut child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--cluster-port",
-                &bus_port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                &dir.join(format!("nodes-{port}.conf")).to_string_lossy(),
-                "--cluster-node-timeout",
-                "5000",
-                "--dir",
-                &dir.to_string_lossy(),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--protected-mode",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (the README's test command installs it)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if cli(port, &["PING"]).as_deref() == Some("PONG") {
-                return (port, child);
+    spawn_redis(|port| {
+        let bus_port = loop {
+            let candidate = free_port();
+            if candidate != port {
+                break candidate;
             }
-            if matches!(child.try_wait(), Ok(Some(_))) || Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    panic!("could not start a cluster node in {START_ATTEMPTS} attempts");
+        };
+        [
+            "--port",
+            &port.to_string(),
+            "--cluster-port",
+            &bus_port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            &dir.join(format!("nodes-{port}.conf")).to_string_lossy(),
+            "--cluster-node-timeout",
+            "5000",
+            "--dir",
+            &dir.to_string_lossy(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    })
 }
 
 fn cli(port: u16, args: &[&str]) -> Option<String> {
-    let output = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
-        .output()
-        .ok()?;
-    output
-        .status
-        .success()
-        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    redis_cli(port, &[], args)
 }

@@ -78,16 +78,7 @@ impl RedisServer {
 
     /// Runs `redis-cli` against this server; the trimmed output, or `None` if it failed.
     pub fn cli(&self, args: &[&str]) -> Option<String> {
-        let output = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(&self.cli_auth)
-            .args(args)
-            .output()
-            .ok()?;
-        output
-            .status
-            .success()
-            .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+        redis_cli(self.port, &self.cli_auth, args)
     }
 
     /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
@@ -130,4 +121,49 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// How many times to start a server on fresh ports when the free ports picked were taken meanwhile.
+const START_ATTEMPTS: usize = 5;
+
+/// Runs `redis-cli` against 127.0.0.1:`port`, with `auth` (e.g. `--user u --pass p`) before `args`; the trimmed
+/// output, or `None` if it failed.
+pub fn redis_cli(port: u16, auth: &[String], args: &[&str]) -> Option<String> {
+    let output = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(auth)
+        .args(args)
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}
+
+/// Starts `redis-server` with the arguments `args_for` gives for a free port, retrying on a fresh port if it
+/// cannot bind, and waits until it answers PING. For the cluster and sentinel helpers.
+pub fn spawn_redis(args_for: impl Fn(u16) -> Vec<String>) -> (u16, Child) {
+    for _ in 0..START_ATTEMPTS {
+        let port = free_port();
+        let mut child = Command::new("redis-server")
+            .args(args_for(port))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (the README's test command installs it)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if redis_cli(port, &[], &["PING"]).as_deref() == Some("PONG") {
+                return (port, child);
+            }
+            if matches!(child.try_wait(), Ok(Some(_))) || Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    panic!("could not start redis-server in {START_ATTEMPTS} attempts");
 }

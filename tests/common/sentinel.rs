@@ -1,16 +1,13 @@
 //! A real Sentinel deployment on free loopback ports: a master, one replica and one sentinel, killed when dropped.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
-use super::free_port;
+use super::redis::{redis_cli, spawn_redis};
 
 /// The name the sentinel monitors the master under.
 pub const SERVICE: &str = "mymaster";
-
-/// How many times to start a server on a fresh port when the free port picked was taken meanwhile.
-const START_ATTEMPTS: usize = 5;
 
 /// A master, a replica of it and a sentinel watching both.
 pub struct RedisSentinel {
@@ -27,7 +24,7 @@ impl RedisSentinel {
     pub fn start() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let data_dir = dir.path().to_owned();
-        let (master_port, master) = start_server(|port| server_args(port, None, &data_dir));
+        let (master_port, master) = spawn_redis(|port| server_args(port, None, &data_dir));
         let mut set = Self {
             master_port,
             replica_port: 0,
@@ -36,12 +33,12 @@ impl RedisSentinel {
             _dir: dir,
         };
         let (replica_port, replica) =
-            start_server(|port| server_args(port, Some(master_port), &data_dir));
+            spawn_redis(|port| server_args(port, Some(master_port), &data_dir));
         set.replica_port = replica_port;
         set.children.push(replica);
 
         let config_dir = set._dir.path().to_owned();
-        let (sentinel_port, sentinel) = start_server(|port| {
+        let (sentinel_port, sentinel) = spawn_redis(|port| {
             let config = config_dir.join(format!("sentinel-{port}.conf"));
             std::fs::write(
                 &config,
@@ -91,7 +88,7 @@ impl RedisSentinel {
 
     /// Runs `redis-cli` against `port` (any of the three); the trimmed output, or `None` if it failed.
     pub fn cli(&self, port: u16, args: &[&str]) -> Option<String> {
-        cli(port, args)
+        redis_cli(port, &[], args)
     }
 
     /// The port of the master according to the sentinel.
@@ -192,43 +189,4 @@ fn server_args(port: u16, master: Option<u16>, dir: &Path) -> Vec<String> {
         args.extend(["--replicaof", "127.0.0.1", &master.to_string()].map(str::to_owned));
     }
     args
-}
-
-/// Starts `redis-server` with the arguments for a free port, retrying on a fresh port if it cannot bind, and
-/// waits until it answers PING.
-fn start_server(args_for: impl Fn(u16) -> Vec<String>) -> (u16, Child) {
-    for _ in 0..START_ATTEMPTS {
-        let port = free_port();
-        let mut child = Command::new("redis-server")
-            .args(args_for(port))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (the README's test command installs it)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if cli(port, &["PING"]).as_deref() == Some("PONG") {
-                return (port, child);
-            }
-            if matches!(child.try_wait(), Ok(Some(_))) || Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    panic!("could not start redis-server in {START_ATTEMPTS} attempts");
-}
-
-fn cli(port: u16, args: &[&str]) -> Option<String> {
-    let output = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
-        .output()
-        .ok()?;
-    output
-        .status
-        .success()
-        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
