@@ -16,6 +16,7 @@ const BASES: &[&str] = &[
 ];
 
 /// Values the validator treats specially: zeros, overflows, units, key parts, networks, placeholders.
+#[rustfmt::skip] // Grouped by kind, several to a line; one value a line would hide the groups.
 const VALUES: &[&str] = &[
     "0", "1", "-1", "18446744073709551615", "18446744073709551616", "4294967296", "1e3", "0x10", "~", "null",
     "\"\"", "''", "[]", "{}", "[ip, route]", "0/s", "1/0s", "5/s", "1000/1h", "1/1d", "1/ms", "10/2m", "/s",
@@ -66,6 +67,7 @@ enum Key {
 }
 
 /// Field names of the config, so that inserted lines are mostly known keys in the wrong or right place.
+#[rustfmt::skip] // In file order, several to a line.
 const KEYS: &[&str] = &[
     "listen", "admin", "token", "store", "backend", "url", "timeout", "on_error", "key_prefix", "max_keys",
     "pool_size", "client_ip", "trusted_proxies", "server", "header_read_timeout", "max_header_bytes",

@@ -132,7 +132,11 @@ fn headers(input: &Input) -> (HeaderMap, Option<Vec<Addr>>) {
     let mut model = Some(Vec::new());
     for (name, list, forwarded) in [
         (http::header::FORWARDED, &input.forwarded, true),
-        (HeaderName::from_static("x-forwarded-for"), &input.xff, false),
+        (
+            HeaderName::from_static("x-forwarded-for"),
+            &input.xff,
+            false,
+        ),
     ] {
         for header in list {
             let bytes = match header {
@@ -209,7 +213,11 @@ fn key_part(part: &Part) -> Option<KeyPart> {
         Part::Parsed(text) => {
             let part = KeyPart::parse(text).ok()?;
             // What parses must print back to something that parses to the same part, as `tollgate check` shows it.
-            assert_eq!(KeyPart::parse(&part.to_string()).as_ref(), Ok(&part), "{text:?}");
+            assert_eq!(
+                KeyPart::parse(&part.to_string()).as_ref(),
+                Ok(&part),
+                "{text:?}"
+            );
             Some(part)
         }
     }
@@ -240,7 +248,9 @@ fn check_store_key(prefix: &str, route: &str, limit: &str, value: &str) {
         .unwrap_or_else(|| panic!("{key:?} is not {head:?} + tag + '}}'"));
     assert_eq!(key[prefix.len()..].matches('{').count(), 1, "{key:?}");
     let plain = value.len() <= MAX_PLAIN_KEY_LEN
-        && !value.chars().any(|c| c == '{' || c == '}' || c.is_control());
+        && !value
+            .chars()
+            .any(|c| c == '{' || c == '}' || c.is_control());
     if plain {
         assert_eq!(tag, value, "a plain value was rewritten");
     } else {
@@ -267,10 +277,17 @@ fuzz_target!(|input: Input| {
 
     if !resolver.is_trusted(peer) {
         // The spoofing guarantee: headers from a peer nobody vouches for change nothing.
-        assert_eq!(client, input.peer.canonical(), "untrusted peer {peer} resolved elsewhere");
+        assert_eq!(
+            client,
+            input.peer.canonical(),
+            "untrusted peer {peer} resolved elsewhere"
+        );
     } else if let Some(hops) = model {
         let expected = expected_client(&resolver, &hops).unwrap_or(input.peer.canonical());
-        assert_eq!(client, expected, "trusted peer {peer}, hops {hops:?}, headers {headers:?}");
+        assert_eq!(
+            client, expected,
+            "trusted peer {peer}, hops {hops:?}, headers {headers:?}"
+        );
     }
     // A client in mapped form would get a second bucket beside its IPv4 one.
     assert!(
@@ -281,7 +298,11 @@ fuzz_target!(|input: Input| {
     let parts: Vec<KeyPart> = input.parts.iter().take(6).filter_map(key_part).collect();
     let route = name(&input.route);
     let limit = name(&input.limit);
-    let prefix: String = input.prefix.chars().filter(|c| !matches!(c, '{' | '}')).collect();
+    let prefix: String = input
+        .prefix
+        .chars()
+        .filter(|c| !matches!(c, '{' | '}'))
+        .collect();
     let method = &METHODS[usize::from(input.method) % METHODS.len()];
     let facts = RequestFacts {
         client_ip: client,

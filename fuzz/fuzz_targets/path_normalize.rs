@@ -18,7 +18,10 @@ fuzz_target!(|data: &[u8]| {
     // string, so any string is fair.
     let path = String::from_utf8_lossy(data);
     let Some(normal) = normalize_path(&path) else {
-        assert!(!path.starts_with('/'), "{path:?} starts with / but was refused");
+        assert!(
+            !path.starts_with('/'),
+            "{path:?} starts with / but was refused"
+        );
         return;
     };
     assert!(normal.starts_with('/'), "{path:?} -> {normal:?}");
@@ -29,7 +32,10 @@ fuzz_target!(|data: &[u8]| {
     );
     // `/a/b/` and `/a/b` may be different resources upstream.
     if path.ends_with('/') {
-        assert!(normal.ends_with('/'), "trailing slash dropped: {path:?} -> {normal:?}");
+        assert!(
+            normal.ends_with('/'),
+            "trailing slash dropped: {path:?} -> {normal:?}"
+        );
     }
     let again = normalize_path(&normal);
     assert_eq!(again.as_deref(), Some(&*normal), "not idempotent: {path:?}");

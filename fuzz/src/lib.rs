@@ -40,10 +40,16 @@ fn check_refused(text: &str, err: &ConfigError) {
             problem.line()
         );
         assert_eq!(problem.file(), Path::new(FILE));
-        assert!(!problem.message().is_empty(), "problem without a message: {problem:?}");
+        assert!(
+            !problem.message().is_empty(),
+            "problem without a message: {problem:?}"
+        );
         let line = problem.to_string();
         let location = format!("{FILE}:{}:{}: ", problem.line(), problem.column());
-        assert!(line.starts_with(&location), "{line:?} does not start with {location:?}");
+        assert!(
+            line.starts_with(&location),
+            "{line:?} does not start with {location:?}"
+        );
     }
 }
 
