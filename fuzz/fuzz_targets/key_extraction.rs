@@ -164,7 +164,7 @@ fn headers(input: &Input) -> (HeaderMap, Option<Vec<Addr>>) {
                 Ok(value) => {
                     map.append(name.clone(), value);
                 }
-                // hyper would have refused the request; an empty hop list is not a header at all.
+                // hyper refuses a request with such a value, so the resolver never sees it; nor can the model.
                 Err(_) if forwarded == use_forwarded => model = None,
                 Err(_) => {}
             }
