@@ -13,6 +13,11 @@ use tollgate::config::{self, Config};
 use tollgate::gateway::{self, Gateway};
 use tollgate::limiter::{Backend, OnError};
 
+// glibc's malloc was a fifth of the gateway's CPU under load (see BENCHMARKS.md); mimalloc handles a proxy's many
+// small, short-lived allocations far more cheaply.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A rate-limiting HTTP reverse proxy with limits shared through Redis.
 #[derive(Debug, Parser)]
 #[command(name = "tollgate", version, about)]

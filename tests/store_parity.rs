@@ -107,3 +107,51 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_key_written_by_another_algorithm_starts_afresh() {
+    // A limit whose algorithm changed in the config finds a key of another Redis type: never WRONGTYPE.
+    let fx = fixture();
+    let log = Limit::new(
+        "l",
+        Algorithm::SlidingLog {
+            limit: 5,
+            period_ms: 60_000,
+        },
+        1,
+    )
+    .expect("valid");
+    let bucket = Limit::new(
+        "l",
+        Algorithm::TokenBucket {
+            rate: Rate::new(1, 60_000).expect("rate"),
+            burst: 3,
+        },
+        1,
+    )
+    .expect("valid");
+    let gcra = Limit::new(
+        "l",
+        Algorithm::Gcra {
+            rate: Rate::new(1, 60_000).expect("rate"),
+            burst: 4,
+        },
+        1,
+    )
+    .expect("valid");
+    let key = "changed-algorithm";
+    let now = Some(1_700_000_000_000);
+    for (limit, remaining) in [(&log, 4), (&bucket, 2), (&gcra, 3), (&log, 4)] {
+        let outcome = fx
+            .runtime
+            .block_on(fx.store.check(&[LimitCheck { key, limit }], now))
+            .expect("no WRONGTYPE");
+        assert!(outcome.allowed);
+        assert_eq!(
+            outcome.decisions[0].remaining,
+            remaining,
+            "{}",
+            limit.algorithm().name()
+        );
+    }
+}

@@ -58,13 +58,16 @@ local function ceil_div(a, b)
   return math.ceil(a / b)
 end
 
--- A key left by another algorithm (the limit's algorithm was changed in the config) is state we cannot read:
--- start afresh rather than fail with WRONGTYPE.
-local function expect_type(key, kind)
-  local actual = redis.call('TYPE', key)['ok']
-  if actual ~= 'none' and actual ~= kind then
+-- Reads `key` with `command`. A key left by another algorithm (the limit's algorithm was changed in the config) is
+-- state we cannot read: it is dropped and read afresh rather than failing with WRONGTYPE. Checked only when the read
+-- fails, so the common path costs no extra command.
+local function read(command, key, ...)
+  local reply = redis.pcall(command, key, ...)
+  if type(reply) == 'table' and reply.err then
     redis.call('DEL', key)
+    return redis.call(command, key, ...)
   end
+  return reply
 end
 
 -- Each evaluator returns: the decision if the request is admitted, the decision if it is denied (nothing
@@ -72,10 +75,9 @@ end
 -- {allowed, limit, remaining, retry_after_ms, reset_after_ms, delay_ms}.
 
 local function sliding_window(key, limit, period, _, _, cost)
-  expect_type(key, 'hash')
   local window_start = now - (now % period)
   local elapsed = now - window_start
-  local st = redis.call('HMGET', key, 'w', 'c', 'p')
+  local st = read('HMGET', key, 'w', 'c', 'p')
   local w = tonumber(st[1])
   local previous, current = 0, 0
   if w == window_start then
@@ -117,10 +119,9 @@ local function sliding_window(key, limit, period, _, _, cost)
 end
 
 local function sliding_log(key, limit, period, _, _, cost)
-  expect_type(key, 'zset')
   -- Time never runs backwards for a key, which keeps members unique (see below).
   local t = now
-  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  local newest = read('ZRANGE', key, -1, -1, 'WITHSCORES')
   if newest[2] and tonumber(newest[2]) > t then
     t = tonumber(newest[2])
   end
@@ -174,7 +175,7 @@ end
 -- millisecond refills (or leaks) `per_ms` (the rate's count), so fractions are never rounded away.
 -- `capacity`: the level a filling bucket tops out at, or the most water a draining meter can hold.
 local function read_level(key, field, empty_level, capacity, per_ms, filling)
-  local st = redis.call('HMGET', key, field, 'u')
+  local st = read('HMGET', key, field, 'u')
   if not st[1] then
     return empty_level
   end
@@ -196,7 +197,6 @@ local function read_level(key, field, empty_level, capacity, per_ms, filling)
 end
 
 local function token_bucket(key, burst, per_ms, unit, _, cost)
-  expect_type(key, 'hash')
   local capacity = burst * unit
   local level = read_level(key, 'l', capacity, capacity, per_ms, true)
   local need = cost * unit
@@ -218,10 +218,9 @@ local function token_bucket(key, burst, per_ms, unit, _, cost)
 end
 
 local function fixed_window(key, limit, period, _, _, cost)
-  expect_type(key, 'hash')
   local window_start = now - (now % period)
   local left = period - (now - window_start)
-  local st = redis.call('HMGET', key, 'fw', 'fc')
+  local st = read('HMGET', key, 'fw', 'fc')
   local count = 0
   if tonumber(st[1]) == window_start then
     count = tonumber(st[2]) or 0
@@ -247,14 +246,13 @@ local function fixed_window(key, limit, period, _, _, cost)
 end
 
 local function gcra(key, burst, ticks_per_ms, interval, _, cost)
-  expect_type(key, 'string')
   -- Time in ticks of 1/ticks_per_ms ms since GCRA_EPOCH_MS: the emission interval is a whole number of ticks.
   local t = (now - GCRA_EPOCH_MS) * ticks_per_ms
   local tolerance = interval * burst
   local increment = interval * cost
   -- A TAT beyond t + tolerance was written under another rate (the config changed): clamp it, so the key counts
   -- as fully used for one window instead of for years.
-  local tat = math.min(tonumber(redis.call('GET', key)) or t, t + tolerance)
+  local tat = math.min(tonumber(read('GET', key)) or t, t + tolerance)
   local new_tat = math.max(tat, t) + increment
   local allow_at = new_tat - tolerance
   local function to_ms(ticks)
@@ -269,8 +267,11 @@ local function gcra(key, burst, ticks_per_ms, interval, _, cost)
     local ttl = new_tat - t
     local admitted = {1, burst, remaining(ttl), 0, to_ms(ttl), 0}
     return admitted, standing, function()
-      redis.call('SET', key, int(new_tat))
-      expire(key, to_ms(ttl))
+      if explicit_time then
+        redis.call('SET', key, int(new_tat))
+      else
+        redis.call('SET', key, int(new_tat), 'PX', int(math.max(to_ms(ttl), 1)))
+      end
     end
   end
   local denied = {0, burst, remaining(standing_ttl), to_ms(allow_at - t), to_ms(standing_ttl), 0}
@@ -278,7 +279,6 @@ local function gcra(key, burst, ticks_per_ms, interval, _, cost)
 end
 
 local function leaky_bucket(key, burst, per_ms, unit, max_delay, cost)
-  expect_type(key, 'hash')
   local capacity = burst * unit
   -- More water than these parameters can hold was written under others (the config changed): clamp it.
   local water = read_level(key, 'm', 0, capacity + max_delay * per_ms, per_ms, false)
