@@ -51,7 +51,7 @@ def main() -> None:
     for ax in (left, right):
         ax.grid(axis="x", alpha=0.3)
         ax.set_axisbelow(True)
-    fig.suptitle("tollgate vs nginx on loopback (wrk, same connections and duration for every target)")
+    fig.suptitle("tollgate vs nginx on loopback: wrk, the same connections and duration for every target")
     fig.tight_layout()
     fig.savefig(output, dpi=110)
     print(f"wrote {output}")

@@ -3,8 +3,8 @@
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
-    "BENCH requests=%d duration_us=%d p50_us=%d p99_us=%d max_us=%d non2xx=%d socket_errors=%d\n",
+    "BENCH requests=%d duration_us=%d p50_us=%d p99_us=%d p999_us=%d max_us=%d non2xx=%d socket_errors=%d\n",
     summary.requests, summary.duration,
-    latency:percentile(50), latency:percentile(99), latency.max,
+    latency:percentile(50), latency:percentile(99), latency:percentile(99.9), latency.max,
     e.status, e.connect + e.read + e.write + e.timeout))
 end

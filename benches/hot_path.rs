@@ -245,7 +245,14 @@ fn memory_store(c: &mut Criterion) {
     });
 
     let keys: Vec<String> = (0..MANY_KEYS)
-        .map(|i| format!("tollgate:api:l:{{10.{}.{}.{}}}", i >> 16, (i >> 8) & 255, i & 255))
+        .map(|i| {
+            format!(
+                "tollgate:api:l:{{10.{}.{}.{}}}",
+                i >> 16,
+                (i >> 8) & 255,
+                i & 255
+            )
+        })
         .collect();
     let (_, gcra) = algorithms()
         .into_iter()
@@ -338,8 +345,6 @@ fn memory_limiter() -> RateLimiter {
 }
 
 fn enforcement(c: &mut Criterion) {
-    // As in the gateway: the Prometheus recorder is installed, so the decision counters cost what they cost there.
-    let _ = tollgate::telemetry::prometheus();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
@@ -356,13 +361,20 @@ fn enforcement(c: &mut Criterion) {
         query: None,
     };
     let mut group = c.benchmark_group("enforcement");
-    group.bench_function("limit_set_check_memory_three_limits", |b| {
-        b.iter(|| {
-            runtime
-                .block_on(set.check(&limiter, black_box(&facts)))
-                .map(|v| v.outcome.allowed)
-        })
-    });
+    let mut check = |name: &str| {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                runtime
+                    .block_on(set.check(&limiter, black_box(&facts)))
+                    .map(|v| v.outcome.allowed)
+            })
+        });
+    };
+    // First without a metrics recorder (the `metrics` macros' no-op), then as in the gateway, with the Prometheus
+    // recorder installed: the difference is what the decision counters cost per request.
+    check("limit_set_check_memory_three_limits_no_recorder");
+    let _ = tollgate::telemetry::prometheus();
+    check("limit_set_check_memory_three_limits_prometheus");
     let verdict: Verdict = runtime
         .block_on(set.check(&limiter, &facts))
         .expect("memory limiter always decides");
