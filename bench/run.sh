@@ -381,7 +381,7 @@ measure() {
 mkdir -p "$RESULTS"
 : >"$RESULTS/latest.log"
 log "tollgate bench, $(date -u +%FT%TZ), commit $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-log "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/^Mem:/ {print $2}') GiB"
+log "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/^Mem:/ {print $2}') GiB, Linux $(uname -r)$(grep -q hypervisor /proc/cpuinfo && echo ', virtual machine')"
 log "wrk: -t $THREADS -c $CONNECTIONS -d ${DURATION}s after a ${WARMUP}s warm-up; servers on CPU 0, wrk on CPU 1; TOKIO_WORKER_THREADS=$TOKIO_WORKER_THREADS"
 log "versions: $(nginx -v 2>&1), $(redis-server --version | cut -d' ' -f3), $(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)"
 
@@ -493,12 +493,14 @@ LATENCY_CSV=$RESULTS/latest-latency.csv
     head -4 "$RESULTS/latest.log" | sed 's/^/    /'
     echo "    best of $ROUNDS rounds per target (every run: latest-runs.csv, latest.log)"
     echo ""
-    echo "| # | target | req/s | p50 ms | p99 ms | non-2xx | vs direct | EVALSHA/req | Redis cmds/req | CPU % proxy / Redis / upstream | load |"
-    echo "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+    echo "| # | target | req/s | p50 ms | p99 ms | non-2xx | vs direct | EVALSHA/req | Redis cmds/req | CPU % proxy / Redis / upstream | server CPU µs/req | load |"
+    echo "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
     tail -n +2 "$CSV" | awk -F, '{
         ev = ($10 + 0 > 0) ? sprintf("%.3f", $9) : "-"
         cmds = ($10 + 0 > 0) ? sprintf("%.2f", $10) : "-"
-        printf "| %s | %s | %s | %.2f | %.2f | %d | %.2f | %s | %s | %s / %s / %s | %s |\n", $1, $2, $3, $4, $5, $6, $8, ev, cmds, $11, $12, $13, $15
+        # CPU time the servers on CPU 0 spent per request (upstream, Redis and the proxy together).
+        us = ($11 + $12 + $13) * 10000 / $3
+        printf "| %s | %s | %s | %.2f | %.2f | %d | %.2f | %s | %s | %s / %s / %s | %.1f | %s |\n", $1, $2, $3, $4, $5, $6, $8, ev, cmds, $11, $12, $13, us, $15
     }'
     echo ""
     echo "RSS with $RSS_N keep-alive connections (up to $RSS_CONNS established at once; configs/rss.yaml): idle" \
@@ -513,11 +515,11 @@ LATENCY_CSV=$RESULTS/latest-latency.csv
     echo "Design §9 checks:"
     echo ""
     awk -F, -v conns="$CONNECTIONS" -v secs="$DURATION" -v latency="$LATENCY_CSV" '
-        NR > 1 { rps[$1] = $3; p99[$1] = $5; cmds[$1] = $9; inner[$1] = $10 }
+        NR > 1 { rps[$1] = $3; p99[$1] = $5; cmds[$1] = $9; inner[$1] = $10; cpu[$1] = ($11 + $12 + $13) * 10000 / $3 }
         function verdict(ok) { return ok ? "met" : "NOT met" }
         END {
             r = rps[3] / rps[2]
-            printf "- Redis-limited throughput vs limiting off: %.0f / %.0f = %.1f%% (target >= 90%%): %s\n", rps[3], rps[2], 100 * r, verdict(r >= 0.9)
+            printf "- Redis-limited throughput vs limiting off: %.0f / %.0f = %.1f%% (target >= 90%%): %s; server CPU time per request: %.1f / %.1f us = %.1f%%\n", rps[3], rps[2], 100 * r, verdict(r >= 0.9), cpu[2], cpu[3], 100 * cpu[2] / cpu[3]
             # Up to `conns` requests are in flight at each end of the run (the warm-up finishing, the run stopping):
             # Redis counts them, wrk does not.
             slack = 2 * conns / (rps[3] * secs)
