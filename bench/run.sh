@@ -523,7 +523,7 @@ LATENCY_CSV=$RESULTS/latest-latency.csv
             # Up to `conns` requests are in flight at each end of the run (the warm-up finishing, the run stopping):
             # Redis counts them, wrk does not.
             slack = 2 * conns / (rps[3] * secs)
-            printf "- Redis round trips (EVALSHA) per request, 3 limits, none rejecting: %.3f (target <= 1; up to %.3f is requests in flight when wrk stops): %s; commands run inside Redis per request: %.2f\n", cmds[3], 1 + slack, verdict(cmds[3] <= 1 + slack), inner[3]
+            printf "- Redis round trips (EVALSHA) per request, 3 limits, none rejecting: %.3f (target <= 1; up to %.3f is requests in flight at the two ends of the run): %s; commands run inside Redis per request: %.2f\n", cmds[3], 1 + slack, verdict(cmds[3] <= 1 + slack), inner[3]
             printf "- Redis round trips per request when most are rejected: %.3f (denials are remembered in-process)\n", cmds[4]
             while ((getline row < latency) > 0) { split(row, f, ","); lp50[f[1]] = f[4]; lp99[f[1]] = f[5] }
             added = lp99[3] - lp99[2]
