@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::redis::RedisServer;
 use proptest::prelude::*;
+use proptest::test_runner::TestRunner;
 use tollgate::limiter::store::{LimitCheck, MemoryStore, RedisStore};
 use tollgate::limiter::{Algorithm, LeakyMode, Limit, ManualClock, Rate};
 
@@ -56,9 +57,10 @@ struct Fixture {
     case: AtomicUsize,
 }
 
-fn fixture() -> &'static Fixture {
-    static FIXTURE: std::sync::OnceLock<Fixture> = std::sync::OnceLock::new();
-    FIXTURE.get_or_init(|| {
+/// A Redis store on a fresh server, owned by the test so that the server is killed when the test ends (a
+/// `static` would outlive the test process's destructors and leave `redis-server` running).
+fn fixture() -> Fixture {
+    {
         let redis = RedisServer::start();
         let runtime = tokio::runtime::Runtime::new().expect("runtime");
         let store = runtime.block_on(async {
@@ -72,20 +74,26 @@ fn fixture() -> &'static Fixture {
             runtime,
             case: AtomicUsize::new(0),
         }
-    })
+    }
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
-
-    #[test]
-    fn redis_and_memory_decide_alike(
-        first in algorithm(),
-        second in algorithm(),
-        shadows in (any::<bool>(), any::<bool>()),
-        steps in steps(),
-    ) {
-        let fx = fixture();
+#[test]
+fn redis_and_memory_decide_alike() {
+    let fx = fixture();
+    let config = ProptestConfig {
+        cases: 96,
+        // Failures found are saved beside this file (store_parity.proptest-regressions) and replayed first.
+        source_file: Some(file!()),
+        ..ProptestConfig::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let inputs = (
+        algorithm(),
+        algorithm(),
+        (any::<bool>(), any::<bool>()),
+        steps(),
+    );
+    let result = runner.run(&inputs, |(first, second, shadows, steps)| {
         let case = fx.case.fetch_add(1, Ordering::SeqCst);
         let memory = MemoryStore::new(10_000, Arc::new(ManualClock::new(0)));
         let mut now: i64 = 1_700_000_000_000;
@@ -93,18 +101,35 @@ proptest! {
             now += delta;
             let cost_a = cost.min(first.capacity());
             let cost_b = cost.min(second.capacity());
-            let a = Limit::new("a", first, cost_a).expect("valid").with_shadow(shadows.0);
-            let b = Limit::new("b", second, cost_b).expect("valid").with_shadow(shadows.1);
+            let a = Limit::new("a", first, cost_a)
+                .expect("valid")
+                .with_shadow(shadows.0);
+            let b = Limit::new("b", second, cost_b)
+                .expect("valid")
+                .with_shadow(shadows.1);
             let key_a = format!("case{case}:a");
             let key_b = format!("case{case}:b");
             let checks = [
-                LimitCheck { key: &key_a, limit: &a },
-                LimitCheck { key: &key_b, limit: &b },
+                LimitCheck {
+                    key: &key_a,
+                    limit: &a,
+                },
+                LimitCheck {
+                    key: &key_b,
+                    limit: &b,
+                },
             ];
             let expected = memory.check_at(now, &checks);
-            let actual = fx.runtime.block_on(fx.store.check(&checks, Some(now))).expect("redis");
+            let actual = fx
+                .runtime
+                .block_on(fx.store.check(&checks, Some(now)))
+                .expect("redis");
             prop_assert_eq!(&actual, &expected, "step {} at {} (cost {})", i, now, cost);
         }
+        Ok(())
+    });
+    if let Err(failure) = result {
+        panic!("{failure}");
     }
 }
 
