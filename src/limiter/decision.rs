@@ -44,14 +44,6 @@ impl Decision {
 }
 
 impl Outcome {
-    /// Builds an outcome from per-limit decisions: admitted only if every limit admits.
-    pub fn from_decisions(decisions: Vec<Decision>) -> Self {
-        Self {
-            allowed: decisions.iter().all(|d| d.allowed),
-            decisions,
-        }
-    }
-
     /// Index of the decision that explains the outcome best: among the denying limits the one that makes the
     /// client wait longest; when admitted, the limit with the fewest requests remaining.
     pub fn most_restrictive(&self) -> Option<usize> {
