@@ -2,13 +2,10 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::http_client::client;
 use common::redis::RedisServer;
-use common::{start_gateway, TestGateway};
+use common::{serve_admin, start_gateway};
 use serde_json::Value;
-use tokio::net::TcpListener;
 
 const TOKEN: &str = "s3cret-admin-token";
 
@@ -34,16 +31,6 @@ fn yaml(redis: Option<&RedisServer>) -> String {
         period: 1m
 "#
     )
-}
-
-async fn serve_admin(gateway: &TestGateway, token: Option<&str>) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind admin");
-    let addr = listener.local_addr().expect("admin addr");
-    let router = tollgate::admin::router(Arc::clone(&gateway.gateway), token.map(str::to_owned));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, router).await;
-    });
-    format!("http://{addr}")
 }
 
 async fn get_json(request: reqwest::RequestBuilder) -> (u16, Value) {

@@ -3,13 +3,12 @@
 mod common;
 
 use std::io::Write;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
 
-use common::free_port;
 use common::http_client::client;
 use common::redis::RedisServer;
 use common::upstream::Upstream;
+use common::{free_port, wait_until_listening, Process};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
@@ -118,27 +117,6 @@ fn port_in_use_exits_1() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-}
-
-/// A `tollgate run` process, killed when dropped.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn wait_until_listening(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "tollgate on {port} did not start"
-        );
-        std::thread::sleep(Duration::from_millis(25));
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

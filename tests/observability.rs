@@ -3,24 +3,10 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::http_client::client;
 use common::redis::RedisServer;
 use common::upstream::Upstream;
-use common::{start_gateway, TestGateway};
-use tokio::net::TcpListener;
-
-/// Serves the admin router of `gateway` on a free port; returns its base URL.
-async fn admin(gateway: &TestGateway) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind admin");
-    let addr = listener.local_addr().expect("admin addr");
-    let router = tollgate::admin::router(Arc::clone(&gateway.gateway), None);
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, router).await;
-    });
-    format!("http://{addr}")
-}
+use common::{serve_admin, start_gateway};
 
 fn series_value(metrics: &str, prefix: &str) -> Option<f64> {
     metrics
@@ -59,7 +45,7 @@ routes:
         upstream.url()
     );
     let gateway = start_gateway(&yaml).await;
-    let admin = admin(&gateway).await;
+    let admin = serve_admin(&gateway, None).await;
     let client = client();
     for _ in 0..5 {
         client.get(gateway.url("/metered")).send().await.unwrap();

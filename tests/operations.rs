@@ -4,13 +4,13 @@
 mod common;
 
 use std::io::Write;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::http_client::client;
 use common::upstream::Upstream;
-use common::{free_port, start_gateway_with};
+use common::{free_port, start_gateway_with, wait_until_listening, Process};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
@@ -113,16 +113,6 @@ async fn file_change_reloads_atomically_and_keeps_counters() {
     assert_eq!(response.headers()["x-ratelimit-limit"], "5");
 }
 
-/// A `tollgate run` process, killed if still running when dropped.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn spawn(path: &std::path::Path) -> Process {
     Process(
         Command::new(BIN)
@@ -133,17 +123,6 @@ fn spawn(path: &std::path::Path) -> Process {
             .spawn()
             .expect("spawn tollgate"),
     )
-}
-
-fn wait_listening(port: u16) {
-    let started = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "tollgate did not start"
-        );
-        std::thread::sleep(Duration::from_millis(25));
-    }
 }
 
 fn signal(process: &Process, name: &str) {
@@ -162,7 +141,7 @@ async fn sighup_reloads_the_running_process() {
     let listen = format!("127.0.0.1:{port}");
     write(&path, &limits_yaml(&listen, 3, "before"));
     let process = spawn(&path);
-    wait_listening(port);
+    wait_until_listening(port);
     let url = format!("http://{listen}/version");
     wait_for_body(&url, "before", Duration::from_secs(5)).await;
 
@@ -196,7 +175,7 @@ routes:
     );
     write(&path, &yaml);
     let mut process = spawn(&path);
-    wait_listening(port);
+    wait_until_listening(port);
 
     // The upstream answers /slow after 3 s: the request is in flight when SIGTERM arrives.
     let in_flight = tokio::spawn(async move {

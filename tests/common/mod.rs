@@ -98,3 +98,36 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("free port")
 }
+
+/// Serves the admin router of `gateway` (with `token`, if any) on a free port; returns its base URL.
+pub async fn serve_admin(gateway: &TestGateway, token: Option<&str>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind admin");
+    let addr = listener.local_addr().expect("admin addr");
+    let router = tollgate::admin::router(Arc::clone(&gateway.gateway), token.map(str::to_owned));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    format!("http://{addr}")
+}
+
+/// A `tollgate` process, killed if still running when dropped.
+pub struct Process(pub std::process::Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits until something accepts connections on 127.0.0.1:`port`, at most 20 s.
+pub fn wait_until_listening(port: u16) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing listening on {port} after 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
