@@ -133,6 +133,93 @@ fn redis_and_memory_decide_alike() {
     }
 }
 
+/// Batches of requests at one timestamp, as the gateway coalesces concurrent requests: one script call for the
+/// whole batch decides each request exactly as the in-process store does one after another, although the script
+/// reads each key once per batch and writes it back once at the end.
+#[test]
+fn a_batch_decides_like_requests_one_after_another() {
+    let fx = fixture();
+    let config = ProptestConfig {
+        cases: 64,
+        source_file: Some(file!()),
+        ..ProptestConfig::default()
+    };
+    let mut runner = TestRunner::new(config);
+    // Batches of 1 to 40 requests; each request checks two of three limits (so keys are shared within a batch
+    // in varying combinations) with its own cost.
+    let batches = prop::collection::vec(
+        (
+            prop_oneof![Just(0i64), 0i64..3_000],
+            prop::collection::vec((0usize..3, 1u64..4), 1..40),
+        ),
+        1..8,
+    );
+    let inputs = (
+        algorithm(),
+        algorithm(),
+        algorithm(),
+        any::<bool>(),
+        batches,
+    );
+    let result = runner.run(&inputs, |(x, y, z, shadow, batches)| {
+        let case = fx.case.fetch_add(1, Ordering::SeqCst);
+        let memory = MemoryStore::new(10_000, Arc::new(ManualClock::new(0)));
+        let algorithms = [x, y, z];
+        let keys: Vec<String> = (0..3).map(|i| format!("batch{case}:{i}")).collect();
+        let mut now: i64 = 1_700_000_000_000;
+        for (b, (delta, requests)) in batches.into_iter().enumerate() {
+            now += delta;
+            // Request j checks limits `first` and `first + 1` (mod 3); the second may be in shadow mode.
+            let limits: Vec<[Limit; 2]> = requests
+                .iter()
+                .map(|&(first, cost)| {
+                    let pick = |i: usize, shadow: bool| {
+                        let algorithm = algorithms[i % 3];
+                        Limit::new(
+                            format!("l{}", i % 3),
+                            algorithm,
+                            cost.min(algorithm.capacity()),
+                        )
+                        .expect("valid")
+                        .with_shadow(shadow)
+                    };
+                    [pick(first, false), pick(first + 1, shadow)]
+                })
+                .collect();
+            let checks: Vec<[LimitCheck<'_>; 2]> = requests
+                .iter()
+                .zip(&limits)
+                .map(|(&(first, _), [a, b])| {
+                    [
+                        LimitCheck {
+                            key: &keys[first % 3],
+                            limit: a,
+                        },
+                        LimitCheck {
+                            key: &keys[(first + 1) % 3],
+                            limit: b,
+                        },
+                    ]
+                })
+                .collect();
+            let batch: Vec<&[LimitCheck<'_>]> = checks.iter().map(|c| c.as_slice()).collect();
+            let actual = fx
+                .runtime
+                .block_on(fx.store.check_batch(&batch, Some(now)))
+                .expect("redis");
+            prop_assert_eq!(actual.len(), batch.len());
+            for (j, (request, outcome)) in batch.iter().zip(&actual).enumerate() {
+                let expected = memory.check_at(now, request);
+                prop_assert_eq!(outcome, &expected, "batch {} request {} at {}", b, j, now);
+            }
+        }
+        Ok(())
+    });
+    if let Err(failure) = result {
+        panic!("{failure}");
+    }
+}
+
 #[test]
 fn a_key_written_by_another_algorithm_starts_afresh() {
     // A limit whose algorithm changed in the config finds a key of another Redis type: never WRONGTYPE.

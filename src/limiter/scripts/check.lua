@@ -1,13 +1,20 @@
--- tollgate: check every limit of one request atomically, and consume from all of them only if all admit.
+-- tollgate: decide a batch of requests, one after another; each request checks every one of its limits
+-- atomically and consumes from all of them only if all admit.
 --
--- KEYS[i]  the state key of limit i.
+-- The gateway coalesces the checks of concurrent requests into one call (src/limiter/store/batcher.rs): one
+-- request or a hundred, every decision is the one it would get from a call of its own, in batch order.
+--
+-- KEYS     the state keys the batch uses, each once.
 -- ARGV[1]  the time in milliseconds since the Unix epoch, or "" to take it from Redis TIME (the normal case:
 --          every gateway instance then shares Redis's clock). Tests pass explicit times.
--- ARGV[2]  "1" to commit (consume from every limit if all admit), "0" for a dry run that decides but consumes
+-- ARGV[2]  the requests, as one MessagePack array of integers (decoded in C by cmsgpack: parsing hundreds of
+--          arguments one by one in Lua cost more than deciding the requests). Per request:
+--   mode   1 to commit (consume from every limit if all admit), 0 for a dry run that decides but consumes
 --          nothing. Redis Cluster needs the dry run when a request's keys span several hash slots: every slot is
 --          asked first, and committed only if all admit (see src/limiter/store/redis.rs).
--- ARGV[3 + 7(i-1) .. 9 + 7(i-1)]  limit i: algorithm id, four parameters, cost, shadow ("1": decided and
---          reported, never enforced: it denies nothing, and consumes only when it admits):
+--   n      the number of the request's limits,
+--   then 8 integers per limit: the index of its key in KEYS, algorithm id, four parameters, cost, shadow (1:
+--          decided and reported, never enforced: it denies nothing, and consumes only when it admits):
 --   1 sliding_window  limit, period_ms
 --   2 sliding_log     limit, period_ms
 --   3 token_bucket    burst, rate count, rate period_ms
@@ -15,9 +22,10 @@
 --   5 gcra            burst, ticks per ms, emission interval in ticks
 --   6 leaky_bucket    burst, rate count, rate period_ms, max_delay_ms (0 in reject mode)
 --
--- Returns {now_ms, all_allowed, then per limit: allowed, limit, remaining, retry_after_ms, reset_after_ms,
--- delay_ms}. A committed admission reports the state after consuming; a denial, and any dry run, the state as
--- it stands (a dry run's all_allowed says whether a commit would admit).
+-- Returns, packed as one MessagePack array: now_ms, then per request: all_allowed, then per limit: allowed,
+-- limit, remaining, retry_after_ms, reset_after_ms, delay_ms. A committed admission reports the state after
+-- consuming; a denial, and any dry run, the state as it stands (a dry run's all_allowed says whether a commit
+-- would admit).
 --
 -- A dry run may still delete state no algorithm can read (a key of another type): that changes no decision.
 -- Otherwise a denial or a dry run writes nothing.
@@ -27,9 +35,10 @@
 -- Numbers are written to Redis with string.format("%d") because Lua's default conversion would print large
 -- integers in exponent notation.
 
-local ARGS_PER_LIMIT = 7
-local FIRST_LIMIT_ARG = 3
+local LIMIT_ARGS = 8
 local GCRA_EPOCH_MS = 1735689600000
+local GCRA = 5
+local SLIDING_LOG = 2
 
 local now
 -- Explicit times (tests) are simulated: they may stand still or run backwards while real time passes, and Redis
@@ -45,13 +54,6 @@ end
 
 local function int(x)
   return string.format('%d', x)
-end
-
--- Every key expires once its state is equivalent to no state, so Redis empties itself when traffic stops.
-local function expire(key, ms)
-  if not explicit_time then
-    redis.call('PEXPIRE', key, int(math.max(ms, 1)))
-  end
 end
 
 local function ceil_div(a, b)
@@ -70,20 +72,105 @@ local function read(command, key, ...)
   return reply
 end
 
--- Each evaluator returns: the decision if the request is admitted, the decision if it is denied (nothing
--- consumed), and a function that commits the admission (nil when this limit denies). A decision is
--- {allowed, limit, remaining, retry_after_ms, reset_after_ms, delay_ms}.
+-- === state cache ===
+--
+-- The state of a key is read from Redis once per batch and written back once at its end, however many requests
+-- of the batch use the key: a hot key (one client, one API key) costs two commands per batch, not per request.
+-- Within the script nobody else can see or change the key, so this is the same as reading and writing every time.
+-- GCRA keeps one integer in a string; the other counters are hashes with these fields. sliding_log works on its
+-- sorted set directly.
+local FIELDS = {
+  [1] = {'w', 'c', 'p'}, -- sliding_window: window start, current count, previous count
+  [3] = {'l', 'u'},      -- token_bucket: level, updated at
+  [4] = {'fw', 'fc'},    -- fixed_window: window start, count
+  [6] = {'m', 'u'},      -- leaky_bucket: water, updated at
+}
+
+local states = {}   -- key -> {alg, v (values in FIELDS order), dirty, ttl (ms, nil: leave the expiry alone)}
+local touched = {}  -- keys in the order first read, so writes happen in a stable order
+
+-- Every key expires once its state is equivalent to no state, so Redis empties itself when traffic stops.
+local function write_back(key, s)
+  if not s.dirty then
+    return
+  end
+  if s.alg == GCRA then
+    if explicit_time then
+      redis.call('SET', key, int(s.v[1]))
+    else
+      redis.call('SET', key, int(s.v[1]), 'PX', int(math.max(s.ttl, 1)))
+    end
+  else
+    local args = {}
+    for i, field in ipairs(FIELDS[s.alg]) do
+      args[#args + 1] = field
+      args[#args + 1] = int(s.v[i])
+    end
+    redis.call('HSET', key, unpack(args))
+    if s.ttl and not explicit_time then
+      redis.call('PEXPIRE', key, int(math.max(s.ttl, 1)))
+    end
+  end
+  s.dirty = false
+  s.ttl = nil
+end
+
+-- Writes back and forgets a cached state, for a limit that will work on the key in Redis itself or read it as
+-- another algorithm (two configs in one batch).
+local function evict(key)
+  local s = states[key]
+  if s then
+    write_back(key, s)
+    states[key] = nil
+  end
+end
+
+-- The state of `key` for algorithm `alg`: its values in FIELDS order (nil where absent).
+local function load(key, alg)
+  local s = states[key]
+  if s and s.alg == alg then
+    return s
+  end
+  evict(key)
+  local v
+  if alg == GCRA then
+    v = {tonumber(read('GET', key))}
+  else
+    local fields = FIELDS[alg]
+    local raw = read('HMGET', key, unpack(fields))
+    v = {}
+    for i = 1, #fields do
+      v[i] = tonumber(raw[i])
+    end
+  end
+  s = {alg = alg, v = v, dirty = false}
+  states[key] = s
+  touched[#touched + 1] = key
+  return s
+end
+
+-- === algorithms ===
+--
+-- Each evaluator decides one limit for one request and returns, as plain values (tables and closures per request
+-- cost more than the arithmetic):
+--   ok                          whether the limit admits the request
+--   capacity                    the limit's `limit` or `burst`
+--   remaining, reset            after consuming, when it admits
+--   standing, standing_reset    remaining and reset as the state stands
+--   retry                       ms until the request would be admitted, when it denies
+--   delay                       ms an admitted request must be held (leaky_bucket in delay mode)
+--   x, y, z, ttl                the state to store if the request is committed (see `commit`)
 
 local function sliding_window(key, limit, period, _, _, cost)
   local window_start = now - (now % period)
   local elapsed = now - window_start
-  local st = read('HMGET', key, 'w', 'c', 'p')
-  local w = tonumber(st[1])
+  local v = load(key, 1).v
+  local w = v[1]
   local previous, current = 0, 0
   if w == window_start then
-    previous, current = tonumber(st[3]) or 0, tonumber(st[2]) or 0
+    previous, current = v[3] or 0, v[2] or 0
   elseif w == window_start - period then
-    previous, current = tonumber(st[2]) or 0, 0
+    previous, current = v[2] or 0, 0
   end
   local left = period - elapsed
   local used = previous * left + current * period
@@ -94,15 +181,11 @@ local function sliding_window(key, limit, period, _, _, cost)
   elseif previous > 0 then
     standing_reset = left
   end
-  local standing_remaining = math.floor(math.max(capacity - used, 0) / period)
+  local standing = math.floor(math.max(capacity - used, 0) / period)
 
   if used + cost * period <= capacity then
-    local admitted = {1, limit, math.floor((capacity - used - cost * period) / period), 0, left + period, 0}
-    local standing = {1, limit, standing_remaining, 0, standing_reset, 0}
-    return admitted, standing, function()
-      redis.call('HSET', key, 'w', int(window_start), 'c', int(current + cost), 'p', int(previous))
-      expire(key, left + period)
-    end
+    return true, limit, math.floor((capacity - used - cost * period) / period), left + period, standing,
+      standing_reset, 0, 0, window_start, current + cost, previous, left + period
   end
 
   local retry
@@ -114,12 +197,12 @@ local function sliding_window(key, limit, period, _, _, cost)
   if retry < 1 then
     retry = 1
   end
-  local denied = {0, limit, standing_remaining, retry, standing_reset, 0}
-  return denied, denied, nil
+  return false, limit, 0, 0, standing, standing_reset, retry, 0
 end
 
 local function sliding_log(key, limit, period, _, _, cost)
-  -- Time never runs backwards for a key, which keeps members unique (see below).
+  evict(key)
+  -- Time never runs backwards for a key, which keeps members unique (see `log_commit`).
   local t = now
   local newest = read('ZRANGE', key, -1, -1, 'WITHSCORES')
   if newest[2] and tonumber(newest[2]) > t then
@@ -132,32 +215,10 @@ local function sliding_log(key, limit, period, _, _, cost)
   if count > 0 then
     standing_reset = tonumber(newest[2]) + period - t
   end
+  local standing = math.max(limit - count, 0)
 
   if count + cost <= limit then
-    local admitted = {1, limit, limit - count - cost, 0, period, 0}
-    local standing = {1, limit, limit - count, 0, standing_reset, 0}
-    return admitted, standing, function()
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', int(t - period))
-      -- Members are "<ms>-<n>", n counting the entries already at this millisecond: entries at the newest
-      -- millisecond are never pruned, so n only grows and every member is unique, however many requests share
-      -- a millisecond.
-      local seq = redis.call('ZCOUNT', key, int(t), int(t))
-      local score = int(t)
-      local args = {}
-      for j = 1, cost do
-        args[#args + 1] = score
-        args[#args + 1] = score .. '-' .. int(seq + j)
-        if #args >= 200 then
-          redis.call('ZADD', key, unpack(args))
-          args = {}
-        end
-      end
-      if #args > 0 then
-        redis.call('ZADD', key, unpack(args))
-      end
-      -- From the key's own (never backwards) time, which may be ahead of `now`.
-      expire(key, t - now + period)
-    end
+    return true, limit, limit - count - cost, period, standing, standing_reset, 0, 0, t
   end
 
   -- Denied: wait until enough of the oldest entries in the interval leave it for `cost` to fit.
@@ -167,20 +228,44 @@ local function sliding_log(key, limit, period, _, _, cost)
   if entry[2] then
     retry = tonumber(entry[2]) + period - t
   end
-  local denied = {0, limit, math.max(limit - count, 0), retry, standing_reset, 0}
-  return denied, denied, nil
+  return false, limit, 0, 0, standing, standing_reset, retry, 0
+end
+
+-- Records an admission in a sliding log at the key's time `t`.
+local function log_commit(key, t, period, cost)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(t - period))
+  -- Members are "<ms>-<n>", n counting the entries already at this millisecond: entries at the newest
+  -- millisecond are never pruned, so n only grows and every member is unique, however many requests share
+  -- a millisecond.
+  local seq = redis.call('ZCOUNT', key, int(t), int(t))
+  local score = int(t)
+  local args = {}
+  for j = 1, cost do
+    args[#args + 1] = score
+    args[#args + 1] = score .. '-' .. int(seq + j)
+    if #args >= 200 then
+      redis.call('ZADD', key, unpack(args))
+      args = {}
+    end
+  end
+  if #args > 0 then
+    redis.call('ZADD', key, unpack(args))
+  end
+  -- From the key's own (never backwards) time, which may be ahead of `now`.
+  if not explicit_time then
+    redis.call('PEXPIRE', key, int(math.max(t - now + period, 1)))
+  end
 end
 
 -- Bucket levels are in units of 1/rate.count token-periods: one request is `unit` (the period in ms) and each
 -- millisecond refills (or leaks) `per_ms` (the rate's count), so fractions are never rounded away.
 -- `capacity`: the level a filling bucket tops out at, or the most water a draining meter can hold.
-local function read_level(key, field, empty_level, capacity, per_ms, filling)
-  local st = read('HMGET', key, field, 'u')
-  if not st[1] then
+local function level_of(v, empty_level, capacity, per_ms, filling)
+  local stored, updated = v[1], v[2]
+  if not stored then
     return empty_level
   end
-  local stored = tonumber(st[1])
-  local elapsed = math.max(now - tonumber(st[2]), 0)
+  local elapsed = math.max(now - (updated or now), 0)
   if filling then
     -- Compared, not added, so a long idle time cannot leave exact integers.
     if elapsed * per_ms >= math.max(capacity - stored, 0) then
@@ -198,51 +283,42 @@ end
 
 local function token_bucket(key, burst, per_ms, unit, _, cost)
   local capacity = burst * unit
-  local level = read_level(key, 'l', capacity, capacity, per_ms, true)
+  local level = level_of(load(key, 3).v, capacity, capacity, per_ms, true)
   local need = cost * unit
+  local standing = math.floor(level / unit)
   local standing_reset = ceil_div(capacity - level, per_ms)
 
   if level >= need then
     local after = level - need
     local reset = ceil_div(capacity - after, per_ms)
-    local admitted = {1, burst, math.floor(after / unit), 0, reset, 0}
-    local standing = {1, burst, math.floor(level / unit), 0, standing_reset, 0}
-    return admitted, standing, function()
-      redis.call('HSET', key, 'l', int(after), 'u', int(now))
-      expire(key, reset)
-    end
+    return true, burst, math.floor(after / unit), reset, standing, standing_reset, 0, 0, after, now, nil, reset
   end
-
-  local denied = {0, burst, math.floor(level / unit), ceil_div(need - level, per_ms), standing_reset, 0}
-  return denied, denied, nil
+  return false, burst, 0, 0, standing, standing_reset, ceil_div(need - level, per_ms), 0
 end
 
 local function fixed_window(key, limit, period, _, _, cost)
   local window_start = now - (now % period)
   local left = period - (now - window_start)
-  local st = read('HMGET', key, 'fw', 'fc')
+  local s = load(key, 4)
   local count = 0
-  if tonumber(st[1]) == window_start then
-    count = tonumber(st[2]) or 0
+  if s.v[1] == window_start then
+    count = s.v[2] or 0
   end
   local standing_reset = 0
   if count > 0 then
     standing_reset = left
   end
+  local standing = math.max(limit - count, 0)
   if count + cost <= limit then
-    local admitted = {1, limit, limit - count - cost, 0, left, 0}
-    local standing = {1, limit, limit - count, 0, standing_reset, 0}
-    return admitted, standing, function()
-      if count == 0 then
-        redis.call('HSET', key, 'fw', int(window_start), 'fc', int(cost))
-        expire(key, left)
-      else
-        redis.call('HINCRBY', key, 'fc', int(cost))
-      end
+    -- The expiry is set when the window opens and stays until it ends.
+    local ttl = s.ttl
+    if count == 0 then
+      ttl = left
     end
+    return true, limit, limit - count - cost, left, standing, standing_reset, 0, 0, window_start, count + cost,
+      nil, ttl
   end
-  local denied = {0, limit, math.max(limit - count, 0), left, standing_reset, 0}
-  return denied, denied, nil
+  return false, limit, 0, 0, standing, standing_reset, left, 0
 end
 
 local function gcra(key, burst, ticks_per_ms, interval, _, cost)
@@ -252,102 +328,135 @@ local function gcra(key, burst, ticks_per_ms, interval, _, cost)
   local increment = interval * cost
   -- A TAT beyond t + tolerance was written under another rate (the config changed): clamp it, so the key counts
   -- as fully used for one window instead of for years.
-  local tat = math.min(tonumber(read('GET', key)) or t, t + tolerance)
+  local tat = math.min(load(key, GCRA).v[1] or t, t + tolerance)
   local new_tat = math.max(tat, t) + increment
   local allow_at = new_tat - tolerance
-  local function to_ms(ticks)
-    return ceil_div(math.max(ticks, 0), ticks_per_ms)
-  end
-  local function remaining(ttl)
-    return math.floor(math.max(tolerance - ttl, 0) / interval)
-  end
+  -- Ticks to milliseconds (rounded up), and the requests left when the TAT is `ttl` ticks ahead.
   local standing_ttl = math.max(tat - t, 0)
-  local standing = {1, burst, remaining(standing_ttl), 0, to_ms(standing_ttl), 0}
+  local standing = math.floor(math.max(tolerance - standing_ttl, 0) / interval)
+  local standing_reset = ceil_div(standing_ttl, ticks_per_ms)
   if t >= allow_at then
     local ttl = new_tat - t
-    local admitted = {1, burst, remaining(ttl), 0, to_ms(ttl), 0}
-    return admitted, standing, function()
-      if explicit_time then
-        redis.call('SET', key, int(new_tat))
-      else
-        redis.call('SET', key, int(new_tat), 'PX', int(math.max(to_ms(ttl), 1)))
-      end
-    end
+    local reset = ceil_div(math.max(ttl, 0), ticks_per_ms)
+    return true, burst, math.floor(math.max(tolerance - ttl, 0) / interval), reset, standing, standing_reset, 0,
+      0, new_tat, nil, nil, reset
   end
-  local denied = {0, burst, remaining(standing_ttl), to_ms(allow_at - t), to_ms(standing_ttl), 0}
-  return denied, denied, nil
+  return false, burst, 0, 0, standing, standing_reset, ceil_div(math.max(allow_at - t, 0), ticks_per_ms), 0
 end
 
 local function leaky_bucket(key, burst, per_ms, unit, max_delay, cost)
   local capacity = burst * unit
   -- More water than these parameters can hold was written under others (the config changed): clamp it.
-  local water = read_level(key, 'm', 0, capacity + max_delay * per_ms, per_ms, false)
+  local water = level_of(load(key, 6).v, 0, capacity + max_delay * per_ms, per_ms, false)
   local need = cost * unit
-  local function room(w)
-    return math.floor(math.max(capacity - w, 0) / unit)
-  end
-  local standing = {1, burst, room(water), 0, ceil_div(water, per_ms), 0}
+  local standing = math.floor(math.max(capacity - water, 0) / unit)
+  local standing_reset = ceil_div(water, per_ms)
   local wait = ceil_div(math.max(water + need - capacity, 0), per_ms)
   if wait <= max_delay then
     local after = water + need
     local reset = ceil_div(after, per_ms)
-    local admitted = {1, burst, room(after), 0, reset, wait}
-    return admitted, standing, function()
-      redis.call('HSET', key, 'm', int(after), 'u', int(now))
-      expire(key, reset)
-    end
+    return true, burst, math.floor(math.max(capacity - after, 0) / unit), reset, standing, standing_reset, 0,
+      wait, after, now, nil, reset
   end
-  local denied = {0, burst, room(water), wait - max_delay, ceil_div(water, per_ms), 0}
-  return denied, denied, nil
+  return false, burst, 0, 0, standing, standing_reset, wait - max_delay, 0
 end
 
 local evaluators = {
   [1] = sliding_window,
-  [2] = sliding_log,
+  [SLIDING_LOG] = sliding_log,
   [3] = token_bucket,
   [4] = fixed_window,
-  [5] = gcra,
+  [GCRA] = gcra,
   [6] = leaky_bucket,
 }
 
-local admitted, standing, commits = {}, {}, {}
-local all_allowed = true
-for i = 1, #KEYS do
-  local base = FIRST_LIMIT_ARG + (i - 1) * ARGS_PER_LIMIT
-  local evaluate = evaluators[tonumber(ARGV[base])]
-  if not evaluate then
-    return redis.error_reply('tollgate: unknown algorithm id ' .. tostring(ARGV[base]))
+-- Stores the state an admission leaves: in the cache for every algorithm but sliding_log, which writes its
+-- sorted set at once (`x` is its time, `period` and `cost` its parameters).
+local function commit(key, alg, x, y, z, ttl, period, cost)
+  if alg == SLIDING_LOG then
+    log_commit(key, x, period, cost)
+    return
   end
-  local a, s, commit = evaluate(KEYS[i], tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]),
-    tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5]))
-  admitted[i], standing[i], commits[i] = a, s, commit
-  if not commit and ARGV[base + 6] ~= '1' then
-    all_allowed = false
+  local s = states[key]
+  local v = s.v
+  v[1], v[2], v[3] = x, y, z
+  s.dirty = true
+  s.ttl = ttl
+end
+
+-- === the batch ===
+
+local input = cmsgpack.unpack(ARGV[2])
+
+-- Checked before anything is evaluated, so a malformed call fails without having consumed anything.
+local a = 1
+while a <= #input do
+  local n = input[a + 1]
+  for i = 0, n - 1 do
+    local at = a + 2 + i * LIMIT_ARGS
+    if not KEYS[input[at]] or not evaluators[input[at + 1]] then
+      return redis.error_reply('tollgate: bad limit ' .. tostring(input[at]) .. ':' .. tostring(input[at + 1]))
+    end
+  end
+  a = a + 2 + n * LIMIT_ARGS
+end
+
+-- Per limit of the request being decided, 13 slots: ok, capacity, remaining, reset, standing, standing_reset,
+-- retry, delay, x, y, z, ttl, and the index of the limit's arguments in `input`. Reused from request to request.
+local STRIDE = 13
+local results = {}
+local reply = {now}
+local r = 1
+a = 1
+while a <= #input do
+  local commit_mode = input[a] == 1
+  local n = input[a + 1]
+  a = a + 2
+  local all_allowed = true
+  for i = 0, n - 1 do
+    local o = i * STRIDE
+    local ok, capacity, remaining, reset, standing, standing_reset, retry, delay, x, y, z, ttl =
+      evaluators[input[a + 1]](KEYS[input[a]], input[a + 2], input[a + 3], input[a + 4], input[a + 5], input[a + 6])
+    results[o + 1], results[o + 2], results[o + 3], results[o + 4], results[o + 5], results[o + 6] =
+      ok, capacity, remaining, reset, standing, standing_reset
+    results[o + 7], results[o + 8], results[o + 9], results[o + 10], results[o + 11], results[o + 12] =
+      retry, delay, x, y, z, ttl
+    results[o + 13] = a
+    if not ok and input[a + 7] ~= 1 then
+      all_allowed = false
+    end
+    a = a + LIMIT_ARGS
+  end
+
+  local consumed = all_allowed and commit_mode
+  reply[r + 1] = all_allowed and 1 or 0
+  r = r + 1
+  for i = 0, n - 1 do
+    local o = i * STRIDE
+    local ok, capacity = results[o + 1], results[o + 2]
+    -- A shadow limit that denies consumes nothing and reports its standing state, like every limit of a request
+    -- that is denied or only dry-run.
+    if consumed and ok then
+      local at = results[o + 13]
+      commit(KEYS[input[at]], input[at + 1], results[o + 9], results[o + 10], results[o + 11], results[o + 12],
+        input[at + 3], input[at + 6])
+      reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5], reply[r + 6] =
+        1, capacity, results[o + 3], 0, results[o + 4], results[o + 8]
+    elseif ok then
+      reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5], reply[r + 6] =
+        1, capacity, results[o + 5], 0, results[o + 6], 0
+    else
+      reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5], reply[r + 6] =
+        0, capacity, results[o + 5], results[o + 7], results[o + 6], 0
+    end
+    r = r + 6
   end
 end
 
-local reply = {now}
-local chosen = standing
-if all_allowed and ARGV[2] == '0' then
-  reply[2] = 1
-elseif all_allowed then
-  chosen = {}
-  for i = 1, #KEYS do
-    -- A shadow limit that denies has no commit: it reports its standing state.
-    if commits[i] then
-      commits[i]()
-      chosen[i] = admitted[i]
-    else
-      chosen[i] = standing[i]
-    end
-  end
-  reply[2] = 1
-else
-  reply[2] = 0
-end
-for i = 1, #KEYS do
-  for j = 1, 6 do
-    reply[#reply + 1] = chosen[i][j]
+for _, key in ipairs(touched) do
+  local s = states[key]
+  if s then
+    write_back(key, s)
   end
 end
-return reply
+return cmsgpack.pack(reply)

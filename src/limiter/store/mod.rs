@@ -1,7 +1,9 @@
 //! Where limit state lives: in Redis, shared by every gateway instance, or in this process.
 
+mod batcher;
 mod memory;
 mod redis;
+mod script;
 
 use thiserror::Error;
 
@@ -19,7 +21,7 @@ pub struct LimitCheck<'a> {
 }
 
 /// Why a store could not decide.
-#[derive(Debug, Error)]
+#[derive(Debug, Clone, Error)]
 pub enum StoreError {
     /// Redis answered with an error or the connection failed.
     #[error("redis: {0}")]
@@ -30,6 +32,9 @@ pub enum StoreError {
     /// Redis is known to be down (the circuit breaker is open): not asked.
     #[error("redis is down (circuit open), not asked")]
     CircuitOpen,
+    /// More checks are waiting for Redis than the queue holds (Redis is far behind): not asked.
+    #[error("too many checks waiting for redis, not asked")]
+    Busy,
     /// Redis answered something the script never returns.
     #[error("unexpected reply from the limiter script: {0}")]
     Reply(String),
