@@ -74,10 +74,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Run => {
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
+            let runtime = match runtime_builder().enable_all().build() {
                 Ok(runtime) => runtime,
                 Err(error) => {
                     eprintln!("tollgate: cannot start the async runtime: {error}");
@@ -86,6 +83,20 @@ fn main() -> ExitCode {
             };
             runtime.block_on(run(config))
         }
+    }
+}
+
+/// The async runtime: a multi-threaded one (a worker per core, or `TOKIO_WORKER_THREADS`), except with exactly
+/// one worker, where a single-threaded runtime does the same work without waking a second thread: the accept
+/// loop and every connection then share one thread.
+fn runtime_builder() -> tokio::runtime::Builder {
+    match std::env::var("TOKIO_WORKER_THREADS")
+        .ok()
+        .as_deref()
+        .map(str::trim)
+    {
+        Some("1") => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
     }
 }
 

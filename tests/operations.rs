@@ -113,9 +113,16 @@ async fn file_change_reloads_atomically_and_keeps_counters() {
     assert_eq!(response.headers()["x-ratelimit-limit"], "5");
 }
 
-fn spawn(path: &std::path::Path) -> Process {
+/// Runs tollgate on the config at `path`, with `workers` runtime threads (`TOKIO_WORKER_THREADS`; one worker
+/// selects the single-threaded runtime) or the default of one per core.
+fn spawn(path: &std::path::Path, workers: Option<&str>) -> Process {
+    let mut command = Command::new(BIN);
+    match workers {
+        Some(workers) => command.env("TOKIO_WORKER_THREADS", workers),
+        None => command.env_remove("TOKIO_WORKER_THREADS"),
+    };
     Process(
-        Command::new(BIN)
+        command
             .args(["run", "--config", path.to_str().expect("utf-8 path")])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
@@ -140,7 +147,8 @@ async fn sighup_reloads_the_running_process() {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     write(&path, &limits_yaml(&listen, 3, "before"));
-    let process = spawn(&path);
+    // On the single-threaded runtime: signals and the reload must not depend on a second thread.
+    let process = spawn(&path, Some("1"));
     wait_until_listening(port);
     let url = format!("http://{listen}/version");
     wait_for_body(&url, "before", Duration::from_secs(5)).await;
@@ -152,8 +160,17 @@ async fn sighup_reloads_the_running_process() {
 
 #[tokio::test]
 async fn sigterm_finishes_in_flight_requests_then_exits_0() {
+    sigterm_drains(None).await;
+}
+
+#[tokio::test]
+async fn sigterm_drains_on_the_single_threaded_runtime_too() {
+    sigterm_drains(Some("1")).await;
+}
+
+async fn sigterm_drains(workers: Option<&str>) {
     let upstream = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("gateway.yaml");
     let port = free_port();
     let yaml = format!(
@@ -174,7 +191,7 @@ routes:
         upstream = upstream.url()
     );
     write(&path, &yaml);
-    let mut process = spawn(&path);
+    let mut process = spawn(&path, workers);
     wait_until_listening(port);
 
     // The upstream answers /slow after 3 s: the request is in flight when SIGTERM arrives.
@@ -198,13 +215,13 @@ routes:
     assert_eq!(
         in_flight
             .await
-            .unwrap()
+            .expect("task")
             .expect("in-flight request completed"),
         200
     );
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {
-        if let Some(status) = process.0.try_wait().unwrap() {
+        if let Some(status) = process.0.try_wait().expect("wait") {
             break status;
         }
         assert!(
