@@ -22,6 +22,16 @@ pub struct LimitSet {
     deny_status: StatusCode,
     /// `RateLimit-Policy`, rendered once.
     policy: Option<HeaderValue>,
+    /// `tollgate_decisions_total` of each limit, registered once.
+    decisions: Vec<DecisionCounters>,
+}
+
+/// `tollgate_decisions_total{route,limit,decision}` of one limit.
+#[derive(Debug, Clone)]
+struct DecisionCounters {
+    allowed: metrics::Counter,
+    denied: metrics::Counter,
+    shadow_denied: metrics::Counter,
 }
 
 /// What the limiter said about one request.
@@ -44,12 +54,17 @@ impl LimitSet {
         deny_status: StatusCode,
     ) -> Self {
         let policy = headers::policy(&limits);
+        let decisions = limits
+            .iter()
+            .map(|settings| DecisionCounters::new(scope, settings.limit.name()))
+            .collect();
         Self {
             scope: scope.to_owned(),
             key_prefix: key_prefix.to_owned(),
             limits,
             deny_status,
             policy,
+            decisions,
         }
     }
 
@@ -111,8 +126,11 @@ impl LimitSet {
     /// A shadow limit that denies counts as `shadow_denied` (and is logged), whatever the request's fate.
     fn count_decisions(&self, verdict: &Verdict) {
         for (i, decision) in verdict.outcome.decisions.iter().enumerate() {
+            let Some(counters) = verdict.applied.get(i).and_then(|&l| self.decisions.get(l)) else {
+                continue;
+            };
             let shadow = self.is_shadow(verdict, i);
-            let label = match (shadow, verdict.outcome.allowed, decision.allowed) {
+            let counter = match (shadow, verdict.outcome.allowed, decision.allowed) {
                 (true, _, false) => {
                     tracing::info!(
                         scope = %self.scope,
@@ -120,19 +138,13 @@ impl LimitSet {
                         retry_after_ms = decision.retry_after_ms,
                         "shadow limit would deny"
                     );
-                    "shadow_denied"
+                    &counters.shadow_denied
                 }
-                (_, true, _) => "allowed",
-                (false, false, false) => "denied",
+                (_, true, _) => &counters.allowed,
+                (false, false, false) => &counters.denied,
                 (_, false, true) => continue,
             };
-            metrics::counter!(
-                "tollgate_decisions_total",
-                "route" => self.scope.clone(),
-                "limit" => self.name_of(verdict, i).to_owned(),
-                "decision" => label,
-            )
-            .increment(1);
+            counter.increment(1);
         }
     }
 
@@ -215,6 +227,26 @@ impl LimitSet {
             .get(decision)
             .and_then(|&index| self.limits.get(index))
             .map_or("", |settings| settings.limit.name())
+    }
+}
+
+// === impl DecisionCounters ===
+
+impl DecisionCounters {
+    fn new(scope: &str, limit: &str) -> Self {
+        let counter = |decision: &'static str| {
+            metrics::counter!(
+                "tollgate_decisions_total",
+                "route" => scope.to_owned(),
+                "limit" => limit.to_owned(),
+                "decision" => decision,
+            )
+        };
+        Self {
+            allowed: counter("allowed"),
+            denied: counter("denied"),
+            shadow_denied: counter("shadow_denied"),
+        }
     }
 }
 

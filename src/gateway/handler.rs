@@ -64,26 +64,30 @@ impl Gateway {
     pub async fn handle(&self, mut request: Request<Body>, peer: SocketAddr) -> Response<Body> {
         let started = Instant::now();
         let request_id = ensure_request_id(request.headers_mut());
-        let method = request.method().clone();
-        let uri_path = request.uri().path().to_owned();
+        // The request is gone (upstream) by the time the access line is written: keep what it needs, but only
+        // when the line will be written.
+        let logged = tracing::enabled!(target: "tollgate::access", tracing::Level::INFO)
+            .then(|| (request.method().clone(), request.uri().path().to_owned()));
         let runtime = self.runtime.load_full();
         let client_ip = runtime.client_ip.resolve(peer.ip(), request.headers());
         let (route, mut response) = self.route_request(&runtime, request, peer, client_ip).await;
-        let route = route.map_or("none", |r| r.name.as_str());
         let status = response.status();
-        metrics::counter!("tollgate_requests_total", "route" => route.to_owned(), "status" => status.as_str().to_owned())
-            .increment(1);
-        tracing::info!(
-            target: "tollgate::access",
-            %method,
-            path = %uri_path,
-            route,
-            status = status.as_u16(),
-            client = %client_ip,
-            peer = %peer.ip(),
-            duration_ms = started.elapsed().as_secs_f64() * 1e3,
-            request_id = request_id.to_str().unwrap_or_default(),
-        );
+        route
+            .map_or(&runtime.unmatched, |r| &r.metrics)
+            .count_request(status);
+        if let Some((method, path)) = logged {
+            tracing::info!(
+                target: "tollgate::access",
+                %method,
+                %path,
+                route = route.map_or("none", |r| r.name.as_str()),
+                status = status.as_u16(),
+                client = %client_ip,
+                peer = %peer.ip(),
+                duration_ms = started.elapsed().as_secs_f64() * 1e3,
+                request_id = request_id.to_str().unwrap_or_default(),
+            );
+        }
         response
             .headers_mut()
             .insert(X_REQUEST_ID.clone(), request_id);
@@ -157,8 +161,7 @@ impl Gateway {
                 };
                 let started = Instant::now();
                 let result = upstream.forward(request, &path, &forwarded).await;
-                metrics::histogram!("tollgate_upstream_duration_seconds", "route" => route.name.clone())
-                    .record(started.elapsed().as_secs_f64());
+                route.metrics.record_upstream(started.elapsed());
                 match result {
                     Ok(response) => response,
                     Err(error) => return (Some(route), proxy_failure(route, &error)),
@@ -179,8 +182,13 @@ fn ensure_request_id(headers: &mut http::HeaderMap) -> HeaderValue {
             return id.clone();
         }
     }
-    let id = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
-    let value = HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("0"));
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let random = fastrand::u128(..);
+    let mut id = [0u8; 32];
+    for (i, digit) in id.iter_mut().enumerate() {
+        *digit = HEX[((random >> (124 - 4 * i)) & 0xf) as usize];
+    }
+    let value = HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("0"));
     headers.insert(X_REQUEST_ID.clone(), value.clone());
     value
 }

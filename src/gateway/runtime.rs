@@ -10,12 +10,15 @@ use crate::limiter::store::{RedisStore, StoreError};
 use crate::limiter::{Backend, RateLimiter, SystemClock};
 use crate::proxy::Upstream;
 use crate::routing::{Matcher, RequestTarget};
+use crate::telemetry::RouteMetrics;
 
 /// A compiled configuration.
 #[derive(Debug)]
 pub struct Runtime {
     pub(super) routes: Vec<Route>,
     pub(super) client_ip: ClientIpResolver,
+    /// The series of requests no route matched.
+    pub(super) unmatched: RouteMetrics,
 }
 
 /// A compiled route.
@@ -28,6 +31,7 @@ pub(super) struct Route {
     pub headers: bool,
     /// Clients exempt from `limits`.
     pub allow: Vec<ipnet::IpNet>,
+    pub metrics: RouteMetrics,
 }
 
 #[derive(Debug)]
@@ -69,12 +73,14 @@ impl Runtime {
                     ),
                     headers: route.headers,
                     allow: route.allow.clone(),
+                    metrics: RouteMetrics::new(&route.name),
                 })
             })
             .collect();
         Self {
             routes,
             client_ip: ClientIpResolver::new(config.client_ip.trusted_proxies.clone()),
+            unmatched: RouteMetrics::new("none"),
         }
     }
 

@@ -44,6 +44,9 @@ pub struct RateLimiter {
     on_error: OnError,
     health: Arc<Health>,
     denials: DenyCache,
+    /// `tollgate_store_duration_seconds` and `tollgate_store_errors_total`, registered once.
+    store_duration: metrics::Histogram,
+    store_errors: metrics::Counter,
 }
 
 /// Whether Redis answers, shared with the probe task.
@@ -92,6 +95,8 @@ impl RateLimiter {
             on_error,
             health: Arc::new(Health::default()),
             denials: DenyCache::default(),
+            store_duration: metrics::histogram!("tollgate_store_duration_seconds"),
+            store_errors: metrics::counter!("tollgate_store_errors_total"),
         }
     }
 
@@ -119,7 +124,7 @@ impl RateLimiter {
             return self.fall_back(checks, StoreError::CircuitOpen);
         }
         let result = tokio::time::timeout(self.timeout, redis.check(checks, None)).await;
-        metrics::histogram!("tollgate_store_duration_seconds").record(now.elapsed().as_secs_f64());
+        self.store_duration.record(now.elapsed().as_secs_f64());
         let error = match result {
             Ok(Ok(outcome)) => {
                 self.health.recovered();
@@ -136,7 +141,7 @@ impl RateLimiter {
             Ok(Err(error)) => error,
             Err(_) => StoreError::Timeout(self.timeout),
         };
-        metrics::counter!("tollgate_store_errors_total").increment(1);
+        self.store_errors.increment(1);
         if self.health.breaker.record_failure() == Tripped::Opened {
             tracing::warn!(%error, "redis keeps failing: circuit open, probing every {PROBE_INTERVAL:?}");
         }
