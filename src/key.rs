@@ -169,7 +169,7 @@ impl KeySpec {
                 None => {
                     return match self.missing {
                         MissingKey::Skip => None,
-                        MissingKey::Ip => Some(facts.client_ip.to_string()),
+                        MissingKey::Ip => Some(ip_text(facts.client_ip)),
                     }
                 }
             }
@@ -194,7 +194,7 @@ fn part_value<'a>(part: &KeyPart, facts: &RequestFacts<'a>) -> Option<std::borro
     use std::borrow::Cow;
     let non_empty = |s: &'a str| (!s.is_empty()).then_some(Cow::Borrowed(s));
     match part {
-        KeyPart::Ip => Some(Cow::Owned(facts.client_ip.to_string())),
+        KeyPart::Ip => Some(Cow::Owned(ip_text(facts.client_ip))),
         KeyPart::Route => Some(Cow::Borrowed(facts.route)),
         KeyPart::Method => Some(Cow::Borrowed(facts.method.as_str())),
         KeyPart::Path => Some(Cow::Borrowed(facts.path)),
@@ -325,6 +325,28 @@ impl ClientIpResolver {
 }
 
 /// IPv4-mapped IPv6 addresses (`::ffff:1.2.3.4`) are the IPv4 client they carry.
+/// The address as text, as `Display` writes it; IPv4 without the formatting machinery, which showed in profiles
+/// (an address is written for every `ip` key part and every `X-Forwarded-For`).
+pub fn ip_text(ip: IpAddr) -> String {
+    let IpAddr::V4(v4) = ip else {
+        return ip.to_string();
+    };
+    let mut text = String::with_capacity(15);
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            text.push('.');
+        }
+        if octet >= 100 {
+            text.push(char::from(b'0' + octet / 100));
+        }
+        if octet >= 10 {
+            text.push(char::from(b'0' + octet / 10 % 10));
+        }
+        text.push(char::from(b'0' + octet % 10));
+    }
+    text
+}
+
 fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
@@ -357,6 +379,26 @@ fn forwarded_for(element: &str) -> Option<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ip_text_writes_addresses_as_display_does() {
+        for ip in [
+            "0.0.0.0",
+            "9.10.99.100",
+            "127.0.0.1",
+            "255.255.255.255",
+            "192.0.2.45",
+            "::1",
+            "2001:db8::ff00:42:8329",
+        ] {
+            let ip: IpAddr = ip.parse().expect("address");
+            assert_eq!(ip_text(ip), ip.to_string());
+        }
+        for n in (0..=u32::MAX).step_by(16_777_259) {
+            let ip = IpAddr::from(n.to_be_bytes());
+            assert_eq!(ip_text(ip), ip.to_string());
+        }
+    }
     use http::HeaderValue;
 
     fn ip(s: &str) -> IpAddr {

@@ -67,7 +67,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
 /// anyone else they are replaced, since nobody vouches for what a client claims about itself.
 pub fn prepare_request(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) {
     remove_hop_by_hop(headers);
-    let peer = facts.peer.to_string();
+    let peer = crate::key::ip_text(facts.peer);
     let forwarded_for = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
         Some(existing) if facts.peer_trusted && !existing.trim().is_empty() => {
             HeaderValue::from_str(&format!("{existing}, {peer}"))
