@@ -1,5 +1,17 @@
 -- wrk script for bench/run.sh: at the end of a run, prints one machine-readable line with the numbers the table
 -- needs (wrk's own summary rounds latencies and hides the request count behind units).
+--
+-- With BENCH_KEYS=N in the environment every request carries `x-client: <one of N values>`, drawn at random, so
+-- that a limit keyed by that header sees N distinct clients instead of one.
+
+local keys = tonumber(os.getenv("BENCH_KEYS") or "")
+if keys then
+  math.randomseed(os.time())
+  request = function()
+    return wrk.format(nil, nil, { ["x-client"] = "client-" .. math.random(keys) })
+  end
+end
+
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(

@@ -40,6 +40,9 @@ local GCRA_EPOCH_MS = 1735689600000
 local GCRA = 5
 local SLIDING_LOG = 2
 
+-- Library functions as locals: a global is a table lookup at every use, and these run for every limit.
+local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+
 local now
 -- Explicit times (tests) are simulated: they may stand still or run backwards while real time passes, and Redis
 -- expires keys in real time, so a key could vanish while its simulated state still matters. With explicit times
@@ -49,7 +52,7 @@ if explicit_time then
   now = tonumber(ARGV[1])
 else
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
 end
 
 local function int(x)
@@ -57,7 +60,7 @@ local function int(x)
 end
 
 local function ceil_div(a, b)
-  return math.ceil(a / b)
+  return ceil(a / b)
 end
 
 -- Reads `key` with `command`. A key left by another algorithm (the limit's algorithm was changed in the config) is
@@ -98,7 +101,7 @@ local function write_back(key, s)
     if explicit_time then
       redis.call('SET', key, int(s.v[1]))
     else
-      redis.call('SET', key, int(s.v[1]), 'PX', int(math.max(s.ttl, 1)))
+      redis.call('SET', key, int(s.v[1]), 'PX', int(max(s.ttl, 1)))
     end
   else
     local args = {}
@@ -108,7 +111,7 @@ local function write_back(key, s)
     end
     redis.call('HSET', key, unpack(args))
     if s.ttl and not explicit_time then
-      redis.call('PEXPIRE', key, int(math.max(s.ttl, 1)))
+      redis.call('PEXPIRE', key, int(max(s.ttl, 1)))
     end
   end
   s.dirty = false
@@ -181,18 +184,18 @@ local function sliding_window(key, limit, period, _, _, cost)
   elseif previous > 0 then
     standing_reset = left
   end
-  local standing = math.floor(math.max(capacity - used, 0) / period)
+  local standing = floor(max(capacity - used, 0) / period)
 
   if used + cost * period <= capacity then
-    return true, limit, math.floor((capacity - used - cost * period) / period), left + period, standing,
+    return true, limit, floor((capacity - used - cost * period) / period), left + period, standing,
       standing_reset, 0, 0, window_start, current + cost, previous, left + period
   end
 
   local retry
   if current + cost <= limit then
-    retry = left - math.floor((limit - current - cost) * period / previous)
+    retry = left - floor((limit - current - cost) * period / previous)
   else
-    retry = left + period - math.floor((limit - cost) * period / current)
+    retry = left + period - floor((limit - cost) * period / current)
   end
   if retry < 1 then
     retry = 1
@@ -215,7 +218,7 @@ local function sliding_log(key, limit, period, _, _, cost)
   if count > 0 then
     standing_reset = tonumber(newest[2]) + period - t
   end
-  local standing = math.max(limit - count, 0)
+  local standing = max(limit - count, 0)
 
   if count + cost <= limit then
     return true, limit, limit - count - cost, period, standing, standing_reset, 0, 0, t
@@ -253,7 +256,7 @@ local function log_commit(key, t, period, cost)
   end
   -- From the key's own (never backwards) time, which may be ahead of `now`.
   if not explicit_time then
-    redis.call('PEXPIRE', key, int(math.max(t - now + period, 1)))
+    redis.call('PEXPIRE', key, int(max(t - now + period, 1)))
   end
 end
 
@@ -265,16 +268,16 @@ local function level_of(v, empty_level, capacity, per_ms, filling)
   if not stored then
     return empty_level
   end
-  local elapsed = math.max(now - (updated or now), 0)
+  local elapsed = max(now - (updated or now), 0)
   if filling then
     -- Compared, not added, so a long idle time cannot leave exact integers.
-    if elapsed * per_ms >= math.max(capacity - stored, 0) then
+    if elapsed * per_ms >= max(capacity - stored, 0) then
       return capacity
     end
     return stored + elapsed * per_ms
   end
   -- Draining: `capacity` is the most water these parameters can hold.
-  stored = math.min(stored, capacity)
+  stored = min(stored, capacity)
   if elapsed * per_ms >= stored then
     return 0
   end
@@ -285,13 +288,13 @@ local function token_bucket(key, burst, per_ms, unit, _, cost)
   local capacity = burst * unit
   local level = level_of(load(key, 3).v, capacity, capacity, per_ms, true)
   local need = cost * unit
-  local standing = math.floor(level / unit)
+  local standing = floor(level / unit)
   local standing_reset = ceil_div(capacity - level, per_ms)
 
   if level >= need then
     local after = level - need
     local reset = ceil_div(capacity - after, per_ms)
-    return true, burst, math.floor(after / unit), reset, standing, standing_reset, 0, 0, after, now, nil, reset
+    return true, burst, floor(after / unit), reset, standing, standing_reset, 0, 0, after, now, nil, reset
   end
   return false, burst, 0, 0, standing, standing_reset, ceil_div(need - level, per_ms), 0
 end
@@ -308,7 +311,7 @@ local function fixed_window(key, limit, period, _, _, cost)
   if count > 0 then
     standing_reset = left
   end
-  local standing = math.max(limit - count, 0)
+  local standing = max(limit - count, 0)
   if count + cost <= limit then
     -- The expiry is set when the window opens and stays until it ends.
     local ttl = s.ttl
@@ -328,20 +331,20 @@ local function gcra(key, burst, ticks_per_ms, interval, _, cost)
   local increment = interval * cost
   -- A TAT beyond t + tolerance was written under another rate (the config changed): clamp it, so the key counts
   -- as fully used for one window instead of for years.
-  local tat = math.min(load(key, GCRA).v[1] or t, t + tolerance)
-  local new_tat = math.max(tat, t) + increment
+  local tat = min(load(key, GCRA).v[1] or t, t + tolerance)
+  local new_tat = max(tat, t) + increment
   local allow_at = new_tat - tolerance
   -- Ticks to milliseconds (rounded up), and the requests left when the TAT is `ttl` ticks ahead.
-  local standing_ttl = math.max(tat - t, 0)
-  local standing = math.floor(math.max(tolerance - standing_ttl, 0) / interval)
+  local standing_ttl = max(tat - t, 0)
+  local standing = floor(max(tolerance - standing_ttl, 0) / interval)
   local standing_reset = ceil_div(standing_ttl, ticks_per_ms)
   if t >= allow_at then
     local ttl = new_tat - t
-    local reset = ceil_div(math.max(ttl, 0), ticks_per_ms)
-    return true, burst, math.floor(math.max(tolerance - ttl, 0) / interval), reset, standing, standing_reset, 0,
+    local reset = ceil_div(max(ttl, 0), ticks_per_ms)
+    return true, burst, floor(max(tolerance - ttl, 0) / interval), reset, standing, standing_reset, 0,
       0, new_tat, nil, nil, reset
   end
-  return false, burst, 0, 0, standing, standing_reset, ceil_div(math.max(allow_at - t, 0), ticks_per_ms), 0
+  return false, burst, 0, 0, standing, standing_reset, ceil_div(max(allow_at - t, 0), ticks_per_ms), 0
 end
 
 local function leaky_bucket(key, burst, per_ms, unit, max_delay, cost)
@@ -349,13 +352,13 @@ local function leaky_bucket(key, burst, per_ms, unit, max_delay, cost)
   -- More water than these parameters can hold was written under others (the config changed): clamp it.
   local water = level_of(load(key, 6).v, 0, capacity + max_delay * per_ms, per_ms, false)
   local need = cost * unit
-  local standing = math.floor(math.max(capacity - water, 0) / unit)
+  local standing = floor(max(capacity - water, 0) / unit)
   local standing_reset = ceil_div(water, per_ms)
-  local wait = ceil_div(math.max(water + need - capacity, 0), per_ms)
+  local wait = ceil_div(max(water + need - capacity, 0), per_ms)
   if wait <= max_delay then
     local after = water + need
     local reset = ceil_div(after, per_ms)
-    return true, burst, math.floor(math.max(capacity - after, 0) / unit), reset, standing, standing_reset, 0,
+    return true, burst, floor(max(capacity - after, 0) / unit), reset, standing, standing_reset, 0,
       wait, after, now, nil, reset
   end
   return false, burst, 0, 0, standing, standing_reset, wait - max_delay, 0
@@ -401,9 +404,11 @@ while a <= #input do
   a = a + 2 + n * LIMIT_ARGS
 end
 
--- Per limit of the request being decided, 13 slots: ok, capacity, remaining, reset, standing, standing_reset,
--- retry, delay, x, y, z, ttl, and the index of the limit's arguments in `input`. Reused from request to request.
-local STRIDE = 13
+-- The reply is written as if the request will be consumed: an admitting limit's fields after consuming, a denying
+-- limit's as they stand. What else the end of the request may need is kept per limit in `results`, reused from
+-- request to request: the standing remaining and reset (if the request is not consumed after all), the state
+-- to store (if it is) and where the limit's arguments are (false for a limit that denies).
+local STRIDE = 7
 local results = {}
 local reply = {now}
 local r = 1
@@ -413,43 +418,48 @@ while a <= #input do
   local n = input[a + 1]
   a = a + 2
   local all_allowed = true
+  local first = r
+  r = r + 1
   for i = 0, n - 1 do
     local o = i * STRIDE
     local ok, capacity, remaining, reset, standing, standing_reset, retry, delay, x, y, z, ttl =
       evaluators[input[a + 1]](KEYS[input[a]], input[a + 2], input[a + 3], input[a + 4], input[a + 5], input[a + 6])
-    results[o + 1], results[o + 2], results[o + 3], results[o + 4], results[o + 5], results[o + 6] =
-      ok, capacity, remaining, reset, standing, standing_reset
-    results[o + 7], results[o + 8], results[o + 9], results[o + 10], results[o + 11], results[o + 12] =
-      retry, delay, x, y, z, ttl
-    results[o + 13] = a
-    if not ok and input[a + 7] ~= 1 then
-      all_allowed = false
-    end
-    a = a + LIMIT_ARGS
-  end
-
-  local consumed = all_allowed and commit_mode
-  reply[r + 1] = all_allowed and 1 or 0
-  r = r + 1
-  for i = 0, n - 1 do
-    local o = i * STRIDE
-    local ok, capacity = results[o + 1], results[o + 2]
-    -- A shadow limit that denies consumes nothing and reports its standing state, like every limit of a request
-    -- that is denied or only dry-run.
-    if consumed and ok then
-      local at = results[o + 13]
-      commit(KEYS[input[at]], input[at + 1], results[o + 9], results[o + 10], results[o + 11], results[o + 12],
-        input[at + 3], input[at + 6])
+    if ok then
       reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5], reply[r + 6] =
-        1, capacity, results[o + 3], 0, results[o + 4], results[o + 8]
-    elseif ok then
-      reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5], reply[r + 6] =
-        1, capacity, results[o + 5], 0, results[o + 6], 0
+        1, capacity, remaining, 0, reset, delay
+      results[o + 1], results[o + 2], results[o + 3], results[o + 4], results[o + 5], results[o + 6], results[o + 7] =
+        standing, standing_reset, x, y, z, ttl, a
     else
       reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5], reply[r + 6] =
-        0, capacity, results[o + 5], results[o + 7], results[o + 6], 0
+        0, capacity, standing, retry, standing_reset, 0
+      results[o + 7] = false
+      -- A shadow limit that denies denies nothing: it only consumes nothing and reports its standing state.
+      if input[a + 7] ~= 1 then
+        all_allowed = false
+      end
     end
     r = r + 6
+    a = a + LIMIT_ARGS
+  end
+  reply[first + 1] = all_allowed and 1 or 0
+  if all_allowed and commit_mode then
+    for i = 0, n - 1 do
+      local o = i * STRIDE
+      local at = results[o + 7]
+      if at then
+        commit(KEYS[input[at]], input[at + 1], results[o + 3], results[o + 4], results[o + 5], results[o + 6],
+          input[at + 3], input[at + 6])
+      end
+    end
+  else
+    -- Nothing consumed (a denial or a dry run): the admitting limits report their state as it stands.
+    for i = 0, n - 1 do
+      local o = i * STRIDE
+      if results[o + 7] then
+        local p = first + 1 + i * 6
+        reply[p + 3], reply[p + 5], reply[p + 6] = results[o + 1], results[o + 2], 0
+      end
+    end
   end
 end
 
