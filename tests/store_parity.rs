@@ -51,7 +51,7 @@ fn steps() -> impl Strategy<Value = Vec<(i64, u64)>> {
 }
 
 struct Fixture {
-    _redis: RedisServer,
+    redis: RedisServer,
     store: RedisStore,
     runtime: tokio::runtime::Runtime,
     case: AtomicUsize,
@@ -69,7 +69,7 @@ fn fixture() -> Fixture {
             store
         });
         Fixture {
-            _redis: redis,
+            redis,
             store,
             runtime,
             case: AtomicUsize::new(0),
@@ -251,9 +251,29 @@ fn a_key_written_by_another_algorithm_starts_afresh() {
         1,
     )
     .expect("valid");
+    let leaky = Limit::new(
+        "l",
+        Algorithm::LeakyBucket {
+            rate: Rate::new(1, 60_000).expect("rate"),
+            burst: 6,
+            mode: LeakyMode::Reject,
+        },
+        1,
+    )
+    .expect("valid");
     let key = "changed-algorithm";
     let now = Some(1_700_000_000_000);
-    for (limit, remaining) in [(&log, 4), (&bucket, 2), (&gcra, 3), (&log, 4)] {
+    // The bucket and the leaky meter both keep two integers: each must still see the other's as no state.
+    let sequence = [
+        (&log, 4),
+        (&bucket, 2),
+        (&gcra, 3),
+        (&log, 4),
+        (&leaky, 5),
+        (&bucket, 2),
+        (&leaky, 5),
+    ];
+    for (limit, remaining) in sequence {
         let outcome = fx
             .runtime
             .block_on(fx.store.check(&[LimitCheck { key, limit }], now))
@@ -266,4 +286,18 @@ fn a_key_written_by_another_algorithm_starts_afresh() {
             limit.algorithm().name()
         );
     }
+    // A counter left as a hash by an older tollgate starts afresh too.
+    fx.redis.cli(&["DEL", key]);
+    fx.redis.cli(&["HSET", key, "l", "0", "u", "1700000000000"]);
+    let outcome = fx
+        .runtime
+        .block_on(fx.store.check(
+            &[LimitCheck {
+                key,
+                limit: &bucket,
+            }],
+            now,
+        ))
+        .expect("no WRONGTYPE");
+    assert_eq!(outcome.decisions[0].remaining, 2, "a fresh bucket of 3");
 }

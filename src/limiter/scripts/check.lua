@@ -80,16 +80,22 @@ end
 -- The state of a key is read from Redis once per batch and written back once at its end, however many requests
 -- of the batch use the key: a hot key (one client, one API key) costs two commands per batch, not per request.
 -- Within the script nobody else can see or change the key, so this is the same as reading and writing every time.
--- GCRA keeps one integer in a string; the other counters are hashes with these fields. sliding_log works on its
--- sorted set directly.
-local FIELDS = {
-  [1] = {'w', 'c', 'p'}, -- sliding_window: window start, current count, previous count
-  [3] = {'l', 'u'},      -- token_bucket: level, updated at
-  [4] = {'fw', 'fc'},    -- fixed_window: window start, count
-  [6] = {'m', 'u'},      -- leaky_bucket: water, updated at
+--
+-- Every counter is one string, written with its expiry in one command (`SET ... PX`): a command called from Lua
+-- costs more than the arithmetic of a decision, so a key costs two (GET, SET) rather than three (HMGET, HSET,
+-- PEXPIRE). GCRA keeps its one integer (the TAT in ticks); the others keep a tag naming the algorithm and their
+-- integers, separated by colons, so that a counter written by another algorithm is never read as this one's:
+local FORMATS = {
+  [1] = {tag = 'sw', fields = 3}, -- sliding_window: sw:<window start ms>:<current count>:<previous count>
+  [3] = {tag = 'tb', fields = 2}, -- token_bucket: tb:<level in scaled units>:<ms of the last update>
+  [4] = {tag = 'fw', fields = 2}, -- fixed_window: fw:<window start ms>:<count>
+  [6] = {tag = 'lb', fields = 2}, -- leaky_bucket: lb:<water in scaled units>:<ms of the last update>
 }
+for _, format in pairs(FORMATS) do
+  format.pattern = '^' .. format.tag .. string.rep(':(%d+)', format.fields) .. '$'
+end
 
-local states = {}   -- key -> {alg, v (values in FIELDS order), dirty, ttl (ms, nil: leave the expiry alone)}
+local states = {}   -- key -> {alg, v (the integers, in the order above), dirty, ttl (ms)}
 local touched = {}  -- keys in the order first read, so writes happen in a stable order
 
 -- Every key expires once its state is equivalent to no state, so Redis empties itself when traffic stops.
@@ -97,25 +103,22 @@ local function write_back(key, s)
   if not s.dirty then
     return
   end
+  local value
   if s.alg == GCRA then
-    if explicit_time then
-      redis.call('SET', key, int(s.v[1]))
-    else
-      redis.call('SET', key, int(s.v[1]), 'PX', int(max(s.ttl, 1)))
-    end
+    value = int(s.v[1])
   else
-    local args = {}
-    for i, field in ipairs(FIELDS[s.alg]) do
-      args[#args + 1] = field
-      args[#args + 1] = int(s.v[i])
-    end
-    redis.call('HSET', key, unpack(args))
-    if s.ttl and not explicit_time then
-      redis.call('PEXPIRE', key, int(max(s.ttl, 1)))
+    local format = FORMATS[s.alg]
+    value = format.tag
+    for i = 1, format.fields do
+      value = value .. ':' .. int(s.v[i])
     end
   end
+  if explicit_time then
+    redis.call('SET', key, value)
+  else
+    redis.call('SET', key, value, 'PX', int(max(s.ttl, 1)))
+  end
   s.dirty = false
-  s.ttl = nil
 end
 
 -- Writes back and forgets a cached state, for a limit that will work on the key in Redis itself or read it as
@@ -128,23 +131,25 @@ local function evict(key)
   end
 end
 
--- The state of `key` for algorithm `alg`: its values in FIELDS order (nil where absent).
+-- The state of `key` for algorithm `alg`: its integers (none for a fresh key). A value this algorithm did not
+-- write (another algorithm's, or a hash left by an older tollgate) counts as no state.
 local function load(key, alg)
   local s = states[key]
   if s and s.alg == alg then
     return s
   end
   evict(key)
+  local raw = read('GET', key)
   local v
   if alg == GCRA then
-    v = {tonumber(read('GET', key))}
-  else
-    local fields = FIELDS[alg]
-    local raw = read('HMGET', key, unpack(fields))
-    v = {}
-    for i = 1, #fields do
-      v[i] = tonumber(raw[i])
+    v = {tonumber(raw)}
+  elseif raw then
+    v = {string.match(raw, FORMATS[alg].pattern)}
+    for i = 1, #v do
+      v[i] = tonumber(v[i])
     end
+  else
+    v = {}
   end
   s = {alg = alg, v = v, dirty = false}
   states[key] = s
@@ -313,13 +318,9 @@ local function fixed_window(key, limit, period, _, _, cost)
   end
   local standing = max(limit - count, 0)
   if count + cost <= limit then
-    -- The expiry is set when the window opens and stays until it ends.
-    local ttl = s.ttl
-    if count == 0 then
-      ttl = left
-    end
+    -- The key expires when its window ends.
     return true, limit, limit - count - cost, left, standing, standing_reset, 0, 0, window_start, count + cost,
-      nil, ttl
+      nil, left
   end
   return false, limit, 0, 0, standing, standing_reset, left, 0
 end

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Counts the instructions redis-server spends in tollgate's limiter script, per call and per request, under
+valgrind's callgrind: a count, not a time, so it is the same from run to run on a noisy machine and shows what a
+change to src/limiter/scripts/check.lua costs or saves.
+
+    python3 bench/script_cost.py            # needs redis-server and valgrind (apt-get install redis-server valgrind)
+
+Each case sends CALLS script calls of a batch of requests, each request checking the three limits of
+bench/configs/redis-pass.yaml (sliding_window, token_bucket, gcra), encoded as the gateway encodes them (see
+src/limiter/store/script.rs). The count of a case minus the count of the same number of empty calls is the script's
+work; "hot" requests share one client's keys, "distinct" ones each have keys of their own. Loopback only: the
+server listens on 127.0.0.1 on a free port.
+"""
+
+import hashlib
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = (ROOT / "src/limiter/scripts/check.lua").read_text()
+CALLS = 100
+# Per limit: algorithm id, four parameters, cost, shadow (the key index goes in front), as in redis-pass.yaml.
+LIMITS = [
+    [1, 1_000_000_000, 1000, 0, 0, 1, 0],  # sliding_window 10^9 per 1 s
+    [3, 1_000_000_000, 1_000_000_000, 1000, 0, 1, 0],  # token_bucket 10^9/s, burst 10^9
+    [5, 1_000_000, 1, 1, 0, 1, 0],  # gcra 10^6/s, burst 10^6: 1 tick per ms, interval 1 tick
+]
+
+
+def msgpack_uint(v: int) -> bytes:
+    if v < 0x80:
+        return bytes([v])
+    if v < 0x100:
+        return b"\xcc" + bytes([v])
+    if v < 0x10000:
+        return b"\xcd" + struct.pack(">H", v)
+    if v < 0x100000000:
+        return b"\xce" + struct.pack(">I", v)
+    return b"\xcf" + struct.pack(">Q", v)
+
+
+def msgpack_array(values: list[int]) -> bytes:
+    n = len(values)
+    header = bytes([0x90 | n]) if n < 16 else b"\xdc" + struct.pack(">H", n) if n < 0x10000 else b"\xdd" + struct.pack(">I", n)
+    return header + b"".join(msgpack_uint(v) for v in values)
+
+
+def batch(requests: int, distinct: bool) -> tuple[list[str], bytes]:
+    """KEYS and the packed requests for `requests` requests of the three limits."""
+    keys: list[str] = []
+    packed: list[int] = []
+    for r in range(requests):
+        client = f"c{r}" if distinct else "c"
+        packed += [1, len(LIMITS)]
+        for i, limit in enumerate(LIMITS):
+            key = f"bench:api:l{i}:{{{client}}}"
+            if key not in keys:
+                keys.append(key)
+            packed += [keys.index(key) + 1] + limit
+    return keys, msgpack_array(packed)
+
+
+class Redis:
+    def __init__(self, port: int):
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.file = self.sock.makefile("rb")
+
+    def call(self, *args) -> bytes:
+        out = b"*%d\r\n" % len(args)
+        for a in args:
+            a = a if isinstance(a, bytes) else str(a).encode()
+            out += b"$%d\r\n%s\r\n" % (len(a), a)
+        self.sock.sendall(out)
+        line = self.file.readline()
+        if line[:1] == b"-":
+            sys.exit(f"redis: {line.decode().strip()}")
+        if line[:1] == b"$":
+            n = int(line[1:])
+            return self.file.read(n + 2)[:-2] if n >= 0 else b""
+        if line[:1] == b"*":
+            for _ in range(int(line[1:])):
+                self.file.readline()
+        return line
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def instructions(requests: int, distinct: bool) -> int:
+    """Instructions redis-server executed from start to shutdown for CALLS calls of `requests` requests."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as work:
+        out = os.path.join(work, "callgrind.out")
+        server = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "redis-server", "--port", str(port),
+             "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", work],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 60
+        while True:
+            try:
+                redis = Redis(port)
+                redis.call("PING")
+                break
+            except OSError:
+                if time.time() > deadline:
+                    server.kill()
+                    sys.exit("redis-server under valgrind did not start")
+                time.sleep(0.2)
+        sha = hashlib.sha1(SCRIPT.encode()).hexdigest()
+        redis.call("SCRIPT", "LOAD", SCRIPT)
+        keys, packed = batch(requests, distinct)
+        for _ in range(CALLS):
+            redis.call("EVALSHA", sha, len(keys), *keys, "", packed)
+        redis.call("SHUTDOWN", "NOSAVE")
+        server.wait(timeout=120)
+        totals = subprocess.run(["callgrind_annotate", out], capture_output=True, text=True).stdout
+        line = next(l for l in totals.splitlines() if "PROGRAM TOTALS" in l)
+        return int(line.split()[0].replace(",", ""))
+
+
+def main() -> None:
+    for tool in ("valgrind", "callgrind_annotate", "redis-server"):
+        if not shutil.which(tool):
+            sys.exit(f"script_cost: {tool} not found (apt-get install valgrind redis-server)")
+    empty = instructions(0, False)
+    print(f"{CALLS} calls per case; instructions inside redis-server, less those of {CALLS} empty calls")
+    print(f"{'case':<28} {'per call':>12} {'per request':>12}")
+    for requests, distinct in [(1, False), (10, False), (50, False), (10, True), (50, True)]:
+        work = instructions(requests, distinct) - empty
+        name = f"{requests} {'distinct' if distinct else 'hot'} request(s)"
+        print(f"{name:<28} {work / CALLS:>12,.0f} {work / CALLS / requests:>12,.0f}")
+
+
+if __name__ == "__main__":
+    main()
