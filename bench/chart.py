@@ -12,6 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -41,6 +42,7 @@ def main() -> None:
     for i, value in enumerate(rps):
         left.text(value, i, f" {value:,.0f}", va="center", fontsize=8)
     left.set_xlim(0, max(rps) * 1.25)
+    left.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value / 1000:.0f}k"))
     right.barh(y, p99, color=colours)
     right.set_xlabel("p99 latency, ms (lower is better)")
     for i, value in enumerate(p99):

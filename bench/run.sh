@@ -274,6 +274,17 @@ cpu_ticks() {
     echo "$total"
 }
 
+# "USER SYS": the CPU ticks of the given pids and their children, in user space and in the kernel apart.
+cpu_user_sys() {
+    local pid user=0 sys=0 ticks
+    for pid in "$@" $(for p in "$@"; do pgrep -P "$p" || true; done); do
+        ticks=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | awk '{print $12, $13}') || ticks="0 0"
+        user=$((user + ${ticks%% *}))
+        sys=$((sys + ${ticks##* }))
+    done
+    echo "$user $sys"
+}
+
 # "ALL EVALSHA": commands Redis ran since it started (those run by scripts included, INFO left out), and EVALSHA calls.
 redis_calls() {
     redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r' | awk -F'[:=,]' '
@@ -345,6 +356,8 @@ measure() {
     redis_before=$(redis_calls)
     redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r' >"$WORK/commandstats.before"
     proxy_before=$( [[ -n $proxy_pid ]] && cpu_ticks "$proxy_pid" || echo 0)
+    local split_before
+    split_before=$( [[ -n $proxy_pid ]] && cpu_user_sys "$proxy_pid" || echo "0 0")
     upstream_before=$(cpu_ticks "$UPSTREAM_PID")
     redis_cpu_before=$(cpu_ticks "$REDIS_PID")
     local rss_kb=""
@@ -354,6 +367,8 @@ measure() {
         rss_kb=$(awk '/^VmRSS/ {print $2}' "/proc/$proxy_pid/status")
     local proxy_cpu upstream_cpu redis_cpu redis_after
     proxy_cpu=$(( $( [[ -n $proxy_pid ]] && cpu_ticks "$proxy_pid" || echo 0) - proxy_before))
+    local split_after
+    split_after=$( [[ -n $proxy_pid ]] && cpu_user_sys "$proxy_pid" || echo "0 0")
     upstream_cpu=$(($(cpu_ticks "$UPSTREAM_PID") - upstream_before))
     redis_cpu=$(($(cpu_ticks "$REDIS_PID") - redis_cpu_before))
     redis_after=$(redis_calls)
@@ -365,16 +380,19 @@ measure() {
     ROWS+=("$(
         awk -v round="$ROUND" -v id="$id" -v label="$label" -v line="$line" -v rb="$redis_before" -v ra="$redis_after" \
             -v pc="$proxy_cpu" -v uc="$upstream_cpu" -v rc="$redis_cpu" -v hz="$(getconf CLK_TCK)" \
-            -v rss="$rss_kb" -v load="$load" 'BEGIN {
+            -v rss="$rss_kb" -v load="$load" -v sb="$split_before" -v sa="$split_after" 'BEGIN {
             n = split(line, kv, /[ =]/)
             for (i = 2; i < n; i += 2) v[kv[i]] = kv[i + 1]
             split(rb, b, " "); split(ra, a, " ")
             secs = v["duration_us"] / 1e6
             rps = v["requests"] / secs
             all = (a[1] - b[1]) / v["requests"]; ev = (a[2] - b[2]) / v["requests"]
-            printf "%s,%s,%s,%.0f,%.3f,%.3f,%d,%d,%.4f,%.3f,%.0f,%.0f,%.0f,%s,%s\n", round, id, label, rps,
+            # The proxy'"'"'s CPU per request in user space and in the kernel (TCP, epoll, scheduling).
+            split(sb, s0, " "); split(sa, s1, " ")
+            user_us = 1e6 * (s1[1] - s0[1]) / hz / v["requests"]; sys_us = 1e6 * (s1[2] - s0[2]) / hz / v["requests"]
+            printf "%s,%s,%s,%.0f,%.3f,%.3f,%d,%d,%.4f,%.3f,%.0f,%.0f,%.0f,%s,%s,%.1f,%.1f\n", round, id, label, rps,
                 v["p50_us"] / 1000, v["p99_us"] / 1000, v["non2xx"], v["socket_errors"], ev, all,
-                100 * pc / hz / secs, 100 * rc / hz / secs, 100 * uc / hz / secs, rss, load
+                100 * pc / hz / secs, 100 * rc / hz / secs, 100 * uc / hz / secs, rss, load, user_us, sys_us
         }'
     )")
 }
@@ -472,7 +490,7 @@ stop "$TOLLGATE_PID"
 # === the table ===
 
 # latest-runs.csv: every run; latest.csv: each target's run with the most requests/s, in the order measured.
-HEADER="id,target,rps,p50_ms,p99_ms,non2xx,socket_errors,ratio_to_direct,evalsha_per_req,redis_cmds_per_req,proxy_cpu_pct,redis_cpu_pct,upstream_cpu_pct,rss_kb,load1"
+HEADER="id,target,rps,p50_ms,p99_ms,non2xx,socket_errors,ratio_to_direct,evalsha_per_req,redis_cmds_per_req,proxy_cpu_pct,redis_cpu_pct,upstream_cpu_pct,rss_kb,load1,proxy_user_us_per_req,proxy_sys_us_per_req"
 {
     echo "round,${HEADER/,ratio_to_direct/}"
     printf '%s\n' "${ROWS[@]}"
@@ -486,7 +504,7 @@ HEADER="id,target,rps,p50_ms,p99_ms,non2xx,socket_errors,ratio_to_direct,evalsha
             direct = rps[order[1]]
             for (i = 1; i <= n; i++) {
                 split(best[order[i]], f, ",")
-                print f[2], f[3], f[4], f[5], f[6], f[7], f[8], sprintf("%.3f", f[4] / direct), f[9], f[10], f[11], f[12], f[13], f[14], f[15]
+                print f[2], f[3], f[4], f[5], f[6], f[7], f[8], sprintf("%.3f", f[4] / direct), f[9], f[10], f[11], f[12], f[13], f[14], f[15], f[16], f[17]
             }
         }'
 } >"$CSV"
@@ -506,14 +524,15 @@ LATENCY_CSV=$RESULTS/latest-latency.csv
     head -4 "$RESULTS/latest.log" | sed 's/^/    /'
     echo "    best of $ROUNDS rounds per target (every run: latest-runs.csv, latest.log)"
     echo ""
-    echo "| # | target | req/s | p50 ms | p99 ms | non-2xx | vs direct | EVALSHA/req | Redis cmds/req | CPU % proxy / Redis / upstream | server CPU µs/req | load |"
-    echo "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+    echo "| # | target | req/s | p50 ms | p99 ms | non-2xx | vs direct | EVALSHA/req | Redis cmds/req | CPU % proxy / Redis / upstream | server CPU µs/req | proxy µs/req user + kernel | load |"
+    echo "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
     tail -n +2 "$CSV" | awk -F, '{
         ev = ($10 + 0 > 0) ? sprintf("%.3f", $9) : "-"
         cmds = ($10 + 0 > 0) ? sprintf("%.2f", $10) : "-"
         # CPU time the servers on CPU 0 spent per request (upstream, Redis and the proxy together).
         us = ($11 + $12 + $13) * 10000 / $3
-        printf "| %s | %s | %s | %.2f | %.2f | %d | %.2f | %s | %s | %s / %s / %s | %.1f | %s |\n", $1, $2, $3, $4, $5, $6, $8, ev, cmds, $11, $12, $13, us, $15
+        split_us = ($16 + $17 > 0) ? sprintf("%.1f + %.1f", $16, $17) : "-"
+        printf "| %s | %s | %s | %.2f | %.2f | %d | %.2f | %s | %s | %s / %s / %s | %.1f | %s | %s |\n", $1, $2, $3, $4, $5, $6, $8, ev, cmds, $11, $12, $13, us, split_us, $15
     }'
     echo ""
     echo "RSS with $RSS_N keep-alive connections (up to $RSS_CONNS established at once; configs/rss.yaml): idle" \
