@@ -67,7 +67,11 @@ impl Drop for Server {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
     let server = Server::start()?;
-    let store = RedisStore::connect(&format!("redis://127.0.0.1:{}", server.port), 1)?;
+    let store = RedisStore::connect(
+        &format!("redis://127.0.0.1:{}", server.port),
+        1,
+        Duration::from_secs(1),
+    )?;
     if !store.wait_connected(Duration::from_secs(5)).await {
         return Err("could not connect to redis-server".into());
     }

@@ -64,7 +64,8 @@ impl Store {
 }
 
 async fn connect(server: &RedisServer, pool: usize) -> RedisStore {
-    let store = RedisStore::connect(&server.url(), pool).expect("redis url");
+    let store =
+        RedisStore::connect(&server.url(), pool, Duration::from_secs(1)).expect("redis url");
     assert!(
         store.wait_connected(Duration::from_secs(5)).await,
         "redis did not answer"

@@ -618,7 +618,7 @@ fn builder_reports_mistakes() {
 
 /// A Redis limiter that refuses (503) when Redis fails.
 async fn redis_limiter(url: &str, timeout: Duration) -> Arc<RateLimiter> {
-    let store = RedisStore::connect(url, 2).expect("redis url");
+    let store = RedisStore::connect(url, 2, Duration::from_secs(1)).expect("redis url");
     Arc::new(RateLimiter::new(
         Backend::Redis(store),
         timeout,

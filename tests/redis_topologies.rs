@@ -146,7 +146,7 @@ async fn cluster_limits_over_three_slots_admit_exactly_and_denials_consume_nothi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_store_checks_keys_in_three_slots_and_reloads_the_script_on_every_primary() {
     let cluster = RedisCluster::start();
-    let store = RedisStore::connect(&cluster.url(), 2).expect("connect");
+    let store = RedisStore::connect(&cluster.url(), 2, Duration::from_secs(1)).expect("connect");
     assert_eq!(store.topology(), RedisTopology::Cluster);
     assert!(store.wait_connected(Duration::from_secs(10)).await);
 
@@ -264,7 +264,8 @@ fn cluster_across_slots_decides_like_the_memory_store() {
     let cluster = RedisCluster::start();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let store = runtime.block_on(async {
-        let store = RedisStore::connect(&cluster.url(), 1).expect("connect");
+        let store =
+            RedisStore::connect(&cluster.url(), 1, Duration::from_secs(1)).expect("connect");
         assert!(store.wait_connected(Duration::from_secs(10)).await);
         store
     });
@@ -464,7 +465,8 @@ async fn wrong_credentials_make_the_store_fail_fast_instead_of_hanging() {
         format!("redis://:wrong@127.0.0.1:{}", redis.port),
         format!("redis://nobody:right@127.0.0.1:{}", redis.port),
     ] {
-        let store = RedisStore::connect(&url, 1).expect("the URL itself is valid");
+        let store =
+            RedisStore::connect(&url, 1, Duration::from_secs(1)).expect("the URL itself is valid");
         assert!(
             !store.wait_connected(Duration::from_secs(1)).await,
             "{url} must not connect"

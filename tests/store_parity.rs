@@ -64,7 +64,8 @@ fn fixture() -> Fixture {
         let redis = RedisServer::start();
         let runtime = tokio::runtime::Runtime::new().expect("runtime");
         let store = runtime.block_on(async {
-            let store = RedisStore::connect(&redis.url(), 1).expect("connect");
+            let store =
+                RedisStore::connect(&redis.url(), 1, Duration::from_secs(1)).expect("connect");
             assert!(store.wait_connected(Duration::from_secs(5)).await);
             store
         });

@@ -93,7 +93,11 @@ impl Runtime {
 pub fn build_limiter(store: &StoreSettings) -> Result<RateLimiter, StoreError> {
     let backend = match store.backend {
         BackendKind::Memory => Backend::Memory,
-        BackendKind::Redis => Backend::Redis(RedisStore::connect(&store.url, store.pool_size)?),
+        BackendKind::Redis => Backend::Redis(RedisStore::connect(
+            &store.url,
+            store.pool_size,
+            store.timeout,
+        )?),
     };
     Ok(RateLimiter::new(
         backend,

@@ -11,6 +11,7 @@
 //! round trip instead: 128 requests per 0.5 ms round trip is 256,000 requests/s for one gateway.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
@@ -54,12 +55,17 @@ pub(super) struct Pending {
 
 impl Batcher {
     /// Starts the batching task: `IN_FLIGHT` calls at once, each for up to `MAX_BATCH` requests.
-    pub(super) fn start<R: RunBatch>(runner: Arc<R>) -> Self {
+    ///
+    /// A call still unanswered after `call_timeout` (the requests in it have all stopped waiting by then) is
+    /// abandoned, so that one stalled connection holds up no later batch: the next call goes out on the next
+    /// connection of the pool.
+    pub(super) fn start<R: RunBatch>(runner: Arc<R>, call_timeout: Duration) -> Self {
         let (queue, waiting) = mpsc::channel(QUEUE_CAPACITY);
         tokio::spawn(coalesce(
             runner,
             waiting,
             Arc::new(Semaphore::new(IN_FLIGHT)),
+            call_timeout,
         ));
         Self { queue }
     }
@@ -98,6 +104,7 @@ async fn coalesce<R: RunBatch>(
     runner: Arc<R>,
     mut waiting: mpsc::Receiver<Pending>,
     in_flight: Arc<Semaphore>,
+    call_timeout: Duration,
 ) {
     while let Some(first) = waiting.recv().await {
         // Waiting for a free call slot is what lets a batch grow: meanwhile more requests queue up.
@@ -116,7 +123,104 @@ async fn coalesce<R: RunBatch>(
         // nothing.
         batch.retain(|pending| !pending.reply.is_closed());
         if !batch.is_empty() {
-            tokio::spawn(runner.clone().run(batch, permit));
+            let call = runner.clone().run(batch, permit);
+            // Dropping an abandoned call drops its requests' reply senders and frees its permit.
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(call_timeout, call).await;
+            });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::limiter::store::script::Mode;
+    use crate::limiter::store::LimitCheck;
+    use crate::limiter::{Algorithm, Decision, Limit};
+
+    /// Records the size of every batch; the first call never answers (a stalled connection), the others answer
+    /// every request at once.
+    #[derive(Default)]
+    struct Recorder {
+        batches: Mutex<Vec<usize>>,
+    }
+
+    impl RunBatch for Recorder {
+        async fn run(self: Arc<Self>, batch: Vec<Pending>, permit: OwnedSemaphorePermit) {
+            let first = {
+                let mut batches = self.batches.lock().expect("lock");
+                batches.push(batch.len());
+                batches.len() == 1
+            };
+            if first {
+                std::future::pending::<()>().await;
+            }
+            for pending in batch {
+                pending.answer(Ok(Outcome {
+                    allowed: true,
+                    decisions: vec![Decision {
+                        allowed: true,
+                        limit: 1,
+                        remaining: 0,
+                        retry_after_ms: 0,
+                        reset_after_ms: 0,
+                        delay_ms: 0,
+                    }],
+                }));
+            }
+            drop(permit);
+        }
+    }
+
+    fn request() -> EncodedRequest {
+        let limit = Limit::new(
+            "l",
+            Algorithm::FixedWindow {
+                limit: 1,
+                period_ms: 1_000,
+            },
+            1,
+        )
+        .expect("valid");
+        EncodedRequest::new(
+            &[LimitCheck {
+                key: "k",
+                limit: &limit,
+            }],
+            Mode::Commit,
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_queued_behind_a_call_go_together_and_a_stalled_call_is_abandoned() {
+        let recorder = Arc::new(Recorder::default());
+        let batcher = Batcher::start(recorder.clone(), Duration::from_millis(25));
+        // The first request goes out alone and its call stalls.
+        let first = tokio::spawn({
+            let batcher = batcher.clone();
+            async move { batcher.check(None, request()).await }
+        });
+        tokio::task::yield_now().await;
+        // Five more arrive while it is in flight.
+        let others: Vec<_> = (0..5)
+            .map(|_| {
+                let batcher = batcher.clone();
+                tokio::spawn(async move { batcher.check(None, request()).await })
+            })
+            .collect();
+        let started = tokio::time::Instant::now();
+        for other in others {
+            assert!(other.await.expect("task").expect("decided").allowed);
+        }
+        // They waited for the stalled call to be abandoned, not longer.
+        assert_eq!(started.elapsed(), Duration::from_millis(25));
+        assert!(
+            first.await.expect("task").is_err(),
+            "the abandoned call's request gets an error"
+        );
+        assert_eq!(*recorder.batches.lock().expect("lock"), [1, 5]);
     }
 }

@@ -68,9 +68,15 @@ impl RedisStore {
     /// Builds a pool for `url` and starts connecting in the background; requests made before Redis answers fail
     /// fast (and so fall back) instead of queueing.
     ///
-    /// Checks go out as batches, one script call at a time (see `batcher`); the connections of the pool share the
-    /// rest (peeks, resets, the cross-slot calls of Redis Cluster). Must be called within a tokio runtime.
-    pub fn connect(url: &str, pool_size: usize) -> Result<Self, StoreError> {
+    /// Checks go out as batches, one script call at a time (see `batcher`), a call being abandoned after
+    /// `call_timeout` (the limiter's `store.timeout`: no request waits longer anyway); the connections of the pool
+    /// share the rest (peeks, resets, the cross-slot calls of Redis Cluster). Must be called within a tokio
+    /// runtime.
+    pub fn connect(
+        url: &str,
+        pool_size: usize,
+        call_timeout: Duration,
+    ) -> Result<Self, StoreError> {
         let config = FredConfig::from_url(url)?;
         let topology = match config.server {
             ServerConfig::Clustered { .. } => RedisTopology::Cluster,
@@ -104,7 +110,7 @@ impl RedisStore {
             topology,
             reconnecting: Arc::new(AtomicBool::new(false)),
         });
-        let batcher = Batcher::start(connection.clone());
+        let batcher = Batcher::start(connection.clone(), call_timeout);
         Ok(Self {
             connection,
             batcher,
