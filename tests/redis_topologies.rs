@@ -232,6 +232,61 @@ async fn cluster_store_checks_keys_in_three_slots_and_reloads_the_script_on_ever
     );
 }
 
+/// Concurrent requests on a Cluster go out in batches split by hash slot: 20 requests for each of six tenants,
+/// whose keys live in different slots, all at once; each tenant gets exactly its limit, every decision from Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_batches_concurrent_requests_by_slot_and_stays_exact() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::connect(&cluster.url(), 2, Duration::from_secs(2)).expect("connect");
+    assert!(store.wait_connected(Duration::from_secs(10)).await);
+    let limit = Arc::new(
+        Limit::new(
+            "per-tenant",
+            Algorithm::FixedWindow {
+                limit: 7,
+                period_ms: 600_000,
+            },
+            1,
+        )
+        .expect("valid"),
+    );
+    let keys: Vec<String> = (0..6)
+        .map(|t| format!("tollgate:batch:per-tenant:{{tenant-{t}}}"))
+        .collect();
+    let mut slots: Vec<u16> = keys.iter().map(|k| redis_keyslot(k.as_bytes())).collect();
+    slots.sort_unstable();
+    slots.dedup();
+    assert!(slots.len() > 1, "the tenants must span several slots");
+
+    let mut requests = tokio::task::JoinSet::new();
+    for i in 0..120 {
+        let (store, limit, key) = (store.clone(), limit.clone(), keys[i % 6].clone());
+        requests.spawn(async move {
+            let outcome = store
+                .check(
+                    &[LimitCheck {
+                        key: &key,
+                        limit: &limit,
+                    }],
+                    None,
+                )
+                .await
+                .expect("decided by the cluster");
+            (i % 6, outcome.allowed)
+        });
+    }
+    let mut admitted = [0usize; 6];
+    while let Some(result) = requests.join_next().await {
+        let (tenant, allowed) = result.expect("task");
+        admitted[tenant] += usize::from(allowed);
+    }
+    assert_eq!(admitted, [7; 6]);
+    for key in &keys {
+        let count = cluster.cli_cluster(&["GET", key]).unwrap_or_default();
+        assert!(count.ends_with(":7"), "{key}: {count}");
+    }
+}
+
 /// Limits whose keys never get less than about 15 s to live during a case (periods of 1 or 2 minutes, at most 5
 /// per period, at most 45 s of steps from a time aligned to both periods). Redis expires keys in real time while
 /// the in-process store follows the explicit timestamps: a key living only a few milliseconds could vanish from
