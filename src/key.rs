@@ -324,7 +324,6 @@ impl ClientIpResolver {
     }
 }
 
-/// IPv4-mapped IPv6 addresses (`::ffff:1.2.3.4`) are the IPv4 client they carry.
 /// The address as text, as `Display` writes it; IPv4 without the formatting machinery, which showed in profiles
 /// (an address is written for every `ip` key part and every `X-Forwarded-For`).
 pub fn ip_text(ip: IpAddr) -> String {
@@ -347,6 +346,7 @@ pub fn ip_text(ip: IpAddr) -> String {
     text
 }
 
+/// IPv4-mapped IPv6 addresses (`::ffff:1.2.3.4`) are the IPv4 client they carry.
 fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
@@ -379,6 +379,7 @@ fn forwarded_for(element: &str) -> Option<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     #[test]
     fn ip_text_writes_addresses_as_display_does() {
@@ -399,7 +400,6 @@ mod tests {
             assert_eq!(ip_text(ip), ip.to_string());
         }
     }
-    use http::HeaderValue;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()

@@ -335,7 +335,7 @@ local function gcra(key, burst, ticks_per_ms, interval, _, cost)
   local tat = min(load(key, GCRA).v[1] or t, t + tolerance)
   local new_tat = max(tat, t) + increment
   local allow_at = new_tat - tolerance
-  -- Ticks to milliseconds (rounded up), and the requests left when the TAT is `ttl` ticks ahead.
+  -- Remaining requests count whole emission intervals of tolerance left; times in ms are ticks rounded up.
   local standing_ttl = max(tat - t, 0)
   local standing = floor(max(tolerance - standing_ttl, 0) / interval)
   local standing_reset = ceil_div(standing_ttl, ticks_per_ms)

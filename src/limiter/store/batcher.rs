@@ -13,14 +13,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::script::EncodedRequest;
 use super::StoreError;
 use crate::limiter::Outcome;
 
 /// Requests per script call at most: bounds the time one call keeps Redis busy (other clients wait meanwhile).
-pub(super) const MAX_BATCH: usize = 128;
+const MAX_BATCH: usize = 128;
 /// Script calls in flight at once.
 const IN_FLIGHT: usize = 1;
 /// Checks waiting for a call at most; beyond, checks fail at once (and fall back) instead of queueing.
@@ -29,11 +29,7 @@ const QUEUE_CAPACITY: usize = 16_384;
 /// Runs the script for a batch of requests, all on one connection.
 pub(super) trait RunBatch: Send + Sync + 'static {
     /// Sends one call (or, on Redis Cluster, one per hash slot) for `batch` and answers every request in it.
-    fn run(
-        self: Arc<Self>,
-        batch: Vec<Pending>,
-        permit: OwnedSemaphorePermit,
-    ) -> impl std::future::Future<Output = ()> + Send;
+    fn run(self: Arc<Self>, batch: Vec<Pending>) -> impl std::future::Future<Output = ()> + Send;
 }
 
 /// The handle requests queue their checks through; the task behind it ends when every handle is dropped.
@@ -123,10 +119,11 @@ async fn coalesce<R: RunBatch>(
         // nothing.
         batch.retain(|pending| !pending.reply.is_closed());
         if !batch.is_empty() {
-            let call = runner.clone().run(batch, permit);
-            // Dropping an abandoned call drops its requests' reply senders and frees its permit.
+            let call = runner.clone().run(batch);
+            // Dropping an abandoned call drops its requests' reply senders; either way the call slot is free.
             tokio::spawn(async move {
                 let _ = tokio::time::timeout(call_timeout, call).await;
+                drop(permit);
             });
         }
     }
@@ -149,7 +146,7 @@ mod tests {
     }
 
     impl RunBatch for Recorder {
-        async fn run(self: Arc<Self>, batch: Vec<Pending>, permit: OwnedSemaphorePermit) {
+        async fn run(self: Arc<Self>, batch: Vec<Pending>) {
             let first = {
                 let mut batches = self.batches.lock().expect("lock");
                 batches.push(batch.len());
@@ -171,7 +168,6 @@ mod tests {
                     }],
                 }));
             }
-            drop(permit);
         }
     }
 

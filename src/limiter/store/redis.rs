@@ -17,7 +17,6 @@ use fred::types::config::{
 use fred::types::scripts::Script;
 use fred::types::CustomCommand;
 use fred::util::redis_keyslot;
-use tokio::sync::OwnedSemaphorePermit;
 
 use super::batcher::{Batcher, Pending, RunBatch};
 use super::script::{self, EncodedRequest, Mode, CHECK_SCRIPT};
@@ -368,7 +367,7 @@ impl Connection {
 }
 
 impl RunBatch for Connection {
-    async fn run(self: Arc<Self>, batch: Vec<Pending>, permit: OwnedSemaphorePermit) {
+    async fn run(self: Arc<Self>, batch: Vec<Pending>) {
         if self.topology == RedisTopology::Cluster {
             // No script call may touch keys of two slots: one call per slot, concurrently, each in queue order.
             let mut by_slot: Vec<(Option<u16>, Vec<Pending>)> = Vec::new();
@@ -387,7 +386,6 @@ impl RunBatch for Connection {
         } else {
             self.run_batch_slot(batch).await;
         }
-        drop(permit);
     }
 }
 
