@@ -8,7 +8,8 @@ change to src/limiter/scripts/check.lua costs or saves.
 Each case sends CALLS script calls of a batch of requests, each request checking the three limits of
 bench/configs/redis-pass.yaml (sliding_window, token_bucket, gcra), encoded as the gateway encodes them (see
 src/limiter/store/script.rs). The count of a case minus the count of the same number of empty calls is the script's
-work; "hot" requests share one client's keys, "distinct" ones each have keys of their own. Loopback only: the
+work; "single" and "run" requests share one client's keys (one entry each, or one run entry for all), "distinct"
+ones each have keys of their own. Loopback only: the
 server listens on 127.0.0.1 on a free port.
 """
 
@@ -52,13 +53,17 @@ def msgpack_array(values: list[int]) -> bytes:
     return header + b"".join(msgpack_uint(v) for v in values)
 
 
-def batch(requests: int, distinct: bool) -> tuple[list[str], bytes]:
-    """KEYS and the packed requests for `requests` requests of the three limits."""
+def batch(requests: int, shape: str) -> tuple[list[str], bytes]:
+    """KEYS and the packed requests for `requests` requests of the three limits. `shape`: "run" (one client's
+    identical requests, sent as one run entry, as the gateway sends them), "single" (the same requests one entry
+    each: what the gateway sent before runs, and still sends for runs it cannot join), "distinct" (every request
+    a client of its own)."""
     keys: list[str] = []
     packed: list[int] = []
-    for r in range(requests):
-        client = f"c{r}" if distinct else "c"
-        packed += [1, len(LIMITS)]
+    entries = 1 if shape == "run" and requests else requests
+    for r in range(entries):
+        client = f"c{r}" if shape == "distinct" else "c"
+        packed += [1, requests if shape == "run" else 1, len(LIMITS)]
         for i, limit in enumerate(LIMITS):
             key = f"bench:api:l{i}:{{{client}}}"
             if key not in keys:
@@ -96,7 +101,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def instructions(requests: int, distinct: bool) -> int:
+def instructions(requests: int, shape: str) -> int:
     """Instructions redis-server executed from start to shutdown for CALLS calls of `requests` requests."""
     port = free_port()
     with tempfile.TemporaryDirectory() as work:
@@ -118,7 +123,7 @@ def instructions(requests: int, distinct: bool) -> int:
                 time.sleep(0.2)
         sha = hashlib.sha1(SCRIPT.encode()).hexdigest()
         redis.call("SCRIPT", "LOAD", SCRIPT)
-        keys, packed = batch(requests, distinct)
+        keys, packed = batch(requests, shape)
         for _ in range(CALLS):
             redis.call("EVALSHA", sha, len(keys), *keys, "", packed)
         redis.call("SHUTDOWN", "NOSAVE")
@@ -132,14 +137,15 @@ def main() -> None:
     for tool in ("valgrind", "callgrind_annotate", "redis-server"):
         if not shutil.which(tool):
             sys.exit(f"script_cost: {tool} not found (apt-get install valgrind redis-server)")
-    empty = instructions(0, False)
+    empty = instructions(0, "single")
     print(f"{CALLS} calls per case; instructions inside redis-server, less those of {CALLS} empty calls")
-    print(f"{'case':<28} {'per call':>12} {'per request':>12}")
-    for requests, distinct in [(1, False), (10, False), (50, False), (10, True), (50, True)]:
-        work = instructions(requests, distinct) - empty
-        name = f"{requests} {'distinct' if distinct else 'hot'} request(s)"
-        print(f"{name:<28} {work / CALLS:>12,.0f} {work / CALLS / requests:>12,.0f}")
-
+    print(f"{'case':<36} {'per call':>12} {'per request':>12}")
+    cases = [(1, "single"), (10, "single"), (50, "single"), (10, "run"), (50, "run"), (10, "distinct"),
+             (50, "distinct")]
+    for requests, shape in cases:
+        work = instructions(requests, shape) - empty
+        name = f"{requests} request(s), {shape}"
+        print(f"{name:<36} {work / CALLS:>12,.0f} {work / CALLS / requests:>12,.0f}")
 
 if __name__ == "__main__":
     main()

@@ -139,13 +139,6 @@ fn redis_and_memory_decide_alike() {
 /// reads each key once per batch and writes it back once at the end.
 #[test]
 fn a_batch_decides_like_requests_one_after_another() {
-    let fx = fixture();
-    let config = ProptestConfig {
-        cases: 64,
-        source_file: Some(file!()),
-        ..ProptestConfig::default()
-    };
-    let mut runner = TestRunner::new(config);
     // Batches of 1 to 40 requests; each request checks two of three limits (so keys are shared within a batch
     // in varying combinations) with its own cost.
     let batches = prop::collection::vec(
@@ -155,6 +148,41 @@ fn a_batch_decides_like_requests_one_after_another() {
         ),
         1..8,
     );
+    decides_batches_like_one_after_another(64, batches);
+}
+
+/// One client's concurrent requests arrive as runs of identical requests, which the script decides in closed form
+/// and the gateway replays: long runs that exhaust their limits mid-run, between other requests on the same keys.
+#[test]
+fn runs_of_identical_requests_decide_like_requests_one_after_another() {
+    let batches = prop::collection::vec(
+        (
+            prop_oneof![Just(0i64), 0i64..3_000],
+            prop::collection::vec((0usize..3, 1u64..3, 1usize..25), 1..5).prop_map(|runs| {
+                runs.into_iter()
+                    .flat_map(|(first, cost, copies)| std::iter::repeat_n((first, cost), copies))
+                    .collect::<Vec<_>>()
+            }),
+        ),
+        1..8,
+    );
+    decides_batches_like_one_after_another(96, batches);
+}
+
+/// Sends each generated batch as one script call at its time and compares every outcome with the in-process
+/// store's for the same requests one after another. A batch is `(time step, requests)`; request `(first, cost)`
+/// checks limits `first` and `first + 1` (mod 3) of three random algorithms, the second maybe in shadow mode.
+fn decides_batches_like_one_after_another(
+    cases: u32,
+    batches: impl Strategy<Value = Vec<(i64, Vec<(usize, u64)>)>>,
+) {
+    let fx = fixture();
+    let config = ProptestConfig {
+        cases,
+        source_file: Some(file!()),
+        ..ProptestConfig::default()
+    };
+    let mut runner = TestRunner::new(config);
     let inputs = (
         algorithm(),
         algorithm(),
@@ -170,7 +198,6 @@ fn a_batch_decides_like_requests_one_after_another() {
         let mut now: i64 = 1_700_000_000_000;
         for (b, (delta, requests)) in batches.into_iter().enumerate() {
             now += delta;
-            // Request j checks limits `first` and `first + 1` (mod 3); the second may be in shadow mode.
             let limits: Vec<[Limit; 2]> = requests
                 .iter()
                 .map(|&(first, cost)| {

@@ -10,7 +10,7 @@ pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
 
-use super::{Algorithm, Decision};
+use super::{Algorithm, Decision, Outcome};
 
 /// The state one key holds, whichever algorithm it belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,6 +94,35 @@ pub fn evaluate(
             leaky_bucket::evaluate(rate, burst, mode, state, now_ms, cost).map(State::Meter)
         }
     }
+}
+
+/// The outcome of one request from the evaluations of its limits, in order: admitted only if every limit admits,
+/// except that a limit in shadow mode (`is_shadow(i)`) never denies; it consumes only when it admits itself. A
+/// denied request consumes from no limit. `commit(i, next, ttl_ms)` stores the state of every limit that consumes.
+///
+/// The one place the rule lives: the memory store applies it to its map, the Redis store to the runs of identical
+/// requests it replays (see `store/script.rs`), and `scripts/check.lua` mirrors it.
+pub fn settle(
+    evaluations: Vec<Evaluation<State>>,
+    is_shadow: impl Fn(usize) -> bool,
+    mut commit: impl FnMut(usize, State, u64),
+) -> Outcome {
+    let allowed = evaluations
+        .iter()
+        .enumerate()
+        .all(|(i, e)| e.admitted.allowed || is_shadow(i));
+    let decisions = evaluations
+        .into_iter()
+        .enumerate()
+        .map(|(i, ev)| {
+            if !(allowed && ev.admitted.allowed) {
+                return ev.standing;
+            }
+            commit(i, ev.next, ev.ttl_ms);
+            ev.admitted
+        })
+        .collect();
+    Outcome { allowed, decisions }
 }
 
 impl<S> Evaluation<S> {

@@ -8,10 +8,13 @@
 -- ARGV[1]  the time in milliseconds since the Unix epoch, or "" to take it from Redis TIME (the normal case:
 --          every gateway instance then shares Redis's clock). Tests pass explicit times.
 -- ARGV[2]  the requests, as one MessagePack array of integers (decoded in C by cmsgpack: parsing hundreds of
---          arguments one by one in Lua cost more than deciding the requests). Per request:
+--          arguments one by one in Lua cost more than deciding the requests). Per entry:
 --   mode   1 to commit (consume from every limit if all admit), 0 for a dry run that decides but consumes
 --          nothing. Redis Cluster needs the dry run when a request's keys span several hash slots: every slot is
 --          asked first, and committed only if all admit (see src/limiter/store/redis.rs).
+--   count  how many identical requests the entry stands for: 1, or a run of c > 1 consecutive committing
+--          requests of one client (see "runs" below; never with a sliding_log limit, and each limit has a key of
+--          its own),
 --   n      the number of the request's limits,
 --   then 8 integers per limit: the index of its key in KEYS, algorithm id, four parameters, cost, shadow (1:
 --          decided and reported, never enforced: it denies nothing, and consumes only when it admits):
@@ -22,10 +25,13 @@
 --   5 gcra            burst, ticks per ms, emission interval in ticks
 --   6 leaky_bucket    burst, rate count, rate period_ms, max_delay_ms (0 in reject mode)
 --
--- Returns, packed as one MessagePack array: now_ms, then per request: all_allowed, then per limit: allowed,
--- limit, remaining, retry_after_ms, reset_after_ms, delay_ms. A committed admission reports the state after
--- consuming; a denial, and any dry run, the state as it stands (a dry run's all_allowed says whether a commit
--- would admit).
+-- Returns, packed as one MessagePack array: now_ms, then per entry:
+--   a single request: all_allowed, then per limit: allowed, limit, remaining, retry_after_ms, reset_after_ms,
+--     delay_ms. A committed admission reports the state after consuming; a denial, and any dry run, the state as
+--     it stands (a dry run's all_allowed says whether a commit would admit).
+--   a run: per limit, the key's state before the run: 1 and its stored integers (0 for those it lacks), or 0 0
+--     0 0 for a key without state. The gateway replays the run's decisions from it with the same algorithms
+--     (src/limiter/store/script.rs), which is cheaper there than encoding them here.
 --
 -- A dry run may still delete state no algorithm can read (a key of another type): that changes no decision.
 -- Otherwise a denial or a dry run writes nothing.
@@ -155,6 +161,14 @@ local function load(key, alg)
   states[key] = s
   touched[#touched + 1] = key
   return s
+end
+
+-- Sets a cached state's integers and expiry, to be written back at the end of the batch.
+local function store(s, x, y, z, ttl)
+  local v = s.v
+  v[1], v[2], v[3] = x, y, z
+  s.dirty = true
+  s.ttl = ttl
 end
 
 -- === algorithms ===
@@ -381,12 +395,91 @@ local function commit(key, alg, x, y, z, ttl, period, cost)
     log_commit(key, x, period, cost)
     return
   end
-  local s = states[key]
-  local v = s.v
-  v[1], v[2], v[3] = x, y, z
-  s.dirty = true
-  s.ttl = ttl
+  store(states[key], x, y, z, ttl)
 end
+
+-- === runs ===
+--
+-- A run is c identical requests at one `now`, each deciding after the previous one consumed. Per limit, the
+-- requests it admits are the first m of them (after each admission the state only fills up, and a denial changes
+-- nothing), so m has a closed form: how many times `cost` fits in what is left. The run admits the first
+-- M = min(c, the m of every enforced limit) requests; a shadow limit consumes min(M, m). Each span returns the
+-- key's stored state as read, m, and a function that stores the state k admissions leave; each mirrors its
+-- evaluator above.
+
+local function sliding_window_span(key, limit, period, _, _, cost)
+  local window_start = now - (now % period)
+  local s = load(key, 1)
+  local v = s.v
+  local w = v[1]
+  local previous, current = 0, 0
+  if w == window_start then
+    previous, current = v[3] or 0, v[2] or 0
+  elseif w == window_start - period then
+    previous, current = v[2] or 0, 0
+  end
+  local left = period - (now - window_start)
+  local used = previous * left + current * period
+  return v, floor(max(limit * period - used, 0) / (cost * period)), function(k)
+    store(s, window_start, current + k * cost, previous, left + period)
+  end
+end
+
+local function token_bucket_span(key, burst, per_ms, unit, _, cost)
+  local capacity = burst * unit
+  local s = load(key, 3)
+  local level = level_of(s.v, capacity, capacity, per_ms, true)
+  local need = cost * unit
+  return s.v, floor(level / need), function(k)
+    local after = level - k * need
+    store(s, after, now, nil, ceil_div(capacity - after, per_ms))
+  end
+end
+
+local function fixed_window_span(key, limit, period, _, _, cost)
+  local window_start = now - (now % period)
+  local s = load(key, 4)
+  local count = 0
+  if s.v[1] == window_start then
+    count = s.v[2] or 0
+  end
+  return s.v, floor(max(limit - count, 0) / cost), function(k)
+    store(s, window_start, count + k * cost, nil, period - (now - window_start))
+  end
+end
+
+local function gcra_span(key, burst, ticks_per_ms, interval, _, cost)
+  local t = (now - GCRA_EPOCH_MS) * ticks_per_ms
+  local tolerance = interval * burst
+  local increment = interval * cost
+  local s = load(key, GCRA)
+  -- After k admissions the TAT is base + k * increment; admission k + 1 needs it within the tolerance of t.
+  local base = max(min(s.v[1] or t, t + tolerance), t)
+  return s.v, floor(max(t + tolerance - base, 0) / increment), function(k)
+    local tat = base + k * increment
+    store(s, tat, nil, nil, ceil_div(tat - t, ticks_per_ms))
+  end
+end
+
+local function leaky_bucket_span(key, burst, per_ms, unit, max_delay, cost)
+  -- A request is admitted while the water it adds stays within what `max_delay` lets drain beyond `burst`.
+  local most = burst * unit + max_delay * per_ms
+  local s = load(key, 6)
+  local water = level_of(s.v, 0, most, per_ms, false)
+  local need = cost * unit
+  return s.v, floor(max(most - water, 0) / need), function(k)
+    local after = water + k * need
+    store(s, after, now, nil, ceil_div(after, per_ms))
+  end
+end
+
+local spans = {
+  [1] = sliding_window_span,
+  [3] = token_bucket_span,
+  [4] = fixed_window_span,
+  [GCRA] = gcra_span,
+  [6] = leaky_bucket_span,
+}
 
 -- === the batch ===
 
@@ -395,14 +488,17 @@ local input = cmsgpack.unpack(ARGV[2])
 -- Checked before anything is evaluated, so a malformed call fails without having consumed anything.
 local a = 1
 while a <= #input do
-  local n = input[a + 1]
+  local run, n = input[a + 1] > 1, input[a + 2]
+  if run and input[a] ~= 1 then
+    return redis.error_reply('tollgate: a run of dry runs')
+  end
   for i = 0, n - 1 do
-    local at = a + 2 + i * LIMIT_ARGS
-    if not KEYS[input[at]] or not evaluators[input[at + 1]] then
+    local at = a + 3 + i * LIMIT_ARGS
+    if not KEYS[input[at]] or not evaluators[input[at + 1]] or (run and not spans[input[at + 1]]) then
       return redis.error_reply('tollgate: bad limit ' .. tostring(input[at]) .. ':' .. tostring(input[at + 1]))
     end
   end
-  a = a + 2 + n * LIMIT_ARGS
+  a = a + 3 + n * LIMIT_ARGS
 end
 
 -- The reply is written as if the request will be consumed: an admitting limit's fields after consuming, a denying
@@ -413,52 +509,82 @@ local STRIDE = 7
 local results = {}
 local reply = {now}
 local r = 1
+
+-- A run of `count` requests whose `n` limits start at input[a]: stores what the admitted ones leave, and replies
+-- each key's state before the run.
+local function decide_run(a, n, count)
+  local admitted = count
+  local fits, advance = {}, {}
+  for i = 0, n - 1 do
+    local at = a + i * LIMIT_ARGS
+    local v, fit, apply =
+      spans[input[at + 1]](KEYS[input[at]], input[at + 2], input[at + 3], input[at + 4], input[at + 5], input[at + 6])
+    reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = v[1] and 1 or 0, v[1] or 0, v[2] or 0, v[3] or 0
+    r = r + 4
+    fits[i], advance[i] = fit, apply
+    if input[at + 7] ~= 1 and fit < admitted then
+      admitted = fit
+    end
+  end
+  for i = 0, n - 1 do
+    local k = min(admitted, fits[i])
+    if k > 0 then
+      advance[i](k)
+    end
+  end
+end
+
 a = 1
 while a <= #input do
   local commit_mode = input[a] == 1
-  local n = input[a + 1]
-  a = a + 2
-  local all_allowed = true
-  local first = r
-  r = r + 1
-  for i = 0, n - 1 do
-    local o = i * STRIDE
-    local ok, capacity, remaining, reset, standing, standing_reset, retry, delay, x, y, z, ttl =
-      evaluators[input[a + 1]](KEYS[input[a]], input[a + 2], input[a + 3], input[a + 4], input[a + 5], input[a + 6])
-    if ok then
-      reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5], reply[r + 6] =
-        1, capacity, remaining, 0, reset, delay
-      results[o + 1], results[o + 2], results[o + 3], results[o + 4], results[o + 5], results[o + 6], results[o + 7] =
-        standing, standing_reset, x, y, z, ttl, a
-    else
-      reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5], reply[r + 6] =
-        0, capacity, standing, retry, standing_reset, 0
-      results[o + 7] = false
-      -- A shadow limit that denies denies nothing: it only consumes nothing and reports its standing state.
-      if input[a + 7] ~= 1 then
-        all_allowed = false
-      end
-    end
-    r = r + 6
-    a = a + LIMIT_ARGS
-  end
-  reply[first + 1] = all_allowed and 1 or 0
-  if all_allowed and commit_mode then
-    for i = 0, n - 1 do
-      local o = i * STRIDE
-      local at = results[o + 7]
-      if at then
-        commit(KEYS[input[at]], input[at + 1], results[o + 3], results[o + 4], results[o + 5], results[o + 6],
-          input[at + 3], input[at + 6])
-      end
-    end
+  local count, n = input[a + 1], input[a + 2]
+  a = a + 3
+  if count > 1 then
+    decide_run(a, n, count)
+    a = a + n * LIMIT_ARGS
   else
-    -- Nothing consumed (a denial or a dry run): the admitting limits report their state as it stands.
+    local all_allowed = true
+    local first = r
+    r = r + 1
     for i = 0, n - 1 do
       local o = i * STRIDE
-      if results[o + 7] then
-        local p = first + 1 + i * 6
-        reply[p + 3], reply[p + 5], reply[p + 6] = results[o + 1], results[o + 2], 0
+      local ok, capacity, remaining, reset, standing, standing_reset, retry, delay, x, y, z, ttl =
+        evaluators[input[a + 1]](KEYS[input[a]], input[a + 2], input[a + 3], input[a + 4], input[a + 5], input[a + 6])
+      if ok then
+        reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5], reply[r + 6] =
+          1, capacity, remaining, 0, reset, delay
+        results[o + 1], results[o + 2], results[o + 3], results[o + 4], results[o + 5], results[o + 6], results[o + 7] =
+          standing, standing_reset, x, y, z, ttl, a
+      else
+        reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5], reply[r + 6] =
+          0, capacity, standing, retry, standing_reset, 0
+        results[o + 7] = false
+        -- A shadow limit that denies denies nothing: it only consumes nothing and reports its standing state.
+        if input[a + 7] ~= 1 then
+          all_allowed = false
+        end
+      end
+      r = r + 6
+      a = a + LIMIT_ARGS
+    end
+    reply[first + 1] = all_allowed and 1 or 0
+    if all_allowed and commit_mode then
+      for i = 0, n - 1 do
+        local o = i * STRIDE
+        local at = results[o + 7]
+        if at then
+          commit(KEYS[input[at]], input[at + 1], results[o + 3], results[o + 4], results[o + 5], results[o + 6],
+            input[at + 3], input[at + 6])
+        end
+      end
+    else
+      -- Nothing consumed (a denial or a dry run): the admitting limits report their state as it stands.
+      for i = 0, n - 1 do
+        local o = i * STRIDE
+        if results[o + 7] then
+          local p = first + 1 + i * 6
+          reply[p + 3], reply[p + 5], reply[p + 6] = results[o + 1], results[o + 2], 0
+        end
       end
     end
   end

@@ -73,32 +73,19 @@ impl MemoryStore {
             })
             .collect();
 
-        // Shadow limits never deny the request; they consume only when they themselves admit.
-        let allowed = evaluations
-            .iter()
-            .zip(checks)
-            .all(|(e, check)| e.admitted.allowed || check.limit.is_shadow());
-        let decisions: Vec<Decision> = if allowed {
-            evaluations
-                .into_iter()
-                .zip(checks)
-                .map(|(ev, check)| {
-                    if !ev.admitted.allowed {
-                        return ev.standing;
-                    }
-                    let shard = guard_for(&mut guards, self.shard_of(check.key));
-                    let entry = Entry {
-                        state: ev.next,
-                        expires_at_ms: now_ms + ev.ttl_ms as i64,
-                    };
-                    shard.insert(check.key, entry, now_ms, self.max_per_shard);
-                    ev.admitted
-                })
-                .collect()
-        } else {
-            evaluations.into_iter().map(|ev| ev.standing).collect()
-        };
-        Outcome { allowed, decisions }
+        algorithms::settle(
+            evaluations,
+            |i| checks[i].limit.is_shadow(),
+            |i, state, ttl_ms| {
+                let key = checks[i].key;
+                let entry = Entry {
+                    state,
+                    expires_at_ms: now_ms + ttl_ms as i64,
+                };
+                let shard = guard_for(&mut guards, self.shard_of(key));
+                shard.insert(key, entry, now_ms, self.max_per_shard);
+            },
+        )
     }
 
     /// The state of one limit for one key as it stands at the clock's time, consuming nothing.

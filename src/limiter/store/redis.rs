@@ -288,12 +288,10 @@ impl Connection {
         requests: &[&EncodedRequest],
         now_ms: Option<i64>,
     ) -> Result<Vec<Outcome>, StoreError> {
-        let command = script::command(&self.sha, now_ms, requests);
+        let runs = script::runs(requests);
+        let command = script::command(&self.sha, now_ms, requests, &runs);
         let reply = self.evalsha(client, slot, command).await?;
-        script::parse_reply(
-            &script::unpack_reply(&reply)?,
-            requests.iter().map(|r| r.limits()),
-        )
+        script::parse_reply(&script::unpack_reply(&reply)?, requests, &runs)
     }
 
     /// Runs the script by hash, loading it first when Redis does not know it (restart, `SCRIPT FLUSH`, failover).

@@ -8,17 +8,25 @@ use fred::types::Value;
 use rmp::encode::ByteBuf;
 
 use super::{LimitCheck, StoreError};
-use crate::limiter::algorithms::gcra::Ticks;
+use crate::limiter::algorithms::fixed_window::FixedWindowState;
+use crate::limiter::algorithms::gcra::{GcraState, Ticks};
+use crate::limiter::algorithms::sliding_window::WindowState;
+use crate::limiter::algorithms::token_bucket::BucketState;
+use crate::limiter::algorithms::{self, State};
 use crate::limiter::{Algorithm, Decision, LeakyMode, Outcome};
 
 /// The script, reviewed as Lua in its own file.
 pub(super) const CHECK_SCRIPT: &str = include_str!("../scripts/check.lua");
 
-/// Fields per limit in the script's reply (after the request's `all_allowed`).
+/// Fields per limit in the script's reply for a single request (after the request's `all_allowed`).
 const REPLY_FIELDS: usize = 6;
-/// Integers per limit in a request's encoding: algorithm id, four parameters, cost, shadow. The script gets one
-/// more in front, the index of the limit's key.
-const ARGS_PER_LIMIT: usize = 7;
+/// Fields per limit in the script's reply for a run of identical requests: whether the key had state, then its
+/// integers before the run.
+const RUN_FIELDS: usize = 4;
+/// Integers per limit in a request's encoding: key index, algorithm id, four parameters, cost, shadow.
+const ARGS_PER_LIMIT: usize = 8;
+/// Integers in front of a request's limits: mode, how many identical requests it stands for, number of limits.
+const ARGS_PER_REQUEST: usize = 3;
 
 /// What the script does with a request that every limit admits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,12 +38,21 @@ pub(super) enum Mode {
 }
 
 /// One request's share of a script call, owned so that it can wait in the batch queue.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub(super) struct EncodedRequest {
+    mode: Mode,
     /// The state key of each limit.
     keys: Vec<Bytes>,
-    /// Mode, then `ARGS_PER_LIMIT` integers per limit.
-    args: Vec<u64>,
+    /// What the script needs of each limit, and what a run's replay needs (see [`replay_run`]).
+    limits: Vec<LimitSpec>,
+}
+
+/// A limit as the script sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LimitSpec {
+    algorithm: Algorithm,
+    cost: u64,
+    shadow: bool,
 }
 
 // === impl EncodedRequest ===
@@ -46,56 +63,96 @@ impl EncodedRequest {
             .iter()
             .map(|c| Bytes::copy_from_slice(c.key.as_bytes()))
             .collect();
-        let mut args = Vec::with_capacity(1 + checks.len() * ARGS_PER_LIMIT);
-        args.push(match mode {
-            Mode::Commit => 1,
-            Mode::DryRun => 0,
-        });
-        for check in checks {
-            let [id, a, b, c, d] = script_params(check.limit.algorithm());
-            let shadow = u64::from(check.limit.is_shadow());
-            args.extend([id, a, b, c, d, check.limit.cost(), shadow]);
-        }
-        Self { keys, args }
+        let limits = checks
+            .iter()
+            .map(|c| LimitSpec {
+                algorithm: *c.limit.algorithm(),
+                cost: c.limit.cost(),
+                shadow: c.limit.is_shadow(),
+            })
+            .collect();
+        Self { mode, keys, limits }
     }
 
     /// How many limits (and keys) the request has.
     pub(super) fn limits(&self) -> usize {
         self.keys.len()
     }
+
+    /// Whether a run of copies of this request may be decided at once: committing requests whose limits each
+    /// have a key of their own, none a `sliding_log` (whose state, a sorted set, the reply cannot carry).
+    fn can_run(&self) -> bool {
+        self.mode == Mode::Commit
+            && !self
+                .limits
+                .iter()
+                .any(|l| matches!(l.algorithm, Algorithm::SlidingLog { .. }))
+            && self
+                .keys
+                .iter()
+                .enumerate()
+                .all(|(i, key)| !self.keys[..i].contains(key))
+    }
 }
 
-/// The arguments of `EVALSHA` for `requests`, decided at `now_ms` (or with Redis's clock when `None`): every key
-/// once, the clock, and the requests packed as MessagePack.
+/// Splits `requests` into runs, returning each run's length in order: consecutive requests that are identical
+/// (same keys, limits and costs) and [can run](EncodedRequest::can_run) form one run, any other request a run of
+/// one.
+///
+/// One client's concurrent requests to one route are such runs; the script decides each in closed form instead of
+/// request by request. Only consecutive requests are joined, so batch order, and with it every decision, is kept.
+pub(super) fn runs(requests: &[&EncodedRequest]) -> Vec<usize> {
+    let mut runs = Vec::with_capacity(requests.len());
+    let mut rest = requests;
+    while let Some((first, others)) = rest.split_first() {
+        let copies = if first.can_run() {
+            others.iter().take_while(|r| **r == *first).count()
+        } else {
+            0
+        };
+        runs.push(1 + copies);
+        rest = &others[copies..];
+    }
+    runs
+}
+
+/// The arguments of `EVALSHA` for `requests` in `runs` (from [`runs`]), decided at `now_ms` (or with Redis's
+/// clock when `None`): every key once, the clock, and one entry per run packed as MessagePack.
 pub(super) fn command(
     sha: &Value,
     now_ms: Option<i64>,
     requests: &[&EncodedRequest],
+    runs: &[usize],
 ) -> Vec<Value> {
-    let limits: usize = requests.iter().map(|r| r.limits()).sum();
-    let mut keys: Vec<Value> = Vec::with_capacity(limits);
-    let mut key_index: HashMap<&Bytes, u64> = HashMap::with_capacity(limits);
-    let integers = requests.len() * 2 + limits * (1 + ARGS_PER_LIMIT);
+    let mut keys: Vec<Value> = Vec::new();
+    let mut key_index: HashMap<&Bytes, u64> = HashMap::new();
+    let mut integers = 0;
+    let mut at = 0;
+    for &count in runs {
+        integers += ARGS_PER_REQUEST + requests[at].limits() * ARGS_PER_LIMIT;
+        at += count;
+    }
     // At most 9 bytes per integer, 5 for the array header.
     let mut packed = ByteBuf::with_capacity(5 + integers * 9);
     let _ = rmp::encode::write_array_len(&mut packed, integers as u32);
-    for request in requests {
-        let (mode, per_limit) = request.args.split_first().unwrap_or((&0, &[]));
-        put(&mut packed, *mode);
-        put(&mut packed, request.keys.len() as u64);
-        for (key, args) in request
-            .keys
-            .iter()
-            .zip(per_limit.chunks_exact(ARGS_PER_LIMIT))
-        {
+    let mut at = 0;
+    for &count in runs {
+        let request = requests[at];
+        at += count;
+        put(&mut packed, u64::from(request.mode == Mode::Commit));
+        put(&mut packed, count as u64);
+        put(&mut packed, request.limits() as u64);
+        for (key, limit) in request.keys.iter().zip(&request.limits) {
             let index = *key_index.entry(key).or_insert_with(|| {
                 keys.push(Value::Bytes(key.clone()));
                 keys.len() as u64
             });
             put(&mut packed, index);
-            for &arg in args {
+            for arg in script_params(&limit.algorithm) {
                 put(&mut packed, arg);
             }
+            put(&mut packed, limit.cost);
+            put(&mut packed, u64::from(limit.shadow));
         }
     }
     let mut command = Vec::with_capacity(4 + keys.len());
@@ -126,29 +183,41 @@ pub(super) fn unpack_reply(reply: &Value) -> Result<Vec<i64>, StoreError> {
     Ok(values)
 }
 
-/// Splits the script's reply into one outcome per request; `limits` gives each request's number of limits.
+/// Splits the script's reply into one outcome per request of `requests`, sent as `runs`.
 pub(super) fn parse_reply(
     reply: &[i64],
-    limits: impl ExactSizeIterator<Item = usize>,
+    requests: &[&EncodedRequest],
+    runs: &[usize],
 ) -> Result<Vec<Outcome>, StoreError> {
-    let requests = limits.len();
-    let mut outcomes = Vec::with_capacity(requests);
+    let mut outcomes = Vec::with_capacity(requests.len());
     let wrong_length = || {
         StoreError::Reply(format!(
-            "{} values in a reply for {requests} requests",
-            reply.len()
+            "{} values in a reply for {} requests",
+            reply.len(),
+            requests.len()
         ))
     };
-    // reply[0] is the script's clock.
-    let mut rest = reply.get(1..).ok_or_else(wrong_length)?;
+    let (&now_ms, mut rest) = reply.split_first().ok_or_else(wrong_length)?;
     let as_u64 = |v: i64| u64::try_from(v).unwrap_or(0);
-    for n in limits {
-        let len = 1 + n * REPLY_FIELDS;
+    let mut at = 0;
+    for &count in runs {
+        let request = requests.get(at).ok_or_else(wrong_length)?;
+        at += count;
+        let n = request.limits();
+        let len = if count == 1 {
+            1 + n * REPLY_FIELDS
+        } else {
+            n * RUN_FIELDS
+        };
         if rest.len() < len {
             return Err(wrong_length());
         }
         let (this, next) = rest.split_at(len);
         rest = next;
+        if count > 1 {
+            replay_run(request, this, now_ms, count, &mut outcomes)?;
+            continue;
+        }
         let decisions = this[1..]
             .chunks_exact(REPLY_FIELDS)
             .map(|f| Decision {
@@ -165,10 +234,75 @@ pub(super) fn parse_reply(
             decisions,
         });
     }
-    if !rest.is_empty() {
+    if !rest.is_empty() || at != requests.len() {
         return Err(wrong_length());
     }
     Ok(outcomes)
+}
+
+/// Decides `count` copies of `request` one after another from the state its keys held before the run, as the
+/// script would have decided them one by one: the script only worked out how many fit and stored the state they
+/// leave; the algorithms here are the ones the memory store runs, which mirror the script integer for integer.
+fn replay_run(
+    request: &EncodedRequest,
+    fields: &[i64],
+    now_ms: i64,
+    count: usize,
+    outcomes: &mut Vec<Outcome>,
+) -> Result<(), StoreError> {
+    let mut states = request
+        .limits
+        .iter()
+        .zip(fields.chunks_exact(RUN_FIELDS))
+        .map(|(limit, f)| state_before_run(&limit.algorithm, f))
+        .collect::<Result<Vec<_>, _>>()?;
+    let limits = &request.limits;
+    for _ in 0..count {
+        let evaluations = limits
+            .iter()
+            .zip(&states)
+            .map(|(l, state)| algorithms::evaluate(&l.algorithm, state.as_ref(), now_ms, l.cost))
+            .collect();
+        outcomes.push(algorithms::settle(
+            evaluations,
+            |i| limits[i].shadow,
+            |i, next, _| states[i] = Some(next),
+        ));
+    }
+    Ok(())
+}
+
+/// A key's state from a run's reply: `[had state, integers...]` in the order `check.lua` stores them.
+fn state_before_run(algorithm: &Algorithm, f: &[i64]) -> Result<Option<State>, StoreError> {
+    if f[0] == 0 {
+        return Ok(None);
+    }
+    let count = |v: i64| u64::try_from(v).unwrap_or(0);
+    Ok(Some(match *algorithm {
+        Algorithm::FixedWindow { .. } => State::FixedWindow(FixedWindowState {
+            window_start_ms: f[1],
+            count: count(f[2]),
+        }),
+        Algorithm::SlidingWindow { .. } => State::Window(WindowState {
+            window_start_ms: f[1],
+            current: count(f[2]),
+            previous: count(f[3]),
+        }),
+        Algorithm::TokenBucket { .. } => State::Bucket(BucketState {
+            level: count(f[1]),
+            updated_ms: f[2],
+        }),
+        Algorithm::LeakyBucket { .. } => State::Meter(BucketState {
+            level: count(f[1]),
+            updated_ms: f[2],
+        }),
+        Algorithm::Gcra { .. } => State::Gcra(GcraState { tat: f[1] }),
+        Algorithm::SlidingLog { .. } => {
+            return Err(StoreError::Reply(
+                "a run of sliding_log requests, which is never sent".to_owned(),
+            ))
+        }
+    }))
 }
 
 /// The script's algorithm id and four parameters for a limit (see the header of `check.lua`).
@@ -196,26 +330,35 @@ fn script_params(algorithm: &Algorithm) -> [u64; 5] {
 mod tests {
     use super::*;
     use crate::limiter::algorithms::gcra::EPOCH_MS;
-    use crate::limiter::Limit;
+    use crate::limiter::{Limit, Rate};
 
     fn limit(algorithm: Algorithm) -> Limit {
         Limit::new("l", algorithm, 2).expect("valid")
     }
 
-    #[test]
-    fn a_batch_names_each_key_once_and_packs_the_requests() {
-        let window = limit(Algorithm::FixedWindow {
+    fn window() -> Limit {
+        limit(Algorithm::FixedWindow {
             limit: 5,
             period_ms: 1_000,
-        });
-        let check = |key| LimitCheck {
-            key,
-            limit: &window,
-        };
-        let first = EncodedRequest::new(&[check("k1"), check("k2")], Mode::Commit);
-        let second = EncodedRequest::new(&[check("k2"), check("k3")], Mode::DryRun);
+        })
+    }
+
+    fn encoded(limit: &Limit, keys: &[&str], mode: Mode) -> EncodedRequest {
+        let checks: Vec<LimitCheck<'_>> =
+            keys.iter().map(|key| LimitCheck { key, limit }).collect();
+        EncodedRequest::new(&checks, mode)
+    }
+
+    #[test]
+    fn a_batch_names_each_key_once_and_packs_the_requests() {
+        let window = window();
+        let first = encoded(&window, &["k1", "k2"], Mode::Commit);
+        let second = encoded(&window, &["k2", "k3"], Mode::DryRun);
         let sha = Value::from("sha");
-        let mut command = command(&sha, Some(77), &[&first, &second]);
+        let requests = [&first, &second];
+        let runs = runs(&requests);
+        assert_eq!(runs, [1, 1]);
+        let mut command = command(&sha, Some(77), &requests, &runs);
         let packed = command.pop().expect("packed requests");
         let strings: Vec<String> = command
             .iter()
@@ -223,16 +366,92 @@ mod tests {
             .collect();
         assert_eq!(strings, ["sha", "3", "k1", "k2", "k3", "77"]);
         let fixed = [4, 5, 1000, 0, 0, 2, 0];
-        let mut expected = vec![1, 2, 1];
+        let mut expected = vec![1, 1, 2, 1];
         expected.extend(fixed);
         expected.push(2);
         expected.extend(fixed);
-        expected.extend([0, 2, 2]);
+        expected.extend([0, 1, 2, 2]);
         expected.extend(fixed);
         expected.push(3);
         expected.extend(fixed);
         assert_eq!(unpack_reply(&packed).expect("MessagePack"), expected);
         assert_eq!((first.limits(), second.limits()), (2, 2));
+    }
+
+    #[test]
+    fn consecutive_identical_committing_requests_form_runs() {
+        let window = window();
+        let log = limit(Algorithm::SlidingLog {
+            limit: 5,
+            period_ms: 1_000,
+        });
+        let a = || encoded(&window, &["a1", "a2"], Mode::Commit);
+        let b = encoded(&window, &["b1", "b2"], Mode::Commit);
+        let dry = encoded(&window, &["a1", "a2"], Mode::DryRun);
+        let shared_key = encoded(&window, &["s", "s"], Mode::Commit);
+        let logged = encoded(&log, &["l"], Mode::Commit);
+        let (a1, a2, a3, a4) = (a(), a(), a(), a());
+        // Order is kept: the a after b starts a run of its own.
+        let requests = [
+            &a1,
+            &a2,
+            &a3,
+            &b,
+            &a4,
+            &dry,
+            &dry,
+            &shared_key,
+            &shared_key,
+            &logged,
+            &logged,
+        ];
+        assert_eq!(runs(&requests), [3, 1, 1, 1, 1, 1, 1, 1, 1]);
+        let sha = Value::from("sha");
+        let packed = command(&sha, None, &requests[..4], &[3, 1])
+            .pop()
+            .expect("packed requests");
+        let values = unpack_reply(&packed).expect("MessagePack");
+        assert_eq!(values[..3], [1, 3, 2], "one entry for the run of three");
+        assert_eq!(values.len(), 2 * (ARGS_PER_REQUEST + 2 * ARGS_PER_LIMIT));
+    }
+
+    #[test]
+    fn a_run_is_replayed_from_the_state_before_it() {
+        let window = window(); // 5 per second, cost 2: two admissions fit in a fresh window
+        let gcra = Limit::new(
+            "g",
+            Algorithm::Gcra {
+                rate: Rate::new(10, 1_000).expect("positive"),
+                burst: 10,
+            },
+            1,
+        )
+        .expect("valid")
+        .with_shadow(true);
+        let checks = [
+            LimitCheck {
+                key: "w",
+                limit: &window,
+            },
+            LimitCheck {
+                key: "g",
+                limit: &gcra,
+            },
+        ];
+        let request = EncodedRequest::new(&checks, Mode::Commit);
+        let now = EPOCH_MS + 10_500;
+        // The window already counts 1 this second; the GCRA key is fresh.
+        let reply = [now, 1, now - 500, 1, 0, 0, 0, 0, 0];
+        let outcomes =
+            parse_reply(&reply, &[&request, &request, &request], &[3]).expect("well formed");
+        let allowed: Vec<bool> = outcomes.iter().map(|o| o.allowed).collect();
+        assert_eq!(allowed, [true, true, false]);
+        let remaining: Vec<u64> = outcomes.iter().map(|o| o.decisions[0].remaining).collect();
+        assert_eq!(remaining, [2, 0, 0]);
+        // The shadow GCRA consumed for the two admitted requests only.
+        let gcra_remaining: Vec<u64> = outcomes.iter().map(|o| o.decisions[1].remaining).collect();
+        assert_eq!(gcra_remaining, [9, 8, 8]);
+        assert!(parse_reply(&reply[..8], &[&request, &request], &[2]).is_err());
     }
 
     #[test]
@@ -246,13 +465,16 @@ mod tests {
 
     #[test]
     fn the_reply_is_split_per_request() {
+        let window = window();
+        let one = encoded(&window, &["a"], Mode::Commit);
+        let two = encoded(&window, &["a", "b"], Mode::Commit);
         let reply = [
             123, // now
             1, 1, 5, 3, 0, 900, 0, // request 1: allowed, one limit
             0, 0, 5, 0, 400, 1_000, 0, 1, 9, 9, 0, 0,
             0, // request 2: denied by the first of two
         ];
-        let outcomes = parse_reply(&reply, [1, 2].into_iter()).expect("well formed");
+        let outcomes = parse_reply(&reply, &[&one, &two], &[1, 1]).expect("well formed");
         assert_eq!(outcomes.len(), 2);
         assert!(outcomes[0].allowed);
         assert_eq!(outcomes[0].decisions[0].remaining, 3);
@@ -263,13 +485,16 @@ mod tests {
 
     #[test]
     fn a_reply_of_the_wrong_length_is_an_error() {
+        let window = window();
+        let one = encoded(&window, &["a"], Mode::Commit);
+        let two = encoded(&window, &["a", "b"], Mode::Commit);
         let reply = [123, 1, 1, 5, 3, 0, 900, 0];
-        assert!(parse_reply(&reply, [1].into_iter()).is_ok());
-        assert!(parse_reply(&reply, [2].into_iter()).is_err());
-        assert!(parse_reply(&reply, [1, 1].into_iter()).is_err());
-        assert!(parse_reply(&reply[..7], [1].into_iter()).is_err());
-        assert!(parse_reply(&reply, std::iter::empty()).is_err());
-        assert!(parse_reply(&[], std::iter::empty()).is_err());
+        assert!(parse_reply(&reply, &[&one], &[1]).is_ok());
+        assert!(parse_reply(&reply, &[&two], &[1]).is_err());
+        assert!(parse_reply(&reply, &[&one, &one], &[1, 1]).is_err());
+        assert!(parse_reply(&reply[..7], &[&one], &[1]).is_err());
+        assert!(parse_reply(&reply, &[], &[]).is_err());
+        assert!(parse_reply(&[], &[], &[]).is_err());
     }
 
     #[test]
