@@ -183,17 +183,21 @@ end
 --   delay                       ms an admitted request must be held (leaky_bucket in delay mode)
 --   x, y, z, ttl                the state to store if the request is committed (see `commit`)
 
+-- The previous and current windows' counts of a sliding_window state, as of the window starting at `window_start`.
+local function window_counts(v, window_start, period)
+  local w = v[1]
+  if w == window_start then
+    return v[3] or 0, v[2] or 0
+  elseif w == window_start - period then
+    return v[2] or 0, 0
+  end
+  return 0, 0
+end
+
 local function sliding_window(key, limit, period, _, _, cost)
   local window_start = now - (now % period)
   local elapsed = now - window_start
-  local v = load(key, 1).v
-  local w = v[1]
-  local previous, current = 0, 0
-  if w == window_start then
-    previous, current = v[3] or 0, v[2] or 0
-  elseif w == window_start - period then
-    previous, current = v[2] or 0, 0
-  end
+  local previous, current = window_counts(load(key, 1).v, window_start, period)
   local left = period - elapsed
   local used = previous * left + current * period
   local capacity = limit * period
@@ -410,17 +414,10 @@ end
 local function sliding_window_span(key, limit, period, _, _, cost)
   local window_start = now - (now % period)
   local s = load(key, 1)
-  local v = s.v
-  local w = v[1]
-  local previous, current = 0, 0
-  if w == window_start then
-    previous, current = v[3] or 0, v[2] or 0
-  elseif w == window_start - period then
-    previous, current = v[2] or 0, 0
-  end
+  local previous, current = window_counts(s.v, window_start, period)
   local left = period - (now - window_start)
   local used = previous * left + current * period
-  return v, floor(max(limit * period - used, 0) / (cost * period)), function(k)
+  return s.v, floor(max(limit * period - used, 0) / (cost * period)), function(k)
     store(s, window_start, current + k * cost, previous, left + period)
   end
 end
