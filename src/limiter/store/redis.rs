@@ -139,10 +139,12 @@ impl RedisStore {
         checks: &[LimitCheck<'_>],
         now_ms: Option<i64>,
     ) -> Result<Outcome, StoreError> {
+        // The paths other than the batcher's are boxed: a future holds its largest await point inline, and this
+        // one is moved into every request's future, so the rare paths would make each request copy kilobytes.
         let connection = &self.connection;
         if connection.topology == RedisTopology::Cluster {
             if let Some(groups) = slot_groups(checks) {
-                return connection.check_across_slots(checks, &groups, now_ms).await;
+                return Box::pin(connection.check_across_slots(checks, &groups, now_ms)).await;
             }
         }
         let request = EncodedRequest::new(checks, Mode::Commit);
@@ -152,7 +154,7 @@ impl RedisStore {
                     .check(connection.slot_of(checks), request)
                     .await
             }
-            Some(_) => connection.run_one(checks, request, now_ms).await,
+            Some(_) => Box::pin(connection.run_one(checks, request, now_ms)).await,
         }
     }
 
@@ -309,12 +311,17 @@ impl Connection {
             fail_fast: true,
             ..Default::default()
         });
+        // fred's futures are boxed: kilobytes each, held inline they would make every batch's task that large,
+        // and a task's future is copied on each spawn.
         let evalsha = |command| {
-            fail_fast.custom::<Value, Value>(CustomCommand::new("EVALSHA", slot, false), command)
+            Box::pin(
+                fail_fast
+                    .custom::<Value, Value>(CustomCommand::new("EVALSHA", slot, false), command),
+            )
         };
         match evalsha(command.clone()).await {
             Err(error) if error.details().starts_with("NOSCRIPT") => {
-                self.script.load(client).await?;
+                Box::pin(self.script.load(client)).await?;
                 Ok(evalsha(command).await?)
             }
             Err(error) if error.details().contains("READONLY") => {
