@@ -136,14 +136,29 @@ pub fn normalize_path(path: &str) -> Option<Cow<'_, str>> {
 
 /// `.` in any spelling (`.`, `%2e`, `%2E`).
 fn is_current(segment: &str) -> bool {
-    segment == "." || segment.eq_ignore_ascii_case("%2e")
+    strip_dot(segment) == Some("")
 }
 
 /// `.` or `..` in any spelling: the one rule for both deciding to clean and cleaning, so that no encoded form
 /// (`.%2e`, `%2E.`, `%2e%2E`) can be recognised by one and missed by the other.
 fn is_dot_segment(segment: &str) -> bool {
-    let decoded = segment.to_ascii_lowercase().replace("%2e", ".");
-    decoded == "." || decoded == ".."
+    match strip_dot(segment) {
+        Some("") => true,
+        Some(rest) => strip_dot(rest) == Some(""),
+        None => false,
+    }
+}
+
+/// `segment` without its leading dot (`.`, `%2e` or `%2E`), if it starts with one. Runs for every segment of
+/// every request: no allocation.
+fn strip_dot(segment: &str) -> Option<&str> {
+    if let Some(rest) = segment.strip_prefix('.') {
+        return Some(rest);
+    }
+    match segment.as_bytes() {
+        [b'%', b'2', b'e' | b'E', ..] => Some(&segment[3..]),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -204,5 +219,33 @@ mod tests {
             Some("/plain/path")
         );
         assert_eq!(normalize_path("*"), None);
+    }
+
+    #[test]
+    fn every_spelling_of_dot_and_dot_dot_is_a_dot_segment_and_nothing_else_is() {
+        // Every segment of up to three pieces drawn from the spellings of a dot and their near misses, against the
+        // definition: the segment decodes (`%2e` in either case to `.`) to exactly `.` or `..`.
+        let pieces = [".", "%2e", "%2E", "%2", "%", "2e", "e", "a", "%2f"];
+        let decodes_to_dots = |segment: &str| {
+            let decoded = segment.to_ascii_lowercase().replace("%2e", ".");
+            decoded == "." || decoded == ".."
+        };
+        let mut segments = vec![String::new()];
+        for _ in 0..3 {
+            let longer: Vec<String> = segments
+                .iter()
+                .flat_map(|s| pieces.iter().map(move |p| format!("{s}{p}")))
+                .collect();
+            segments.extend(longer);
+        }
+        for segment in &segments {
+            assert_eq!(
+                is_dot_segment(segment),
+                decodes_to_dots(segment),
+                "{segment:?}"
+            );
+            let current = matches!(segment.to_ascii_lowercase().as_str(), "." | "%2e");
+            assert_eq!(is_current(segment), current, "{segment:?}");
+        }
     }
 }

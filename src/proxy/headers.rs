@@ -38,26 +38,56 @@ const HOP_BY_HOP: [&HeaderName; 7] = [
     &header::UPGRADE,
 ];
 
+/// The position of `name` in `HOP_BY_HOP`, if it is one of them.
+fn hop_by_hop_index(name: &str) -> Option<usize> {
+    // Matching the (lowercase) text is one length switch and at most one comparison; `HeaderName` equality
+    // would compare against each of the seven in turn.
+    match name {
+        "connection" => Some(0),
+        "keep-alive" => Some(1),
+        "proxy-connection" => Some(2),
+        "te" => Some(3),
+        "trailer" => Some(4),
+        "transfer-encoding" => Some(5),
+        "upgrade" => Some(6),
+        _ => None,
+    }
+}
+
 /// Removes the hop-by-hop fields of RFC 9110 §7.6.1: `Connection` and every field it names, `Keep-Alive`,
 /// `Proxy-Connection`, `TE`, `Trailer`, `Transfer-Encoding` and `Upgrade`.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry none of them: one pass over the few fields present is cheaper than seven removals,
-    // each hashing its name.
-    if !headers.keys().any(|name| HOP_BY_HOP.contains(&name)) {
+    // One pass over the few fields present finds which of the seven are there; only those are removed (each
+    // removal hashes its name). Most requests carry none; most upstream responses carry `Connection: keep-alive`.
+    let mut present = 0u8;
+    for name in headers.keys() {
+        if let Some(index) = hop_by_hop_index(name.as_str()) {
+            present |= 1 << index;
+        }
+    }
+    if present == 0 {
         return;
     }
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
+    if present & 1 != 0 {
+        // Fields named by `Connection`; the usual `keep-alive` and `close` name none besides the seven.
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|name| !name.eq_ignore_ascii_case("close"))
+            .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
+            .filter(|name| hop_by_hop_index(name.as_str()).is_none())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
     }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
+    for (index, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << index) != 0 {
+            headers.remove(*name);
+        }
     }
 }
 
@@ -137,6 +167,30 @@ mod tests {
         remove_hop_by_hop(&mut h);
         assert!(h.get("x-secret").is_none() && h.get(header::TE).is_none());
         assert!(h.get("x-kept").is_some());
+    }
+
+    #[test]
+    fn connection_tokens_are_matched_whatever_their_case_and_spacing() {
+        let mut h = HeaderMap::new();
+        h.append(
+            header::CONNECTION,
+            HeaderValue::from_static("Keep-Alive ,X-Secret"),
+        );
+        h.append(
+            header::CONNECTION,
+            HeaderValue::from_static("close, x-other"),
+        );
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("x-other", HeaderValue::from_static("1"));
+        h.insert(
+            "close",
+            HeaderValue::from_static("kept: `close` is an option, not a field name"),
+        );
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        remove_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["close", "x-kept"]);
     }
 
     #[test]
