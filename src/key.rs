@@ -236,24 +236,33 @@ pub fn request_host(uri: &http::Uri, headers: &HeaderMap) -> Option<String> {
 /// `{`, `}` or control characters, is replaced by its SHA-256 hex digest, so that clients can
 /// neither grow keys nor choose the cluster slot.
 pub fn store_key(prefix: &str, route: &str, limit: &str, value: &str) -> String {
+    key_with_head(&key_head(prefix, route, limit), value)
+}
+
+/// The part of [`store_key`] before the value, `<prefix><route>:<limit>:{`: the same for every request, so
+/// built once per limit.
+pub fn key_head(prefix: &str, route: &str, limit: &str) -> String {
+    format!("{prefix}{route}:{limit}:{{")
+}
+
+/// [`store_key`] from its [`key_head`] and the key value.
+pub fn key_with_head(head: &str, value: &str) -> String {
     let needs_digest = value.len() > MAX_PLAIN_KEY_LEN
         || value
             .chars()
             .any(|c| c == '{' || c == '}' || c.is_control());
-    let mut key =
-        String::with_capacity(prefix.len() + route.len() + limit.len() + 4 + MAX_PLAIN_KEY_LEN);
-    key.push_str(prefix);
-    key.push_str(route);
-    key.push(':');
-    key.push_str(limit);
-    key.push_str(":{");
-    if needs_digest {
-        let digest = Sha256::digest(value.as_bytes());
-        for byte in digest {
-            key.push_str(&format!("{byte:02x}"));
-        }
-    } else {
+    if !needs_digest {
+        let mut key = String::with_capacity(head.len() + value.len() + 1);
+        key.push_str(head);
         key.push_str(value);
+        key.push('}');
+        return key;
+    }
+    let digest = Sha256::digest(value.as_bytes());
+    let mut key = String::with_capacity(head.len() + 2 * digest.len() + 1);
+    key.push_str(head);
+    for byte in digest {
+        key.push_str(&format!("{byte:02x}"));
     }
     key.push('}');
     key

@@ -3,7 +3,7 @@
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::LimitSettings;
-use crate::limiter::{Decision, Outcome};
+use crate::limiter::Decision;
 
 static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
@@ -33,21 +33,25 @@ pub(super) fn policy(limits: &[LimitSettings]) -> Option<HeaderValue> {
     HeaderValue::from_str(&items.join(", ")).ok()
 }
 
-/// Adds the fields describing `outcome` to `headers`; `names[i]` is the name of the limit of `outcome.decisions[i]`.
+/// `"name";r=` for the limit named `name`: the start of its `RateLimit` item, rendered once.
+pub(super) fn rate_limit_head(name: &str) -> String {
+    format!("\"{name}\";r=")
+}
+
+/// Adds the fields describing `decision`, the one that explains the request's outcome (see
+/// [`Outcome::most_restrictive`](crate::limiter::Outcome::most_restrictive)), to `headers`; `head` is its limit's
+/// [`rate_limit_head`].
 ///
-/// The `X-RateLimit-*` and `RateLimit` fields describe one limit: the one that explains the outcome (see
-/// [`Outcome::most_restrictive`]).
+/// Runs on every admitted response: the numbers are rendered without the formatting machinery and the map grows
+/// once.
 pub(super) fn apply(
     headers: &mut HeaderMap,
     policy: Option<&HeaderValue>,
-    outcome: &Outcome,
-    names: &[&str],
+    decision: &Decision,
+    head: &str,
 ) {
-    let Some(index) = outcome.most_restrictive() else {
-        return;
-    };
-    let decision: &Decision = &outcome.decisions[index];
     let reset = ceil_seconds(decision.reset_after_ms);
+    headers.reserve(5);
     headers.insert(&X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit));
     headers.insert(
         &X_RATELIMIT_REMAINING,
@@ -57,8 +61,13 @@ pub(super) fn apply(
     if let Some(policy) = policy {
         headers.insert(&RATELIMIT_POLICY, policy.clone());
     }
-    let current = format!("\"{}\";r={};t={}", names[index], decision.remaining, reset);
-    if let Ok(value) = HeaderValue::from_str(&current) {
+    let mut numbers = itoa::Buffer::new();
+    let mut current = String::with_capacity(head.len() + 24);
+    current.push_str(head);
+    current.push_str(numbers.format(decision.remaining));
+    current.push_str(";t=");
+    current.push_str(numbers.format(reset));
+    if let Ok(value) = HeaderValue::try_from(current) {
         headers.insert(&RATELIMIT, value);
     }
 }

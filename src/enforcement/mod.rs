@@ -9,9 +9,9 @@ use http::{Response, StatusCode};
 use serde_json::json;
 
 use crate::config::LimitSettings;
-use crate::key::{store_key, RequestFacts};
+use crate::key::{key_head, key_with_head, store_key, KeySpec, RequestFacts};
 use crate::limiter::store::LimitCheck;
-use crate::limiter::{Outcome, RateLimiter, Unavailable};
+use crate::limiter::{Decision, Outcome, RateLimiter, Unavailable};
 
 /// The limits of one scope (a route), applied together: a request is admitted only if all admit it.
 #[derive(Debug, Clone)]
@@ -20,6 +20,15 @@ pub struct LimitSet {
     key_prefix: String,
     limits: Vec<LimitSettings>,
     deny_status: StatusCode,
+    /// The distinct ways the limits build their key (usually one: `ip` on every limit), each worked out once
+    /// per request.
+    key_specs: Vec<KeySpec>,
+    /// Per limit: its key spec's index in `key_specs`.
+    key_spec_of: Vec<usize>,
+    /// Per limit: the store key up to its value, `<prefix><route>:<limit>:{`.
+    key_heads: Vec<String>,
+    /// Per limit: the start of its `RateLimit` item, `"<limit>";r=`.
+    rate_limit_heads: Vec<String>,
     /// `RateLimit-Policy`, rendered once.
     policy: Option<HeaderValue>,
     /// `tollgate_decisions_total` of each limit, registered once.
@@ -58,11 +67,36 @@ impl LimitSet {
             .iter()
             .map(|settings| DecisionCounters::new(scope, settings.limit.name()))
             .collect();
+        let mut key_specs: Vec<KeySpec> = Vec::new();
+        let key_spec_of = limits
+            .iter()
+            .map(|settings| {
+                key_specs
+                    .iter()
+                    .position(|spec| *spec == settings.key)
+                    .unwrap_or_else(|| {
+                        key_specs.push(settings.key.clone());
+                        key_specs.len() - 1
+                    })
+            })
+            .collect();
+        let key_heads = limits
+            .iter()
+            .map(|settings| key_head(key_prefix, scope, settings.limit.name()))
+            .collect();
+        let rate_limit_heads = limits
+            .iter()
+            .map(|settings| headers::rate_limit_head(settings.limit.name()))
+            .collect();
         Self {
             scope: scope.to_owned(),
             key_prefix: key_prefix.to_owned(),
             limits,
             deny_status,
+            key_specs,
+            key_spec_of,
+            key_heads,
+            rate_limit_heads,
             policy,
             decisions,
         }
@@ -94,16 +128,16 @@ impl LimitSet {
         limiter: &RateLimiter,
         facts: &RequestFacts<'_>,
     ) -> Result<Verdict, Unavailable> {
+        let values: Vec<Option<String>> = self
+            .key_specs
+            .iter()
+            .map(|spec| spec.value(facts))
+            .collect();
         let mut keys = Vec::with_capacity(self.limits.len());
         let mut applied = Vec::with_capacity(self.limits.len());
-        for (index, settings) in self.limits.iter().enumerate() {
-            if let Some(value) = settings.key.value(facts) {
-                keys.push(store_key(
-                    &self.key_prefix,
-                    &self.scope,
-                    settings.limit.name(),
-                    &value,
-                ));
+        for (index, head) in self.key_heads.iter().enumerate() {
+            if let Some(value) = &values[self.key_spec_of[index]] {
+                keys.push(key_with_head(head, value));
                 applied.push(index);
             }
         }
@@ -151,12 +185,15 @@ impl LimitSet {
     /// The answer to a denied request: `deny_status` (429 by default) with `Retry-After`, the rate-limit fields
     /// and a JSON body naming the limit.
     pub fn refusal(&self, verdict: &Verdict) -> Response<Body> {
-        let (outcome, names) = self.enforced(verdict);
-        let limit = outcome
-            .most_restrictive()
-            .and_then(|i| names.get(i).copied())
-            .unwrap_or_default();
-        let retry_after_ms = outcome.retry_after_ms();
+        let limit = self
+            .most_restrictive(verdict)
+            .map_or("", |i| self.name_of(verdict, i));
+        let retry_after_ms = self
+            .enforced(verdict)
+            .filter(|d| !d.allowed)
+            .map(|d| d.retry_after_ms)
+            .max()
+            .unwrap_or(0);
         tracing::debug!(scope = %self.scope, limit, retry_after_ms, "rate limited");
         let body = json!({
             "error": "rate_limited",
@@ -187,30 +224,48 @@ impl LimitSet {
 
     /// Adds `X-RateLimit-*`, `RateLimit-Policy` and `RateLimit` describing `verdict`.
     pub fn decorate(&self, headers: &mut HeaderMap, verdict: &Verdict) {
-        let (outcome, names) = self.enforced(verdict);
-        headers::apply(headers, self.policy.as_ref(), &outcome, &names);
+        let Some(index) = self.most_restrictive(verdict) else {
+            return;
+        };
+        let Some(head) = verdict
+            .applied
+            .get(index)
+            .and_then(|&limit| self.rate_limit_heads.get(limit))
+        else {
+            return;
+        };
+        headers::apply(
+            headers,
+            self.policy.as_ref(),
+            &verdict.outcome.decisions[index],
+            head,
+        );
     }
 
-    /// The decisions of the enforced limits only, with their names: what clients are told about.
-    fn enforced<'a>(&'a self, verdict: &Verdict) -> (Outcome, Vec<&'a str>) {
-        let (decisions, names) = verdict
+    /// The decision that explains the outcome among those of the enforced limits: what clients are told about.
+    fn most_restrictive(&self, verdict: &Verdict) -> Option<usize> {
+        verdict
+            .outcome
+            .most_restrictive_among(|i| !self.is_shadow(verdict, i))
+    }
+
+    /// The decisions of the enforced limits.
+    fn enforced<'v>(&'v self, verdict: &'v Verdict) -> impl Iterator<Item = &'v Decision> + 'v {
+        verdict
             .outcome
             .decisions
             .iter()
             .enumerate()
             .filter(|&(i, _)| !self.is_shadow(verdict, i))
-            .map(|(i, d)| (*d, self.name_of(verdict, i)))
-            .unzip();
-        let outcome = Outcome {
-            allowed: verdict.outcome.allowed,
-            decisions,
-        };
-        (outcome, names)
+            .map(|(_, decision)| decision)
     }
 
     /// How long an admitted request must be held (`leaky_bucket` in delay mode); shadow limits hold nothing.
     pub fn delay_ms(&self, verdict: &Verdict) -> u64 {
-        self.enforced(verdict).0.delay_ms()
+        self.enforced(verdict)
+            .map(|d| d.delay_ms)
+            .max()
+            .unwrap_or(0)
     }
 
     fn is_shadow(&self, verdict: &Verdict, decision: usize) -> bool {
@@ -259,4 +314,90 @@ pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> Res
         HeaderValue::from_static("application/json"),
     );
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use http::Method;
+
+    use super::*;
+    use crate::limiter::{Backend, OnError, SystemClock};
+
+    /// Three limits, two keyed alike by the client address and one by a header, on a route named `api`.
+    fn limit_set() -> LimitSet {
+        let config = crate::config::parse(
+            r#"
+store: { backend: memory, key_prefix: "t:" }
+routes:
+  - name: api
+    match: { path_prefix: / }
+    respond: { status: 200 }
+    limits:
+      - { name: per-ip, key: ip, algorithm: fixed_window, limit: 10, period: 1m }
+      - { name: per-key, key: "header:x-api-key", algorithm: fixed_window, limit: 5, period: 1m }
+      - { name: per-ip-burst, key: ip, algorithm: token_bucket, rate: 1/s, burst: 3 }
+"#,
+            Path::new("test.yaml"),
+        )
+        .expect("valid config");
+        let route = &config.routes[0];
+        LimitSet::new(
+            &route.name,
+            &config.store.key_prefix,
+            route.limits.clone(),
+            route.deny_status,
+        )
+    }
+
+    #[tokio::test]
+    async fn each_limit_is_keyed_by_its_own_spec_and_the_tightest_is_advertised() {
+        let limits = limit_set();
+        let limiter = RateLimiter::new(
+            Backend::Memory,
+            Duration::from_millis(25),
+            OnError::Local,
+            1000,
+            Arc::new(SystemClock),
+        );
+        let mut headers = HeaderMap::new();
+        headers.insert("x-api-key", HeaderValue::from_static("k1"));
+        let client_ip: IpAddr = "192.0.2.7".parse().expect("ip");
+        let facts = RequestFacts {
+            client_ip,
+            route: "api",
+            method: &Method::GET,
+            path: "/",
+            host: None,
+            headers: &headers,
+            query: None,
+        };
+        let verdict = limits.check(&limiter, &facts).await.expect("decided");
+        assert!(verdict.outcome.allowed);
+
+        for (limit, value) in [
+            ("per-ip", "192.0.2.7"),
+            ("per-key", "k1"),
+            ("per-ip-burst", "192.0.2.7"),
+        ] {
+            let (key, _) = limits.key_for(limit, value).expect("limit exists");
+            assert_eq!(key, format!("t:api:{limit}:{{{value}}}"));
+            assert!(limiter.local().reset(&key), "{limit} counted under {key}");
+        }
+
+        let mut response = HeaderMap::new();
+        limits.decorate(&mut response, &verdict);
+        // The token bucket has 2 of 3 left: fewer than the others.
+        assert_eq!(response["x-ratelimit-limit"], "3");
+        assert_eq!(response["x-ratelimit-remaining"], "2");
+        assert_eq!(response["ratelimit"], "\"per-ip-burst\";r=2;t=1");
+        assert_eq!(
+            response["ratelimit-policy"],
+            "\"per-ip\";q=10;w=60, \"per-key\";q=5;w=60, \"per-ip-burst\";q=3;w=3"
+        );
+    }
 }

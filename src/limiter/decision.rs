@@ -47,7 +47,17 @@ impl Outcome {
     /// Index of the decision that explains the outcome best: among the denying limits the one that makes the
     /// client wait longest; when admitted, the limit with the fewest requests remaining.
     pub fn most_restrictive(&self) -> Option<usize> {
-        let indexed = self.decisions.iter().enumerate();
+        self.most_restrictive_among(|_| true)
+    }
+
+    /// [`most_restrictive`](Self::most_restrictive) among the decisions whose index passes `include` (the
+    /// enforced limits, when some are in shadow mode).
+    pub fn most_restrictive_among(&self, include: impl Fn(usize) -> bool) -> Option<usize> {
+        let indexed = self
+            .decisions
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| include(i));
         if self.allowed {
             indexed.min_by_key(|(_, d)| d.remaining).map(|(i, _)| i)
         } else {

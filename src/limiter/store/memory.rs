@@ -59,11 +59,14 @@ impl MemoryStore {
 
     /// Checks every limit of one request at `now_ms`; consumes only if all admit.
     pub fn check_at(&self, now_ms: i64, checks: &[LimitCheck<'_>]) -> Outcome {
-        let mut guards = self.lock_shards(checks);
+        // Each key is hashed to its shard once, for the locking, the lookup and the commit.
+        let shards: Vec<usize> = checks.iter().map(|c| self.shard_of(c.key)).collect();
+        let mut guards = self.lock_shards(&shards);
         let evaluations: Vec<Evaluation<State>> = checks
             .iter()
-            .map(|check| {
-                let shard = guard_for(&mut guards, self.shard_of(check.key));
+            .zip(&shards)
+            .map(|(check, &shard)| {
+                let shard = guard_for(&mut guards, shard);
                 let state = shard
                     .entries
                     .get(check.key)
@@ -77,13 +80,12 @@ impl MemoryStore {
             evaluations,
             |i| checks[i].limit.is_shadow(),
             |i, state, ttl_ms| {
-                let key = checks[i].key;
                 let entry = Entry {
                     state,
                     expires_at_ms: now_ms + ttl_ms as i64,
                 };
-                let shard = guard_for(&mut guards, self.shard_of(key));
-                shard.insert(key, entry, now_ms, self.max_per_shard);
+                let shard = guard_for(&mut guards, shards[i]);
+                shard.insert(checks[i].key, entry, now_ms, self.max_per_shard);
             },
         )
     }
@@ -139,8 +141,8 @@ impl MemoryStore {
     }
 
     /// Locks the shards of all keys in ascending order (the same order for every caller, so no deadlock).
-    fn lock_shards(&self, checks: &[LimitCheck<'_>]) -> Vec<(usize, MutexGuard<'_, Shard>)> {
-        let mut indices: Vec<usize> = checks.iter().map(|c| self.shard_of(c.key)).collect();
+    fn lock_shards(&self, shards: &[usize]) -> Vec<(usize, MutexGuard<'_, Shard>)> {
+        let mut indices = shards.to_vec();
         indices.sort_unstable();
         indices.dedup();
         indices
