@@ -5,21 +5,21 @@ of bench/run.sh's targets 2, 5 and 3: limiting off, three limits on the memory s
 A count, not a time: it is the same from run to run on a noisy shared machine, where bench/run.sh's requests per
 second move by 25% between identical runs, so it shows what a change to the request path costs or saves.
 
-    cargo build --release && python3 bench/gateway_cost.py      # needs nginx, redis-server, valgrind
-    python3 bench/gateway_cost.py --requests 6400 --connections 32
+    cargo build --release && python3 bench/gateway_cost.py      # needs nginx, redis-server, valgrind, wrk
+    python3 bench/gateway_cost.py --seconds 20 --connections 32
     python3 bench/gateway_cost.py --binary /tmp/tollgate-before     # another build, e.g. of an earlier commit
 
 An nginx upstream (return 200) and a Redis are started on loopback; for each configuration tollgate runs under
-callgrind with one worker thread (TOKIO_WORKER_THREADS=1, as in bench/run.sh), takes 200 warm-up requests, then
-the counters are zeroed and REQUESTS requests are sent over CONNECTIONS keep-alive connections, each connection one
-request at a time. The Redis case depends on how many requests share a script call: under callgrind every
-connection's request is usually waiting by the time the previous call returns, so calls carry about CONNECTIONS
-requests (under wrk's 64 connections they carry about 24). Ports: the ones of bench/run.sh (16379 Redis, 18081
-upstream, 18090 and 19901 tollgate), so do not run both at once.
+callgrind with one worker thread (TOKIO_WORKER_THREADS=1, as in bench/run.sh), takes a 3 s warm-up from wrk, then
+the counters are zeroed and wrk loads it for SECONDS over CONNECTIONS keep-alive connections; the instructions are
+divided by the requests wrk completed. The Redis case depends on how many requests share a script call, which
+depends on timing: the table gives it (from Redis's `INFO commandstats`), and two builds compare fairly only at
+similar batch sizes. Under callgrind, 32 connections give calls of about 15 requests, near the 24 of bench/run.sh's
+64 connections at full speed (64 under callgrind give over 50). Ports: the ones of
+bench/run.sh (16379 Redis, 18081 upstream, 18090 and 19901 tollgate), so do not run both at once.
 """
 
 import argparse
-import asyncio
 import os
 import shutil
 import subprocess
@@ -40,7 +40,6 @@ CASES = [
     ("memory store, 3 limits (target 5)", "memory-pass.yaml"),
     ("Redis, 3 limits (target 3)", "redis-pass.yaml"),
 ]
-REQUEST = f"GET /item HTTP/1.1\r\nHost: 127.0.0.1:{TOLLGATE_PORT}\r\nUser-Agent: gateway_cost\r\n\r\n".encode()
 
 
 def wait_ready(url: str, what: str, process: subprocess.Popen, seconds: float = 60) -> None:
@@ -57,38 +56,71 @@ def wait_ready(url: str, what: str, process: subprocess.Popen, seconds: float = 
     sys.exit(f"gateway_cost: {what} not ready within {seconds} s")
 
 
-async def one_connection(count: int) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", TOLLGATE_PORT)
-    for _ in range(count):
-        writer.write(REQUEST)
-        await writer.drain()
-        head = await reader.readuntil(b"\r\n\r\n")
-        if not head.startswith(b"HTTP/1.1 200"):
-            sys.exit(f"gateway_cost: unexpected answer {head[:60]!r}")
-        length = 0
-        for line in head.split(b"\r\n"):
-            if line.lower().startswith(b"content-length:"):
-                length = int(line.split(b":", 1)[1])
-        if length:
-            await reader.readexactly(length)
-    writer.close()
+def load(seconds: int, connections: int) -> int:
+    """Runs wrk against tollgate; returns the requests it completed. wrk keeps tollgate (slowed down 50 times by
+    callgrind) saturated, as under bench/run.sh, so that the count includes the work a busy event loop shares
+    between requests and not that of an idle one waking for each."""
+    out = subprocess.run(
+        ["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s", f"http://127.0.0.1:{TOLLGATE_PORT}/item"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    for line in out.splitlines():
+        if "requests in" in line:
+            return int(line.split()[0])
+    sys.exit(f"gateway_cost: no request count in wrk's output:\n{out}")
 
 
-def send(requests: int, connections: int) -> None:
-    async def all_connections() -> None:
-        await asyncio.gather(*(one_connection(requests // connections) for _ in range(connections)))
+def self_costs(dump: Path) -> dict[str, int]:
+    """Instructions executed in each function itself (callees excluded), from a callgrind dump."""
+    names: dict[str, str] = {}
+    costs: dict[str, int] = {}
+    function = None
+    after_call = False
+    for line in dump.read_text(errors="replace").splitlines():
+        if line.startswith(("fn=", "cfn=")):
+            # `fn=(12) name` defines id 12, later lines say `fn=(12)`.
+            ident, _, name = line.split("=", 1)[1].partition(" ")
+            if name:
+                names[ident] = name
+            if line.startswith("fn="):
+                function = ident
+        elif line.startswith("calls="):
+            after_call = True  # the next cost line is the call's inclusive cost
+        elif line[:1].isdigit() or line[:1] in "+-*":
+            if after_call:
+                after_call = False
+            elif function is not None:
+                fields = line.split()
+                if len(fields) >= 2 and fields[1].isdigit():
+                    costs[function] = costs.get(function, 0) + int(fields[1])
+    return {names.get(ident, ident): cost for ident, cost in costs.items()}
 
-    asyncio.run(all_connections())
+
+def instructions(dump: Path) -> tuple[int, int]:
+    """All instructions of the dump, and those executed in libc's memcpy/memmove.
+
+    The second is reported apart because callgrind counts every iteration of `rep movsb`, the way glibc copies
+    large blocks, as an instruction: copies weigh far more in the count than in time (a 7 KiB copy counts like
+    thousands of instructions and takes about 100 ns)."""
+    costs = self_costs(dump)
+    copies = sum(cost for name, cost in costs.items() if "memcpy" in name or "memmove" in name)
+    return sum(costs.values()), copies
 
 
-def total_instructions(dump: Path) -> int:
-    for line in dump.read_text().splitlines():
-        if line.startswith("totals:") or line.startswith("summary:"):
-            return int(line.split()[1])
-    sys.exit(f"gateway_cost: no totals in {dump}")
+def script_calls() -> int:
+    """`EVALSHA` calls Redis has served so far."""
+    stats = subprocess.run(
+        ["redis-cli", "-p", str(REDIS_PORT), "info", "commandstats"], capture_output=True, text=True
+    ).stdout
+    for line in stats.splitlines():
+        if line.startswith("cmdstat_evalsha:"):
+            return int(line.split("calls=", 1)[1].split(",", 1)[0])
+    return 0
 
 
-def measure(binary: Path, config: Path, requests: int, connections: int, work: Path) -> float:
+def measure(binary: Path, config: Path, seconds: int, connections: int, work: Path) -> tuple[float, float, float]:
     env = dict(os.environ, TOKIO_WORKER_THREADS="1", RUST_LOG="warn")
     env["BENCH_REDIS_URL"] = f"redis://127.0.0.1:{REDIS_PORT}"
     env["BENCH_UPSTREAM_URL"] = f"http://127.0.0.1:{UPSTREAM_PORT}"
@@ -101,14 +133,17 @@ def measure(binary: Path, config: Path, requests: int, connections: int, work: P
     )
     try:
         wait_ready(f"http://127.0.0.1:{ADMIN_PORT}/readyz", "tollgate", gateway)
-        send(200, min(connections, 8))
+        load(3, connections)
         subprocess.run(["callgrind_control", "--zero", str(gateway.pid)], check=True, capture_output=True)
-        send(requests, connections)
+        calls_before = script_calls()
+        requests = load(seconds, connections)
+        calls = script_calls() - calls_before
         subprocess.run(["callgrind_control", "--dump", str(gateway.pid)], check=True, capture_output=True)
         dumps = sorted(work.glob(f"callgrind.{config.stem}.{gateway.pid}.*"))
         if not dumps:
             sys.exit("gateway_cost: callgrind wrote no dump")
-        return total_instructions(dumps[-1]) / requests
+        total, copies = instructions(dumps[-1])
+        return total / requests, copies / requests, requests / calls if calls else 0.0
     finally:
         gateway.terminate()
         gateway.wait()
@@ -116,13 +151,13 @@ def measure(binary: Path, config: Path, requests: int, connections: int, work: P
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=3200)
-    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--seconds", type=int, default=10, help="length of the measured wrk run")
+    parser.add_argument("--connections", type=int, default=32, help="wrk connections")
     parser.add_argument("--binary", type=Path, default=TOLLGATE, help="the tollgate to measure")
     args = parser.parse_args()
-    for tool in ("valgrind", "callgrind_control", "nginx", "redis-server"):
+    for tool in ("valgrind", "callgrind_control", "nginx", "redis-server", "redis-cli", "wrk"):
         if shutil.which(tool) is None:
-            sys.exit(f"gateway_cost: {tool} not found (apt-get install valgrind nginx-light redis-server)")
+            sys.exit(f"gateway_cost: {tool} not found (apt-get install valgrind nginx-light redis-server wrk)")
     if not args.binary.exists():
         sys.exit(f"gateway_cost: no {args.binary}: build first (cargo build --release)")
 
@@ -154,16 +189,19 @@ http {{
         try:
             wait_ready(f"http://127.0.0.1:{UPSTREAM_PORT}/", "nginx", upstream, 10)
             print(
-                f"{args.binary}: instructions per request ({args.requests} requests over {args.connections} "
-                "connections, callgrind)"
+                f"{args.binary}: instructions per request (callgrind; wrk, {args.connections} connections, "
+                f"{args.seconds} s)"
             )
             print()
-            print("| configuration | instructions per request |")
-            print("|---|--:|")
+            print("| configuration | instructions per request | of which memcpy/memmove | without them | requests per script call |")
+            print("|---|--:|--:|--:|--:|")
             for label, name in CASES:
                 subprocess.run(["redis-cli", "-p", str(REDIS_PORT), "flushall"], capture_output=True)
-                cost = measure(args.binary, ROOT / "bench/configs" / name, args.requests, args.connections, work)
-                print(f"| {label} | {cost:,.0f} |", flush=True)
+                cost, copies, per_call = measure(
+                    args.binary, ROOT / "bench/configs" / name, args.seconds, args.connections, work
+                )
+                per_call_text = f"{per_call:.1f}" if per_call else "-"
+                print(f"| {label} | {cost:,.0f} | {copies:,.0f} | {cost - copies:,.0f} | {per_call_text} |", flush=True)
         finally:
             upstream.terminate()
             redis.terminate()
