@@ -216,18 +216,33 @@ fn part_value<'a>(part: &KeyPart, facts: &RequestFacts<'a>) -> Option<std::borro
 /// The host a request asked for, lower-cased and without port: the authority of the request target (absolute
 /// form, HTTP/2's `:authority`), else the `Host` header. Used for routing and for the `host` key part.
 pub fn request_host(uri: &http::Uri, headers: &HeaderMap) -> Option<String> {
-    let host = match uri.authority() {
-        Some(authority) => authority.host().to_owned(),
-        None => {
-            let value = headers.get(http::header::HOST)?.to_str().ok()?;
-            value
-                .parse::<http::uri::Authority>()
-                .ok()?
-                .host()
-                .to_owned()
-        }
+    let text = match uri.authority() {
+        Some(authority) => return Some(authority.host().to_ascii_lowercase()),
+        None => headers.get(http::header::HOST)?.to_str().ok()?,
     };
-    Some(host.to_ascii_lowercase())
+    // The usual `Host: name[:port]`, already in lower case, is taken as it is; anything else goes through the
+    // full authority parser (brackets, user info, case).
+    if let Some(host) = plain_host(text) {
+        return Some(host.to_owned());
+    }
+    let authority = text.parse::<http::uri::Authority>().ok()?;
+    Some(authority.host().to_ascii_lowercase())
+}
+
+/// The host of `text` when it is a lower-case name or IPv4 address (`a-z`, `0-9`, `-`, `.`) with an optional port
+/// of up to five digits: what the authority parser would return for it.
+fn plain_host(text: &str) -> Option<&str> {
+    let (host, port) = match text.split_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (text, None),
+    };
+    let host_ok = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+    let port_ok =
+        port.is_none_or(|p| (1..=5).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()));
+    (host_ok && port_ok).then_some(host)
 }
 
 /// The store key of one limit for one key value: `<prefix><route>:<limit>:{<value>}`.
@@ -504,5 +519,42 @@ mod tests {
             MissingKey::Ip,
         );
         assert_eq!(mixed.value(&facts).as_deref(), Some("api|acme"));
+    }
+
+    #[test]
+    fn the_request_host_is_the_same_through_the_shortcut_and_the_parser() {
+        let parsed = |text: &str| {
+            text.parse::<http::uri::Authority>()
+                .ok()
+                .map(|a| a.host().to_ascii_lowercase())
+        };
+        for text in [
+            "api.example.com",
+            "api.example.com:8080",
+            "127.0.0.1:18090",
+            "API.Example.com",
+            "[2001:db8::1]:443",
+            "user@host:1",
+            "host:",
+            "host:123456",
+            "host:12ab",
+            "",
+            "a b",
+            ":80",
+        ] {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                http::header::HOST,
+                HeaderValue::from_str(text).expect("value"),
+            );
+            let uri: http::Uri = "/path".parse().expect("uri");
+            assert_eq!(request_host(&uri, &headers), parsed(text), "{text:?}");
+        }
+        let absolute: http::Uri = "http://Other.Example:81/x".parse().expect("uri");
+        assert_eq!(
+            request_host(&absolute, &HeaderMap::new()).as_deref(),
+            Some("other.example"),
+            "the request target's authority comes first"
+        );
     }
 }
