@@ -251,7 +251,15 @@ fn plain_host(text: &str) -> Option<&str> {
 /// `{`, `}` or control characters, is replaced by its SHA-256 hex digest, so that clients can
 /// neither grow keys nor choose the cluster slot.
 pub fn store_key(prefix: &str, route: &str, limit: &str, value: &str) -> String {
-    key_with_head(&key_head(prefix, route, limit), value)
+    let mut key =
+        String::with_capacity(prefix.len() + route.len() + limit.len() + 4 + value.len().min(64));
+    key.push_str(prefix);
+    key.push_str(route);
+    key.push(':');
+    key.push_str(limit);
+    key.push_str(":{");
+    push_value(&mut key, value);
+    key
 }
 
 /// The part of [`store_key`] before the value, `<prefix><route>:<limit>:{`: the same for every request, so
@@ -262,26 +270,30 @@ pub fn key_head(prefix: &str, route: &str, limit: &str) -> String {
 
 /// [`store_key`] from its [`key_head`] and the key value.
 pub fn key_with_head(head: &str, value: &str) -> String {
+    let mut key = String::with_capacity(head.len() + value.len().min(64) + 1);
+    key.push_str(head);
+    push_value(&mut key, value);
+    key
+}
+
+/// Ends a store key with the value (or its digest) and the closing brace.
+fn push_value(key: &mut String, value: &str) {
     let needs_digest = value.len() > MAX_PLAIN_KEY_LEN
         || value
             .chars()
             .any(|c| c == '{' || c == '}' || c.is_control());
-    if !needs_digest {
-        let mut key = String::with_capacity(head.len() + value.len() + 1);
-        key.push_str(head);
+    if needs_digest {
+        for byte in Sha256::digest(value.as_bytes()) {
+            key.push(char::from(HEX_DIGITS[usize::from(byte >> 4)]));
+            key.push(char::from(HEX_DIGITS[usize::from(byte & 0xf)]));
+        }
+    } else {
         key.push_str(value);
-        key.push('}');
-        return key;
-    }
-    let digest = Sha256::digest(value.as_bytes());
-    let mut key = String::with_capacity(head.len() + 2 * digest.len() + 1);
-    key.push_str(head);
-    for byte in digest {
-        key.push_str(&format!("{byte:02x}"));
     }
     key.push('}');
-    key
 }
+
+const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
 
 // === impl ClientIpResolver ===
 
@@ -480,6 +492,12 @@ mod tests {
         let plain = store_key("t:", "api", "per-ip", "1.2.3.4");
         assert_eq!(plain, "t:api:per-ip:{1.2.3.4}");
         let braced = store_key("t:", "api", "k", "a}{b");
+        // The digest is part of the key in Redis: it must not change between versions.
+        assert_eq!(
+            braced,
+            "t:api:k:{f2a468af3f34e5a6cbb7447bf01c45aa97969d5ec2d53727efbe706e70f8bed2}"
+        );
+        assert_eq!(key_with_head(&key_head("t:", "api", "k"), "a}{b"), braced);
         let long = store_key("t:", "api", "k", &"x".repeat(10_000));
         for key in [braced, long] {
             let value = key
