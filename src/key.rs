@@ -278,10 +278,16 @@ pub fn key_with_head(head: &str, value: &str) -> String {
 
 /// Ends a store key with the value (or its digest) and the closing brace.
 fn push_value(key: &mut String, value: &str) {
+    // Printable ASCII without braces, the usual address or token, is checked a byte at a time; anything else
+    // character by character, where non-ASCII control characters also call for the digest.
+    let printable_ascii = value
+        .bytes()
+        .all(|b| (b' '..=b'~').contains(&b) && b != b'{' && b != b'}');
     let needs_digest = value.len() > MAX_PLAIN_KEY_LEN
-        || value
-            .chars()
-            .any(|c| c == '{' || c == '}' || c.is_control());
+        || (!printable_ascii
+            && value
+                .chars()
+                .any(|c| c == '{' || c == '}' || c.is_control()));
     if needs_digest {
         for byte in Sha256::digest(value.as_bytes()) {
             key.push(char::from(HEX_DIGITS[usize::from(byte >> 4)]));
@@ -499,7 +505,10 @@ mod tests {
         );
         assert_eq!(key_with_head(&key_head("t:", "api", "k"), "a}{b"), braced);
         let long = store_key("t:", "api", "k", &"x".repeat(10_000));
-        for key in [braced, long] {
+        assert_eq!(store_key("t:", "api", "k", "café"), "t:api:k:{café}");
+        let newline = store_key("t:", "api", "k", "a\nb");
+        let next_line = store_key("t:", "api", "k", "a\u{85}b");
+        for key in [braced, long, newline, next_line] {
             let value = key
                 .strip_prefix("t:api:k:{")
                 .unwrap()
