@@ -253,11 +253,7 @@ fn plain_host(text: &str) -> Option<&str> {
 pub fn store_key(prefix: &str, route: &str, limit: &str, value: &str) -> String {
     let mut key =
         String::with_capacity(prefix.len() + route.len() + limit.len() + 4 + value.len().min(64));
-    key.push_str(prefix);
-    key.push_str(route);
-    key.push(':');
-    key.push_str(limit);
-    key.push_str(":{");
+    push_head(&mut key, prefix, route, limit);
     push_value(&mut key, value);
     key
 }
@@ -265,7 +261,17 @@ pub fn store_key(prefix: &str, route: &str, limit: &str, value: &str) -> String 
 /// The part of [`store_key`] before the value, `<prefix><route>:<limit>:{`: the same for every request, so
 /// built once per limit.
 pub fn key_head(prefix: &str, route: &str, limit: &str) -> String {
-    format!("{prefix}{route}:{limit}:{{")
+    let mut head = String::with_capacity(prefix.len() + route.len() + limit.len() + 3);
+    push_head(&mut head, prefix, route, limit);
+    head
+}
+
+fn push_head(key: &mut String, prefix: &str, route: &str, limit: &str) {
+    key.push_str(prefix);
+    key.push_str(route);
+    key.push(':');
+    key.push_str(limit);
+    key.push_str(":{");
 }
 
 /// [`store_key`] from its [`key_head`] and the key value.

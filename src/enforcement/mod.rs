@@ -9,7 +9,7 @@ use http::{Response, StatusCode};
 use serde_json::json;
 
 use crate::config::LimitSettings;
-use crate::key::{key_head, key_with_head, store_key, KeySpec, RequestFacts};
+use crate::key::{key_head, key_with_head, KeySpec, RequestFacts};
 use crate::limiter::store::LimitCheck;
 use crate::limiter::{Decision, Outcome, RateLimiter, Unavailable};
 
@@ -17,7 +17,6 @@ use crate::limiter::{Decision, Outcome, RateLimiter, Unavailable};
 #[derive(Debug, Clone)]
 pub struct LimitSet {
     scope: String,
-    key_prefix: String,
     limits: Vec<LimitSettings>,
     deny_status: StatusCode,
     /// The distinct ways the limits build their key (usually one: `ip` on every limit), each worked out once
@@ -90,7 +89,6 @@ impl LimitSet {
             .collect();
         Self {
             scope: scope.to_owned(),
-            key_prefix: key_prefix.to_owned(),
             limits,
             deny_status,
             key_specs,
@@ -115,10 +113,10 @@ impl LimitSet {
     /// The limit named `limit` and the store key it uses for the key value `value` (as `KeySpec::value` builds
     /// it: parts joined with `|`).
     pub fn key_for(&self, limit: &str, value: &str) -> Option<(String, &LimitSettings)> {
-        let settings = self.limits.iter().find(|s| s.limit.name() == limit)?;
+        let index = self.limits.iter().position(|s| s.limit.name() == limit)?;
         Some((
-            store_key(&self.key_prefix, &self.scope, limit, value),
-            settings,
+            key_with_head(&self.key_heads[index], value),
+            &self.limits[index],
         ))
     }
 

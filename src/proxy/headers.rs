@@ -38,7 +38,8 @@ const HOP_BY_HOP: [&HeaderName; 7] = [
     &header::UPGRADE,
 ];
 
-/// The position of `name` in `HOP_BY_HOP`, if it is one of them.
+/// The position of `name` in `HOP_BY_HOP`, if it is one of them (the two lists must keep one order:
+/// `any_one_hop_by_hop_field_is_found_and_removed` fails otherwise).
 fn hop_by_hop_index(name: &str) -> Option<usize> {
     // Matching the (lowercase) text is one length switch and at most one comparison; `HeaderName` equality
     // would compare against each of the seven in turn.
