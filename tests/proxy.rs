@@ -91,6 +91,29 @@ async fn round_robin_over_targets() {
 }
 
 #[tokio::test]
+async fn upstream_connections_are_kept_alive_and_reused() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&yaml(&[upstream.url()], "5s")).await;
+    let client = client();
+    for i in 0..20 {
+        let request = if i % 2 == 0 {
+            client.get(gateway.url("/api/items"))
+        } else {
+            client.post(gateway.url("/api/items")).body("a body")
+        };
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        response.bytes().await.unwrap();
+    }
+    assert_eq!(upstream.hits(), 20);
+    assert_eq!(
+        upstream.connections(),
+        1,
+        "one after another, the requests share one upstream connection"
+    );
+}
+
+#[tokio::test]
 async fn unreachable_upstream_is_502_and_the_gateway_keeps_serving() {
     let dead = format!("http://127.0.0.1:{}", free_port());
     let gateway = start_gateway(&yaml(&[dead], "5s")).await;

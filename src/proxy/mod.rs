@@ -1,6 +1,7 @@
-//! Forwarding admitted requests to a route's upstream: the pooled client, round robin, header rewriting.
+//! Forwarding admitted requests to a route's upstream: connection pools, round robin, header rewriting.
 
 mod headers;
+mod pool;
 mod upstream;
 
 pub use headers::{ForwardedFacts, VIA};

@@ -1,35 +1,40 @@
-//! One upstream: its targets (round robin), a pooled hyper client, and the forwarding of one request.
+//! One upstream: its targets (round robin), each with its connection pool, and the forwarding of one request.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::body::Body;
 use http::uri::{PathAndQuery, Uri};
-use http::{header, Request, Response};
+use http::{header, HeaderValue, Request, Response};
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use thiserror::Error;
 
 use super::headers::{self, ForwardedFacts};
+use super::pool::{ConnectionPool, PoolSettings, SendError};
 use crate::config::UpstreamSettings;
 
-/// A named upstream with its connection pool.
+/// Idle keep-alive connections kept per target, and how long each is kept unused.
+const POOL: PoolSettings = PoolSettings {
+    max_idle: 1024,
+    idle_timeout: Duration::from_secs(60),
+};
+
+/// A named upstream with a connection pool per target.
 #[derive(Debug)]
 pub struct Upstream {
     name: String,
     targets: Vec<Target>,
     next: AtomicUsize,
     timeout: Duration,
-    client: Client<HttpConnector, Body>,
 }
 
 #[derive(Debug)]
 struct Target {
-    /// `scheme://authority` of the target.
-    origin: Uri,
+    /// The target's authority, the `Host` of a request that arrived without one.
+    host: HeaderValue,
     /// Path prefix of the target URL without trailing slash, e.g. `/base` for `http://host/base/`.
     base_path: String,
+    pool: ConnectionPool,
 }
 
 /// Why a request could not be forwarded.
@@ -42,7 +47,7 @@ pub enum ProxyError {
         upstream: String,
         /// The client error.
         #[source]
-        source: hyper_util::client::legacy::Error,
+        source: SendError,
     },
     /// No response head within the upstream's timeout.
     #[error("upstream {upstream} did not answer within {timeout:?}")]
@@ -60,29 +65,27 @@ pub enum ProxyError {
 // === impl Upstream ===
 
 impl Upstream {
-    /// Builds the upstream and its pool from validated settings.
+    /// Builds the upstream and its pools from validated settings.
     pub fn new(settings: &UpstreamSettings) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(settings.connect_timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(1024)
-            .build(connector);
         let targets = settings
             .targets
             .iter()
             .map(|uri| {
-                let origin = Uri::builder()
+                let authority = uri.authority().map_or("127.0.0.1", |a| a.as_str());
+                let address = Uri::builder()
                     .scheme(uri.scheme_str().unwrap_or("http"))
-                    .authority(uri.authority().map_or("127.0.0.1", |a| a.as_str()))
+                    .authority(authority)
                     .path_and_query("/")
                     .build()
                     .unwrap_or_default();
                 Target {
-                    origin,
+                    host: HeaderValue::from_str(authority)
+                        .unwrap_or_else(|_| HeaderValue::from_static("127.0.0.1")),
                     base_path: uri.path().trim_end_matches('/').to_owned(),
+                    pool: ConnectionPool::new(address, connector.clone(), POOL),
                 }
             })
             .collect();
@@ -91,7 +94,6 @@ impl Upstream {
             targets,
             next: AtomicUsize::new(0),
             timeout: settings.timeout,
-            client,
         }
     }
 
@@ -118,23 +120,22 @@ impl Upstream {
             path_and_query.push('?');
             path_and_query.push_str(query);
         }
-        let mut parts = target.origin.clone().into_parts();
-        parts.path_and_query =
-            Some(PathAndQuery::try_from(path_and_query).map_err(http::Error::from)?);
-        let uri = Uri::from_parts(parts).map_err(http::Error::from)?;
+        // Origin form: the target's address is the connection's, not the request line's.
+        let uri = Uri::from(PathAndQuery::try_from(path_and_query).map_err(http::Error::from)?);
 
         // HTTP/2 clients send the host as :authority; HTTP/1.1 upstreams need it as Host.
         if !request.headers().contains_key(header::HOST) {
-            if let Some(host) = facts.host.and_then(|h| http::HeaderValue::from_str(h).ok()) {
-                request.headers_mut().insert(header::HOST, host);
-            }
+            let host = facts
+                .host
+                .and_then(|h| HeaderValue::from_str(h).ok())
+                .unwrap_or_else(|| target.host.clone());
+            request.headers_mut().insert(header::HOST, host);
         }
         headers::prepare_request(request.headers_mut(), facts);
         *request.uri_mut() = uri;
         *request.version_mut() = http::Version::HTTP_11;
 
-        let response = match tokio::time::timeout(self.timeout, self.client.request(request)).await
-        {
+        let response = match tokio::time::timeout(self.timeout, target.pool.send(request)).await {
             Err(_) => {
                 return Err(ProxyError::Timeout {
                     upstream: self.name.clone(),
@@ -149,9 +150,9 @@ impl Upstream {
             }
             Ok(Ok(response)) => response,
         };
+        // Streamed through, never buffered whole.
         let (mut parts, body) = response.into_parts();
         headers::prepare_response(&mut parts.headers, parts.version);
-        // Streamed through, never buffered whole.
-        Ok(Response::from_parts(parts, Body::new(body)))
+        Ok(Response::from_parts(parts, body))
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::routing::any;
+use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use serde_json::{json, Map, Value};
 use tokio::net::TcpListener;
@@ -15,6 +16,7 @@ use tokio::net::TcpListener;
 pub struct Upstream {
     pub addr: SocketAddr,
     hits: Arc<AtomicUsize>,
+    connections: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -28,10 +30,20 @@ impl Upstream {
             .await
             .expect("bind upstream");
         let addr = listener.local_addr().expect("upstream addr");
+        let connections = Arc::new(AtomicUsize::new(0));
+        let accepted = connections.clone();
+        let listener = listener.tap_io(move |_| {
+            accepted.fetch_add(1, Ordering::SeqCst);
+        });
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Self { addr, hits, task }
+        Self {
+            addr,
+            hits,
+            connections,
+            task,
+        }
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -42,6 +54,11 @@ impl Upstream {
     /// Requests received so far.
     pub fn hits(&self) -> usize {
         self.hits.load(Ordering::SeqCst)
+    }
+
+    /// TCP connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
     }
 }
 

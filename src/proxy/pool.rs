@@ -1,0 +1,505 @@
+//! Keep-alive HTTP/1.1 connections to one upstream target: newest idle first, returned when the response ends.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{Request, Response, Uri};
+use http_body::{Body as _, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioIo;
+use thiserror::Error;
+use tower::ServiceExt;
+
+/// The connections to one target.
+///
+/// One pool per target, built with the upstream, so finding a request's pool is an index, not a lookup: a general
+/// client keyed by origin hashes the authority several times per request and spawns a task per response to notice
+/// when the connection is free again. Here the response body gives the connection back itself when it ends.
+#[derive(Debug)]
+pub struct ConnectionPool {
+    shared: Arc<Shared>,
+}
+
+/// How many idle connections a pool keeps, and for how long.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolSettings {
+    /// Idle connections kept; beyond it the longest idle is closed.
+    pub max_idle: usize,
+    /// An idle connection is closed after this long unused.
+    pub idle_timeout: Duration,
+}
+
+/// Why a request got no response head.
+#[derive(Debug, Error)]
+pub enum SendError {
+    /// No TCP connection to the target.
+    #[error("cannot connect: {0}")]
+    Connect(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The HTTP exchange failed (handshake, write, or a connection closed before the response head).
+    #[error(transparent)]
+    Http(#[from] hyper::Error),
+}
+
+#[derive(Debug)]
+struct Shared {
+    /// `http://host:port` of the target, what the connector dials.
+    address: Uri,
+    connector: HttpConnector,
+    settings: PoolSettings,
+    /// Idle connections, the most recently used at the back.
+    idle: Mutex<VecDeque<IdleConnection>>,
+    reaper_started: AtomicBool,
+}
+
+#[derive(Debug)]
+struct IdleConnection {
+    sender: SendRequest<Body>,
+    since: Instant,
+}
+
+/// A response body that hands its connection back to the pool once read to the end.
+struct PooledBody {
+    body: Incoming,
+    lease: Option<Lease>,
+}
+
+struct Lease {
+    sender: SendRequest<Body>,
+    pool: Arc<Shared>,
+}
+
+// === impl ConnectionPool ===
+
+impl ConnectionPool {
+    /// A pool for the target at `address` (`http://host:port`), dialled with `connector`.
+    pub fn new(address: Uri, connector: HttpConnector, settings: PoolSettings) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                address,
+                connector,
+                settings,
+                idle: Mutex::new(VecDeque::new()),
+                reaper_started: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Sends `request` (origin-form URI, `Host` set) on an idle connection, or a new one when none is idle.
+    ///
+    /// A request that a reused connection refused before writing a byte (the target closed it while it was idle)
+    /// goes on the next connection; one that was written is never sent twice.
+    pub async fn send(&self, mut request: Request<Body>) -> Result<Response<Body>, SendError> {
+        loop {
+            let (mut sender, reused) = match self.shared.checkout() {
+                Some(sender) => (sender, true),
+                None => (self.shared.connect().await?, false),
+            };
+            // A connection handed back as its response ended may still be finishing that exchange.
+            if let Err(error) = sender.ready().await {
+                if reused {
+                    continue;
+                }
+                return Err(error.into());
+            }
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    let pool = self.shared.clone();
+                    return Ok(response.map(|body| {
+                        Body::new(PooledBody {
+                            body,
+                            lease: Some(Lease { sender, pool }),
+                        })
+                    }));
+                }
+                Err(mut failed) => match failed.take_message() {
+                    Some(unsent) if reused => request = unsent,
+                    _ => return Err(failed.into_error().into()),
+                },
+            }
+        }
+    }
+
+    /// Idle connections held now.
+    #[cfg(test)]
+    fn idle_count(&self) -> usize {
+        self.shared.lock_idle().len()
+    }
+}
+
+// === impl Shared ===
+
+impl Shared {
+    fn lock_idle(&self) -> MutexGuard<'_, VecDeque<IdleConnection>> {
+        // The queue stays consistent even if a holder panicked: every operation on it is a single push or pop.
+        self.idle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The most recently used idle connection that is still open, if any.
+    fn checkout(&self) -> Option<SendRequest<Body>> {
+        let mut idle = self.lock_idle();
+        while let Some(connection) = idle.pop_back() {
+            if connection.since.elapsed() >= self.settings.idle_timeout {
+                // Everything before it has been idle even longer.
+                let expired = std::mem::take(&mut *idle);
+                drop(idle);
+                drop(expired);
+                return None;
+            }
+            if !connection.sender.is_closed() {
+                return Some(connection.sender);
+            }
+        }
+        None
+    }
+
+    fn checkin(self: &Arc<Self>, sender: SendRequest<Body>) {
+        if sender.is_closed() {
+            return;
+        }
+        let surplus = {
+            let mut idle = self.lock_idle();
+            idle.push_back(IdleConnection {
+                sender,
+                since: Instant::now(),
+            });
+            (idle.len() > self.settings.max_idle).then(|| idle.pop_front())
+        };
+        drop(surplus);
+        if !self.reaper_started.load(Ordering::Relaxed) {
+            self.start_reaper();
+        }
+    }
+
+    /// Closes the connections idle past the timeout, oldest first.
+    fn evict_expired(&self) {
+        let mut expired = Vec::new();
+        {
+            let mut idle = self.lock_idle();
+            while idle.front().is_some_and(|connection| {
+                connection.since.elapsed() >= self.settings.idle_timeout
+                    || connection.sender.is_closed()
+            }) {
+                expired.extend(idle.pop_front());
+            }
+        }
+        drop(expired);
+    }
+
+    /// Once per pool, a task that closes expired idle connections even when no request comes to find them. It
+    /// holds the pool weakly, so it ends with the pool (a reload builds new ones).
+    fn start_reaper(self: &Arc<Self>) {
+        if self.reaper_started.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool: Weak<Self> = Arc::downgrade(self);
+        let period = (self.settings.idle_timeout / 2).max(Duration::from_millis(10));
+        runtime.spawn(async move {
+            let mut ticks = tokio::time::interval(period);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                match pool.upgrade() {
+                    Some(pool) => pool.evict_expired(),
+                    None => return,
+                }
+            }
+        });
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Body>, SendError> {
+        let stream: TokioIo<_> = self
+            .connector
+            .clone()
+            .oneshot(self.address.clone())
+            .await
+            .map_err(|error| SendError::Connect(error.into()))?;
+        let (sender, connection) = http1::handshake(stream).await?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "upstream connection closed with an error");
+            }
+        });
+        Ok(sender)
+    }
+}
+
+// === impl PooledBody ===
+
+impl PooledBody {
+    fn release(&mut self) {
+        if let Some(Lease { sender, pool }) = self.lease.take() {
+            pool.checkin(sender);
+        }
+    }
+}
+
+impl http_body::Body for PooledBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => self.release(),
+            // A broken exchange leaves the connection in an unknown state: it is not reused.
+            Poll::Ready(Some(Err(_))) => self.lease = None,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for PooledBody {
+    fn drop(&mut self) {
+        // The server stops polling a body that says it has ended (and never polls one for HEAD or 204), so the
+        // end is also recognised here. A body dropped half read takes its connection with it.
+        if self.body.is_end_stream() {
+            self.release();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    /// What the test upstream does after writing a response.
+    #[derive(Clone, Copy)]
+    enum Then {
+        KeepOpen,
+        Close,
+    }
+
+    /// A keep-alive HTTP/1.1 server on loopback answering each request head with a fixed reply, counting the
+    /// connections it accepted and the ones the client closed.
+    struct RawUpstream {
+        address: Uri,
+        accepted: Arc<AtomicUsize>,
+        closed_by_client: Arc<AtomicUsize>,
+    }
+
+    impl RawUpstream {
+        async fn start(reply: fn(&str) -> (&'static [u8], Then)) -> Self {
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let address = format!("http://{}", listener.local_addr().expect("address"))
+                .parse()
+                .expect("uri");
+            let accepted = Arc::new(AtomicUsize::new(0));
+            let closed_by_client = Arc::new(AtomicUsize::new(0));
+            let (counted, closed) = (accepted.clone(), closed_by_client.clone());
+            tokio::spawn(async move {
+                while let Ok((stream, _)) = listener.accept().await {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    tokio::spawn(serve(stream, reply, closed.clone()));
+                }
+            });
+            Self {
+                address,
+                accepted,
+                closed_by_client,
+            }
+        }
+
+        fn pool(&self, settings: PoolSettings) -> ConnectionPool {
+            ConnectionPool::new(self.address.clone(), HttpConnector::new(), settings)
+        }
+
+        fn accepted(&self) -> usize {
+            self.accepted.load(Ordering::SeqCst)
+        }
+
+        fn closed_by_client(&self) -> usize {
+            self.closed_by_client.load(Ordering::SeqCst)
+        }
+    }
+
+    async fn serve(
+        mut stream: TcpStream,
+        reply: fn(&str) -> (&'static [u8], Then),
+        closed_by_client: Arc<AtomicUsize>,
+    ) {
+        let mut pending = Vec::new();
+        let mut buffer = [0u8; 4096];
+        loop {
+            let head_end = loop {
+                if let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break end + 4;
+                }
+                match stream.read(&mut buffer).await {
+                    Ok(0) | Err(_) => {
+                        closed_by_client.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    }
+                    Ok(n) => pending.extend_from_slice(&buffer[..n]),
+                }
+            };
+            let head = String::from_utf8_lossy(&pending[..head_end]).into_owned();
+            pending.drain(..head_end);
+            let (bytes, then) = reply(&head);
+            if stream.write_all(bytes).await.is_err() {
+                return;
+            }
+            if let Then::Close = then {
+                return;
+            }
+        }
+    }
+
+    const SETTINGS: PoolSettings = PoolSettings {
+        max_idle: 16,
+        idle_timeout: Duration::from_secs(60),
+    };
+
+    fn request(method: &str) -> Request<Body> {
+        Request::builder()
+            .method(method)
+            .uri("/x")
+            .header(http::header::HOST, "upstream.test")
+            .body(Body::empty())
+            .expect("request")
+    }
+
+    async fn read_all(response: Response<Body>) -> Bytes {
+        response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes()
+    }
+
+    const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+
+    #[tokio::test]
+    async fn sequential_requests_reuse_one_connection() {
+        let upstream = RawUpstream::start(|_| (OK, Then::KeepOpen)).await;
+        let pool = upstream.pool(SETTINGS);
+        for _ in 0..5 {
+            let response = pool.send(request("GET")).await.expect("response");
+            assert_eq!(read_all(response).await, "ok");
+        }
+        assert_eq!(upstream.accepted(), 1);
+        assert_eq!(pool.idle_count(), 1);
+    }
+
+    #[tokio::test]
+    async fn bodiless_responses_give_their_connection_back_unpolled() {
+        let upstream = RawUpstream::start(|head| {
+            if head.starts_with("HEAD") {
+                (
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n",
+                    Then::KeepOpen,
+                )
+            } else {
+                (b"HTTP/1.1 204 No Content\r\n\r\n", Then::KeepOpen)
+            }
+        })
+        .await;
+        let pool = upstream.pool(SETTINGS);
+        for method in ["HEAD", "GET", "HEAD"] {
+            // Dropped without a poll, as the server does with a body that has ended before it starts.
+            drop(pool.send(request(method)).await.expect("response"));
+        }
+        assert_eq!(upstream.accepted(), 1);
+        assert_eq!(pool.idle_count(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_half_read_takes_its_connection_with_it() {
+        let upstream = RawUpstream::start(|_| {
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf",
+                Then::KeepOpen,
+            )
+        })
+        .await;
+        let pool = upstream.pool(SETTINGS);
+        let response = pool.send(request("GET")).await.expect("response");
+        let mut body = response.into_body();
+        let first = body.frame().await.expect("a frame").expect("data");
+        assert_eq!(first.into_data().expect("data frame"), "half");
+        drop(body);
+        assert_eq!(pool.idle_count(), 0);
+        let _next = pool.send(request("GET")).await.expect("response");
+        assert_eq!(upstream.accepted(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_target_closed_while_idle_is_not_used() {
+        // No `Connection: close`: the target just drops the connection after answering, as on its idle timeout.
+        let upstream = RawUpstream::start(|_| (OK, Then::Close)).await;
+        let pool = upstream.pool(SETTINGS);
+        for _ in 0..3 {
+            let response = pool.send(request("GET")).await.expect("response");
+            assert_eq!(read_all(response).await, "ok");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(upstream.accepted(), 3);
+    }
+
+    #[tokio::test]
+    async fn idle_connections_are_closed_after_the_idle_timeout() {
+        let upstream = RawUpstream::start(|_| (OK, Then::KeepOpen)).await;
+        let pool = upstream.pool(PoolSettings {
+            max_idle: 16,
+            idle_timeout: Duration::from_millis(100),
+        });
+        read_all(pool.send(request("GET")).await.expect("response")).await;
+        assert_eq!(pool.idle_count(), 1);
+        // No further request comes to find it expired: the reaper closes it.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(pool.idle_count(), 0);
+        assert_eq!(upstream.closed_by_client(), 1);
+    }
+
+    #[tokio::test]
+    async fn at_most_max_idle_connections_are_kept() {
+        let upstream = RawUpstream::start(|_| (OK, Then::KeepOpen)).await;
+        let pool = upstream.pool(PoolSettings {
+            max_idle: 2,
+            idle_timeout: Duration::from_secs(60),
+        });
+        // Four responses held at once need four connections.
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(pool.send(request("GET")).await.expect("response"));
+        }
+        assert_eq!(upstream.accepted(), 4);
+        for response in held {
+            read_all(response).await;
+        }
+        assert_eq!(pool.idle_count(), 2);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(upstream.closed_by_client(), 2);
+    }
+}
