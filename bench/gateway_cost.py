@@ -8,6 +8,7 @@ second move by 25% between identical runs, so it shows what a change to the requ
     cargo build --release && python3 bench/gateway_cost.py      # needs nginx, redis-server, valgrind, wrk
     python3 bench/gateway_cost.py --seconds 20 --connections 32
     python3 bench/gateway_cost.py --binary /tmp/tollgate-before     # another build, e.g. of an earlier commit
+    python3 bench/gateway_cost.py --top 25      # also the 25 functions with the most instructions of their own
 
 An nginx upstream (return 200) and a Redis are started on loopback; for each configuration tollgate runs under
 callgrind with one worker thread (TOKIO_WORKER_THREADS=1, as in bench/run.sh), takes a 3 s warm-up from wrk, then
@@ -120,7 +121,15 @@ def script_calls() -> int:
     return 0
 
 
-def measure(binary: Path, config: Path, seconds: int, connections: int, work: Path) -> tuple[float, float, float]:
+def heaviest(dump: Path, requests: int, count: int) -> list[tuple[str, float]]:
+    """The `count` functions with the most instructions of their own, per request."""
+    costs = sorted(self_costs(dump).items(), key=lambda item: item[1], reverse=True)[:count]
+    return [(name, cost / requests) for name, cost in costs]
+
+
+def measure(
+    binary: Path, config: Path, seconds: int, connections: int, work: Path, top: int
+) -> tuple[float, float, float, list[tuple[str, float]]]:
     env = dict(os.environ, TOKIO_WORKER_THREADS="1", RUST_LOG="warn")
     env["BENCH_REDIS_URL"] = f"redis://127.0.0.1:{REDIS_PORT}"
     env["BENCH_UPSTREAM_URL"] = f"http://127.0.0.1:{UPSTREAM_PORT}"
@@ -143,7 +152,8 @@ def measure(binary: Path, config: Path, seconds: int, connections: int, work: Pa
         if not dumps:
             sys.exit("gateway_cost: callgrind wrote no dump")
         total, copies = instructions(dumps[-1])
-        return total / requests, copies / requests, requests / calls if calls else 0.0
+        functions = heaviest(dumps[-1], requests, top) if top else []
+        return total / requests, copies / requests, requests / calls if calls else 0.0, functions
     finally:
         gateway.terminate()
         gateway.wait()
@@ -154,6 +164,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10, help="length of the measured wrk run")
     parser.add_argument("--connections", type=int, default=32, help="wrk connections")
     parser.add_argument("--binary", type=Path, default=TOLLGATE, help="the tollgate to measure")
+    parser.add_argument("--top", type=int, default=0, help="also list this many heaviest functions per configuration")
     args = parser.parse_args()
     for tool in ("valgrind", "callgrind_control", "nginx", "redis-server", "redis-cli", "wrk"):
         if shutil.which(tool) is None:
@@ -195,13 +206,19 @@ http {{
             print()
             print("| configuration | instructions per request | of which memcpy/memmove | without them | requests per script call |")
             print("|---|--:|--:|--:|--:|")
+            profiles = []
             for label, name in CASES:
                 subprocess.run(["redis-cli", "-p", str(REDIS_PORT), "flushall"], capture_output=True)
-                cost, copies, per_call = measure(
-                    args.binary, ROOT / "bench/configs" / name, args.seconds, args.connections, work
+                cost, copies, per_call, functions = measure(
+                    args.binary, ROOT / "bench/configs" / name, args.seconds, args.connections, work, args.top
                 )
                 per_call_text = f"{per_call:.1f}" if per_call else "-"
                 print(f"| {label} | {cost:,.0f} | {copies:,.0f} | {cost - copies:,.0f} | {per_call_text} |", flush=True)
+                profiles.append((label, functions))
+            for label, functions in profiles if args.top else []:
+                print(f"\n{label}: instructions per request in the function itself\n")
+                for function, cost in functions:
+                    print(f"{cost:9,.0f}  {function[:150]}")
         finally:
             upstream.terminate()
             redis.terminate()

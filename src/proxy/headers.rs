@@ -55,6 +55,23 @@ fn hop_by_hop_index(name: &str) -> Option<usize> {
     }
 }
 
+/// Whether a `Connection` token (any case) is `close` or one of the seven hop-by-hop names, which are removed anyway.
+fn names_no_other_field(token: &str) -> bool {
+    const TOKENS: [&str; 8] = [
+        "close",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    ];
+    TOKENS
+        .iter()
+        .any(|known| known.len() == token.len() && known.eq_ignore_ascii_case(token))
+}
+
 /// Removes the hop-by-hop fields of RFC 9110 §7.6.1: `Connection` and every field it names, `Keep-Alive`,
 /// `Proxy-Connection`, `TE`, `Trailer`, `Transfer-Encoding` and `Upgrade`.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
@@ -70,17 +87,22 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
         return;
     }
     if present & 1 != 0 {
-        // Fields named by `Connection`; the usual `keep-alive` and `close` name none besides the seven.
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .filter(|name| !name.eq_ignore_ascii_case("close"))
-            .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
-            .filter(|name| hop_by_hop_index(name.as_str()).is_none())
-            .collect();
+        // Fields named by `Connection`. The usual tokens (`keep-alive`, `close`) name no field besides the seven,
+        // and are recognised from their text without parsing a `HeaderName` or collecting anything.
+        let mut named: Vec<HeaderName> = Vec::new();
+        for value in headers.get_all(header::CONNECTION) {
+            let Ok(value) = value.to_str() else {
+                continue;
+            };
+            for token in value.split(',').map(str::trim) {
+                if token.is_empty() || names_no_other_field(token) {
+                    continue;
+                }
+                if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+                    named.push(name);
+                }
+            }
+        }
         for name in named {
             headers.remove(name);
         }

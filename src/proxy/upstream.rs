@@ -113,15 +113,7 @@ impl Upstream {
         facts: &ForwardedFacts<'_>,
     ) -> Result<Response<Body>, ProxyError> {
         let target = &self.targets[self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len()];
-        let mut path_and_query = String::with_capacity(target.base_path.len() + path.len() + 32);
-        path_and_query.push_str(&target.base_path);
-        path_and_query.push_str(path);
-        if let Some(query) = request.uri().query() {
-            path_and_query.push('?');
-            path_and_query.push_str(query);
-        }
-        // Origin form: the target's address is the connection's, not the request line's.
-        let uri = Uri::from(PathAndQuery::try_from(path_and_query).map_err(http::Error::from)?);
+        let uri = upstream_uri(request.uri(), &target.base_path, path)?;
 
         // HTTP/2 clients send the host as :authority; HTTP/1.1 upstreams need it as Host.
         if !request.headers().contains_key(header::HOST) {
@@ -132,7 +124,9 @@ impl Upstream {
             request.headers_mut().insert(header::HOST, host);
         }
         headers::prepare_request(request.headers_mut(), facts);
-        *request.uri_mut() = uri;
+        if let Some(uri) = uri {
+            *request.uri_mut() = uri;
+        }
         *request.version_mut() = http::Version::HTTP_11;
 
         let response = match tokio::time::timeout(self.timeout, target.pool.send(request)).await {
@@ -154,5 +148,52 @@ impl Upstream {
         let (mut parts, body) = response.into_parts();
         headers::prepare_response(&mut parts.headers, parts.version);
         Ok(Response::from_parts(parts, body))
+    }
+}
+
+/// The origin-form target to send upstream for a request whose normalised path is `path`, or `None` when the
+/// request's own target is already it (origin form, path unchanged, no base path): the usual case, which then costs
+/// no copy and no second parse. Only the path and query are ever sent: the target's address is the connection's,
+/// not the request line's.
+fn upstream_uri(original: &Uri, base_path: &str, path: &str) -> Result<Option<Uri>, http::Error> {
+    let origin_form = original.scheme().is_none() && original.authority().is_none();
+    if base_path.is_empty() && original.path() == path {
+        if origin_form {
+            return Ok(None);
+        }
+        if let Some(path_and_query) = original.path_and_query() {
+            return Ok(Some(Uri::from(path_and_query.clone())));
+        }
+    }
+    let mut path_and_query = String::with_capacity(base_path.len() + path.len() + 32);
+    path_and_query.push_str(base_path);
+    path_and_query.push_str(path);
+    if let Some(query) = original.query() {
+        path_and_query.push('?');
+        path_and_query.push_str(query);
+    }
+    Ok(Some(Uri::from(PathAndQuery::try_from(path_and_query)?)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sent(original: &str, base_path: &str, path: &str) -> String {
+        let original: Uri = original.parse().expect("uri");
+        match upstream_uri(&original, base_path, path).expect("valid") {
+            Some(uri) => uri.to_string(),
+            None => original.to_string(),
+        }
+    }
+
+    #[test]
+    fn only_the_path_and_query_go_upstream() {
+        assert_eq!(sent("/a/b?x=1", "", "/a/b"), "/a/b?x=1");
+        assert_eq!(sent("/a/./b?x=1", "", "/a/b"), "/a/b?x=1");
+        assert_eq!(sent("/a/b?x=1", "/base", "/a/b"), "/base/a/b?x=1");
+        assert_eq!(sent("http://elsewhere.test/a?x=1", "", "/a"), "/a?x=1");
+        assert_eq!(sent("http://elsewhere.test", "", "/"), "/");
+        assert_eq!(sent("http://elsewhere.test/%2e%2e/a", "/v2", "/a"), "/v2/a");
     }
 }
