@@ -146,6 +146,12 @@ async fn request_ids_are_generated_passed_upstream_and_returned() {
         .unwrap()
         .to_owned();
     assert_eq!(returned.len(), 32);
+    assert!(
+        returned
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+        "128 random bits in lower-case hex: {returned}"
+    );
     let echo: serde_json::Value = serde_json::from_str(&response.text().await.unwrap()).unwrap();
     assert_eq!(echo["headers"]["x-request-id"], returned.as_str());
 

@@ -3,7 +3,7 @@
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::LimitSettings;
-use crate::limiter::Decision;
+use crate::limiter::{Decision, Limit};
 
 static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
@@ -33,26 +33,48 @@ pub(super) fn policy(limits: &[LimitSettings]) -> Option<HeaderValue> {
     HeaderValue::from_str(&items.join(", ")).ok()
 }
 
-/// `"name";r=` for the limit named `name`: the start of its `RateLimit` item, rendered once.
-pub(super) fn rate_limit_head(name: &str) -> String {
-    format!("\"{name}\";r=")
+/// What the fields say of one limit whatever the decision, rendered once when the config is loaded.
+#[derive(Debug, Clone)]
+pub(super) struct Advertised {
+    /// The start of its `RateLimit` item, `"<name>";r=`.
+    rate_limit_head: String,
+    /// Its capacity (`limit` or `burst`), what decisions report as their limit.
+    capacity: u64,
+    /// `capacity` as the `X-RateLimit-Limit` value: cloning it shares the bytes.
+    capacity_value: HeaderValue,
+}
+
+impl Advertised {
+    pub(super) fn new(limit: &Limit) -> Self {
+        let capacity = limit.algorithm().capacity();
+        Self {
+            rate_limit_head: format!("\"{}\";r=", limit.name()),
+            capacity,
+            capacity_value: HeaderValue::from(capacity),
+        }
+    }
 }
 
 /// Adds the fields describing `decision`, the one that explains the request's outcome (see
-/// [`Outcome::most_restrictive`](crate::limiter::Outcome::most_restrictive)), to `headers`; `head` is its limit's
-/// [`rate_limit_head`].
+/// [`Outcome::most_restrictive`](crate::limiter::Outcome::most_restrictive)), to `headers`; `limit` is how its limit
+/// is advertised.
 ///
-/// Runs on every admitted response: the numbers are rendered without the formatting machinery and the map grows
-/// once.
+/// Runs on every admitted response: what does not change per request was rendered at load, the numbers are rendered
+/// without the formatting machinery, and the map grows once.
 pub(super) fn apply(
     headers: &mut HeaderMap,
     policy: Option<&HeaderValue>,
     decision: &Decision,
-    head: &str,
+    limit: &Advertised,
 ) {
     let reset = ceil_seconds(decision.reset_after_ms);
     headers.reserve(5);
-    headers.insert(&X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit));
+    let limit_value = if decision.limit == limit.capacity {
+        limit.capacity_value.clone()
+    } else {
+        HeaderValue::from(decision.limit)
+    };
+    headers.insert(&X_RATELIMIT_LIMIT, limit_value);
     headers.insert(
         &X_RATELIMIT_REMAINING,
         HeaderValue::from(decision.remaining),
@@ -62,8 +84,8 @@ pub(super) fn apply(
         headers.insert(&RATELIMIT_POLICY, policy.clone());
     }
     let mut numbers = itoa::Buffer::new();
-    let mut current = String::with_capacity(head.len() + 24);
-    current.push_str(head);
+    let mut current = String::with_capacity(limit.rate_limit_head.len() + 24);
+    current.push_str(&limit.rate_limit_head);
     current.push_str(numbers.format(decision.remaining));
     current.push_str(";t=");
     current.push_str(numbers.format(reset));

@@ -26,8 +26,8 @@ pub struct LimitSet {
     key_spec_of: Vec<usize>,
     /// Per limit: the store key up to its value, `<prefix><route>:<limit>:{`.
     key_heads: Vec<String>,
-    /// Per limit: the start of its `RateLimit` item, `"<limit>";r=`.
-    rate_limit_heads: Vec<String>,
+    /// Per limit: what the response fields say of it whatever the decision.
+    advertised: Vec<headers::Advertised>,
     /// `RateLimit-Policy`, rendered once.
     policy: Option<HeaderValue>,
     /// `tollgate_decisions_total` of each limit, registered once.
@@ -83,9 +83,9 @@ impl LimitSet {
             .iter()
             .map(|settings| key_head(key_prefix, scope, settings.limit.name()))
             .collect();
-        let rate_limit_heads = limits
+        let advertised = limits
             .iter()
-            .map(|settings| headers::rate_limit_head(settings.limit.name()))
+            .map(|settings| headers::Advertised::new(&settings.limit))
             .collect();
         Self {
             scope: scope.to_owned(),
@@ -94,7 +94,7 @@ impl LimitSet {
             key_specs,
             key_spec_of,
             key_heads,
-            rate_limit_heads,
+            advertised,
             policy,
             decisions,
         }
@@ -225,10 +225,10 @@ impl LimitSet {
         let Some(index) = self.most_restrictive(verdict) else {
             return;
         };
-        let Some(head) = verdict
+        let Some(advertised) = verdict
             .applied
             .get(index)
-            .and_then(|&limit| self.rate_limit_heads.get(limit))
+            .and_then(|&limit| self.advertised.get(limit))
         else {
             return;
         };
@@ -236,7 +236,7 @@ impl LimitSet {
             headers,
             self.policy.as_ref(),
             &verdict.outcome.decisions[index],
-            head,
+            advertised,
         );
     }
 

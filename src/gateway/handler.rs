@@ -183,10 +183,10 @@ fn ensure_request_id(headers: &mut http::HeaderMap) -> HeaderValue {
         }
     }
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let random = fastrand::u128(..);
     let mut id = [0u8; 32];
-    for (i, digit) in id.iter_mut().enumerate() {
-        *digit = HEX[((random >> (124 - 4 * i)) & 0xf) as usize];
+    for (digits, byte) in id.chunks_exact_mut(2).zip(fastrand::u128(..).to_be_bytes()) {
+        digits[0] = HEX[usize::from(byte >> 4)];
+        digits[1] = HEX[usize::from(byte & 0xf)];
     }
     let value = HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("0"));
     headers.insert(X_REQUEST_ID.clone(), value.clone());
