@@ -8,7 +8,7 @@ second move by 25% between identical runs, so it shows what a change to the requ
     cargo build --release && python3 bench/gateway_cost.py      # needs nginx, redis-server, valgrind, wrk
     python3 bench/gateway_cost.py --seconds 20 --connections 32
     python3 bench/gateway_cost.py --binary /tmp/tollgate-before     # another build, e.g. of an earlier commit
-    python3 bench/gateway_cost.py --top 25      # also the 25 functions with the most instructions of their own
+    python3 bench/gateway_cost.py --top 25      # also the cost by crate and the 25 heaviest functions themselves
 
 An nginx upstream (return 200) and a Redis are started on loopback; for each configuration tollgate runs under
 callgrind with one worker thread (TOKIO_WORKER_THREADS=1, as in bench/run.sh), takes a 3 s warm-up from wrk, then
@@ -121,10 +121,29 @@ def script_calls() -> int:
     return 0
 
 
+def crate_of(function: str) -> str:
+    """The crate a function's name starts with (`<hyper::…> as …` counts for hyper), or a C library's symbol."""
+    name = function.lstrip("<&*")
+    if "::" in name:
+        return name.split("::", 1)[0].split("<", 1)[0]
+    if name.startswith(("mi_", "_mi_")):
+        return "mimalloc"
+    if "memcpy" in name or "memmove" in name:
+        return "memcpy/memmove"
+    return "other (libc, kernel entry, unnamed)"
+
+
 def heaviest(dump: Path, requests: int, count: int) -> list[tuple[str, float]]:
-    """The `count` functions with the most instructions of their own, per request."""
-    costs = sorted(self_costs(dump).items(), key=lambda item: item[1], reverse=True)[:count]
-    return [(name, cost / requests) for name, cost in costs]
+    """The `count` functions with the most instructions of their own, per request, after the same by crate."""
+    costs = self_costs(dump)
+    crates: dict[str, int] = {}
+    for name, cost in costs.items():
+        crates[crate_of(name)] = crates.get(crate_of(name), 0) + cost
+    by_crate = sorted(crates.items(), key=lambda item: item[1], reverse=True)[:12]
+    by_function = sorted(costs.items(), key=lambda item: item[1], reverse=True)[:count]
+    return [(f"[crate] {name}", cost / requests) for name, cost in by_crate] + [
+        (name, cost / requests) for name, cost in by_function
+    ]
 
 
 def measure(
@@ -164,7 +183,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10, help="length of the measured wrk run")
     parser.add_argument("--connections", type=int, default=32, help="wrk connections")
     parser.add_argument("--binary", type=Path, default=TOLLGATE, help="the tollgate to measure")
-    parser.add_argument("--top", type=int, default=0, help="also list this many heaviest functions per configuration")
+    parser.add_argument("--top", type=int, default=0, help="also list the cost by crate and this many heaviest functions per configuration")
     args = parser.parse_args()
     for tool in ("valgrind", "callgrind_control", "nginx", "redis-server", "redis-cli", "wrk"):
         if shutil.which(tool) is None:
@@ -216,7 +235,8 @@ http {{
                 print(f"| {label} | {cost:,.0f} | {copies:,.0f} | {cost - copies:,.0f} | {per_call_text} |", flush=True)
                 profiles.append((label, functions))
             for label, functions in profiles if args.top else []:
-                print(f"\n{label}: instructions per request in the function itself\n")
+                print(f"\n{label}: instructions per request by crate (inlined code counts where it was inlined), then")
+                print("in the function itself\n")
                 for function, cost in functions:
                     print(f"{cost:9,.0f}  {function[:150]}")
         finally:
