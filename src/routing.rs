@@ -237,19 +237,25 @@ mod tests {
         assert_eq!(normalize_path("*"), None);
     }
 
+    /// Every concatenation of up to `up_to` of `pieces` (repeats allowed), the empty one included.
+    fn sequences(pieces: &[&str], up_to: usize) -> Vec<String> {
+        let mut all = vec![String::new()];
+        let mut last = all.clone();
+        for _ in 0..up_to {
+            last = last
+                .iter()
+                .flat_map(|start| pieces.iter().map(move |piece| format!("{start}{piece}")))
+                .collect();
+            all.extend(last.iter().cloned());
+        }
+        all
+    }
+
     #[test]
     fn a_path_is_clean_exactly_when_it_has_no_double_slash_and_no_dot_segment() {
         // Every path of up to four segments from a few shapes, against the definition written the slow way.
-        let shapes = ["", "a", "bc", ".", "..", "%2E", ".a", "%2e%2e"];
-        let mut paths = vec![String::new()];
-        for _ in 0..4 {
-            let longer: Vec<String> = paths
-                .iter()
-                .flat_map(|path| shapes.iter().map(move |shape| format!("{path}/{shape}")))
-                .collect();
-            paths.extend(longer);
-        }
-        for path in paths.iter().filter(|p| !p.is_empty()) {
+        let segments = ["/", "/a", "/bc", "/.", "/..", "/%2E", "/.a", "/%2e%2e"];
+        for path in sequences(&segments, 4).iter().filter(|p| !p.is_empty()) {
             let expected = !path.contains("//")
                 && !path
                     .split('/')
@@ -270,15 +276,7 @@ mod tests {
             let decoded = segment.to_ascii_lowercase().replace("%2e", ".");
             decoded == "." || decoded == ".."
         };
-        let mut segments = vec![String::new()];
-        for _ in 0..3 {
-            let longer: Vec<String> = segments
-                .iter()
-                .flat_map(|s| pieces.iter().map(move |p| format!("{s}{p}")))
-                .collect();
-            segments.extend(longer);
-        }
-        for segment in &segments {
+        for segment in &sequences(&pieces, 3) {
             assert_eq!(
                 is_dot_segment(segment.as_bytes()),
                 decodes_to_dots(segment),
