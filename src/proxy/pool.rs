@@ -400,6 +400,19 @@ mod tests {
 
     const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
 
+    /// An upstream answering `ok` on keep-alive connections, and a pool to it.
+    async fn keep_alive_pool(
+        max_idle: usize,
+        idle_timeout: Duration,
+    ) -> (RawUpstream, ConnectionPool) {
+        let upstream = RawUpstream::start(|_| (OK, Then::KeepOpen)).await;
+        let pool = upstream.pool(PoolSettings {
+            max_idle,
+            idle_timeout,
+        });
+        (upstream, pool)
+    }
+
     #[tokio::test]
     async fn sequential_requests_reuse_one_connection() {
         let upstream = RawUpstream::start(|_| (OK, Then::KeepOpen)).await;
@@ -469,11 +482,7 @@ mod tests {
 
     #[tokio::test]
     async fn idle_connections_are_closed_after_the_idle_timeout() {
-        let upstream = RawUpstream::start(|_| (OK, Then::KeepOpen)).await;
-        let pool = upstream.pool(PoolSettings {
-            max_idle: 16,
-            idle_timeout: Duration::from_millis(100),
-        });
+        let (upstream, pool) = keep_alive_pool(16, Duration::from_millis(100)).await;
         read_all(pool.send(request("GET")).await.expect("response")).await;
         assert_eq!(pool.idle_count(), 1);
         // No further request comes to find it expired: the reaper closes it.
@@ -484,11 +493,7 @@ mod tests {
 
     #[tokio::test]
     async fn at_most_max_idle_connections_are_kept() {
-        let upstream = RawUpstream::start(|_| (OK, Then::KeepOpen)).await;
-        let pool = upstream.pool(PoolSettings {
-            max_idle: 2,
-            idle_timeout: Duration::from_secs(60),
-        });
+        let (upstream, pool) = keep_alive_pool(2, Duration::from_secs(60)).await;
         // Four responses held at once need four connections.
         let mut held = Vec::new();
         for _ in 0..4 {
