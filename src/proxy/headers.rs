@@ -57,19 +57,8 @@ fn hop_by_hop_index(name: &str) -> Option<usize> {
 
 /// Whether a `Connection` token (any case) is `close` or one of the seven hop-by-hop names, which are removed anyway.
 fn names_no_other_field(token: &str) -> bool {
-    const TOKENS: [&str; 8] = [
-        "close",
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    ];
-    TOKENS
-        .iter()
-        .any(|known| known.len() == token.len() && known.eq_ignore_ascii_case(token))
+    let same = |known: &str| known.len() == token.len() && known.eq_ignore_ascii_case(token);
+    same("close") || HOP_BY_HOP.iter().any(|name| same(name.as_str()))
 }
 
 /// Removes the hop-by-hop fields of RFC 9110 §7.6.1: `Connection` and every field it names, `Keep-Alive`,
