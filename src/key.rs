@@ -160,21 +160,29 @@ impl KeySpec {
     /// Parts are joined with `|`. The value is not yet safe for a store key: see [`store_key`].
     pub fn value(&self, facts: &RequestFacts<'_>) -> Option<String> {
         let mut value = String::new();
+        self.push_value(facts, &mut value).then_some(value)
+    }
+
+    /// Appends the key value of a request to `out`, as [`value`](Self::value) builds it but without a string of
+    /// its own; false, with `out` as it was, when the limit does not apply.
+    pub fn push_value(&self, facts: &RequestFacts<'_>, out: &mut String) -> bool {
+        let start = out.len();
         for (i, part) in self.parts.iter().enumerate() {
             if i > 0 {
-                value.push('|');
+                out.push('|');
             }
-            match part_value(part, facts) {
-                Some(v) => value.push_str(&v),
-                None => {
-                    return match self.missing {
-                        MissingKey::Skip => None,
-                        MissingKey::Ip => Some(ip_text(facts.client_ip)),
+            if !push_part(part, facts, out) {
+                out.truncate(start);
+                return match self.missing {
+                    MissingKey::Skip => false,
+                    MissingKey::Ip => {
+                        push_ip_text(out, facts.client_ip);
+                        true
                     }
-                }
+                };
             }
         }
-        Some(value)
+        true
     }
 }
 
@@ -190,27 +198,46 @@ impl fmt::Display for KeySpec {
     }
 }
 
-fn part_value<'a>(part: &KeyPart, facts: &RequestFacts<'a>) -> Option<std::borrow::Cow<'a, str>> {
-    use std::borrow::Cow;
-    let non_empty = |s: &'a str| (!s.is_empty()).then_some(Cow::Borrowed(s));
-    match part {
-        KeyPart::Ip => Some(Cow::Owned(ip_text(facts.client_ip))),
-        KeyPart::Route => Some(Cow::Borrowed(facts.route)),
-        KeyPart::Method => Some(Cow::Borrowed(facts.method.as_str())),
-        KeyPart::Path => Some(Cow::Borrowed(facts.path)),
-        KeyPart::Host => facts.host.and_then(non_empty),
+/// Appends the value of one key part; false when the request has none (the part's text may be left behind).
+fn push_part(part: &KeyPart, facts: &RequestFacts<'_>, out: &mut String) -> bool {
+    let text = match part {
+        KeyPart::Ip => {
+            push_ip_text(out, facts.client_ip);
+            return true;
+        }
+        KeyPart::Route => facts.route,
+        KeyPart::Method => facts.method.as_str(),
+        KeyPart::Path => facts.path,
+        KeyPart::Host => match facts.host {
+            Some(host) if !host.is_empty() => host,
+            _ => return false,
+        },
         KeyPart::Header(name) => {
-            let value = facts.headers.get(name)?;
+            let Some(value) = facts.headers.get(name) else {
+                return false;
+            };
             let text = String::from_utf8_lossy(value.as_bytes());
             let trimmed = text.trim();
-            (!trimmed.is_empty()).then(|| Cow::Owned(trimmed.to_owned()))
+            out.push_str(trimmed);
+            return !trimmed.is_empty();
         }
-        KeyPart::Query(name) => form_urlencoded::parse(facts.query?.as_bytes())
-            .find(|(k, _)| k == name.as_str())
-            .map(|(_, v)| v)
-            .filter(|v| !v.is_empty())
-            .map(|v| Cow::Owned(v.into_owned())),
-    }
+        KeyPart::Query(name) => {
+            let value = facts.query.and_then(|query| {
+                form_urlencoded::parse(query.as_bytes())
+                    .find(|(k, _)| k == name.as_str())
+                    .map(|(_, v)| v)
+            });
+            return match value {
+                Some(v) if !v.is_empty() => {
+                    out.push_str(&v);
+                    true
+                }
+                _ => false,
+            };
+        }
+    };
+    out.push_str(text);
+    true
 }
 
 /// The host a request asked for, lower-cased and without port: the authority of the request target (absolute
@@ -284,6 +311,15 @@ pub fn key_with_head(head: &str, value: &str) -> String {
 
 /// Ends a store key with the value (or its digest) and the closing brace.
 fn push_value(key: &mut String, value: &str) {
+    let value_start = key.len();
+    key.push_str(value);
+    seal_key(key, value_start);
+}
+
+/// Ends a store key whose value was written from `value_start` on: replaces the value by its digest when it may
+/// not stand in a key as it is (see [`store_key`]), then closes the brace.
+pub fn seal_key(key: &mut String, value_start: usize) {
+    let value = &key[value_start..];
     // Printable ASCII without braces, the usual address or token, is checked a byte at a time; anything else
     // character by character, where non-ASCII control characters also call for the digest.
     let printable_ascii = value
@@ -295,12 +331,12 @@ fn push_value(key: &mut String, value: &str) {
                 .chars()
                 .any(|c| c == '{' || c == '}' || c.is_control()));
     if needs_digest {
-        for byte in Sha256::digest(value.as_bytes()) {
+        let digest = Sha256::digest(value.as_bytes());
+        key.truncate(value_start);
+        for byte in digest {
             key.push(char::from(HEX_DIGITS[usize::from(byte >> 4)]));
             key.push(char::from(HEX_DIGITS[usize::from(byte & 0xf)]));
         }
-    } else {
-        key.push_str(value);
     }
     key.push('}');
 }
@@ -375,23 +411,30 @@ impl ClientIpResolver {
 /// The address as text, as `Display` writes it; IPv4 without the formatting machinery, which showed in profiles
 /// (an address is written for every `ip` key part and every `X-Forwarded-For`).
 pub fn ip_text(ip: IpAddr) -> String {
-    let IpAddr::V4(v4) = ip else {
-        return ip.to_string();
-    };
     let mut text = String::with_capacity(15);
+    push_ip_text(&mut text, ip);
+    text
+}
+
+/// Appends [`ip_text`] of `ip` to `out`.
+pub fn push_ip_text(out: &mut String, ip: IpAddr) {
+    let IpAddr::V4(v4) = ip else {
+        use fmt::Write;
+        let _ = write!(out, "{ip}");
+        return;
+    };
     for (i, octet) in v4.octets().into_iter().enumerate() {
         if i > 0 {
-            text.push('.');
+            out.push('.');
         }
         if octet >= 100 {
-            text.push(char::from(b'0' + octet / 100));
+            out.push(char::from(b'0' + octet / 100));
         }
         if octet >= 10 {
-            text.push(char::from(b'0' + octet / 10 % 10));
+            out.push(char::from(b'0' + octet / 10 % 10));
         }
-        text.push(char::from(b'0' + octet % 10));
+        out.push(char::from(b'0' + octet % 10));
     }
-    text
 }
 
 /// IPv4-mapped IPv6 addresses (`::ffff:1.2.3.4`) are the IPv4 client they carry.

@@ -25,7 +25,7 @@ pub fn format_duration_ms(ms: u64) -> String {
         (1_000, "s"),
     ];
     for (size, unit) in UNITS {
-        if ms >= size && ms % size == 0 {
+        if ms >= size && ms.is_multiple_of(size) {
             return format!("{}{unit}", ms / size);
         }
     }

@@ -7,10 +7,11 @@ use axum::body::Body;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Response, StatusCode};
 use serde_json::json;
+use smallvec::SmallVec;
 
 use crate::config::LimitSettings;
-use crate::key::{key_head, key_with_head, KeySpec, RequestFacts};
-use crate::limiter::store::LimitCheck;
+use crate::key::{key_head, key_with_head, seal_key, KeySpec, RequestFacts};
+use crate::limiter::store::{LimitCheck, INLINE_LIMITS};
 use crate::limiter::{Decision, Outcome, RateLimiter, Unavailable};
 
 /// The limits of one scope (a route), applied together: a request is admitted only if all admit it.
@@ -26,6 +27,8 @@ pub struct LimitSet {
     key_spec_of: Vec<usize>,
     /// Per limit: the store key up to its value, `<prefix><route>:<limit>:{`.
     key_heads: Vec<String>,
+    /// Room for a request's keys: every head, and an IPv4 address with the closing brace after each.
+    keys_capacity: usize,
     /// Per limit: what the response fields say of it whatever the decision.
     advertised: Vec<headers::Advertised>,
     /// `RateLimit-Policy`, rendered once.
@@ -48,7 +51,24 @@ pub struct Verdict {
     /// The combined decision; `decisions[i]` belongs to `limits[applied[i]]`.
     pub outcome: Outcome,
     /// Indices of the limits that applied (a `missing: skip` limit may not).
-    applied: Vec<usize>,
+    applied: SmallVec<[usize; INLINE_LIMITS]>,
+}
+
+/// The store keys of one request, one per limit that applies, one after another in one string.
+struct RequestKeys {
+    text: String,
+    /// Per key: the index of its limit and where the key ends in `text`.
+    ends: SmallVec<[(usize, usize); INLINE_LIMITS]>,
+}
+
+/// Where the value of one key spec stands in a request's keys, once written.
+#[derive(Debug, Clone)]
+enum Written {
+    NotYet,
+    /// The limits keyed by it do not apply (`missing: skip`).
+    Skipped,
+    /// Its value, sealed (digested if need be, brace closed), as the first key that uses it ends.
+    At(std::ops::Range<usize>),
 }
 
 // === impl LimitSet ===
@@ -82,7 +102,8 @@ impl LimitSet {
         let key_heads = limits
             .iter()
             .map(|settings| key_head(key_prefix, scope, settings.limit.name()))
-            .collect();
+            .collect::<Vec<_>>();
+        let keys_capacity = key_heads.iter().map(|head| head.len() + 16).sum();
         let advertised = limits
             .iter()
             .map(|settings| headers::Advertised::new(&settings.limit))
@@ -94,6 +115,7 @@ impl LimitSet {
             key_specs,
             key_spec_of,
             key_heads,
+            keys_capacity,
             advertised,
             policy,
             decisions,
@@ -126,31 +148,55 @@ impl LimitSet {
         limiter: &RateLimiter,
         facts: &RequestFacts<'_>,
     ) -> Result<Verdict, Unavailable> {
-        let values: Vec<Option<String>> = self
-            .key_specs
+        let keys = self.request_keys(facts);
+        let checks: SmallVec<[LimitCheck<'_>; INLINE_LIMITS]> = keys
             .iter()
-            .map(|spec| spec.value(facts))
-            .collect();
-        let mut keys = Vec::with_capacity(self.limits.len());
-        let mut applied = Vec::with_capacity(self.limits.len());
-        for (index, head) in self.key_heads.iter().enumerate() {
-            if let Some(value) = &values[self.key_spec_of[index]] {
-                keys.push(key_with_head(head, value));
-                applied.push(index);
-            }
-        }
-        let checks: Vec<LimitCheck<'_>> = keys
-            .iter()
-            .zip(&applied)
-            .map(|(key, &index)| LimitCheck {
+            .map(|(index, key)| LimitCheck {
                 key,
                 limit: &self.limits[index].limit,
             })
             .collect();
         let outcome = limiter.check(&checks).await?;
-        let verdict = Verdict { outcome, applied };
+        let verdict = Verdict {
+            outcome,
+            applied: keys.ends.iter().map(|&(index, _)| index).collect(),
+        };
         self.count_decisions(&verdict);
         Ok(verdict)
+    }
+
+    /// The store key of every limit that applies to the request, each key spec's value worked out once: one
+    /// string for them all, where one per value and one per key showed in profiles.
+    fn request_keys(&self, facts: &RequestFacts<'_>) -> RequestKeys {
+        let mut text = String::with_capacity(self.keys_capacity);
+        let mut ends = SmallVec::new();
+        let mut written: SmallVec<[Written; INLINE_LIMITS]> =
+            SmallVec::from_elem(Written::NotYet, self.key_specs.len());
+        for (index, head) in self.key_heads.iter().enumerate() {
+            let spec = self.key_spec_of[index];
+            let start = text.len();
+            match &written[spec] {
+                Written::Skipped => continue,
+                Written::At(value) => {
+                    let value = value.clone();
+                    text.push_str(head);
+                    text.extend_from_within(value);
+                }
+                Written::NotYet => {
+                    text.push_str(head);
+                    let value_start = text.len();
+                    if !self.key_specs[spec].push_value(facts, &mut text) {
+                        text.truncate(start);
+                        written[spec] = Written::Skipped;
+                        continue;
+                    }
+                    seal_key(&mut text, value_start);
+                    written[spec] = Written::At(value_start..text.len());
+                }
+            }
+            ends.push((index, text.len()));
+        }
+        RequestKeys { text, ends }
     }
 
     /// `tollgate_decisions_total`: every limit of an admitted request counts as allowed; of a denied request
@@ -283,6 +329,19 @@ impl LimitSet {
     }
 }
 
+// === impl RequestKeys ===
+
+impl RequestKeys {
+    /// Each key with the index of its limit.
+    fn iter(&self) -> impl Iterator<Item = (usize, &str)> + '_ {
+        let starts = std::iter::once(0).chain(self.ends.iter().map(|&(_, end)| end));
+        self.ends
+            .iter()
+            .zip(starts)
+            .map(|(&(index, end), start)| (index, &self.text[start..end]))
+    }
+}
+
 // === impl DecisionCounters ===
 
 impl DecisionCounters {
@@ -397,5 +456,78 @@ routes:
             response["ratelimit-policy"],
             "\"per-ip\";q=10;w=60, \"per-key\";q=5;w=60, \"per-ip-burst\";q=3;w=3"
         );
+    }
+
+    /// Limits keyed five ways, two pairs sharing a key spec: by address, by a header that may be absent (skip),
+    /// and by a header whose value may be too long to stand in a key.
+    fn keyed_five_ways() -> LimitSet {
+        let config = crate::config::parse(
+            r#"
+store: { backend: memory, key_prefix: "t:" }
+routes:
+  - name: api
+    match: { path_prefix: / }
+    respond: { status: 200 }
+    limits:
+      - { name: a, key: ip, algorithm: fixed_window, limit: 10, period: 1m }
+      - { name: b, key: "header:x-api-key", missing: skip, algorithm: fixed_window, limit: 5, period: 1m }
+      - { name: c, key: ip, algorithm: gcra, rate: 1/s, burst: 3 }
+      - { name: d, key: "header:x-token", algorithm: fixed_window, limit: 5, period: 1m }
+      - { name: e, key: "header:x-api-key", missing: skip, algorithm: token_bucket, rate: 1/s, burst: 3 }
+"#,
+            Path::new("test.yaml"),
+        )
+        .expect("valid config");
+        let route = &config.routes[0];
+        LimitSet::new(
+            &route.name,
+            &config.store.key_prefix,
+            route.limits.clone(),
+            route.deny_status,
+        )
+    }
+
+    #[test]
+    fn request_keys_are_the_store_keys_of_the_limits_that_apply() {
+        let limits = keyed_five_ways();
+        let long_token = "t".repeat(200);
+        let header_sets: [&[(&str, &str)]; 4] = [
+            &[],
+            &[("x-api-key", "k1")],
+            &[("x-token", &long_token)],
+            &[("x-api-key", "k{1}"), ("x-token", "short")],
+        ];
+        for set in header_sets {
+            let mut headers = HeaderMap::new();
+            for (name, value) in set {
+                headers.insert(*name, HeaderValue::from_str(value).expect("value"));
+            }
+            let facts = RequestFacts {
+                client_ip: "192.0.2.7".parse().expect("ip"),
+                route: "api",
+                method: &Method::GET,
+                path: "/",
+                host: None,
+                headers: &headers,
+                query: None,
+            };
+            // One key at a time, as the admin API builds them.
+            let expected: Vec<(usize, String)> = limits
+                .limits()
+                .iter()
+                .enumerate()
+                .filter_map(|(index, settings)| {
+                    let value = settings.key.value(&facts)?;
+                    let (key, _) = limits.key_for(settings.limit.name(), &value)?;
+                    Some((index, key))
+                })
+                .collect();
+            let keys = limits.request_keys(&facts);
+            let built: Vec<(usize, String)> = keys
+                .iter()
+                .map(|(index, key)| (index, key.to_owned()))
+                .collect();
+            assert_eq!(built, expected, "headers {set:?}");
+        }
     }
 }

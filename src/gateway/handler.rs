@@ -102,7 +102,10 @@ impl Gateway {
         peer: SocketAddr,
         client_ip: IpAddr,
     ) -> (Option<&'r Route>, Response<Body>) {
-        let Some(path) = normalize_path(request.uri().path()).map(|p| p.into_owned()) else {
+        // The request goes upstream by value while its path is still needed: a clone of the target shares its
+        // bytes, where an owned path would be a copy.
+        let uri = request.uri().clone();
+        let Some(path) = normalize_path(uri.path()) else {
             return (None, responses::bad_target());
         };
         let host = request_host(request.uri(), request.headers());

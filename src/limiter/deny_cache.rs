@@ -41,20 +41,26 @@ impl DenyCache {
         entries.insert(key.into(), Denial { decision, at });
     }
 
-    /// The denial of `key` as it stands at `now`, if it still holds.
-    pub fn lookup(&self, key: &str, now: Instant) -> Option<Decision> {
+    /// The denials of `keys` that still hold at `now`, in order, or `None` when none does: asked for every
+    /// request, so one lock for all the keys, no hashing while nothing is denied, and nothing allocated on a
+    /// miss.
+    pub fn lookup_each<'k>(
+        &self,
+        keys: impl ExactSizeIterator<Item = &'k str>,
+        now: Instant,
+    ) -> Option<Vec<Option<Decision>>> {
         let entries = self.entries.lock();
-        let denial = entries.get(key)?;
-        if denial.until() <= now {
+        if entries.is_empty() {
             return None;
         }
-        let elapsed = now.saturating_duration_since(denial.at).as_millis() as u64;
-        let d = denial.decision;
-        Some(Decision {
-            retry_after_ms: d.retry_after_ms.saturating_sub(elapsed).max(1),
-            reset_after_ms: d.reset_after_ms.saturating_sub(elapsed),
-            ..d
-        })
+        let count = keys.len();
+        let mut held: Option<Vec<Option<Decision>>> = None;
+        for (i, key) in keys.enumerate() {
+            if let Some(decision) = entries.get(key).and_then(|denial| denial.as_of(now)) {
+                held.get_or_insert_with(|| vec![None; count])[i] = Some(decision);
+            }
+        }
+        held
     }
 
     /// Forgets every denial (after an admin reset, for instance).
@@ -66,6 +72,20 @@ impl DenyCache {
 impl Denial {
     fn until(&self) -> Instant {
         self.at + Duration::from_millis(self.decision.retry_after_ms)
+    }
+
+    /// The decision as it stands at `now`, if the denial still holds.
+    fn as_of(&self, now: Instant) -> Option<Decision> {
+        if self.until() <= now {
+            return None;
+        }
+        let elapsed = now.saturating_duration_since(self.at).as_millis() as u64;
+        let d = self.decision;
+        Some(Decision {
+            retry_after_ms: d.retry_after_ms.saturating_sub(elapsed).max(1),
+            reset_after_ms: d.reset_after_ms.saturating_sub(elapsed),
+            ..d
+        })
     }
 }
 
@@ -88,15 +108,18 @@ mod tests {
     fn denial_holds_until_retry_after_then_expires() {
         let cache = DenyCache::default();
         let t0 = Instant::now();
+        assert_eq!(cache.lookup_each(["k"].into_iter(), t0), None);
         cache.remember("k", denied(2_000), t0);
         let held = cache
-            .lookup("k", t0 + Duration::from_millis(500))
+            .lookup_each(["other", "k"].into_iter(), t0 + Duration::from_millis(500))
             .expect("still denied");
-        assert_eq!(held.retry_after_ms, 1_500);
-        assert_eq!(held.reset_after_ms, 2_500);
-        assert!(cache
-            .lookup("k", t0 + Duration::from_millis(2_000))
-            .is_none());
-        assert!(cache.lookup("other", t0).is_none());
+        assert_eq!(held[0], None);
+        let k = held[1].expect("k is denied");
+        assert_eq!((k.retry_after_ms, k.reset_after_ms), (1_500, 2_500));
+        assert_eq!(
+            cache.lookup_each(["k"].into_iter(), t0 + Duration::from_millis(2_000)),
+            None
+        );
+        assert_eq!(cache.lookup_each(["other"].into_iter(), t0), None);
     }
 }

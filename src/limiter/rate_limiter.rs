@@ -206,13 +206,9 @@ impl RateLimiter {
     /// Only the cached decisions are exact; the other limits of the request were not consulted, and are
     /// reported as admitting with their full capacity (the headers and the body describe the denying limit).
     fn cached_denial(&self, checks: &[LimitCheck<'_>], now: Instant) -> Option<Outcome> {
-        let cached: Vec<Option<Decision>> = checks
-            .iter()
-            .map(|c| self.denials.lookup(c.key, now))
-            .collect();
-        if cached.iter().all(Option::is_none) {
-            return None;
-        }
+        let cached = self
+            .denials
+            .lookup_each(checks.iter().map(|c| c.key), now)?;
         let decisions = cached
             .into_iter()
             .zip(checks)

@@ -11,6 +11,9 @@ pub use self::memory::MemoryStore;
 pub use self::redis::{RedisStore, RedisTopology};
 use super::Limit;
 
+/// Limits per request that per-request lists hold inline (routes with more spill to the heap).
+pub const INLINE_LIMITS: usize = 4;
+
 /// One limit to check for one request: the limit and the store key of the client it applies to.
 #[derive(Debug, Clone, Copy)]
 pub struct LimitCheck<'a> {

@@ -6,8 +6,9 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use fred::types::Value;
 use rmp::encode::ByteBuf;
+use smallvec::SmallVec;
 
-use super::{LimitCheck, StoreError};
+use super::{LimitCheck, StoreError, INLINE_LIMITS};
 use crate::limiter::algorithms::fixed_window::FixedWindowState;
 use crate::limiter::algorithms::gcra::{GcraState, Ticks};
 use crate::limiter::algorithms::sliding_window::WindowState;
@@ -41,9 +42,12 @@ pub(super) enum Mode {
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct EncodedRequest {
     mode: Mode,
-    /// The state key of each limit.
-    keys: Vec<Bytes>,
-    /// What the script needs of each limit, and what a run's replay needs (see [`replay_run`]).
+    /// The state keys of the limits, one after another: one allocation for them all.
+    keys: Bytes,
+    /// Per limit: where its key ends in `keys`.
+    key_ends: SmallVec<[usize; INLINE_LIMITS]>,
+    /// What the script needs of each limit, and what a run's replay needs (see [`replay_run`]). On the heap:
+    /// the request is moved several times on its way through the batch queue, and inline it would be copied.
     limits: Vec<LimitSpec>,
 }
 
@@ -59,9 +63,13 @@ struct LimitSpec {
 
 impl EncodedRequest {
     pub(super) fn new(checks: &[LimitCheck<'_>], mode: Mode) -> Self {
-        let keys = checks
+        let mut keys = Vec::with_capacity(checks.iter().map(|c| c.key.len()).sum());
+        let key_ends = checks
             .iter()
-            .map(|c| Bytes::copy_from_slice(c.key.as_bytes()))
+            .map(|c| {
+                keys.extend_from_slice(c.key.as_bytes());
+                keys.len()
+            })
             .collect();
         let limits = checks
             .iter()
@@ -71,12 +79,25 @@ impl EncodedRequest {
                 shadow: c.limit.is_shadow(),
             })
             .collect();
-        Self { mode, keys, limits }
+        Self {
+            mode,
+            keys: Bytes::from(keys),
+            key_ends,
+            limits,
+        }
     }
 
     /// How many limits (and keys) the request has.
     pub(super) fn limits(&self) -> usize {
-        self.keys.len()
+        self.key_ends.len()
+    }
+
+    /// Where each limit's key stands in `keys`.
+    fn key_ranges(&self) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+        let starts = std::iter::once(0).chain(self.key_ends.iter().copied());
+        starts
+            .zip(self.key_ends.iter().copied())
+            .map(|(start, end)| start..end)
     }
 
     /// Whether a run of copies of this request may be decided at once: committing requests whose limits each
@@ -87,11 +108,11 @@ impl EncodedRequest {
                 .limits
                 .iter()
                 .any(|l| matches!(l.algorithm, Algorithm::SlidingLog { .. }))
-            && self
-                .keys
-                .iter()
-                .enumerate()
-                .all(|(i, key)| !self.keys[..i].contains(key))
+            && self.key_ranges().enumerate().all(|(i, key)| {
+                self.key_ranges()
+                    .take(i)
+                    .all(|other| self.keys[other] != self.keys[key.clone()])
+            })
     }
 }
 
@@ -125,7 +146,7 @@ pub(super) fn command(
     runs: &[usize],
 ) -> Vec<Value> {
     let mut keys: Vec<Value> = Vec::new();
-    let mut key_index: HashMap<&Bytes, u64> = HashMap::new();
+    let mut key_index: HashMap<&[u8], u64> = HashMap::new();
     let mut integers = 0;
     let mut at = 0;
     for &count in runs {
@@ -142,11 +163,13 @@ pub(super) fn command(
         put(&mut packed, u64::from(request.mode == Mode::Commit));
         put(&mut packed, count as u64);
         put(&mut packed, request.limits() as u64);
-        for (key, limit) in request.keys.iter().zip(&request.limits) {
-            let index = *key_index.entry(key).or_insert_with(|| {
-                keys.push(Value::Bytes(key.clone()));
-                keys.len() as u64
-            });
+        for (key, limit) in request.key_ranges().zip(&request.limits) {
+            let index = *key_index
+                .entry(&request.keys[key.clone()])
+                .or_insert_with(|| {
+                    keys.push(Value::Bytes(request.keys.slice(key)));
+                    keys.len() as u64
+                });
             put(&mut packed, index);
             for arg in script_params(&limit.algorithm) {
                 put(&mut packed, arg);
