@@ -39,6 +39,8 @@ pub enum RedisTopology {
 pub struct RedisStore {
     connection: Arc<Connection>,
     batcher: Batcher,
+    /// How long a check waits for Redis at most (`store.timeout`).
+    budget: Duration,
 }
 
 /// What runs script calls: the pool and the script. Shared with the batching task.
@@ -67,15 +69,10 @@ impl RedisStore {
     /// Builds a pool for `url` and starts connecting in the background; requests made before Redis answers fail
     /// fast (and so fall back) instead of queueing.
     ///
-    /// Checks go out as batches, one script call at a time (see `batcher`), a call being abandoned after
-    /// `call_timeout` (the limiter's `store.timeout`: no request waits longer anyway); the connections of the pool
-    /// share the rest (peeks, resets, the cross-slot calls of Redis Cluster). Must be called within a tokio
-    /// runtime.
-    pub fn connect(
-        url: &str,
-        pool_size: usize,
-        call_timeout: Duration,
-    ) -> Result<Self, StoreError> {
+    /// Checks go out as batches, one script call at a time (see `batcher`), and wait at most `budget` (the
+    /// limiter's `store.timeout`) for their decision; the connections of the pool share the rest (peeks, resets,
+    /// the cross-slot calls of Redis Cluster). Must be called within a tokio runtime.
+    pub fn connect(url: &str, pool_size: usize, budget: Duration) -> Result<Self, StoreError> {
         let config = FredConfig::from_url(url)?;
         let topology = match config.server {
             ServerConfig::Clustered { .. } => RedisTopology::Cluster,
@@ -109,10 +106,11 @@ impl RedisStore {
             topology,
             reconnecting: Arc::new(AtomicBool::new(false)),
         });
-        let batcher = Batcher::start(connection.clone(), call_timeout);
+        let batcher = Batcher::start(connection.clone());
         Ok(Self {
             connection,
             batcher,
+            budget,
         })
     }
 
@@ -131,16 +129,18 @@ impl RedisStore {
 
     /// Checks every limit of one request with Redis's clock, or with `now_ms` when given (tests).
     ///
-    /// With Redis's clock the request joins the next script call together with the other requests waiting for
-    /// one. One script call covers all its limits, except on Redis Cluster when their keys hash to several slots
-    /// (limits keyed by different values): then a dry run per slot, and the commits only if all admit.
+    /// With Redis's clock this is [`check_within`](Self::check_within) the budget given to
+    /// [`connect`](Self::connect). With `now_ms`, a test's clock, the request has a script call of its own and
+    /// waits as long as Redis takes.
     pub async fn check(
         &self,
         checks: &[LimitCheck<'_>],
         now_ms: Option<i64>,
     ) -> Result<Outcome, StoreError> {
-        // The paths other than the batcher's are boxed: a future holds its largest await point inline, and this
-        // one is moved into every request's future, so the rare paths would make each request copy kilobytes.
+        if now_ms.is_none() {
+            return self.check_within(checks, self.budget).await;
+        }
+        // Boxed: a future holds its largest await point inline, and the gateway's checks should not carry these.
         let connection = &self.connection;
         if connection.topology == RedisTopology::Cluster {
             if let Some(groups) = slot_groups(checks) {
@@ -148,14 +148,34 @@ impl RedisStore {
             }
         }
         let request = EncodedRequest::new(checks, Mode::Commit);
-        match now_ms {
-            None => {
-                self.batcher
-                    .check(connection.slot_of(checks), request)
+        Box::pin(connection.run_one(checks, request, now_ms)).await
+    }
+
+    /// Checks every limit of one request with Redis's clock, waiting at most `budget` for the decision (then
+    /// [`StoreError::Timeout`]).
+    ///
+    /// The request joins the next script call together with the other requests waiting for one. One script call
+    /// covers all its limits, except on Redis Cluster when their keys hash to several slots (limits keyed by
+    /// different values): then a dry run per slot, and the commits only if all admit.
+    pub async fn check_within(
+        &self,
+        checks: &[LimitCheck<'_>],
+        budget: Duration,
+    ) -> Result<Outcome, StoreError> {
+        let connection = &self.connection;
+        if connection.topology == RedisTopology::Cluster {
+            if let Some(groups) = slot_groups(checks) {
+                // Boxed, as are the rare paths of `check`.
+                let across = connection.check_across_slots(checks, &groups, None);
+                return Box::pin(tokio::time::timeout(budget, across))
                     .await
+                    .unwrap_or(Err(StoreError::Timeout(budget)));
             }
-            Some(_) => Box::pin(connection.run_one(checks, request, now_ms)).await,
         }
+        let request = EncodedRequest::new(checks, Mode::Commit);
+        self.batcher
+            .check(connection.slot_of(checks), request, budget)
+            .await
     }
 
     /// Decides several requests in one script call at `now_ms` (Redis's clock when `None`), one after another
