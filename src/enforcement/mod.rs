@@ -375,7 +375,6 @@ pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> Res
 
 #[cfg(test)]
 mod tests {
-    use std::net::IpAddr;
     use std::path::Path;
     use std::sync::Arc;
     use std::time::Duration;
@@ -385,23 +384,12 @@ mod tests {
     use super::*;
     use crate::limiter::{Backend, OnError, SystemClock};
 
-    /// Three limits, two keyed alike by the client address and one by a header, on a route named `api`.
-    fn limit_set() -> LimitSet {
-        let config = crate::config::parse(
-            r#"
-store: { backend: memory, key_prefix: "t:" }
-routes:
-  - name: api
-    match: { path_prefix: / }
-    respond: { status: 200 }
-    limits:
-      - { name: per-ip, key: ip, algorithm: fixed_window, limit: 10, period: 1m }
-      - { name: per-key, key: "header:x-api-key", algorithm: fixed_window, limit: 5, period: 1m }
-      - { name: per-ip-burst, key: ip, algorithm: token_bucket, rate: 1/s, burst: 3 }
-"#,
-            Path::new("test.yaml"),
-        )
-        .expect("valid config");
+    /// The limits of a route named `api` with `limits` (YAML list items), store keys prefixed `t:`.
+    fn limit_set_of(limits: &str) -> LimitSet {
+        let yaml = format!(
+            "store: {{ backend: memory, key_prefix: \"t:\" }}\nroutes:\n  - name: api\n    match: {{ path_prefix: / }}\n    respond: {{ status: 200 }}\n    limits:\n{limits}"
+        );
+        let config = crate::config::parse(&yaml, Path::new("test.yaml")).expect("valid config");
         let route = &config.routes[0];
         LimitSet::new(
             &route.name,
@@ -409,6 +397,29 @@ routes:
             route.limits.clone(),
             route.deny_status,
         )
+    }
+
+    /// Three limits, two keyed alike by the client address and one by a header.
+    fn limit_set() -> LimitSet {
+        limit_set_of(
+            r#"      - { name: per-ip, key: ip, algorithm: fixed_window, limit: 10, period: 1m }
+      - { name: per-key, key: "header:x-api-key", algorithm: fixed_window, limit: 5, period: 1m }
+      - { name: per-ip-burst, key: ip, algorithm: token_bucket, rate: 1/s, burst: 3 }
+"#,
+        )
+    }
+
+    /// A `GET /` on route `api` from 192.0.2.7 with `headers`.
+    fn facts_of(headers: &HeaderMap) -> RequestFacts<'_> {
+        RequestFacts {
+            client_ip: "192.0.2.7".parse().expect("ip"),
+            route: "api",
+            method: &Method::GET,
+            path: "/",
+            host: None,
+            headers,
+            query: None,
+        }
     }
 
     #[tokio::test]
@@ -423,16 +434,7 @@ routes:
         );
         let mut headers = HeaderMap::new();
         headers.insert("x-api-key", HeaderValue::from_static("k1"));
-        let client_ip: IpAddr = "192.0.2.7".parse().expect("ip");
-        let facts = RequestFacts {
-            client_ip,
-            route: "api",
-            method: &Method::GET,
-            path: "/",
-            host: None,
-            headers: &headers,
-            query: None,
-        };
+        let facts = facts_of(&headers);
         let verdict = limits.check(&limiter, &facts).await.expect("decided");
         assert!(verdict.outcome.allowed);
 
@@ -461,29 +463,13 @@ routes:
     /// Limits keyed five ways, two pairs sharing a key spec: by address, by a header that may be absent (skip),
     /// and by a header whose value may be too long to stand in a key.
     fn keyed_five_ways() -> LimitSet {
-        let config = crate::config::parse(
-            r#"
-store: { backend: memory, key_prefix: "t:" }
-routes:
-  - name: api
-    match: { path_prefix: / }
-    respond: { status: 200 }
-    limits:
-      - { name: a, key: ip, algorithm: fixed_window, limit: 10, period: 1m }
+        limit_set_of(
+            r#"      - { name: a, key: ip, algorithm: fixed_window, limit: 10, period: 1m }
       - { name: b, key: "header:x-api-key", missing: skip, algorithm: fixed_window, limit: 5, period: 1m }
       - { name: c, key: ip, algorithm: gcra, rate: 1/s, burst: 3 }
       - { name: d, key: "header:x-token", algorithm: fixed_window, limit: 5, period: 1m }
       - { name: e, key: "header:x-api-key", missing: skip, algorithm: token_bucket, rate: 1/s, burst: 3 }
 "#,
-            Path::new("test.yaml"),
-        )
-        .expect("valid config");
-        let route = &config.routes[0];
-        LimitSet::new(
-            &route.name,
-            &config.store.key_prefix,
-            route.limits.clone(),
-            route.deny_status,
         )
     }
 
@@ -502,15 +488,7 @@ routes:
             for (name, value) in set {
                 headers.insert(*name, HeaderValue::from_str(value).expect("value"));
             }
-            let facts = RequestFacts {
-                client_ip: "192.0.2.7".parse().expect("ip"),
-                route: "api",
-                method: &Method::GET,
-                path: "/",
-                host: None,
-                headers: &headers,
-                query: None,
-            };
+            let facts = facts_of(&headers);
             // One key at a time, as the admin API builds them.
             let expected: Vec<(usize, String)> = limits
                 .limits()
