@@ -4,15 +4,18 @@ valgrind's callgrind: a count, not a time, so it is the same from run to run on 
 change to src/limiter/scripts/check.lua costs or saves.
 
     python3 bench/script_cost.py            # needs redis-server and valgrind (apt-get install redis-server valgrind)
+    python3 bench/script_cost.py --script /tmp/variant.lua --case 50:run     # a variant of the script, one case
 
 Each case sends CALLS script calls of a batch of requests, each request checking the three limits of
 bench/configs/redis-pass.yaml (sliding_window, token_bucket, gcra), encoded as the gateway encodes them (see
 src/limiter/store/script.rs). The count of a case minus the count of the same number of empty calls is the script's
-work; "single" and "run" requests share one client's keys (one entry each, or one run entry for all), "distinct"
+work, and the empty call's own count (the script's fixed part: TIME, defining its functions) is that of
+an empty call minus a script that only returns; "single" and "run" requests share one client's keys (one entry each, or one run entry for all), "distinct"
 ones each have keys of their own. Loopback only: the
 server listens on 127.0.0.1 on a free port.
 """
 
+import argparse
 import hashlib
 import os
 import shutil
@@ -25,7 +28,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = (ROOT / "src/limiter/scripts/check.lua").read_text()
+SCRIPT_PATH = ROOT / "src/limiter/scripts/check.lua"
 CALLS = 100
 # Per limit: algorithm id, four parameters, cost, shadow (the key index goes in front), as in redis-pass.yaml.
 LIMITS = [
@@ -101,8 +104,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def instructions(requests: int, shape: str) -> int:
-    """Instructions redis-server executed from start to shutdown for CALLS calls of `requests` requests."""
+def instructions(script: str, requests: int, shape: str) -> int:
+    """Instructions redis-server executed from start to shutdown for CALLS calls of `script` with `requests`
+    requests."""
     port = free_port()
     with tempfile.TemporaryDirectory() as work:
         out = os.path.join(work, "callgrind.out")
@@ -121,8 +125,8 @@ def instructions(requests: int, shape: str) -> int:
                     server.kill()
                     sys.exit("redis-server under valgrind did not start")
                 time.sleep(0.2)
-        sha = hashlib.sha1(SCRIPT.encode()).hexdigest()
-        redis.call("SCRIPT", "LOAD", SCRIPT)
+        sha = hashlib.sha1(script.encode()).hexdigest()
+        redis.call("SCRIPT", "LOAD", script)
         keys, packed = batch(requests, shape)
         for _ in range(CALLS):
             redis.call("EVALSHA", sha, len(keys), *keys, "", packed)
@@ -134,16 +138,26 @@ def instructions(requests: int, shape: str) -> int:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--script", type=Path, default=SCRIPT_PATH, help="the script to count (default: tollgate's)")
+    parser.add_argument("--case", action="append", metavar="REQUESTS:SHAPE",
+                        help="only these cases, e.g. 50:run (shapes: single, run, distinct); repeatable")
+    args = parser.parse_args()
+    script = args.script.read_text()
     for tool in ("valgrind", "callgrind_annotate", "redis-server"):
         if not shutil.which(tool):
             sys.exit(f"script_cost: {tool} not found (apt-get install valgrind redis-server)")
-    empty = instructions(0, "single")
+    bare = instructions("return 1", 0, "single")
+    empty = instructions(script, 0, "single")
     print(f"{CALLS} calls per case; instructions inside redis-server, less those of {CALLS} empty calls")
     print(f"{'case':<36} {'per call':>12} {'per request':>12}")
+    print(f"{'empty call (less a bare return)':<36} {(empty - bare) / CALLS:>12,.0f}")
     cases = [(1, "single"), (10, "single"), (50, "single"), (10, "run"), (50, "run"), (10, "distinct"),
              (50, "distinct")]
+    if args.case:
+        cases = [(int(n), shape) for n, _, shape in (c.partition(":") for c in args.case)]
     for requests, shape in cases:
-        work = instructions(requests, shape) - empty
+        work = instructions(script, requests, shape) - empty
         name = f"{requests} request(s), {shape}"
         print(f"{name:<36} {work / CALLS:>12,.0f} {work / CALLS / requests:>12,.0f}")
 
