@@ -112,7 +112,8 @@ def instructions(script: str, requests: int, shape: str) -> int:
         out = os.path.join(work, "callgrind.out")
         server = subprocess.Popen(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "redis-server", "--port", str(port),
-             "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", work],
+             "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", work,
+             "--hz", "1"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 60
         while True:

@@ -281,9 +281,20 @@ async fn cluster_batches_concurrent_requests_by_slot_and_stays_exact() {
         admitted[tenant] += usize::from(allowed);
     }
     assert_eq!(admitted, [7; 6]);
+    // Each stored counter holds exactly the admitted requests. A fixed_window counter is the algorithm's id as one
+    // byte, then the window's start and its count as doubles (src/limiter/scripts/check.lua).
     for key in &keys {
-        let count = cluster.cli_cluster(&["GET", key]).unwrap_or_default();
-        assert!(count.ends_with(":7"), "{key}: {count}");
+        let fields = cluster
+            .cli_cluster(&[
+                "EVAL",
+                "return {struct.unpack('<Bdd', redis.call('GET', KEYS[1]))}",
+                "1",
+                key,
+            ])
+            .unwrap_or_default();
+        let fields: Vec<&str> = fields.lines().collect();
+        assert_eq!(fields.first(), Some(&"4"), "{key}: {fields:?}");
+        assert_eq!(fields.get(2), Some(&"7"), "{key}: {fields:?}");
     }
 }
 

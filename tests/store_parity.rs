@@ -329,3 +329,79 @@ fn a_key_written_by_another_algorithm_starts_afresh() {
         .expect("no WRONGTYPE");
     assert_eq!(outcome.decisions[0].remaining, 2, "a fresh bucket of 3");
 }
+
+#[test]
+fn a_counter_written_as_text_by_an_earlier_build_is_read_and_rewritten_binary() {
+    // Earlier builds wrote counters as text; an upgrade must keep every client's state. Each key below says "2 of 4 used",
+    // so the next request leaves 1 (a fresh key would leave 3).
+    let fx = fixture();
+    let now: i64 = 1_700_000_000_000;
+    let window_start = now - now % 60_000;
+    let rate = Rate::new(1, 60_000).expect("rate");
+    // One token, or one emission interval, is 60,000 scaled units or ticks at this rate.
+    let cases = [
+        (
+            Algorithm::FixedWindow {
+                limit: 4,
+                period_ms: 60_000,
+            },
+            format!("fw:{window_start}:2"),
+            4,
+        ),
+        (
+            Algorithm::SlidingWindow {
+                limit: 4,
+                period_ms: 60_000,
+            },
+            format!("sw:{window_start}:2:0"),
+            1,
+        ),
+        (
+            Algorithm::TokenBucket { rate, burst: 4 },
+            format!("tb:120000:{now}"),
+            3,
+        ),
+        (
+            Algorithm::Gcra { rate, burst: 4 },
+            format!(
+                "{}",
+                now - tollgate::limiter::algorithms::gcra::EPOCH_MS + 120_000
+            ),
+            5,
+        ),
+        (
+            Algorithm::LeakyBucket {
+                rate,
+                burst: 4,
+                mode: LeakyMode::Reject,
+            },
+            format!("lb:120000:{now}"),
+            6,
+        ),
+    ];
+    for (algorithm, text, id) in cases {
+        let name = algorithm.name();
+        let limit = Limit::new("l", algorithm, 1).expect("valid");
+        let key = format!("legacy:{name}");
+        fx.redis.cli(&["SET", &key, &text]);
+        let outcome = fx
+            .runtime
+            .block_on(fx.store.check(
+                &[LimitCheck {
+                    key: &key,
+                    limit: &limit,
+                }],
+                Some(now),
+            ))
+            .expect("decided");
+        assert!(outcome.allowed, "{name}");
+        assert_eq!(outcome.decisions[0].remaining, 1, "{name} read {text}");
+        let first_byte = fx.redis.cli(&[
+            "EVAL",
+            "return string.byte(redis.call('GET', KEYS[1]))",
+            "1",
+            &key,
+        ]);
+        assert_eq!(first_byte, Some(id.to_string()), "{name} rewritten binary");
+    }
+}
