@@ -70,13 +70,13 @@ end
 --
 -- Every counter is one string, written with its expiry in one command (`SET ... PX`): a command called from Lua
 -- costs more than the arithmetic of a decision, so a key costs its share of one MGET and one SET per batch, not
--- three commands (HMGET, HSET, PEXPIRE). The string is the algorithm's id as one byte, then its integers as
+-- three commands (HMGET, HSET, PEXPIRE). gcra keeps its one integer, the TAT in ticks, in decimal (Redis stores
+-- it as an integer, 16 bytes less per key). The others keep the algorithm's id as one byte, then their integers as
 -- little-endian doubles (exact below 2^53), so that a counter written by another algorithm is never read as this
--- one's:
+-- one's, and decoding creates no strings:
 --   1 sliding_window  window start ms, current count, previous count
 --   3 token_bucket    level in scaled units, ms of the last update
 --   4 fixed_window    window start ms, count
---   5 gcra            the TAT in ticks
 --   6 leaky_bucket    water in scaled units, ms of the last update
 -- (A sliding_log key is a sorted set, worked on in Redis itself.)
 
@@ -114,7 +114,7 @@ local function write_back(k, forget)
     if alg == 1 then
       value = spack('<Bddd', alg, cache[b + 2], cache[b + 3], cache[b + 4])
     elseif alg == 5 then
-      value = spack('<Bd', alg, cache[b + 2])
+      value = format('%d', cache[b + 2])
     else
       value = spack('<Bdd', alg, cache[b + 2], cache[b + 3])
     end
@@ -132,7 +132,7 @@ local function write_back(k, forget)
 end
 
 -- The integers of a counter that an earlier build of tollgate wrote as text (`sw:<start>:<current>:<previous>`, `tb:<level>:<updated>`,
--- `fw:<start>:<count>`, `lb:<water>:<updated>`, a bare TAT for gcra), so that an upgrade keeps every client's
+-- `fw:<start>:<count>`, `lb:<water>:<updated>`), so that an upgrade keeps every client's
 -- state (an earlier build reads a binary counter as no state); all false for anything else. Only read when a value is not in the binary layout.
 local function decode_text(alg, value)
   local x, y, z
@@ -142,8 +142,6 @@ local function decode_text(alg, value)
     x, y = string.match(value, '^tb:(%d+):(%d+)$')
   elseif alg == 4 then
     x, y = string.match(value, '^fw:(%d+):(%d+)$')
-  elseif alg == 5 then
-    x = value
   elseif alg == 6 then
     x, y = string.match(value, '^lb:(%d+):(%d+)$')
   end
@@ -168,15 +166,15 @@ local function load(k, alg)
   end
   local value = raw[k]
   local _, x, y, z = nil, false, false, false
-  if value then
-    local fields = alg == 1 and 3 or alg == 5 and 1 or 2
+  if alg == 5 then
+    x = tonumber(value) or false
+  elseif value then
+    local fields = alg == 1 and 3 or 2
     if #value == 1 + 8 * fields and string.byte(value) == alg then
       if fields == 3 then
         _, x, y, z = sunpack('<Bddd', value)
-      elseif fields == 2 then
-        _, x, y = sunpack('<Bdd', value)
       else
-        _, x = sunpack('<Bd', value)
+        _, x, y = sunpack('<Bdd', value)
       end
     else
       x, y, z = decode_text(alg, value)
