@@ -33,7 +33,7 @@
 --     0 0 for a key without state. The gateway replays the run's decisions from it with the same algorithms
 --     (src/limiter/store/script.rs), which is cheaper there than encoding them here.
 --
--- A dry run may still delete state no algorithm can read (a sorted set where a counter is read by sliding_log): that
+-- A dry run may still delete state no algorithm can read (a counter where sliding_log expects its sorted set): that
 -- changes no decision. Otherwise a denial or a dry run writes nothing.
 --
 -- Every section mirrors src/limiter/algorithms/*.rs integer for integer. Lua numbers are doubles; the gateway
@@ -41,11 +41,11 @@
 --
 -- Lua in Redis runs the whole script at every call and its costs are not C's: every closure, table and new string
 -- is allocated and later collected, and a closure's upvalues are looked up one by one in a list as long as the
--- locals already captured. Defining a function per algorithm and per helper cost 118,000 instructions a call,
--- more than half of what a run of 50 requests then cost to decide. So: two functions decide (`evaluate`, `span`, each switching on the algorithm) and a handful of
--- helpers; no table, closure or string per request; the states of a batch in one flat table; every key read in
--- one MGET; counters packed as binary integers, which decode without creating strings. Measured with
--- bench/script_cost.py.
+-- locals already captured. Defining a function per algorithm and per helper cost 117,000 instructions a call,
+-- more than half of what a run of 50 requests then cost to decide. So: two functions decide (`evaluate` and
+-- `span`, each switching on the algorithm) beside a handful of helpers; no table, closure or string per request;
+-- the states of a batch in one flat table; every key read in one MGET; counters (but gcra's integer) packed as
+-- binary, which decodes without creating strings. Measured with bench/script_cost.py.
 
 local LIMIT_ARGS = 8
 
@@ -131,9 +131,10 @@ local function write_back(k, forget)
   end
 end
 
--- The integers of a counter that an earlier build of tollgate wrote as text (`sw:<start>:<current>:<previous>`, `tb:<level>:<updated>`,
--- `fw:<start>:<count>`, `lb:<water>:<updated>`), so that an upgrade keeps every client's
--- state (an earlier build reads a binary counter as no state); all false for anything else. Only read when a value is not in the binary layout.
+-- The integers of a counter that an earlier build of tollgate wrote as text (`sw:<start>:<current>:<previous>`,
+-- `tb:<level>:<updated>`, `fw:<start>:<count>`, `lb:<water>:<updated>`), so that an upgrade keeps every client's
+-- state (an earlier build reads a binary counter as no state); all false for anything else. Only called for a value
+-- that is not in the binary layout.
 local function decode_text(alg, value)
   local x, y, z
   if alg == 1 then
@@ -305,7 +306,8 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
       return true, limit, limit - count - cost, period, standing, standing_reset, 0, 0, t
     end
     -- Denied: wait until enough of the oldest entries in the interval leave it for `cost` to fit.
-    local entry = redis.call('ZRANGEBYSCORE', key, oldest_kept, '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1, 1)
+    local entry =
+      redis.call('ZRANGEBYSCORE', key, oldest_kept, '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1, 1)
     local retry = period
     if entry[2] then
       retry = tonumber(entry[2]) + period - t
