@@ -10,7 +10,9 @@
 # BENCH_THREADS (wrk threads, 1), BENCH_ROUNDS (2: the table keeps each target's best round),
 # BENCH_LATENCY_DURATION (s, 2: the one-connection latency probe), BENCH_RSS_CONNECTIONS (10000),
 # BENCH_PROFILE (1: perf profile of target 3), TOKIO_WORKER_THREADS (tollgate's workers, 1: the same single core
-# nginx gets), BENCH_BUDGET (s, 300: the measurements stop there, the build not counted).
+# nginx gets), BENCH_BUDGET (s, 300: the measurements stop there, the build not counted), BENCH_TOLLGATE (a
+# tollgate binary to measure instead of building one), BENCH_PGO (1: measure the profile-guided build that
+# bench/pgo.sh makes, about 12 minutes more to build).
 #
 # Every server (upstream nginx, Redis, tollgate, proxy nginx) runs pinned on CPU 0 and wrk on CPU 1, so the load
 # generator does not steal from what it measures; target 3b moves Redis to CPU 1, so that Redis's own work is not
@@ -79,9 +81,19 @@ install_missing() {
 install_missing
 command -v perf >/dev/null || PROFILE=0
 
-echo "bench: cargo build --release" >&2
-(cd "$ROOT" && cargo build --release --quiet)
-TOLLGATE=${CARGO_TARGET_DIR:-$ROOT/target}/release/tollgate
+if [[ -n ${BENCH_TOLLGATE:-} ]]; then
+    TOLLGATE=$BENCH_TOLLGATE
+    BUILD="binary $TOLLGATE"
+elif [[ ${BENCH_PGO:-0} == 1 ]]; then
+    echo "bench: bench/pgo.sh (a build trained on these targets)" >&2
+    TOLLGATE=$("$BENCH/pgo.sh")
+    BUILD="profile-guided release build (bench/pgo.sh)"
+else
+    echo "bench: cargo build --release" >&2
+    (cd "$ROOT" && cargo build --release --quiet)
+    TOLLGATE=${CARGO_TARGET_DIR:-$ROOT/target}/release/tollgate
+    BUILD="release build"
+fi
 [[ -x $TOLLGATE ]] || die "no binary at $TOLLGATE"
 
 # One core for the servers and one for wrk when there are two; a single-core machine shares it.
@@ -435,7 +447,7 @@ measure() {
 
 mkdir -p "$RESULTS"
 : >"$RESULTS/latest.log"
-log "tollgate bench, $(date -u +%FT%TZ), commit $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+log "tollgate bench, $(date -u +%FT%TZ), commit $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown), $BUILD"
 log "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/^Mem:/ {print $2}') GiB, Linux $(uname -r)$(grep -q hypervisor /proc/cpuinfo && echo ', virtual machine')"
 log "wrk: -t $THREADS -c $CONNECTIONS -d ${DURATION}s after a ${WARMUP}s warm-up; servers on CPU 0, wrk on CPU 1; TOKIO_WORKER_THREADS=$TOKIO_WORKER_THREADS"
 log "versions: $(nginx -v 2>&1), $(redis-server --version | cut -d' ' -f3), $(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)"
