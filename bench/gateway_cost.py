@@ -9,6 +9,7 @@ second move by 25% between identical runs, so it shows what a change to the requ
     python3 bench/gateway_cost.py --seconds 20 --connections 32
     python3 bench/gateway_cost.py --binary /tmp/tollgate-before     # another build, e.g. of an earlier commit
     python3 bench/gateway_cost.py --top 25      # also the cost by crate and the 25 heaviest functions themselves
+    python3 bench/gateway_cost.py --cache       # also the instruction-cache misses per request (slower)
 
 An nginx upstream (return 200) and a Redis are started on loopback; for each configuration tollgate runs under
 callgrind with one worker thread (TOKIO_WORKER_THREADS=1, as in bench/run.sh), takes a 3 s warm-up from wrk, then
@@ -110,6 +111,18 @@ def instructions(dump: Path) -> tuple[int, int]:
     return sum(costs.values()), copies
 
 
+def instruction_cache_misses(dump: Path) -> int:
+    """Level-1 instruction-cache misses of the whole dump, from its `events:` and `summary:` lines (present when
+    callgrind ran with --cache-sim=yes, which simulates the caches of the machine it runs on)."""
+    events: list[str] = []
+    for line in dump.read_text(errors="replace").splitlines():
+        if line.startswith("events:"):
+            events = line.split()[1:]
+        elif line.startswith("summary:") and "I1mr" in events:
+            return int(line.split()[1:][events.index("I1mr")])
+    sys.exit(f"gateway_cost: no I1mr count in {dump} (was callgrind run with --cache-sim=yes?)")
+
+
 def script_calls() -> int:
     """`EVALSHA` calls Redis has served so far."""
     stats = subprocess.run(
@@ -147,14 +160,16 @@ def heaviest(dump: Path, requests: int, count: int) -> list[tuple[str, float]]:
 
 
 def measure(
-    binary: Path, config: Path, seconds: int, connections: int, work: Path, top: int
-) -> tuple[float, float, float, list[tuple[str, float]]]:
+    binary: Path, config: Path, seconds: int, connections: int, work: Path, top: int, cache: bool
+) -> tuple[float, float, float, float, list[tuple[str, float]]]:
     env = dict(os.environ, TOKIO_WORKER_THREADS="1", RUST_LOG="warn")
     env["BENCH_REDIS_URL"] = f"redis://127.0.0.1:{REDIS_PORT}"
     env["BENCH_UPSTREAM_URL"] = f"http://127.0.0.1:{UPSTREAM_PORT}"
     out = work / f"callgrind.{config.stem}"
+    simulate = ["--cache-sim=yes"] if cache else []
     gateway = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", str(binary), "--config", str(config)],
+        ["valgrind", "--tool=callgrind", *simulate, f"--callgrind-out-file={out}.%p", str(binary), "--config",
+         str(config)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -172,7 +187,8 @@ def measure(
             sys.exit("gateway_cost: callgrind wrote no dump")
         total, copies = instructions(dumps[-1])
         functions = heaviest(dumps[-1], requests, top) if top else []
-        return total / requests, copies / requests, requests / calls if calls else 0.0, functions
+        misses = instruction_cache_misses(dumps[-1]) / requests if cache else 0.0
+        return total / requests, copies / requests, requests / calls if calls else 0.0, misses, functions
     finally:
         gateway.terminate()
         gateway.wait()
@@ -184,6 +200,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32, help="wrk connections")
     parser.add_argument("--binary", type=Path, default=TOLLGATE, help="the tollgate to measure")
     parser.add_argument("--top", type=int, default=0, help="also list the cost by crate and this many heaviest functions per configuration")
+    parser.add_argument("--cache", action="store_true", help="also count instruction-cache misses (callgrind's cache simulation)")
     args = parser.parse_args()
     for tool in ("valgrind", "callgrind_control", "nginx", "redis-server", "redis-cli", "wrk"):
         if shutil.which(tool) is None:
@@ -223,16 +240,25 @@ http {{
                 f"{args.seconds} s)"
             )
             print()
-            print("| configuration | instructions per request | of which memcpy/memmove | without them | requests per script call |")
-            print("|---|--:|--:|--:|--:|")
+            misses_head, misses_rule = (" I1 misses per request |", "--:|") if args.cache else ("", "")
+            print(
+                "| configuration | instructions per request | of which memcpy/memmove | without them |"
+                f" requests per script call |{misses_head}"
+            )
+            print(f"|---|--:|--:|--:|--:|{misses_rule}")
             profiles = []
             for label, name in CASES:
                 subprocess.run(["redis-cli", "-p", str(REDIS_PORT), "flushall"], capture_output=True)
-                cost, copies, per_call, functions = measure(
-                    args.binary, ROOT / "bench/configs" / name, args.seconds, args.connections, work, args.top
+                cost, copies, per_call, misses, functions = measure(
+                    args.binary, ROOT / "bench/configs" / name, args.seconds, args.connections, work, args.top,
+                    args.cache,
                 )
                 per_call_text = f"{per_call:.1f}" if per_call else "-"
-                print(f"| {label} | {cost:,.0f} | {copies:,.0f} | {cost - copies:,.0f} | {per_call_text} |", flush=True)
+                misses_text = f" {misses:,.0f} |" if args.cache else ""
+                print(
+                    f"| {label} | {cost:,.0f} | {copies:,.0f} | {cost - copies:,.0f} | {per_call_text} |{misses_text}",
+                    flush=True,
+                )
                 profiles.append((label, functions))
             for label, functions in profiles if args.top else []:
                 print(f"\n{label}: instructions per request by crate (inlined code counts where it was inlined), then")
