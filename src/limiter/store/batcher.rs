@@ -113,6 +113,12 @@ async fn coalesce<R: RunBatch>(
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;
         };
+        // Before taking the queue, let the runtime poll its sockets once: requests that arrived meanwhile are read
+        // and queue their checks, and join this call instead of waiting for the next (tokio runs a yielding task
+        // again only after it has polled the I/O driver). Under load this took calls from 23 requests on average
+        // to 32 (bench/run.sh's target 3, 64 connections), and Redis's work per request with them; with nothing
+        // else to run it costs one non-blocking poll.
+        tokio::task::yield_now().await;
         let mut batch = Vec::with_capacity(MAX_BATCH.min(waiting.len() + 1));
         batch.push(first);
         while batch.len() < MAX_BATCH {
@@ -146,11 +152,12 @@ mod tests {
     use crate::limiter::store::LimitCheck;
     use crate::limiter::{Algorithm, Decision, Limit};
 
-    /// Records the size of every batch; the first call never answers (a stalled connection), the others answer
-    /// every request at once.
+    /// Records the size of every batch; unless `answers_first`, the first call never answers (a stalled
+    /// connection); the others answer every request at once.
     #[derive(Default)]
     struct Recorder {
         batches: Mutex<Vec<usize>>,
+        answers_first: bool,
     }
 
     impl RunBatch for Recorder {
@@ -160,7 +167,7 @@ mod tests {
                 batches.push(batch.len());
                 batches.len() == 1
             };
-            if first {
+            if first && !self.answers_first {
                 std::future::pending::<()>().await;
             }
             for pending in batch {
@@ -262,5 +269,41 @@ mod tests {
             assert!(check.await.expect("task").expect("decided").allowed);
         }
         assert_eq!(*recorder.batches.lock().expect("lock"), [1, 2]);
+    }
+
+    #[tokio::test]
+    async fn a_request_read_while_the_first_is_queued_joins_its_call() {
+        let recorder = Arc::new(Recorder {
+            answers_first: true,
+            ..Recorder::default()
+        });
+        let batcher = Batcher::start(recorder.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let mut client = tokio::net::TcpStream::connect(listener.local_addr().expect("address"))
+            .await
+            .expect("connect");
+        let (mut server, _) = listener.accept().await.expect("accept");
+        // A connection task that queues a check when its request arrives, like the gateway's.
+        let reader = tokio::spawn({
+            let batcher = batcher.clone();
+            async move {
+                let mut byte = [0_u8; 1];
+                tokio::io::AsyncReadExt::read_exact(&mut server, &mut byte)
+                    .await
+                    .expect("read");
+                batcher.check(None, request(), Duration::from_secs(5)).await
+            }
+        });
+        tokio::task::yield_now().await;
+        // The second request is on the socket (unseen by the runtime until it polls) when the first queues.
+        tokio::io::AsyncWriteExt::write_all(&mut client, b"x")
+            .await
+            .expect("write");
+        let first = batcher.check(None, request(), Duration::from_secs(5)).await;
+        assert!(first.expect("decided").allowed);
+        assert!(reader.await.expect("task").expect("decided").allowed);
+        assert_eq!(*recorder.batches.lock().expect("lock"), [2]);
     }
 }
