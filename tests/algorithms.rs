@@ -387,8 +387,8 @@ async fn every_key_gets_an_expiry_and_the_store_empties_itself() {
     // sets no expiry at all: simulated time may stand still while real time passes). Each key's PTTL is read
     // right after its writes; should a loaded machine take longer than the TTL to read it (the key is then
     // already gone, PTTL -2), the key is written and read again. A fixed window's key lives only to the end of its
-    // window, which may be a few milliseconds away, and reading it starts a redis-cli: on a machine busy with the
-    // whole suite five attempts were once not enough, so there are twenty.
+    // window, which may be a few milliseconds away, and reading it starts a redis-cli: the test failed once on a
+    // machine busy with the whole suite with five attempts (most likely five expired reads), so there are twenty.
     let server = RedisServer::start();
     let redis = connect(&server, 2).await;
     for (limit, keys) in &groups {
