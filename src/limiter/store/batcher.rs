@@ -176,6 +176,9 @@ async fn gather(waiting: &mpsc::Receiver<Pending>) {
 mod tests {
     use std::sync::Mutex;
 
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
     use super::*;
     use crate::limiter::store::script::Mode;
     use crate::limiter::store::LimitCheck;
@@ -305,36 +308,56 @@ mod tests {
         assert_eq!(*recorder.batches.lock().expect("lock"), [1, 2]);
     }
 
-    #[tokio::test]
-    async fn a_request_read_while_the_first_is_queued_joins_its_call() {
+    /// A batcher whose calls all answer at once, and the recorder of its calls.
+    fn answering_batcher() -> (Arc<Recorder>, Batcher) {
         let recorder = Arc::new(Recorder {
             answers_first: true,
             ..Recorder::default()
         });
         let batcher = Batcher::start(recorder.clone());
+        (recorder, batcher)
+    }
+
+    /// `n` connected loopback sockets: their client ends, then their server ends.
+    async fn socket_pairs(n: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
-        let mut client = tokio::net::TcpStream::connect(listener.local_addr().expect("address"))
-            .await
-            .expect("connect");
-        let (mut server, _) = listener.accept().await.expect("accept");
-        // A connection task that queues a check when its request arrives, like the gateway's.
-        let reader = tokio::spawn({
-            let batcher = batcher.clone();
-            async move {
-                let mut byte = [0_u8; 1];
-                tokio::io::AsyncReadExt::read_exact(&mut server, &mut byte)
-                    .await
-                    .expect("read");
-                batcher.check(None, request(), Duration::from_secs(5)).await
+        let address = listener.local_addr().expect("address");
+        let (mut clients, mut servers) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            clients.push(TcpStream::connect(address).await.expect("connect"));
+            servers.push(listener.accept().await.expect("accept").0);
+        }
+        (clients, servers)
+    }
+
+    /// A connection task like the gateway's: once its request (a byte) arrives on `server`, it sends one to `next`,
+    /// if any, and queues a check.
+    fn reader(
+        batcher: &Batcher,
+        mut server: TcpStream,
+        next: Option<TcpStream>,
+    ) -> tokio::task::JoinHandle<Result<Outcome, StoreError>> {
+        let batcher = batcher.clone();
+        tokio::spawn(async move {
+            let mut byte = [0_u8; 1];
+            server.read_exact(&mut byte).await.expect("read");
+            if let Some(mut next) = next {
+                next.write_all(b"x").await.expect("write");
             }
-        });
+            batcher.check(None, request(), Duration::from_secs(5)).await
+        })
+    }
+
+    #[tokio::test]
+    async fn a_request_read_while_the_first_is_queued_joins_its_call() {
+        let (recorder, batcher) = answering_batcher();
+        let (mut clients, servers) = socket_pairs(1).await;
+        let reader = reader(&batcher, servers.into_iter().next().expect("server"), None);
         tokio::task::yield_now().await;
         // The second request is on the socket (unseen by the runtime until it polls) when the first queues.
-        tokio::io::AsyncWriteExt::write_all(&mut client, b"x")
-            .await
-            .expect("write");
+        clients[0].write_all(b"x").await.expect("write");
         let first = batcher.check(None, request(), Duration::from_secs(5)).await;
         assert!(first.expect("decided").allowed);
         assert!(reader.await.expect("task").expect("decided").allowed);
@@ -345,50 +368,18 @@ mod tests {
     async fn a_call_gathers_while_each_socket_poll_brings_more_checks_and_no_longer_than_its_rounds(
     ) {
         const READERS: usize = 8;
-        let recorder = Arc::new(Recorder {
-            answers_first: true,
-            ..Recorder::default()
-        });
-        let batcher = Batcher::start(recorder.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let address = listener.local_addr().expect("address");
-        // Connection i: the test or reader i - 1 writes into clients[i], reader i reads from servers[i].
-        let mut clients = Vec::new();
-        let mut servers = Vec::new();
-        for _ in 0..=READERS {
-            clients.push(
-                tokio::net::TcpStream::connect(address)
-                    .await
-                    .expect("connect"),
-            );
-            servers.push(listener.accept().await.expect("accept").0);
-        }
+        let (recorder, batcher) = answering_batcher();
+        // Connection i: the test (i = 0) or reader i - 1 sends into clients[i], reader i reads servers[i]. The
+        // runtime sees each next request only at its next socket poll: one more check a poll.
+        let (mut clients, mut servers) = socket_pairs(READERS + 1).await;
         let mut first_client = clients.remove(0);
-        // A chain of connection tasks: each, once its request arrives, sends the next connection's request and
-        // queues a check. The runtime sees the next request only at its next socket poll: one more check a poll.
         let readers: Vec<_> = servers
             .drain(..READERS)
             .zip(clients)
-            .map(|(mut server, mut next)| {
-                let batcher = batcher.clone();
-                tokio::spawn(async move {
-                    let mut byte = [0_u8; 1];
-                    tokio::io::AsyncReadExt::read_exact(&mut server, &mut byte)
-                        .await
-                        .expect("read");
-                    tokio::io::AsyncWriteExt::write_all(&mut next, b"x")
-                        .await
-                        .expect("write");
-                    batcher.check(None, request(), Duration::from_secs(5)).await
-                })
-            })
+            .map(|(server, next)| reader(&batcher, server, Some(next)))
             .collect();
         tokio::task::yield_now().await;
-        tokio::io::AsyncWriteExt::write_all(&mut first_client, b"x")
-            .await
-            .expect("write");
+        first_client.write_all(b"x").await.expect("write");
         let first = batcher.check(None, request(), Duration::from_secs(5)).await;
         assert!(first.expect("decided").allowed);
         for reader in readers {
