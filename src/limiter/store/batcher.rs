@@ -1,8 +1,9 @@
 //! Coalesces the checks of concurrent requests into one script call (as Gubernator batches), so that Redis and the
 //! gateway pay one round trip, one write and one script evaluation for many requests instead of one each.
 //!
-//! No request waits for company: a check goes out at once when no call is in flight, and the checks that arrive
-//! while a call is in flight go together in the next one. Each request's decision is the one a call of its own
+//! No request waits for company: a check goes out when no call is in flight, after the runtime has read what
+//! its sockets hold (see `gather`), and the checks that arrive while a call is in flight go together in the next
+//! one. Each request's decision is the one a call of its own
 //! would have given, in queue order (the script decides the batch one request after another).
 //!
 //! No timer per request either: each request carries its deadline, and a call is abandoned at the earliest
@@ -150,23 +151,21 @@ async fn coalesce<R: RunBatch>(
 ///
 /// Under load this makes calls fuller, and each request's share of a call cheaper for Redis and the gateway alike:
 /// one round took calls from 23 requests on average to 32 (bench/run.sh's target 3, 64 connections), rounds until
-/// nothing new comes to 43-50. With nothing else to run it costs one non-blocking poll.
+/// nothing new comes to 43-50. With nothing else to run it costs `QUIET_ROUNDS` non-blocking polls.
 async fn gather(waiting: &mpsc::Receiver<Pending>) {
     let mut queued = waiting.len();
     let mut quiet_rounds = 0;
     for _ in 0..GATHER_ROUNDS {
         tokio::task::yield_now().await;
         let now_queued = waiting.len();
-        if now_queued + 1 >= MAX_BATCH {
-            return;
-        }
-        if now_queued == queued {
-            quiet_rounds += 1;
-            if quiet_rounds == QUIET_ROUNDS {
-                return;
-            }
+        quiet_rounds = if now_queued == queued {
+            quiet_rounds + 1
         } else {
-            quiet_rounds = 0;
+            0
+        };
+        // The batch takes the check that woke the task besides those queued.
+        if quiet_rounds == QUIET_ROUNDS || now_queued + 1 >= MAX_BATCH {
+            return;
         }
         queued = now_queued;
     }
