@@ -10,6 +10,7 @@ second move by 25% between identical runs, so it shows what a change to the requ
     python3 bench/gateway_cost.py --binary /tmp/tollgate-before     # another build, e.g. of an earlier commit
     python3 bench/gateway_cost.py --top 25      # also the cost by crate and the 25 heaviest functions themselves
     python3 bench/gateway_cost.py --cache       # also the instruction-cache misses per request (slower)
+    python3 bench/gateway_cost.py --only redis --keep /tmp/cg   # one configuration; keep its callgrind dump
 
 An nginx upstream (return 200) and a Redis are started on loopback; for each configuration tollgate runs under
 callgrind with one worker thread (TOKIO_WORKER_THREADS=1, as in bench/run.sh), takes a 3 s warm-up from wrk, then
@@ -160,7 +161,8 @@ def heaviest(dump: Path, requests: int, count: int) -> list[tuple[str, float]]:
 
 
 def measure(
-    binary: Path, config: Path, seconds: int, connections: int, work: Path, top: int, cache: bool
+    binary: Path, config: Path, seconds: int, connections: int, work: Path, top: int, cache: bool,
+    keep: Path | None,
 ) -> tuple[float, float, float, float, list[tuple[str, float]]]:
     env = dict(os.environ, TOKIO_WORKER_THREADS="1", RUST_LOG="warn")
     env["BENCH_REDIS_URL"] = f"redis://127.0.0.1:{REDIS_PORT}"
@@ -186,6 +188,9 @@ def measure(
         if not dumps:
             sys.exit("gateway_cost: callgrind wrote no dump")
         total, copies = instructions(dumps[-1])
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            shutil.copy(dumps[-1], keep / f"callgrind.{config.stem}")
         functions = heaviest(dumps[-1], requests, top) if top else []
         misses = instruction_cache_misses(dumps[-1]) / requests if cache else 0.0
         return total / requests, copies / requests, requests / calls if calls else 0.0, misses, functions
@@ -201,6 +206,8 @@ def main() -> None:
     parser.add_argument("--binary", type=Path, default=TOLLGATE, help="the tollgate to measure")
     parser.add_argument("--top", type=int, default=0, help="also list the cost by crate and this many heaviest functions per configuration")
     parser.add_argument("--cache", action="store_true", help="also count instruction-cache misses (callgrind's cache simulation)")
+    parser.add_argument("--only", choices=["off", "memory", "redis"], help="measure this configuration alone")
+    parser.add_argument("--keep", type=Path, help="copy the callgrind dumps into this folder (for callgrind_annotate --inclusive=yes)")
     args = parser.parse_args()
     for tool in ("valgrind", "callgrind_control", "nginx", "redis-server", "redis-cli", "wrk"):
         if shutil.which(tool) is None:
@@ -247,11 +254,12 @@ http {{
             )
             print(f"|---|--:|--:|--:|--:|{misses_rule}")
             profiles = []
-            for label, name in CASES:
+            cases = [case for case in CASES if args.only is None or case[1].startswith(args.only)]
+            for label, name in cases:
                 subprocess.run(["redis-cli", "-p", str(REDIS_PORT), "flushall"], capture_output=True)
                 cost, copies, per_call, misses, functions = measure(
                     args.binary, ROOT / "bench/configs" / name, args.seconds, args.connections, work, args.top,
-                    args.cache,
+                    args.cache, args.keep,
                 )
                 per_call_text = f"{per_call:.1f}" if per_call else "-"
                 misses_text = f" {misses:,.0f} |" if args.cache else ""

@@ -1,5 +1,8 @@
 //! The rate-limit response fields: `X-RateLimit-*`, and the IETF draft's `RateLimit-Policy` and `RateLimit`.
 
+use std::sync::OnceLock;
+
+use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::LimitSettings;
@@ -59,8 +62,10 @@ impl Advertised {
 /// [`Outcome::most_restrictive`](crate::limiter::Outcome::most_restrictive)), to `headers`; `limit` is how its limit
 /// is advertised.
 ///
-/// Runs on every admitted response: what does not change per request was rendered at load, the numbers are rendered
-/// without the formatting machinery, and the map grows once.
+/// Runs on every admitted response: what does not change per request was rendered at load, small numbers come
+/// from a table, and the map grows once. `HeaderValue::from(u64)` would cost two allocations a number (a buffer
+/// and the header shared over it) and a `String` for `RateLimit` two more; here `RateLimit` costs one, and a
+/// number one only when it is too large for the table.
 pub(super) fn apply(
     headers: &mut HeaderMap,
     policy: Option<&HeaderValue>,
@@ -72,29 +77,93 @@ pub(super) fn apply(
     let limit_value = if decision.limit == limit.capacity {
         limit.capacity_value.clone()
     } else {
-        HeaderValue::from(decision.limit)
+        number_value(decision.limit)
     };
     headers.insert(&X_RATELIMIT_LIMIT, limit_value);
-    headers.insert(
-        &X_RATELIMIT_REMAINING,
-        HeaderValue::from(decision.remaining),
-    );
-    headers.insert(&X_RATELIMIT_RESET, HeaderValue::from(reset));
+    headers.insert(&X_RATELIMIT_REMAINING, number_value(decision.remaining));
+    headers.insert(&X_RATELIMIT_RESET, number_value(reset));
     if let Some(policy) = policy {
         headers.insert(&RATELIMIT_POLICY, policy.clone());
     }
-    let mut numbers = itoa::Buffer::new();
-    let mut current = String::with_capacity(limit.rate_limit_head.len() + 24);
-    current.push_str(&limit.rate_limit_head);
-    current.push_str(numbers.format(decision.remaining));
-    current.push_str(";t=");
-    current.push_str(numbers.format(reset));
-    if let Ok(value) = HeaderValue::try_from(current) {
+    // Exactly sized, so that it becomes the header's bytes as it is (no copy, no second allocation).
+    let (mut remaining, mut reset_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let (remaining, reset) = (
+        remaining.format(decision.remaining).as_bytes(),
+        reset_digits.format(reset).as_bytes(),
+    );
+    let head = limit.rate_limit_head.as_bytes();
+    let mut current = Vec::with_capacity(head.len() + remaining.len() + 3 + reset.len());
+    current.extend_from_slice(head);
+    current.extend_from_slice(remaining);
+    current.extend_from_slice(b";t=");
+    current.extend_from_slice(reset);
+    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(current)) {
         headers.insert(&RATELIMIT, value);
     }
+}
+
+/// Numbers below this come from [`small_numbers`]: remaining counts and reset seconds of usual limits (100 a
+/// minute, 1,000 an hour) fall below it.
+const SMALL_NUMBERS: u64 = 1024;
+
+/// `n` as a header value: from the table when small (no allocation, and cloning a static value is a copy),
+/// otherwise rendered into one exact allocation.
+fn number_value(n: u64) -> HeaderValue {
+    if let Some(value) = usize::try_from(n).ok().and_then(|i| small_numbers().get(i)) {
+        return value.clone();
+    }
+    let mut digits = itoa::Buffer::new();
+    HeaderValue::from_str(digits.format(n)).expect("decimal digits are a valid header value")
+}
+
+/// The header values of `0..SMALL_NUMBERS`, each a static slice of one string made once and never freed.
+fn small_numbers() -> &'static [HeaderValue] {
+    static TABLE: OnceLock<Vec<HeaderValue>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut text = String::new();
+        let mut ends = Vec::with_capacity(SMALL_NUMBERS as usize);
+        let mut digits = itoa::Buffer::new();
+        for n in 0..SMALL_NUMBERS {
+            text.push_str(digits.format(n));
+            ends.push(text.len());
+        }
+        let text: &'static str = Box::leak(text.into_boxed_str());
+        let starts = std::iter::once(0).chain(ends.iter().copied());
+        starts
+            .zip(ends.iter().copied())
+            .map(|(start, end)| {
+                HeaderValue::from_maybe_shared(Bytes::from_static(&text.as_bytes()[start..end]))
+                    .expect("decimal digits are a valid header value")
+            })
+            .collect()
+    })
 }
 
 /// Seconds for a header: rounded up, so a client that waits that long is never early.
 fn ceil_seconds(ms: u64) -> u64 {
     ms.div_ceil(1000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_read_the_same_from_the_table_and_beyond_it() {
+        for n in [
+            0,
+            1,
+            9,
+            10,
+            99,
+            100,
+            999,
+            SMALL_NUMBERS - 1,
+            SMALL_NUMBERS,
+            123_456,
+            u64::MAX,
+        ] {
+            assert_eq!(number_value(n), n.to_string().as_str(), "{n}");
+        }
+    }
 }

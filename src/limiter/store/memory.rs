@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use indexmap::IndexMap;
 use parking_lot::{Mutex, MutexGuard};
+use smallvec::SmallVec;
 
-use super::LimitCheck;
+use super::{LimitCheck, INLINE_LIMITS};
 use crate::limiter::algorithms::{self, Evaluation, State};
 use crate::limiter::{Clock, Decision, Outcome};
 
@@ -26,6 +27,9 @@ pub struct MemoryStore {
     max_per_shard: usize,
     clock: Arc<dyn Clock>,
 }
+
+/// A locked shard and its index.
+type Guard<'s> = (usize, MutexGuard<'s, Shard>);
 
 #[derive(Debug, Default)]
 struct Shard {
@@ -60,7 +64,8 @@ impl MemoryStore {
     /// Checks every limit of one request at `now_ms`; consumes only if all admit.
     pub fn check_at(&self, now_ms: i64, checks: &[LimitCheck<'_>]) -> Outcome {
         // Each key is hashed to its shard once, for the locking, the lookup and the commit.
-        let shards: Vec<usize> = checks.iter().map(|c| self.shard_of(c.key)).collect();
+        let shards: SmallVec<[usize; INLINE_LIMITS]> =
+            checks.iter().map(|c| self.shard_of(c.key)).collect();
         let mut guards = self.lock_shards(&shards);
         let evaluations: Vec<Evaluation<State>> = checks
             .iter()
@@ -141,8 +146,8 @@ impl MemoryStore {
     }
 
     /// Locks the shards of all keys in ascending order (the same order for every caller, so no deadlock).
-    fn lock_shards(&self, shards: &[usize]) -> Vec<(usize, MutexGuard<'_, Shard>)> {
-        let mut indices = shards.to_vec();
+    fn lock_shards(&self, shards: &[usize]) -> SmallVec<[Guard<'_>; INLINE_LIMITS]> {
+        let mut indices = SmallVec::<[usize; INLINE_LIMITS]>::from_slice(shards);
         indices.sort_unstable();
         indices.dedup();
         indices
@@ -152,10 +157,7 @@ impl MemoryStore {
     }
 }
 
-fn guard_for<'g, 's>(
-    guards: &'g mut [(usize, MutexGuard<'s, Shard>)],
-    index: usize,
-) -> &'g mut Shard {
+fn guard_for<'g, 's>(guards: &'g mut [Guard<'s>], index: usize) -> &'g mut Shard {
     let position = guards
         .iter()
         .position(|(i, _)| *i == index)
