@@ -10,7 +10,8 @@ second move by 25% between identical runs, so it shows what a change to the requ
     python3 bench/gateway_cost.py --binary /tmp/tollgate-before     # another build, e.g. of an earlier commit
     python3 bench/gateway_cost.py --top 25      # also the cost by crate and the 25 heaviest functions themselves
     python3 bench/gateway_cost.py --cache       # also the instruction-cache misses per request (slower)
-    python3 bench/gateway_cost.py --only redis --keep /tmp/cg   # one configuration; keep its callgrind dump
+    python3 bench/gateway_cost.py --only redis-pass --keep /tmp/cg   # one configuration; keep its callgrind dump
+    python3 bench/gateway_cost.py --only memory-keys    # 10,000 clients (bench/report.lua), not run by default
 
 An nginx upstream (return 200) and a Redis are started on loopback; for each configuration tollgate runs under
 callgrind with one worker thread (TOKIO_WORKER_THREADS=1, as in bench/run.sh), takes a 3 s warm-up from wrk, then
@@ -38,10 +39,13 @@ REDIS_PORT = 16379
 UPSTREAM_PORT = 18081
 TOLLGATE_PORT = 18090
 ADMIN_PORT = 19901
+# label, config, distinct clients (None: one), measured by default
 CASES = [
-    ("limiting off (target 2)", "off.yaml"),
-    ("memory store, 3 limits (target 5)", "memory-pass.yaml"),
-    ("Redis, 3 limits (target 3)", "redis-pass.yaml"),
+    ("limiting off (target 2)", "off", None, True),
+    ("memory store, 3 limits (target 5)", "memory-pass", None, True),
+    ("Redis, 3 limits (target 3)", "redis-pass", None, True),
+    ("memory store, 3 limits, 10,000 clients", "memory-keys", 10_000, False),
+    ("Redis, 3 limits, 10,000 clients (target 3k)", "redis-keys", 10_000, False),
 ]
 
 
@@ -59,12 +63,17 @@ def wait_ready(url: str, what: str, process: subprocess.Popen, seconds: float = 
     sys.exit(f"gateway_cost: {what} not ready within {seconds} s")
 
 
-def load(seconds: int, connections: int) -> int:
+def load(seconds: int, connections: int, clients: int | None = None) -> int:
     """Runs wrk against tollgate; returns the requests it completed. wrk keeps tollgate (slowed down 50 times by
     callgrind) saturated, as under bench/run.sh, so that the count includes the work a busy event loop shares
     between requests and not that of an idle one waking for each."""
+    # With clients, bench/report.lua gives every request one of that many x-client values.
+    script = ["-s", str(ROOT / "bench/report.lua")] if clients else []
+    env = dict(os.environ, BENCH_KEYS=str(clients)) if clients else None
     out = subprocess.run(
-        ["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s", f"http://127.0.0.1:{TOLLGATE_PORT}/item"],
+        ["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s", *script,
+         f"http://127.0.0.1:{TOLLGATE_PORT}/item"],
+        env=env,
         check=True,
         capture_output=True,
         text=True,
@@ -162,7 +171,7 @@ def heaviest(dump: Path, requests: int, count: int) -> list[tuple[str, float]]:
 
 def measure(
     binary: Path, config: Path, seconds: int, connections: int, work: Path, top: int, cache: bool,
-    keep: Path | None,
+    keep: Path | None, clients: int | None,
 ) -> tuple[float, float, float, float, list[tuple[str, float]]]:
     env = dict(os.environ, TOKIO_WORKER_THREADS="1", RUST_LOG="warn")
     env["BENCH_REDIS_URL"] = f"redis://127.0.0.1:{REDIS_PORT}"
@@ -178,10 +187,10 @@ def measure(
     )
     try:
         wait_ready(f"http://127.0.0.1:{ADMIN_PORT}/readyz", "tollgate", gateway)
-        load(3, connections)
+        load(3, connections, clients)
         subprocess.run(["callgrind_control", "--zero", str(gateway.pid)], check=True, capture_output=True)
         calls_before = script_calls()
-        requests = load(seconds, connections)
+        requests = load(seconds, connections, clients)
         calls = script_calls() - calls_before
         subprocess.run(["callgrind_control", "--dump", str(gateway.pid)], check=True, capture_output=True)
         dumps = sorted(work.glob(f"callgrind.{config.stem}.{gateway.pid}.*"))
@@ -206,7 +215,7 @@ def main() -> None:
     parser.add_argument("--binary", type=Path, default=TOLLGATE, help="the tollgate to measure")
     parser.add_argument("--top", type=int, default=0, help="also list the cost by crate and this many heaviest functions per configuration")
     parser.add_argument("--cache", action="store_true", help="also count instruction-cache misses (callgrind's cache simulation)")
-    parser.add_argument("--only", choices=["off", "memory", "redis"], help="measure this configuration alone")
+    parser.add_argument("--only", choices=[case[1] for case in CASES], help="measure this configuration alone")
     parser.add_argument("--keep", type=Path, help="copy the callgrind dumps into this folder (for callgrind_annotate --inclusive=yes)")
     args = parser.parse_args()
     for tool in ("valgrind", "callgrind_control", "nginx", "redis-server", "redis-cli", "wrk"):
@@ -254,12 +263,12 @@ http {{
             )
             print(f"|---|--:|--:|--:|--:|{misses_rule}")
             profiles = []
-            cases = [case for case in CASES if args.only is None or case[1].startswith(args.only)]
-            for label, name in cases:
+            cases = [case for case in CASES if case[1] == args.only or (args.only is None and case[3])]
+            for label, name, clients, _ in cases:
                 subprocess.run(["redis-cli", "-p", str(REDIS_PORT), "flushall"], capture_output=True)
                 cost, copies, per_call, misses, functions = measure(
-                    args.binary, ROOT / "bench/configs" / name, args.seconds, args.connections, work, args.top,
-                    args.cache, args.keep,
+                    args.binary, ROOT / "bench/configs" / f"{name}.yaml", args.seconds, args.connections, work, args.top,
+                    args.cache, args.keep, clients,
                 )
                 per_call_text = f"{per_call:.1f}" if per_call else "-"
                 misses_text = f" {misses:,.0f} |" if args.cache else ""
