@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# bench/pairs.sh: the throughput ratio of two tollgate configurations, measured in back-to-back pairs.
+#
+#   bench/pairs.sh                                         # off.yaml against redis-pass.yaml, 4 cycles
+#   bench/pairs.sh bench/configs/off.yaml bench/configs/memory-pass.yaml 6
+#
+# This machine's speed drifts by up to a fifth within minutes, and bench/run.sh measures its targets minutes apart
+# and keeps each one's best round, so its ratios move by 5-10 points between runs of one build. Here the two
+# configurations run in A B B A order, cycle after cycle, each run a fresh tollgate with a short warm-up: a drift
+# that is linear over a cycle cancels, and the spread of the cycles shows what is left. Prints every run, each
+# cycle's ratio and the ratio of the sums.
+#
+# Knobs (environment): PAIRS_SECONDS (each run, 5), PAIRS_WARMUP (1), PAIRS_CONNECTIONS (64), BENCH_TOLLGATE (the
+# binary, default target/release/tollgate). Like bench/run.sh: servers pinned on CPU 0, wrk on CPU 1, the same
+# fixed loopback ports (16379 Redis, 18081 upstream, 18090 and 19901 tollgate), so do not run both at once.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+A=${1:-$ROOT/bench/configs/off.yaml}
+B=${2:-$ROOT/bench/configs/redis-pass.yaml}
+CYCLES=${3:-4}
+SECONDS_EACH=${PAIRS_SECONDS:-5}
+WARMUP=${PAIRS_WARMUP:-1}
+CONNECTIONS=${PAIRS_CONNECTIONS:-64}
+TOLLGATE=${BENCH_TOLLGATE:-$ROOT/target/release/tollgate}
+export RUST_LOG=warn TOKIO_WORKER_THREADS=${TOKIO_WORKER_THREADS:-1}
+export BENCH_REDIS_URL=redis://127.0.0.1:16379 BENCH_UPSTREAM_URL=http://127.0.0.1:18081
+
+for tool in nginx redis-server redis-cli wrk curl taskset; do
+    command -v "$tool" >/dev/null || { echo "pairs: $tool not found (bench/run.sh installs what it needs)" >&2; exit 1; }
+done
+[[ -x $TOLLGATE ]] || { echo "pairs: no $TOLLGATE: cargo build --release first" >&2; exit 1; }
+
+WORK=$(mktemp -d /tmp/tollgate-pairs.XXXXXX)
+PIDS=()
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+wait_http() { # URL
+    local i
+    for i in $(seq 100); do
+        curl -sf -o /dev/null "$1" && return 0
+        sleep 0.1
+    done
+    echo "pairs: $1 did not answer within 10 s" >&2
+    exit 1
+}
+
+mkdir -p "$WORK/logs"
+cat >"$WORK/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+master_process off;
+pid $WORK/nginx.pid;
+error_log $WORK/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 10000000;
+    server {
+        listen 127.0.0.1:18081 backlog=4096;
+        default_type text/plain;
+        location / { return 200 "ok"; }
+    }
+}
+CONF
+taskset -c 0 nginx -p "$WORK" -c "$WORK/nginx.conf" -e "$WORK/logs/error.log" &
+PIDS+=("$!")
+taskset -c 0 redis-server --bind 127.0.0.1 --port 16379 --save "" --appendonly no --dir "$WORK" >"$WORK/redis.log" &
+PIDS+=("$!")
+wait_http http://127.0.0.1:18081/
+until redis-cli -p 16379 ping >/dev/null 2>&1; do sleep 0.1; done
+
+run() { # CONFIG: prints the requests per second of one fresh tollgate
+    redis-cli -p 16379 flushall >/dev/null
+    taskset -c 0 "$TOLLGATE" --config "$1" >"$WORK/tollgate.log" 2>&1 &
+    local pid=$!
+    wait_http http://127.0.0.1:19901/readyz
+    taskset -c 1 wrk -t1 -c"$CONNECTIONS" -d"${WARMUP}s" http://127.0.0.1:18090/ >/dev/null
+    local out
+    out=$(taskset -c 1 wrk -t1 -c"$CONNECTIONS" -d"${SECONDS_EACH}s" http://127.0.0.1:18090/)
+    kill "$pid"
+    wait "$pid" 2>/dev/null || true
+    awk '/Requests\/sec/ {printf "%.0f", $2}' <<<"$out"
+}
+
+echo "A = $(basename "$A"), B = $(basename "$B"); $CYCLES cycles of A B B A, ${SECONDS_EACH} s runs, $CONNECTIONS connections"
+sum_a=0 sum_b=0
+for cycle in $(seq "$CYCLES"); do
+    a1=$(run "$A"); b1=$(run "$B"); b2=$(run "$B"); a2=$(run "$A")
+    sum_a=$((sum_a + a1 + a2)) sum_b=$((sum_b + b1 + b2))
+    awk -v c="$cycle" -v a1="$a1" -v b1="$b1" -v b2="$b2" -v a2="$a2" \
+        'BEGIN { printf "cycle %d: A %d, B %d, B %d, A %d req/s: B/A = %.1f%%\n", c, a1, b1, b2, a2, 100 * (b1 + b2) / (a1 + a2) }'
+done
+awk -v a="$sum_a" -v b="$sum_b" 'BEGIN { printf "all cycles: B/A = %.1f%%\n", 100 * b / a }'
