@@ -613,12 +613,33 @@ STORE_CSV=$RESULTS/latest-store-wait.csv
     echo ""
     echo "Design §9 checks:"
     echo ""
-    awk -F, -v conns="$CONNECTIONS" -v secs="$DURATION" -v latency="$LATENCY_CSV" -v store="$STORE_CSV" '
+    awk -F, -v conns="$CONNECTIONS" -v secs="$DURATION" -v latency="$LATENCY_CSV" -v store="$STORE_CSV" \
+        -v runs="$RESULTS/latest-runs.csv" '
+        # The ratio of targets a and b within each round (a minute apart), where the best rounds compared below may
+        # be minutes apart on a machine that drifts: "100.3%, 88.2%" (or "0.91x, 0.66x" with times); lowest[a "/" b]
+        # keeps the lowest.
+        function per_round(a, b, times,    r, text, ratio) {
+            text = ""
+            for (r = 1; (r "," a) in round_rps && (r "," b) in round_rps; r++) {
+                ratio = round_rps[r "," a] / round_rps[r "," b]
+                text = text (r > 1 ? ", " : "") (times ? sprintf("%.2fx", ratio) : sprintf("%.1f%%", 100 * ratio))
+                if (!((a "/" b) in lowest) || ratio < lowest[a "/" b]) lowest[a "/" b] = ratio
+            }
+            return text
+        }
+        # Met only if met by the best rounds and in every round.
+        function paired_verdict(best, a, b, target) {
+            if (best >= target && lowest[a "/" b] >= target) return "met"
+            if (best >= target) return "NOT met in every round"
+            return "NOT met"
+        }
+        BEGIN { while ((getline row < runs) > 0) { split(row, f, ","); if (f[1] != "round") round_rps[f[1] "," f[2]] = f[4] } }
         NR > 1 { rps[$1] = $3; p99[$1] = $5; cmds[$1] = $9; inner[$1] = $10; cpu[$1] = ($11 + $12 + $13) * 10000 / $3; gw[$1] = $11 * 10000 / $3 }
         function verdict(ok) { return ok ? "met" : "NOT met" }
         END {
             r = rps[3] / rps[2]
-            printf "- Redis-limited throughput vs limiting off, Redis on the gateway'"'"'s core: %.0f / %.0f = %.1f%% (target >= 90%%): %s; server CPU time per request: %.1f / %.1f us = %.1f%%\n", rps[3], rps[2], 100 * r, verdict(r >= 0.9), cpu[2], cpu[3], 100 * cpu[2] / cpu[3]
+            rounds = per_round(3, 2, 0)
+            printf "- Redis-limited throughput vs limiting off, Redis on the gateway'"'"'s core: %.0f / %.0f = %.1f%% (target >= 90%%), per round %s: %s; server CPU time per request: %.1f / %.1f us = %.1f%%\n", rps[3], rps[2], 100 * r, rounds, paired_verdict(r, 3, 2, 0.9), cpu[2], cpu[3], 100 * cpu[2] / cpu[3]
             if ("3b" in rps) {
                 rb = rps["3b"] / rps[2]
                 printf "- Redis-limited throughput vs limiting off, Redis on another core: %.0f / %.0f = %.1f%% (target >= 90%%): %s; gateway CPU per request %.1f us against %.1f us without limits\n", rps["3b"], rps[2], 100 * rb, verdict(rb >= 0.9), gw["3b"], gw[2]
@@ -646,7 +667,8 @@ STORE_CSV=$RESULTS/latest-store-wait.csv
                 printf "- p99 of the time the Redis limiter holds a request, one connection (the gateway'"'"'s histogram, %d requests): <= %s ms, %.2f%% within 1 ms, p50 <= %s ms (target p99 <= 1 ms): %s\n", best["n"], best["p99"], best["w"], best["p50"], verdict(best["w"] >= 99)
             printf "- p99 added by the memory-store limiter, one connection: %.3f ms; under load (64 connections) the Redis run p99 is %.2f ms against %.2f ms without limits\n", lp99[5] - lp99[2], p99[3], p99[2]
             n = rps[3] / rps[7]
-            printf "- tollgate with Redis limits vs nginx limit_req: %.0f / %.0f = %.2fx (target >= 1): %s\n", rps[3], rps[7], n, verdict(n >= 1)
+            rounds = per_round(3, 7, 1)
+            printf "- tollgate with Redis limits vs nginx limit_req: %.0f / %.0f = %.2fx (target >= 1), per round %s: %s\n", rps[3], rps[7], n, rounds, paired_verdict(n, 3, 7, 1)
             m = rps[5] / rps[7]
             printf "- tollgate with the memory store vs nginx limit_req: %.2fx\n", m
         }' "$CSV"
