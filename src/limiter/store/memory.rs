@@ -410,6 +410,7 @@ mod tests {
         }
         clock.advance(1);
         assert!(store.check(&[check(c)]).allowed);
+        clock.advance(1);
 
         assert!(store.check(&[check(b), check(a)]).allowed);
 
@@ -418,12 +419,14 @@ mod tests {
             6,
             "a keeps its own count: 4 taken"
         );
-        assert_eq!(store.peek(check(b)).remaining, 9);
-        let c_remaining = store.peek(check(c)).remaining;
-        assert!(
-            c_remaining == 9 || c_remaining == 10,
-            "c holds its own count or nothing, not a's: {c_remaining}"
-        );
+        // Which of b and c made room for a depends on the eviction's random sample; neither may hold a's count.
+        for (name, key) in [("b", b), ("c", c)] {
+            let remaining = store.peek(check(key)).remaining;
+            assert!(
+                remaining == 9 || remaining == 10,
+                "{name} holds its own count or nothing, not a's: {remaining}"
+            );
+        }
     }
 
     #[test]
