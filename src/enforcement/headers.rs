@@ -116,25 +116,12 @@ fn number_value(n: u64) -> HeaderValue {
     HeaderValue::from_str(digits.format(n)).expect("decimal digits are a valid header value")
 }
 
-/// The header values of `0..SMALL_NUMBERS`, each a static slice of one string made once and never freed.
+/// The header values of `0..SMALL_NUMBERS`, made once over strings that live as long as the process (a few KiB).
 fn small_numbers() -> &'static [HeaderValue] {
     static TABLE: OnceLock<Vec<HeaderValue>> = OnceLock::new();
     TABLE.get_or_init(|| {
-        let mut text = String::new();
-        let mut ends = Vec::with_capacity(SMALL_NUMBERS as usize);
-        let mut digits = itoa::Buffer::new();
-        for n in 0..SMALL_NUMBERS {
-            text.push_str(digits.format(n));
-            ends.push(text.len());
-        }
-        let text: &'static str = Box::leak(text.into_boxed_str());
-        let starts = std::iter::once(0).chain(ends.iter().copied());
-        starts
-            .zip(ends.iter().copied())
-            .map(|(start, end)| {
-                HeaderValue::from_maybe_shared(Bytes::from_static(&text.as_bytes()[start..end]))
-                    .expect("decimal digits are a valid header value")
-            })
+        (0..SMALL_NUMBERS)
+            .map(|n| HeaderValue::from_static(Box::leak(n.to_string().into_boxed_str())))
             .collect()
     })
 }
