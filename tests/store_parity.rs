@@ -397,3 +397,63 @@ fn a_counter_written_as_text_by_an_earlier_build_is_read_and_rewritten_binary() 
         assert_eq!(first_byte, Some(id.to_string()), "{name} rewritten binary");
     }
 }
+
+/// A call reads at most 1,000 keys per MGET (Lua's C stack bounds `unpack`): a batch over 1,200 keys, whose
+/// keys past the first thousand already hold state from an earlier call, decides as the in-process store does.
+#[test]
+fn a_batch_over_a_thousand_keys_reads_every_key() {
+    let fx = fixture();
+    let memory = MemoryStore::new(10_000, Arc::new(ManualClock::new(0)));
+    let limits: Vec<Limit> = (0..4)
+        .map(|i| {
+            let algorithm = match i {
+                0 => Algorithm::FixedWindow {
+                    limit: 3,
+                    period_ms: 60_000,
+                },
+                1 => Algorithm::TokenBucket {
+                    rate: Rate::new(1, 60_000).expect("positive"),
+                    burst: 3,
+                },
+                2 => Algorithm::SlidingWindow {
+                    limit: 3,
+                    period_ms: 60_000,
+                },
+                _ => Algorithm::Gcra {
+                    rate: Rate::new(1, 60_000).expect("positive"),
+                    burst: 3,
+                },
+            };
+            Limit::new(format!("l{i}"), algorithm, 1).expect("valid")
+        })
+        .collect();
+    // 300 clients, each with a key per limit: 1,200 keys in one call.
+    let keys: Vec<Vec<String>> = (0..300)
+        .map(|client| (0..4).map(|i| format!("wide:{client}:{i}")).collect())
+        .collect();
+    let checks: Vec<Vec<LimitCheck<'_>>> = keys
+        .iter()
+        .map(|client| {
+            client
+                .iter()
+                .zip(&limits)
+                .map(|(key, limit)| LimitCheck { key, limit })
+                .collect()
+        })
+        .collect();
+    let batch: Vec<&[LimitCheck<'_>]> = checks.iter().map(Vec::as_slice).collect();
+    let now = 1_700_000_000_000;
+    // Four calls of three requests each per key: the fourth is denied only if every earlier admission was read back.
+    for round in 0..4 {
+        let actual = fx
+            .runtime
+            .block_on(fx.store.check_batch(&batch, Some(now + round)))
+            .expect("redis");
+        assert_eq!(actual.len(), batch.len());
+        for (client, (request, outcome)) in batch.iter().zip(&actual).enumerate() {
+            let expected = memory.check_at(now + round, request);
+            assert_eq!(outcome, &expected, "round {round}, client {client}");
+            assert_eq!(outcome.allowed, round < 3, "round {round}, client {client}");
+        }
+    }
+}
