@@ -269,6 +269,12 @@ end
 -- rate count, rate period_ms), 4 fixed_window (limit, period_ms), 5 gcra (burst, ticks per ms, emission interval
 -- in ticks), 6 leaky_bucket (burst, rate count, rate period_ms, max_delay_ms: 0 in reject mode).
 
+--
+-- Both `evaluate` and `span` (below) call no function they can do without on the path that admits: a call costs
+-- Redis's Lua as much as six arithmetic operations (measured: 290 instructions against 48). For integers a and
+-- b > 0, floor(a / b) is (a - a % b) / b and ceil(a / b) is (a + -a % b) / b (`%` rounds toward minus infinity,
+-- and every step is exact in doubles below 2^53); max and min are comparisons.
+
 local GCRA_EPOCH_MS = 1735689600000
 
 local function evaluate(alg, k, p1, p2, p3, p4, cost)
@@ -285,9 +291,11 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     elseif previous > 0 then
       standing_reset = left
     end
-    local standing = floor(max(capacity - used, 0) / period)
+    local free = capacity - used
+    local standing = free > 0 and (free - free % period) / period or 0
     if used + cost * period <= capacity then
-      return true, limit, floor((capacity - used - cost * period) / period), left + period, standing,
+      local after = free - cost * period
+      return true, limit, (after - after % period) / period, left + period, standing,
         standing_reset, 0, 0, window_start, current + cost, previous, left + period
     end
     local retry
@@ -335,12 +343,15 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     local capacity = burst * unit
     local level = level_of(load(k, 3), capacity, capacity, per_ms, true)
     local need = cost * unit
-    local standing = floor(level / unit)
-    local standing_reset = ceil((capacity - level) / per_ms)
+    local standing = (level - level % unit) / unit
+    local empty = capacity - level
+    local standing_reset = (empty + -empty % per_ms) / per_ms
     if level >= need then
       local after = level - need
-      local reset = ceil((capacity - after) / per_ms)
-      return true, burst, floor(after / unit), reset, standing, standing_reset, 0, 0, after, now, nil, reset
+      empty = capacity - after
+      local reset = (empty + -empty % per_ms) / per_ms
+      return true, burst, (after - after % unit) / unit, reset, standing, standing_reset, 0, 0, after, now, nil,
+        reset
     end
     return false, burst, 0, 0, standing, standing_reset, ceil((need - level) / per_ms), 0
 
@@ -357,7 +368,7 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     if count > 0 then
       standing_reset = left
     end
-    local standing = max(limit - count, 0)
+    local standing = count < limit and limit - count or 0
     if count + cost <= limit then
       -- The key expires when its window ends.
       return true, limit, limit - count - cost, left, standing, standing_reset, 0, 0, window_start, count + cost,
@@ -372,18 +383,24 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     local tolerance = interval * burst
     -- A TAT beyond t + tolerance was written under another rate (the config changed): clamp it, so the key counts
     -- as fully used for one window instead of for years.
-    local tat = min(cache[load(k, 5) + 2] or t, t + tolerance)
-    local new_tat = max(tat, t) + interval * cost
+    local tat = cache[load(k, 5) + 2] or t
+    if tat > t + tolerance then
+      tat = t + tolerance
+    end
+    local new_tat = (tat > t and tat or t) + interval * cost
     local allow_at = new_tat - tolerance
     -- Remaining requests count whole emission intervals of tolerance left; times in ms are ticks rounded up.
-    local standing_ttl = max(tat - t, 0)
-    local standing = floor(max(tolerance - standing_ttl, 0) / interval)
-    local standing_reset = ceil(standing_ttl / ticks_per_ms)
+    local standing_ttl = tat > t and tat - t or 0
+    local free = tolerance - standing_ttl
+    local standing = free > 0 and (free - free % interval) / interval or 0
+    local standing_reset = (standing_ttl + -standing_ttl % ticks_per_ms) / ticks_per_ms
     if t >= allow_at then
+      -- new_tat > t: the admission adds at least one interval to a TAT that is at least t.
       local ttl = new_tat - t
-      local reset = ceil(max(ttl, 0) / ticks_per_ms)
-      return true, burst, floor(max(tolerance - ttl, 0) / interval), reset, standing, standing_reset, 0,
-        0, new_tat, nil, nil, reset
+      local reset = (ttl + -ttl % ticks_per_ms) / ticks_per_ms
+      free = tolerance - ttl
+      return true, burst, free > 0 and (free - free % interval) / interval or 0, reset, standing, standing_reset,
+        0, 0, new_tat, nil, nil, reset
     end
     return false, burst, 0, 0, standing, standing_reset, ceil(max(allow_at - t, 0) / ticks_per_ms), 0
   end
@@ -447,10 +464,6 @@ end
 -- `span` returns m for one limit of a run from the key's cached state and, given `take`, stores the state `take`
 -- admissions leave (a run's keys are distinct, so the state is still the one m was worked out from). It mirrors
 -- `evaluate`; sliding_log never runs.
---
--- A run is one client's hot path, so `span` calls no function it can do without: a call costs Redis's Lua as much
--- as ten arithmetic operations. For integers a and b > 0, floor(a / b) is (a - a % b) / b and ceil(a / b) is
--- (a + -a % b) / b: `%` rounds toward minus infinity, and every step is exact in doubles below 2^53.
 local function span(alg, k, p1, p2, p3, p4, cost, take)
   if alg == 1 then
     local limit, period = p1, p2
