@@ -26,9 +26,10 @@
 --   6 leaky_bucket    burst, rate count, rate period_ms, max_delay_ms (0 in reject mode)
 --
 -- Returns, packed as one MessagePack array: now_ms, then per entry:
---   a single request: all_allowed, then per limit: allowed, limit, remaining, retry_after_ms, reset_after_ms,
---     delay_ms. A committed admission reports the state after consuming; a denial, and any dry run, the state as
---     it stands (a dry run's all_allowed says whether a commit would admit).
+--   a single request: all_allowed, then per limit: allowed, remaining, wait_ms, reset_after_ms, where wait_ms is
+--     delay_ms when the limit admits and retry_after_ms when it denies (the other is 0; the limit's capacity the
+--     gateway knows). A committed admission reports the state after consuming; a denial, and any dry run, the
+--     state as it stands (a dry run's all_allowed says whether a commit would admit).
 --   a run: per limit, the key's state before the run: 1 and its stored integers (0 for those it lacks), or 0 0
 --     0 0 for a key without state. The gateway replays the run's decisions from it with the same algorithms
 --     (src/limiter/store/script.rs), which is cheaper there than encoding them here.
@@ -620,23 +621,21 @@ while a <= #input do
     r = r + 1
     for i = 0, n - 1 do
       local o = i * STRIDE
-      local ok, capacity, remaining, reset, standing, standing_reset, retry, delay, x, y, z, ttl =
+      local ok, _, remaining, reset, standing, standing_reset, retry, delay, x, y, z, ttl =
         evaluate(input[a + 1], input[a], input[a + 2], input[a + 3], input[a + 4], input[a + 5], input[a + 6])
       if ok then
-        reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5], reply[r + 6] =
-          1, capacity, remaining, 0, reset, delay
+        reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = 1, remaining, delay, reset
         results[o + 1], results[o + 2], results[o + 3], results[o + 4], results[o + 5], results[o + 6], results[o + 7] =
           standing, standing_reset, x, y, z, ttl, a
       else
-        reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5], reply[r + 6] =
-          0, capacity, standing, retry, standing_reset, 0
+        reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = 0, standing, retry, standing_reset
         results[o + 7] = false
         -- A shadow limit that denies denies nothing: it only consumes nothing and reports its standing state.
         if input[a + 7] ~= 1 then
           all_allowed = false
         end
       end
-      r = r + 6
+      r = r + 4
       a = a + LIMIT_ARGS
     end
     reply[first + 1] = all_allowed and 1 or 0
@@ -654,8 +653,8 @@ while a <= #input do
       for i = 0, n - 1 do
         local o = i * STRIDE
         if results[o + 7] then
-          local p = first + 1 + i * 6
-          reply[p + 3], reply[p + 5], reply[p + 6] = results[o + 1], results[o + 2], 0
+          local p = first + 1 + i * 4
+          reply[p + 2], reply[p + 3], reply[p + 4] = results[o + 1], 0, results[o + 2]
         end
       end
     end

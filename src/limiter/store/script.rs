@@ -19,8 +19,10 @@ use crate::limiter::{Algorithm, Decision, LeakyMode, Outcome};
 /// The script, reviewed as Lua in its own file.
 pub(super) const CHECK_SCRIPT: &str = include_str!("../scripts/check.lua");
 
-/// Fields per limit in the script's reply for a single request (after the request's `all_allowed`).
-const REPLY_FIELDS: usize = 6;
+/// Fields per limit in the script's reply for a single request (after the request's `all_allowed`): allowed,
+/// remaining, the wait (the delay when the limit admits, the retry when it denies) and the reset. The limit's
+/// capacity is not sent back: it is the configured one.
+const REPLY_FIELDS: usize = 4;
 /// Fields per limit in the script's reply for a run of identical requests: whether the key had state, then its
 /// integers before the run.
 const RUN_FIELDS: usize = 4;
@@ -248,13 +250,18 @@ pub(super) fn parse_reply(
         }
         let decisions = this[1..]
             .chunks_exact(REPLY_FIELDS)
-            .map(|f| Decision {
-                allowed: f[0] == 1,
-                limit: as_u64(f[1]),
-                remaining: as_u64(f[2]),
-                retry_after_ms: as_u64(f[3]),
-                reset_after_ms: as_u64(f[4]),
-                delay_ms: as_u64(f[5]),
+            .zip(&request.limits)
+            .map(|(f, limit)| {
+                let allowed = f[0] == 1;
+                let wait = as_u64(f[2]);
+                Decision {
+                    allowed,
+                    limit: limit.algorithm.capacity(),
+                    remaining: as_u64(f[1]),
+                    retry_after_ms: if allowed { 0 } else { wait },
+                    reset_after_ms: as_u64(f[3]),
+                    delay_ms: if allowed { wait } else { 0 },
+                }
             })
             .collect();
         outcomes.push(Outcome {
@@ -496,19 +503,30 @@ mod tests {
         let window = window();
         let one = encoded(&window, &["a"], Mode::Commit);
         let two = encoded(&window, &["a", "b"], Mode::Commit);
+        // Per limit: allowed, remaining, wait (the delay when allowed, the retry when denied), reset.
         let reply = [
             123, // now
-            1, 1, 5, 3, 0, 900, 0, // request 1: allowed, one limit
-            0, 0, 5, 0, 400, 1_000, 0, 1, 9, 9, 0, 0,
-            0, // request 2: denied by the first of two
+            1, 1, 3, 250, 900, // request 1: allowed, one limit, held 250 ms
+            0, 0, 0, 400, 1_000, 1, 4, 0, 600, // request 2: denied by the first of two
         ];
         let outcomes = parse_reply(&reply, &[&one, &two], &[1, 1]).expect("well formed");
         assert_eq!(outcomes.len(), 2);
+        let admitted = &outcomes[0].decisions[0];
         assert!(outcomes[0].allowed);
-        assert_eq!(outcomes[0].decisions[0].remaining, 3);
+        assert_eq!(
+            (
+                admitted.remaining,
+                admitted.delay_ms,
+                admitted.retry_after_ms
+            ),
+            (3, 250, 0)
+        );
+        assert_eq!((admitted.limit, admitted.reset_after_ms), (5, 900));
         assert!(!outcomes[1].allowed);
-        assert_eq!(outcomes[1].decisions[0].retry_after_ms, 400);
-        assert_eq!(outcomes[1].decisions[1].limit, 9);
+        let denied = &outcomes[1].decisions[0];
+        assert_eq!((denied.retry_after_ms, denied.delay_ms), (400, 0));
+        assert_eq!((denied.limit, denied.reset_after_ms), (5, 1_000));
+        assert_eq!(outcomes[1].decisions[1].remaining, 4);
     }
 
     #[test]
@@ -516,11 +534,11 @@ mod tests {
         let window = window();
         let one = encoded(&window, &["a"], Mode::Commit);
         let two = encoded(&window, &["a", "b"], Mode::Commit);
-        let reply = [123, 1, 1, 5, 3, 0, 900, 0];
+        let reply = [123, 1, 1, 3, 0, 900];
         assert!(parse_reply(&reply, &[&one], &[1]).is_ok());
         assert!(parse_reply(&reply, &[&two], &[1]).is_err());
         assert!(parse_reply(&reply, &[&one, &one], &[1, 1]).is_err());
-        assert!(parse_reply(&reply[..7], &[&one], &[1]).is_err());
+        assert!(parse_reply(&reply[..5], &[&one], &[1]).is_err());
         assert!(parse_reply(&reply, &[], &[]).is_err());
         assert!(parse_reply(&[], &[], &[]).is_err());
     }
