@@ -260,7 +260,6 @@ end
 -- `evaluate` decides one limit (algorithm `alg`, key k, its four parameters and cost) for one request and returns,
 -- as plain values:
 --   ok                          whether the limit admits the request
---   capacity                    the limit's `limit` or `burst`
 --   remaining, reset            after consuming, when it admits
 --   standing, standing_reset    remaining and reset as the state stands
 --   retry                       ms until the request would be admitted, when it denies
@@ -296,7 +295,7 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     local standing = free > 0 and (free - free % period) / period or 0
     if used + cost * period <= capacity then
       local after = free - cost * period
-      return true, limit, (after - after % period) / period, left + period, standing,
+      return true, (after - after % period) / period, left + period, standing,
         standing_reset, 0, 0, window_start, current + cost, previous, left + period
     end
     local retry
@@ -305,7 +304,7 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     else
       retry = left + period - floor((limit - cost) * period / current)
     end
-    return false, limit, 0, 0, standing, standing_reset, max(retry, 1), 0
+    return false, 0, 0, standing, standing_reset, max(retry, 1), 0
 
   elseif alg == 2 then
     local limit, period = p1, p2
@@ -328,7 +327,7 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     end
     local standing = max(limit - count, 0)
     if count + cost <= limit then
-      return true, limit, limit - count - cost, period, standing, standing_reset, 0, 0, t
+      return true, limit - count - cost, period, standing, standing_reset, 0, 0, t
     end
     -- Denied: wait until enough of the oldest entries in the interval leave it for `cost` to fit.
     local entry =
@@ -337,7 +336,7 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     if entry[2] then
       retry = tonumber(entry[2]) + period - t
     end
-    return false, limit, 0, 0, standing, standing_reset, retry, 0
+    return false, 0, 0, standing, standing_reset, retry, 0
 
   elseif alg == 3 then
     local burst, per_ms, unit = p1, p2, p3
@@ -351,10 +350,10 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
       local after = level - need
       empty = capacity - after
       local reset = (empty + -empty % per_ms) / per_ms
-      return true, burst, (after - after % unit) / unit, reset, standing, standing_reset, 0, 0, after, now, nil,
+      return true, (after - after % unit) / unit, reset, standing, standing_reset, 0, 0, after, now, nil,
         reset
     end
-    return false, burst, 0, 0, standing, standing_reset, ceil((need - level) / per_ms), 0
+    return false, 0, 0, standing, standing_reset, ceil((need - level) / per_ms), 0
 
   elseif alg == 4 then
     local limit, period = p1, p2
@@ -372,10 +371,10 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     local standing = count < limit and limit - count or 0
     if count + cost <= limit then
       -- The key expires when its window ends.
-      return true, limit, limit - count - cost, left, standing, standing_reset, 0, 0, window_start, count + cost,
+      return true, limit - count - cost, left, standing, standing_reset, 0, 0, window_start, count + cost,
         nil, left
     end
-    return false, limit, 0, 0, standing, standing_reset, left, 0
+    return false, 0, 0, standing, standing_reset, left, 0
 
   elseif alg == 5 then
     local burst, ticks_per_ms, interval = p1, p2, p3
@@ -400,10 +399,10 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
       local ttl = new_tat - t
       local reset = (ttl + -ttl % ticks_per_ms) / ticks_per_ms
       free = tolerance - ttl
-      return true, burst, free > 0 and (free - free % interval) / interval or 0, reset, standing, standing_reset,
+      return true, free > 0 and (free - free % interval) / interval or 0, reset, standing, standing_reset,
         0, 0, new_tat, nil, nil, reset
     end
-    return false, burst, 0, 0, standing, standing_reset, ceil(max(allow_at - t, 0) / ticks_per_ms), 0
+    return false, 0, 0, standing, standing_reset, ceil(max(allow_at - t, 0) / ticks_per_ms), 0
   end
 
   local burst, per_ms, unit, max_delay = p1, p2, p3, p4
@@ -420,10 +419,10 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     local after = water + need
     local reset = (after + -after % per_ms) / per_ms
     free = capacity - after
-    return true, burst, free > 0 and (free - free % unit) / unit or 0, reset, standing, standing_reset, 0,
+    return true, free > 0 and (free - free % unit) / unit or 0, reset, standing, standing_reset, 0,
       wait, after, now, nil, reset
   end
-  return false, burst, 0, 0, standing, standing_reset, wait - max_delay, 0
+  return false, 0, 0, standing, standing_reset, wait - max_delay, 0
 end
 
 -- Stores the state an admission leaves: in the cache for every algorithm but sliding_log, which writes its
@@ -621,7 +620,7 @@ while a <= #input do
     r = r + 1
     for i = 0, n - 1 do
       local o = i * STRIDE
-      local ok, _, remaining, reset, standing, standing_reset, retry, delay, x, y, z, ttl =
+      local ok, remaining, reset, standing, standing_reset, retry, delay, x, y, z, ttl =
         evaluate(input[a + 1], input[a], input[a + 2], input[a + 3], input[a + 4], input[a + 5], input[a + 6])
       if ok then
         reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = 1, remaining, delay, reset

@@ -150,8 +150,9 @@ pub(super) fn command(
     let (mut integers, mut limits) = (0, 0);
     let mut at = 0;
     for &count in runs {
-        limits += requests[at].limits();
-        integers += ARGS_PER_REQUEST + requests[at].limits() * ARGS_PER_LIMIT;
+        let n = requests[at].limits();
+        limits += n;
+        integers += ARGS_PER_REQUEST + n * ARGS_PER_LIMIT;
         at += count;
     }
     // Sized for every key distinct (10,000 clients: growing and rehashing cost a tenth of this function). Hashed
