@@ -148,7 +148,7 @@ impl RateLimiter {
         // Probing starts with the first failure, not only when the circuit opens: the fallback flag (and
         // /readyz) must clear even if no request comes to prove Redis healthy again.
         if !self.health.probing.swap(true, Ordering::AcqRel) {
-            tokio::spawn(probe(redis.clone(), self.health.clone(), self.timeout));
+            spawn_probe(redis.clone(), self.health.clone(), self.timeout);
         }
         self.fall_back(checks, error)
     }
@@ -265,6 +265,14 @@ impl Health {
 }
 
 /// Pings Redis after a failure until it answers, then closes the circuit and clears the fallback.
+/// Starts `probe` in a task of its own. Out of line: a task is built on the stack before it is boxed, and inlined
+/// into the request path it would reserve its size in the stack frame of every request's poll.
+#[inline(never)]
+#[cold]
+fn spawn_probe(redis: RedisStore, health: Arc<Health>, timeout: Duration) {
+    tokio::spawn(probe(redis, health, timeout));
+}
+
 async fn probe(redis: RedisStore, health: Arc<Health>, timeout: Duration) {
     // The probe may wait longer than a request would: it delays nobody.
     let budget = timeout.max(Duration::from_millis(250));

@@ -1,6 +1,7 @@
 //! Keep-alive HTTP/1.1 connections to one upstream target: newest idle first, returned when the response ends.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -100,7 +101,7 @@ impl ConnectionPool {
         loop {
             let (mut sender, reused) = match self.shared.checkout() {
                 Some(sender) => (sender, true),
-                None => (self.shared.connect().await?, false),
+                None => (self.shared.connect_out_of_line().await?, false),
             };
             // A connection handed back as its response ended may still be finishing that exchange.
             if let Err(error) = sender.ready().await {
@@ -217,6 +218,17 @@ impl Shared {
                 }
             }
         });
+    }
+
+    /// `connect` behind a pointer: a new connection is the rare case under load, and its futures (the connector's,
+    /// the handshake's, the task it spawns) inlined into the request path would reserve their size in the stack
+    /// frame of every request's poll.
+    #[inline(never)]
+    #[cold]
+    fn connect_out_of_line(
+        &self,
+    ) -> Pin<Box<dyn Future<Output = Result<SendRequest<Body>, SendError>> + Send + '_>> {
+        Box::pin(self.connect())
     }
 
     async fn connect(&self) -> Result<SendRequest<Body>, SendError> {
