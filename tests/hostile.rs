@@ -68,6 +68,20 @@ async fn slow_request_head_is_cut_off() {
 }
 
 #[tokio::test]
+async fn silent_connection_is_cut_off() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&yaml(&upstream.url(), "")).await;
+    let mut stream = TcpStream::connect(gateway.addr).await.unwrap();
+    // Send nothing at all: the connection must still close after header_read_timeout (500 ms).
+    let started = Instant::now();
+    let mut buffer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut buffer)).await;
+    assert!(read.is_ok(), "connection still open after 5 s");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(buffer.is_empty());
+}
+
+#[tokio::test]
 async fn conflicting_framing_never_reaches_the_upstream_ambiguous() {
     let upstream = Upstream::start().await;
     let gateway = start_gateway(&yaml(&upstream.url(), "")).await;

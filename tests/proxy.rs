@@ -6,6 +6,7 @@ use common::http_client::{client, raw};
 use common::upstream::Upstream;
 use common::{free_port, start_gateway};
 use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn yaml(targets: &[String], upstream_timeout: &str) -> String {
     let targets: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
@@ -197,4 +198,57 @@ async fn request_target_that_is_not_a_path_is_400() {
     )
     .await;
     assert!(response.starts_with("HTTP/1.1 400"), "{response}");
+}
+
+#[tokio::test]
+async fn h2c_prior_knowledge_is_proxied() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&yaml(&[upstream.url()], "5s")).await;
+    let h2 = reqwest::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
+        .build()
+        .expect("client");
+    for _ in 0..2 {
+        let response = h2
+            .get(gateway.url("/api/items"))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.version(), reqwest::Version::HTTP_2);
+        assert_eq!(response.status(), 200);
+        let echo = json(response).await;
+        assert_eq!(echo["path"], "/api/items");
+    }
+    assert_eq!(upstream.hits(), 2);
+}
+
+#[tokio::test]
+async fn a_request_whose_first_byte_arrives_alone_is_still_http1() {
+    // "P" could open the HTTP/2 preface ("PRI * HTTP/2.0..."): the gateway must wait for more before choosing.
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&yaml(&[upstream.url()], "5s")).await;
+    let mut stream = tokio::net::TcpStream::connect(gateway.addr)
+        .await
+        .expect("connect");
+    stream.write_all(b"P").await.expect("write");
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    stream
+        .write_all(
+            b"OST /api/x HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+        )
+        .await
+        .expect("write");
+    let mut response = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        stream.read_to_end(&mut response),
+    )
+    .await
+    .expect("answered within 5 s")
+    .expect("read");
+    let response = String::from_utf8_lossy(&response);
+    assert!(response.starts_with("HTTP/1.1 200"), "{response:.200}");
+    assert!(response.contains(r#""body":"hi""#), "{response}");
+    assert_eq!(upstream.hits(), 1);
 }

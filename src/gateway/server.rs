@@ -3,16 +3,20 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use hyper::body::Incoming;
+use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use thiserror::Error;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 use super::Gateway;
 use crate::config::ServerSettings;
@@ -33,16 +37,7 @@ pub async fn serve(
     settings: &ServerSettings,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(settings.header_read_timeout)
-        .max_buf_size(settings.max_header_bytes.max(8192));
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
+    let builders = Arc::new(Builders::new(settings));
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
 
@@ -60,20 +55,14 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let gateway = gateway.clone();
-        let service = service_fn(move |request: hyper::Request<Incoming>| {
-            let gateway = gateway.clone();
-            async move { Ok::<_, Infallible>(gateway.handle(request.map(Body::new), peer).await) }
-        });
-        let connection = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%peer, %error, "connection ended with an error");
-            }
-        });
+        tokio::spawn(serve_connection(
+            stream,
+            peer,
+            gateway.clone(),
+            builders.clone(),
+            graceful.watcher(),
+            settings.header_read_timeout,
+        ));
     }
 
     drop(listener);
@@ -83,4 +72,126 @@ pub async fn serve(
         Ok(()) => Ok(()),
         Err(_) => Err(ServeError::GraceExpired(open)),
     }
+}
+
+/// What `auto` connections end with.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The HTTP/2 connection preface, with which an h2c (prior knowledge) client opens its connection.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The two ways a connection is served, built once.
+struct Builders {
+    /// For connections whose first bytes are not the HTTP/2 preface: nearly all of them.
+    http1: http1::Builder,
+    /// For the rest: reads the opening itself and serves HTTP/2 (or HTTP/1.1, after a partial preface).
+    auto: auto::Builder<TokioExecutor>,
+}
+
+impl Builders {
+    /// Both with the server's limits; `auto` repeats the HTTP/1 ones for the connections it serves over HTTP/1.1.
+    fn new(settings: &ServerSettings) -> Self {
+        let mut http1 = http1::Builder::new();
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(settings.header_read_timeout)
+            .max_buf_size(settings.max_header_bytes.max(8192));
+        let mut auto = auto::Builder::new(TokioExecutor::new());
+        auto.http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(settings.header_read_timeout)
+            .max_buf_size(settings.max_header_bytes.max(8192));
+        auto.http2()
+            .timer(TokioTimer::new())
+            .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
+        Self { http1, auto }
+    }
+}
+
+/// How a connection opens, seen without consuming its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Opening {
+    /// Not the HTTP/2 preface: HTTP/1.1.
+    Http1,
+    /// The preface, or a part of it so far: `auto` decides.
+    MaybeHttp2,
+    /// Closed, failed or silent for the whole header read timeout: nothing to serve.
+    Nothing,
+}
+
+/// Peeks at the first bytes of `stream`, waiting at most `within` for them.
+async fn sniff(stream: &TcpStream, within: Duration) -> Opening {
+    let mut first = [0u8; H2_PREFACE.len()];
+    match tokio::time::timeout(within, stream.peek(&mut first)).await {
+        Ok(Ok(read)) if read > 0 => {
+            if first[..read] == H2_PREFACE[..read] {
+                Opening::MaybeHttp2
+            } else {
+                Opening::Http1
+            }
+        }
+        _ => Opening::Nothing,
+    }
+}
+
+/// Serves one accepted connection until it closes (or shutdown closes it).
+///
+/// HTTP/1.1 connections are served by hyper's HTTP/1 connection directly rather than by `auto`, whose one future
+/// holds both protocols: its poll, run at every wake-up of the connection, reserved a 23 KB stack frame for the
+/// HTTP/2 side and touched every page of it. The opening is peeked at, not read, so nothing needs replaying.
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    gateway: Arc<Gateway>,
+    builders: Arc<Builders>,
+    watcher: Watcher,
+    header_read_timeout: Duration,
+) {
+    let opening = sniff(&stream, header_read_timeout).await;
+    let service = service_fn(move |request: hyper::Request<Incoming>| {
+        let gateway = gateway.clone();
+        async move { Ok::<_, Infallible>(gateway.handle(request.map(Body::new), peer).await) }
+    });
+    let result = match opening {
+        Opening::Http1 => watcher
+            .watch(
+                builders
+                    .http1
+                    .serve_connection(TokioIo::new(stream), service),
+            )
+            .await
+            .map_err(BoxError::from),
+        Opening::MaybeHttp2 => serve_auto(&builders.auto, stream, service, watcher).await,
+        Opening::Nothing => {
+            tracing::debug!(%peer, "connection closed before sending a request");
+            return;
+        }
+    };
+    if let Err(error) = result {
+        tracing::debug!(%peer, %error, "connection ended with an error");
+    }
+}
+
+/// Serves a connection that opened with (part of) the HTTP/2 preface. Boxed and out of line, so that its poll stays
+/// out of the HTTP/1 connections' one.
+#[inline(never)]
+fn serve_auto<S>(
+    builder: &auto::Builder<TokioExecutor>,
+    stream: TcpStream,
+    service: S,
+    watcher: Watcher,
+) -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>
+where
+    S: hyper::service::Service<
+            hyper::Request<Incoming>,
+            Response = http::Response<Body>,
+            Error = Infallible,
+        > + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let connection = builder
+        .serve_connection(TokioIo::new(stream), service)
+        .into_owned();
+    Box::pin(watcher.watch(connection))
 }
