@@ -119,6 +119,56 @@ fn port_in_use_exits_1() {
     );
 }
 
+#[tokio::test]
+async fn access_log_writes_one_json_line_per_request() {
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "listen: 127.0.0.1:{port}\nadmin:\n  listen: 127.0.0.1:{}\nstore:\n  backend: memory\nroutes:\n  - name: demo\n    match: {{ path_prefix: /demo }}\n    respond: {{ status: 200, body: hi }}\n",
+        free_port()
+    );
+    let path = write_config(&dir, "access.yaml", &yaml);
+    let mut child = Command::new(BIN)
+        .args([
+            "run",
+            "--log-format",
+            "json",
+            "--config",
+            path.to_str().unwrap(),
+        ])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tollgate");
+    wait_until_listening(port);
+    let response = client()
+        .get(format!("http://127.0.0.1:{port}/demo/x"))
+        .header("x-request-id", "abc123")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 200);
+    let _ = child.kill();
+    let output = child.wait_with_output().expect("stderr");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|line| line["target"] == "tollgate::access")
+        .collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    let fields = &lines[0]["fields"];
+    assert_eq!(fields["method"], "GET");
+    assert_eq!(fields["path"], "/demo/x");
+    assert_eq!(fields["route"], "demo");
+    assert_eq!(fields["status"], 200);
+    assert_eq!(fields["client"], "127.0.0.1");
+    assert_eq!(fields["request_id"], "abc123");
+    let duration = fields["duration_ms"].as_f64().expect("duration_ms");
+    assert!((0.0..10_000.0).contains(&duration), "{duration}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_processes_on_one_redis_admit_exactly_the_limit() {
     let redis = RedisServer::start();

@@ -62,12 +62,17 @@ impl Gateway {
     /// Answers one request from `peer`: with an `x-request-id` (generated when absent, passed upstream and
     /// returned), counted in `tollgate_requests_total` and written to the access log.
     pub async fn handle(&self, mut request: Request<Body>, peer: SocketAddr) -> Response<Body> {
-        let started = Instant::now();
         let request_id = ensure_request_id(request.headers_mut());
         // The request is gone (upstream) by the time the access line is written: keep what it needs, but only
-        // when the line will be written.
-        let logged = tracing::enabled!(target: "tollgate::access", tracing::Level::INFO)
-            .then(|| (request.method().clone(), request.uri().path().to_owned()));
+        // when the line will be written (the clock read included).
+        let logged =
+            tracing::enabled!(target: "tollgate::access", tracing::Level::INFO).then(|| {
+                (
+                    Instant::now(),
+                    request.method().clone(),
+                    request.uri().path().to_owned(),
+                )
+            });
         let runtime = self.runtime.load_full();
         let client_ip = runtime.client_ip.resolve(peer.ip(), request.headers());
         let (route, mut response) = self.route_request(&runtime, request, peer, client_ip).await;
@@ -75,7 +80,7 @@ impl Gateway {
         route
             .map_or(&runtime.unmatched, |r| &r.metrics)
             .count_request(status);
-        if let Some((method, path)) = logged {
+        if let Some((started, method, path)) = logged {
             tracing::info!(
                 target: "tollgate::access",
                 %method,
