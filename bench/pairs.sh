@@ -3,6 +3,8 @@
 #
 #   bench/pairs.sh                                         # off.yaml against redis-pass.yaml, 4 cycles
 #   bench/pairs.sh bench/configs/off.yaml bench/configs/memory-pass.yaml 6
+#   BENCH_TOLLGATE=/tmp/tollgate-before PAIRS_TOLLGATE_B=target/release/tollgate \
+#       bench/pairs.sh bench/configs/redis-pass.yaml bench/configs/redis-pass.yaml   # two builds, one config
 #
 # This machine's speed drifts by up to a fifth within minutes, and bench/run.sh measures its targets minutes apart
 # and keeps each one's best round, so its ratios move by 5-10 points between runs of one build. Here the two
@@ -11,8 +13,9 @@
 # cycle's ratio and the ratio of the sums.
 #
 # Knobs (environment): PAIRS_SECONDS (each run, 5), PAIRS_WARMUP (1), PAIRS_CONNECTIONS (64), BENCH_TOLLGATE (the
-# binary, default target/release/tollgate). Like bench/run.sh: servers pinned on CPU 0, wrk on CPU 1, the same
-# fixed loopback ports (16379 Redis, 18081 upstream, 18090 and 19901 tollgate), so do not run both at once.
+# binary, default target/release/tollgate), PAIRS_TOLLGATE_B (B's binary, default the same: set it to compare two
+# builds). Like bench/run.sh: servers pinned on CPU 0, wrk on CPU 1, the same fixed loopback ports (16379 Redis,
+# 18081 upstream, 18090 and 19901 tollgate), so do not run both at once.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -23,13 +26,16 @@ SECONDS_EACH=${PAIRS_SECONDS:-5}
 WARMUP=${PAIRS_WARMUP:-1}
 CONNECTIONS=${PAIRS_CONNECTIONS:-64}
 TOLLGATE=${BENCH_TOLLGATE:-$ROOT/target/release/tollgate}
+TOLLGATE_B=${PAIRS_TOLLGATE_B:-$TOLLGATE}
 export RUST_LOG=warn TOKIO_WORKER_THREADS=${TOKIO_WORKER_THREADS:-1}
 export BENCH_REDIS_URL=redis://127.0.0.1:16379 BENCH_UPSTREAM_URL=http://127.0.0.1:18081
 
 for tool in nginx redis-server redis-cli wrk curl taskset; do
     command -v "$tool" >/dev/null || { echo "pairs: $tool not found (bench/run.sh installs what it needs)" >&2; exit 1; }
 done
-[[ -x $TOLLGATE ]] || { echo "pairs: no $TOLLGATE: cargo build --release first" >&2; exit 1; }
+for binary in "$TOLLGATE" "$TOLLGATE_B"; do
+    [[ -x $binary ]] || { echo "pairs: no $binary: cargo build --release first" >&2; exit 1; }
+done
 
 WORK=$(mktemp -d /tmp/tollgate-pairs.XXXXXX)
 PIDS=()
@@ -76,9 +82,9 @@ PIDS+=("$!")
 wait_http http://127.0.0.1:18081/
 until redis-cli -p 16379 ping >/dev/null 2>&1; do sleep 0.1; done
 
-run() { # CONFIG: prints the requests per second of one fresh tollgate
+run() { # CONFIG BINARY: prints the requests per second of one fresh tollgate
     redis-cli -p 16379 flushall >/dev/null
-    taskset -c 0 "$TOLLGATE" --config "$1" >"$WORK/tollgate.log" 2>&1 &
+    taskset -c 0 "$2" --config "$1" >"$WORK/tollgate.log" 2>&1 &
     local pid=$!
     wait_http http://127.0.0.1:19901/readyz
     taskset -c 1 wrk -t1 -c"$CONNECTIONS" -d"${WARMUP}s" http://127.0.0.1:18090/ >/dev/null
@@ -92,7 +98,7 @@ run() { # CONFIG: prints the requests per second of one fresh tollgate
 echo "A = $(basename "$A"), B = $(basename "$B"); $CYCLES cycles of A B B A, ${SECONDS_EACH} s runs, $CONNECTIONS connections"
 sum_a=0 sum_b=0
 for cycle in $(seq "$CYCLES"); do
-    a1=$(run "$A"); b1=$(run "$B"); b2=$(run "$B"); a2=$(run "$A")
+    a1=$(run "$A" "$TOLLGATE"); b1=$(run "$B" "$TOLLGATE_B"); b2=$(run "$B" "$TOLLGATE_B"); a2=$(run "$A" "$TOLLGATE")
     sum_a=$((sum_a + a1 + a2)) sum_b=$((sum_b + b1 + b2))
     awk -v c="$cycle" -v a1="$a1" -v b1="$b1" -v b2="$b2" -v a2="$a2" \
         'BEGIN { printf "cycle %d: A %d, B %d, B %d, A %d req/s: B/A = %.1f%%\n", c, a1, b1, b2, a2, 100 * (b1 + b2) / (a1 + a2) }'
