@@ -264,7 +264,6 @@ impl Health {
     }
 }
 
-/// Pings Redis after a failure until it answers, then closes the circuit and clears the fallback.
 /// Starts `probe` in a task of its own. Out of line: a task is built on the stack before it is boxed, and inlined
 /// into the request path it would reserve its size in the stack frame of every request's poll.
 #[inline(never)]
@@ -273,6 +272,7 @@ fn spawn_probe(redis: RedisStore, health: Arc<Health>, timeout: Duration) {
     tokio::spawn(probe(redis, health, timeout));
 }
 
+/// Pings Redis after a failure until it answers, then closes the circuit and clears the fallback.
 async fn probe(redis: RedisStore, health: Arc<Health>, timeout: Duration) {
     // The probe may wait longer than a request would: it delays nobody.
     let budget = timeout.max(Duration::from_millis(250));
