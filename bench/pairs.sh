@@ -10,7 +10,9 @@
 # and keeps each one's best round, so its ratios move by 5-10 points between runs of one build. Here the two
 # configurations run in A B B A order, cycle after cycle, each run a fresh tollgate with a short warm-up: a drift
 # that is linear over a cycle cancels, and the spread of the cycles shows what is left. Prints every run, each
-# cycle's ratio and the ratio of the sums.
+# cycle's ratio and the ratio of the sums, then where each configuration's CPU time per request went on the
+# servers' core: tollgate, the upstream and Redis (every server shares CPU 0, so B's extra on any of them is
+# throughput lost).
 #
 # Knobs (environment): PAIRS_SECONDS (each run, 5), PAIRS_WARMUP (1), PAIRS_CONNECTIONS (64), BENCH_TOLLGATE (the
 # binary, default target/release/tollgate), PAIRS_TOLLGATE_B (B's binary, default the same: set it to compare two
@@ -82,25 +84,72 @@ PIDS+=("$!")
 wait_http http://127.0.0.1:18081/
 until redis-cli -p 16379 ping >/dev/null 2>&1; do sleep 0.1; done
 
-run() { # CONFIG BINARY: prints the requests per second of one fresh tollgate
+NGINX_PID=${PIDS[0]} REDIS_PID=${PIDS[1]}
+
+# CPU time (ns) of every thread of PID so far: the scheduler's own account where the kernel exposes it (exact to
+# the nanosecond), else utime + stime in clock ticks.
+cpu_ns() { # PID
+    if [[ -r /proc/$1/sched ]]; then
+        cat /proc/"$1"/task/*/sched 2>/dev/null | awk '/se.sum_exec_runtime/ { ms += $3 } END { printf "%.0f", ms * 1e6 }'
+    else
+        cat /proc/"$1"/task/*/stat 2>/dev/null | sed 's/^.*) //' |
+            awk -v hz="$(getconf CLK_TCK)" '{ t += $12 + $13 } END { printf "%.0f", t * 1e9 / hz }'
+    fi
+}
+
+run() { # CONFIG BINARY: prints "REQUESTS/S REQUESTS TOLLGATE_NS UPSTREAM_NS REDIS_NS" for one fresh tollgate
     redis-cli -p 16379 flushall >/dev/null
     taskset -c 0 "$2" --config "$1" >"$WORK/tollgate.log" 2>&1 &
     local pid=$!
     wait_http http://127.0.0.1:19901/readyz
     taskset -c 1 wrk -t1 -c"$CONNECTIONS" -d"${WARMUP}s" http://127.0.0.1:18090/ >/dev/null
-    local out
+    local out before after
+    before="$(cpu_ns "$pid") $(cpu_ns "$NGINX_PID") $(cpu_ns "$REDIS_PID")"
     out=$(taskset -c 1 wrk -t1 -c"$CONNECTIONS" -d"${SECONDS_EACH}s" http://127.0.0.1:18090/)
+    after="$(cpu_ns "$pid") $(cpu_ns "$NGINX_PID") $(cpu_ns "$REDIS_PID")"
     kill "$pid"
     wait "$pid" 2>/dev/null || true
-    awk '/Requests\/sec/ {printf "%.0f", $2}' <<<"$out"
+    awk -v before="$before" -v after="$after" '
+        / requests in / { requests = $1 }
+        /Requests\/sec/ { rps = $2 }
+        END {
+            split(before, b, " "); split(after, a, " ")
+            printf "%.0f %d %.0f %.0f %.0f", rps, requests, a[1] - b[1], a[2] - b[2], a[3] - b[3]
+        }' <<<"$out"
+}
+
+# Per configuration: requests and CPU ns summed over its runs.
+declare -A TOTAL=([a_requests]=0 [a_tollgate]=0 [a_upstream]=0 [a_redis]=0 [b_requests]=0 [b_tollgate]=0 [b_upstream]=0
+    [b_redis]=0)
+account() { # a|b "REQUESTS/S REQUESTS TOLLGATE_NS UPSTREAM_NS REDIS_NS": prints the requests per second
+    local fields
+    read -ra fields <<<"$2"
+    TOTAL[$1_requests]=$((TOTAL[$1_requests] + fields[1]))
+    TOTAL[$1_tollgate]=$((TOTAL[$1_tollgate] + fields[2]))
+    TOTAL[$1_upstream]=$((TOTAL[$1_upstream] + fields[3]))
+    TOTAL[$1_redis]=$((TOTAL[$1_redis] + fields[4]))
+    echo "${fields[0]}"
 }
 
 echo "A = $(basename "$A"), B = $(basename "$B"); $CYCLES cycles of A B B A, ${SECONDS_EACH} s runs, $CONNECTIONS connections"
 sum_a=0 sum_b=0
 for cycle in $(seq "$CYCLES"); do
-    a1=$(run "$A" "$TOLLGATE"); b1=$(run "$B" "$TOLLGATE_B"); b2=$(run "$B" "$TOLLGATE_B"); a2=$(run "$A" "$TOLLGATE")
+    # account() runs in this shell (not a subshell) so that its sums last: its answer goes through a variable.
+    account a "$(run "$A" "$TOLLGATE")" >"$WORK/rps"; a1=$(<"$WORK/rps")
+    account b "$(run "$B" "$TOLLGATE_B")" >"$WORK/rps"; b1=$(<"$WORK/rps")
+    account b "$(run "$B" "$TOLLGATE_B")" >"$WORK/rps"; b2=$(<"$WORK/rps")
+    account a "$(run "$A" "$TOLLGATE")" >"$WORK/rps"; a2=$(<"$WORK/rps")
     sum_a=$((sum_a + a1 + a2)) sum_b=$((sum_b + b1 + b2))
     awk -v c="$cycle" -v a1="$a1" -v b1="$b1" -v b2="$b2" -v a2="$a2" \
         'BEGIN { printf "cycle %d: A %d, B %d, B %d, A %d req/s: B/A = %.1f%%\n", c, a1, b1, b2, a2, 100 * (b1 + b2) / (a1 + a2) }'
 done
 awk -v a="$sum_a" -v b="$sum_b" 'BEGIN { printf "all cycles: B/A = %.1f%%\n", 100 * b / a }'
+echo "CPU time per request on the servers' core, all cycles (us): A / B / B - A"
+for part in tollgate upstream redis; do
+    awk -v part="$part" -v ra="${TOTAL[a_requests]}" -v rb="${TOTAL[b_requests]}" -v a="${TOTAL[a_$part]}" \
+        -v b="${TOTAL[b_$part]}" 'BEGIN { printf "  %-9s %6.2f / %6.2f / %+6.2f\n", part, a / ra / 1000, b / rb / 1000, b / rb / 1000 - a / ra / 1000 }'
+done
+awk -v ra="${TOTAL[a_requests]}" -v rb="${TOTAL[b_requests]}" \
+    -v a="$((TOTAL[a_tollgate] + TOTAL[a_upstream] + TOTAL[a_redis]))" \
+    -v b="$((TOTAL[b_tollgate] + TOTAL[b_upstream] + TOTAL[b_redis]))" \
+    'BEGIN { printf "  %-9s %6.2f / %6.2f / %+6.2f\n", "together", a / ra / 1000, b / rb / 1000, b / rb / 1000 - a / ra / 1000 }'
