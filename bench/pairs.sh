@@ -121,35 +121,35 @@ run() { # CONFIG BINARY: prints "REQUESTS/S REQUESTS TOLLGATE_NS UPSTREAM_NS RED
 # Per configuration: requests and CPU ns summed over its runs.
 declare -A TOTAL=([a_requests]=0 [a_tollgate]=0 [a_upstream]=0 [a_redis]=0 [b_requests]=0 [b_tollgate]=0 [b_upstream]=0
     [b_redis]=0)
-account() { # a|b "REQUESTS/S REQUESTS TOLLGATE_NS UPSTREAM_NS REDIS_NS": prints the requests per second
+# Adds one run to a|b's sums and sets RPS to its requests per second (a variable, not output: a command
+# substitution would run it in a subshell, and the sums would not last).
+account() { # a|b "REQUESTS/S REQUESTS TOLLGATE_NS UPSTREAM_NS REDIS_NS"
     local fields
     read -ra fields <<<"$2"
     TOTAL[$1_requests]=$((TOTAL[$1_requests] + fields[1]))
     TOTAL[$1_tollgate]=$((TOTAL[$1_tollgate] + fields[2]))
     TOTAL[$1_upstream]=$((TOTAL[$1_upstream] + fields[3]))
     TOTAL[$1_redis]=$((TOTAL[$1_redis] + fields[4]))
-    echo "${fields[0]}"
+    RPS=${fields[0]}
 }
 
 echo "A = $(basename "$A"), B = $(basename "$B"); $CYCLES cycles of A B B A, ${SECONDS_EACH} s runs, $CONNECTIONS connections"
 sum_a=0 sum_b=0
 for cycle in $(seq "$CYCLES"); do
-    # account() runs in this shell (not a subshell) so that its sums last: its answer goes through a variable.
-    account a "$(run "$A" "$TOLLGATE")" >"$WORK/rps"; a1=$(<"$WORK/rps")
-    account b "$(run "$B" "$TOLLGATE_B")" >"$WORK/rps"; b1=$(<"$WORK/rps")
-    account b "$(run "$B" "$TOLLGATE_B")" >"$WORK/rps"; b2=$(<"$WORK/rps")
-    account a "$(run "$A" "$TOLLGATE")" >"$WORK/rps"; a2=$(<"$WORK/rps")
+    account a "$(run "$A" "$TOLLGATE")"; a1=$RPS
+    account b "$(run "$B" "$TOLLGATE_B")"; b1=$RPS
+    account b "$(run "$B" "$TOLLGATE_B")"; b2=$RPS
+    account a "$(run "$A" "$TOLLGATE")"; a2=$RPS
     sum_a=$((sum_a + a1 + a2)) sum_b=$((sum_b + b1 + b2))
     awk -v c="$cycle" -v a1="$a1" -v b1="$b1" -v b2="$b2" -v a2="$a2" \
         'BEGIN { printf "cycle %d: A %d, B %d, B %d, A %d req/s: B/A = %.1f%%\n", c, a1, b1, b2, a2, 100 * (b1 + b2) / (a1 + a2) }'
 done
 awk -v a="$sum_a" -v b="$sum_b" 'BEGIN { printf "all cycles: B/A = %.1f%%\n", 100 * b / a }'
 echo "CPU time per request on the servers' core, all cycles (us): A / B / B - A"
-for part in tollgate upstream redis; do
+for side in a b; do
+    TOTAL[${side}_together]=$((TOTAL[${side}_tollgate] + TOTAL[${side}_upstream] + TOTAL[${side}_redis]))
+done
+for part in tollgate upstream redis together; do
     awk -v part="$part" -v ra="${TOTAL[a_requests]}" -v rb="${TOTAL[b_requests]}" -v a="${TOTAL[a_$part]}" \
         -v b="${TOTAL[b_$part]}" 'BEGIN { printf "  %-9s %6.2f / %6.2f / %+6.2f\n", part, a / ra / 1000, b / rb / 1000, b / rb / 1000 - a / ra / 1000 }'
 done
-awk -v ra="${TOTAL[a_requests]}" -v rb="${TOTAL[b_requests]}" \
-    -v a="$((TOTAL[a_tollgate] + TOTAL[a_upstream] + TOTAL[a_redis]))" \
-    -v b="$((TOTAL[b_tollgate] + TOTAL[b_upstream] + TOTAL[b_redis]))" \
-    'BEGIN { printf "  %-9s %6.2f / %6.2f / %+6.2f\n", "together", a / ra / 1000, b / rb / 1000, b / rb / 1000 - a / ra / 1000 }'

@@ -654,13 +654,12 @@ STORE_CSV=$RESULTS/latest-store-wait.csv
             return text
         }
         # The ratio of the sums over all rounds: with the rounds in mirrored order (two, four...) both targets sit
-        # at the same mean time, so a steady drift of the machine cancels out of it. "" with one round.
+        # at the same mean time, so a steady drift of the machine cancels out of it. -1 with one round.
         function mirrored(a, b,    r, sa, sb) {
             for (r = 1; (r "," a) in round_rps && (r "," b) in round_rps; r++) {
                 sa += round_rps[r "," a]; sb += round_rps[r "," b]
             }
-            mirrored_ratio[a "/" b] = (r > 2 && sb > 0) ? sa / sb : -1
-            return r > 2 && sb > 0 ? sa / sb : -1
+            return mirrored_ratio[a "/" b] = (r > 2 && sb > 0) ? sa / sb : -1
         }
         # Met only if met by the mirrored rounds together (or the best rounds, with one) and in every round.
         function paired_verdict(best, a, b, target,    m) {
