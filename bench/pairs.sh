@@ -16,8 +16,10 @@
 #
 # Knobs (environment): PAIRS_SECONDS (each run, 5), PAIRS_WARMUP (1), PAIRS_CONNECTIONS (64), BENCH_TOLLGATE (the
 # binary, default target/release/tollgate), PAIRS_TOLLGATE_B (B's binary, default the same: set it to compare two
-# builds). Like bench/run.sh: servers pinned on CPU 0, wrk on CPU 1, the same fixed loopback ports (16379 Redis,
-# 18081 upstream, 18090 and 19901 tollgate), so do not run both at once.
+# builds), PAIRS_UPSTREAM_CPU and PAIRS_REDIS_CPU (0: the CPU the upstream and Redis run on; both 1 gives tollgate
+# CPU 0 to itself, as a gateway has its own machine in production). Like bench/run.sh: servers pinned on CPU 0,
+# wrk on CPU 1, the same fixed loopback ports (16379 Redis, 18081 upstream, 18090 and 19901 tollgate), so do not run
+# both at once.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -29,6 +31,8 @@ WARMUP=${PAIRS_WARMUP:-1}
 CONNECTIONS=${PAIRS_CONNECTIONS:-64}
 TOLLGATE=${BENCH_TOLLGATE:-$ROOT/target/release/tollgate}
 TOLLGATE_B=${PAIRS_TOLLGATE_B:-$TOLLGATE}
+UPSTREAM_CPU=${PAIRS_UPSTREAM_CPU:-0}
+REDIS_CPU=${PAIRS_REDIS_CPU:-0}
 export RUST_LOG=warn TOKIO_WORKER_THREADS=${TOKIO_WORKER_THREADS:-1}
 export BENCH_REDIS_URL=redis://127.0.0.1:16379 BENCH_UPSTREAM_URL=http://127.0.0.1:18081
 
@@ -77,9 +81,9 @@ http {
     }
 }
 CONF
-taskset -c 0 nginx -p "$WORK" -c "$WORK/nginx.conf" -e "$WORK/logs/error.log" &
+taskset -c "$UPSTREAM_CPU" nginx -p "$WORK" -c "$WORK/nginx.conf" -e "$WORK/logs/error.log" &
 PIDS+=("$!")
-taskset -c 0 redis-server --bind 127.0.0.1 --port 16379 --save "" --appendonly no --dir "$WORK" >"$WORK/redis.log" &
+taskset -c "$REDIS_CPU" redis-server --bind 127.0.0.1 --port 16379 --save "" --appendonly no --dir "$WORK" >"$WORK/redis.log" &
 PIDS+=("$!")
 wait_http http://127.0.0.1:18081/
 until redis-cli -p 16379 ping >/dev/null 2>&1; do sleep 0.1; done
@@ -97,16 +101,19 @@ cpu_ns() { # PID
     fi
 }
 
-run() { # CONFIG BINARY: prints "REQUESTS/S REQUESTS TOLLGATE_NS UPSTREAM_NS REDIS_NS" for one fresh tollgate
+# Clock ticks CPU 0 has been idle so far.
+idle_ticks() { awk '$1 == "cpu0" { print $5 }' /proc/stat; }
+
+run() { # CONFIG BINARY: prints "REQUESTS/S REQUESTS TOLLGATE_NS UPSTREAM_NS REDIS_NS IDLE_TICKS" for one fresh tollgate
     redis-cli -p 16379 flushall >/dev/null
     taskset -c 0 "$2" --config "$1" >"$WORK/tollgate.log" 2>&1 &
     local pid=$!
     wait_http http://127.0.0.1:19901/readyz
     taskset -c 1 wrk -t1 -c"$CONNECTIONS" -d"${WARMUP}s" http://127.0.0.1:18090/ >/dev/null
     local out before after
-    before="$(cpu_ns "$pid") $(cpu_ns "$NGINX_PID") $(cpu_ns "$REDIS_PID")"
+    before="$(cpu_ns "$pid") $(cpu_ns "$NGINX_PID") $(cpu_ns "$REDIS_PID") $(idle_ticks)"
     out=$(taskset -c 1 wrk -t1 -c"$CONNECTIONS" -d"${SECONDS_EACH}s" http://127.0.0.1:18090/)
-    after="$(cpu_ns "$pid") $(cpu_ns "$NGINX_PID") $(cpu_ns "$REDIS_PID")"
+    after="$(cpu_ns "$pid") $(cpu_ns "$NGINX_PID") $(cpu_ns "$REDIS_PID") $(idle_ticks)"
     kill "$pid"
     wait "$pid" 2>/dev/null || true
     awk -v before="$before" -v after="$after" '
@@ -114,26 +121,28 @@ run() { # CONFIG BINARY: prints "REQUESTS/S REQUESTS TOLLGATE_NS UPSTREAM_NS RED
         /Requests\/sec/ { rps = $2 }
         END {
             split(before, b, " "); split(after, a, " ")
-            printf "%.0f %d %.0f %.0f %.0f", rps, requests, a[1] - b[1], a[2] - b[2], a[3] - b[3]
+            printf "%.0f %d %.0f %.0f %.0f %d", rps, requests, a[1] - b[1], a[2] - b[2], a[3] - b[3], a[4] - b[4]
         }' <<<"$out"
 }
 
 # Per configuration: requests and CPU ns summed over its runs.
-declare -A TOTAL=([a_requests]=0 [a_tollgate]=0 [a_upstream]=0 [a_redis]=0 [b_requests]=0 [b_tollgate]=0 [b_upstream]=0
-    [b_redis]=0)
+declare -A TOTAL=([a_requests]=0 [a_tollgate]=0 [a_upstream]=0 [a_redis]=0 [a_idle]=0 [b_requests]=0 [b_tollgate]=0
+    [b_upstream]=0 [b_redis]=0 [b_idle]=0)
 # Adds one run to a|b's sums and sets RPS to its requests per second (a variable, not output: a command
 # substitution would run it in a subshell, and the sums would not last).
-account() { # a|b "REQUESTS/S REQUESTS TOLLGATE_NS UPSTREAM_NS REDIS_NS"
+account() { # a|b "REQUESTS/S REQUESTS TOLLGATE_NS UPSTREAM_NS REDIS_NS IDLE_TICKS"
     local fields
     read -ra fields <<<"$2"
     TOTAL[$1_requests]=$((TOTAL[$1_requests] + fields[1]))
     TOTAL[$1_tollgate]=$((TOTAL[$1_tollgate] + fields[2]))
     TOTAL[$1_upstream]=$((TOTAL[$1_upstream] + fields[3]))
     TOTAL[$1_redis]=$((TOTAL[$1_redis] + fields[4]))
+    TOTAL[$1_idle]=$((TOTAL[$1_idle] + fields[5]))
     RPS=${fields[0]}
 }
 
-echo "A = $(basename "$A"), B = $(basename "$B"); $CYCLES cycles of A B B A, ${SECONDS_EACH} s runs, $CONNECTIONS connections"
+echo "A = $(basename "$A"), B = $(basename "$B"); $CYCLES cycles of A B B A, ${SECONDS_EACH} s runs, $CONNECTIONS connections;" \
+    "tollgate on CPU 0, upstream on CPU $UPSTREAM_CPU, Redis on CPU $REDIS_CPU, wrk on CPU 1"
 sum_a=0 sum_b=0
 for cycle in $(seq "$CYCLES"); do
     account a "$(run "$A" "$TOLLGATE")"; a1=$RPS
@@ -145,7 +154,7 @@ for cycle in $(seq "$CYCLES"); do
         'BEGIN { printf "cycle %d: A %d, B %d, B %d, A %d req/s: B/A = %.1f%%\n", c, a1, b1, b2, a2, 100 * (b1 + b2) / (a1 + a2) }'
 done
 awk -v a="$sum_a" -v b="$sum_b" 'BEGIN { printf "all cycles: B/A = %.1f%%\n", 100 * b / a }'
-echo "CPU time per request on the servers' core, all cycles (us): A / B / B - A"
+echo "CPU time per request, all cycles (us): A / B / B - A"
 for side in a b; do
     TOTAL[${side}_together]=$((TOTAL[${side}_tollgate] + TOTAL[${side}_upstream] + TOTAL[${side}_redis]))
 done
@@ -153,3 +162,6 @@ for part in tollgate upstream redis together; do
     awk -v part="$part" -v ra="${TOTAL[a_requests]}" -v rb="${TOTAL[b_requests]}" -v a="${TOTAL[a_$part]}" \
         -v b="${TOTAL[b_$part]}" 'BEGIN { printf "  %-9s %6.2f / %6.2f / %+6.2f\n", part, a / ra / 1000, b / rb / 1000, b / rb / 1000 - a / ra / 1000 }'
 done
+# Time CPU 0 spent idle: with the servers sharing it, near 0; with tollgate alone on it, what its waits left unused.
+awk -v hz="$(getconf CLK_TCK)" -v runs=$((2 * CYCLES)) -v s="$SECONDS_EACH" -v a="${TOTAL[a_idle]}" -v b="${TOTAL[b_idle]}" \
+    'BEGIN { printf "CPU 0 idle: %.1f%% / %.1f%%\n", 100 * a / (hz * runs * s), 100 * b / (hz * runs * s) }'
