@@ -104,16 +104,20 @@ cpu_ns() { # PID
 # Clock ticks CPU 0 has been idle so far.
 idle_ticks() { awk '$1 == "cpu0" { print $5 }' /proc/stat; }
 
-run() { # CONFIG BINARY: prints "REQUESTS/S REQUESTS TOLLGATE_NS UPSTREAM_NS REDIS_NS IDLE_TICKS" for one fresh tollgate
+# Clock ticks PID has spent in user space so far (the kernel's sampled split, unlike cpu_ns's total).
+user_ticks() { sed 's/^.*) //' /proc/"$1"/stat | awk '{ print $12 }'; }
+
+run() { # CONFIG BINARY: prints "REQUESTS/S REQUESTS TOLLGATE_NS UPSTREAM_NS REDIS_NS IDLE_TICKS TOLLGATE_USER_TICKS"
+    # for one fresh tollgate
     redis-cli -p 16379 flushall >/dev/null
     taskset -c 0 "$2" --config "$1" >"$WORK/tollgate.log" 2>&1 &
     local pid=$!
     wait_http http://127.0.0.1:19901/readyz
     taskset -c 1 wrk -t1 -c"$CONNECTIONS" -d"${WARMUP}s" http://127.0.0.1:18090/ >/dev/null
     local out before after
-    before="$(cpu_ns "$pid") $(cpu_ns "$NGINX_PID") $(cpu_ns "$REDIS_PID") $(idle_ticks)"
+    before="$(cpu_ns "$pid") $(cpu_ns "$NGINX_PID") $(cpu_ns "$REDIS_PID") $(idle_ticks) $(user_ticks "$pid")"
     out=$(taskset -c 1 wrk -t1 -c"$CONNECTIONS" -d"${SECONDS_EACH}s" http://127.0.0.1:18090/)
-    after="$(cpu_ns "$pid") $(cpu_ns "$NGINX_PID") $(cpu_ns "$REDIS_PID") $(idle_ticks)"
+    after="$(cpu_ns "$pid") $(cpu_ns "$NGINX_PID") $(cpu_ns "$REDIS_PID") $(idle_ticks) $(user_ticks "$pid")"
     kill "$pid"
     wait "$pid" 2>/dev/null || true
     awk -v before="$before" -v after="$after" '
@@ -121,16 +125,17 @@ run() { # CONFIG BINARY: prints "REQUESTS/S REQUESTS TOLLGATE_NS UPSTREAM_NS RED
         /Requests\/sec/ { rps = $2 }
         END {
             split(before, b, " "); split(after, a, " ")
-            printf "%.0f %d %.0f %.0f %.0f %d", rps, requests, a[1] - b[1], a[2] - b[2], a[3] - b[3], a[4] - b[4]
+            printf "%.0f %d %.0f %.0f %.0f %d %d", rps, requests, a[1] - b[1], a[2] - b[2], a[3] - b[3], a[4] - b[4],
+                a[5] - b[5]
         }' <<<"$out"
 }
 
 # Per configuration: requests and CPU ns summed over its runs.
-declare -A TOTAL=([a_requests]=0 [a_tollgate]=0 [a_upstream]=0 [a_redis]=0 [a_idle]=0 [b_requests]=0 [b_tollgate]=0
-    [b_upstream]=0 [b_redis]=0 [b_idle]=0)
+declare -A TOTAL=([a_requests]=0 [a_tollgate]=0 [a_upstream]=0 [a_redis]=0 [a_idle]=0 [a_user]=0 [b_requests]=0
+    [b_tollgate]=0 [b_upstream]=0 [b_redis]=0 [b_idle]=0 [b_user]=0)
 # Adds one run to a|b's sums and sets RPS to its requests per second (a variable, not output: a command
 # substitution would run it in a subshell, and the sums would not last).
-account() { # a|b "REQUESTS/S REQUESTS TOLLGATE_NS UPSTREAM_NS REDIS_NS IDLE_TICKS"
+account() { # a|b "REQUESTS/S REQUESTS TOLLGATE_NS UPSTREAM_NS REDIS_NS IDLE_TICKS TOLLGATE_USER_TICKS"
     local fields
     read -ra fields <<<"$2"
     TOTAL[$1_requests]=$((TOTAL[$1_requests] + fields[1]))
@@ -138,6 +143,7 @@ account() { # a|b "REQUESTS/S REQUESTS TOLLGATE_NS UPSTREAM_NS REDIS_NS IDLE_TIC
     TOTAL[$1_upstream]=$((TOTAL[$1_upstream] + fields[3]))
     TOTAL[$1_redis]=$((TOTAL[$1_redis] + fields[4]))
     TOTAL[$1_idle]=$((TOTAL[$1_idle] + fields[5]))
+    TOTAL[$1_user]=$((TOTAL[$1_user] + fields[6]))
     RPS=${fields[0]}
 }
 
@@ -162,6 +168,12 @@ for part in tollgate upstream redis together; do
     awk -v part="$part" -v ra="${TOTAL[a_requests]}" -v rb="${TOTAL[b_requests]}" -v a="${TOTAL[a_$part]}" \
         -v b="${TOTAL[b_$part]}" 'BEGIN { printf "  %-9s %6.2f / %6.2f / %+6.2f\n", part, a / ra / 1000, b / rb / 1000, b / rb / 1000 - a / ra / 1000 }'
 done
+# Of tollgate's time, how much was user space (its own code; the rest is the kernel's, mostly the sockets').
+awk -v hz="$(getconf CLK_TCK)" -v ra="${TOTAL[a_requests]}" -v rb="${TOTAL[b_requests]}" -v a="${TOTAL[a_user]}" \
+    -v b="${TOTAL[b_user]}" 'BEGIN {
+        ua = a * 1e6 / hz / ra; ub = b * 1e6 / hz / rb
+        printf "  tollgate in user space (sampled) %6.2f / %6.2f / %+6.2f\n", ua, ub, ub - ua
+    }'
 # Time CPU 0 spent idle: with the servers sharing it, near 0; with tollgate alone on it, what its waits left unused.
 awk -v hz="$(getconf CLK_TCK)" -v runs=$((2 * CYCLES)) -v s="$SECONDS_EACH" -v a="${TOTAL[a_idle]}" -v b="${TOTAL[b_idle]}" \
     'BEGIN { printf "CPU 0 idle: %.1f%% / %.1f%%\n", 100 * a / (hz * runs * s), 100 * b / (hz * runs * s) }'
