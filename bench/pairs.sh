@@ -17,9 +17,9 @@
 # Knobs (environment): PAIRS_SECONDS (each run, 5), PAIRS_WARMUP (1), PAIRS_CONNECTIONS (64), BENCH_TOLLGATE (the
 # binary, default target/release/tollgate), PAIRS_TOLLGATE_B (B's binary, default the same: set it to compare two
 # builds), PAIRS_UPSTREAM_CPU and PAIRS_REDIS_CPU (0: the CPU the upstream and Redis run on; both 1 gives tollgate
-# CPU 0 to itself, as a gateway has its own machine in production). Like bench/run.sh: servers pinned on CPU 0,
-# wrk on CPU 1, the same fixed loopback ports (16379 Redis, 18081 upstream, 18090 and 19901 tollgate), so do not run
-# both at once.
+# CPU 0 to itself, as a gateway has its own machine in production). Like bench/run.sh: by default the servers
+# pinned on CPU 0, wrk on CPU 1, the same fixed loopback ports (16379 Redis, 18081 upstream, 18090 and 19901
+# tollgate), so do not run both at once.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -83,7 +83,8 @@ http {
 CONF
 taskset -c "$UPSTREAM_CPU" nginx -p "$WORK" -c "$WORK/nginx.conf" -e "$WORK/logs/error.log" &
 PIDS+=("$!")
-taskset -c "$REDIS_CPU" redis-server --bind 127.0.0.1 --port 16379 --save "" --appendonly no --dir "$WORK" >"$WORK/redis.log" &
+taskset -c "$REDIS_CPU" redis-server --bind 127.0.0.1 --port 16379 --save "" --appendonly no --dir "$WORK" \
+    >"$WORK/redis.log" &
 PIDS+=("$!")
 wait_http http://127.0.0.1:18081/
 until redis-cli -p 16379 ping >/dev/null 2>&1; do sleep 0.1; done
@@ -147,8 +148,8 @@ account() { # a|b "REQUESTS/S REQUESTS TOLLGATE_NS UPSTREAM_NS REDIS_NS IDLE_TIC
     RPS=${fields[0]}
 }
 
-echo "A = $(basename "$A"), B = $(basename "$B"); $CYCLES cycles of A B B A, ${SECONDS_EACH} s runs, $CONNECTIONS connections;" \
-    "tollgate on CPU 0, upstream on CPU $UPSTREAM_CPU, Redis on CPU $REDIS_CPU, wrk on CPU 1"
+echo "A = $(basename "$A"), B = $(basename "$B"); $CYCLES cycles of A B B A, ${SECONDS_EACH} s runs," \
+    "$CONNECTIONS connections; tollgate on CPU 0, upstream on CPU $UPSTREAM_CPU, Redis on CPU $REDIS_CPU, wrk on CPU 1"
 sum_a=0 sum_b=0
 for cycle in $(seq "$CYCLES"); do
     account a "$(run "$A" "$TOLLGATE")"; a1=$RPS
