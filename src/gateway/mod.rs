@@ -1,5 +1,6 @@
 //! The gateway itself: per request, find the route, build the keys, ask the limiter, then forward or refuse.
 
+mod drain;
 mod handler;
 mod responses;
 mod runtime;

@@ -1,5 +1,5 @@
-//! The HTTP listener: accepts connections, applies the server limits, serves HTTP/1.1 and h2c, and drains
-//! in-flight requests on shutdown.
+//! The HTTP listener: accepts connections, applies the server limits, serves HTTP/1.1 (with WebSocket upgrades) and
+//! h2c, and drains in-flight requests on shutdown.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -14,10 +14,10 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use thiserror::Error;
 use tokio::net::{TcpListener, TcpStream};
 
+use super::drain::{Drain, DrainWatcher};
 use super::Gateway;
 use crate::config::ServerSettings;
 
@@ -38,7 +38,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let builders = Arc::new(Builders::new(settings));
-    let graceful = GracefulShutdown::new();
+    let drain = Drain::new();
     tokio::pin!(shutdown);
 
     loop {
@@ -60,15 +60,15 @@ pub async fn serve(
             peer,
             gateway.clone(),
             builders.clone(),
-            graceful.watcher(),
+            drain.watcher(),
             settings.header_read_timeout,
         ));
     }
 
     drop(listener);
     tracing::info!(grace = ?settings.shutdown_grace, "draining in-flight requests");
-    let open = graceful.count();
-    match tokio::time::timeout(settings.shutdown_grace, graceful.shutdown()).await {
+    let open = drain.open();
+    match tokio::time::timeout(settings.shutdown_grace, drain.shutdown()).await {
         Ok(()) => Ok(()),
         Err(_) => Err(ServeError::GraceExpired(open)),
     }
@@ -144,7 +144,7 @@ async fn serve_connection(
     peer: SocketAddr,
     gateway: Arc<Gateway>,
     builders: Arc<Builders>,
-    watcher: Watcher,
+    watcher: DrainWatcher,
     header_read_timeout: Duration,
 ) {
     let opening = sniff(&stream, header_read_timeout).await;
@@ -153,14 +153,17 @@ async fn serve_connection(
         async move { Ok::<_, Infallible>(gateway.handle(request.map(Body::new), peer).await) }
     });
     let result = match opening {
-        Opening::Http1 => watcher
-            .watch(
-                builders
-                    .http1
-                    .serve_connection(TokioIo::new(stream), service),
-            )
-            .await
-            .map_err(BoxError::from),
+        Opening::Http1 => {
+            // With upgrades: a WebSocket handshake the upstream accepts hands the connection to its tunnel.
+            let connection = builders
+                .http1
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades();
+            watcher
+                .watch(connection, http1::UpgradeableConnection::graceful_shutdown)
+                .await
+                .map_err(BoxError::from)
+        }
         Opening::MaybeHttp2 => serve_auto(&builders.auto, stream, service, watcher).await,
         Opening::Nothing => {
             tracing::debug!(%peer, "connection closed before sending a request");
@@ -179,7 +182,7 @@ fn serve_auto<S>(
     builder: &auto::Builder<TokioExecutor>,
     stream: TcpStream,
     service: S,
-    watcher: Watcher,
+    watcher: DrainWatcher,
 ) -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>
 where
     S: hyper::service::Service<
@@ -191,7 +194,7 @@ where
     S::Future: Send + 'static,
 {
     let connection = builder
-        .serve_connection(TokioIo::new(stream), service)
+        .serve_connection_with_upgrades(TokioIo::new(stream), service)
         .into_owned();
-    Box::pin(watcher.watch(connection))
+    Box::pin(watcher.watch(connection, auto::UpgradeableConnection::graceful_shutdown))
 }

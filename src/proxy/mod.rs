@@ -1,7 +1,9 @@
-//! Forwarding admitted requests to a route's upstream: connection pools, round robin, header rewriting.
+//! Forwarding admitted requests to a route's upstream: connection pools, round robin, header rewriting, WebSocket
+//! tunnels.
 
 mod headers;
 mod pool;
+mod upgrade;
 mod upstream;
 
 pub use headers::{ForwardedFacts, VIA};

@@ -17,6 +17,7 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
 use thiserror::Error;
+use tokio::net::TcpStream;
 use tower::ServiceExt;
 
 /// The connections to one target.
@@ -128,6 +129,26 @@ impl ConnectionPool {
         }
     }
 
+    /// Sends a WebSocket handshake on a connection of its own, never pooled: after a `101` the connection carries
+    /// the tunnel (the response's `hyper::upgrade::on` yields it); after any other answer it closes once the
+    /// response has been read. Boxed for the same reason as `connect_out_of_line`: upgrades are rare.
+    #[inline(never)]
+    #[cold]
+    pub fn send_upgrade(
+        &self,
+        request: Request<Body>,
+    ) -> Pin<Box<dyn Future<Output = Result<Response<Incoming>, SendError>> + Send + '_>> {
+        Box::pin(async move {
+            let (mut sender, connection) = http1::handshake(self.shared.dial().await?).await?;
+            tokio::spawn(async move {
+                if let Err(error) = connection.with_upgrades().await {
+                    tracing::debug!(%error, "upstream upgrade connection closed with an error");
+                }
+            });
+            Ok(sender.send_request(request).await?)
+        })
+    }
+
     /// Idle connections held now.
     #[cfg(test)]
     fn idle_count(&self) -> usize {
@@ -231,14 +252,16 @@ impl Shared {
         Box::pin(self.connect())
     }
 
-    async fn connect(&self) -> Result<SendRequest<Body>, SendError> {
-        let stream: TokioIo<_> = self
-            .connector
+    async fn dial(&self) -> Result<TokioIo<TcpStream>, SendError> {
+        self.connector
             .clone()
             .oneshot(self.address.clone())
             .await
-            .map_err(|error| SendError::Connect(error.into()))?;
-        let (sender, connection) = http1::handshake(stream).await?;
+            .map_err(|error| SendError::Connect(error.into()))
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Body>, SendError> {
+        let (sender, connection) = http1::handshake(self.dial().await?).await?;
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::debug!(%error, "upstream connection closed with an error");

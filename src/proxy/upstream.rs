@@ -1,16 +1,19 @@
 //! One upstream: its targets (round robin), each with its connection pool, and the forwarding of one request.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::body::Body;
 use http::uri::{PathAndQuery, Uri};
-use http::{header, HeaderValue, Request, Response};
+use http::{header, HeaderValue, Request, Response, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
 use thiserror::Error;
 
 use super::headers::{self, ForwardedFacts};
 use super::pool::{ConnectionPool, PoolSettings, SendError};
+use super::upgrade;
 use crate::config::UpstreamSettings;
 
 /// Idle keep-alive connections kept per target, and how long each is kept unused.
@@ -114,6 +117,8 @@ impl Upstream {
     ) -> Result<Response<Body>, ProxyError> {
         let target = &self.targets[self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len()];
         let uri = upstream_uri(request.uri(), &target.base_path, path)?;
+        // Read before the hop-by-hop fields go: `Upgrade` is one of them.
+        let websocket = upgrade::websocket_upgrade(&request);
 
         // HTTP/2 clients send the host as :authority; HTTP/1.1 upstreams need it as Host.
         if !request.headers().contains_key(header::HOST) {
@@ -128,26 +133,68 @@ impl Upstream {
             *request.uri_mut() = uri;
         }
         *request.version_mut() = http::Version::HTTP_11;
+        if let Some(protocol) = websocket {
+            return self.forward_upgrade(target, request, protocol).await;
+        }
 
-        let response = match tokio::time::timeout(self.timeout, target.pool.send(request)).await {
-            Err(_) => {
-                return Err(ProxyError::Timeout {
-                    upstream: self.name.clone(),
-                    timeout: self.timeout,
-                })
-            }
-            Ok(Err(source)) => {
-                return Err(ProxyError::Unreachable {
-                    upstream: self.name.clone(),
-                    source,
-                })
-            }
-            Ok(Ok(response)) => response,
-        };
+        let response = self.within_timeout(target.pool.send(request)).await?;
         // Streamed through, never buffered whole.
         let (mut parts, body) = response.into_parts();
         headers::prepare_response(&mut parts.headers, parts.version);
         Ok(Response::from_parts(parts, body))
+    }
+
+    /// Forwards a WebSocket handshake on a connection of its own. When the upstream switches protocols (`101`), the
+    /// response goes back with its `Upgrade` and the two connections are spliced by a task of their own; any other
+    /// answer is proxied as usual and the connection closes with it. Boxed and out of line: upgrades are rare, and
+    /// the request path's frame should not hold room for them.
+    #[inline(never)]
+    #[cold]
+    fn forward_upgrade<'a>(
+        &'a self,
+        target: &'a Target,
+        mut request: Request<Body>,
+        protocol: HeaderValue,
+    ) -> Pin<Box<dyn Future<Output = Result<Response<Body>, ProxyError>> + Send + 'a>> {
+        Box::pin(async move {
+            let client_side = hyper::upgrade::on(&mut request);
+            upgrade::keep_upgrade_fields(request.headers_mut(), protocol.clone());
+            let mut response = self
+                .within_timeout(target.pool.send_upgrade(request))
+                .await?;
+            let switched = (response.status() == StatusCode::SWITCHING_PROTOCOLS)
+                .then(|| hyper::upgrade::on(&mut response));
+            let (mut parts, body) = response.into_parts();
+            let accepted = parts.headers.get(header::UPGRADE).cloned();
+            headers::prepare_response(&mut parts.headers, parts.version);
+            if let Some(upstream_side) = switched {
+                upgrade::keep_upgrade_fields(&mut parts.headers, accepted.unwrap_or(protocol));
+                tokio::spawn(upgrade::splice(
+                    client_side,
+                    upstream_side,
+                    self.name.clone(),
+                ));
+            }
+            Ok(Response::from_parts(parts, Body::new(body)))
+        })
+    }
+
+    /// The response head of `sending`, or why none came within the upstream's timeout.
+    async fn within_timeout<B>(
+        &self,
+        sending: impl Future<Output = Result<Response<B>, SendError>>,
+    ) -> Result<Response<B>, ProxyError> {
+        match tokio::time::timeout(self.timeout, sending).await {
+            Err(_) => Err(ProxyError::Timeout {
+                upstream: self.name.clone(),
+                timeout: self.timeout,
+            }),
+            Ok(Err(source)) => Err(ProxyError::Unreachable {
+                upstream: self.name.clone(),
+                source,
+            }),
+            Ok(Ok(response)) => Ok(response),
+        }
     }
 }
 

@@ -1,0 +1,152 @@
+//! WebSocket upgrades: which requests are one, the fields they keep, and the tunnel spliced once both sides switch.
+
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, Version};
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
+
+/// The `Upgrade` value of a WebSocket opening handshake (RFC 6455 §4.1: an HTTP/1.1 `GET` whose `Connection` names
+/// `upgrade` and whose `Upgrade` names `websocket`), or `None` for any other request, whose `Upgrade` is dropped
+/// with the other hop-by-hop fields. HTTP/2 has no `Upgrade`; its WebSocket (RFC 8441) is not proxied.
+pub(super) fn websocket_upgrade<B>(request: &Request<B>) -> Option<HeaderValue> {
+    if request.version() != Version::HTTP_11 || request.method() != Method::GET {
+        return None;
+    }
+    let headers = request.headers();
+    if !any_token(headers, &header::CONNECTION, |token| {
+        token.eq_ignore_ascii_case("upgrade")
+    }) {
+        return None;
+    }
+    // A protocol may carry a version (`websocket/13`); only its name counts.
+    let names_websocket = any_token(headers, &header::UPGRADE, |token| {
+        let name = token.split_once('/').map_or(token, |(name, _)| name);
+        name.trim().eq_ignore_ascii_case("websocket")
+    });
+    names_websocket
+        .then(|| headers.get(header::UPGRADE).cloned())
+        .flatten()
+}
+
+/// Puts back the two fields a switch of protocols needs, which the hop-by-hop rule removed with the rest.
+pub(super) fn keep_upgrade_fields(headers: &mut HeaderMap, protocol: HeaderValue) {
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, protocol);
+}
+
+/// Copies bytes both ways between the client's and the upstream's upgraded connections until either side closes.
+/// Spawned as its own task: the handshake's response is already on its way back when the two sides switch.
+pub(super) async fn splice(client: OnUpgrade, upstream: OnUpgrade, upstream_name: String) {
+    let (client, upstream) = match tokio::try_join!(client, upstream) {
+        Ok(both) => both,
+        Err(error) => {
+            tracing::debug!(upstream = %upstream_name, %error, "WebSocket upgrade did not complete");
+            return;
+        }
+    };
+    let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
+    match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        Ok((to_upstream, to_client)) => tracing::debug!(
+            upstream = %upstream_name,
+            to_upstream,
+            to_client,
+            "WebSocket tunnel closed"
+        ),
+        Err(error) => {
+            tracing::debug!(upstream = %upstream_name, %error, "WebSocket tunnel broken");
+        }
+    }
+}
+
+/// Whether a token of any `name` field (comma-separated lists, whitespace around tokens) satisfies `matches`.
+fn any_token(
+    headers: &HeaderMap,
+    name: &header::HeaderName,
+    matches: impl Fn(&str) -> bool,
+) -> bool {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|token| matches(token.trim()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(method: &str, version: Version, fields: &[(&str, &str)]) -> Request<()> {
+        let mut builder = Request::builder()
+            .method(method)
+            .uri("/ws")
+            .version(version);
+        for (name, value) in fields {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(()).expect("request")
+    }
+
+    #[test]
+    fn a_websocket_handshake_is_recognised_whatever_the_case_and_lists() {
+        for (connection, upgrade) in [
+            ("Upgrade", "websocket"),
+            ("keep-alive, Upgrade", "WebSocket"),
+            ("upgrade", "foo/2, websocket/13"),
+        ] {
+            let r = request(
+                "GET",
+                Version::HTTP_11,
+                &[("connection", connection), ("upgrade", upgrade)],
+            );
+            assert_eq!(
+                websocket_upgrade(&r).as_ref().map(HeaderValue::as_bytes),
+                Some(upgrade.as_bytes()),
+                "{connection} / {upgrade}"
+            );
+        }
+    }
+
+    /// A request line's method and version, and its fields.
+    type Case = (
+        &'static str,
+        Version,
+        &'static [(&'static str, &'static str)],
+    );
+
+    #[test]
+    fn other_upgrades_and_incomplete_handshakes_are_not_websocket() {
+        let cases: [Case; 6] = [
+            (
+                "GET",
+                Version::HTTP_11,
+                &[("connection", "upgrade"), ("upgrade", "h2c")],
+            ),
+            ("GET", Version::HTTP_11, &[("upgrade", "websocket")]),
+            (
+                "GET",
+                Version::HTTP_11,
+                &[("connection", "keep-alive"), ("upgrade", "websocket")],
+            ),
+            ("GET", Version::HTTP_11, &[("connection", "upgrade")]),
+            (
+                "POST",
+                Version::HTTP_11,
+                &[("connection", "upgrade"), ("upgrade", "websocket")],
+            ),
+            (
+                "GET",
+                Version::HTTP_10,
+                &[("connection", "upgrade"), ("upgrade", "websocket")],
+            ),
+        ];
+        for (method, version, fields) in cases {
+            let r = request(method, version, fields);
+            assert_eq!(
+                websocket_upgrade(&r),
+                None,
+                "{method} {version:?} {fields:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,396 @@
+//! WebSocket upgrades end to end: a real WebSocket client, the gateway, and a real WebSocket upstream (axum's).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message as UpstreamMessage, WebSocket, WebSocketUpgrade};
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use axum::routing::{any, get};
+use axum::{Json, Router};
+use common::start_gateway;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Map, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+/// A WebSocket upstream on a free loopback port:
+/// - `/api/ws` sends the handshake's request fields as a JSON text message, then echoes every message;
+/// - `/api/bye` closes at once with code 4000;
+/// - any other path answers plain HTTP with the request fields as JSON (an upstream that declines upgrades).
+struct WebSocketUpstream {
+    addr: SocketAddr,
+    handshakes: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl WebSocketUpstream {
+    async fn start() -> Self {
+        let handshakes = Arc::new(AtomicUsize::new(0));
+        let app = Router::new()
+            .route("/api/ws", get(echo_socket))
+            .route("/api/bye", get(close_at_once))
+            .fallback(any(plain))
+            .with_state(handshakes.clone());
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self {
+            addr,
+            handshakes,
+            task,
+        }
+    }
+
+    fn handshakes(&self) -> usize {
+        self.handshakes.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for WebSocketUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn fields(headers: &HeaderMap) -> Value {
+    let mut fields = Map::new();
+    for (name, value) in headers {
+        fields.insert(
+            name.as_str().to_owned(),
+            Value::from(String::from_utf8_lossy(value.as_bytes()).into_owned()),
+        );
+    }
+    Value::Object(fields)
+}
+
+async fn echo_socket(
+    State(handshakes): State<Arc<AtomicUsize>>,
+    headers: HeaderMap,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    handshakes.fetch_add(1, Ordering::SeqCst);
+    let seen = json!({ "headers": fields(&headers) }).to_string();
+    upgrade.on_upgrade(move |mut socket: WebSocket| async move {
+        if socket
+            .send(UpstreamMessage::Text(seen.into()))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        while let Some(Ok(message)) = socket.recv().await {
+            let echo = match message {
+                UpstreamMessage::Text(text) => UpstreamMessage::Text(text),
+                UpstreamMessage::Binary(bytes) => UpstreamMessage::Binary(bytes),
+                UpstreamMessage::Close(_) => return,
+                // Pings are answered by the library.
+                _ => continue,
+            };
+            if socket.send(echo).await.is_err() {
+                return;
+            }
+        }
+    })
+}
+
+async fn close_at_once(
+    State(handshakes): State<Arc<AtomicUsize>>,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    handshakes.fetch_add(1, Ordering::SeqCst);
+    upgrade.on_upgrade(|mut socket: WebSocket| async move {
+        let _ = socket
+            .send(UpstreamMessage::Close(Some(CloseFrame {
+                code: 4000,
+                reason: "bye".into(),
+            })))
+            .await;
+        // Wait for the client's reply to the close before the connection goes.
+        while let Some(Ok(_)) = socket.recv().await {}
+    })
+}
+
+async fn plain(headers: HeaderMap) -> Json<Value> {
+    Json(json!({ "headers": fields(&headers) }))
+}
+
+/// A gateway routing `/api` to `upstream`, with `limits` (YAML list items indented by 6 spaces) if any.
+async fn gateway_for(upstream: &WebSocketUpstream, limits: &str) -> common::TestGateway {
+    let limits = if limits.is_empty() {
+        String::new()
+    } else {
+        format!("    limits:\n{limits}")
+    };
+    start_gateway(&format!(
+        r#"listen: 127.0.0.1:0
+store:
+  backend: memory
+upstreams:
+  ws:
+    targets: ["http://{}"]
+    timeout: 5s
+routes:
+  - name: api
+    match: {{ path_prefix: /api }}
+    upstream: ws
+{limits}"#,
+        upstream.addr
+    ))
+    .await
+}
+
+/// Sends a raw request head on a new connection and reads the response head, byte by byte so that nothing after it
+/// is consumed: the connection is returned positioned at the first byte after the head.
+async fn raw_head(addr: SocketAddr, head: &str) -> (String, TcpStream) {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(head.as_bytes()).await.expect("write");
+    let mut response = Vec::new();
+    let mut byte = [0u8; 1];
+    while !response.ends_with(b"\r\n\r\n") {
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut byte))
+            .await
+            .expect("a response head within 5 s")
+            .expect("read");
+        assert_eq!(
+            read,
+            1,
+            "closed after {:?}",
+            String::from_utf8_lossy(&response)
+        );
+        response.push(byte[0]);
+    }
+    (String::from_utf8_lossy(&response).into_owned(), stream)
+}
+
+fn handshake(path: &str, extra: &str) -> String {
+    format!(
+        "GET {path} HTTP/1.1\r\nHost: chat.test\r\nConnection: Upgrade{extra}\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+}
+
+async fn next_text(socket: &mut WebSocketStream<TcpStream>) -> String {
+    match tokio::time::timeout(Duration::from_secs(5), socket.next()).await {
+        Ok(Some(Ok(Message::Text(text)))) => text.as_str().to_owned(),
+        other => panic!("expected a text message, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn messages_cross_the_gateway_both_ways() {
+    let upstream = WebSocketUpstream::start().await;
+    let gateway = gateway_for(&upstream, "").await;
+    let stream = TcpStream::connect(gateway.addr).await.expect("connect");
+    let request = format!("ws://{}/api/ws", gateway.addr)
+        .into_client_request()
+        .expect("request");
+    let (mut socket, response) = tokio_tungstenite::client_async(request, stream)
+        .await
+        .expect("the handshake passes the gateway");
+    assert_eq!(response.status(), 101);
+    assert!(response.headers().contains_key("x-request-id"));
+    assert_eq!(response.headers()["via"], "1.1 tollgate");
+
+    let seen: Value = serde_json::from_str(&next_text(&mut socket).await).expect("json");
+    assert_eq!(seen["headers"]["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(seen["headers"]["via"], "1.1 tollgate");
+
+    socket
+        .send(Message::text("ping over the tunnel"))
+        .await
+        .expect("send");
+    assert_eq!(next_text(&mut socket).await, "ping over the tunnel");
+    let binary: Vec<u8> = (0..=255).cycle().take(200_000).collect();
+    socket
+        .send(Message::binary(binary.clone()))
+        .await
+        .expect("send");
+    match tokio::time::timeout(Duration::from_secs(5), socket.next()).await {
+        Ok(Some(Ok(Message::Binary(echoed)))) => assert!(echoed == binary, "binary echo differs"),
+        other => panic!("expected the binary echo, got {other:?}"),
+    }
+    socket.close(None).await.expect("close");
+    assert_eq!(upstream.handshakes(), 1);
+}
+
+#[tokio::test]
+async fn the_handshake_keeps_its_upgrade_fields_and_loses_the_other_hop_by_hop_ones() {
+    let upstream = WebSocketUpstream::start().await;
+    let gateway = gateway_for(&upstream, "").await;
+    let (head, stream) = raw_head(
+        gateway.addr,
+        &handshake(
+            "/api/ws",
+            ", X-Secret\r\nX-Secret: hop\r\nKeep-Alive: timeout=5\r\nX-Kept: yes",
+        ),
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    let lower = head.to_ascii_lowercase();
+    assert!(lower.contains("\r\nupgrade: websocket\r\n"), "{head}");
+    assert!(lower.contains("\r\nconnection: upgrade\r\n"), "{head}");
+    assert!(
+        lower.contains("\r\nsec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo=\r\n"),
+        "{head}"
+    );
+
+    let mut socket = WebSocketStream::from_raw_socket(stream, Role::Client, None).await;
+    let seen: Value = serde_json::from_str(&next_text(&mut socket).await).expect("json");
+    let fields = &seen["headers"];
+    assert_eq!(fields["upgrade"], "websocket");
+    assert_eq!(fields["connection"], "upgrade");
+    assert_eq!(fields["sec-websocket-key"], "dGhlIHNhbXBsZSBub25jZQ==");
+    assert_eq!(fields["x-kept"], "yes");
+    assert!(
+        fields.get("x-secret").is_none(),
+        "named by Connection: {fields}"
+    );
+    assert!(fields.get("keep-alive").is_none(), "{fields}");
+    socket
+        .send(Message::text("still a tunnel"))
+        .await
+        .expect("send");
+    assert_eq!(next_text(&mut socket).await, "still a tunnel");
+}
+
+#[tokio::test]
+async fn a_handshake_over_the_limit_is_refused_before_the_upstream() {
+    let upstream = WebSocketUpstream::start().await;
+    let limits = "      - name: per-ip\n        key: ip\n        algorithm: fixed_window\n        limit: 2\n        \
+                  period: 1m\n";
+    let gateway = gateway_for(&upstream, limits).await;
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let (head, stream) = raw_head(gateway.addr, &handshake("/api/ws", "")).await;
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("\r\nx-ratelimit-limit: 2\r\n"),
+            "{head}"
+        );
+        open.push(WebSocketStream::from_raw_socket(stream, Role::Client, None).await);
+    }
+    let (head, _) = raw_head(gateway.addr, &handshake("/api/ws", "")).await;
+    assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("\r\nretry-after: "),
+        "{head}"
+    );
+    assert_eq!(upstream.handshakes(), 2);
+
+    // The limit counts handshakes, not messages: the open tunnels carry on.
+    for socket in &mut open {
+        next_text(socket).await;
+        for n in 0..5 {
+            socket
+                .send(Message::text(format!("message {n}")))
+                .await
+                .expect("send");
+            assert_eq!(next_text(socket).await, format!("message {n}"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_upstream_that_declines_the_upgrade_is_answered_as_usual() {
+    let upstream = WebSocketUpstream::start().await;
+    let gateway = gateway_for(&upstream, "").await;
+    let (head, mut stream) = raw_head(gateway.addr, &handshake("/api/plain", "")).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        !head.to_ascii_lowercase().contains("\r\nupgrade:"),
+        "{head}"
+    );
+    let length: usize = head
+        .to_ascii_lowercase()
+        .split("\r\ncontent-length: ")
+        .nth(1)
+        .and_then(|rest| rest.split("\r\n").next())
+        .and_then(|n| n.parse().ok())
+        .expect("content-length");
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).await.expect("body");
+    let seen: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(
+        seen["headers"]["upgrade"], "websocket",
+        "the upgrade was offered"
+    );
+
+    // Still plain HTTP/1.1 on the client's connection: another request on it is answered.
+    stream
+        .write_all(b"GET /api/plain HTTP/1.1\r\nHost: chat.test\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest))
+        .await
+        .expect("answered within 5 s")
+        .expect("read");
+    assert!(
+        rest.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&rest)
+    );
+    assert_eq!(upstream.handshakes(), 0);
+}
+
+#[tokio::test]
+async fn upgrades_to_other_protocols_are_not_passed_on() {
+    let upstream = WebSocketUpstream::start().await;
+    let gateway = gateway_for(&upstream, "").await;
+    let response = common::http_client::raw(
+        gateway.addr,
+        b"GET /api/plain HTTP/1.1\r\nHost: chat.test\r\nConnection: Upgrade, HTTP2-Settings, close\r\nUpgrade: h2c\r\n\
+          HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n",
+    )
+    .await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    let body = &response[response.find("\r\n\r\n").expect("head end") + 4..];
+    let seen: Value = serde_json::from_str(body).expect("json");
+    assert!(seen["headers"].get("upgrade").is_none(), "{seen}");
+    assert!(
+        seen["headers"].get("http2-settings").is_none(),
+        "named by Connection: {seen}"
+    );
+}
+
+#[tokio::test]
+async fn the_tunnel_ends_when_the_upstream_closes_it() {
+    let upstream = WebSocketUpstream::start().await;
+    let gateway = gateway_for(&upstream, "").await;
+    let stream = TcpStream::connect(gateway.addr).await.expect("connect");
+    let request = format!("ws://{}/api/bye", gateway.addr)
+        .into_client_request()
+        .expect("request");
+    let (mut socket, _) = tokio_tungstenite::client_async(request, stream)
+        .await
+        .expect("handshake");
+    match tokio::time::timeout(Duration::from_secs(5), socket.next()).await {
+        Ok(Some(Ok(Message::Close(Some(frame))))) => {
+            assert_eq!(u16::from(frame.code), 4000);
+            assert_eq!(frame.reason.as_str(), "bye");
+        }
+        other => panic!("expected the upstream's close, got {other:?}"),
+    }
+    // The close is answered by the library; then the gateway closes the client's side as the upstream's goes.
+    let end = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(Ok(_)) = socket.next().await {}
+    })
+    .await;
+    assert!(
+        end.is_ok(),
+        "the tunnel stayed open after the upstream closed"
+    );
+}
