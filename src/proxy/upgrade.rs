@@ -9,7 +9,12 @@ use hyper_util::rt::TokioIo;
 /// `upgrade` and whose `Upgrade` names `websocket`), or `None` for any other request, whose `Upgrade` is dropped
 /// with the other hop-by-hop fields. HTTP/2 has no `Upgrade`; its WebSocket (RFC 8441) is not proxied.
 pub(super) fn websocket_upgrade<B>(request: &Request<B>) -> Option<HeaderValue> {
-    if request.version() != Version::HTTP_11 || request.method() != Method::GET {
+    // hyper's HTTP/1.1 server gives a request an `OnUpgrade` only when it has an `Upgrade` field: without one, this
+    // is the whole cost, with no field looked up (most requests carry no extension at all).
+    if request.extensions().get::<OnUpgrade>().is_none()
+        || request.version() != Version::HTTP_11
+        || request.method() != Method::GET
+    {
         return None;
     }
     let headers = request.headers();
@@ -76,7 +81,19 @@ fn any_token(
 mod tests {
     use super::*;
 
+    /// A request as hyper's HTTP/1.1 server hands it over: with an `OnUpgrade` when it has an `Upgrade` field.
     fn request(method: &str, version: Version, fields: &[(&str, &str)]) -> Request<()> {
+        let mut request = bare_request(method, version, fields);
+        if request.headers().contains_key(header::UPGRADE) {
+            // Outside hyper an `OnUpgrade` can only be taken from a message without one; its presence is the mark.
+            let mark = hyper::upgrade::on(&mut Request::new(()));
+            request.extensions_mut().insert(mark);
+        }
+        request
+    }
+
+    /// A request without the `OnUpgrade` hyper would add, as from an HTTP/2 connection or a hand-built request.
+    fn bare_request(method: &str, version: Version, fields: &[(&str, &str)]) -> Request<()> {
         let mut builder = Request::builder()
             .method(method)
             .uri("/ws")
@@ -85,6 +102,16 @@ mod tests {
             builder = builder.header(*name, *value);
         }
         builder.body(()).expect("request")
+    }
+
+    #[test]
+    fn without_hyper_s_upgrade_mark_nothing_is_an_upgrade() {
+        let fields = [("connection", "upgrade"), ("upgrade", "websocket")];
+        assert!(websocket_upgrade(&request("GET", Version::HTTP_11, &fields)).is_some());
+        assert_eq!(
+            websocket_upgrade(&bare_request("GET", Version::HTTP_11, &fields)),
+            None
+        );
     }
 
     #[test]

@@ -137,7 +137,8 @@ impl Upstream {
             return self.forward_upgrade(target, request, protocol).await;
         }
 
-        let response = self.within_timeout(target.pool.send(request)).await?;
+        let response =
+            self.answered(tokio::time::timeout(self.timeout, target.pool.send(request)).await)?;
         // Streamed through, never buffered whole.
         let (mut parts, body) = response.into_parts();
         headers::prepare_response(&mut parts.headers, parts.version);
@@ -159,9 +160,8 @@ impl Upstream {
         Box::pin(async move {
             let client_side = hyper::upgrade::on(&mut request);
             upgrade::keep_upgrade_fields(request.headers_mut(), protocol.clone());
-            let mut response = self
-                .within_timeout(target.pool.send_upgrade(request))
-                .await?;
+            let sent = tokio::time::timeout(self.timeout, target.pool.send_upgrade(request)).await;
+            let mut response = self.answered(sent)?;
             let switched = (response.status() == StatusCode::SWITCHING_PROTOCOLS)
                 .then(|| hyper::upgrade::on(&mut response));
             let (mut parts, body) = response.into_parts();
@@ -179,12 +179,13 @@ impl Upstream {
         })
     }
 
-    /// The response head of `sending`, or why none came within the upstream's timeout.
-    async fn within_timeout<B>(
+    /// The response head, or why none came within the upstream's timeout. A plain function of the outcome rather
+    /// than an async one taking the send future: that would move the whole future once more per request.
+    fn answered<B>(
         &self,
-        sending: impl Future<Output = Result<Response<B>, SendError>>,
+        outcome: Result<Result<Response<B>, SendError>, tokio::time::error::Elapsed>,
     ) -> Result<Response<B>, ProxyError> {
-        match tokio::time::timeout(self.timeout, sending).await {
+        match outcome {
             Err(_) => Err(ProxyError::Timeout {
                 upstream: self.name.clone(),
                 timeout: self.timeout,
