@@ -86,7 +86,7 @@ mod tests {
         let mut request = bare_request(method, version, fields);
         if request.headers().contains_key(header::UPGRADE) {
             // Outside hyper an `OnUpgrade` can only be taken from a message without one; its presence is the mark.
-            let mark = hyper::upgrade::on(&mut Request::new(()));
+            let mark = hyper::upgrade::on(Request::new(()));
             request.extensions_mut().insert(mark);
         }
         request
