@@ -77,6 +77,10 @@ fn describe() {
         metrics::Unit::Seconds,
         "Time to the upstream's response head, by route."
     );
+    metrics::describe_gauge!(
+        "tollgate_websocket_tunnels",
+        "WebSocket connections open through the gateway now, by upstream."
+    );
 }
 
 /// The per-route series of the request path, registered once when the config is compiled: looking a series up

@@ -13,7 +13,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::{any, get};
 use axum::{Json, Router};
-use common::start_gateway;
+use common::{serve_admin, start_gateway};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Map, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -128,6 +128,15 @@ async fn plain(headers: HeaderMap) -> Json<Value> {
 
 /// A gateway routing `/api` to `upstream`, with `limits` (YAML list items indented by 6 spaces) if any.
 async fn gateway_for(upstream: &WebSocketUpstream, limits: &str) -> common::TestGateway {
+    gateway_naming(upstream, "ws", limits).await
+}
+
+/// [`gateway_for`] with the upstream called `name` in the config.
+async fn gateway_naming(
+    upstream: &WebSocketUpstream,
+    name: &str,
+    limits: &str,
+) -> common::TestGateway {
     let limits = if limits.is_empty() {
         String::new()
     } else {
@@ -138,13 +147,13 @@ async fn gateway_for(upstream: &WebSocketUpstream, limits: &str) -> common::Test
 store:
   backend: memory
 upstreams:
-  ws:
+  {name}:
     targets: ["http://{}"]
     timeout: 5s
 routes:
   - name: api
     match: {{ path_prefix: /api }}
-    upstream: ws
+    upstream: {name}
 {limits}"#,
         upstream.addr
     ))
@@ -392,5 +401,59 @@ async fn the_tunnel_ends_when_the_upstream_closes_it() {
     assert!(
         end.is_ok(),
         "the tunnel stayed open after the upstream closed"
+    );
+}
+
+/// The value of `tollgate_websocket_tunnels` for `upstream` on the admin listener at `admin`.
+async fn open_tunnels(admin: &str, upstream: &str) -> Option<f64> {
+    let text = common::http_client::client()
+        .get(format!("{admin}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    let series = format!("tollgate_websocket_tunnels{{upstream=\"{upstream}\"}} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn open_tunnels_are_counted_until_they_close() {
+    tollgate::telemetry::prometheus().expect("this test process's recorder");
+    let upstream = WebSocketUpstream::start().await;
+    // An upstream name no other test uses: the recorder is shared by the whole test process.
+    let gateway = gateway_naming(&upstream, "ws_counted", "").await;
+    let admin = serve_admin(&gateway, None).await;
+    let mut sockets = Vec::new();
+    for _ in 0..2 {
+        let (head, stream) = raw_head(gateway.addr, &handshake("/api/ws", "")).await;
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        let mut socket = WebSocketStream::from_raw_socket(stream, Role::Client, None).await;
+        // The first message proves the tunnel is spliced (the gauge moves as it starts).
+        next_text(&mut socket).await;
+        sockets.push(socket);
+    }
+    assert_eq!(open_tunnels(&admin, "ws_counted").await, Some(2.0));
+    for mut socket in sockets {
+        socket.close(None).await.expect("close");
+        while let Ok(Some(Ok(_))) =
+            tokio::time::timeout(Duration::from_secs(5), socket.next()).await
+        {}
+    }
+    let mut open = None;
+    for _ in 0..50 {
+        open = open_tunnels(&admin, "ws_counted").await;
+        if open == Some(0.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        open,
+        Some(0.0),
+        "the gauge comes back down as the tunnels close"
     );
 }

@@ -49,6 +49,7 @@ pub(super) async fn splice(client: OnUpgrade, upstream: OnUpgrade, upstream_name
             return;
         }
     };
+    let _open = OpenTunnel::count(&upstream_name);
     let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
     match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
         Ok((to_upstream, to_client)) => tracing::debug!(
@@ -60,6 +61,24 @@ pub(super) async fn splice(client: OnUpgrade, upstream: OnUpgrade, upstream_name
         Err(error) => {
             tracing::debug!(upstream = %upstream_name, %error, "WebSocket tunnel broken");
         }
+    }
+}
+
+/// One open tunnel in `tollgate_websocket_tunnels`, for as long as it lives (also when its task is aborted).
+struct OpenTunnel(metrics::Gauge);
+
+impl OpenTunnel {
+    fn count(upstream: &str) -> Self {
+        let gauge =
+            metrics::gauge!("tollgate_websocket_tunnels", "upstream" => upstream.to_owned());
+        gauge.increment(1.0);
+        Self(gauge)
+    }
+}
+
+impl Drop for OpenTunnel {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
     }
 }
 
