@@ -190,6 +190,23 @@ fn handshake(path: &str, extra: &str) -> String {
     )
 }
 
+/// Opens a WebSocket to `path` through the gateway with a real client library.
+async fn connect(
+    gateway: &common::TestGateway,
+    path: &str,
+) -> (
+    WebSocketStream<TcpStream>,
+    tokio_tungstenite::tungstenite::handshake::client::Response,
+) {
+    let stream = TcpStream::connect(gateway.addr).await.expect("connect");
+    let request = format!("ws://{}{path}", gateway.addr)
+        .into_client_request()
+        .expect("request");
+    tokio_tungstenite::client_async(request, stream)
+        .await
+        .expect("the handshake passes the gateway")
+}
+
 async fn next_text(socket: &mut WebSocketStream<TcpStream>) -> String {
     match tokio::time::timeout(Duration::from_secs(5), socket.next()).await {
         Ok(Some(Ok(Message::Text(text)))) => text.as_str().to_owned(),
@@ -201,13 +218,7 @@ async fn next_text(socket: &mut WebSocketStream<TcpStream>) -> String {
 async fn messages_cross_the_gateway_both_ways() {
     let upstream = WebSocketUpstream::start().await;
     let gateway = gateway_for(&upstream, "").await;
-    let stream = TcpStream::connect(gateway.addr).await.expect("connect");
-    let request = format!("ws://{}/api/ws", gateway.addr)
-        .into_client_request()
-        .expect("request");
-    let (mut socket, response) = tokio_tungstenite::client_async(request, stream)
-        .await
-        .expect("the handshake passes the gateway");
+    let (mut socket, response) = connect(&gateway, "/api/ws").await;
     assert_eq!(response.status(), 101);
     assert!(response.headers().contains_key("x-request-id"));
     assert_eq!(response.headers()["via"], "1.1 tollgate");
@@ -379,13 +390,7 @@ async fn upgrades_to_other_protocols_are_not_passed_on() {
 async fn the_tunnel_ends_when_the_upstream_closes_it() {
     let upstream = WebSocketUpstream::start().await;
     let gateway = gateway_for(&upstream, "").await;
-    let stream = TcpStream::connect(gateway.addr).await.expect("connect");
-    let request = format!("ws://{}/api/bye", gateway.addr)
-        .into_client_request()
-        .expect("request");
-    let (mut socket, _) = tokio_tungstenite::client_async(request, stream)
-        .await
-        .expect("handshake");
+    let (mut socket, _) = connect(&gateway, "/api/bye").await;
     match tokio::time::timeout(Duration::from_secs(5), socket.next()).await {
         Ok(Some(Ok(Message::Close(Some(frame))))) => {
             assert_eq!(u16::from(frame.code), 4000);
