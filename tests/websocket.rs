@@ -288,7 +288,8 @@ async fn the_handshake_keeps_its_upgrade_fields_and_loses_the_other_hop_by_hop_o
 #[tokio::test]
 async fn a_handshake_over_the_limit_is_refused_before_the_upstream() {
     let upstream = WebSocketUpstream::start().await;
-    let limits = "      - name: per-ip\n        key: ip\n        algorithm: fixed_window\n        limit: 2\n        \
+    // sliding_log: exact over any minute, so a window boundary between the handshakes cannot admit a third.
+    let limits = "      - name: per-ip\n        key: ip\n        algorithm: sliding_log\n        limit: 2\n        \
                   period: 1m\n";
     let gateway = gateway_for(&upstream, limits).await;
     let mut open = Vec::new();
