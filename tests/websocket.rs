@@ -165,6 +165,11 @@ routes:
 async fn raw_head(addr: SocketAddr, head: &str) -> (String, TcpStream) {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
     stream.write_all(head.as_bytes()).await.expect("write");
+    (read_head(&mut stream).await, stream)
+}
+
+/// Reads a response head from `stream`, byte by byte, leaving it at the first byte after the head.
+async fn read_head(stream: &mut TcpStream) -> String {
     let mut response = Vec::new();
     let mut byte = [0u8; 1];
     while !response.ends_with(b"\r\n\r\n") {
@@ -180,7 +185,7 @@ async fn raw_head(addr: SocketAddr, head: &str) -> (String, TcpStream) {
         );
         response.push(byte[0]);
     }
-    (String::from_utf8_lossy(&response).into_owned(), stream)
+    String::from_utf8_lossy(&response).into_owned()
 }
 
 fn handshake(path: &str, extra: &str) -> String {
@@ -462,4 +467,32 @@ async fn open_tunnels_are_counted_until_they_close() {
         Some(0.0),
         "the gauge comes back down as the tunnels close"
     );
+}
+
+/// A client's text frame: final, masked (RFC 6455 §5.3), with a payload under 126 bytes.
+fn masked_text_frame(text: &str) -> Vec<u8> {
+    let mask = [0x37, 0xfa, 0x21, 0x3d];
+    let length = u8::try_from(text.len()).expect("short text");
+    assert!(length < 126);
+    let mut frame = vec![0x81, 0x80 | length];
+    frame.extend_from_slice(&mask);
+    frame.extend(text.bytes().zip(mask.iter().cycle()).map(|(b, m)| b ^ m));
+    frame
+}
+
+#[tokio::test]
+async fn a_frame_sent_with_the_handshake_is_not_lost() {
+    // The client writes its first frame in the same packet as the handshake, before any 101: the gateway has read
+    // it with the request head, and must hand it to the tunnel rather than drop it.
+    let upstream = WebSocketUpstream::start().await;
+    let gateway = gateway_for(&upstream, "").await;
+    let mut opening = handshake("/api/ws", "").into_bytes();
+    opening.extend(masked_text_frame("sent early"));
+    let mut stream = TcpStream::connect(gateway.addr).await.expect("connect");
+    stream.write_all(&opening).await.expect("write");
+    let head = read_head(&mut stream).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    let mut socket = WebSocketStream::from_raw_socket(stream, Role::Client, None).await;
+    next_text(&mut socket).await;
+    assert_eq!(next_text(&mut socket).await, "sent early");
 }
