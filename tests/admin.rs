@@ -40,6 +40,70 @@ async fn get_json(request: reqwest::RequestBuilder) -> (u16, Value) {
     (status, body)
 }
 
+/// `GET /demo` on `gateway`'s status.
+async fn demo_status(client: &reqwest::Client, gateway: &common::TestGateway) -> u16 {
+    let response = client.get(gateway.url("/demo")).send().await;
+    response.expect("request").status().as_u16()
+}
+
+#[tokio::test]
+async fn a_reset_through_one_instance_reaches_the_others() {
+    // Two gateways on one Redis. The second learns the key is over its limit and answers it in-process from then
+    // on (the over-limit cache, until the retry time a minute away); a reset through the first's admin API must
+    // reach it too, or the client stays refused there after the reset.
+    let redis = RedisServer::start();
+    let first = start_gateway(&yaml(Some(&redis))).await;
+    let second = start_gateway(&yaml(Some(&redis))).await;
+    let admin = serve_admin(&first, Some(TOKEN)).await;
+    let client = client();
+    let statuses = [
+        demo_status(&client, &second).await,
+        demo_status(&client, &second).await,
+        demo_status(&client, &second).await,
+        demo_status(&client, &second).await,
+    ];
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    let denials_before = redis_evalsha_calls(&redis);
+    assert_eq!(demo_status(&client, &second).await, 429);
+    assert_eq!(
+        redis_evalsha_calls(&redis),
+        denials_before,
+        "the second instance answers the denied key itself"
+    );
+
+    let limit_url = format!("{admin}/limits/demo/per-ip?key=127.0.0.1");
+    let (status, body) = get_json(client.delete(&limit_url).bearer_auth(TOKEN)).await;
+    assert_eq!(
+        (status, &body["existed"]),
+        (200, &Value::Bool(true)),
+        "{body}"
+    );
+    // The announcement travels through Redis's publish/subscribe: allow it a moment.
+    let mut status = 0;
+    for _ in 0..50 {
+        status = demo_status(&client, &second).await;
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        status, 200,
+        "the second instance still refuses the reset key"
+    );
+}
+
+/// How many `EVALSHA` calls `redis` has run.
+fn redis_evalsha_calls(redis: &RedisServer) -> u64 {
+    let stats = redis.cli(&["INFO", "commandstats"]).unwrap_or_default();
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(0)
+}
+
 #[tokio::test]
 async fn peek_reads_without_consuming_and_delete_resets() {
     for redis in [Some(RedisServer::start()), None] {

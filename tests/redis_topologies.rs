@@ -144,6 +144,40 @@ async fn cluster_limits_over_three_slots_admit_exactly_and_denials_consume_nothi
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_a_reset_through_one_gateway_reaches_another() {
+    // On a cluster, PUBLISH reaches the subscribers of every node, whichever node each gateway listens on.
+    let cluster = RedisCluster::start();
+    let store = format!(
+        "  backend: redis\n  url: {}\n  timeout: 2s\n  on_error: deny\n",
+        cluster.url()
+    );
+    let first = start_gateway(&gateway_yaml(&store, THREE_KEYS)).await;
+    let second = start_gateway(&gateway_yaml(&store, THREE_KEYS)).await;
+    // The second remembers tenant gamma as over its limit (for the next hour).
+    assert_eq!(send(&second, 4, Some("gamma")).await, [200, 200, 200, 429]);
+    let admin = common::serve_admin(&first, None).await;
+    let reset = client()
+        .delete(format!("{admin}/limits/spread/per-tenant?key=gamma"))
+        .send()
+        .await
+        .expect("reset");
+    assert_eq!(reset.status(), 200);
+    let mut statuses = Vec::new();
+    for _ in 0..50 {
+        statuses = send(&second, 1, Some("gamma")).await;
+        if statuses == [200] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        statuses,
+        [200],
+        "the second gateway still refuses the reset tenant"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_store_checks_keys_in_three_slots_and_reloads_the_script_on_every_primary() {
     let cluster = RedisCluster::start();
     let store = RedisStore::connect(&cluster.url(), 2, Duration::from_secs(1)).expect("connect");
@@ -494,6 +528,22 @@ async fn a_password_protected_redis_limits_with_the_right_password() {
             .as_deref(),
         Some("3")
     );
+    // The user has no pub/sub channel (Redis 7's default for a new user): the reset cannot be announced to other
+    // instances, but it still happens, here and in Redis.
+    let admin = common::serve_admin(&gateway, None).await;
+    let reset = client()
+        .delete(format!("{admin}/limits/spread/per-tenant?key=t"))
+        .send()
+        .await
+        .expect("reset");
+    assert_eq!(reset.status(), 200);
+    assert_eq!(
+        redis
+            .cli(&["EXISTS", "tollgate:spread:per-tenant:{t}"])
+            .as_deref(),
+        Some("0")
+    );
+    assert_eq!(send(&gateway, 1, Some("t")).await, [200]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -517,6 +567,22 @@ async fn an_acl_user_limits_within_its_key_pattern_and_is_refused_outside_it() {
             .as_deref(),
         Some("3")
     );
+    // The user has no pub/sub channel (Redis 7's default for a new user): the reset cannot be announced to other
+    // instances, but it still happens, here and in Redis.
+    let admin = common::serve_admin(&gateway, None).await;
+    let reset = client()
+        .delete(format!("{admin}/limits/spread/per-tenant?key=t"))
+        .send()
+        .await
+        .expect("reset");
+    assert_eq!(reset.status(), 200);
+    assert_eq!(
+        redis
+            .cli(&["EXISTS", "tollgate:spread:per-tenant:{t}"])
+            .as_deref(),
+        Some("0")
+    );
+    assert_eq!(send(&gateway, 1, Some("t")).await, [200]);
 
     // Logged in, but the keys are not this user's: every check fails (NOPERM), visibly.
     let url = format!("redis://elsewhere:secret@127.0.0.1:{}", redis.port);

@@ -93,11 +93,10 @@ impl Runtime {
 pub fn build_limiter(store: &StoreSettings) -> Result<RateLimiter, StoreError> {
     let backend = match store.backend {
         BackendKind::Memory => Backend::Memory,
-        BackendKind::Redis => Backend::Redis(RedisStore::connect(
-            &store.url,
-            store.pool_size,
-            store.timeout,
-        )?),
+        BackendKind::Redis => Backend::Redis(
+            RedisStore::connect(&store.url, store.pool_size, store.timeout)?
+                .with_reset_channel(&format!("{}resets", store.key_prefix)),
+        ),
     };
     Ok(RateLimiter::new(
         backend,

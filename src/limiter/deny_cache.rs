@@ -63,9 +63,9 @@ impl DenyCache {
         held
     }
 
-    /// Forgets every denial (after an admin reset, for instance).
-    pub fn clear(&self) {
-        self.entries.lock().clear();
+    /// Forgets the denial of `key`, if any (after an admin reset, here or on another instance).
+    pub fn forget(&self, key: &str) {
+        self.entries.lock().remove(key);
     }
 }
 

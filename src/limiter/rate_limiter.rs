@@ -39,11 +39,12 @@ pub enum Backend {
 #[derive(Debug)]
 pub struct RateLimiter {
     backend: Backend,
-    local: MemoryStore,
+    /// Shared with the task that hears resets from other instances (as is `denials`).
+    local: Arc<MemoryStore>,
     timeout: Duration,
     on_error: OnError,
     health: Arc<Health>,
-    denials: DenyCache,
+    denials: Arc<DenyCache>,
     /// `tollgate_store_duration_seconds` and `tollgate_store_errors_total`, registered once.
     store_duration: metrics::Histogram,
     store_errors: metrics::Counter,
@@ -80,6 +81,10 @@ impl std::fmt::Display for OnError {
 impl RateLimiter {
     /// A limiter over `backend`; `max_keys` bounds the in-process store (the store itself for `Backend::Memory`,
     /// the fallback otherwise).
+    ///
+    /// With Redis, listens for the keys any instance resets (the admin API's `DELETE`) and forgets what it
+    /// remembers of them in-process: their over-limit denials and their fallback state. Must then be called
+    /// within a tokio runtime, as `RedisStore::connect` is.
     pub fn new(
         backend: Backend,
         timeout: Duration,
@@ -88,13 +93,30 @@ impl RateLimiter {
         clock: Arc<dyn Clock>,
     ) -> Self {
         metrics::gauge!("tollgate_store_fallback").set(0.0);
+        let local = Arc::new(MemoryStore::new(max_keys, clock));
+        let denials = Arc::new(DenyCache::default());
+        if let Backend::Redis(redis) = &backend {
+            // Held weakly: the listener ends with the limiter (tests make many; a reload keeps the one).
+            let (local, denials) = (Arc::downgrade(&local), Arc::downgrade(&denials));
+            let listening = redis.on_reset(move |key| match (local.upgrade(), denials.upgrade()) {
+                (Some(local), Some(denials)) => {
+                    denials.forget(key);
+                    local.reset(key);
+                    true
+                }
+                _ => false,
+            });
+            if let Err(error) = listening {
+                tracing::warn!(%error, "cannot listen for other instances' resets");
+            }
+        }
         Self {
             backend,
-            local: MemoryStore::new(max_keys, clock),
+            local,
             timeout,
             on_error,
             health: Arc::new(Health::default()),
-            denials: DenyCache::default(),
+            denials,
             store_duration: metrics::histogram!("tollgate_store_duration_seconds"),
             store_errors: metrics::counter!("tollgate_store_errors_total"),
         }
@@ -187,9 +209,12 @@ impl RateLimiter {
     }
 
     /// Forgets the state of `key` everywhere this instance keeps it: the store, the in-process fallback and the
-    /// over-limit cache. True if the store held state for it.
+    /// over-limit cache; with Redis, every other instance listening forgets its own. True if the store held state
+    /// for it.
     pub async fn reset(&self, key: &str) -> Result<bool, StoreError> {
-        self.denials.clear();
+        // Also done when the reset's announcement comes back, but this instance's own answer should not wait for
+        // it (or depend on the subscriber being connected).
+        self.denials.forget(key);
         let local = self.local.reset(key);
         match &self.backend {
             Backend::Memory => Ok(local),

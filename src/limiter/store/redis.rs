@@ -34,6 +34,9 @@ pub enum RedisTopology {
     Sentinel,
 }
 
+/// The channel resets are announced on unless [`RedisStore::with_reset_channel`] names another.
+pub const DEFAULT_RESET_CHANNEL: &str = "tollgate:resets";
+
 /// A pool of connections to Redis, the limiter script, and the queue that coalesces concurrent checks.
 #[derive(Clone)]
 pub struct RedisStore {
@@ -41,10 +44,14 @@ pub struct RedisStore {
     batcher: Batcher,
     /// How long a check waits for Redis at most (`store.timeout`).
     budget: Duration,
+    /// Where [`reset`](Self::reset) tells every instance sharing this Redis that a key was reset.
+    reset_channel: Arc<str>,
 }
 
 /// What runs script calls: the pool and the script. Shared with the batching task.
 struct Connection {
+    /// What the pool was built from, for the subscriber that hears resets.
+    config: FredConfig,
     pool: Pool,
     script: Script,
     /// The script's SHA1 as an argument, built once.
@@ -79,20 +86,7 @@ impl RedisStore {
             ServerConfig::Sentinel { .. } => RedisTopology::Sentinel,
             _ => RedisTopology::Standalone,
         };
-        let pool = Builder::from_config(config)
-            .with_connection_config(|c| {
-                c.connection_timeout = Duration::from_secs(2);
-                c.internal_command_timeout = Duration::from_secs(2);
-                // The caller's timeout and fallback decide what happens to a request: never replay it later.
-                c.max_command_attempts = 1;
-                c.unresponsive = UnresponsiveConfig {
-                    max_timeout: Some(Duration::from_secs(2)),
-                    interval: Duration::from_millis(500),
-                };
-            })
-            // Retry forever, quickly at first: limiting must come back to Redis soon after it does.
-            .set_policy(ReconnectPolicy::new_exponential(0, 50, 1_000, 2))
-            .build_pool(pool_size.max(1))?;
+        let pool = client_builder(config.clone()).build_pool(pool_size.max(1))?;
         // Subscribed before connecting, on every client: the first failure (a refused certificate, a wrong
         // password) is the one worth a warning, and it may come from any connection of the pool.
         report_connection_errors(pool.clients());
@@ -100,6 +94,7 @@ impl RedisStore {
         let _handles = pool.connect_pool();
         let script = Script::from_lua(CHECK_SCRIPT);
         let connection = Arc::new(Connection {
+            config,
             sha: Value::from(script.sha1().clone()),
             pool,
             script,
@@ -111,7 +106,16 @@ impl RedisStore {
             connection,
             batcher,
             budget,
+            reset_channel: Arc::from(DEFAULT_RESET_CHANNEL),
         })
+    }
+
+    /// Announces resets on `channel` instead of [`DEFAULT_RESET_CHANNEL`]: the gateway uses
+    /// `<key_prefix>resets`, so that deployments sharing one Redis under different prefixes keep apart.
+    #[must_use]
+    pub fn with_reset_channel(mut self, channel: &str) -> Self {
+        self.reset_channel = Arc::from(channel);
+        self
     }
 
     /// The deployment kind named by the URL.
@@ -217,10 +221,70 @@ impl RedisStore {
             .ok_or_else(|| StoreError::Reply("no decision for the peeked limit".to_owned()))
     }
 
-    /// Deletes the state of `key`; true if there was any.
+    /// Deletes the state of `key`; true if there was any. Then publishes `key` on the reset channel, so that every
+    /// instance listening ([`on_reset`](Self::on_reset)), this one included, forgets what it remembers of the key
+    /// in-process.
     pub async fn reset(&self, key: &str) -> Result<bool, StoreError> {
-        let deleted: i64 = self.connection.pool.next().del(key).await?;
+        let client = self.connection.pool.next();
+        let deleted: i64 = client.del(key).await?;
+        // The key is reset in Redis whatever happens here: a failed announcement (an ACL user without the
+        // channel, say) is worth a warning, not a failed reset.
+        let announced: Result<i64, _> = client.publish(&*self.reset_channel, key).await;
+        if let Err(error) = announced {
+            tracing::warn!(%error, channel = %self.reset_channel, "reset not announced to other instances");
+        }
         Ok(deleted > 0)
+    }
+
+    /// Calls `forget` with each key reset by any instance on this Redis, from a subscriber connection of its own,
+    /// until `forget` returns false. The subscription is made again after every reconnection; a reset announced
+    /// while this instance was disconnected is missed (what it remembers then lasts until its own expiry).
+    pub fn on_reset(
+        &self,
+        forget: impl Fn(&str) -> bool + Send + 'static,
+    ) -> Result<(), StoreError> {
+        let subscriber =
+            client_builder(self.connection.config.clone()).build_subscriber_client()?;
+        let channel = self.reset_channel.to_string();
+        let _connection = subscriber.connect();
+        let _resubscriptions = subscriber.manage_subscriptions();
+        tokio::spawn(async move {
+            let mut messages = subscriber.message_rx();
+            // Only a subscription that succeeded is made again on reconnection, so the first is retried until it
+            // does: Redis may not be up yet, or an ACL user may lack the channel until an operator grants it.
+            let mut warned = false;
+            while let Err(error) = subscriber.subscribe(channel.as_str()).await {
+                // Redis being down is reported by the pool already; a refusal by Redis itself is news.
+                let unreachable = matches!(
+                    error.kind(),
+                    ErrorKind::IO
+                        | ErrorKind::Canceled
+                        | ErrorKind::Timeout
+                        | ErrorKind::Backpressure
+                );
+                if unreachable || std::mem::replace(&mut warned, true) {
+                    tracing::debug!(%error, %channel, "subscribing to resets failed; retrying");
+                } else {
+                    tracing::warn!(%error, %channel, "cannot hear other instances' resets; retrying");
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            loop {
+                let message = match messages.recv().await {
+                    Ok(message) => message,
+                    // Missed announcements while this task lagged behind: nothing to do but go on.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                };
+                if let Some(key) = message.value.as_str() {
+                    if !forget(&key) {
+                        break;
+                    }
+                }
+            }
+            let _ = subscriber.quit().await;
+        });
+        Ok(())
     }
 
     /// Asks Redis for `PING`, failing fast while disconnected: the circuit breaker's probe.
@@ -416,6 +480,25 @@ impl RunBatch for Connection {
 
 /// Logs why the pool cannot connect (wrong password, untrusted certificate, refused...), once per outage:
 /// requests only ever see "not connected", since they fail fast and are decided by the `on_error` policy.
+/// A client builder for `config` with the gateway's connection settings, for the pool and the reset subscriber.
+fn client_builder(config: FredConfig) -> Builder {
+    let mut builder = Builder::from_config(config);
+    builder
+        .with_connection_config(|c| {
+            c.connection_timeout = Duration::from_secs(2);
+            c.internal_command_timeout = Duration::from_secs(2);
+            // The caller's timeout and fallback decide what happens to a request: never replay it later.
+            c.max_command_attempts = 1;
+            c.unresponsive = UnresponsiveConfig {
+                max_timeout: Some(Duration::from_secs(2)),
+                interval: Duration::from_millis(500),
+            };
+        })
+        // Retry forever, quickly at first: limiting must come back to Redis soon after it does.
+        .set_policy(ReconnectPolicy::new_exponential(0, 50, 1_000, 2));
+    builder
+}
+
 fn report_connection_errors(clients: &[Client]) {
     let reported = Arc::new(AtomicBool::new(false));
     for client in clients {
