@@ -69,6 +69,16 @@ async fn send(gateway: &TestGateway, n: usize, tenant: Option<&str>) -> Vec<u16>
     statuses
 }
 
+/// Resets `tenant`'s `per-tenant` limit through `gateway`'s admin API; returns the status.
+async fn reset_tenant(gateway: &TestGateway, tenant: &str) -> u16 {
+    let admin = common::serve_admin(gateway, None).await;
+    let reset = client()
+        .delete(format!("{admin}/limits/spread/per-tenant?key={tenant}"))
+        .send()
+        .await;
+    reset.expect("reset").status().as_u16()
+}
+
 fn count(statuses: &[u16], status: u16) -> usize {
     statuses.iter().filter(|s| **s == status).count()
 }
@@ -155,13 +165,7 @@ async fn cluster_a_reset_through_one_gateway_reaches_another() {
     let second = start_gateway(&gateway_yaml(&store, THREE_KEYS)).await;
     // The second remembers tenant gamma as over its limit (for the next hour).
     assert_eq!(send(&second, 4, Some("gamma")).await, [200, 200, 200, 429]);
-    let admin = common::serve_admin(&first, None).await;
-    let reset = client()
-        .delete(format!("{admin}/limits/spread/per-tenant?key=gamma"))
-        .send()
-        .await
-        .expect("reset");
-    assert_eq!(reset.status(), 200);
+    assert_eq!(reset_tenant(&first, "gamma").await, 200);
     let mut statuses = Vec::new();
     for _ in 0..50 {
         statuses = send(&second, 1, Some("gamma")).await;
@@ -553,13 +557,7 @@ async fn an_acl_user_limits_within_its_key_pattern_and_is_refused_outside_it() {
     );
     // The user has no pub/sub channel (Redis 7's default for a new user): the reset cannot be announced to other
     // instances, but it still happens, here and in Redis.
-    let admin = common::serve_admin(&gateway, None).await;
-    let reset = client()
-        .delete(format!("{admin}/limits/spread/per-tenant?key=t"))
-        .send()
-        .await
-        .expect("reset");
-    assert_eq!(reset.status(), 200);
+    assert_eq!(reset_tenant(&gateway, "t").await, 200);
     assert_eq!(
         redis
             .cli(&["EXISTS", "tollgate:spread:per-tenant:{t}"])
