@@ -93,6 +93,67 @@ async fn a_reset_through_one_instance_reaches_the_others() {
     );
 }
 
+#[tokio::test]
+async fn a_listener_cut_off_from_redis_is_told_it_may_have_missed_resets() {
+    use std::time::Duration;
+    use tollgate::limiter::store::{RedisStore, ResetNotice};
+
+    let redis = RedisServer::start();
+    let store = RedisStore::connect(&redis.url(), 1, Duration::from_secs(1)).expect("redis url");
+    assert!(store.wait_connected(Duration::from_secs(10)).await);
+    let (notices, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    store
+        .on_reset(move |notice| {
+            let owned = match notice {
+                ResetNotice::Key(key) => Some(key.to_owned()),
+                ResetNotice::MaybeMissed => None,
+            };
+            notices.send(owned).is_ok()
+        })
+        .expect("listening");
+    // Resets are heard once the subscription is made: retry one until it is.
+    let mut subscribed = false;
+    for _ in 0..50 {
+        store.reset("tollgate:probe").await.expect("reset");
+        if let Ok(Some(Some(key))) =
+            tokio::time::timeout(Duration::from_millis(100), heard.recv()).await
+        {
+            assert_eq!(key, "tollgate:probe");
+            subscribed = true;
+            break;
+        }
+    }
+    assert!(subscribed, "no reset heard");
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), heard.recv()).await {}
+
+    // Redis drops the subscriber's connection (as a network cut would): it comes back, says what it may have
+    // missed, and hears resets again.
+    assert_eq!(
+        redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]).as_deref(),
+        Some("1")
+    );
+    let notice = tokio::time::timeout(Duration::from_secs(5), heard.recv()).await;
+    assert_eq!(
+        notice
+            .expect("a notice within 5 s")
+            .expect("the listener runs"),
+        None,
+        "MaybeMissed after the reconnection"
+    );
+    let mut heard_again = false;
+    for _ in 0..50 {
+        store.reset("tollgate:after").await.expect("reset");
+        match tokio::time::timeout(Duration::from_millis(100), heard.recv()).await {
+            Ok(Some(Some(key))) if key == "tollgate:after" => {
+                heard_again = true;
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert!(heard_again, "resets are heard again after the reconnection");
+}
+
 /// How many `EVALSHA` calls `redis` has run.
 fn redis_evalsha_calls(redis: &RedisServer) -> u64 {
     let stats = redis.cli(&["INFO", "commandstats"]).unwrap_or_default();

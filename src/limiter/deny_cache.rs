@@ -67,6 +67,12 @@ impl DenyCache {
     pub fn forget(&self, key: &str) {
         self.entries.lock().remove(key);
     }
+
+    /// Forgets every denial (when resets elsewhere may have gone unheard: the cache only spares Redis work, and
+    /// an empty one asks Redis, which is always right).
+    pub fn clear(&self) {
+        self.entries.lock().clear();
+    }
 }
 
 impl Denial {

@@ -9,7 +9,7 @@ use thiserror::Error;
 
 use super::breaker::{CircuitBreaker, Tripped};
 use super::deny_cache::DenyCache;
-use super::store::{LimitCheck, MemoryStore, RedisStore, StoreError};
+use super::store::{LimitCheck, MemoryStore, RedisStore, ResetNotice, StoreError};
 use super::{Clock, Decision, Outcome};
 
 /// How often a probe asks a Redis that the circuit breaker took out of service.
@@ -98,13 +98,20 @@ impl RateLimiter {
         if let Backend::Redis(redis) = &backend {
             // Held weakly: the listener ends with the limiter (tests make many; a reload keeps the one).
             let (local, denials) = (Arc::downgrade(&local), Arc::downgrade(&denials));
-            let listening = redis.on_reset(move |key| match (local.upgrade(), denials.upgrade()) {
-                (Some(local), Some(denials)) => {
-                    denials.forget(key);
-                    local.reset(key);
-                    true
+            let listening = redis.on_reset(move |notice| {
+                let (Some(local), Some(denials)) = (local.upgrade(), denials.upgrade()) else {
+                    return false;
+                };
+                match notice {
+                    ResetNotice::Key(key) => {
+                        denials.forget(key);
+                        local.reset(key);
+                    }
+                    // The fallback's state is a stand-in for Redis's during outages, kept as it is; the cache of
+                    // denials would go on refusing a key that was reset.
+                    ResetNotice::MaybeMissed => denials.clear(),
                 }
-                _ => false,
+                true
             });
             if let Err(error) = listening {
                 tracing::warn!(%error, "cannot listen for other instances' resets");

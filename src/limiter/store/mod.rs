@@ -8,7 +8,7 @@ mod script;
 use thiserror::Error;
 
 pub use self::memory::MemoryStore;
-pub use self::redis::{RedisStore, RedisTopology};
+pub use self::redis::{RedisStore, RedisTopology, ResetNotice};
 use super::Limit;
 
 /// Limits per request that per-request lists hold inline (routes with more spill to the heap).

@@ -17,6 +17,7 @@ use fred::types::config::{
 use fred::types::scripts::Script;
 use fred::types::CustomCommand;
 use fred::util::redis_keyslot;
+use tokio::sync::broadcast::error::RecvError;
 
 use super::batcher::{Batcher, Pending, RunBatch};
 use super::script::{self, EncodedRequest, Mode, CHECK_SCRIPT};
@@ -36,6 +37,15 @@ pub enum RedisTopology {
 
 /// The channel resets are announced on unless [`RedisStore::with_reset_channel`] names another.
 pub const DEFAULT_RESET_CHANNEL: &str = "tollgate:resets";
+
+/// What [`RedisStore::on_reset`] hears.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetNotice<'a> {
+    /// An instance reset this key.
+    Key(&'a str),
+    /// Announcements may have been missed (the subscriber reconnected, or fell behind): any key may have been reset.
+    MaybeMissed,
+}
 
 /// A pool of connections to Redis, the limiter script, and the queue that coalesces concurrent checks.
 #[derive(Clone)]
@@ -236,12 +246,12 @@ impl RedisStore {
         Ok(deleted > 0)
     }
 
-    /// Calls `forget` with each key reset by any instance on this Redis, from a subscriber connection of its own,
-    /// until `forget` returns false. The subscription is made again after every reconnection; a reset announced
-    /// while this instance was disconnected is missed (what it remembers then lasts until its own expiry).
+    /// Calls `forget` with each key reset by any instance on this Redis, heard on a subscriber connection of its
+    /// own, until `forget` returns false. The subscription is made again after every reconnection, and
+    /// [`ResetNotice::MaybeMissed`] then says that resets announced meanwhile were not heard.
     pub fn on_reset(
         &self,
-        forget: impl Fn(&str) -> bool + Send + 'static,
+        forget: impl Fn(ResetNotice<'_>) -> bool + Send + 'static,
     ) -> Result<(), StoreError> {
         let subscriber =
             client_builder(self.connection.config.clone()).build_subscriber_client()?;
@@ -250,6 +260,7 @@ impl RedisStore {
         let _resubscriptions = subscriber.manage_subscriptions();
         tokio::spawn(async move {
             let mut messages = subscriber.message_rx();
+            let mut reconnections = subscriber.reconnect_rx();
             // Only a subscription that succeeded is made again on reconnection, so the first is retried until it
             // does: Redis may not be up yet, or an ACL user may lack the channel until an operator grants it.
             let mut warned = false;
@@ -270,16 +281,23 @@ impl RedisStore {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
             loop {
-                let message = match messages.recv().await {
-                    Ok(message) => message,
-                    // Missed announcements while this task lagged behind: nothing to do but go on.
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                let go_on = tokio::select! {
+                    message = messages.recv() => match message {
+                        Ok(message) => match message.value.as_str() {
+                            Some(key) => forget(ResetNotice::Key(&key)),
+                            None => true,
+                        },
+                        Err(RecvError::Lagged(_)) => forget(ResetNotice::MaybeMissed),
+                        Err(RecvError::Closed) => false,
+                    },
+                    // Down for a while: whatever was announced meanwhile went unheard.
+                    reconnected = reconnections.recv() => match reconnected {
+                        Ok(_) | Err(RecvError::Lagged(_)) => forget(ResetNotice::MaybeMissed),
+                        Err(RecvError::Closed) => false,
+                    },
                 };
-                if let Some(key) = message.value.as_str() {
-                    if !forget(&key) {
-                        break;
-                    }
+                if !go_on {
+                    break;
                 }
             }
             let _ = subscriber.quit().await;
