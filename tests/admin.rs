@@ -112,18 +112,10 @@ async fn a_listener_cut_off_from_redis_is_told_it_may_have_missed_resets() {
         })
         .expect("listening");
     // Resets are heard once the subscription is made: retry one until it is.
-    let mut subscribed = false;
-    for _ in 0..50 {
-        store.reset("tollgate:probe").await.expect("reset");
-        if let Ok(Some(Some(key))) =
-            tokio::time::timeout(Duration::from_millis(100), heard.recv()).await
-        {
-            assert_eq!(key, "tollgate:probe");
-            subscribed = true;
-            break;
-        }
-    }
-    assert!(subscribed, "no reset heard");
+    assert!(
+        reset_until_heard(&store, &mut heard, "tollgate:probe").await,
+        "no reset heard"
+    );
     while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), heard.recv()).await {}
 
     // Redis drops the subscriber's connection (as a network cut would): it comes back, says what it may have
@@ -140,18 +132,29 @@ async fn a_listener_cut_off_from_redis_is_told_it_may_have_missed_resets() {
         None,
         "MaybeMissed after the reconnection"
     );
-    let mut heard_again = false;
+    assert!(
+        reset_until_heard(&store, &mut heard, "tollgate:after").await,
+        "resets are heard again after the reconnection"
+    );
+}
+
+/// Resets `key` through `store` every 100 ms, up to 50 times, until the listener feeding `heard` hears it (a
+/// `MaybeMissed` notice, `None`, is passed over); false if it never does.
+async fn reset_until_heard(
+    store: &tollgate::limiter::store::RedisStore,
+    heard: &mut tokio::sync::mpsc::UnboundedReceiver<Option<String>>,
+    key: &str,
+) -> bool {
     for _ in 0..50 {
-        store.reset("tollgate:after").await.expect("reset");
-        match tokio::time::timeout(Duration::from_millis(100), heard.recv()).await {
-            Ok(Some(Some(key))) if key == "tollgate:after" => {
-                heard_again = true;
-                break;
-            }
-            _ => {}
+        store.reset(key).await.expect("reset");
+        let notice =
+            tokio::time::timeout(std::time::Duration::from_millis(100), heard.recv()).await;
+        if let Ok(Some(Some(heard_key))) = notice {
+            assert_eq!(heard_key, key);
+            return true;
         }
     }
-    assert!(heard_again, "resets are heard again after the reconnection");
+    false
 }
 
 /// How many `EVALSHA` calls `redis` has run.
