@@ -4,20 +4,23 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::cluster::RedisCluster;
 use common::http_client::client;
+use common::pki::TestCa;
 use common::redis::RedisServer;
 use common::sentinel::RedisSentinel;
-use common::{free_port, start_gateway, start_gateway_without_waiting, TestGateway};
+use common::{
+    free_port, start_gateway, start_gateway_without_waiting, wait_until_listening, Process,
+    TestGateway,
+};
 use fred::util::redis_keyslot;
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
 use tollgate::limiter::store::{LimitCheck, MemoryStore, RedisStore, RedisTopology};
 use tollgate::limiter::{Algorithm, LeakyMode, Limit, ManualClock, Rate};
 
@@ -606,45 +609,9 @@ async fn wrong_credentials_make_the_store_fail_fast_instead_of_hanging() {
 
 /// A CA and a server certificate for 127.0.0.1 signed by it, as PEM files in `dir`: `(ca, cert, key)`.
 fn tls_files(dir: &Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
-    let ca_key = KeyPair::generate().expect("ca key");
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, format!("tollgate test CA {name}"));
-    let ca = ca_params.self_signed(&ca_key).expect("ca cert");
-
-    let server_key = KeyPair::generate().expect("server key");
-    let mut server_params =
-        CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("server params");
-    server_params
-        .distinguished_name
-        .push(DnType::CommonName, "127.0.0.1");
-    let server = server_params
-        .signed_by(&server_key, &ca, &ca_key)
-        .expect("server cert");
-
-    let write = |file: &str, pem: String| {
-        let path = dir.join(format!("{name}-{file}"));
-        std::fs::write(&path, pem).expect("write pem");
-        path
-    };
-    (
-        write("ca.pem", ca.pem()),
-        write("cert.pem", server.pem()),
-        write("key.pem", server_key.serialize_pem()),
-    )
-}
-
-/// A `tollgate run` process, killed when dropped.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    let ca = TestCa::new(dir, name);
+    let server = ca.issue("server", &["127.0.0.1"]);
+    (ca.ca_file, server.cert_file, server.key_file)
 }
 
 /// Runs the `tollgate` binary on `config`, trusting the certificates in `ca_file` (rustls-native-certs reads
@@ -671,14 +638,7 @@ fn run_tollgate(dir: &Path, name: &str, store: &str, ca_file: &Path) -> (Process
         .spawn()
         .expect("run tollgate");
     let process = Process(child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "tollgate on {port} did not start"
-        );
-        std::thread::sleep(Duration::from_millis(25));
-    }
+    wait_until_listening(port);
     (process, format!("http://127.0.0.1:{port}/spread"), log_path)
 }
 

@@ -13,6 +13,8 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::{any, get};
 use axum::{Json, Router};
+use common::pki::{Issued, TestCa};
+use common::upstream::serve_tls;
 use common::{serve_admin, start_gateway};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Map, Value};
@@ -34,13 +36,17 @@ struct WebSocketUpstream {
 }
 
 impl WebSocketUpstream {
-    async fn start() -> Self {
-        let handshakes = Arc::new(AtomicUsize::new(0));
-        let app = Router::new()
+    fn app(handshakes: &Arc<AtomicUsize>) -> Router {
+        Router::new()
             .route("/api/ws", get(echo_socket))
             .route("/api/bye", get(close_at_once))
             .fallback(any(plain))
-            .with_state(handshakes.clone());
+            .with_state(handshakes.clone())
+    }
+
+    async fn start() -> Self {
+        let handshakes = Arc::new(AtomicUsize::new(0));
+        let app = Self::app(&handshakes);
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("address");
         let task = tokio::spawn(async move {
@@ -50,6 +56,17 @@ impl WebSocketUpstream {
             addr,
             handshakes,
             task,
+        }
+    }
+
+    /// The same upstream over TLS, presenting `server`'s certificate.
+    async fn start_tls(server: &Issued) -> Self {
+        let handshakes = Arc::new(AtomicUsize::new(0));
+        let tls = serve_tls(Self::app(&handshakes), server, None).await;
+        Self {
+            addr: tls.addr,
+            handshakes,
+            task: tls.task,
         }
     }
 
@@ -495,4 +512,36 @@ async fn a_frame_sent_with_the_handshake_is_not_lost() {
     let mut socket = WebSocketStream::from_raw_socket(stream, Role::Client, None).await;
     next_text(&mut socket).await;
     assert_eq!(next_text(&mut socket).await, "sent early");
+}
+
+#[tokio::test]
+async fn a_websocket_reaches_an_https_upstream_over_tls() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ca = TestCa::new(dir.path(), "upstream");
+    let upstream = WebSocketUpstream::start_tls(&ca.issue("server", &["ws.internal"])).await;
+    let gateway = start_gateway(&format!(
+        r#"listen: 127.0.0.1:0
+store:
+  backend: memory
+upstreams:
+  secure:
+    targets: ["https://{}"]
+    tls: {{ ca_file: {:?}, server_name: ws.internal }}
+routes:
+  - name: api
+    match: {{ path_prefix: /api }}
+    upstream: secure
+"#,
+        upstream.addr,
+        ca.ca_file.display().to_string()
+    ))
+    .await;
+    let (mut socket, response) = connect(&gateway, "/api/ws").await;
+    assert_eq!(response.status(), 101);
+    let seen: Value = serde_json::from_str(&next_text(&mut socket).await).expect("json");
+    assert_eq!(seen["headers"]["x-test-sni"], "ws.internal");
+    socket.send(Message::text("over tls")).await.expect("send");
+    assert_eq!(next_text(&mut socket).await, "over tls");
+    socket.close(None).await.expect("close");
+    assert_eq!(upstream.handshakes(), 1);
 }

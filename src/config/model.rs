@@ -9,6 +9,7 @@ use ipnet::IpNet;
 
 use crate::key::KeySpec;
 use crate::limiter::{Limit, OnError};
+use crate::proxy::UpstreamTls;
 
 /// A whole, valid configuration.
 #[derive(Debug, Clone)]
@@ -91,12 +92,14 @@ pub struct ServerSettings {
 pub struct UpstreamSettings {
     /// Its key in `upstreams:`.
     pub name: String,
-    /// `http://host:port[/base-path]` targets, used round robin.
+    /// `http[s]://host[:port][/base-path]` targets, used round robin.
     pub targets: Vec<Uri>,
     /// Time to wait for the response head, default 30s.
     pub timeout: Duration,
-    /// Time to wait for a TCP connection, default 5s.
+    /// Time to wait for a connection (TCP, then the TLS handshake of `https` targets), default 5s.
     pub connect_timeout: Duration,
+    /// How `https` targets are verified; `Some` exactly when there is one.
+    pub tls: Option<UpstreamTls>,
 }
 
 /// One entry of `routes:`.

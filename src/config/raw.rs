@@ -90,6 +90,17 @@ pub(crate) struct RawUpstream {
     pub timeout: String,
     #[serde(deserialize_with = "scalar_text")]
     pub connect_timeout: String,
+    pub tls: Option<RawUpstreamTls>,
+}
+
+/// `tls:` of an upstream: how its `https` targets are verified, and the client certificate it presents.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawUpstreamTls {
+    pub ca_file: Option<String>,
+    pub cert_file: Option<String>,
+    pub key_file: Option<String>,
+    pub server_name: Option<String>,
 }
 
 /// One entry of `routes:`.
@@ -243,6 +254,7 @@ impl Default for RawUpstream {
             targets: Vec::new(),
             timeout: "30s".to_owned(),
             connect_timeout: "5s".to_owned(),
+            tls: None,
         }
     }
 }

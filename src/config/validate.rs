@@ -14,6 +14,7 @@ use super::model::*;
 use super::raw::*;
 use super::units::parse_duration;
 use crate::limiter::OnError;
+use crate::proxy::{TlsFiles, UpstreamTls};
 
 /// Redis URL schemes the store understands.
 /// `rediss` variants are the same deployments over TLS.
@@ -75,7 +76,9 @@ pub(crate) fn validate(raw: RawConfig, source: &Path) -> Result<Config, Vec<Issu
     let store = store(&mut issues, &raw.store);
     let client_ip = client_ip(&mut issues, &raw.client_ip);
     let server = server(&mut issues, &raw.server);
-    let upstreams = upstreams(&mut issues, &raw.upstreams);
+    // Relative file names in the config (certificates) are relative to its folder.
+    let folder = source.parent().unwrap_or(Path::new(""));
+    let upstreams = upstreams(&mut issues, &raw.upstreams, folder);
     let routes = routes(&mut issues, &raw.routes, &raw.upstreams);
     let (Some(listen), Some(admin), Some(store), Some(client_ip), Some(server)) =
         (listen, admin, store, client_ip, server)
@@ -216,10 +219,14 @@ fn server(issues: &mut Issues, raw: &RawServer) -> Option<ServerSettings> {
 
 // === upstreams ===
 
-fn upstreams(issues: &mut Issues, raw: &Ordered<RawUpstream>) -> Vec<UpstreamSettings> {
+fn upstreams(
+    issues: &mut Issues,
+    raw: &Ordered<RawUpstream>,
+    folder: &Path,
+) -> Vec<UpstreamSettings> {
     raw.0
         .iter()
-        .filter_map(|(name, upstream)| upstream_settings(issues, name, upstream))
+        .filter_map(|(name, upstream)| upstream_settings(issues, name, upstream, folder))
         .collect()
 }
 
@@ -227,6 +234,7 @@ fn upstream_settings(
     issues: &mut Issues,
     name: &str,
     raw: &RawUpstream,
+    folder: &Path,
 ) -> Option<UpstreamSettings> {
     let at = format!("upstreams.{name}");
     if name.is_empty() {
@@ -253,26 +261,77 @@ fn upstream_settings(
     if name.is_empty() || targets.len() != raw.targets.len() || targets.is_empty() {
         return None;
     }
+    let tls = upstream_tls(issues, &at, raw, &targets, folder)?;
     Some(UpstreamSettings {
         name: name.to_owned(),
         targets,
         timeout: timeout?,
         connect_timeout: connect_timeout?,
+        tls,
     })
 }
 
-/// `http://host[:port][/base-path]`.
-fn upstream_target(text: &str) -> Result<Uri, String> {
-    let invalid = || format!("invalid upstream URL {text:?} (use http://host:port[/path])");
-    let uri: Uri = text.trim().parse().map_err(|_| invalid())?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(format!(
-                "https upstreams are not supported yet: {text:?} (use http://host:port[/path])"
-            ))
+/// The TLS settings of an upstream with `https` targets (`Ok(None)` without any), loaded now so that a missing or
+/// broken certificate file is an error of the config, with its place in the file, and not of the first request.
+fn upstream_tls(
+    issues: &mut Issues,
+    at: &str,
+    raw: &RawUpstream,
+    targets: &[Uri],
+    folder: &Path,
+) -> Option<Option<UpstreamTls>> {
+    let https = targets.iter().any(|t| t.scheme_str() == Some("https"));
+    let block = raw.tls.as_ref();
+    if !https {
+        if block.is_some() {
+            issues.add(
+                format!("{at}.tls"),
+                "applies to https targets only, and this upstream has none",
+            );
+            return None;
         }
-        _ => return Err(invalid()),
+        return Some(None);
+    }
+    let file = |name: &Option<String>| name.as_deref().map(|n| folder.join(n));
+    let files = block
+        .map(|tls| TlsFiles {
+            ca_file: file(&tls.ca_file),
+            cert_file: file(&tls.cert_file),
+            key_file: file(&tls.key_file),
+        })
+        .unwrap_or_default();
+    let server_name = block.and_then(|tls| tls.server_name.as_deref());
+    match UpstreamTls::load(files, server_name) {
+        Ok(tls) => {
+            let before = issues.count();
+            for (i, target) in targets.iter().enumerate() {
+                if target.scheme_str() == Some("https") {
+                    let host = target.host().unwrap_or_default();
+                    issues.check(format!("{at}.targets[{i}]"), tls.dialer(host));
+                }
+            }
+            (issues.count() == before).then_some(Some(tls))
+        }
+        Err(error) => {
+            // Without a tls block, a missing system trust store is a problem of the https targets.
+            let path = match (block, error.field) {
+                (None, _) => format!("{at}.targets"),
+                (Some(_), "") => format!("{at}.tls"),
+                (Some(_), field) => format!("{at}.tls.{field}"),
+            };
+            issues.add(path, error.message);
+            None
+        }
+    }
+}
+
+/// `http[s]://host[:port][/base-path]`.
+fn upstream_target(text: &str) -> Result<Uri, String> {
+    let invalid =
+        || format!("invalid upstream URL {text:?} (use http://host:port[/path] or https://...)");
+    let uri: Uri = text.trim().parse().map_err(|_| invalid())?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err(invalid());
     }
     let authority = uri.authority().ok_or_else(invalid)?;
     // Credentials in the URL would be sent nowhere (the proxy does not turn them into headers): refuse them.
@@ -607,8 +666,11 @@ client_ip:
   trusted_proxies: [10.0.0.0/8, 192.168.1.300, "::1"]
 upstreams:
   api:
-    targets: ["https://api.internal:443", "http://ok:80"]
+    targets: ["ftp://api.internal:21", "http://ok:80"]
   empty: {}
+  secure:
+    targets: ["https://api.internal"]
+    tls: { ca_file: missing-ca.pem, cert_file: client.pem }
 routes:
   - name: api
     match: { path: api, methods: [get, FETCH] }
@@ -635,11 +697,12 @@ routes:
             [
                 r#"listen: invalid address "localhost:8080" (use IP:PORT, e.g. 0.0.0.0:8080)"#,
                 r#"client_ip.trusted_proxies[1]: invalid CIDR "192.168.1.300" (use a network like 10.0.0.0/8 or an address like 10.0.0.1)"#,
-                r#"upstreams.api.targets[0]: https upstreams are not supported yet: "https://api.internal:443" (use http://host:port[/path])"#,
+                r#"upstreams.api.targets[0]: invalid upstream URL "ftp://api.internal:21" (use http://host:port[/path] or https://...)"#,
                 r#"upstreams.empty.targets: needs at least one target (e.g. targets: ["http://127.0.0.1:3000"])"#,
+                r#"upstreams.secure.tls.ca_file: cannot read missing-ca.pem: No such file or directory (os error 2)"#,
                 r#"routes[0].match.path: must start with "/" (got "api")"#,
                 r#"routes[0].match.methods[1]: unknown HTTP method "FETCH" (use GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, CONNECT, TRACE)"#,
-                r#"routes[0].upstream: unknown upstream "nowhere" (defined: api, empty)"#,
+                r#"routes[0].upstream: unknown upstream "nowhere" (defined: api, empty, secure)"#,
                 r#"routes[0].deny_status: must be a 4xx or 5xx status (got 200)"#,
                 r#"routes[1].name: duplicate route name "api" (first used at routes[0])"#,
                 r#"routes[1]: has both upstream and respond (a route either forwards or answers: keep one)"#,

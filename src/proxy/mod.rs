@@ -1,10 +1,12 @@
-//! Forwarding admitted requests to a route's upstream: connection pools, round robin, header rewriting, WebSocket
-//! tunnels.
+//! Forwarding admitted requests to a route's upstream: connection pools, round robin, TLS, header rewriting,
+//! WebSocket tunnels.
 
 mod headers;
 mod pool;
+mod tls;
 mod upgrade;
 mod upstream;
 
 pub use headers::{ForwardedFacts, VIA};
+pub use tls::{TlsDialer, TlsFieldError, TlsFiles, UpstreamTls};
 pub use upstream::{ProxyError, Upstream};

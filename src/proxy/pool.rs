@@ -1,4 +1,5 @@
-//! Keep-alive HTTP/1.1 connections to one upstream target: newest idle first, returned when the response ends.
+//! Keep-alive HTTP/1.1 connections (over TLS for `https`) to one upstream target: newest idle first, returned when
+//! the response ends.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -14,11 +15,15 @@ use http::{Request, Response, Uri};
 use http_body::{Body as _, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
+use hyper::rt::{Read, Write};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
 use thiserror::Error;
 use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
 use tower::ServiceExt;
+
+use super::tls::TlsDialer;
 
 /// The connections to one target.
 ///
@@ -45,6 +50,10 @@ pub enum SendError {
     /// No TCP connection to the target.
     #[error("cannot connect: {0}")]
     Connect(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The TLS handshake with an `https` target failed (untrusted certificate, wrong name...) or took longer than
+    /// the connect timeout.
+    #[error("TLS handshake failed: {0}")]
+    Tls(#[source] std::io::Error),
     /// The HTTP exchange failed (handshake, write, or a connection closed before the response head).
     #[error(transparent)]
     Http(#[from] hyper::Error),
@@ -52,9 +61,12 @@ pub enum SendError {
 
 #[derive(Debug)]
 struct Shared {
-    /// `http://host:port` of the target, what the connector dials.
+    /// `http[s]://host:port` of the target, what the connector dials.
     address: Uri,
     connector: HttpConnector,
+    /// For `https` targets: the handshake after the TCP connection, bounded by `connect_timeout`.
+    tls: Option<TlsDialer>,
+    connect_timeout: Duration,
     settings: PoolSettings,
     /// Idle connections, the most recently used at the back.
     idle: Mutex<VecDeque<IdleConnection>>,
@@ -81,12 +93,21 @@ struct Lease {
 // === impl ConnectionPool ===
 
 impl ConnectionPool {
-    /// A pool for the target at `address` (`http://host:port`), dialled with `connector`.
-    pub fn new(address: Uri, connector: HttpConnector, settings: PoolSettings) -> Self {
+    /// A pool for the target at `address` (`http[s]://host:port`), dialled with `connector` and, for `https`,
+    /// `tls`. `connect_timeout` bounds the TLS handshake (the connector bounds the TCP connection itself).
+    pub(crate) fn new(
+        address: Uri,
+        connector: HttpConnector,
+        tls: Option<TlsDialer>,
+        connect_timeout: Duration,
+        settings: PoolSettings,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 address,
                 connector,
+                tls,
+                connect_timeout,
                 settings,
                 idle: Mutex::new(VecDeque::new()),
                 reaper_started: AtomicBool::new(false),
@@ -139,12 +160,10 @@ impl ConnectionPool {
         request: Request<Body>,
     ) -> Pin<Box<dyn Future<Output = Result<Response<Incoming>, SendError>> + Send + '_>> {
         Box::pin(async move {
-            let (mut sender, connection) = http1::handshake(self.shared.dial().await?).await?;
-            tokio::spawn(async move {
-                if let Err(error) = connection.with_upgrades().await {
-                    tracing::debug!(%error, "upstream upgrade connection closed with an error");
-                }
-            });
+            let mut sender = match self.shared.dial().await? {
+                Dialed::Plain(io) => start_connection(io, Upgrades::Allowed).await?,
+                Dialed::Tls(io) => start_connection(io, Upgrades::Allowed).await?,
+            };
             Ok(sender.send_request(request).await?)
         })
     }
@@ -252,23 +271,73 @@ impl Shared {
         Box::pin(self.connect())
     }
 
-    async fn dial(&self) -> Result<TokioIo<TcpStream>, SendError> {
-        self.connector
+    /// A new connection to the target: TCP, then TLS for an `https` target.
+    async fn dial(&self) -> Result<Dialed, SendError> {
+        let tcp = self
+            .connector
             .clone()
             .oneshot(self.address.clone())
             .await
-            .map_err(|error| SendError::Connect(error.into()))
+            .map_err(|error| SendError::Connect(error.into()))?;
+        let tls = match &self.tls {
+            Some(tls) => tls,
+            None if self.address.scheme_str() != Some("https") => return Ok(Dialed::Plain(tcp)),
+            // Never plain text to a target that was meant to be reached over TLS.
+            None => {
+                return Err(SendError::Tls(std::io::Error::other(
+                    "no TLS settings for this https target",
+                )))
+            }
+        };
+        let handshake = tls.handshake(tcp.into_inner());
+        match tokio::time::timeout(self.connect_timeout, handshake).await {
+            Ok(Ok(stream)) => Ok(Dialed::Tls(TokioIo::new(Box::new(stream)))),
+            Ok(Err(error)) => Err(SendError::Tls(error)),
+            Err(_) => Err(SendError::Tls(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no handshake within {:?}", self.connect_timeout),
+            ))),
+        }
     }
 
     async fn connect(&self) -> Result<SendRequest<Body>, SendError> {
-        let (sender, connection) = http1::handshake(self.dial().await?).await?;
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, "upstream connection closed with an error");
-            }
-        });
-        Ok(sender)
+        match self.dial().await? {
+            Dialed::Plain(io) => start_connection(io, Upgrades::Refused).await,
+            Dialed::Tls(io) => start_connection(io, Upgrades::Refused).await,
+        }
     }
+}
+
+/// A new connection, before HTTP.
+enum Dialed {
+    Plain(TokioIo<TcpStream>),
+    /// Boxed: the TLS state is over a kilobyte, and this travels through the futures of new connections.
+    Tls(TokioIo<Box<TlsStream<TcpStream>>>),
+}
+
+/// Whether a connection may be taken over by a protocol switch (only WebSocket handshakes' own connections).
+#[derive(Clone, Copy)]
+enum Upgrades {
+    Allowed,
+    Refused,
+}
+
+/// The HTTP/1.1 handshake on a new connection, whose task is spawned to run until the connection closes.
+async fn start_connection<T>(io: T, upgrades: Upgrades) -> Result<SendRequest<Body>, SendError>
+where
+    T: Read + Write + Unpin + Send + 'static,
+{
+    let (sender, connection) = http1::handshake(io).await?;
+    tokio::spawn(async move {
+        let closed = match upgrades {
+            Upgrades::Allowed => connection.with_upgrades().await,
+            Upgrades::Refused => connection.await,
+        };
+        if let Err(error) = closed {
+            tracing::debug!(%error, "upstream connection closed with an error");
+        }
+    });
+    Ok(sender)
 }
 
 // === impl PooledBody ===
@@ -366,7 +435,13 @@ mod tests {
         }
 
         fn pool(&self, settings: PoolSettings) -> ConnectionPool {
-            ConnectionPool::new(self.address.clone(), HttpConnector::new(), settings)
+            ConnectionPool::new(
+                self.address.clone(),
+                HttpConnector::new(),
+                None,
+                Duration::from_secs(1),
+                settings,
+            )
         }
 
         fn accepted(&self) -> usize {
@@ -541,5 +616,29 @@ mod tests {
         assert_eq!(pool.idle_count(), 2);
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(upstream.closed_by_client(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_https_target_without_tls_settings_is_never_sent_plain_text() {
+        let upstream = RawUpstream::start(|_| (OK, Then::KeepOpen)).await;
+        let https: Uri = format!(
+            "https://{}",
+            upstream.address.authority().expect("authority")
+        )
+        .parse()
+        .expect("uri");
+        let mut connector = HttpConnector::new();
+        connector.enforce_http(false);
+        let pool = ConnectionPool::new(https, connector, None, Duration::from_secs(1), SETTINGS);
+        let refused = pool.send(request("GET")).await;
+        assert!(matches!(refused, Err(SendError::Tls(_))), "{refused:?}");
+        // The TCP connection was made, then closed without a byte sent (the server saw no request head).
+        for _ in 0..100 {
+            if upstream.closed_by_client() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!((upstream.accepted(), upstream.closed_by_client()), (1, 1));
     }
 }

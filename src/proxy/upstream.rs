@@ -73,11 +73,18 @@ impl Upstream {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(settings.connect_timeout));
+        // The TLS of `https` targets is the pool's, over the connector's TCP connection.
+        connector.enforce_http(false);
         let targets = settings
             .targets
             .iter()
             .map(|uri| {
                 let authority = uri.authority().map_or("127.0.0.1", |a| a.as_str());
+                // Validation made sure every https target has one; the pool refuses an https target without.
+                let tls = match (uri.scheme_str(), &settings.tls) {
+                    (Some("https"), Some(tls)) => tls.dialer(uri.host().unwrap_or_default()).ok(),
+                    _ => None,
+                };
                 let address = Uri::builder()
                     .scheme(uri.scheme_str().unwrap_or("http"))
                     .authority(authority)
@@ -88,7 +95,13 @@ impl Upstream {
                     host: HeaderValue::from_str(authority)
                         .unwrap_or_else(|_| HeaderValue::from_static("127.0.0.1")),
                     base_path: uri.path().trim_end_matches('/').to_owned(),
-                    pool: ConnectionPool::new(address, connector.clone(), POOL),
+                    pool: ConnectionPool::new(
+                        address,
+                        connector.clone(),
+                        tls,
+                        settings.connect_timeout,
+                        POOL,
+                    ),
                 }
             })
             .collect();

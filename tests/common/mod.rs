@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod http_client;
+pub mod pki;
 pub mod redis;
 pub mod sentinel;
 pub mod upstream;
