@@ -72,6 +72,37 @@ async fn forwards_method_path_query_body_and_forwarding_headers() {
 }
 
 #[tokio::test]
+async fn an_upstream_that_does_not_pass_the_host_header_gets_its_own_host() {
+    let first = Upstream::start().await;
+    let second = Upstream::start().await;
+    let yaml = yaml(&[first.url(), format!("{}/v2", second.url())], "5s").replace(
+        "    timeout: 5s\n",
+        "    timeout: 5s\n    pass_host_header: false\n",
+    );
+    assert!(yaml.contains("pass_host_header: false"), "{yaml}");
+    let gateway = start_gateway(&yaml).await;
+    let client = client();
+    let mut hosts = Vec::new();
+    for _ in 0..2 {
+        let response = client
+            .get(gateway.url("/api/x"))
+            .header("host", "shop.example.test")
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status(), 200);
+        let echo = json(response).await;
+        // The requested host still reaches the upstream, as X-Forwarded-Host.
+        assert_eq!(echo["headers"]["x-forwarded-host"], "shop.example.test");
+        hosts.push(echo["headers"]["host"].as_str().expect("host").to_owned());
+    }
+    hosts.sort();
+    let mut expected = vec![first.addr.to_string(), second.addr.to_string()];
+    expected.sort();
+    assert_eq!(hosts, expected, "each target's own host and port");
+}
+
+#[tokio::test]
 async fn round_robin_over_targets() {
     let first = Upstream::start().await;
     let second = Upstream::start().await;

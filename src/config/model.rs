@@ -98,6 +98,8 @@ pub struct UpstreamSettings {
     pub timeout: Duration,
     /// Time to wait for a connection (TCP, then the TLS handshake of `https` targets), default 5s.
     pub connect_timeout: Duration,
+    /// Whether the client's `Host` goes to the upstream (default) or the target's own host and port replace it.
+    pub pass_host_header: bool,
     /// How `https` targets are verified; `Some` exactly when there is one.
     pub tls: Option<UpstreamTls>,
 }

@@ -90,6 +90,7 @@ pub(crate) struct RawUpstream {
     pub timeout: String,
     #[serde(deserialize_with = "scalar_text")]
     pub connect_timeout: String,
+    pub pass_host_header: bool,
     pub tls: Option<RawUpstreamTls>,
 }
 
@@ -254,6 +255,7 @@ impl Default for RawUpstream {
             targets: Vec::new(),
             timeout: "30s".to_owned(),
             connect_timeout: "5s".to_owned(),
+            pass_host_header: true,
             tls: None,
         }
     }

@@ -267,6 +267,7 @@ fn upstream_settings(
         targets,
         timeout: timeout?,
         connect_timeout: connect_timeout?,
+        pass_host_header: raw.pass_host_header,
         tls,
     })
 }

@@ -29,11 +29,14 @@ pub struct Upstream {
     targets: Vec<Target>,
     next: AtomicUsize,
     timeout: Duration,
+    /// `false`: every request gets its target's `host` as `Host`.
+    pass_host_header: bool,
 }
 
 #[derive(Debug)]
 struct Target {
-    /// The target's authority, the `Host` of a request that arrived without one.
+    /// The target's authority: the `Host` of a request that arrived without one, or of every request when the
+    /// upstream does not pass the client's on.
     host: HeaderValue,
     /// Path prefix of the target URL without trailing slash, e.g. `/base` for `http://host/base/`.
     base_path: String,
@@ -110,6 +113,7 @@ impl Upstream {
             targets,
             next: AtomicUsize::new(0),
             timeout: settings.timeout,
+            pass_host_header: settings.pass_host_header,
         }
     }
 
@@ -133,8 +137,12 @@ impl Upstream {
         // Read before the hop-by-hop fields go: `Upgrade` is one of them.
         let websocket = upgrade::websocket_upgrade(&request);
 
-        // HTTP/2 clients send the host as :authority; HTTP/1.1 upstreams need it as Host.
-        if !request.headers().contains_key(header::HOST) {
+        if !self.pass_host_header {
+            request
+                .headers_mut()
+                .insert(header::HOST, target.host.clone());
+        } else if !request.headers().contains_key(header::HOST) {
+            // HTTP/2 clients send the host as :authority; HTTP/1.1 upstreams need it as Host.
             let host = facts
                 .host
                 .and_then(|h| HeaderValue::from_str(h).ok())
