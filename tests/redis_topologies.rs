@@ -426,6 +426,38 @@ fn cluster_across_slots_decides_like_the_memory_store() {
 
 // === Sentinel ===
 
+/// Waits, at most `within`, until the gateway limits on `new_master`: a fresh key is admitted exactly 5 times and
+/// its state is on that server. Returns how long it took.
+async fn limits_on_the_new_master(
+    gateway: &TestGateway,
+    sentinel: &RedisSentinel,
+    new_master: u16,
+    within: Duration,
+) -> Duration {
+    let failed_over = Instant::now();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let tenant = format!("after-{attempt}");
+        let statuses = send(gateway, 7, Some(&tenant)).await;
+        let key = format!("tollgate:spread:per-tenant:{{{tenant}}}");
+        let on_new_master = sentinel.cli(new_master, &["ZCARD", &key]);
+        if statuses == [200, 200, 200, 200, 200, 429, 429] && on_new_master.as_deref() == Some("5")
+        {
+            println!(
+                "limiting on the new master {:?} after the failover",
+                failed_over.elapsed()
+            );
+            return failed_over.elapsed();
+        }
+        assert!(
+            failed_over.elapsed() < within,
+            "limiting never moved to the new master: {statuses:?}, ZCARD there {on_new_master:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_limits_and_keeps_limiting_on_the_new_master_after_a_failover() {
     let sentinel = Arc::new(RedisSentinel::start());
@@ -477,31 +509,8 @@ async fn sentinel_limits_and_keeps_limiting_on_the_new_master_after_a_failover()
     .expect("failover");
     assert_eq!(new_master, sentinel.replica_port);
 
-    // Within a bounded time the gateway limits on the new master: a fresh key is admitted exactly 5 times and
-    // its state is on the promoted server.
-    let failed_over = Instant::now();
-    let deadline = failed_over + Duration::from_secs(90);
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let tenant = format!("after-{attempt}");
-        let statuses = send(&gateway, 7, Some(&tenant)).await;
-        let key = format!("tollgate:spread:per-tenant:{{{tenant}}}");
-        let on_new_master = sentinel.cli(new_master, &["ZCARD", &key]);
-        if statuses == [200, 200, 200, 200, 200, 429, 429] && on_new_master.as_deref() == Some("5")
-        {
-            println!(
-                "limiting on the new master {:?} after the failover",
-                failed_over.elapsed()
-            );
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "limiting never moved to the new master: {statuses:?}, ZCARD there {on_new_master:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // Within a bounded time the gateway limits on the new master.
+    limits_on_the_new_master(&gateway, &sentinel, new_master, Duration::from_secs(90)).await;
 
     stop.store(true, Ordering::Relaxed);
     let statuses = traffic.await.expect("traffic task");
@@ -509,6 +518,45 @@ async fn sentinel_limits_and_keeps_limiting_on_the_new_master_after_a_failover()
     assert!(
         statuses.iter().all(|s| *s == 200 || *s == 429),
         "only decisions during the failover: {statuses:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_the_announced_primary_is_followed_even_while_the_old_one_still_takes_writes() {
+    // The old master cannot be demoted: the sentinel's REPLICAOF and SLAVEOF are renamed away on it, so it stays
+    // a writable master after the failover and refuses nothing. Only the sentinel's +switch-master announcement
+    // can move the gateway to the promoted replica.
+    let sentinel = Arc::new(RedisSentinel::start_with_master_args(&[
+        "--rename-command",
+        "REPLICAOF",
+        "replicaof-renamed-away",
+        "--rename-command",
+        "SLAVEOF",
+        "slaveof-renamed-away",
+    ]));
+    let store = format!(
+        "  backend: redis\n  url: \"{}\"\n  timeout: 1s\n  on_error: local\n",
+        sentinel.url()
+    );
+    let limits = "      - name: per-tenant\n        key: header:x-tenant\n        algorithm: sliding_log\n        limit: 5\n        period: 1h\n";
+    let gateway = start_gateway(&gateway_yaml(&store, limits)).await;
+    assert_eq!(
+        send(&gateway, 6, Some("before")).await,
+        [200, 200, 200, 200, 200, 429]
+    );
+
+    let new_master = tokio::task::spawn_blocking({
+        let sentinel = sentinel.clone();
+        move || sentinel.failover()
+    })
+    .await
+    .expect("failover");
+    limits_on_the_new_master(&gateway, &sentinel, new_master, Duration::from_secs(20)).await;
+    assert!(
+        sentinel
+            .cli(sentinel.master_port, &["ROLE"])
+            .is_some_and(|role| role.starts_with("master")),
+        "the old master was to stay a master for this test"
     );
 }
 

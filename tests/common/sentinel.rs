@@ -22,9 +22,18 @@ impl RedisSentinel {
     /// Starts the three servers and waits until the replica is in sync and the sentinel knows it as a healthy
     /// replica (so that a failover can be asked for at once).
     pub fn start() -> Self {
+        Self::start_with_master_args(&[])
+    }
+
+    /// [`start`](Self::start) with `extra` arguments for the master's `redis-server`.
+    pub fn start_with_master_args(extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let data_dir = dir.path().to_owned();
-        let (master_port, master) = spawn_redis(|port| server_args(port, None, &data_dir));
+        let (master_port, master) = spawn_redis(|port| {
+            let mut args = server_args(port, None, &data_dir);
+            args.extend(extra.iter().map(|arg| arg.to_string()));
+            args
+        });
         let mut set = Self {
             master_port,
             replica_port: 0,

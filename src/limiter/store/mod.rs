@@ -4,6 +4,7 @@ mod batcher;
 mod memory;
 mod redis;
 mod script;
+mod sentinel;
 
 use thiserror::Error;
 

@@ -21,6 +21,7 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::batcher::{Batcher, Pending, RunBatch};
 use super::script::{self, EncodedRequest, Mode, CHECK_SCRIPT};
+use super::sentinel;
 use super::{LimitCheck, StoreError};
 use crate::limiter::{Decision, Outcome};
 
@@ -111,6 +112,14 @@ impl RedisStore {
             topology,
             reconnecting: Arc::new(AtomicBool::new(false)),
         });
+        if topology == RedisTopology::Sentinel {
+            let weak = Arc::downgrade(&connection);
+            sentinel::follow_failovers(&connection.config, client_builder, move |primary| {
+                weak.upgrade()
+                    .map(|connection| connection.follow_primary(primary))
+                    .is_some()
+            })?;
+        }
         let batcher = Batcher::start(connection.clone());
         Ok(Self {
             connection,
@@ -427,20 +436,32 @@ impl Connection {
                 Ok(evalsha(command).await?)
             }
             Err(error) if error.details().contains("READONLY") => {
-                self.reconnect_to_primary();
+                self.reconnect_to_primary("redis refused a write (READONLY)");
                 Err(error.into())
             }
             other => Ok(other?),
         }
     }
 
-    /// The server we write to became a replica (a Sentinel failover demoted it): reconnect now, which asks
-    /// Sentinel for the new primary, instead of writing into errors until the old primary drops us.
-    fn reconnect_to_primary(&self) {
+    /// A sentinel announced `primary` as the new primary: reconnect unless every connection of the pool is there
+    /// already (another sentinel said so first, or the pool reconnected on its own).
+    fn follow_primary(&self, primary: &Server) {
+        let connected = self.pool.active_connections();
+        let there = |server: &Server| server.host == primary.host && server.port == primary.port;
+        if !connected.is_empty() && connected.iter().all(there) {
+            return;
+        }
+        self.reconnect_to_primary("sentinel announced a new primary");
+    }
+
+    /// The server we write to is no longer the primary (a Sentinel failover demoted it, `why` says how we know):
+    /// reconnect now, which asks Sentinel for the new primary, instead of writing into errors, or into a server
+    /// about to be demoted, until the old primary drops us.
+    fn reconnect_to_primary(&self, why: &str) {
         if self.reconnecting.swap(true, Ordering::AcqRel) {
             return;
         }
-        tracing::warn!("redis refused a write (READONLY): reconnecting to the current primary");
+        tracing::warn!("{why}: reconnecting to the current primary");
         let pool = self.pool.clone();
         let reconnecting = Arc::clone(&self.reconnecting);
         tokio::spawn(async move {
