@@ -39,11 +39,7 @@ impl Upstream {
     pub async fn start() -> Self {
         let hits = Arc::new(AtomicUsize::new(0));
         let app = Router::new().fallback(any(echo)).with_state(hits.clone());
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind upstream");
-        let addr = listener.local_addr().expect("upstream addr");
-        let connections = Arc::new(AtomicUsize::new(0));
+        let (listener, addr, connections) = counted_listener().await;
         let accepted = connections.clone();
         let listener = listener.tap_io(move |_| {
             accepted.fetch_add(1, Ordering::SeqCst);
@@ -115,11 +111,7 @@ pub struct TlsServer {
 /// or `no`).
 pub async fn serve_tls(app: Router, server: &Issued, client_ca: Option<&Path>) -> TlsServer {
     let acceptor = TlsAcceptor::from(Arc::new(server_config(server, client_ca)));
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind upstream");
-    let addr = listener.local_addr().expect("upstream addr");
-    let connections = Arc::new(AtomicUsize::new(0));
+    let (listener, addr, connections) = counted_listener().await;
     let accepted = connections.clone();
     let task = tokio::spawn(async move {
         loop {
@@ -160,6 +152,15 @@ pub async fn serve_tls(app: Router, server: &Issued, client_ca: Option<&Path>) -
         connections,
         task,
     }
+}
+
+/// A listener on a free loopback port, its address, and the counter its accepted connections are to be counted in.
+async fn counted_listener() -> (TcpListener, SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind upstream");
+    let addr = listener.local_addr().expect("upstream addr");
+    (listener, addr, Arc::new(AtomicUsize::new(0)))
 }
 
 fn server_config(server: &Issued, client_ca: Option<&Path>) -> rustls::ServerConfig {
