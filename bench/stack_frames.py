@@ -32,7 +32,7 @@ HOT = [
     "tollgate::gateway::server::serve::{{closure}}::{{closure}}",
     "tollgate::gateway::server::serve_connection::{{closure}}::{{closure}}::{{closure}}",
     "tollgate::gateway::handler::Gateway::route_request::{{closure}}",
-    "tollgate::proxy::pool::Shared::connect::{{closure}}::{{closure}}",
+    "tollgate::proxy::pool::open::{{closure}}::{{closure}}",
     "tollgate::limiter::store::batcher::coalesce::{{closure}}",
     "<hyper::proto::h1::role::Server as hyper::proto::h1::Http1Transaction>::parse",
     "hyper::proto::h1::dispatch::Dispatcher<D,Bs,I,T>::poll_write",
