@@ -5,6 +5,7 @@ change to src/limiter/scripts/check.lua costs or saves.
 
     python3 bench/script_cost.py            # needs redis-server and valgrind (apt-get install redis-server valgrind)
     python3 bench/script_cost.py --script /tmp/variant.lua --case 50:run     # a variant of the script, one case
+    python3 bench/script_cost.py --sections --case 50:run     # what each part of one call costs
 
 Each case sends CALLS script calls of a batch of requests, each request checking the three limits of
 bench/configs/redis-pass.yaml (sliding_window, token_bucket, gcra), encoded as the gateway encodes them (see
@@ -20,6 +21,7 @@ server listens on 127.0.0.1 on a free port.
 import argparse
 import hashlib
 import os
+import re
 import shutil
 import socket
 import struct
@@ -141,16 +143,59 @@ def instructions(script: str, requests: int, shape: str, calls: int = CALLS) -> 
         return int(line.split()[0].replace(",", ""))
 
 
+# Where --sections cuts the script (a `do return 1 end` before the first line matching each pattern), and what the
+# part ending there does. The script's sections run in this order for every call.
+SECTIONS = [
+    (r"^local cache = \{", "TIME and the MGET of every key"),
+    (r"^local input = cmsgpack\.unpack", "defining the functions (Redis runs the whole script at every call)"),
+    (r"^local a = 1$", "unpacking the argument (cmsgpack)"),
+    (r"^-- The reply is written", "checking the argument"),
+    (r"^a = 1$", "the reply's tables"),
+    (r"^for k = 1, #KEYS do", "deciding the requests"),
+    (r"^return cmsgpack\.pack", "writing the changed keys back (SET ... PX)"),
+]
+
+
+def sections(script: str, requests: int, shape: str) -> None:
+    """Prints what each part of a call costs: the whole call (less compiling the script) with the script cut after
+    each section in turn, and the difference from the cut before. A bare `return 1` is the call's own cost in
+    Redis (the EVALSHA command, its arguments and reply)."""
+    lines = script.split("\n")
+
+    def per_call(text: str) -> float:
+        return (instructions(text, requests, shape) - instructions(text, requests, shape, calls=0)) / CALLS
+
+    print(f"{requests} request(s), {shape}: instructions per call, the script cut after each part in turn")
+    print(f"{'part':<70} {'so far':>10} {'this part':>10}")
+    before = per_call("return 1")
+    print(f"{'a bare return: the EVALSHA call itself':<70} {before:>10,.0f} {before:>10,.0f}")
+    for pattern, what in SECTIONS:
+        at = next((i for i, line in enumerate(lines) if re.match(pattern, line)), None)
+        if at is None:
+            sys.exit(f"script_cost: no line matches {pattern!r}: update SECTIONS")
+        so_far = per_call("\n".join(lines[:at] + ["do return 1 end"] + lines[at:]))
+        print(f"{what:<70} {so_far:>10,.0f} {so_far - before:>10,.0f}")
+        before = so_far
+    whole = per_call(script)
+    print(f"{'packing the reply (cmsgpack), the whole call':<70} {whole:>10,.0f} {whole - before:>10,.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--script", type=Path, default=SCRIPT_PATH, help="the script to count (default: tollgate's)")
     parser.add_argument("--case", action="append", metavar="REQUESTS:SHAPE",
                         help="only these cases, e.g. 50:run (shapes: single, run, distinct); repeatable")
+    parser.add_argument("--sections", action="store_true",
+                        help="what each part of a call costs, for the first --case (default 50:run)")
     args = parser.parse_args()
     script = args.script.read_text()
     for tool in ("valgrind", "callgrind_annotate", "redis-server"):
         if not shutil.which(tool):
             sys.exit(f"script_cost: {tool} not found (apt-get install valgrind redis-server)")
+    if args.sections:
+        requests, _, shape = (args.case or ["50:run"])[0].partition(":")
+        sections(script, int(requests), shape)
+        return
     # Compiling the script once (about 3 million instructions for tollgate's, 30,000 a call over 100 calls) is no
     # part of a call's cost: the empty call's count is taken less that of loading the script without calling it.
     bare = instructions("return 1", 0, "single") - instructions("return 1", 0, "single", calls=0)
