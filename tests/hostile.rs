@@ -205,3 +205,115 @@ fn admin_on_a_public_address_without_token_refuses_to_start() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("admin.token"), "{stderr}");
 }
+
+// === Refusals of malformed framing, oversize heads and wrong admin tokens (design §7, §8) ===
+
+/// A gateway with an upstream route `framing` at `/up` and a `respond` route `here` at `/here`, both unlimited.
+fn framing_yaml(upstream: &str, max_header_bytes: usize) -> String {
+    format!(
+        r#"server:
+  header_read_timeout: 2s
+  max_header_bytes: {max_header_bytes}
+upstreams:
+  backend:
+    targets: ["{upstream}"]
+routes:
+  - name: framing
+    match: {{ path_prefix: /up }}
+    upstream: backend
+  - name: here
+    match: {{ path_prefix: /here }}
+    respond: {{ status: 200, body: here }}
+"#
+    )
+}
+
+/// Writes `request`, closes the writing half (the body ends where `request` does) and reads the answer.
+async fn send_then_half_close(addr: std::net::SocketAddr, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(request).await.expect("write");
+    stream.shutdown().await.expect("half close");
+    let mut buffer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut buffer)).await;
+    String::from_utf8_lossy(&buffer).into_owned()
+}
+
+fn upstream_durations(route: &str) -> f64 {
+    let metrics = tollgate::telemetry::prometheus()
+        .expect("recorder")
+        .render();
+    let prefix = format!("tollgate_upstream_duration_seconds_count{{route=\"{route}\"}}");
+    metrics
+        .lines()
+        .find(|line| line.starts_with(&prefix))
+        .and_then(|line| line.rsplit(' ').next())
+        .map_or(0.0, |v| v.parse().expect("a number"))
+}
+
+#[tokio::test]
+async fn malformed_chunk_size_is_400_not_an_upstream_failure() {
+    tollgate::telemetry::prometheus().expect("recorder");
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&framing_yaml(&upstream.url(), 65536)).await;
+    for path in ["/up", "/here"] {
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff1\r\nabc\r\n0\r\n\r\n"
+        );
+        let response = raw(gateway.addr, request.as_bytes()).await;
+        assert!(response.starts_with("HTTP/1.1 400"), "{path}: {response}");
+        assert!(
+            response.contains(r#"{"error":"bad_request""#),
+            "{path}: {response}"
+        );
+    }
+    // Told apart from an upstream failure: no upstream exchange recorded for the route.
+    assert_eq!(upstream_durations("framing"), 0.0);
+}
+
+#[tokio::test]
+async fn body_cut_short_is_400_not_an_upstream_failure() {
+    tollgate::telemetry::prometheus().expect("recorder");
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&framing_yaml(&upstream.url(), 65536)).await;
+    for path in ["/up", "/here"] {
+        for request in [
+            format!("POST {path} HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\nonly ten b"),
+            format!(
+                "POST {path} HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n20\r\nshort"
+            ),
+        ] {
+            let response = send_then_half_close(gateway.addr, request.as_bytes()).await;
+            assert!(
+                response.starts_with("HTTP/1.1 400"),
+                "{request:.60}: {response}"
+            );
+            assert!(response.contains(r#"{"error":"bad_request""#), "{response}");
+        }
+    }
+    assert_eq!(upstream_durations("framing"), 0.0);
+}
+
+#[tokio::test]
+async fn conflicting_lengths_are_400_before_any_route() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&framing_yaml(&upstream.url(), 65536)).await;
+    for path in ["/up", "/here"] {
+        for framing in [
+            "Content-Length: 4\r\nContent-Length: 5\r\n",
+            "Content-Length: 4, 5\r\n",
+            "Content-Length: -4\r\n",
+            "Transfer-Encoding: gzip\r\n",
+            "Transfer-Encoding: chunked, gzip\r\n",
+        ] {
+            let request = format!(
+                "POST {path} HTTP/1.1\r\nHost: a\r\n{framing}Connection: close\r\n\r\nabcde"
+            );
+            let response = raw(gateway.addr, request.as_bytes()).await;
+            assert!(
+                response.starts_with("HTTP/1.1 400"),
+                "{framing}: {response}"
+            );
+        }
+    }
+    assert_eq!(upstream.hits(), 0);
+}

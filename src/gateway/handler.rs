@@ -153,6 +153,10 @@ impl Gateway {
         }
         let mut response = match &route.action {
             Action::Respond(direct) => {
+                // Read first, so that malformed framing is 400 here as on an upstream route.
+                if crate::proxy::discard(request.into_body()).await.is_err() {
+                    return (Some(route), responses::bad_body());
+                }
                 let mut response = Response::new(Body::from(direct.body.clone()));
                 *response.status_mut() = direct.status;
                 for (name, value) in &direct.headers {
@@ -169,7 +173,9 @@ impl Gateway {
                 };
                 let started = Instant::now();
                 let result = upstream.forward(request, &path, &forwarded).await;
-                route.metrics.record_upstream(started.elapsed());
+                if !matches!(result, Err(ProxyError::ClientBody(_))) {
+                    route.metrics.record_upstream(started.elapsed());
+                }
                 match result {
                     Ok(response) => response,
                     Err(error) => return (Some(route), proxy_failure(route, &error)),
@@ -202,11 +208,14 @@ fn ensure_request_id(headers: &mut http::HeaderMap) -> HeaderValue {
 }
 
 fn proxy_failure(route: &Route, error: &ProxyError) -> Response<Body> {
+    if let ProxyError::ClientBody(_) = error {
+        // The client's fault, not the upstream's: no warning, and not counted against the upstream.
+        tracing::debug!(route = %route.name, %error, "request body failed");
+        return responses::bad_body();
+    }
     tracing::warn!(route = %route.name, %error, "upstream failed");
     match error {
         ProxyError::Timeout { .. } => responses::gateway_timeout(&route.name),
-        ProxyError::Unreachable { .. } | ProxyError::BadRequest(_) => {
-            responses::bad_gateway(&route.name)
-        }
+        _ => responses::bad_gateway(&route.name),
     }
 }

@@ -22,6 +22,14 @@ pub(super) fn bad_target() -> Response<Body> {
     )
 }
 
+/// 400 for a request body that cannot be read: malformed chunked framing, or cut short by the client.
+pub(super) fn bad_body() -> Response<Body> {
+    json_response(
+        StatusCode::BAD_REQUEST,
+        &json!({"error": "bad_request", "message": "the request body is malformed or incomplete"}),
+    )
+}
+
 /// 502 when the upstream cannot be reached.
 pub(super) fn bad_gateway(route: &str) -> Response<Body> {
     json_response(

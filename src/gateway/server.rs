@@ -20,6 +20,7 @@ use tokio::net::{TcpListener, TcpStream};
 use super::drain::{Drain, DrainWatcher};
 use super::Gateway;
 use crate::config::ServerSettings;
+use crate::proxy::ClientBody;
 
 /// Why serving stopped with an error.
 #[derive(Debug, Error)]
@@ -150,7 +151,9 @@ async fn serve_connection(
     let opening = sniff(&stream, header_read_timeout).await;
     let service = service_fn(move |request: hyper::Request<Incoming>| {
         let gateway = gateway.clone();
-        async move { Ok::<_, Infallible>(gateway.handle(request.map(Body::new), peer).await) }
+        // The body's errors are marked as the client's, so that they are never taken for an upstream failure.
+        let request = request.map(|body| Body::new(ClientBody::new(body)));
+        async move { Ok::<_, Infallible>(gateway.handle(request, peer).await) }
     });
     let result = match opening {
         Opening::Http1 => {

@@ -1,12 +1,14 @@
 //! Forwarding admitted requests to a route's upstream: connection pools, round robin, TLS, header rewriting,
 //! WebSocket tunnels.
 
+mod body;
 mod headers;
 mod pool;
 mod tls;
 mod upgrade;
 mod upstream;
 
+pub use body::{discard, ClientBody, ClientBodyError};
 pub use headers::{ForwardedFacts, VIA};
 pub use tls::{TlsDialer, TlsFieldError, TlsFiles, UpstreamTls};
 pub use upstream::{ProxyError, Upstream};

@@ -23,6 +23,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tower::ServiceExt;
 
+use super::body::ClientBodyError;
 use super::tls::TlsDialer;
 
 /// The connections to one target.
@@ -56,7 +57,11 @@ pub enum SendError {
     Tls(#[source] std::io::Error),
     /// The HTTP exchange failed (handshake, write, or a connection closed before the response head).
     #[error(transparent)]
-    Http(#[from] hyper::Error),
+    Http(hyper::Error),
+    /// The client's request body failed while it was being sent (malformed framing, cut short): the client's
+    /// fault, not the target's.
+    #[error("request body: {0}")]
+    ClientBody(#[source] hyper::Error),
 }
 
 #[derive(Debug)]
@@ -172,6 +177,19 @@ impl ConnectionPool {
     #[cfg(test)]
     fn idle_count(&self) -> usize {
         self.shared.lock_idle().len()
+    }
+}
+
+// === impl SendError ===
+
+impl From<hyper::Error> for SendError {
+    fn from(error: hyper::Error) -> Self {
+        // Only the body being written can make the client report a cause of ours; the walk runs on failures only.
+        if error.is_user() && ClientBodyError::caused(&error) {
+            Self::ClientBody(error)
+        } else {
+            Self::Http(error)
+        }
     }
 }
 

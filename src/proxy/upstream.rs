@@ -66,6 +66,10 @@ pub enum ProxyError {
     /// The request could not be turned into an upstream request.
     #[error("cannot build the upstream request: {0}")]
     BadRequest(#[from] http::Error),
+    /// The client's body failed while it was streamed upstream (malformed chunked framing, cut short): a 400, not
+    /// an upstream failure.
+    #[error("bad request body: {0}")]
+    ClientBody(#[source] hyper::Error),
 }
 
 // === impl Upstream ===
@@ -211,6 +215,7 @@ impl Upstream {
                 upstream: self.name.clone(),
                 timeout: self.timeout,
             }),
+            Ok(Err(SendError::ClientBody(source))) => Err(ProxyError::ClientBody(source)),
             Ok(Err(source)) => Err(ProxyError::Unreachable {
                 upstream: self.name.clone(),
                 source,
