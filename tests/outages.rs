@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::http_client::client;
 use common::redis::RedisServer;
-use common::{start_gateway, TestGateway};
+use common::{free_port, start_gateway, start_gateway_without_waiting, TestGateway};
 
 /// Slack over the store timeout for a request on a loaded two-core machine.
 const SLACK: Duration = Duration::from_millis(700);
@@ -212,4 +212,131 @@ async fn a_flood_on_a_denied_key_costs_redis_almost_nothing() {
         calls <= 8,
         "{calls} script calls for a flood on one denied key"
     );
+}
+
+// === Start in any order, recover at once ===
+
+/// The limit two gateways share in the tests below: exact (`sliding_log`), per `x-tenant`.
+const SHARED_LIMIT: usize = 5;
+
+/// A gateway on `url` refusing with 503 while Redis fails (`on_error: deny`): a 200 or a 429 was decided by Redis.
+fn shared_yaml(url: &str) -> String {
+    format!(
+        r#"store:
+  backend: redis
+  url: {url}
+  timeout: 500ms
+  on_error: deny
+routes:
+  - name: demo
+    match: {{ path_prefix: /demo }}
+    respond: {{ status: 200, body: "ok" }}
+    limits:
+      - name: per-tenant
+        key: [header:x-tenant]
+        algorithm: sliding_log
+        limit: {SHARED_LIMIT}
+        period: 1m
+"#
+    )
+}
+
+/// Two gateways on one Redis URL, started without waiting for it.
+async fn two_gateways(url: &str) -> [TestGateway; 2] {
+    [
+        start_gateway_without_waiting(&shared_yaml(url)).await,
+        start_gateway_without_waiting(&shared_yaml(url)).await,
+    ]
+}
+
+async fn tenant_status(gateway: &TestGateway, tenant: &str) -> u16 {
+    client()
+        .get(gateway.url("/demo"))
+        .header("x-tenant", tenant)
+        .send()
+        .await
+        .expect("request")
+        .status()
+        .as_u16()
+}
+
+/// Waits until Redis decides a request on each gateway (a tenant of its own per attempt, so that nothing of the
+/// shared tenants is consumed), at most 10 s; returns how long that took.
+async fn until_redis_decides(gateways: &[TestGateway]) -> Duration {
+    let mut attempt = 0;
+    let mut decided = [false, false];
+    eventually(Duration::from_secs(10), async || {
+        for (gateway, decided) in gateways.iter().zip(&mut decided) {
+            attempt += 1;
+            *decided = *decided || tenant_status(gateway, &format!("probe-{attempt}")).await == 200;
+        }
+        decided.iter().all(|&d| d)
+    })
+    .await
+    .expect("redis never decided a request on both gateways")
+}
+
+/// Sends `2 * SHARED_LIMIT` requests for `tenant`, alternating between the gateways, and checks that exactly
+/// `SHARED_LIMIT` were admitted between them and the others refused by the limit (none by the fallback).
+async fn assert_shared_exactly(gateways: &[TestGateway], tenant: &str) {
+    let mut statuses = Vec::new();
+    for i in 0..2 * SHARED_LIMIT {
+        statuses.push(tenant_status(&gateways[i % 2], tenant).await);
+    }
+    let admitted = statuses.iter().filter(|&&s| s == 200).count();
+    let limited = statuses.iter().filter(|&&s| s == 429).count();
+    assert_eq!(
+        (admitted, limited),
+        (SHARED_LIMIT, SHARED_LIMIT),
+        "one shared limit between two gateways: {statuses:?}"
+    );
+}
+
+async fn assert_refused(gateways: &[TestGateway]) {
+    for gateway in gateways {
+        assert_eq!(tenant_status(gateway, "t").await, 503, "on_error: deny");
+    }
+}
+
+#[tokio::test]
+async fn gateways_started_before_redis_share_its_limit_once_it_answers() {
+    let port = free_port();
+    let gateways = two_gateways(&format!("redis://127.0.0.1:{port}")).await;
+    // Serving from the first second, by the policy.
+    assert_refused(&gateways).await;
+
+    let _redis = RedisServer::start_on(port);
+    let took = until_redis_decides(&gateways).await;
+    println!("redis decided on both gateways {took:?} after it answered PING");
+    assert_shared_exactly(&gateways, "t").await;
+}
+
+#[tokio::test]
+async fn gateways_share_the_limit_again_after_redis_restarts_empty() {
+    let mut redis = RedisServer::start();
+    let gateways = two_gateways(&redis.url()).await;
+    until_redis_decides(&gateways).await;
+    assert_eq!(tenant_status(&gateways[0], "t").await, 200);
+
+    redis.kill();
+    assert_refused(&gateways).await;
+    // A restart without persistence, or a new instance in its place: keys and the script cache are gone.
+    redis.restart();
+    let took = until_redis_decides(&gateways).await;
+    println!("redis decided on both gateways {took:?} after it answered PING again");
+    // What was counted went with the old instance.
+    assert_shared_exactly(&gateways, "t").await;
+}
+
+#[tokio::test]
+async fn a_password_fixed_at_runtime_is_taken_without_a_restart() {
+    let mut redis = RedisServer::start_with_password("old");
+    let url = format!("redis://:new@127.0.0.1:{}", redis.port);
+    let gateways = two_gateways(&url).await;
+    assert_refused(&gateways).await;
+
+    redis.set_password("new");
+    let took = until_redis_decides(&gateways).await;
+    println!("redis decided on both gateways {took:?} after CONFIG SET requirepass");
+    assert_shared_exactly(&gateways, "t").await;
 }

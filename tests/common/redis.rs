@@ -11,6 +11,8 @@ pub struct RedisServer {
     child: Child,
     /// `redis-cli` arguments that authenticate as an administrator (empty without a password).
     cli_auth: Vec<String>,
+    /// The server arguments given after the defaults, for [`RedisServer::restart`].
+    extra: Vec<String>,
 }
 
 impl RedisServer {
@@ -37,7 +39,42 @@ impl RedisServer {
     /// Starts `redis-server` on `port` with `extra` server arguments (after the defaults, so they may override
     /// them); `cli_auth` are the `redis-cli` arguments [`RedisServer::cli`] needs to be let in.
     pub fn start_with(port: u16, extra: &[&str], cli_auth: &[&str]) -> Self {
-        let child = Command::new("redis-server")
+        let mut server = Self {
+            port,
+            child: Self::spawn(port, extra),
+            cli_auth: cli_auth.iter().map(|a| (*a).to_owned()).collect(),
+            extra: extra.iter().map(|a| (*a).to_owned()).collect(),
+        };
+        server.wait_until_up();
+        server
+    }
+
+    /// Kills the server and starts an empty one on the same port with the same arguments (a restart without
+    /// persistence, or a replacement: its keys and its script cache are gone); waits until it answers PING.
+    pub fn restart(&mut self) {
+        self.kill();
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        self.child = Self::spawn(self.port, &extra);
+        self.wait_until_up();
+    }
+
+    /// Sets the default user's password at runtime (`CONFIG SET requirepass`); connections already logged in
+    /// stay so, new ones need it. [`RedisServer::cli`] uses it from now on.
+    pub fn set_password(&mut self, password: &str) {
+        assert_eq!(
+            self.cli(&["CONFIG", "SET", "requirepass", password])
+                .as_deref(),
+            Some("OK")
+        );
+        self.cli_auth = vec![
+            "-a".to_owned(),
+            password.to_owned(),
+            "--no-auth-warning".to_owned(),
+        ];
+    }
+
+    fn spawn(port: u16, extra: &[&str]) -> Child {
+        Command::new("redis-server")
             .args([
                 "--port",
                 &port.to_string(),
@@ -54,21 +91,19 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("redis-server must be installed (the README's test command installs it)");
-        let server = Self {
-            port,
-            child,
-            cli_auth: cli_auth.iter().map(|a| (*a).to_owned()).collect(),
-        };
+            .expect("redis-server must be installed (the README's test command installs it)")
+    }
+
+    fn wait_until_up(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(10);
-        while server.cli(&["PING"]).as_deref() != Some("PONG") {
+        while self.cli(&["PING"]).as_deref() != Some("PONG") {
             assert!(
                 Instant::now() < deadline,
-                "redis-server on {port} did not start"
+                "redis-server on {} did not start",
+                self.port
             );
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(5));
         }
-        server
     }
 
     /// `redis://127.0.0.1:PORT`.

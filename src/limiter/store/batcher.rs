@@ -39,8 +39,13 @@ const QUEUE_CAPACITY: usize = 16_384;
 
 /// Runs the script for a batch of requests, all on one connection.
 pub(super) trait RunBatch: Send + Sync + 'static {
-    /// Sends one call (or, on Redis Cluster, one per hash slot) for `batch` and answers every request in it.
-    fn run(self: Arc<Self>, batch: Vec<Pending>) -> impl std::future::Future<Output = ()> + Send;
+    /// Sends one call (or, on Redis Cluster, one per hash slot) for `batch` and answers every request in it; a
+    /// call not yet sent by `deadline` (the earliest of its requests') must never be sent.
+    fn run(
+        self: Arc<Self>,
+        batch: Vec<Pending>,
+        deadline: Instant,
+    ) -> impl std::future::Future<Output = ()> + Send;
 }
 
 /// The handle requests queue their checks through; the task behind it ends when every handle is dropped.
@@ -135,7 +140,7 @@ async fn coalesce<R: RunBatch>(
         let Some(deadline) = batch.iter().map(|pending| pending.deadline).min() else {
             continue;
         };
-        let call = runner.clone().run(batch);
+        let call = runner.clone().run(batch, deadline);
         // Dropping an abandoned call drops its requests' reply senders; either way the call slot is free.
         tokio::spawn(async move {
             let _ = tokio::time::timeout_at(deadline, call).await;
@@ -192,7 +197,7 @@ mod tests {
     }
 
     impl RunBatch for Recorder {
-        async fn run(self: Arc<Self>, batch: Vec<Pending>) {
+        async fn run(self: Arc<Self>, batch: Vec<Pending>, _deadline: Instant) {
             let first = {
                 let mut batches = self.batches.lock().expect("lock");
                 batches.push(batch.len());

@@ -18,6 +18,7 @@ use fred::types::scripts::Script;
 use fred::types::CustomCommand;
 use fred::util::redis_keyslot;
 use tokio::sync::broadcast::error::RecvError;
+use tokio::time::Instant;
 
 use super::batcher::{Batcher, Pending, RunBatch};
 use super::script::{self, EncodedRequest, Mode, CHECK_SCRIPT};
@@ -167,11 +168,12 @@ impl RedisStore {
         let connection = &self.connection;
         if connection.topology == RedisTopology::Cluster {
             if let Some(groups) = slot_groups(checks) {
-                return Box::pin(connection.check_across_slots(checks, &groups, now_ms)).await;
+                let across = connection.check_across_slots(checks, &groups, now_ms, Duration::ZERO);
+                return Box::pin(across).await;
             }
         }
         let request = EncodedRequest::new(checks, Mode::Commit);
-        Box::pin(connection.run_one(checks, request, now_ms)).await
+        Box::pin(connection.run_one(checks, request, now_ms, Duration::ZERO)).await
     }
 
     /// Checks every limit of one request with Redis's clock, waiting at most `budget` for the decision (then
@@ -189,7 +191,7 @@ impl RedisStore {
         if connection.topology == RedisTopology::Cluster {
             if let Some(groups) = slot_groups(checks) {
                 // Boxed, as are the rare paths of `check`.
-                let across = connection.check_across_slots(checks, &groups, None);
+                let across = connection.check_across_slots(checks, &groups, None, budget);
                 return Box::pin(tokio::time::timeout(budget, across))
                     .await
                     .unwrap_or(Err(StoreError::Timeout(budget)));
@@ -224,6 +226,7 @@ impl RedisStore {
                 slot,
                 &encoded.iter().collect::<Vec<_>>(),
                 now_ms,
+                Duration::ZERO,
             )
             .await
     }
@@ -232,7 +235,10 @@ impl RedisStore {
     pub async fn peek(&self, check: LimitCheck<'_>) -> Result<Decision, StoreError> {
         let checks = [check];
         let request = EncodedRequest::new(&checks, Mode::DryRun);
-        let outcome = self.connection.run_one(&checks, request, None).await?;
+        let outcome = self
+            .connection
+            .run_one(&checks, request, None, Duration::ZERO)
+            .await?;
         outcome
             .decisions
             .into_iter()
@@ -337,15 +343,22 @@ impl Connection {
         }
     }
 
-    /// A script call of its own for one request.
+    /// A script call of its own for one request (`timeout` as for [`run_script`](Self::run_script)).
     async fn run_one(
         &self,
         checks: &[LimitCheck<'_>],
         request: EncodedRequest,
         now_ms: Option<i64>,
+        timeout: Duration,
     ) -> Result<Outcome, StoreError> {
         let mut outcomes = self
-            .run_script(self.pool.next(), self.slot_of(checks), &[&request], now_ms)
+            .run_script(
+                self.pool.next(),
+                self.slot_of(checks),
+                &[&request],
+                now_ms,
+                timeout,
+            )
             .await?;
         outcomes
             .pop()
@@ -368,17 +381,17 @@ impl Connection {
         checks: &[LimitCheck<'_>],
         groups: &[Vec<usize>],
         now_ms: Option<i64>,
+        timeout: Duration,
     ) -> Result<Outcome, StoreError> {
         let subsets: Vec<Vec<LimitCheck<'_>>> = groups
             .iter()
             .map(|group| group.iter().map(|&i| checks[i]).collect())
             .collect();
-        let run_all =
-            |mode| {
-                join_all(subsets.iter().map(move |subset| {
-                    self.run_one(subset, EncodedRequest::new(subset, mode), now_ms)
-                }))
-            };
+        let run_all = |mode| {
+            join_all(subsets.iter().map(move |subset| {
+                self.run_one(subset, EncodedRequest::new(subset, mode), now_ms, timeout)
+            }))
+        };
         let dry_runs = run_all(Mode::DryRun)
             .await
             .into_iter()
@@ -394,46 +407,55 @@ impl Connection {
     }
 
     /// One script call for `requests`, whose keys must all hash to `slot` on Redis Cluster.
+    ///
+    /// Past `timeout` (none when zero) the call fails, and if it has not been written to Redis yet it never will
+    /// be: a call that waited in the connection's queue while it reconnected would otherwise consume, once
+    /// reconnected, for requests answered long before.
     async fn run_script(
         &self,
         client: &Client,
         slot: Option<u16>,
         requests: &[&EncodedRequest],
         now_ms: Option<i64>,
+        timeout: Duration,
     ) -> Result<Vec<Outcome>, StoreError> {
         let runs = script::runs(requests);
         let command = script::command(&self.sha, now_ms, requests, &runs);
-        let reply = self.evalsha(client, slot, command).await?;
+        let reply = self.evalsha(client, slot, command, timeout).await?;
         script::parse_reply(&script::unpack_reply(&reply)?, requests, &runs)
     }
 
     /// Runs the script by hash, loading it first when Redis does not know it (restart, `SCRIPT FLUSH`, failover).
     /// On Redis Cluster the load goes to every primary.
     ///
-    /// Sent as a custom command so that it can fail fast while disconnected: a queued command would run after
-    /// the request was already answered by the fallback. `slot` routes it to the node owning the keys.
+    /// A call that fails because its connection is down is tried once more on a connection of the pool that is up.
     async fn evalsha(
         &self,
         client: &Client,
         slot: Option<u16>,
         command: Vec<Value>,
+        timeout: Duration,
     ) -> Result<Value, StoreError> {
-        let fail_fast = client.with_options(&Options {
-            fail_fast: true,
-            ..Default::default()
-        });
-        // fred's futures are boxed: kilobytes each, held inline they would make every batch's task that large,
-        // and a task's future is copied on each spawn.
-        let evalsha = |command| {
-            Box::pin(
-                fail_fast
-                    .custom::<Value, Value>(CustomCommand::new("EVALSHA", slot, false), command),
-            )
+        let result = Box::pin(eval_on(client, slot, command.clone(), timeout)).await;
+        let (client, result) = match result {
+            // This connection is down or still reconnecting (each of the pool reconnects on its own schedule):
+            // another may be up already.
+            Err(error) if error.kind() == &ErrorKind::Canceled && self.pool.size() > 1 => {
+                let other = self.pool.next_connected();
+                if !other.is_connected() {
+                    return Err(error.into());
+                }
+                (
+                    other,
+                    Box::pin(eval_on(other, slot, command.clone(), timeout)).await,
+                )
+            }
+            other => (client, other),
         };
-        match evalsha(command.clone()).await {
+        match result {
             Err(error) if error.details().starts_with("NOSCRIPT") => {
                 Box::pin(self.script.load(client)).await?;
-                Ok(evalsha(command).await?)
+                Ok(Box::pin(eval_on(client, slot, command, timeout)).await?)
             }
             Err(error) if error.details().contains("READONLY") => {
                 self.reconnect_to_primary("redis refused a write (READONLY)");
@@ -472,12 +494,16 @@ impl Connection {
         });
     }
 
-    /// One call for the requests of `batch` that share a hash slot.
-    async fn run_batch_slot(&self, batch: Vec<Pending>) {
+    /// One call for the requests of `batch` that share a hash slot, given up at `deadline`.
+    async fn run_batch_slot(&self, batch: Vec<Pending>, deadline: Instant) {
         let slot = batch.first().and_then(|pending| pending.slot);
         let requests: Vec<&EncodedRequest> = batch.iter().map(|p| &p.request).collect();
+        // At least a millisecond: zero would mean no timeout at all.
+        let timeout = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
         let result = self
-            .run_script(self.pool.next(), slot, &requests, None)
+            .run_script(self.pool.next(), slot, &requests, None, timeout)
             .await;
         match result {
             Ok(outcomes) => {
@@ -495,7 +521,7 @@ impl Connection {
 }
 
 impl RunBatch for Connection {
-    async fn run(self: Arc<Self>, batch: Vec<Pending>) {
+    async fn run(self: Arc<Self>, batch: Vec<Pending>, deadline: Instant) {
         if self.topology == RedisTopology::Cluster {
             // No script call may touch keys of two slots: one call per slot, concurrently, each in queue order.
             let mut by_slot: Vec<(Option<u16>, Vec<Pending>)> = Vec::new();
@@ -508,21 +534,35 @@ impl RunBatch for Connection {
             join_all(
                 by_slot
                     .into_iter()
-                    .map(|(_, members)| self.run_batch_slot(members)),
+                    .map(|(_, members)| self.run_batch_slot(members, deadline)),
             )
             .await;
         } else {
-            self.run_batch_slot(batch).await;
+            self.run_batch_slot(batch, deadline).await;
         }
     }
 }
 
-/// Logs why the pool cannot connect (wrong password, untrusted certificate, refused...), once per outage:
-/// requests only ever see "not connected", since they fail fast and are decided by the `on_error` policy.
-/// A client builder for `config` with the gateway's connection settings, for the pool and the reset subscriber.
+/// Longest wait between two attempts to reconnect, in ms: Redis answering again must not wait for a long backoff
+/// (limiting is to be shared again within 300 ms of it), and an attempt that fails on loopback or a LAN costs one
+/// refused connection or one refused `AUTH`.
+const RECONNECT_CAP_MS: u32 = 100;
+/// Random share of a wait between attempts, in ms (within the cap): the instances of a deployment, and the
+/// connections of a pool, do not all knock at once on a Redis that just came back.
+const RECONNECT_JITTER_MS: u32 = 50;
+
+/// A client builder for `config` with the gateway's connection settings, for the pool and the subscribers.
 fn client_builder(config: FredConfig) -> Builder {
     let mut builder = Builder::from_config(config);
+    let mut policy = ReconnectPolicy::new_exponential(0, 10, RECONNECT_CAP_MS, 2);
+    policy.set_jitter(RECONNECT_JITTER_MS);
     builder
+        .with_config(|c| {
+            // fred's default gives up for good when the very first connection fails: a gateway started before
+            // Redis, or before Redis took its password, would then never connect. The reconnection policy applies
+            // from the first attempt instead.
+            c.fail_fast = false;
+        })
         .with_connection_config(|c| {
             c.connection_timeout = Duration::from_secs(2);
             c.internal_command_timeout = Duration::from_secs(2);
@@ -533,11 +573,13 @@ fn client_builder(config: FredConfig) -> Builder {
                 interval: Duration::from_millis(500),
             };
         })
-        // Retry forever, quickly at first: limiting must come back to Redis soon after it does.
-        .set_policy(ReconnectPolicy::new_exponential(0, 50, 1_000, 2));
+        // Forever, quickly at first, and never more than RECONNECT_CAP_MS apart.
+        .set_policy(policy);
     builder
 }
 
+/// Logs why the pool cannot connect (wrong password, untrusted certificate, refused...), once per outage:
+/// requests only ever see "not connected", since they fail fast and are decided by the `on_error` policy.
 fn report_connection_errors(clients: &[Client]) {
     let reported = Arc::new(AtomicBool::new(false));
     for client in clients {
@@ -559,6 +601,28 @@ fn report_connection_errors(clients: &[Client]) {
             async { Ok(()) }
         });
     }
+}
+
+/// `EVALSHA` with `command` on `client`, failing at once while it is not connected (a queued command would run
+/// after the request was already answered by the fallback) and never sent once `timeout` passed (zero: none).
+/// `slot` routes it to the node owning the keys.
+///
+/// The caller boxes the future: fred's are kilobytes each, and held inline they would make every batch's task
+/// that large (a task's future is copied on each spawn).
+async fn eval_on(
+    client: &Client,
+    slot: Option<u16>,
+    command: Vec<Value>,
+    timeout: Duration,
+) -> Result<Value, Error> {
+    let fail_fast = client.with_options(&Options {
+        fail_fast: true,
+        timeout: Some(timeout),
+        ..Default::default()
+    });
+    fail_fast
+        .custom::<Value, Value>(CustomCommand::new("EVALSHA", slot, false), command)
+        .await
 }
 
 /// The request's checks grouped by the hash slot of their keys (indices into `checks`, in order), or `None`
