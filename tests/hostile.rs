@@ -317,3 +317,57 @@ async fn conflicting_lengths_are_400_before_any_route() {
     }
     assert_eq!(upstream.hits(), 0);
 }
+
+#[tokio::test]
+async fn oversize_head_in_one_write_gets_431() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&framing_yaml(&upstream.url(), 65536)).await;
+    for path in ["/up", "/here"] {
+        for size in [70_000, 114_000] {
+            // One write: the whole head can reach the server's buffer in one read, past its size check.
+            let big = "x".repeat(size);
+            let request = format!("GET {path} HTTP/1.1\r\nHost: a\r\nX-Big: {big}\r\n\r\n");
+            let response = raw(gateway.addr, request.as_bytes()).await;
+            assert!(
+                response.starts_with("HTTP/1.1 431"),
+                "{path} {size}: {response:.300}"
+            );
+            assert!(
+                response.contains(r#"{"error":"header_too_large""#),
+                "{response:.300}"
+            );
+        }
+    }
+    // A head just within the limit still passes.
+    let fits = format!(
+        "GET /here HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\nConnection: close\r\n\r\n",
+        "x".repeat(60_000)
+    );
+    let response = raw(gateway.addr, fits.as_bytes()).await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response:.300}");
+    assert_eq!(upstream.hits(), 0);
+}
+
+#[tokio::test]
+async fn oversize_head_over_h2c_gets_431() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&framing_yaml(&upstream.url(), 65536)).await;
+    let h2 = reqwest::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
+        .build()
+        .expect("client");
+    for path in ["/up", "/here"] {
+        for size in [70_000, 114_000] {
+            let response = h2
+                .get(gateway.url(path))
+                .header("x-big", "x".repeat(size))
+                .send()
+                .await
+                .expect("request");
+            assert_eq!(response.version(), reqwest::Version::HTTP_2);
+            assert_eq!(response.status(), 431, "{path} {size}");
+        }
+    }
+    assert_eq!(upstream.hits(), 0);
+}

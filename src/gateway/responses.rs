@@ -1,7 +1,7 @@
 //! The gateway's own answers (no route, rate limited, store or upstream failure), each with a short JSON body.
 
 use axum::body::Body;
-use http::{Response, StatusCode};
+use http::{header, HeaderValue, Response, StatusCode, Version};
 use serde_json::json;
 
 use crate::enforcement::json_response;
@@ -28,6 +28,21 @@ pub(super) fn bad_body() -> Response<Body> {
         StatusCode::BAD_REQUEST,
         &json!({"error": "bad_request", "message": "the request body is malformed or incomplete"}),
     )
+}
+
+/// 431 for a request head larger than `server.max_header_bytes`. The connection is closed after it (HTTP/1.x): the
+/// client that wrote such a head is not trusted to frame what follows.
+pub(super) fn head_too_large(max_header_bytes: usize, version: Version) -> Response<Body> {
+    let mut response = json_response(
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        &json!({"error": "header_too_large", "max_header_bytes": max_header_bytes}),
+    );
+    if version < Version::HTTP_2 {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 /// 502 when the upstream cannot be reached.

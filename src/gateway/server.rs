@@ -18,6 +18,7 @@ use thiserror::Error;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::drain::{Drain, DrainWatcher};
+use super::responses;
 use super::Gateway;
 use crate::config::ServerSettings;
 use crate::proxy::ClientBody;
@@ -83,6 +84,8 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// The two ways a connection is served, built once.
 struct Builders {
+    /// `server.max_header_bytes`, held against every parsed request head.
+    max_header_bytes: usize,
     /// For connections whose first bytes are not the HTTP/2 preface: nearly all of them.
     http1: http1::Builder,
     /// For the rest: reads the opening itself and serves HTTP/2 (or HTTP/1.1, after a partial preface).
@@ -105,7 +108,11 @@ impl Builders {
         auto.http2()
             .timer(TokioTimer::new())
             .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
-        Self { http1, auto }
+        Self {
+            max_header_bytes: settings.max_header_bytes,
+            http1,
+            auto,
+        }
     }
 }
 
@@ -149,11 +156,21 @@ async fn serve_connection(
     header_read_timeout: Duration,
 ) {
     let opening = sniff(&stream, header_read_timeout).await;
+    let max_header_bytes = builders.max_header_bytes;
     let service = service_fn(move |request: hyper::Request<Incoming>| {
         let gateway = gateway.clone();
+        let oversize = head_bytes(&request) > max_header_bytes;
         // The body's errors are marked as the client's, so that they are never taken for an upstream failure.
         let request = request.map(|body| Body::new(ClientBody::new(body)));
-        async move { Ok::<_, Infallible>(gateway.handle(request, peer).await) }
+        async move {
+            if oversize {
+                return Ok(responses::head_too_large(
+                    max_header_bytes,
+                    request.version(),
+                ));
+            }
+            Ok::<_, Infallible>(gateway.handle(request, peer).await)
+        }
     });
     let result = match opening {
         Opening::Http1 => {
@@ -176,6 +193,28 @@ async fn serve_connection(
     if let Err(error) = result {
         tracing::debug!(%peer, %error, "connection ended with an error");
     }
+}
+
+/// The size of `request`'s head as HTTP/1.1 writes it: request line, then `name: value` and CRLF per field.
+///
+/// hyper holds `max_header_bytes` against its read buffer only while a head is incomplete, so a larger head that
+/// arrives whole in one read is parsed; this holds the limit against every parsed head, however it arrived (and
+/// against HTTP/2's too, whose own limit counts differently). A handful of additions per field.
+fn head_bytes<B>(request: &hyper::Request<B>) -> usize {
+    let uri = request.uri();
+    // `METHOD SP target SP HTTP/1.1 CRLF`, the target in absolute form when it came so, and the blank line.
+    let line = request.method().as_str().len()
+        + uri.scheme_str().map_or(0, |scheme| scheme.len() + 3)
+        + uri
+            .authority()
+            .map_or(0, |authority| authority.as_str().len())
+        + uri
+            .path_and_query()
+            .map_or(0, |target| target.as_str().len())
+        + 13;
+    request.headers().iter().fold(line, |bytes, (name, value)| {
+        bytes + name.as_str().len() + value.len() + 4
+    })
 }
 
 /// Serves a connection that opened with (part of) the HTTP/2 preface. Boxed and out of line, so that its poll stays
