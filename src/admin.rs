@@ -10,6 +10,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
+use sha2::{Digest, Sha256};
 
 use crate::config::LimitSettings;
 use crate::gateway::Gateway;
@@ -21,7 +22,7 @@ use crate::limiter::Backend;
 pub fn router(gateway: Arc<Gateway>, token: Option<String>) -> Router {
     let state = Admin {
         gateway,
-        token: token.map(Arc::from),
+        token: token.map(|token| TokenDigest::of(&token)),
     };
     Router::new()
         .route("/healthz", get(|| async { (StatusCode::OK, "ok\n") }))
@@ -37,8 +38,15 @@ pub fn router(gateway: Arc<Gateway>, token: Option<String>) -> Router {
 #[derive(Debug, Clone)]
 struct Admin {
     gateway: Arc<Gateway>,
-    token: Option<Arc<str>>,
+    /// The digest of `admin.token`: the token itself is not kept.
+    token: Option<TokenDigest>,
 }
+
+/// The SHA-256 digest of a token. Tokens are compared by their digests, which have one length whatever the
+/// tokens' lengths, so neither a length nor a matching prefix can be told from the time a refusal takes.
+// No `PartialEq`: `==` may stop at the first differing byte; `matches` does not.
+#[derive(Clone, Copy)]
+struct TokenDigest([u8; 32]);
 
 #[derive(Debug, Deserialize)]
 struct KeyQuery {
@@ -175,7 +183,7 @@ impl Admin {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim);
-        if presented.is_some_and(|p| constant_time_eq(p.as_bytes(), token.as_bytes())) {
+        if presented.is_some_and(|p| token.matches(&TokenDigest::of(p))) {
             Ok(())
         } else {
             Err(AdminError::Unauthorized)
@@ -183,9 +191,29 @@ impl Admin {
     }
 }
 
-/// Compares without stopping at the first difference, so response times do not reveal the token's prefix.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+// === impl TokenDigest ===
+
+impl TokenDigest {
+    fn of(token: &str) -> Self {
+        Self(Sha256::digest(token.as_bytes()).into())
+    }
+
+    /// Compares all 32 bytes whatever differs, with no early return: the time taken says nothing of where the
+    /// digests differ (and a digest's differences say nothing of the token's).
+    fn matches(&self, presented: &Self) -> bool {
+        let difference = self
+            .0
+            .iter()
+            .zip(&presented.0)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        std::hint::black_box(difference) == 0
+    }
+}
+
+impl std::fmt::Debug for TokenDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenDigest(..)")
+    }
 }
 
 impl IntoResponse for AdminError {
@@ -216,5 +244,33 @@ impl IntoResponse for AdminError {
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_match_by_digest_whatever_their_lengths() {
+        let token = TokenDigest::of("s3cret-token");
+        assert!(token.matches(&TokenDigest::of("s3cret-token")));
+        for wrong in [
+            "",
+            "s",
+            "s3cret",
+            "s3cret-toke",
+            "s3cret-tokenX",
+            "S3cret-token",
+            "s3cret-token\0",
+        ] {
+            assert!(!token.matches(&TokenDigest::of(wrong)), "{wrong:?}");
+        }
+        // Digests of one length for tokens of any length: nothing to stop early on.
+        assert_eq!(
+            TokenDigest::of("").0.len(),
+            TokenDigest::of(&"x".repeat(1000)).0.len()
+        );
+        assert_eq!(format!("{token:?}"), "TokenDigest(..)");
     }
 }

@@ -371,3 +371,26 @@ async fn oversize_head_over_h2c_gets_431() {
     }
     assert_eq!(upstream.hits(), 0);
 }
+
+#[tokio::test]
+async fn admin_token_of_another_length_or_with_the_right_prefix_is_401() {
+    const TOKEN: &str = "s3cret-admin-token";
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&yaml(&upstream.url(), "")).await;
+    let admin = common::serve_admin(&gateway, Some(TOKEN)).await;
+    let client = client();
+    let url = format!("{admin}/limits/api/per-ip?key=1.2.3.4");
+    let longer = format!("{TOKEN}{}", "x".repeat(1000));
+    for wrong in [
+        "s",
+        "s3cret-admin-toke",
+        "s3cret-admin-tokenX",
+        "s3cret-admin-tokeN",
+        &longer,
+    ] {
+        let response = client.get(&url).bearer_auth(wrong).send().await.unwrap();
+        assert_eq!(response.status(), 401, "{wrong:.30}");
+    }
+    let response = client.get(&url).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+}

@@ -105,6 +105,15 @@ pub(crate) fn validate(raw: RawConfig, source: &Path) -> Result<Config, Vec<Issu
 fn admin(issues: &mut Issues, raw: &RawAdmin) -> Option<AdminSettings> {
     let listen = socket_addr(issues, "admin.listen", &raw.listen)?;
     let token = raw.token.clone().filter(|t| !t.is_empty());
+    // A client's `Authorization` header cannot carry them (its value is trimmed), so such a token never matches:
+    // usually a newline from a secret file or an environment variable.
+    if token.as_deref().is_some_and(|t| t.trim() != t) {
+        issues.add(
+            "admin.token",
+            "has leading or trailing whitespace, which no client can send: remove it",
+        );
+        return None;
+    }
     // The admin API can reset limits: reachable from other hosts, it must not be open to them.
     if token.is_none() && !listen.ip().is_loopback() {
         issues.add(
@@ -820,6 +829,26 @@ routes:
         assert_eq!(open.admin.token.as_deref(), Some("s3cret"));
         let local = parse("admin:\n  listen: \"[::1]:9901\"\n  token: \"\"\n").unwrap();
         assert_eq!(local.admin.token, None);
+    }
+
+    #[test]
+    fn admin_token_with_surrounding_whitespace_is_a_located_error() {
+        for token in [
+            "\" s3cret\"",
+            "\"s3cret \"",
+            "\"s3cret\\n\"",
+            "\"\\ts3cret\"",
+        ] {
+            assert_eq!(
+                parse(&format!("admin:\n  listen: 127.0.0.1:9901\n  token: {token}\n"))
+                    .unwrap_err()
+                    .to_string(),
+                "t.yaml:3:3: admin.token: has leading or trailing whitespace, which no client can send: remove it",
+                "{token}"
+            );
+        }
+        let inner = parse("admin:\n  listen: 127.0.0.1:9901\n  token: \"s3 cret\"\n").unwrap();
+        assert_eq!(inner.admin.token.as_deref(), Some("s3 cret"));
     }
 
     #[test]
