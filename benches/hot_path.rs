@@ -110,6 +110,7 @@ fn key_build(c: &mut Criterion) {
     let client = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 9));
     let facts = RequestFacts {
         client_ip: client,
+        ipv6_prefix: 64,
         route: "api",
         method: &Method::GET,
         path: "/api/v1/users/42",
@@ -133,7 +134,7 @@ fn key_build(c: &mut Criterion) {
     let ip = KeySpec::new(vec![KeyPart::Ip], MissingKey::Ip);
     group.bench_function("ip_value_and_store_key", |b| {
         b.iter(|| {
-            let value = ip.value(black_box(&facts)).unwrap_or_default();
+            let value = ip.value(black_box(&facts)).ok().flatten().unwrap_or_default();
             store_key("tollgate:", "api", "per-ip", &value)
         })
     });
@@ -151,7 +152,7 @@ fn key_build(c: &mut Criterion) {
     );
     group.bench_function("header_query_method_store_key", |b| {
         b.iter(|| {
-            let value = composite.value(black_box(&facts)).unwrap_or_default();
+            let value = composite.value(black_box(&facts)).ok().flatten().unwrap_or_default();
             store_key("tollgate:", "api", "per-key", &value)
         })
     });
@@ -353,6 +354,7 @@ fn enforcement(c: &mut Criterion) {
     let headers = HeaderMap::new();
     let facts = RequestFacts {
         client_ip: IpAddr::V4(Ipv4Addr::new(203, 0, 113, 9)),
+        ipv6_prefix: 64,
         route: "api",
         method: &Method::GET,
         path: "/api/v1/users/42",

@@ -52,6 +52,8 @@ pub struct KeySpec {
 pub struct RequestFacts<'a> {
     /// The client address, already resolved through trusted proxies.
     pub client_ip: IpAddr,
+    /// The bits of an IPv6 client address that key it (`client_ip.ipv6_prefix`): 64 keys each /64.
+    pub ipv6_prefix: u8,
     /// The matched route's name.
     pub route: &'a str,
     /// The request method.
@@ -68,9 +70,24 @@ pub struct RequestFacts<'a> {
 
 /// Finds the client address: the peer, or, when the peer is a trusted proxy, the nearest untrusted address of
 /// `Forwarded` / `X-Forwarded-For`, walking from the right past trusted hops.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ClientIpResolver {
     trusted: Vec<IpNet>,
+    /// How many bits of an IPv6 client address key it.
+    ipv6_prefix: u8,
+}
+
+/// A header or query parameter that a key is built from occurs more than once: which occurrence counts would be
+/// a guess, and the upstream might read another one, so the request is refused (400).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a key part occurs more than once in the request")]
+pub struct AmbiguousKey;
+
+/// What a request holds of one key part.
+enum PartValue {
+    Present,
+    Absent,
+    Ambiguous,
 }
 
 /// Why a key part could not be parsed from the config.
@@ -155,34 +172,45 @@ impl KeySpec {
         self.missing
     }
 
-    /// The key value of a request, or `None` when the limit does not apply to it (`missing: skip`).
+    /// The key value of a request, or `Ok(None)` when the limit does not apply to it (`missing: skip`).
     ///
     /// Parts are joined with `|`. The value is not yet safe for a store key: see [`store_key`].
-    pub fn value(&self, facts: &RequestFacts<'_>) -> Option<String> {
+    pub fn value(&self, facts: &RequestFacts<'_>) -> Result<Option<String>, AmbiguousKey> {
         let mut value = String::new();
-        self.push_value(facts, &mut value).then_some(value)
+        Ok(self.push_value(facts, &mut value)?.then_some(value))
     }
 
     /// Appends the key value of a request to `out`, as [`value`](Self::value) builds it but without a string of
     /// its own; false, with `out` as it was, when the limit does not apply.
-    pub fn push_value(&self, facts: &RequestFacts<'_>, out: &mut String) -> bool {
+    pub fn push_value(
+        &self,
+        facts: &RequestFacts<'_>,
+        out: &mut String,
+    ) -> Result<bool, AmbiguousKey> {
         let start = out.len();
         for (i, part) in self.parts.iter().enumerate() {
             if i > 0 {
                 out.push('|');
             }
-            if !push_part(part, facts, out) {
-                out.truncate(start);
-                return match self.missing {
-                    MissingKey::Skip => false,
-                    MissingKey::Ip => {
-                        push_ip_text(out, facts.client_ip);
-                        true
-                    }
-                };
+            match push_part(part, facts, out) {
+                PartValue::Present => {}
+                PartValue::Ambiguous => {
+                    out.truncate(start);
+                    return Err(AmbiguousKey);
+                }
+                PartValue::Absent => {
+                    out.truncate(start);
+                    return Ok(match self.missing {
+                        MissingKey::Skip => false,
+                        MissingKey::Ip => {
+                            push_client_key(out, facts.client_ip, facts.ipv6_prefix);
+                            true
+                        }
+                    });
+                }
             }
         }
-        true
+        Ok(true)
     }
 }
 
@@ -198,78 +226,79 @@ impl fmt::Display for KeySpec {
     }
 }
 
-/// Appends the value of one key part; false when the request has none (the part's text may be left behind).
-fn push_part(part: &KeyPart, facts: &RequestFacts<'_>, out: &mut String) -> bool {
+/// Appends the value of one key part (the part's text may be left behind when it is not `Present`).
+///
+/// A header or query parameter present more than once is `Ambiguous`, even when the copies agree: the request is
+/// refused rather than counted on one copy while the upstream reads another. Several field lines of one header
+/// are one list (RFC 9110 §5.3), so a second line is a second value.
+fn push_part(part: &KeyPart, facts: &RequestFacts<'_>, out: &mut String) -> PartValue {
     let text = match part {
         KeyPart::Ip => {
-            push_ip_text(out, facts.client_ip);
-            return true;
+            push_client_key(out, facts.client_ip, facts.ipv6_prefix);
+            return PartValue::Present;
         }
         KeyPart::Route => facts.route,
         KeyPart::Method => facts.method.as_str(),
         KeyPart::Path => facts.path,
         KeyPart::Host => match facts.host {
             Some(host) if !host.is_empty() => host,
-            _ => return false,
+            _ => return PartValue::Absent,
         },
         KeyPart::Header(name) => {
-            let Some(value) = facts.headers.get(name) else {
-                return false;
+            let mut lines = facts.headers.get_all(name).iter();
+            let Some(value) = lines.next() else {
+                return PartValue::Absent;
             };
+            if lines.next().is_some() {
+                return PartValue::Ambiguous;
+            }
             let text = String::from_utf8_lossy(value.as_bytes());
             let trimmed = text.trim();
             out.push_str(trimmed);
-            return !trimmed.is_empty();
+            return if trimmed.is_empty() {
+                PartValue::Absent
+            } else {
+                PartValue::Present
+            };
         }
         KeyPart::Query(name) => {
-            let value = facts.query.and_then(|query| {
+            let mut values = facts.query.into_iter().flat_map(|query| {
                 form_urlencoded::parse(query.as_bytes())
-                    .find(|(k, _)| k == name.as_str())
+                    .filter(|(k, _)| k == name.as_str())
                     .map(|(_, v)| v)
             });
+            let value = values.next();
+            if values.next().is_some() {
+                return PartValue::Ambiguous;
+            }
             return match value {
                 Some(v) if !v.is_empty() => {
                     out.push_str(&v);
-                    true
+                    PartValue::Present
                 }
-                _ => false,
+                _ => PartValue::Absent,
             };
         }
     };
     out.push_str(text);
-    true
+    PartValue::Present
 }
 
-/// The host a request asked for, lower-cased and without port: the authority of the request target (absolute
-/// form, HTTP/2's `:authority`), else the `Host` header. Used for routing and for the `host` key part.
-pub fn request_host(uri: &http::Uri, headers: &HeaderMap) -> Option<String> {
-    let text = match uri.authority() {
-        Some(authority) => return Some(authority.host().to_ascii_lowercase()),
-        None => headers.get(http::header::HOST)?.to_str().ok()?,
-    };
-    // The usual `Host: name[:port]`, already in lower case, is taken as it is; anything else goes through the
-    // full authority parser (brackets, user info, case).
-    if let Some(host) = plain_host(text) {
-        return Some(host.to_owned());
+/// Appends the key of a client address: IPv4 as it is, IPv6 as its network of `ipv6_prefix` bits
+/// (`2001:db8:1:2::/64`), since one subscriber is given a whole /64 and could otherwise take 2^64 keys.
+pub fn push_client_key(out: &mut String, ip: IpAddr, ipv6_prefix: u8) {
+    match ip {
+        IpAddr::V6(v6) if ipv6_prefix < 128 => {
+            use fmt::Write;
+            let bits = u128::from(v6);
+            let mask = u128::MAX
+                .checked_shl(128 - u32::from(ipv6_prefix))
+                .unwrap_or(0);
+            let network = std::net::Ipv6Addr::from(bits & mask);
+            let _ = write!(out, "{network}/{ipv6_prefix}");
+        }
+        _ => push_ip_text(out, ip),
     }
-    let authority = text.parse::<http::uri::Authority>().ok()?;
-    Some(authority.host().to_ascii_lowercase())
-}
-
-/// The host of `text` when it is a lower-case name or IPv4 address (`a-z`, `0-9`, `-`, `.`) with an optional port
-/// of up to five digits: what the authority parser would return for it.
-fn plain_host(text: &str) -> Option<&str> {
-    let (host, port) = match text.split_once(':') {
-        Some((host, port)) => (host, Some(port)),
-        None => (text, None),
-    };
-    let host_ok = !host.is_empty()
-        && host
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
-    let port_ok =
-        port.is_none_or(|p| (1..=5).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()));
-    (host_ok && port_ok).then_some(host)
 }
 
 /// The store key of one limit for one key value: `<prefix><route>:<limit>:{<value>}`.
@@ -346,9 +375,24 @@ const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
 // === impl ClientIpResolver ===
 
 impl ClientIpResolver {
-    /// A resolver that believes forwarding headers only from peers within `trusted`.
+    /// A resolver that believes forwarding headers only from peers within `trusted`, keying IPv6 clients by /64.
     pub fn new(trusted: Vec<IpNet>) -> Self {
-        Self { trusted }
+        Self {
+            trusted,
+            ipv6_prefix: 64,
+        }
+    }
+
+    /// Keys IPv6 clients by their network of `bits` bits (1 to 128; 128 keys each address).
+    #[must_use]
+    pub fn with_ipv6_prefix(mut self, bits: u8) -> Self {
+        self.ipv6_prefix = bits.clamp(1, 128);
+        self
+    }
+
+    /// How many bits of an IPv6 client address key it (see [`RequestFacts::ipv6_prefix`]).
+    pub fn ipv6_prefix(&self) -> u8 {
+        self.ipv6_prefix
     }
 
     /// The client address of a request from `peer`.
@@ -568,69 +612,82 @@ mod tests {
         }
     }
 
-    #[test]
-    fn missing_part_falls_back_or_skips() {
-        let headers = HeaderMap::new();
-        let facts = RequestFacts {
+    fn facts<'a>(headers: &'a HeaderMap, query: Option<&'a str>) -> RequestFacts<'a> {
+        RequestFacts {
             client_ip: ip("192.0.2.1"),
+            ipv6_prefix: 64,
             route: "api",
             method: &Method::GET,
             path: "/x",
             host: None,
-            headers: &headers,
-            query: Some("tenant=acme&x=1"),
-        };
-        let by_header = KeySpec::new(
-            vec![KeyPart::parse("header:x-api-key").unwrap()],
-            MissingKey::Ip,
-        );
-        assert_eq!(by_header.value(&facts).as_deref(), Some("192.0.2.1"));
-        let skip = KeySpec::new(
-            vec![KeyPart::parse("header:x-api-key").unwrap()],
-            MissingKey::Skip,
-        );
-        assert_eq!(skip.value(&facts), None);
-        let mixed = KeySpec::new(
-            vec![KeyPart::Route, KeyPart::parse("query:tenant").unwrap()],
-            MissingKey::Ip,
-        );
-        assert_eq!(mixed.value(&facts).as_deref(), Some("api|acme"));
+            headers,
+            query,
+        }
+    }
+
+    fn spec(parts: &[&str], missing: MissingKey) -> KeySpec {
+        let parts = parts.iter().map(|p| KeyPart::parse(p).unwrap()).collect();
+        KeySpec::new(parts, missing)
     }
 
     #[test]
-    fn the_request_host_is_the_same_through_the_shortcut_and_the_parser() {
-        let parsed = |text: &str| {
-            text.parse::<http::uri::Authority>()
-                .ok()
-                .map(|a| a.host().to_ascii_lowercase())
-        };
-        for text in [
-            "api.example.com",
-            "api.example.com:8080",
-            "127.0.0.1:18090",
-            "API.Example.com",
-            "[2001:db8::1]:443",
-            "user@host:1",
-            "host:",
-            "host:123456",
-            "host:12ab",
-            "",
-            "a b",
-            ":80",
+    fn missing_part_falls_back_or_skips() {
+        let headers = HeaderMap::new();
+        let facts = facts(&headers, Some("tenant=acme&x=1"));
+        let by_header = spec(&["header:x-api-key"], MissingKey::Ip);
+        assert_eq!(by_header.value(&facts), Ok(Some("192.0.2.1".into())));
+        let skip = spec(&["header:x-api-key"], MissingKey::Skip);
+        assert_eq!(skip.value(&facts), Ok(None));
+        let mixed = spec(&["route", "query:tenant"], MissingKey::Ip);
+        assert_eq!(mixed.value(&facts), Ok(Some("api|acme".into())));
+    }
+
+    #[test]
+    fn a_key_part_present_twice_is_ambiguous_whatever_the_spelling() {
+        let mut headers = HeaderMap::new();
+        headers.append("x-api-key", HeaderValue::from_static("other"));
+        headers.append("X-Api-Key", HeaderValue::from_static("k1"));
+        let by_header = spec(&["header:x-api-key"], MissingKey::Skip);
+        assert_eq!(by_header.value(&facts(&headers, None)), Err(AmbiguousKey));
+        let by_query = spec(&["query:api_key"], MissingKey::Skip);
+        let empty = HeaderMap::new();
+        for query in [
+            "api_key=a&api_key=b",
+            "api_key=a&api%5Fkey=a",
+            "api_key=&api_key=b",
         ] {
-            let mut headers = HeaderMap::new();
-            headers.insert(
-                http::header::HOST,
-                HeaderValue::from_str(text).expect("value"),
+            assert_eq!(
+                by_query.value(&facts(&empty, Some(query))),
+                Err(AmbiguousKey),
+                "{query}"
             );
-            let uri: http::Uri = "/path".parse().expect("uri");
-            assert_eq!(request_host(&uri, &headers), parsed(text), "{text:?}");
         }
-        let absolute: http::Uri = "http://Other.Example:81/x".parse().expect("uri");
         assert_eq!(
-            request_host(&absolute, &HeaderMap::new()).as_deref(),
-            Some("other.example"),
-            "the request target's authority comes first"
+            by_query.value(&facts(&empty, Some("api_key=a&other=b"))),
+            Ok(Some("a".into()))
         );
+        // Ambiguity is refused even when the limit would be skipped for an empty value.
+        let mut empty_twice = HeaderMap::new();
+        empty_twice.append("x-api-key", HeaderValue::from_static(""));
+        empty_twice.append("x-api-key", HeaderValue::from_static(""));
+        assert_eq!(
+            by_header.value(&facts(&empty_twice, None)),
+            Err(AmbiguousKey)
+        );
+    }
+
+    #[test]
+    fn ipv6_clients_are_keyed_by_their_prefix() {
+        let key = |addr: &str, prefix: u8| {
+            let mut out = String::new();
+            push_client_key(&mut out, ip(addr), prefix);
+            out
+        };
+        assert_eq!(key("2001:db8:1:2:aaaa::1", 64), "2001:db8:1:2::/64");
+        assert_eq!(key("2001:db8:1:2:bbbb::9", 64), "2001:db8:1:2::/64");
+        assert_eq!(key("2001:db8:1:2:bbbb::9", 48), "2001:db8:1::/48");
+        assert_eq!(key("2001:db8:1:2:bbbb::9", 128), "2001:db8:1:2:bbbb::9");
+        assert_eq!(key("2001:db8::1", 1), "::/1");
+        assert_eq!(key("192.0.2.7", 64), "192.0.2.7");
     }
 }

@@ -394,3 +394,276 @@ async fn admin_token_of_another_length_or_with_the_right_prefix_is_401() {
     let response = client.get(&url).bearer_auth(TOKEN).send().await.unwrap();
     assert_eq!(response.status(), 200);
 }
+
+// === one view of the request (design §7) ===
+//
+// An "inner" gateway trusting 127.0.0.1 as a proxy, with the routes a login-protecting deployment has, and a
+// "front" gateway trusting nobody that proxies everything to it. The upstream echoes what it received.
+
+fn inner_yaml(upstream: &str) -> String {
+    format!(
+        r#"client_ip:
+  trusted_proxies: [127.0.0.1/32]
+upstreams:
+  backend:
+    targets: ["{upstream}"]
+routes:
+  - name: login
+    match: {{ path: /login, methods: [POST] }}
+    upstream: backend
+    limits: [{{ name: per-ip, key: ip, algorithm: sliding_log, limit: 2, period: 1m }}]
+  - name: api
+    match: {{ path_prefix: /api }}
+    upstream: backend
+    limits: [{{ name: per-ip, key: ip, algorithm: sliding_log, limit: 5, period: 1m }}]
+  - name: internal
+    match: {{ path_prefix: /internal }}
+    upstream: backend
+    allow: [10.0.0.0/8]
+    limits: [{{ name: per-ip, key: ip, algorithm: sliding_log, limit: 1, period: 1m }}]
+  - name: keyed
+    match: {{ path_prefix: /keyed }}
+    upstream: backend
+    limits: [{{ name: per-key, key: [header:x-api-key], algorithm: sliding_log, limit: 3, period: 1m }}]
+  - name: limited-host
+    match: {{ host: limited.example }}
+    upstream: backend
+    limits: [{{ name: per-ip, key: ip, algorithm: sliding_log, limit: 1, period: 1m }}]
+  - name: catch-all
+    match: {{ path_prefix: / }}
+    upstream: backend
+"#
+    )
+}
+
+fn front_yaml(inner: std::net::SocketAddr) -> String {
+    format!(
+        "upstreams:\n  inner:\n    targets: [\"http://{inner}\"]\nroutes:\n  - name: all\n    match: {{ path_prefix: / }}\n    upstream: inner\n"
+    )
+}
+
+/// Sends one raw request (which must end its head with `Connection: close`) and returns the status and the body.
+async fn send(addr: std::net::SocketAddr, request: &str) -> (u16, String) {
+    let response = raw(addr, request.as_bytes()).await;
+    let status = response
+        .get(9..12)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {response:?}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, body)| body.to_owned());
+    (status, body)
+}
+
+/// The echoed request in a 200's body.
+fn echoed(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|_| panic!("not an echo: {body}"))
+}
+
+#[tokio::test]
+async fn forged_client_addresses_through_a_front_gateway_are_not_believed() {
+    let upstream = Upstream::start().await;
+    let inner = start_gateway(&inner_yaml(&upstream.url())).await;
+    let front = start_gateway(&front_yaml(inner.addr)).await;
+    // A new forged address each time: the front must drop it, so the inner keys every request on 127.0.0.1.
+    let mut statuses = Vec::new();
+    for n in 1..=7 {
+        let (status, body) = send(
+            front.addr,
+            &format!(
+                "GET /api/x HTTP/1.1\r\nHost: a\r\nForwarded: for=203.0.113.{n}\r\nX-Real-IP: 203.0.113.{n}\r\nConnection: close\r\n\r\n"
+            ),
+        )
+        .await;
+        if status == 200 {
+            let headers = &echoed(&body)["headers"];
+            assert!(headers.get("forwarded").is_none(), "{headers}");
+            assert!(headers.get("x-real-ip").is_none(), "{headers}");
+            assert_eq!(
+                headers["x-forwarded-for"], "127.0.0.1, 127.0.0.1",
+                "{headers}"
+            );
+        }
+        statuses.push(status);
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429]);
+
+    // A forged internal address does not put anyone on the inner allowlist.
+    let request =
+        "GET /internal HTTP/1.1\r\nHost: a\r\nForwarded: for=10.1.2.3\r\nConnection: close\r\n\r\n";
+    assert_eq!(send(front.addr, request).await.0, 200);
+    assert_eq!(
+        send(front.addr, request).await.0,
+        429,
+        "allowlisted by a forged Forwarded"
+    );
+}
+
+#[tokio::test]
+async fn a_percent_encoded_path_is_the_same_path() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&inner_yaml(&upstream.url())).await;
+    for _ in 0..5 {
+        let (status, _) = send(
+            gateway.addr,
+            "GET /api/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    for spelling in [
+        "/%61pi/x",
+        "/%61%70%69/x",
+        "/API/../api/x",
+        "/x/%2e%2e/api/x",
+        "//api//x",
+    ] {
+        let request = format!("GET {spelling} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+        assert_eq!(
+            send(gateway.addr, &request).await.0,
+            429,
+            "{spelling} evaded /api"
+        );
+    }
+    // The catch-all forwards the normalised path, never a spelling the upstream would read as another route's.
+    let (status, body) = send(
+        gateway.addr,
+        "GET /%7Efree/%2f/%41 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(echoed(&body)["path"], "/~free/%2F/A");
+    let (status, _) = send(
+        gateway.addr,
+        "GET /a%zz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 400);
+}
+
+#[tokio::test]
+async fn the_host_routed_on_is_the_host_forwarded_and_there_is_exactly_one() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&inner_yaml(&upstream.url())).await;
+    // The absolute-form target names the host: routed as free.example and forwarded as free.example.
+    let (status, body) = send(
+        gateway.addr,
+        "GET http://free.example/v/x HTTP/1.1\r\nHost: limited.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 200);
+    let headers = &echoed(&body)["headers"];
+    assert_eq!(headers["host"], "free.example", "{headers}");
+    assert_eq!(headers["x-forwarded-host"], "free.example", "{headers}");
+
+    // limited.example in any spelling takes the host route (limit 1).
+    let limited = "GET /v HTTP/1.1\r\nHost: limited.example\r\nConnection: close\r\n\r\n";
+    assert_eq!(send(gateway.addr, limited).await.0, 200);
+    for spelling in [
+        "GET /v HTTP/1.1\r\nHost: LIMITED.example.\r\nConnection: close\r\n\r\n",
+        "GET http://limited.example:80/v HTTP/1.1\r\nHost: free.example\r\nConnection: close\r\n\r\n",
+    ] {
+        assert_eq!(send(gateway.addr, spelling).await.0, 429, "{spelling:?}");
+    }
+
+    for (request, why) in [
+        ("GET /v HTTP/1.1\r\nHost: free.example\r\nHost: limited.example\r\nConnection: close\r\n\r\n", "two Hosts"),
+        ("GET /v HTTP/1.1\r\nConnection: close\r\n\r\n", "no Host"),
+        ("GET /v HTTP/1.1\r\nHost: a@limited.example\r\nConnection: close\r\n\r\n", "user info"),
+        ("GET /v HTTP/1.1\r\nHost: limited.example:x\r\nConnection: close\r\n\r\n", "bad port"),
+    ] {
+        let (status, body) = send(gateway.addr, request).await;
+        assert_eq!(status, 400, "{why}: {body}");
+    }
+    assert_eq!(upstream.hits(), 2);
+}
+
+#[tokio::test]
+async fn every_forwarded_for_line_is_one_list_for_keying_and_forwarding() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&inner_yaml(&upstream.url())).await;
+    // Keyed on the address the whole list ends with (203.0.113.9), which is what the upstream is told, whatever
+    // the first line says.
+    for first in 1..=5 {
+        let request = format!(
+            "GET /api HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 198.51.100.{first}\r\nX-Forwarded-For: 203.0.113.9\r\nConnection: close\r\n\r\n"
+        );
+        let (status, body) = send(gateway.addr, &request).await;
+        assert_eq!(status, 200);
+        assert_eq!(
+            echoed(&body)["headers"]["x-forwarded-for"],
+            format!("198.51.100.{first}, 203.0.113.9, 127.0.0.1")
+        );
+    }
+    let request = "GET /api HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 198.51.100.77\r\nX-Forwarded-For: 203.0.113.9\r\nConnection: close\r\n\r\n";
+    assert_eq!(send(gateway.addr, request).await.0, 429);
+}
+
+#[tokio::test]
+async fn a_key_header_or_parameter_sent_twice_is_refused() {
+    let upstream = Upstream::start().await;
+    let yaml = inner_yaml(&upstream.url()).replace(
+        "key: [header:x-api-key]",
+        "key: [header:x-api-key, \"query:tenant\"]",
+    );
+    let gateway = start_gateway(&yaml).await;
+    for _ in 0..3 {
+        let request =
+            "GET /keyed?tenant=t HTTP/1.1\r\nHost: a\r\nX-Api-Key: k1\r\nConnection: close\r\n\r\n";
+        assert_eq!(send(gateway.addr, request).await.0, 200);
+    }
+    for request in [
+        "GET /keyed?tenant=t HTTP/1.1\r\nHost: a\r\nX-Api-Key: other\r\nX-Api-Key: k1\r\nConnection: close\r\n\r\n",
+        "GET /keyed?tenant=t HTTP/1.1\r\nHost: a\r\nX-Api-Key: k1\r\nx-api-key: k1\r\nConnection: close\r\n\r\n",
+        "GET /keyed?tenant=x&tenant=t HTTP/1.1\r\nHost: a\r\nX-Api-Key: k1\r\nConnection: close\r\n\r\n",
+    ] {
+        let (status, body) = send(gateway.addr, request).await;
+        assert_eq!(status, 400, "{request:?}: {body}");
+        assert!(body.contains("\"ambiguous_key\""), "{body}");
+    }
+    assert_eq!(upstream.hits(), 3);
+}
+
+#[tokio::test]
+async fn case_variant_methods_and_connect_are_refused() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&inner_yaml(&upstream.url())).await;
+    for _ in 0..2 {
+        let request =
+            "POST /login HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        assert_eq!(send(gateway.addr, request).await.0, 200);
+    }
+    let (status, _) = send(
+        gateway.addr,
+        "post /login HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(
+        status, 400,
+        "a lower-case post must not pass the POST route's limit"
+    );
+    let (status, body) = send(
+        gateway.addr,
+        "CONNECT /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 405, "{body}");
+    assert_eq!(upstream.hits(), 2);
+}
+
+#[tokio::test]
+async fn ipv6_clients_share_a_limit_per_slash_64() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&inner_yaml(&upstream.url())).await;
+    let mut statuses = Vec::new();
+    for n in 1..=6 {
+        let request = format!(
+            "GET /api HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 2001:db8:1:2::{n:x}\r\nConnection: close\r\n\r\n"
+        );
+        statuses.push(send(gateway.addr, &request).await.0);
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
+    // Another /64 has a limit of its own.
+    let request = "GET /api HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 2001:db8:1:3::1\r\nConnection: close\r\n\r\n";
+    assert_eq!(send(gateway.addr, request).await.0, 200);
+}

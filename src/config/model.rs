@@ -70,10 +70,24 @@ pub struct StoreSettings {
 }
 
 /// `client_ip:`
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ClientIpSettings {
     /// Peers whose `Forwarded` / `X-Forwarded-For` are believed.
     pub trusted_proxies: Vec<IpNet>,
+    /// IPv6 clients are keyed by their network of this many bits (default 64): one subscriber holds a whole /64.
+    pub ipv6_prefix: u8,
+    /// Whether tollgate writes a `Forwarded` field (RFC 7239) for the upstream besides `X-Forwarded-For`.
+    pub forwarded: bool,
+}
+
+impl Default for ClientIpSettings {
+    fn default() -> Self {
+        Self {
+            trusted_proxies: Vec::new(),
+            ipv6_prefix: 64,
+            forwarded: false,
+        }
+    }
 }
 
 /// `server:` (optional): protections of the HTTP listener.
@@ -134,6 +148,8 @@ pub struct RouteMatch {
     pub methods: Vec<Method>,
     /// Host, case-insensitive, without port; `*.example.com` matches any subdomain.
     pub host: Option<String>,
+    /// Paths compared without regard to ASCII case.
+    pub case_insensitive: bool,
 }
 
 /// What a route does with an admitted request.

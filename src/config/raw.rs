@@ -68,6 +68,8 @@ pub(crate) struct RawStore {
 #[serde(default, deny_unknown_fields)]
 pub(crate) struct RawClientIp {
     pub trusted_proxies: Vec<String>,
+    pub ipv6_prefix: Option<u64>,
+    pub forwarded: bool,
 }
 
 /// `server:`
@@ -136,6 +138,7 @@ pub(crate) struct RawMatch {
     pub path: Option<String>,
     pub methods: Vec<String>,
     pub host: Option<String>,
+    pub case_insensitive: bool,
 }
 
 /// `respond:` of a route.

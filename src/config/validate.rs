@@ -182,7 +182,22 @@ fn check_redis_url(issues: &mut Issues, url: &str) {
 
 fn client_ip(issues: &mut Issues, raw: &RawClientIp) -> Option<ClientIpSettings> {
     let trusted_proxies = networks(issues, "client_ip.trusted_proxies", &raw.trusted_proxies)?;
-    Some(ClientIpSettings { trusted_proxies })
+    let ipv6_prefix = match raw.ipv6_prefix {
+        None => ClientIpSettings::default().ipv6_prefix,
+        Some(bits @ 1..=128) => u8::try_from(bits).ok()?,
+        Some(bits) => {
+            issues.add(
+                "client_ip.ipv6_prefix",
+                format_args!("must be between 1 and 128 bits (got {bits}; 64 keys each /64, 128 each address)"),
+            );
+            return None;
+        }
+    };
+    Some(ClientIpSettings {
+        trusted_proxies,
+        ipv6_prefix,
+        forwarded: raw.forwarded,
+    })
 }
 
 /// A list of CIDRs (or plain addresses) at `at`; `None` if any is invalid.
@@ -436,6 +451,7 @@ fn route_match(issues: &mut Issues, at: &str, raw: &RawMatch) -> RouteMatch {
         path: raw.path.clone(),
         methods,
         host,
+        case_insensitive: raw.case_insensitive,
     }
 }
 

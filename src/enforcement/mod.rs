@@ -10,9 +10,10 @@ use serde_json::json;
 use smallvec::SmallVec;
 
 use crate::config::LimitSettings;
-use crate::key::{key_head, key_with_head, seal_key, KeySpec, RequestFacts};
+use crate::key::{key_head, key_with_head, seal_key, AmbiguousKey, KeySpec, RequestFacts};
 use crate::limiter::store::{LimitCheck, INLINE_LIMITS};
 use crate::limiter::{Decision, Outcome, RateLimiter, Unavailable};
+use crate::routing::Refusal;
 
 /// The limits of one scope (a route), applied together: a request is admitted only if all admit it.
 #[derive(Debug, Clone)]
@@ -52,6 +53,17 @@ pub struct Verdict {
     pub outcome: Outcome,
     /// Indices of the limits that applied (a `missing: skip` limit may not).
     applied: SmallVec<[usize; INLINE_LIMITS]>,
+}
+
+/// Why a request was not decided by the limiter.
+#[derive(Debug, thiserror::Error)]
+pub enum NotChecked {
+    /// A key part occurs more than once in the request: refused (400) rather than counted on a guess.
+    #[error(transparent)]
+    Ambiguous(#[from] AmbiguousKey),
+    /// The store failed and the policy is to refuse.
+    #[error(transparent)]
+    Unavailable(#[from] Unavailable),
 }
 
 /// The store keys of one request, one per limit that applies, one after another in one string.
@@ -147,8 +159,8 @@ impl LimitSet {
         &self,
         limiter: &RateLimiter,
         facts: &RequestFacts<'_>,
-    ) -> Result<Verdict, Unavailable> {
-        let keys = self.request_keys(facts);
+    ) -> Result<Verdict, NotChecked> {
+        let keys = self.request_keys(facts)?;
         let checks: SmallVec<[LimitCheck<'_>; INLINE_LIMITS]> = keys
             .iter()
             .map(|(index, key)| LimitCheck {
@@ -167,7 +179,7 @@ impl LimitSet {
 
     /// The store key of every limit that applies to the request, each key spec's value worked out once: one
     /// string for them all, where one per value and one per key showed in profiles.
-    fn request_keys(&self, facts: &RequestFacts<'_>) -> RequestKeys {
+    fn request_keys(&self, facts: &RequestFacts<'_>) -> Result<RequestKeys, AmbiguousKey> {
         let mut text = String::with_capacity(self.keys_capacity);
         let mut ends = SmallVec::new();
         let mut written: SmallVec<[Written; INLINE_LIMITS]> =
@@ -185,7 +197,7 @@ impl LimitSet {
                 Written::NotYet => {
                     text.push_str(head);
                     let value_start = text.len();
-                    if !self.key_specs[spec].push_value(facts, &mut text) {
+                    if !self.key_specs[spec].push_value(facts, &mut text)? {
                         text.truncate(start);
                         written[spec] = Written::Skipped;
                         continue;
@@ -196,7 +208,7 @@ impl LimitSet {
             }
             ends.push((index, text.len()));
         }
-        RequestKeys { text, ends }
+        Ok(RequestKeys { text, ends })
     }
 
     /// `tollgate_decisions_total`: every limit of an admitted request counts as allowed; of a denied request
@@ -253,6 +265,15 @@ impl LimitSet {
             .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         self.decorate(response.headers_mut(), verdict);
         response
+    }
+
+    /// The answer to a request the limiter did not decide: 400 for an ambiguous key, 503 when the store failed
+    /// and the policy is `on_error: deny`.
+    pub fn not_checked(&self, error: &NotChecked) -> Response<Body> {
+        match error {
+            NotChecked::Ambiguous(_) => refused(Refusal::AmbiguousKey),
+            NotChecked::Unavailable(unavailable) => self.unavailable(unavailable),
+        }
     }
 
     /// The answer when the store failed and the policy is `on_error: deny`.
@@ -362,6 +383,16 @@ impl DecisionCounters {
     }
 }
 
+/// The answer to a request refused before any limit was asked (design §7): 400 (405 for CONNECT) with a JSON body
+/// naming the reason. Shared by the gateway and the tower layer, which must refuse alike.
+pub fn refused(refusal: Refusal) -> Response<Body> {
+    tracing::debug!(%refusal, "request refused");
+    json_response(
+        refusal.status(),
+        &json!({"error": refusal.code(), "message": refusal.to_string()}),
+    )
+}
+
 /// A response with a JSON body.
 pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Body> {
     let mut response = Response::new(Body::from(body.to_string()));
@@ -413,6 +444,7 @@ mod tests {
     fn facts_of(headers: &HeaderMap) -> RequestFacts<'_> {
         RequestFacts {
             client_ip: "192.0.2.7".parse().expect("ip"),
+            ipv6_prefix: 64,
             route: "api",
             method: &Method::GET,
             path: "/",
@@ -495,12 +527,12 @@ mod tests {
                 .iter()
                 .enumerate()
                 .filter_map(|(index, settings)| {
-                    let value = settings.key.value(&facts)?;
+                    let value = settings.key.value(&facts).expect("unambiguous")?;
                     let (key, _) = limits.key_for(settings.limit.name(), &value)?;
                     Some((index, key))
                 })
                 .collect();
-            let keys = limits.request_keys(&facts);
+            let keys = limits.request_keys(&facts).expect("unambiguous");
             let built: Vec<(usize, String)> = keys
                 .iter()
                 .map(|(index, key)| (index, key.to_owned()))

@@ -7,16 +7,16 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use axum::body::Body;
 use http::header::{HeaderName, HeaderValue};
-use http::{Request, Response};
+use http::{Method, Request, Response};
 
 use super::responses;
 use super::runtime::{Action, Route, Runtime};
 use crate::config::Config;
-use crate::enforcement::LimitSet;
-use crate::key::{request_host, RequestFacts};
+use crate::enforcement::{refused, LimitSet};
+use crate::key::RequestFacts;
 use crate::limiter::RateLimiter;
 use crate::proxy::{ForwardedFacts, ProxyError};
-use crate::routing::{normalize_path, RequestTarget};
+use crate::routing::{CanonicalRequest, Refusal, RequestTarget};
 
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -100,45 +100,67 @@ impl Gateway {
     }
 
     /// Routes, limits and answers one request; returns the matched route, if any, with the response.
+    ///
+    /// Everything below reads the request through its canonical form (design §7): the route is matched on, the
+    /// keys are built from and the upstream receives the same method, host and path.
     async fn route_request<'r>(
         &self,
         runtime: &'r Runtime,
-        request: Request<Body>,
+        mut request: Request<Body>,
         peer: SocketAddr,
         client_ip: IpAddr,
     ) -> (Option<&'r Route>, Response<Body>) {
         // The request goes upstream by value while its path is still needed: a clone of the target shares its
         // bytes, where an owned path would be a copy.
         let uri = request.uri().clone();
-        let Some(path) = normalize_path(uri.path()) else {
-            return (None, responses::bad_target());
+        let canonical = match CanonicalRequest::new(
+            request.method(),
+            request.version(),
+            &uri,
+            request.headers(),
+        ) {
+            Ok(canonical) => canonical,
+            Err(refusal) => return (None, refused(refusal)),
         };
-        let host = request_host(request.uri(), request.headers());
+        if request.method() == Method::CONNECT && !runtime.routes_connect {
+            return (None, refused(Refusal::ConnectNotRouted));
+        }
+        let host = canonical.host.as_deref();
         let target = RequestTarget {
             method: request.method(),
-            host: host.as_deref(),
-            path: &path,
+            host,
+            path: &canonical.path,
         };
         let Some(route) = runtime.route_for(&target) else {
-            return (None, responses::no_route(&path));
+            return (None, responses::no_route(&canonical.path));
         };
+        if let Some(field) = canonical.host_field {
+            request.headers_mut().insert(http::header::HOST, field);
+        }
 
-        let facts = RequestFacts {
-            client_ip,
-            route: &route.name,
-            method: request.method(),
-            path: &path,
-            host: host.as_deref(),
-            headers: request.headers(),
-            query: request.uri().query(),
-        };
         // Allowlisted clients skip the limits entirely: no store call, nothing counted against anyone.
         let verdict = if route.allow.iter().any(|net| net.contains(&client_ip)) {
             None
         } else {
+            // A case-insensitive route counts `/API` and `/api` as one path.
+            let key_path = if route.matcher.is_case_insensitive() {
+                std::borrow::Cow::Owned(canonical.path.to_ascii_lowercase())
+            } else {
+                std::borrow::Cow::Borrowed(&*canonical.path)
+            };
+            let facts = RequestFacts {
+                client_ip,
+                ipv6_prefix: runtime.client_ip.ipv6_prefix(),
+                route: &route.name,
+                method: request.method(),
+                path: &key_path,
+                host,
+                headers: request.headers(),
+                query: request.uri().query(),
+            };
             match route.limits.check(&self.limiter, &facts).await {
                 Ok(verdict) => Some(verdict),
-                Err(unavailable) => return (Some(route), route.limits.unavailable(&unavailable)),
+                Err(error) => return (Some(route), route.limits.not_checked(&error)),
             }
         };
         if let Some(verdict) = &verdict {
@@ -168,11 +190,12 @@ impl Gateway {
                 let forwarded = ForwardedFacts {
                     peer: peer.ip(),
                     peer_trusted: runtime.client_ip.is_trusted(peer.ip()),
-                    host: host.as_deref(),
+                    host,
                     version: request.version(),
+                    write_forwarded: runtime.write_forwarded,
                 };
                 let started = Instant::now();
-                let result = upstream.forward(request, &path, &forwarded).await;
+                let result = upstream.forward(request, &canonical.path, &forwarded).await;
                 if !matches!(result, Err(ProxyError::ClientBody(_))) {
                     route.metrics.record_upstream(started.elapsed());
                 }

@@ -14,14 +14,6 @@ pub(super) fn no_route(path: &str) -> Response<Body> {
     )
 }
 
-/// 400 for a request target that is not a path (`*`, authority-form).
-pub(super) fn bad_target() -> Response<Body> {
-    json_response(
-        StatusCode::BAD_REQUEST,
-        &json!({"error": "bad_request", "message": "the request target must be a path"}),
-    )
-}
-
 /// 400 for a request body that cannot be read: malformed chunked framing, or cut short by the client.
 pub(super) fn bad_body() -> Response<Body> {
     json_response(

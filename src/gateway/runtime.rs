@@ -17,6 +17,10 @@ use crate::telemetry::RouteMetrics;
 pub struct Runtime {
     pub(super) routes: Vec<Route>,
     pub(super) client_ip: ClientIpResolver,
+    /// `client_ip.forwarded`: whether the upstream gets a `Forwarded` field from tollgate.
+    pub(super) write_forwarded: bool,
+    /// Whether any route names CONNECT: otherwise it is refused (405) before routing.
+    pub(super) routes_connect: bool,
     /// The series of requests no route matched.
     pub(super) unmatched: RouteMetrics,
 }
@@ -50,7 +54,7 @@ impl Runtime {
             .iter()
             .map(|u| (u.name.as_str(), Arc::new(Upstream::new(u))))
             .collect();
-        let routes = config
+        let routes: Vec<Route> = config
             .routes
             .iter()
             .filter_map(|route| {
@@ -77,9 +81,15 @@ impl Runtime {
                 })
             })
             .collect();
+        let routes_connect = routes
+            .iter()
+            .any(|route: &Route| route.matcher.names_method(&http::Method::CONNECT));
         Self {
             routes,
-            client_ip: ClientIpResolver::new(config.client_ip.trusted_proxies.clone()),
+            client_ip: ClientIpResolver::new(config.client_ip.trusted_proxies.clone())
+                .with_ipv6_prefix(config.client_ip.ipv6_prefix),
+            write_forwarded: config.client_ip.forwarded,
+            routes_connect,
             unmatched: RouteMetrics::new("none"),
         }
     }

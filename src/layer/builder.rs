@@ -32,6 +32,7 @@ pub struct Builder {
     deny_status: StatusCode,
     headers: bool,
     trusted_proxies: Vec<IpNet>,
+    ipv6_prefix: u8,
     /// The first mistake of a [`Builder::limit_by`] call.
     error: Option<LayerError>,
 }
@@ -108,6 +109,7 @@ impl Builder {
             deny_status: StatusCode::TOO_MANY_REQUESTS,
             headers: true,
             trusted_proxies: Vec::new(),
+            ipv6_prefix: 64,
             error: None,
         }
     }
@@ -127,6 +129,7 @@ impl Builder {
             deny_status: settings.deny_status,
             headers: settings.headers,
             trusted_proxies: config.client_ip.trusted_proxies.clone(),
+            ipv6_prefix: config.client_ip.ipv6_prefix,
             ..Self::new()
         })
     }
@@ -202,6 +205,13 @@ impl Builder {
         self
     }
 
+    /// Keys IPv6 clients by their network of `bits` bits (default 64, as `client_ip.ipv6_prefix`; 128 keys each
+    /// address): one subscriber is given a whole /64, and must not get 2^64 keys.
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.ipv6_prefix = bits;
+        self
+    }
+
     /// The layer, or the first mistake of the configuration.
     pub fn build(self) -> Result<RateLimitLayer, LayerError> {
         if let Some(error) = self.error {
@@ -232,7 +242,7 @@ impl Builder {
         Ok(RateLimitLayer::new(
             limiter,
             limits,
-            ClientIpResolver::new(self.trusted_proxies),
+            ClientIpResolver::new(self.trusted_proxies).with_ipv6_prefix(self.ipv6_prefix),
             self.headers,
         ))
     }

@@ -15,8 +15,9 @@ use tower::{Service, ServiceExt};
 
 use super::future::ResponseFuture;
 use super::rate_limit::{RateLimitLayer, Shared};
-use crate::key::{request_host, RequestFacts};
-use crate::routing::normalize_path;
+use crate::enforcement::refused;
+use crate::key::RequestFacts;
+use crate::routing::CanonicalRequest;
 
 /// The client address assumed when a request carries no `ConnectInfo<SocketAddr>` (see the module docs).
 const UNKNOWN_PEER: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
@@ -97,23 +98,30 @@ where
 {
     let peer = peer_ip(&shared, &request);
     let client_ip = shared.client_ip.resolve(peer, request.headers());
-    // Keys see the path as the gateway does, so that `/a/../b` and `/b` share a key; a target that is not a path
-    // (`OPTIONS *`) is keyed as written, since rejecting it is the inner service's business.
-    let path = normalize_path(request.uri().path())
-        .map_or_else(|| request.uri().path().to_owned(), |p| p.into_owned());
-    let host = request_host(request.uri(), request.headers());
+    // Keys see the request as the gateway does (design §7): `/a/../b` and `/b` share a key, and a request with no
+    // single reading (two Hosts, `post`, a bad escape) is refused as the gateway refuses it.
+    let canonical = match CanonicalRequest::of_accepted(
+        request.method(),
+        request.version(),
+        request.uri(),
+        request.headers(),
+    ) {
+        Ok(canonical) => canonical,
+        Err(refusal) => return Ok(refused(refusal)),
+    };
     let facts = RequestFacts {
         client_ip,
+        ipv6_prefix: shared.client_ip.ipv6_prefix(),
         route: shared.limits.scope(),
         method: request.method(),
-        path: &path,
-        host: host.as_deref(),
+        path: &canonical.path,
+        host: canonical.host.as_deref(),
         headers: request.headers(),
         query: request.uri().query(),
     };
     let verdict = match shared.limits.check(&shared.limiter, &facts).await {
         Ok(verdict) => verdict,
-        Err(unavailable) => return Ok(shared.limits.unavailable(&unavailable)),
+        Err(error) => return Ok(shared.limits.not_checked(&error)),
     };
     if !verdict.outcome.allowed {
         return Ok(shared.limits.refusal(&verdict));

@@ -1,4 +1,5 @@
-//! Header rewriting for proxying: hop-by-hop fields removed both ways, `X-Forwarded-*` and `Via` added.
+//! Header rewriting for proxying: hop-by-hop fields removed both ways; the client-address fields (`X-Forwarded-For`,
+//! `Forwarded`, `X-Real-IP`) kept only from trusted proxies and extended with the peer; `X-Forwarded-*` and `Via`.
 
 use std::net::IpAddr;
 
@@ -13,6 +14,7 @@ static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-prot
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 /// What the gateway knows about the hop a request came over.
 #[derive(Debug, Clone, Copy)]
@@ -25,6 +27,8 @@ pub struct ForwardedFacts<'a> {
     pub host: Option<&'a str>,
     /// The client's HTTP version, for `Via`.
     pub version: Version,
+    /// `client_ip.forwarded`: add tollgate's element to `Forwarded` (RFC 7239).
+    pub write_forwarded: bool,
 }
 
 /// The hop-by-hop fields every message loses, whether or not `Connection` names them.
@@ -105,19 +109,35 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Prepares request headers for the upstream.
 ///
-/// From a trusted proxy, `X-Forwarded-For` is extended with the peer and the other `X-Forwarded-*` are kept; from
-/// anyone else they are replaced, since nobody vouches for what a client claims about itself.
+/// The client-address fields say who the client is, and the upstream must read the client tollgate counted:
+/// - from a trusted proxy, `X-Forwarded-For` keeps every field line, as one list (RFC 9110 §5.3), and ends with the
+///   peer; `Forwarded`, `X-Real-IP` and the other `X-Forwarded-*` are kept as the proxy wrote them;
+/// - from anyone else, `X-Forwarded-For`, `Forwarded` and `X-Real-IP` are dropped and `X-Forwarded-For` is the
+///   peer alone, since nobody vouches for what a client claims about itself.
+///
+/// With `write_forwarded`, `Forwarded` gets tollgate's element for the peer too (in place of the dropped one).
 pub fn prepare_request(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) {
     remove_hop_by_hop(headers);
     let peer = crate::key::ip_text(facts.peer);
-    let forwarded_for = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(existing) if facts.peer_trusted && !existing.trim().is_empty() => {
-            HeaderValue::from_str(&format!("{existing}, {peer}"))
-        }
-        _ => HeaderValue::try_from(peer),
+    let forwarded_for = if facts.peer_trusted {
+        HeaderValue::try_from(extended_list(headers, &X_FORWARDED_FOR, &peer))
+    } else {
+        HeaderValue::try_from(peer)
     };
     if let Ok(value) = forwarded_for {
         headers.insert(&X_FORWARDED_FOR, value);
+    }
+    if !facts.peer_trusted {
+        // One lookup for the usual request that carries neither.
+        if headers.contains_key(header::FORWARDED) {
+            headers.remove(header::FORWARDED);
+        }
+        if headers.contains_key(&X_REAL_IP) {
+            headers.remove(&X_REAL_IP);
+        }
+    }
+    if facts.write_forwarded {
+        write_forwarded(headers, facts);
     }
     if !(facts.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
         headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
@@ -133,6 +153,48 @@ pub fn prepare_request(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) {
         }
     }
     append_via(headers, facts.version);
+}
+
+/// Every field line of `name` joined into one list, with `last` appended: `a, b, last`.
+fn extended_list(headers: &HeaderMap, name: &HeaderName, last: &str) -> String {
+    let mut list = String::new();
+    for line in headers.get_all(name) {
+        let Ok(text) = line.to_str() else {
+            continue;
+        };
+        let text = text.trim();
+        if text.is_empty() {
+            continue;
+        }
+        list.push_str(text);
+        list.push_str(", ");
+    }
+    list.push_str(last);
+    list
+}
+
+/// Appends tollgate's `Forwarded` element (`for`, `proto`, `host`) to what a trusted proxy sent, or sets it
+/// alone.
+#[cold]
+fn write_forwarded(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) {
+    let for_value = match facts.peer {
+        std::net::IpAddr::V4(v4) => v4.to_string(),
+        std::net::IpAddr::V6(v6) => format!("\"[{v6}]\""),
+    };
+    let mut element = format!("for={for_value};proto=http");
+    if let Some(host) = facts.host {
+        element.push_str(";host=\"");
+        element.push_str(host);
+        element.push('"');
+    }
+    let value = if facts.peer_trusted {
+        extended_list(headers, &header::FORWARDED, &element)
+    } else {
+        element
+    };
+    if let Ok(value) = HeaderValue::try_from(value) {
+        headers.insert(header::FORWARDED, value);
+    }
 }
 
 /// Prepares response headers for the client.
@@ -163,6 +225,7 @@ mod tests {
             peer_trusted: trusted,
             host: Some("api.example.com"),
             version: Version::HTTP_11,
+            write_forwarded: false,
         }
     }
 
@@ -244,5 +307,63 @@ mod tests {
         assert_eq!(h["x-forwarded-host"], "api.example.com");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["via"], "1.1 tollgate");
+    }
+
+    #[test]
+    fn every_forwarded_for_line_is_kept_from_trusted_peers_as_one_list() {
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-for", HeaderValue::from_static("198.51.100.1"));
+        h.append(
+            "x-forwarded-for",
+            HeaderValue::from_static("203.0.113.9, 10.0.0.2"),
+        );
+        prepare_request(&mut h, &facts(true));
+        let lines: Vec<&HeaderValue> = h.get_all("x-forwarded-for").iter().collect();
+        assert_eq!(lines, ["198.51.100.1, 203.0.113.9, 10.0.0.2, 192.0.2.1"]);
+    }
+
+    #[test]
+    fn client_address_fields_from_untrusted_peers_are_replaced() {
+        let mut h = HeaderMap::new();
+        h.insert(header::FORWARDED, HeaderValue::from_static("for=10.1.2.3"));
+        h.insert("x-real-ip", HeaderValue::from_static("10.1.2.3"));
+        h.insert("x-forwarded-for", HeaderValue::from_static("10.1.2.3"));
+        prepare_request(&mut h, &facts(false));
+        assert!(h.get(header::FORWARDED).is_none());
+        assert!(h.get("x-real-ip").is_none());
+        assert_eq!(h["x-forwarded-for"], "192.0.2.1");
+
+        let mut h = HeaderMap::new();
+        h.insert(header::FORWARDED, HeaderValue::from_static("for=10.1.2.3"));
+        let mut with_forwarded = facts(false);
+        with_forwarded.write_forwarded = true;
+        prepare_request(&mut h, &with_forwarded);
+        assert_eq!(
+            h[header::FORWARDED],
+            "for=192.0.2.1;proto=http;host=\"api.example.com\""
+        );
+    }
+
+    #[test]
+    fn forwarded_from_a_trusted_peer_is_kept_and_extended() {
+        let mut h = HeaderMap::new();
+        h.append(
+            header::FORWARDED,
+            HeaderValue::from_static("for=198.51.100.1"),
+        );
+        h.append(
+            header::FORWARDED,
+            HeaderValue::from_static("for=203.0.113.9"),
+        );
+        h.insert("x-real-ip", HeaderValue::from_static("203.0.113.9"));
+        let mut trusted = facts(true);
+        trusted.write_forwarded = true;
+        trusted.peer = "2001:db8::7".parse().unwrap();
+        prepare_request(&mut h, &trusted);
+        assert_eq!(
+            h[header::FORWARDED],
+            "for=198.51.100.1, for=203.0.113.9, for=\"[2001:db8::7]\";proto=http;host=\"api.example.com\""
+        );
+        assert_eq!(h["x-real-ip"], "203.0.113.9");
     }
 }

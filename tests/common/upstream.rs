@@ -35,7 +35,7 @@ pub struct Upstream {
 
 impl Upstream {
     /// Starts the upstream. a path ending in `/slow` answers after 3 s; every other path echoes the request as JSON:
-    /// `{"method", "path", "query", "headers": {name: value}, "body"}`.
+    /// `{"method", "path", "query", "headers": {name: value}, "body"}` (a header's lines joined by `\n`).
     pub async fn start() -> Self {
         let hits = Arc::new(AtomicUsize::new(0));
         let app = Router::new().fallback(any(echo)).with_state(hits.clone());
@@ -201,12 +201,16 @@ async fn echo(State(hits): State<Arc<AtomicUsize>>, request: Request) -> Json<Va
     if request.uri().path().ends_with("/slow") {
         tokio::time::sleep(Duration::from_secs(3)).await;
     }
+    // A header sent on several lines is echoed as its lines joined by newlines, so that tests can tell one line
+    // from several.
     let mut headers = Map::new();
     for (name, value) in request.headers() {
-        headers.insert(
-            name.as_str().to_owned(),
-            Value::from(String::from_utf8_lossy(value.as_bytes()).into_owned()),
-        );
+        let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+        let joined = match headers.get(name.as_str()).and_then(Value::as_str) {
+            Some(earlier) => format!("{earlier}\n{value}"),
+            None => value,
+        };
+        headers.insert(name.as_str().to_owned(), Value::from(joined));
     }
     Json(json!({
         "method": request.method().as_str(),

@@ -1,0 +1,388 @@
+//! The canonical request (design §7): the one method, host and path that routing, keys, allowlists and forwarding
+//! all use, built once per request; and the refusals of requests that have no single reading.
+
+use std::borrow::Cow;
+
+use http::header::{HeaderMap, HeaderValue, HOST};
+use http::{Method, StatusCode, Uri, Version};
+use thiserror::Error;
+
+use super::path::{normalize_path, PathError};
+
+/// The methods of RFC 9110 §9 and PATCH: a case variant of one of them (`post`) is refused, since routes and
+/// upstreams would each decide for themselves whether it is that method.
+const STANDARD_METHODS: [&str; 9] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+];
+
+/// One reading of a request, shared by everything that looks at it.
+#[derive(Debug, Clone)]
+pub struct CanonicalRequest<'a> {
+    /// The normalised path (see [`normalize_path`]): what routes match and what the upstream receives.
+    pub path: Cow<'a, str>,
+    /// The host the request is for, lower-cased, without port or trailing dot: the authority of an absolute-form
+    /// target (or HTTP/2's `:authority`), else the `Host` field.
+    pub host: Option<String>,
+    /// The `Host` the upstream must get when it differs from the field the client sent: the target's authority
+    /// (absolute form, HTTP/2), or a `Host` written another way (upper case, trailing dot). `None` when the
+    /// client's field is already canonical, as it nearly always is.
+    pub host_field: Option<HeaderValue>,
+}
+
+/// Why a request has no single reading, and is refused before routing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum Refusal {
+    /// `*` or an authority-form target where a path was due.
+    #[error("the request target must be a path")]
+    NotAPath,
+    /// A `%` that does not start two hex digits.
+    #[error("the path has a malformed percent-encoding")]
+    BadEscape,
+    /// HTTP/1.1 without `Host` (RFC 9112 §3.2).
+    #[error("an HTTP/1.1 request needs exactly one Host field")]
+    MissingHost,
+    /// More than one `Host` field line.
+    #[error("more than one Host field")]
+    DuplicateHost,
+    /// A `Host` (or target authority) that is not a host with an optional port.
+    #[error("the Host field is not a valid host")]
+    BadHost,
+    /// HTTP/2's `:authority` and `Host` name different hosts (RFC 9113 §8.3.1).
+    #[error("the Host field and the request target name different hosts")]
+    HostMismatch,
+    /// A case variant of a standard method (`post`, `Get`).
+    #[error("methods are case-sensitive: a case variant of a standard method is not allowed")]
+    MethodCase,
+    /// CONNECT, which no route names.
+    #[error("CONNECT is not proxied")]
+    ConnectNotRouted,
+    /// A header or query parameter that a limit keys on occurs more than once.
+    #[error("a header or query parameter used as a rate-limit key occurs more than once")]
+    AmbiguousKey,
+}
+
+// === impl CanonicalRequest ===
+
+impl<'a> CanonicalRequest<'a> {
+    /// The canonical reading of a request head as it came off the wire, or why it has none.
+    pub fn new(
+        method: &Method,
+        version: Version,
+        uri: &'a Uri,
+        headers: &HeaderMap,
+    ) -> Result<Self, Refusal> {
+        if version == Version::HTTP_11 && !headers.contains_key(HOST) {
+            return Err(Refusal::MissingHost);
+        }
+        Self::of_accepted(method, version, uri, headers)
+    }
+
+    /// The canonical reading of a request that a server has already accepted, for the tower layer: the same as
+    /// [`new`](Self::new) but for HTTP/1.1's `Host` requirement, which is the server's to enforce (and which
+    /// requests built in-process, `Request::get("/x")`, never meet).
+    pub fn of_accepted(
+        method: &Method,
+        version: Version,
+        uri: &'a Uri,
+        headers: &HeaderMap,
+    ) -> Result<Self, Refusal> {
+        if is_case_variant(method) {
+            return Err(Refusal::MethodCase);
+        }
+        let path = normalize_path(uri.path()).map_err(|error| match error {
+            PathError::NotAPath => Refusal::NotAPath,
+            PathError::BadEscape => Refusal::BadEscape,
+        })?;
+        let (host, host_field) = canonical_host(version, uri, headers)?;
+        Ok(Self {
+            path,
+            host,
+            host_field,
+        })
+    }
+}
+
+// === impl Refusal ===
+
+impl Refusal {
+    /// The status it is answered with: 405 for CONNECT, 400 for the rest.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Refusal::ConnectNotRouted => StatusCode::METHOD_NOT_ALLOWED,
+            _ => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// The `error` of the JSON body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::ConnectNotRouted => "method_not_allowed",
+            Refusal::AmbiguousKey => "ambiguous_key",
+            _ => "bad_request",
+        }
+    }
+}
+
+/// Whether `method` is a standard method written in another case. The standard methods themselves are recognised
+/// by `Method`'s own comparison, which is an enum compare: nothing to scan for nearly every request.
+fn is_case_variant(method: &Method) -> bool {
+    let standard = [
+        Method::GET,
+        Method::POST,
+        Method::HEAD,
+        Method::PUT,
+        Method::DELETE,
+        Method::OPTIONS,
+        Method::PATCH,
+        Method::CONNECT,
+        Method::TRACE,
+    ];
+    if standard.contains(method) {
+        return false;
+    }
+    let text = method.as_str();
+    STANDARD_METHODS
+        .iter()
+        .any(|name| name.eq_ignore_ascii_case(text))
+}
+
+/// The request's host (lower case, no port, no trailing dot) and, when the upstream must get another `Host` than
+/// the client sent, that field.
+///
+/// - More than one `Host` line is refused (RFC 9112 §3.2; a missing one is [`CanonicalRequest::new`]'s to refuse).
+/// - The target's authority (absolute form, HTTP/2 `:authority`) is the host, and the `Host` the upstream gets
+///   (RFC 9112 §3.2.2: a received `Host` is replaced). Over HTTP/2 a `Host` naming another host is refused.
+pub fn canonical_host(
+    version: Version,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<(Option<String>, Option<HeaderValue>), Refusal> {
+    let mut lines = headers.get_all(HOST).iter();
+    let field = lines.next();
+    if lines.next().is_some() {
+        return Err(Refusal::DuplicateHost);
+    }
+    if let Some(authority) = uri.authority() {
+        let (host, canonical) = parse_authority(authority.as_str())?;
+        if version == Version::HTTP_2 {
+            if let Some(field) = field {
+                let (field_host, _) = host_of_field(field)?;
+                if field_host.as_deref() != Some(host.as_str()) {
+                    return Err(Refusal::HostMismatch);
+                }
+            }
+        }
+        let value = HeaderValue::from_str(&canonical).map_err(|_| Refusal::BadHost)?;
+        return Ok((Some(host), Some(value)));
+    }
+    match field {
+        Some(field) => host_of_field(field),
+        None => Ok((None, None)),
+    }
+}
+
+/// The host of a `Host` field, and the field to send instead when it is not written canonically. An empty field
+/// (allowed for targets without an authority) names no host.
+fn host_of_field(field: &HeaderValue) -> Result<(Option<String>, Option<HeaderValue>), Refusal> {
+    let text = field.to_str().map_err(|_| Refusal::BadHost)?;
+    if text.is_empty() {
+        return Ok((None, None));
+    }
+    // The usual `Host: name[:port]`, already in lower case, is taken as it is; anything else goes through the
+    // full authority parser (brackets, case, a trailing dot).
+    if let Some(host) = plain_host(text) {
+        return Ok((Some(host.to_owned()), None));
+    }
+    let (host, canonical) = parse_authority(text)?;
+    let rewrite = (canonical != text)
+        .then(|| HeaderValue::from_str(&canonical))
+        .transpose()
+        .map_err(|_| Refusal::BadHost)?;
+    Ok((Some(host), rewrite))
+}
+
+/// The host of `text` when it is a lower-case name or IPv4 address (`a-z`, `0-9`, `-`, `.`, not ending in a dot)
+/// with an optional port of up to five digits: already canonical.
+fn plain_host(text: &str) -> Option<&str> {
+    let (host, port) = match text.split_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (text, None),
+    };
+    let host_ok = !host.is_empty()
+        && !host.ends_with('.')
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+    let port_ok = port.is_none_or(|p| (1..=5).contains(&p.len()) && p.parse::<u16>().is_ok());
+    (host_ok && port_ok).then_some(host)
+}
+
+/// Parses `host[:port]` into the host (lower case, without the trailing dot of a fully qualified name) and the
+/// canonical authority text. User information (`user@host`) and an empty host are refused: no client sends them
+/// to a gateway, and upstreams disagree about them.
+fn parse_authority(text: &str) -> Result<(String, String), Refusal> {
+    if text.contains('@') {
+        return Err(Refusal::BadHost);
+    }
+    let authority = text
+        .parse::<http::uri::Authority>()
+        .map_err(|_| Refusal::BadHost)?;
+    let raw_host = authority.host();
+    let mut host = raw_host.to_ascii_lowercase();
+    if host.ends_with('.') && !host.starts_with('[') {
+        host.pop();
+    }
+    if host.is_empty() || host.ends_with('.') {
+        return Err(Refusal::BadHost);
+    }
+    // Without user information the host starts the text; what follows it must be a port, or nothing.
+    let rest = text.get(raw_host.len()..).unwrap_or(":");
+    let canonical = match rest.strip_prefix(':') {
+        None if rest.is_empty() => host.clone(),
+        Some(port) if (1..=5).contains(&port.len()) && port.parse::<u16>().is_ok() => {
+            format!("{host}:{port}")
+        }
+        _ => return Err(Refusal::BadHost),
+    };
+    Ok((host, canonical))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(version: Version, target: &str, hosts: &[&str]) -> (Version, Uri, HeaderMap) {
+        let mut headers = HeaderMap::new();
+        for host in hosts {
+            headers.append(HOST, HeaderValue::from_str(host).expect("value"));
+        }
+        (version, target.parse().expect("uri"), headers)
+    }
+
+    fn host(version: Version, target: &str, hosts: &[&str]) -> Result<Option<String>, Refusal> {
+        let (version, uri, headers) = head(version, target, hosts);
+        CanonicalRequest::new(&Method::GET, version, &uri, &headers).map(|c| c.host)
+    }
+
+    fn sent_host(version: Version, target: &str, hosts: &[&str]) -> Option<String> {
+        let (version, uri, headers) = head(version, target, hosts);
+        let (_, field) = canonical_host(version, &uri, &headers).expect("valid");
+        field
+            .map(|v| v.to_str().expect("text").to_owned())
+            .or_else(|| hosts.first().map(|h| (*h).to_owned()))
+    }
+
+    #[test]
+    fn the_host_comes_from_the_target_then_the_field() {
+        let v11 = Version::HTTP_11;
+        assert_eq!(
+            host(v11, "/x", &["api.example.com:8080"]),
+            Ok(Some("api.example.com".into()))
+        );
+        assert_eq!(
+            host(v11, "/x", &["API.Example.COM."]),
+            Ok(Some("api.example.com".into()))
+        );
+        assert_eq!(
+            host(v11, "/x", &["[2001:db8::1]:443"]),
+            Ok(Some("[2001:db8::1]".into()))
+        );
+        assert_eq!(
+            host(v11, "http://free.example/v/x", &["limited.example"]),
+            Ok(Some("free.example".into())),
+            "an absolute-form target's authority wins over Host"
+        );
+        assert_eq!(host(Version::HTTP_10, "/x", &[]), Ok(None));
+        assert_eq!(host(v11, "/x", &[""]), Ok(None));
+    }
+
+    #[test]
+    fn the_upstream_gets_the_host_that_was_routed_on() {
+        let v11 = Version::HTTP_11;
+        assert_eq!(
+            sent_host(v11, "/x", &["a.example:81"]).as_deref(),
+            Some("a.example:81")
+        );
+        assert_eq!(
+            sent_host(v11, "/x", &["A.Example.:81"]).as_deref(),
+            Some("a.example:81")
+        );
+        assert_eq!(
+            sent_host(v11, "http://Free.Example:82/v", &["limited.example"]).as_deref(),
+            Some("free.example:82")
+        );
+        assert_eq!(
+            sent_host(Version::HTTP_2, "https://a.example/v", &[]).as_deref(),
+            Some("a.example")
+        );
+    }
+
+    #[test]
+    fn requests_without_one_host_are_refused() {
+        let v11 = Version::HTTP_11;
+        assert_eq!(host(v11, "/x", &[]), Err(Refusal::MissingHost));
+        assert_eq!(
+            host(v11, "/x", &["a.example", "b.example"]),
+            Err(Refusal::DuplicateHost)
+        );
+        assert_eq!(
+            host(v11, "/x", &["a.example", "a.example"]),
+            Err(Refusal::DuplicateHost)
+        );
+        for bad in [
+            "a b",
+            "user@a.example",
+            "a.example:port",
+            "a.example:",
+            ":80",
+            "[::1",
+            ".",
+        ] {
+            assert_eq!(host(v11, "/x", &[bad]), Err(Refusal::BadHost), "{bad:?}");
+        }
+        assert_eq!(
+            host(Version::HTTP_2, "https://a.example/x", &["b.example"]),
+            Err(Refusal::HostMismatch)
+        );
+        assert_eq!(
+            host(Version::HTTP_2, "https://a.example/x", &["A.example:443"]),
+            Ok(Some("a.example".into()))
+        );
+    }
+
+    #[test]
+    fn the_fast_path_and_the_parser_agree_on_plain_hosts() {
+        for text in [
+            "api.example.com",
+            "api.example.com:8080",
+            "127.0.0.1:18090",
+            "a-b.c",
+        ] {
+            let (parsed, canonical) = parse_authority(text).expect("valid");
+            assert_eq!(plain_host(text), Some(parsed.as_str()), "{text:?}");
+            assert_eq!(canonical, text);
+        }
+        for text in [
+            "API.example.com",
+            "a.example.",
+            "host:123456",
+            "host:12ab",
+            "",
+            ":80",
+        ] {
+            assert_eq!(plain_host(text), None, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn case_variants_of_standard_methods_are_refused_and_nothing_else() {
+        for name in ["post", "Get", "dElEtE", "connect", "patch"] {
+            let method = Method::from_bytes(name.as_bytes()).expect("token");
+            assert!(is_case_variant(&method), "{name}");
+        }
+        for name in ["GET", "POST", "PROPFIND", "purge", "PATCH"] {
+            let method = Method::from_bytes(name.as_bytes()).expect("token");
+            assert!(!is_case_variant(&method), "{name}");
+        }
+    }
+}
