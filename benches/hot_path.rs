@@ -134,7 +134,11 @@ fn key_build(c: &mut Criterion) {
     let ip = KeySpec::new(vec![KeyPart::Ip], MissingKey::Ip);
     group.bench_function("ip_value_and_store_key", |b| {
         b.iter(|| {
-            let value = ip.value(black_box(&facts)).ok().flatten().unwrap_or_default();
+            let value = ip
+                .value(black_box(&facts))
+                .ok()
+                .flatten()
+                .unwrap_or_default();
             store_key("tollgate:", "api", "per-ip", &value)
         })
     });
@@ -152,7 +156,11 @@ fn key_build(c: &mut Criterion) {
     );
     group.bench_function("header_query_method_store_key", |b| {
         b.iter(|| {
-            let value = composite.value(black_box(&facts)).ok().flatten().unwrap_or_default();
+            let value = composite
+                .value(black_box(&facts))
+                .ok()
+                .flatten()
+                .unwrap_or_default();
             store_key("tollgate:", "api", "per-key", &value)
         })
     });
