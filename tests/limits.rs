@@ -366,3 +366,58 @@ async fn shadow_limits_are_decided_and_counted_but_never_enforced() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_flood_of_new_keys_does_not_reset_a_key_over_its_limit() {
+    // The memory store holds 640 keys; 2,000 new ones must not push out the victim's full log.
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        r#"listen: 127.0.0.1:0
+store:
+  backend: memory
+  max_keys: 640
+upstreams:
+  backend:
+    targets: ["{}"]
+routes:
+  - name: api
+    match: {{ path_prefix: /api }}
+    upstream: backend
+    limits:
+      - name: per-key
+        key: [header:x-api-key]
+        algorithm: sliding_log
+        limit: 5
+        period: 30s
+"#,
+        upstream.url()
+    );
+    let gateway = start_gateway(&yaml).await;
+    let url = gateway.url("/api");
+    let victim = hammer(&url, 8, &[("x-api-key", "victim")]).await;
+    assert_eq!(count(&victim, 200), 5, "{victim:?}");
+
+    let mut flood = tokio::task::JoinSet::new();
+    for worker in 0..4 {
+        let url = url.clone();
+        flood.spawn(async move {
+            let client = client();
+            for i in 0..500 {
+                let status = client
+                    .get(&url)
+                    .header("x-api-key", format!("flood-{worker}-{i}"))
+                    .send()
+                    .await
+                    .expect("flood request")
+                    .status();
+                assert_eq!(status, 200, "a new key with room to displace");
+            }
+        });
+    }
+    while let Some(done) = flood.join_next().await {
+        done.expect("flood worker");
+    }
+
+    let after = hammer(&url, 20, &[("x-api-key", "victim")]).await;
+    assert_eq!(count(&after, 200), 0, "the victim stays refused: {after:?}");
+}

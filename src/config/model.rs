@@ -8,6 +8,7 @@ use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 
 use crate::key::KeySpec;
+use crate::limiter::store::WhenFull;
 use crate::limiter::{Limit, OnError};
 use crate::proxy::UpstreamTls;
 
@@ -65,6 +66,8 @@ pub struct StoreSettings {
     pub key_prefix: String,
     /// Bound of the in-process store, default 1,000,000.
     pub max_keys: usize,
+    /// A new key's request when the in-process store is full of keys it may not displace, default `deny`.
+    pub when_full: WhenFull,
     /// Redis connections, default 4.
     pub pool_size: usize,
 }

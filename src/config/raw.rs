@@ -49,6 +49,14 @@ pub(crate) enum RawOnError {
     Local,
 }
 
+/// `store.when_full`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawWhenFull {
+    Deny,
+    Allow,
+}
+
 /// `store:`
 #[derive(Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -60,6 +68,7 @@ pub(crate) struct RawStore {
     pub on_error: RawOnError,
     pub key_prefix: String,
     pub max_keys: u64,
+    pub when_full: RawWhenFull,
     pub pool_size: u64,
 }
 
@@ -237,6 +246,7 @@ impl Default for RawStore {
             on_error: RawOnError::Local,
             key_prefix: "tollgate:".to_owned(),
             max_keys: 1_000_000,
+            when_full: RawWhenFull::Deny,
             pool_size: 4,
         }
     }

@@ -13,6 +13,7 @@ use super::limits::limit_settings;
 use super::model::*;
 use super::raw::*;
 use super::units::parse_duration;
+use crate::limiter::store::WhenFull;
 use crate::limiter::OnError;
 use crate::proxy::{TlsFiles, UpstreamTls};
 
@@ -159,6 +160,10 @@ fn store(issues: &mut Issues, raw: &RawStore) -> Option<StoreSettings> {
         on_error,
         key_prefix: raw.key_prefix.clone(),
         max_keys: max_keys?,
+        when_full: match raw.when_full {
+            RawWhenFull::Deny => WhenFull::Deny,
+            RawWhenFull::Allow => WhenFull::Allow,
+        },
         pool_size: pool_size?,
     })
 }
@@ -885,6 +890,21 @@ routes:
             assert!(parse(&text).is_ok(), "{url}: {:?}", parse(&text).err());
         }
         assert!(parse("store:\n  backend: memory\n  url: nonsense\n").is_ok());
+    }
+
+    #[test]
+    fn when_full_defaults_to_deny_and_names_a_wrong_value() {
+        use crate::limiter::store::WhenFull;
+        assert_eq!(parse("").unwrap().store.when_full, WhenFull::Deny);
+        let allow = parse("store:\n  when_full: allow\n").unwrap();
+        assert_eq!(allow.store.when_full, WhenFull::Allow);
+        let error = parse("store:\n  when_full: maybe\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("t.yaml:2:") && error.contains("when_full"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -108,11 +108,13 @@ pub fn build_limiter(store: &StoreSettings) -> Result<RateLimiter, StoreError> {
                 .with_reset_channel(&format!("{}resets", store.key_prefix)),
         ),
     };
-    Ok(RateLimiter::new(
+    let limiter = RateLimiter::new(
         backend,
         store.timeout,
         store.on_error,
         store.max_keys,
         Arc::new(SystemClock),
-    ))
+    );
+    limiter.local().set_when_full(store.when_full);
+    Ok(limiter)
 }

@@ -2,6 +2,7 @@
 //! when Redis fails.
 
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use indexmap::{Equivalent, IndexMap};
@@ -15,19 +16,38 @@ use crate::limiter::{Clock, Decision, Outcome};
 /// The shards are numbered by this many bits of a key's hash.
 const SHARD_BITS: u32 = 6;
 const SHARDS: usize = 1 << SHARD_BITS;
-/// Entries looked at when a full shard must make room, as Redis samples keys for its approximated LRU.
+/// Entries a full shard looks at to make room for a new key: the next ones under its clock hand, so that a sweep
+/// costs the same whatever the shard's size and, over successive new keys, looks at every entry.
 const EVICTION_SAMPLE: usize = 16;
 
 /// A bounded in-memory store of limit state, safe to share between threads.
 ///
-/// Keys expire exactly as they would in Redis; when `max_keys` is reached, a new key first displaces an expired
-/// one and otherwise the sampled key closest to expiry, so a flood of distinct clients cannot exhaust memory.
+/// Keys expire exactly as they would in Redis (a key expires when it is back to full capacity). When `max_keys` is
+/// reached, a new key displaces only a key whose state is back to full (forgetting it changes no decision) or,
+/// failing that, the least recently used of the keys looked at that is not over its limit: a flood of distinct
+/// clients cannot exhaust memory, nor reset a key that is over its limit by pushing it out. When no key can be
+/// displaced, [`WhenFull`] decides the new key's request.
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     max_per_shard: usize,
     clock: Arc<dyn Clock>,
+    /// [`WhenFull::Allow`]; an atomic so that the gateway can set it on the store its limiter made.
+    allow_when_full: AtomicBool,
+    /// `tollgate_store_full_total`: requests a new key of which found no room.
+    full: metrics::Counter,
+}
+
+/// What happens to a request one of whose keys is new when the store is full and holds no key it may displace
+/// (`store.when_full`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WhenFull {
+    /// Refuse the request (429, `Retry-After` until a held key may be displaced).
+    #[default]
+    Deny,
+    /// Admit it without keeping the new key's state.
+    Allow,
 }
 
 /// A locked shard and its index.
@@ -37,6 +57,8 @@ type Guard<'s> = (usize, MutexGuard<'s, Shard>);
 struct Shard {
     /// Hashed by the hash stored with each key (see [`StoredKey`]).
     entries: IndexMap<StoredKey, Entry, StoredHash>,
+    /// Where the next search for room starts (a clock hand).
+    hand: usize,
 }
 
 /// A key held by a shard, with the hash it was stored under.
@@ -76,7 +98,19 @@ struct StoredHasher(u64);
 #[derive(Debug)]
 struct Entry {
     state: State,
+    /// When the key is back to full capacity: from then on, holding it or not gives the same decisions.
     expires_at_ms: i64,
+    /// When a request last looked the key up, for displacing the least recently used.
+    used_ms: i64,
+    /// The last commit left less than one request's cost: the key refuses requests until its retry time. The
+    /// retry time is not kept, so such a key is held until it is back to full, which is never earlier.
+    over_limit: bool,
+}
+
+/// A full shard found no key it may displace; the earliest time one of the keys it looked at will be.
+#[derive(Debug, Clone, Copy)]
+struct NoRoom {
+    until_ms: i64,
 }
 
 // === impl MemoryStore ===
@@ -90,6 +124,23 @@ impl MemoryStore {
             hasher: RandomState::new(),
             max_per_shard: max_keys.div_ceil(SHARDS).max(1),
             clock,
+            allow_when_full: AtomicBool::new(false),
+            full: metrics::counter!("tollgate_store_full_total"),
+        }
+    }
+
+    /// Sets what happens to a new key's request when the store is full and may displace no key.
+    pub fn set_when_full(&self, when_full: WhenFull) {
+        self.allow_when_full
+            .store(when_full == WhenFull::Allow, Ordering::Relaxed);
+    }
+
+    /// What happens to a new key's request when the store is full and may displace no key.
+    pub fn when_full(&self) -> WhenFull {
+        if self.allow_when_full.load(Ordering::Relaxed) {
+            WhenFull::Allow
+        } else {
+            WhenFull::Deny
         }
     }
 
@@ -118,23 +169,74 @@ impl MemoryStore {
             .zip(keys.iter_mut())
             .map(|(check, hashed)| {
                 let shard = guard_for(&mut guards, hashed.shard);
-                let held = shard.entries.get_full(&hashed.key);
-                hashed.found = held.map(|(index, _, _)| index);
+                let held = shard.entries.get_full_mut(&hashed.key);
+                hashed.found = held.as_ref().map(|(index, _, _)| *index);
                 let state = held
-                    .map(|(_, _, entry)| entry)
+                    .map(|(_, _, entry)| {
+                        entry.used_ms = now_ms;
+                        &*entry
+                    })
                     .filter(|e| e.expires_at_ms > now_ms)
                     .map(|e| &e.state);
                 algorithms::evaluate(check.limit.algorithm(), state, now_ms, check.limit.cost())
             })
             .collect();
 
+        // Room for the new keys is made before anything is committed, so that a request refused for want of it
+        // consumes nothing anywhere.
+        let mut refused: SmallVec<[(usize, NoRoom); INLINE_LIMITS]> = SmallVec::new();
+        let admitted = evaluations
+            .iter()
+            .enumerate()
+            .all(|(i, e)| e.admitted.allowed || checks[i].limit.is_shadow());
+        if admitted {
+            for i in 0..keys.len() {
+                let hashed = &keys[i];
+                if hashed.found.is_some() || !evaluations[i].admitted.allowed {
+                    continue;
+                }
+                // Earlier new keys of this request in the same shard, not yet inserted, need their room too.
+                let pending = keys[..i]
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, k)| {
+                        k.shard == hashed.shard
+                            && k.found.is_none()
+                            && evaluations[j].admitted.allowed
+                            && !refused.iter().any(|&(r, _)| r == j)
+                    })
+                    .count();
+                let shard = guard_for(&mut guards, hashed.shard);
+                if let Err(no_room) = shard.make_room_for(pending, now_ms, self.max_per_shard) {
+                    refused.push((i, no_room));
+                }
+            }
+        }
+        if !refused.is_empty() {
+            self.full.increment(1);
+            let enforced = refused.iter().any(|&(i, _)| !checks[i].limit.is_shadow());
+            if enforced && self.when_full() == WhenFull::Deny {
+                return refusal(evaluations, &refused, now_ms);
+            }
+        }
+        let over_limit: SmallVec<[bool; INLINE_LIMITS]> = evaluations
+            .iter()
+            .zip(checks)
+            .map(|(e, c)| e.admitted.remaining < c.limit.cost())
+            .collect();
+
         algorithms::settle(
             evaluations,
             |i| checks[i].limit.is_shadow(),
             |i, state, ttl_ms| {
+                if refused.iter().any(|&(r, _)| r == i) {
+                    return;
+                }
                 let entry = Entry {
                     state,
                     expires_at_ms: now_ms + ttl_ms as i64,
+                    used_ms: now_ms,
+                    over_limit: over_limit[i],
                 };
                 let hashed = &keys[i];
                 let shard = guard_for(&mut guards, hashed.shard);
@@ -213,6 +315,33 @@ impl MemoryStore {
     }
 }
 
+/// The answer to a request refused because a new key of it found no room: the refused limits deny until the
+/// earliest time a key they could displace frees up; nothing was consumed.
+fn refusal(
+    evaluations: Vec<Evaluation<State>>,
+    refused: &[(usize, NoRoom)],
+    now_ms: i64,
+) -> Outcome {
+    let decisions = evaluations
+        .into_iter()
+        .enumerate()
+        .map(|(i, ev)| match refused.iter().find(|&&(r, _)| r == i) {
+            Some((_, no_room)) => Decision {
+                allowed: false,
+                remaining: 0,
+                retry_after_ms: (no_room.until_ms - now_ms).max(1) as u64,
+                delay_ms: 0,
+                ..ev.standing
+            },
+            None => ev.standing,
+        })
+        .collect();
+    Outcome {
+        allowed: false,
+        decisions,
+    }
+}
+
 fn guard_for<'g, 's>(guards: &'g mut [Guard<'s>], index: usize) -> &'g mut Shard {
     let position = guards
         .iter()
@@ -245,8 +374,10 @@ impl Shard {
             self.entries[index] = entry;
             return;
         }
+        // Room was made before the request committed; only a key of the same request displaced since (and now
+        // stored again) may find the shard full, and goes over the bound by one rather than lose its count.
         if self.entries.len() >= max_entries {
-            self.make_room(now_ms);
+            let _ = self.make_room(now_ms);
         }
         let key = StoredKey {
             hash: key.hash,
@@ -255,32 +386,58 @@ impl Shard {
         self.entries.insert(key, entry);
     }
 
-    /// Removes the expired entries among a random sample, or else the sampled entry closest to expiry.
-    fn make_room(&mut self, now_ms: i64) {
+    /// Makes room for one new key besides `pending` others: displaces keys until the shard holds fewer than
+    /// `max_entries` with them, or says when it may next be able to.
+    fn make_room_for(
+        &mut self,
+        pending: usize,
+        now_ms: i64,
+        max_entries: usize,
+    ) -> Result<(), NoRoom> {
+        while self.entries.len() + pending >= max_entries {
+            self.make_room(now_ms)?;
+        }
+        Ok(())
+    }
+
+    /// Looks at the next [`EVICTION_SAMPLE`] entries under the clock hand and removes those back to full, or
+    /// else the least recently used of them that is not over its limit. A key over its limit is never removed
+    /// before it is back to full.
+    fn make_room(&mut self, now_ms: i64) -> Result<(), NoRoom> {
         let len = self.entries.len();
-        let mut victim: Option<(usize, i64)> = None;
-        let mut expired = Vec::new();
-        for _ in 0..EVICTION_SAMPLE.min(len) {
-            let index = fastrand::usize(..len);
-            let expires = self.entries[index].expires_at_ms;
-            if expires <= now_ms {
-                expired.push(index);
-            } else if victim.is_none_or(|(_, e)| expires < e) {
-                victim = Some((index, expires));
+        if len == 0 {
+            return Ok(());
+        }
+        let mut full: SmallVec<[usize; EVICTION_SAMPLE]> = SmallVec::new();
+        let mut least_recent: Option<(usize, i64)> = None;
+        let mut until_ms = i64::MAX;
+        let start = self.hand % len;
+        let looked = EVICTION_SAMPLE.min(len);
+        for step in 0..looked {
+            let index = (start + step) % len;
+            let entry = &self.entries[index];
+            if entry.expires_at_ms <= now_ms {
+                full.push(index);
+            } else if !entry.over_limit {
+                if least_recent.is_none_or(|(_, used)| entry.used_ms < used) {
+                    least_recent = Some((index, entry.used_ms));
+                }
+            } else {
+                until_ms = until_ms.min(entry.expires_at_ms);
             }
         }
-        if expired.is_empty() {
-            if let Some((index, _)) = victim {
-                self.entries.swap_remove_index(index);
-            }
-            return;
+        self.hand = start + looked;
+        if full.is_empty() {
+            let (index, _) = least_recent.ok_or(NoRoom { until_ms })?;
+            self.entries.swap_remove_index(index);
+            return Ok(());
         }
         // Highest index first, so earlier swap_removes do not move the later ones.
-        expired.sort_unstable_by(|a, b| b.cmp(a));
-        expired.dedup();
-        for index in expired {
+        full.sort_unstable_by(|a, b| b.cmp(a));
+        for index in full {
             self.entries.swap_remove_index(index);
         }
+        Ok(())
     }
 }
 
@@ -427,6 +584,155 @@ mod tests {
                 "{name} holds its own count or nothing, not a's: {remaining}"
             );
         }
+    }
+
+    /// `n` keys that all fall in one shard of `store`.
+    fn same_shard_keys(store: &MemoryStore, n: usize) -> Vec<String> {
+        let mut names = (0..).map(|i| format!("k{i}"));
+        let first = names.next().expect("a key");
+        let shard = store.key_ref(&first).shard();
+        let mut keys = vec![first];
+        keys.extend(
+            names
+                .filter(|k| store.key_ref(k).shard() == shard)
+                .take(n - 1),
+        );
+        keys
+    }
+
+    fn on<'a>(key: &'a str, limit: &'a Limit) -> LimitCheck<'a> {
+        LimitCheck { key, limit }
+    }
+
+    #[test]
+    fn a_flood_of_new_keys_never_frees_a_key_over_its_limit() {
+        // The attack: a 30 s sliding_log at its limit, then 20,000 new keys through a store of 10,000.
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let store = MemoryStore::new(10_000, clock.clone());
+        let limit = Limit::new(
+            "l",
+            Algorithm::SlidingLog {
+                limit: 50,
+                period_ms: 30_000,
+            },
+            1,
+        )
+        .unwrap();
+        let admitted = (0..60)
+            .filter(|_| store.check(&[on("victim", &limit)]).allowed)
+            .count();
+        assert_eq!(admitted, 50);
+        for i in 0..20_000 {
+            let key = format!("flood{i}");
+            assert!(store.check(&[on(&key, &limit)]).allowed, "{key}");
+            if i % 1000 == 0 {
+                clock.advance(1);
+            }
+        }
+        assert!(store.len() <= 10_000 + SHARDS, "{} keys", store.len());
+        let after = (0..20)
+            .filter(|_| store.check(&[on("victim", &limit)]).allowed)
+            .count();
+        assert_eq!(after, 0, "the victim key is still at its limit");
+        clock.advance(30_000);
+        assert!(
+            store.check(&[on("victim", &limit)]).allowed,
+            "until its retry time"
+        );
+    }
+
+    #[test]
+    fn a_key_back_to_full_is_displaced_before_the_least_recently_used() {
+        let clock = Arc::new(ManualClock::new(0));
+        let store = MemoryStore::new(2 * SHARDS, clock.clone());
+        let keys = same_shard_keys(&store, 3);
+        let short = log_limit("short", 10);
+        let long = Limit::new(
+            "long",
+            Algorithm::SlidingLog {
+                limit: 10,
+                period_ms: 600_000,
+            },
+            1,
+        )
+        .unwrap();
+        // `old` is the least recently used but still counts; `full` is used later and back to full at 60 s.
+        assert!(store.check(&[on(&keys[0], &long)]).allowed);
+        clock.advance(1_000);
+        assert!(store.check(&[on(&keys[1], &short)]).allowed);
+        clock.advance(60_000);
+
+        assert!(store.check(&[on(&keys[2], &short)]).allowed);
+
+        assert_eq!(store.peek(on(&keys[0], &long)).remaining, 9, "kept");
+        assert_eq!(store.len(), 2);
+    }
+
+    #[test]
+    fn the_least_recently_used_key_not_over_its_limit_is_displaced() {
+        let clock = Arc::new(ManualClock::new(0));
+        let store = MemoryStore::new(2 * SHARDS, clock.clone());
+        let keys = same_shard_keys(&store, 3);
+        let limit = log_limit("l", 10);
+        assert!(store.check(&[on(&keys[0], &limit)]).allowed);
+        clock.advance(1);
+        assert!(store.check(&[on(&keys[1], &limit)]).allowed);
+        clock.advance(1);
+        // Used again: now the most recently used.
+        assert!(store.check(&[on(&keys[0], &limit)]).allowed);
+        clock.advance(1);
+
+        assert!(store.check(&[on(&keys[2], &limit)]).allowed);
+
+        assert_eq!(store.peek(on(&keys[0], &limit)).remaining, 8, "kept");
+        assert_eq!(store.peek(on(&keys[1], &limit)).remaining, 10, "displaced");
+        assert_eq!(store.peek(on(&keys[2], &limit)).remaining, 9);
+    }
+
+    #[test]
+    fn with_only_keys_over_their_limit_a_new_key_is_refused_until_one_is_back_to_full() {
+        let clock = Arc::new(ManualClock::new(0));
+        let store = MemoryStore::new(SHARDS, clock.clone());
+        let keys = same_shard_keys(&store, 2);
+        let limit = log_limit("l", 1);
+        assert!(store.check(&[on(&keys[0], &limit)]).allowed);
+        clock.advance(10_000);
+
+        let refused = store.check(&[on(&keys[1], &limit)]);
+        assert!(!refused.allowed);
+        assert_eq!(refused.decisions[0].remaining, 0);
+        assert_eq!(
+            refused.decisions[0].retry_after_ms, 50_000,
+            "until the held key is back to full"
+        );
+        assert!(!store.check(&[on(&keys[0], &limit)]).allowed, "still held");
+
+        store.set_when_full(WhenFull::Allow);
+        assert!(store.check(&[on(&keys[1], &limit)]).allowed, "admitted");
+        assert!(
+            store.check(&[on(&keys[1], &limit)]).allowed,
+            "but not counted: nowhere to keep it"
+        );
+        assert!(!store.check(&[on(&keys[0], &limit)]).allowed, "still held");
+
+        store.set_when_full(WhenFull::Deny);
+        clock.advance(50_000);
+        assert!(store.check(&[on(&keys[1], &limit)]).allowed);
+        assert!(!store.check(&[on(&keys[1], &limit)]).allowed, "now counted");
+    }
+
+    #[test]
+    fn a_request_refused_for_room_consumes_from_no_limit() {
+        let clock = Arc::new(ManualClock::new(0));
+        let store = MemoryStore::new(SHARDS, clock.clone());
+        let keys = same_shard_keys(&store, 2);
+        let one = log_limit("one", 1);
+        let wide = log_limit("wide", 10);
+        assert!(store.check(&[on(&keys[0], &one)]).allowed);
+        let outcome = store.check(&[on("elsewhere", &wide), on(&keys[1], &one)]);
+        assert!(!outcome.allowed);
+        assert!(outcome.decisions[0].allowed);
+        assert_eq!(store.peek(on("elsewhere", &wide)).remaining, 10);
     }
 
     #[test]

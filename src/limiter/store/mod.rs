@@ -8,7 +8,7 @@ mod sentinel;
 
 use thiserror::Error;
 
-pub use self::memory::MemoryStore;
+pub use self::memory::{MemoryStore, WhenFull};
 pub use self::redis::{RedisStore, RedisTopology, ResetNotice};
 use super::Limit;
 
