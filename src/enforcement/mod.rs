@@ -177,6 +177,15 @@ impl LimitSet {
         Ok(verdict)
     }
 
+    /// The store keys a request is counted under, one per limit that applies, without asking the limiter.
+    pub fn keys(&self, facts: &RequestFacts<'_>) -> Result<Vec<String>, AmbiguousKey> {
+        Ok(self
+            .request_keys(facts)?
+            .iter()
+            .map(|(_, key)| key.to_owned())
+            .collect())
+    }
+
     /// The store key of every limit that applies to the request, each key spec's value worked out once: one
     /// string for them all, where one per value and one per key showed in profiles.
     fn request_keys(&self, facts: &RequestFacts<'_>) -> Result<RequestKeys, AmbiguousKey> {

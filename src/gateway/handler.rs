@@ -113,51 +113,26 @@ impl Gateway {
         // The request goes upstream by value while its path is still needed: a clone of the target shares its
         // bytes, where an owned path would be a copy.
         let uri = request.uri().clone();
-        let canonical = match CanonicalRequest::new(
-            request.method(),
-            request.version(),
-            &uri,
-            request.headers(),
-        ) {
-            Ok(canonical) => canonical,
+        let (canonical, route) = match read(runtime, &request, &uri) {
+            Ok(reading) => reading,
             Err(refusal) => return (None, refused(refusal)),
         };
-        if request.method() == Method::CONNECT && !runtime.routes_connect {
-            return (None, refused(Refusal::ConnectNotRouted));
-        }
-        let host = canonical.host.as_deref();
-        let target = RequestTarget {
-            method: request.method(),
-            host,
-            path: &canonical.path,
-        };
-        let Some(route) = runtime.route_for(&target) else {
+        let Some(route) = route else {
             return (None, responses::no_route(&canonical.path));
         };
-        if let Some(field) = canonical.host_field {
-            request.headers_mut().insert(http::header::HOST, field);
+        let host = canonical.host.as_deref();
+        if let Some(field) = &canonical.host_field {
+            request
+                .headers_mut()
+                .insert(http::header::HOST, field.clone());
         }
 
         // Allowlisted clients skip the limits entirely: no store call, nothing counted against anyone.
-        let verdict = if route.allow.iter().any(|net| net.contains(&client_ip)) {
+        let verdict = if route.allows(client_ip) {
             None
         } else {
-            // A case-insensitive route counts `/API` and `/api` as one path.
-            let key_path = if route.matcher.is_case_insensitive() {
-                std::borrow::Cow::Owned(canonical.path.to_ascii_lowercase())
-            } else {
-                std::borrow::Cow::Borrowed(&*canonical.path)
-            };
-            let facts = RequestFacts {
-                client_ip,
-                ipv6_prefix: runtime.client_ip.ipv6_prefix(),
-                route: &route.name,
-                method: request.method(),
-                path: &key_path,
-                host,
-                headers: request.headers(),
-                query: request.uri().query(),
-            };
+            let key_path = route.key_path(&canonical.path);
+            let facts = key_facts(runtime, route, &request, &canonical, &key_path, client_ip);
             match route.limits.check(&self.limiter, &facts).await {
                 Ok(verdict) => Some(verdict),
                 Err(error) => return (Some(route), route.limits.not_checked(&error)),
@@ -209,6 +184,89 @@ impl Gateway {
             route.limits.decorate(response.headers_mut(), verdict);
         }
         (Some(route), response)
+    }
+}
+
+/// How the gateway reads a request, without deciding it (nothing is counted): see [`Gateway::view`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestView {
+    /// The route that takes it, if any.
+    pub route: Option<String>,
+    /// The client address, resolved through trusted proxies.
+    pub client_ip: IpAddr,
+    /// Whether the client is on the route's allowlist (and so skips its limits).
+    pub allowlisted: bool,
+    /// The store key of each limit that applies (none when allowlisted).
+    pub keys: Vec<String>,
+}
+
+impl Gateway {
+    /// How the running config reads `request` from `peer`: its route, client, allowlist verdict and keys, by the
+    /// same steps as the request path; or the refusal the request path answers it with. For tools and tests that
+    /// check that a request and the request forwarded for it read the same (design §7).
+    pub fn view<B>(&self, request: &Request<B>, peer: SocketAddr) -> Result<RequestView, Refusal> {
+        let runtime = self.runtime.load();
+        let client_ip = runtime.client_ip.resolve(peer.ip(), request.headers());
+        let (canonical, route) = read(&runtime, request, request.uri())?;
+        let mut view = RequestView {
+            route: route.map(|r| r.name.clone()),
+            client_ip,
+            allowlisted: false,
+            keys: Vec::new(),
+        };
+        let Some(route) = route else {
+            return Ok(view);
+        };
+        view.allowlisted = route.allows(client_ip);
+        if !view.allowlisted {
+            let key_path = route.key_path(&canonical.path);
+            let facts = key_facts(&runtime, route, request, &canonical, &key_path, client_ip);
+            view.keys = route
+                .limits
+                .keys(&facts)
+                .map_err(|_| Refusal::AmbiguousKey)?;
+        }
+        Ok(view)
+    }
+}
+
+/// The first steps of every request: its canonical form and the route that takes it, or why it is refused.
+fn read<'r, 'u, B>(
+    runtime: &'r Runtime,
+    request: &Request<B>,
+    uri: &'u http::Uri,
+) -> Result<(CanonicalRequest<'u>, Option<&'r Route>), Refusal> {
+    let canonical =
+        CanonicalRequest::new(request.method(), request.version(), uri, request.headers())?;
+    if request.method() == Method::CONNECT && !runtime.routes_connect {
+        return Err(Refusal::ConnectNotRouted);
+    }
+    let route = runtime.route_for(&RequestTarget {
+        method: request.method(),
+        host: canonical.host.as_deref(),
+        path: &canonical.path,
+    });
+    Ok((canonical, route))
+}
+
+/// What the keys of `route`'s limits are built from.
+fn key_facts<'a, B>(
+    runtime: &Runtime,
+    route: &'a Route,
+    request: &'a Request<B>,
+    canonical: &'a CanonicalRequest<'_>,
+    key_path: &'a str,
+    client_ip: IpAddr,
+) -> RequestFacts<'a> {
+    RequestFacts {
+        client_ip,
+        ipv6_prefix: runtime.client_ip.ipv6_prefix(),
+        route: &route.name,
+        method: request.method(),
+        path: key_path,
+        host: canonical.host.as_deref(),
+        headers: request.headers(),
+        query: request.uri().query(),
     }
 }
 

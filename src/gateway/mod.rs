@@ -6,6 +6,6 @@ mod responses;
 mod runtime;
 mod server;
 
-pub use handler::Gateway;
+pub use handler::{Gateway, RequestView};
 pub use runtime::{build_limiter, Runtime};
 pub use server::{serve, ServeError};

@@ -44,6 +44,24 @@ pub(super) enum Action {
     Respond(DirectResponse),
 }
 
+// === impl Route ===
+
+impl Route {
+    /// Whether `client` is exempt from the route's limits.
+    pub(super) fn allows(&self, client: std::net::IpAddr) -> bool {
+        self.allow.iter().any(|net| net.contains(&client))
+    }
+
+    /// The path as the route's keys see it: a case-insensitive route counts `/API` and `/api` as one path.
+    pub(super) fn key_path<'p>(&self, path: &'p str) -> std::borrow::Cow<'p, str> {
+        if self.matcher.is_case_insensitive() {
+            std::borrow::Cow::Owned(path.to_ascii_lowercase())
+        } else {
+            std::borrow::Cow::Borrowed(path)
+        }
+    }
+}
+
 // === impl Runtime ===
 
 impl Runtime {
