@@ -224,7 +224,7 @@ fn written() -> impl Strategy<Value = Written> {
                     path,
                     query,
                     headers,
-                    through: through,
+                    through,
                 }
             },
         )
