@@ -1,0 +1,354 @@
+#!/usr/bin/env python3
+"""The faults operators cause, applied in turn to two tollgate instances sharing one Redis, under a steady load.
+
+    cargo build --release && python3 bench/chaos.py          # needs redis-server and redis-cli (scripts/test.sh)
+    python3 bench/chaos.py --binary target/debug/tollgate     # another build
+    python3 bench/chaos.py --only restart                     # one fault
+    python3 bench/chaos.py --on-error deny                    # 503 while Redis is away, none once it is back
+
+Both gateways run `on_error: local` (or `--on-error`), so while Redis is away each limits from its own memory;
+that is the policy, and requests it answers 200 or 429 are within it (with `deny`, 503 too, until the gateways
+share limits again). For every fault the table gives:
+
+- requests: answered during the fault (a steady loop on each gateway, plus the probes and the exactness check);
+- failed beyond policy: any answer but 200 or 429, or no answer at all;
+- over-admitted: after recovery, 40 requests on one key alternate between the two gateways against a `sliding_log`
+  limit of 20 per hour; every admission past 20 is over-admitted (limits not shared);
+- shared again after: from the moment Redis answers again (or the fault is undone) to the first probe that shows
+  the limit shared: a new key admitted by one gateway and refused by the other (limit 1). Probes run every 10 ms,
+  so the figure is good to about that. "no outage" means the fault never stopped the limit being shared (the
+  gateways kept deciding through Redis), so there was nothing to recover from; the fault is undone all the same.
+
+Faults: Redis not up when the gateways start; Redis restarted with its data; Redis replaced by an empty instance;
+the password changed under the gateways (connections killed) then changed back; Redis out of memory
+(`maxmemory` below what it holds, `noeviction`) then given memory again. Only loopback addresses are used, and
+every loop is bounded in count and time.
+"""
+
+import argparse
+import http.client
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PASSWORD = "chaos-pass"
+EXACT_LIMIT = 20
+RECOVERY_BOUND_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Redis:
+    """A redis-server on a loopback port, started and stopped on demand; its data lives in `folder`."""
+
+    def __init__(self, port: int, folder: Path):
+        self.port = port
+        self.folder = folder
+        self.process: subprocess.Popen | None = None
+
+    def start(self, password: str = PASSWORD) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder),
+             "--requirepass", password, "--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while self.cli("PING", password=password) != "PONG":
+            if time.monotonic() > deadline:
+                sys.exit("chaos: redis-server did not start")
+            time.sleep(0.005)
+
+    def cli(self, *args: str, password: str = PASSWORD) -> str:
+        out = subprocess.run(
+            ["redis-cli", "-p", str(self.port), "--no-auth-warning", "-a", password, *args],
+            capture_output=True, text=True, timeout=5,
+        )
+        return out.stdout.strip()
+
+    def stop(self, save: bool = False) -> None:
+        if self.process is None:
+            return
+        if save:
+            self.cli("SAVE")
+        self.process.kill()
+        self.process.wait()
+        self.process = None
+
+
+class Gateway:
+    """A tollgate process with routes for the steady load, the probes and the exactness check."""
+
+    def __init__(self, binary: Path, folder: Path, name: str, redis_port: int, on_error: str):
+        self.port = free_port()
+        admin = free_port()
+        config = folder / f"{name}.yaml"
+        config.write_text(f"""listen: 127.0.0.1:{self.port}
+admin:
+  listen: 127.0.0.1:{admin}
+store:
+  backend: redis
+  url: redis://:{PASSWORD}@127.0.0.1:{redis_port}
+  timeout: 50ms
+  on_error: {on_error}
+  key_prefix: "chaos:"
+routes:
+  - name: steady
+    match: {{ path_prefix: /steady }}
+    respond: {{ status: 200, body: "ok" }}
+    limits: [{{ name: per-key, key: ["header:x-key"], algorithm: fixed_window, limit: 100000000, period: 1h }}]
+  - name: probe
+    match: {{ path_prefix: /probe }}
+    respond: {{ status: 200, body: "ok" }}
+    limits: [{{ name: once, key: ["header:x-key"], algorithm: sliding_log, limit: 1, period: 1h }}]
+  - name: exact
+    match: {{ path_prefix: /exact }}
+    respond: {{ status: 200, body: "ok" }}
+    limits: [{{ name: n, key: ["header:x-key"], algorithm: sliding_log, limit: {EXACT_LIMIT}, period: 1h }}]
+""")
+        self.log = open(folder / f"{name}.log", "w")
+        self.process = subprocess.Popen(
+            [str(binary), "--config", str(config)], stdout=self.log, stderr=subprocess.STDOUT,
+            env=dict(os.environ, RUST_LOG="warn"),
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                break
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    sys.exit(f"chaos: {name} did not start (see {folder / (name + '.log')})")
+                time.sleep(0.02)
+        self.local = threading.local()
+
+    def get(self, path: str, key: str) -> int:
+        """One request on this thread's keep-alive connection; the status, or 0 when none came."""
+        connection = getattr(self.local, "connection", None)
+        if connection is None:
+            connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+            self.local.connection = connection
+        try:
+            connection.request("GET", path, headers={"x-key": key})
+            response = connection.getresponse()
+            response.read()
+            return response.status
+        except (OSError, http.client.HTTPException):
+            connection.close()
+            self.local.connection = None
+            return 0
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.close()
+
+
+class Tally:
+    """Answers counted by status, shared by the threads of one fault. 200 and 429 are always within policy; 503
+    (`on_error: deny`) is within it only until the gateways share limits again (`recovered_at`): the time they
+    take to see Redis whole is the recovery column's, and a 503 after it is a failure."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.total = 0
+        self.beyond_policy = 0
+        self.recovered_at: float | None = None
+
+    def add(self, status: int) -> None:
+        with self.lock:
+            self.total += 1
+            if status in (200, 429):
+                return
+            if status == 503 and self.recovered_at is None:
+                return
+            self.beyond_policy += 1
+
+
+def steady_load(gateways: list[Gateway], tally: Tally, stop: threading.Event) -> list[threading.Thread]:
+    """One loop per gateway, about 200 requests a second each, until `stop` (bounded by 120 s anyway)."""
+
+    def loop(gateway: Gateway) -> None:
+        deadline = time.monotonic() + 120
+        while not stop.is_set() and time.monotonic() < deadline:
+            tally.add(gateway.get("/steady", "steady"))
+            time.sleep(0.005)
+
+    threads = [threading.Thread(target=loop, args=(g,), daemon=True) for g in gateways]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def shared(gateways: list[Gateway], tally: Tally) -> bool:
+    """Whether a new key admitted by the first gateway is refused by the second (limit 1)."""
+    key = uuid.uuid4().hex
+    first = gateways[0].get("/probe", key)
+    second = gateways[1].get("/probe", key)
+    tally.add(first)
+    tally.add(second)
+    return first == 200 and second == 429
+
+
+def time_to_shared(gateways: list[Gateway], tally: Tally, since: float) -> float | None:
+    while time.monotonic() - since < RECOVERY_BOUND_S:
+        if shared(gateways, tally):
+            tally.recovered_at = time.monotonic()
+            return tally.recovered_at - since
+        time.sleep(0.01)
+    return None
+
+
+def over_admitted(gateways: list[Gateway], tally: Tally) -> int:
+    key = uuid.uuid4().hex
+    admitted = 0
+    for i in range(2 * EXACT_LIMIT):
+        status = gateways[i % 2].get("/exact", key)
+        tally.add(status)
+        admitted += status == 200
+    return max(0, admitted - EXACT_LIMIT)
+
+
+class NoOutage(Exception):
+    """The fault did not stop the gateways from sharing limits: there is no recovery to time."""
+
+
+def wait_for_outage(gateways: list[Gateway], tally: Tally) -> None:
+    """Until the gateways stop sharing limits (so that recovery is measured from an outage), at most 5 s."""
+    deadline = time.monotonic() + 5
+    while shared(gateways, tally):
+        if time.monotonic() > deadline:
+            raise NoOutage
+        time.sleep(0.01)
+
+
+# === the faults: each breaks Redis under the running gateways, then makes it whole again ===
+
+def restart_break(redis: Redis) -> None:
+    redis.stop(save=True)
+
+
+def replaced_break(redis: Redis) -> None:
+    redis.stop()
+    shutil.rmtree(redis.folder, ignore_errors=True)
+
+
+def password_break(redis: Redis) -> None:
+    redis.cli("CONFIG", "SET", "requirepass", "changed")
+    redis.cli("CLIENT", "KILL", "TYPE", "normal", password="changed")
+    redis.cli("CLIENT", "KILL", "TYPE", "pubsub", password="changed")
+
+
+def password_fix(redis: Redis) -> None:
+    redis.cli("CONFIG", "SET", "requirepass", PASSWORD, password="changed")
+
+
+FAULTS = {
+    "restart": ("Redis restarted (data kept)", restart_break, Redis.start),
+    "replaced": ("Redis replaced by an empty instance", replaced_break, Redis.start),
+    "password": ("password changed, then fixed", password_break, password_fix),
+    "oom": ("Redis out of memory, then given memory",
+            lambda redis: redis.cli("CONFIG", "SET", "maxmemory", "1"),
+            lambda redis: redis.cli("CONFIG", "SET", "maxmemory", "0")),
+}
+
+
+def apply(fault, redis: Redis, gateways: list[Gateway], tally: Tally) -> float:
+    """Breaks Redis, waits for the gateways to notice, leaves it broken 1 s, then fixes it; returns when fixed.
+    Fixed even when the gateways never noticed (`NoOutage`), so that the next fault starts from a whole Redis."""
+    _, breaks, fix = fault
+    breaks(redis)
+    try:
+        wait_for_outage(gateways, tally)
+        time.sleep(1)
+    finally:
+        fix(redis)
+    return time.monotonic()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--binary", type=Path, default=ROOT / "target/release/tollgate")
+    parser.add_argument("--only", choices=["late-start", *FAULTS])
+    parser.add_argument("--on-error", choices=["local", "deny", "allow"], default="local",
+                        help="the gateways' store.on_error (default local)")
+    args = parser.parse_args()
+    for tool in ("redis-server", "redis-cli"):
+        if shutil.which(tool) is None:
+            sys.exit(f"chaos: {tool} not found (scripts/test.sh installs it)")
+    if not args.binary.exists():
+        sys.exit(f"chaos: {args.binary} not found (cargo build --release)")
+
+    folder = Path(tempfile.mkdtemp(prefix="tollgate-chaos-"))
+    redis = Redis(free_port(), folder / "redis")
+    rows = []
+    gateways: list[Gateway] = []
+    try:
+        # Redis not up when the gateways start: they must connect once it is, however late.
+        tally = Tally()
+        gateways = [Gateway(args.binary, folder, f"gateway{i}", redis.port, args.on_error) for i in (1, 2)]
+        stop = threading.Event()
+        threads = steady_load(gateways, tally, stop)
+        time.sleep(2)
+        redis.start()
+        since = time.monotonic()
+        recovery = time_to_shared(gateways, tally, since)
+        over = over_admitted(gateways, tally)
+        stop.set()
+        for thread in threads:
+            thread.join()
+        if args.only in (None, "late-start"):
+            rows.append(("Redis not up when the gateways start", tally, over, recovery))
+
+        for name, fault in FAULTS.items():
+            if args.only not in (None, name):
+                continue
+            label = fault[0]
+            tally = Tally()
+            stop = threading.Event()
+            threads = steady_load(gateways, tally, stop)
+            time.sleep(0.5)
+            try:
+                since = apply(fault, redis, gateways, tally)
+                recovery = time_to_shared(gateways, tally, since)
+            except NoOutage:
+                recovery = "no outage"
+            over = over_admitted(gateways, tally)
+            stop.set()
+            for thread in threads:
+                thread.join()
+            rows.append((label, tally, over, recovery))
+    finally:
+        for gateway in gateways:
+            gateway.stop()
+        redis.stop()
+
+    print(f"{'fault':<42} {'requests':>9} {'failed beyond policy':>21} {'over-admitted':>14} {'shared again after':>19}")
+    for label, tally, over, recovery in rows:
+        if isinstance(recovery, str):
+            after = recovery
+        elif recovery is None:
+            after = f"> {RECOVERY_BOUND_S:.0f} s"
+        else:
+            after = f"{recovery * 1000:.0f} ms"
+        print(f"{label:<42} {tally.total:>9} {tally.beyond_policy:>21} {over:>14} {after:>19}")
+    print(f"(logs and configs in {folder})")
+
+
+if __name__ == "__main__":
+    main()
