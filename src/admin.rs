@@ -12,17 +12,28 @@ use serde::Deserialize;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::config::LimitSettings;
+use crate::config::{AdminSettings, LimitSettings};
 use crate::gateway::Gateway;
 use crate::limiter::store::{LimitCheck, StoreError};
 use crate::limiter::Backend;
 
 /// The admin API's routes. With a `token`, `/limits/...` requires `Authorization: Bearer <token>`; health,
-/// readiness and metrics stay open for probes and scrapers.
+/// readiness and metrics stay open for probes and scrapers. `/readyz` answers 200 while degraded.
 pub fn router(gateway: Arc<Gateway>, token: Option<String>) -> Router {
+    build(gateway, token, StatusCode::OK)
+}
+
+/// The admin API as `settings` say: [`router`] with their token, and their `readyz_degraded_status`.
+pub fn router_for(gateway: Arc<Gateway>, settings: &AdminSettings) -> Router {
+    let degraded = StatusCode::from_u16(settings.readyz_degraded_status).unwrap_or(StatusCode::OK);
+    build(gateway, settings.token.clone(), degraded)
+}
+
+fn build(gateway: Arc<Gateway>, token: Option<String>, degraded_status: StatusCode) -> Router {
     let state = Admin {
         gateway,
         token: token.map(|token| TokenDigest::of(&token)),
+        degraded_status,
     };
     Router::new()
         .route("/healthz", get(|| async { (StatusCode::OK, "ok\n") }))
@@ -40,6 +51,8 @@ struct Admin {
     gateway: Arc<Gateway>,
     /// The digest of `admin.token`: the token itself is not kept.
     token: Option<TokenDigest>,
+    /// What `/readyz` answers while the store is degraded.
+    degraded_status: StatusCode,
 }
 
 /// The SHA-256 digest of a token. Tokens are compared by their digests, which have one length whatever the
@@ -53,24 +66,36 @@ struct KeyQuery {
     key: Option<String>,
 }
 
-/// 200 while the process can answer: the store answers (`"status": "ready"`), or Redis failed and the
-/// `on_error` policy answers instead (`"status": "degraded"`, `"fallback_active": true`, and the policy: under
-/// `deny` limited requests then get 503, which the body makes visible to whoever watches readiness).
+/// The truth about the store (design §8): `"status": "ready"` only once a limiter call has succeeded and while they
+/// keep succeeding; otherwise `"degraded"` with the `reason` (Redis's own words where it gave any) and the
+/// `on_error` policy that answers meanwhile (under `deny` limited requests then get 503). `warnings` name what puts
+/// limits at risk although calls succeed. 200 either way (the gateway still serves) unless
+/// `admin.readyz_degraded_status` says otherwise for degraded.
 async fn readyz(State(admin): State<Admin>) -> impl IntoResponse {
     let limiter = admin.gateway.limiter();
     let store = match limiter.backend() {
         Backend::Memory => "memory",
         Backend::Redis(_) => "redis",
     };
-    let fallback = limiter.fallback_active();
-    let state = if fallback { "degraded" } else { "ready" };
-    let body = json!({
-        "status": state,
+    let readiness = limiter.readiness();
+    let mut body = json!({
+        "status": if readiness.ready { "ready" } else { "degraded" },
         "store": store,
-        "fallback_active": fallback,
+        "fallback_active": limiter.fallback_active(),
         "on_error": limiter.on_error().to_string(),
     });
-    (StatusCode::OK, Json(body))
+    if let Some(reason) = readiness.reason {
+        body["reason"] = json!(reason);
+    }
+    if !readiness.warnings.is_empty() {
+        body["warnings"] = json!(readiness.warnings);
+    }
+    let status = if readiness.ready {
+        StatusCode::OK
+    } else {
+        admin.degraded_status
+    };
+    (status, Json(body))
 }
 
 /// Prometheus text format.

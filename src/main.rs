@@ -101,7 +101,10 @@ fn runtime_builder() -> tokio::runtime::Builder {
 }
 
 fn init_tracing(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // fred warns of every closed connection in its own words ("Connection closed"); the limiter names each Redis
+    // outage once, with its cause.
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,fred=error"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -158,7 +161,7 @@ async fn run(config: Config) -> ExitCode {
     };
 
     let gateway = Arc::new(Gateway::new(&config, limiter.clone()));
-    let admin = tollgate::admin::router(gateway.clone(), config.admin.token.clone());
+    let admin = tollgate::admin::router_for(gateway.clone(), &config.admin);
     tokio::spawn(async move {
         if let Err(error) = axum::serve(admin_listener, admin).await {
             tracing::error!(%error, "admin listener failed");

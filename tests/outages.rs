@@ -4,11 +4,16 @@
 
 mod common;
 
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::http_client::client;
 use common::redis::RedisServer;
-use common::{free_port, start_gateway, start_gateway_without_waiting, TestGateway};
+use common::{
+    free_port, serve_admin, start_gateway, start_gateway_without_waiting, wait_until_listening,
+    Process, TestGateway,
+};
+use serde_json::json;
 
 /// Slack over the store timeout for a request on a loaded two-core machine.
 const SLACK: Duration = Duration::from_millis(700);
@@ -241,12 +246,22 @@ routes:
     )
 }
 
-/// Two gateways on one Redis URL, started without waiting for it.
-async fn two_gateways(url: &str) -> [TestGateway; 2] {
-    [
+/// Two gateways on one Redis URL, started without waiting for it, and their admin listeners.
+struct Pair {
+    gateways: [TestGateway; 2],
+    admins: [String; 2],
+}
+
+async fn two_gateways(url: &str) -> Pair {
+    let gateways = [
         start_gateway_without_waiting(&shared_yaml(url)).await,
         start_gateway_without_waiting(&shared_yaml(url)).await,
-    ]
+    ];
+    let admins = [
+        serve_admin(&gateways[0], None).await,
+        serve_admin(&gateways[1], None).await,
+    ];
+    Pair { gateways, admins }
 }
 
 async fn tenant_status(gateway: &TestGateway, tenant: &str) -> u16 {
@@ -260,20 +275,36 @@ async fn tenant_status(gateway: &TestGateway, tenant: &str) -> u16 {
         .as_u16()
 }
 
-/// Waits until Redis decides a request on each gateway (a tenant of its own per attempt, so that nothing of the
-/// shared tenants is consumed), at most 10 s; returns how long that took.
-async fn until_redis_decides(gateways: &[TestGateway]) -> Duration {
-    let mut attempt = 0;
-    let mut decided = [false, false];
-    eventually(Duration::from_secs(10), async || {
-        for (gateway, decided) in gateways.iter().zip(&mut decided) {
-            attempt += 1;
-            *decided = *decided || tenant_status(gateway, &format!("probe-{attempt}")).await == 200;
+/// `GET /readyz` on the admin listener at `admin`: its status and body.
+async fn readyz(admin: &str) -> (u16, serde_json::Value) {
+    let response = client()
+        .get(format!("{admin}/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    let status = response.status().as_u16();
+    let body = serde_json::from_str(&response.text().await.expect("body")).expect("JSON");
+    (status, body)
+}
+
+/// Polls `/readyz` on every admin listener until each says `status` with a reason (when degraded) containing
+/// `reason`, at most 10 s; returns how long that took.
+async fn until_readyz(admins: &[String], status: &str, reason: &str) -> Duration {
+    let mut last = serde_json::Value::Null;
+    let took = eventually(Duration::from_secs(10), async || {
+        for admin in admins {
+            let (_, body) = readyz(admin).await;
+            let matches = body["status"] == status
+                && (status == "ready" || body["reason"].as_str().unwrap_or("").contains(reason));
+            if !matches {
+                last = body;
+                return false;
+            }
         }
-        decided.iter().all(|&d| d)
+        true
     })
-    .await
-    .expect("redis never decided a request on both gateways")
+    .await;
+    took.unwrap_or_else(|| panic!("/readyz never said {status} ({reason}): {last}"))
 }
 
 /// Sends `2 * SHARED_LIMIT` requests for `tenant`, alternating between the gateways, and checks that exactly
@@ -301,42 +332,128 @@ async fn assert_refused(gateways: &[TestGateway]) {
 #[tokio::test]
 async fn gateways_started_before_redis_share_its_limit_once_it_answers() {
     let port = free_port();
-    let gateways = two_gateways(&format!("redis://127.0.0.1:{port}")).await;
-    // Serving from the first second, by the policy.
-    assert_refused(&gateways).await;
+    let pair = two_gateways(&format!("redis://127.0.0.1:{port}")).await;
+    // Serving from the first second, by the policy, and saying why.
+    assert_refused(&pair.gateways).await;
+    until_readyz(&pair.admins, "degraded", "refused").await;
 
     let _redis = RedisServer::start_on(port);
-    let took = until_redis_decides(&gateways).await;
-    println!("redis decided on both gateways {took:?} after it answered PING");
-    assert_shared_exactly(&gateways, "t").await;
+    let took = until_readyz(&pair.admins, "ready", "").await;
+    println!("both gateways ready {took:?} after redis answered PING");
+    assert_shared_exactly(&pair.gateways, "t").await;
 }
 
 #[tokio::test]
 async fn gateways_share_the_limit_again_after_redis_restarts_empty() {
     let mut redis = RedisServer::start();
-    let gateways = two_gateways(&redis.url()).await;
-    until_redis_decides(&gateways).await;
-    assert_eq!(tenant_status(&gateways[0], "t").await, 200);
+    let pair = two_gateways(&redis.url()).await;
+    until_readyz(&pair.admins, "ready", "").await;
+    assert_eq!(tenant_status(&pair.gateways[0], "t").await, 200);
 
     redis.kill();
-    assert_refused(&gateways).await;
+    assert_refused(&pair.gateways).await;
+    until_readyz(&pair.admins, "degraded", "refused").await;
     // A restart without persistence, or a new instance in its place: keys and the script cache are gone.
     redis.restart();
-    let took = until_redis_decides(&gateways).await;
-    println!("redis decided on both gateways {took:?} after it answered PING again");
+    let took = until_readyz(&pair.admins, "ready", "").await;
+    println!("both gateways ready {took:?} after redis answered PING again");
     // What was counted went with the old instance.
-    assert_shared_exactly(&gateways, "t").await;
+    assert_shared_exactly(&pair.gateways, "t").await;
 }
 
 #[tokio::test]
 async fn a_password_fixed_at_runtime_is_taken_without_a_restart() {
     let mut redis = RedisServer::start_with_password("old");
     let url = format!("redis://:new@127.0.0.1:{}", redis.port);
-    let gateways = two_gateways(&url).await;
-    assert_refused(&gateways).await;
+    let pair = two_gateways(&url).await;
+    assert_refused(&pair.gateways).await;
+    // Redis's own words, not "connection closed".
+    until_readyz(&pair.admins, "degraded", "WRONGPASS").await;
 
     redis.set_password("new");
-    let took = until_redis_decides(&gateways).await;
-    println!("redis decided on both gateways {took:?} after CONFIG SET requirepass");
-    assert_shared_exactly(&gateways, "t").await;
+    let took = until_readyz(&pair.admins, "ready", "").await;
+    println!("both gateways ready {took:?} after CONFIG SET requirepass");
+    assert_shared_exactly(&pair.gateways, "t").await;
+}
+
+// === Readiness ===
+
+#[tokio::test]
+async fn readyz_is_ready_only_after_a_limiter_call_succeeded_and_may_answer_503_meanwhile() {
+    let redis = RedisServer::start_with_password("right");
+    let yaml = format!(
+        "admin:\n  readyz_degraded_status: 503\n{}",
+        shared_yaml(&format!("redis://:wrong@127.0.0.1:{}", redis.port))
+    );
+    let config = common::config(&yaml);
+    let gateway = start_gateway_without_waiting(&yaml).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind admin");
+    let admin = format!("http://{}", listener.local_addr().expect("admin address"));
+    let router = tollgate::admin::router_for(gateway.gateway.clone(), &config.admin);
+    tokio::spawn(async move { axum::serve(listener, router).await });
+
+    // Connected to nothing yet, or refused: degraded from the start, never "ready" before a call succeeded.
+    let (status, body) = readyz(&admin).await;
+    assert_eq!(
+        (status, &body["status"]),
+        (503, &json!("degraded")),
+        "{body}"
+    );
+    assert!(body["reason"].is_string(), "{body}");
+    until_readyz(std::slice::from_ref(&admin), "degraded", "WRONGPASS").await;
+    let (status, body) = readyz(&admin).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["on_error"], "deny", "{body}");
+}
+
+#[tokio::test]
+async fn an_outage_is_logged_once_in_redis_words_and_never_per_request() {
+    let redis = RedisServer::start_with_password("right");
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (port, admin_port) = (free_port(), free_port());
+    let yaml = format!(
+        "listen: 127.0.0.1:{port}\nadmin:\n  listen: 127.0.0.1:{admin_port}\n{}",
+        shared_yaml(&format!("redis://:wrong@127.0.0.1:{}", redis.port))
+    );
+    let config = dir.path().join("gateway.yaml");
+    std::fs::write(&config, yaml).expect("write config");
+    let log_path = dir.path().join("gateway.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    // A process of its own: its log is the gateway's alone.
+    let _process = Process(
+        Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["run", "--config", &config.to_string_lossy()])
+            .env_remove("TOLLGATE_CONFIG")
+            .env_remove("RUST_LOG")
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .spawn()
+            .expect("run tollgate"),
+    );
+    wait_until_listening(port);
+    let url = format!("http://127.0.0.1:{port}/demo");
+    for _ in 0..40 {
+        let response = client().get(&url).header("x-tenant", "t").send().await;
+        assert_eq!(response.expect("request").status(), 503);
+    }
+    until_readyz(
+        &[format!("http://127.0.0.1:{admin_port}")],
+        "degraded",
+        "WRONGPASS",
+    )
+    .await;
+
+    let text = std::fs::read_to_string(&log_path).expect("log");
+    let warnings: Vec<&str> = text.lines().filter(|l| l.contains("WARN")).collect();
+    // At most: the start-up's "unreachable", the first failure (perhaps "not connected" yet), Redis's reason.
+    assert!(
+        warnings.len() <= 3,
+        "{} warnings for 40 refused requests:\n{text}",
+        warnings.len()
+    );
+    let named = warnings.iter().filter(|l| l.contains("WRONGPASS")).count();
+    assert_eq!(named, 1, "the refusal is named once:\n{text}");
+    assert!(!text.to_lowercase().contains("connection closed"), "{text}");
 }

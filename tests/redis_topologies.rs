@@ -752,7 +752,7 @@ async fn rediss_limits_over_tls_trusting_only_the_configured_ca() {
     loop {
         let output = std::fs::read_to_string(&log).expect("log");
         if output.contains("REDIS IS UNREACHABLE")
-            && output.contains("redis connection failed")
+            && output.contains("redis failed")
             && output.contains("UnknownIssuer")
         {
             break;

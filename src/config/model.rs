@@ -40,6 +40,9 @@ pub struct AdminSettings {
     pub listen: SocketAddr,
     /// Bearer token for the admin API; `None` when empty.
     pub token: Option<String>,
+    /// The HTTP status of `/readyz` while the store is degraded: 200 (default: the gateway still serves), or
+    /// e.g. 503 for orchestrators that should stop routing to it.
+    pub readyz_degraded_status: u16,
 }
 
 /// Which store holds limit state.

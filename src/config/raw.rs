@@ -30,6 +30,7 @@ pub(crate) struct RawAdmin {
     pub listen: String,
     /// `None` when written `token:` with nothing after it.
     pub token: Option<String>,
+    pub readyz_degraded_status: u64,
 }
 
 /// `store.backend`
@@ -233,6 +234,7 @@ impl Default for RawAdmin {
         RawAdmin {
             listen: "127.0.0.1:9901".to_owned(),
             token: None,
+            readyz_degraded_status: 200,
         }
     }
 }

@@ -123,7 +123,21 @@ fn admin(issues: &mut Issues, raw: &RawAdmin) -> Option<AdminSettings> {
         );
         return None;
     }
-    Some(AdminSettings { listen, token })
+    let status = u16::try_from(raw.readyz_degraded_status)
+        .ok()
+        .filter(|s| (200..=599).contains(s))
+        .ok_or_else(|| {
+            format!(
+                "must be an HTTP status from 200 to 599 (got {}): 200 keeps the instance in rotation, 503 takes it out",
+                raw.readyz_degraded_status
+            )
+        });
+    let readyz_degraded_status = issues.check("admin.readyz_degraded_status", status)?;
+    Some(AdminSettings {
+        listen,
+        token,
+        readyz_degraded_status,
+    })
 }
 
 fn store(issues: &mut Issues, raw: &RawStore) -> Option<StoreSettings> {

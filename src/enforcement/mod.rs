@@ -287,7 +287,8 @@ impl LimitSet {
 
     /// The answer when the store failed and the policy is `on_error: deny`.
     pub fn unavailable(&self, error: &Unavailable) -> Response<Body> {
-        tracing::warn!(scope = %self.scope, %error, "refusing: limiter unavailable");
+        // The limiter logs the outage, once per reason: a line per refused request would flood the log.
+        tracing::debug!(scope = %self.scope, %error, "refusing: limiter unavailable");
         let body = json!({"error": "limiter_unavailable", "route": self.scope});
         let mut response = json_response(StatusCode::SERVICE_UNAVAILABLE, &body);
         response

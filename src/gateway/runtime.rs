@@ -123,7 +123,7 @@ pub fn build_limiter(store: &StoreSettings) -> Result<RateLimiter, StoreError> {
         BackendKind::Memory => Backend::Memory,
         BackendKind::Redis => Backend::Redis(
             RedisStore::connect(&store.url, store.pool_size, store.timeout)?
-                .with_reset_channel(&format!("{}resets", store.key_prefix)),
+                .with_key_prefix(&store.key_prefix),
         ),
     };
     let limiter = RateLimiter::new(

@@ -12,4 +12,4 @@ pub mod store;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Outcome};
 pub use limit::{Algorithm, LeakyMode, Limit, LimitError, Rate, MAX_SCALED};
-pub use rate_limiter::{Backend, OnError, RateLimiter, Unavailable};
+pub use rate_limiter::{Backend, OnError, RateLimiter, Readiness, Unavailable};

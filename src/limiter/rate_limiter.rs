@@ -2,7 +2,7 @@
 //! breaker that stops asking a dead Redis, and the over-limit cache that spares it floods on denied keys.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
@@ -16,6 +16,12 @@ use super::{Clock, Decision, Outcome};
 /// limiting is to be shared again within 300 ms of Redis answering; a probe while disconnected fails at once
 /// without touching the network.
 const PROBE_INTERVAL: Duration = Duration::from_millis(50);
+/// How long the first probe waits for the pool's first connection before it asks (and, failing, warns): a
+/// gateway starting next to a healthy Redis should not warn that it is not connected yet.
+const FIRST_CONNECTION_GRACE: Duration = Duration::from_secs(1);
+/// Distinct failure reasons logged per outage at most: each is news once, a Redis alternating between a few is
+/// not worth a line each time, and a reason that changes on every call (it never should) cannot flood the log.
+const MAX_LOGGED_REASONS: usize = 8;
 
 /// What to do with a request when Redis fails or exceeds its time budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,9 +62,34 @@ pub struct RateLimiter {
 #[derive(Debug, Default)]
 struct Health {
     breaker: CircuitBreaker,
+    /// A limiter call (a request's or the probe's) succeeded, and none failed since.
+    ready: AtomicBool,
     fallback_active: AtomicBool,
     /// A probe task is running.
     probing: AtomicBool,
+    outage: Mutex<Outage>,
+}
+
+/// What is known of the store's current failure, for readiness and the log.
+#[derive(Debug, Default)]
+struct Outage {
+    /// The last failure's reason; `None` before any, and once Redis answers again.
+    reason: Option<String>,
+    /// When the first failure of this outage happened; `None` when there is none.
+    since: Option<Instant>,
+    /// The reasons already logged in this outage.
+    logged: Vec<String>,
+}
+
+/// What `/readyz` says about the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Readiness {
+    /// A limiter call succeeded, and none failed since.
+    pub ready: bool,
+    /// When not ready, why: the last failure, in Redis's own words where it gave any.
+    pub reason: Option<String>,
+    /// What puts limits at risk although calls succeed (a `maxmemory-policy` that evicts tollgate's keys).
+    pub warnings: Vec<String>,
 }
 
 /// The limiter could not decide and the policy is to refuse.
@@ -119,12 +150,25 @@ impl RateLimiter {
                 tracing::warn!(%error, "cannot listen for other instances' resets");
             }
         }
+        let health = Arc::new(Health::default());
+        if let Backend::Redis(redis) = &backend {
+            // Readiness needs a first successful call, which should not wait for a first request (an
+            // orchestrator waiting for readiness sends none).
+            health.probing.store(true, Ordering::Relaxed);
+            spawn_probe(
+                redis.clone(),
+                Arc::downgrade(&health),
+                timeout,
+                on_error,
+                true,
+            );
+        }
         Self {
             backend,
             local,
             timeout,
             on_error,
-            health: Arc::new(Health::default()),
+            health,
             denials,
             store_duration: metrics::histogram!("tollgate_store_duration_seconds"),
             store_errors: metrics::counter!("tollgate_store_errors_total"),
@@ -159,7 +203,9 @@ impl RateLimiter {
         self.store_duration.record(now.elapsed().as_secs_f64());
         let error = match result {
             Ok(outcome) => {
-                self.health.recovered();
+                if !self.health.ready.load(Ordering::Acquire) {
+                    self.health.recovered();
+                }
                 if !outcome.allowed {
                     // A shadow limit's denial is never enforced, so never answered from the cache either.
                     for (check, decision) in checks.iter().zip(&outcome.decisions) {
@@ -172,21 +218,57 @@ impl RateLimiter {
             }
             Err(error) => error,
         };
+        self.failed(redis, &error);
+        self.fall_back(checks, error)
+    }
+
+    /// Records a failed call: the breaker counts it, readiness says why, and a probe runs until Redis answers.
+    #[cold]
+    fn failed(&self, redis: &RedisStore, error: &StoreError) {
         self.store_errors.increment(1);
         if self.health.breaker.record_failure() == Tripped::Opened {
-            tracing::warn!(%error, "redis keeps failing: circuit open, probing every {PROBE_INTERVAL:?}");
+            tracing::debug!(%error, "redis keeps failing: circuit open, probing every {PROBE_INTERVAL:?}");
         }
+        self.health.failed(redis.describe(error), self.on_error);
         // Probing starts with the first failure, not only when the circuit opens: the fallback flag (and
         // /readyz) must clear even if no request comes to prove Redis healthy again.
         if !self.health.probing.swap(true, Ordering::AcqRel) {
-            spawn_probe(redis.clone(), self.health.clone(), self.timeout);
+            let health = Arc::downgrade(&self.health);
+            spawn_probe(redis.clone(), health, self.timeout, self.on_error, false);
         }
-        self.fall_back(checks, error)
     }
 
     /// True while requests are answered by the `on_error` policy because Redis failed.
     pub fn fallback_active(&self) -> bool {
         self.health.fallback_active.load(Ordering::Relaxed)
+            && !self.health.ready.load(Ordering::Acquire)
+    }
+
+    /// Whether the store answers limiter calls, and if not why (see [`Readiness`]). The memory store is always
+    /// ready.
+    pub fn readiness(&self) -> Readiness {
+        let Backend::Redis(redis) = &self.backend else {
+            return Readiness {
+                ready: true,
+                reason: None,
+                warnings: Vec::new(),
+            };
+        };
+        // A Redis that went away while no call was made (no traffic, or only denials answered in-process) is
+        // not ready either.
+        let disconnected = redis.disconnected();
+        let ready = self.health.ready.load(Ordering::Acquire) && disconnected.is_none();
+        let reason = (!ready).then(|| {
+            let last_failure = self.health.outage().reason.clone();
+            last_failure
+                .or(disconnected)
+                .unwrap_or_else(|| "no limiter call has succeeded yet".to_owned())
+        });
+        Readiness {
+            ready,
+            reason,
+            warnings: Vec::new(),
+        }
     }
 
     /// What happens to requests when Redis fails.
@@ -271,9 +353,9 @@ impl RateLimiter {
         checks: &[LimitCheck<'_>],
         error: StoreError,
     ) -> Result<Outcome, Unavailable> {
+        // Logged by `failed`, once per outage and reason, never per request.
         if !self.health.fallback_active.swap(true, Ordering::Relaxed) {
             metrics::gauge!("tollgate_store_fallback").set(1.0);
-            tracing::warn!(%error, on_error = %self.on_error, "redis failed: falling back");
         }
         match self.on_error {
             OnError::Allow => Ok(Outcome {
@@ -289,12 +371,52 @@ impl RateLimiter {
 // === impl Health ===
 
 impl Health {
+    /// A call succeeded.
     fn recovered(&self) {
         self.breaker.record_success();
         if self.fallback_active.swap(false, Ordering::Relaxed) {
             metrics::gauge!("tollgate_store_fallback").set(0.0);
-            tracing::info!("redis answers again: limiting is shared again");
         }
+        self.ready.store(true, Ordering::Release);
+        let mut outage = self.outage();
+        if let Some(since) = outage.since.take() {
+            tracing::info!(
+                "redis answers again after {:.1?}: limiting is shared again",
+                since.elapsed()
+            );
+        }
+        outage.reason = None;
+        outage.logged.clear();
+    }
+
+    /// A call failed for `reason` (`None`: nothing new, e.g. the circuit is open). Each reason is logged once per
+    /// outage, the first with what requests get meanwhile.
+    fn failed(&self, reason: Option<String>, on_error: OnError) {
+        self.ready.store(false, Ordering::Release);
+        let Some(reason) = reason else {
+            return;
+        };
+        let mut outage = self.outage();
+        let first = outage.since.is_none();
+        if first {
+            outage.since = Some(Instant::now());
+        }
+        if !outage.logged.contains(&reason) && outage.logged.len() < MAX_LOGGED_REASONS {
+            if first {
+                tracing::warn!(
+                    "redis failed: {reason}; requests are decided by store.on_error ({on_error}) until it answers"
+                );
+            } else {
+                tracing::warn!("redis still failing: {reason}");
+            }
+            outage.logged.push(reason.clone());
+        }
+        outage.reason = Some(reason);
+    }
+
+    fn outage(&self) -> MutexGuard<'_, Outage> {
+        // Plain data, consistent after any panic.
+        self.outage.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -302,20 +424,50 @@ impl Health {
 /// into the request path it would reserve its size in the stack frame of every request's poll.
 #[inline(never)]
 #[cold]
-fn spawn_probe(redis: RedisStore, health: Arc<Health>, timeout: Duration) {
-    tokio::spawn(probe(redis, health, timeout));
+fn spawn_probe(
+    redis: RedisStore,
+    health: Weak<Health>,
+    timeout: Duration,
+    on_error: OnError,
+    first: bool,
+) {
+    tokio::spawn(probe(redis, health, timeout, on_error, first));
 }
 
-/// Pings Redis after a failure until it answers, then closes the circuit and clears the fallback.
-async fn probe(redis: RedisStore, health: Arc<Health>, timeout: Duration) {
+/// Asks Redis with a real limiter call (see [`RedisStore::probe`]) until one succeeds, then closes the circuit and
+/// clears the fallback; ends early when the limiter is gone. The `first` probe, at start, waits a little for the
+/// first connection.
+async fn probe(
+    redis: RedisStore,
+    health: Weak<Health>,
+    timeout: Duration,
+    on_error: OnError,
+    first: bool,
+) {
     // The probe may wait longer than a request would: it delays nobody.
     let budget = timeout.max(Duration::from_millis(250));
+    if first {
+        redis.wait_connected(FIRST_CONNECTION_GRACE).await;
+    }
     loop {
-        tokio::time::sleep(PROBE_INTERVAL).await;
-        if let Ok(Ok(())) = tokio::time::timeout(budget, redis.ping()).await {
-            health.recovered();
-            health.probing.store(false, Ordering::Release);
+        let result = redis.probe(budget).await;
+        let Some(health) = health.upgrade() else {
             return;
+        };
+        match result {
+            Ok(()) => {
+                health.recovered();
+                health.probing.store(false, Ordering::Release);
+                // A call that failed between these two lines found a probe running: the probing is this one's.
+                if health.ready.load(Ordering::Acquire)
+                    || health.probing.swap(true, Ordering::AcqRel)
+                {
+                    return;
+                }
+            }
+            Err(error) => health.failed(redis.describe(&error), on_error),
         }
+        drop(health);
+        tokio::time::sleep(PROBE_INTERVAL).await;
     }
 }

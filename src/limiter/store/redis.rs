@@ -24,7 +24,7 @@ use super::batcher::{Batcher, Pending, RunBatch};
 use super::script::{self, EncodedRequest, Mode, CHECK_SCRIPT};
 use super::sentinel;
 use super::{LimitCheck, StoreError};
-use crate::limiter::{Decision, Outcome};
+use crate::limiter::{Algorithm, Decision, Limit, Outcome};
 
 /// Which kind of Redis deployment the URL names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +39,8 @@ pub enum RedisTopology {
 
 /// The channel resets are announced on unless [`RedisStore::with_reset_channel`] names another.
 pub const DEFAULT_RESET_CHANNEL: &str = "tollgate:resets";
+/// The key [`RedisStore::probe`] asks about unless [`RedisStore::with_key_prefix`] names another.
+const DEFAULT_PROBE_KEY: &str = "tollgate:probe";
 
 /// What [`RedisStore::on_reset`] hears.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +60,9 @@ pub struct RedisStore {
     budget: Duration,
     /// Where [`reset`](Self::reset) tells every instance sharing this Redis that a key was reset.
     reset_channel: Arc<str>,
+    /// The key [`probe`](Self::probe) asks about, and its limit.
+    probe_key: Arc<str>,
+    probe_limit: Arc<Limit>,
 }
 
 /// What runs script calls: the pool and the script. Shared with the batching task.
@@ -71,6 +76,15 @@ struct Connection {
     topology: RedisTopology,
     /// Set while a forced reconnection (after a failover) is under way, so failing requests start only one.
     reconnecting: Arc<AtomicBool>,
+    /// Why the pool is not connected, as the connections last failed.
+    link: Arc<Link>,
+}
+
+/// What the pool last heard of its connections: why the last attempt to connect failed, in Redis's own words,
+/// until one succeeds. Requests only ever see "not connected" (they fail fast); this says why.
+#[derive(Debug, Default)]
+struct Link {
+    cause: std::sync::Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -100,8 +114,9 @@ impl RedisStore {
         };
         let pool = client_builder(config.clone()).build_pool(pool_size.max(1))?;
         // Subscribed before connecting, on every client: the first failure (a refused certificate, a wrong
-        // password) is the one worth a warning, and it may come from any connection of the pool.
-        report_connection_errors(pool.clients());
+        // password) may come from any connection of the pool.
+        let link = Arc::new(Link::default());
+        link.listen(pool.clients());
         // Connection tasks run for the life of the pool and reconnect on their own.
         let _handles = pool.connect_pool();
         let script = Script::from_lua(CHECK_SCRIPT);
@@ -112,6 +127,7 @@ impl RedisStore {
             script,
             topology,
             reconnecting: Arc::new(AtomicBool::new(false)),
+            link,
         });
         if topology == RedisTopology::Sentinel {
             let weak = Arc::downgrade(&connection);
@@ -127,7 +143,20 @@ impl RedisStore {
             batcher,
             budget,
             reset_channel: Arc::from(DEFAULT_RESET_CHANNEL),
+            probe_key: Arc::from(DEFAULT_PROBE_KEY),
+            probe_limit: Arc::new(probe_limit()?),
         })
+    }
+
+    /// Names the keys of this store's own after `prefix` (the gateway's `store.key_prefix`): resets are announced
+    /// on `<prefix>resets` and the probe asks about `<prefix>probe`, so that deployments sharing one Redis under
+    /// different prefixes keep apart, and an ACL user limited to the prefix's keys may probe.
+    #[must_use]
+    pub fn with_key_prefix(self, prefix: &str) -> Self {
+        Self {
+            probe_key: Arc::from(format!("{prefix}probe")),
+            ..self.with_reset_channel(&format!("{prefix}resets"))
+        }
     }
 
     /// Announces resets on `channel` instead of [`DEFAULT_RESET_CHANNEL`]: the gateway uses
@@ -320,15 +349,50 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Asks Redis for `PING`, failing fast while disconnected: the circuit breaker's probe.
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        let client = self.connection.pool.next();
-        let fail_fast = client.with_options(&Options {
-            fail_fast: true,
-            ..Default::default()
-        });
-        let _: String = fail_fast.ping(None).await?;
-        Ok(())
+    /// A limiter call that consumes nothing, as the circuit breaker's probe: the script, in a dry run, on a key of
+    /// its own. It fails where requests would (out of memory, read-only, refused by an ACL), where `PING` would
+    /// succeed; and it fails at once while disconnected.
+    pub async fn probe(&self, timeout: Duration) -> Result<(), StoreError> {
+        let checks = [LimitCheck {
+            key: &self.probe_key,
+            limit: &self.probe_limit,
+        }];
+        let connection = &self.connection;
+        let request = EncodedRequest::new(&checks, Mode::DryRun);
+        let requests = [&request];
+        let client = connection.pool.next_connected();
+        let call = connection.run_script(
+            client,
+            connection.slot_of(&checks),
+            &requests,
+            None,
+            timeout,
+        );
+        Box::pin(call).await.map(drop)
+    }
+
+    /// Why no connection of the pool is up (the last attempt's failure, in Redis's words), or `None` while one is.
+    pub fn disconnected(&self) -> Option<String> {
+        let clients = self.connection.pool.clients();
+        if clients.iter().any(|client| client.is_connected()) {
+            return None;
+        }
+        Some(self.connection.link.describe())
+    }
+
+    /// Why `error` happened, in Redis's own words where Redis gave any (`WRONGPASS ...`, `OOM ...`, `READONLY
+    /// ...`, `NOPERM ...`); a connection that is down is described by why the last attempt to connect failed.
+    /// `None` for [`StoreError::CircuitOpen`], which is no news.
+    pub fn describe(&self, error: &StoreError) -> Option<String> {
+        Some(match error {
+            StoreError::Redis(error) => match error.kind() {
+                ErrorKind::Canceled | ErrorKind::IO => self.connection.link.describe(),
+                ErrorKind::Timeout => "redis did not answer in time".to_owned(),
+                _ => error.details().to_owned(),
+            },
+            StoreError::CircuitOpen => return None,
+            other => other.to_string(),
+        })
     }
 }
 
@@ -578,29 +642,101 @@ fn client_builder(config: FredConfig) -> Builder {
     builder
 }
 
-/// Logs why the pool cannot connect (wrong password, untrusted certificate, refused...), once per outage:
-/// requests only ever see "not connected", since they fail fast and are decided by the `on_error` policy.
-fn report_connection_errors(clients: &[Client]) {
-    let reported = Arc::new(AtomicBool::new(false));
-    for client in clients {
-        let _errors = client.on_error({
-            let reported = reported.clone();
-            move |(error, server)| {
-                let server = server.map_or_else(String::new, |s| format!(" ({s})"));
-                if reported.swap(true, Ordering::Relaxed) {
-                    tracing::debug!("redis connection failed again{server}: {error}");
-                } else {
-                    tracing::warn!("redis connection failed{server}: {error}");
-                }
+// === impl Link ===
+
+impl Link {
+    /// Follows the connection events of `clients`.
+    fn listen(self: &Arc<Self>, clients: &[Client]) {
+        for client in clients {
+            let link = Arc::clone(self);
+            let _errors = client.on_error(move |(error, server)| {
+                link.failed(&error, server.as_ref());
                 async { Ok(()) }
-            }
-        });
-        let reported = reported.clone();
-        let _reconnects = client.on_reconnect(move |_| {
-            reported.store(false, Ordering::Relaxed);
-            async { Ok(()) }
-        });
+            });
+            let link = Arc::clone(self);
+            let _reconnects = client.on_reconnect(move |_| {
+                link.set(None);
+                async { Ok(()) }
+            });
+        }
     }
+
+    /// Remembers why a connection failed. A connection that closed says nothing of why (Redis stopped, a network
+    /// cut, `CLIENT KILL`): the next attempt to connect will, and meanwhile the cause already known stays. Logged
+    /// at debug only: the limiter warns once per outage, with this cause (see [`RedisStore::describe`]).
+    fn failed(&self, error: &Error, server: Option<&Server>) {
+        let server = server.map_or_else(String::new, |s| format!(" ({s})"));
+        tracing::debug!("redis connection failed{server}: {error}");
+        if !closed_without_cause(error) {
+            self.set(Some(format!("{}{server}", plain_words(error.details()))));
+        } else if self.lock().is_none() {
+            self.set(Some(format!("connection to redis lost{server}")));
+        }
+    }
+
+    fn set(&self, cause: Option<String>) {
+        *self.lock() = cause;
+    }
+
+    fn describe(&self) -> String {
+        self.lock()
+            .clone()
+            .unwrap_or_else(|| "not connected to redis".to_owned())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        // A panic elsewhere while holding it left a string: still a cause worth showing.
+        self.cause
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// An I/O error as fred words it (`Os { code: 111, kind: ConnectionRefused, message: "Connection refused" }`, the
+/// `Debug` of the system's error) in the system's words (`Connection refused (os error 111)`); others unchanged.
+fn plain_words(details: &str) -> String {
+    let field = |name: &str| {
+        let start = details.find(name)? + name.len();
+        let rest = &details[start..];
+        Some(&rest[..rest.find([',', '}'])?])
+    };
+    match (
+        details.starts_with("Os {"),
+        field("message: \""),
+        field("code: "),
+    ) {
+        (true, Some(message), Some(code)) => {
+            format!(
+                "{} (os error {})",
+                message.trim().trim_end_matches('"'),
+                code.trim()
+            )
+        }
+        _ => details.to_owned(),
+    }
+}
+
+/// Whether `error` only says that a connection closed (or that a command met a closed one), not why.
+fn closed_without_cause(error: &Error) -> bool {
+    match error.kind() {
+        ErrorKind::Canceled => true,
+        ErrorKind::IO => {
+            let details = error.details().to_ascii_lowercase();
+            details.contains("closed")
+                || details.contains("broken pipe")
+                || details.contains("reset by peer")
+        }
+        _ => false,
+    }
+}
+
+/// The limit the probe asks about: any would do, as a dry run consumes nothing.
+fn probe_limit() -> Result<Limit, StoreError> {
+    let window = Algorithm::FixedWindow {
+        limit: 1,
+        period_ms: 1_000,
+    };
+    Limit::new("probe", window, 1).map_err(|error| StoreError::Reply(error.to_string()))
 }
 
 /// `EVALSHA` with `command` on `client`, failing at once while it is not connected (a queued command would run
@@ -767,6 +903,18 @@ mod tests {
         assert_eq!(outputs, [30, 10, 20]);
         // Paused clock: one after another would take 60 ms.
         assert_eq!(started.elapsed(), Duration::from_millis(30));
+    }
+
+    #[test]
+    fn system_errors_are_told_in_the_systems_words() {
+        assert_eq!(
+            plain_words(
+                r#"Os { code: 111, kind: ConnectionRefused, message: "Connection refused" }"#
+            ),
+            "Connection refused (os error 111)"
+        );
+        let wrongpass = "WRONGPASS invalid username-password pair or user is disabled.";
+        assert_eq!(plain_words(wrongpass), wrongpass);
     }
 
     #[test]
