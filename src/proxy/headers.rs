@@ -68,15 +68,30 @@ fn names_no_other_field(token: &str) -> bool {
 /// Removes the hop-by-hop fields of RFC 9110 §7.6.1: `Connection` and every field it names, `Keep-Alive`,
 /// `Proxy-Connection`, `TE`, `Trailer`, `Transfer-Encoding` and `Upgrade`.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the few fields present finds which of the seven are there; only those are removed (each
-    // removal hashes its name). Most requests carry none; most upstream responses carry `Connection: keep-alive`.
-    let mut present = 0u8;
+    remove_present_hop_by_hop(headers, scan(headers));
+}
+
+/// Which of the seven hop-by-hop fields (bits 0-6, in `HOP_BY_HOP`'s order) and of the client-address fields that
+/// only trusted proxies may send (`CLIENT_ADDRESS_FIELDS`) `headers` holds: one pass over the few fields present,
+/// since each lookup or removal hashes its name and most messages carry none of them.
+fn scan(headers: &HeaderMap) -> u16 {
+    let mut present = 0u16;
     for name in headers.keys() {
         if let Some(index) = hop_by_hop_index(name.as_str()) {
             present |= 1 << index;
+        } else if matches!(name.as_str(), "forwarded" | "x-real-ip") {
+            present |= CLIENT_ADDRESS_FIELDS;
         }
     }
-    if present == 0 {
+    present
+}
+
+/// The bit of [`scan`] for `Forwarded` or `X-Real-IP`.
+const CLIENT_ADDRESS_FIELDS: u16 = 1 << 7;
+
+/// Removes the hop-by-hop fields [`scan`] found (most upstream responses carry `Connection: keep-alive`).
+fn remove_present_hop_by_hop(headers: &mut HeaderMap, present: u16) {
+    if present & !CLIENT_ADDRESS_FIELDS == 0 {
         return;
     }
     if present & 1 != 0 {
@@ -117,7 +132,8 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
 ///
 /// With `write_forwarded`, `Forwarded` gets tollgate's element for the peer too (in place of the dropped one).
 pub fn prepare_request(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) {
-    remove_hop_by_hop(headers);
+    let present = scan(headers);
+    remove_present_hop_by_hop(headers, present);
     let peer = crate::key::ip_text(facts.peer);
     let forwarded_for = if facts.peer_trusted {
         HeaderValue::try_from(extended_list(headers, &X_FORWARDED_FOR, &peer))
@@ -127,14 +143,9 @@ pub fn prepare_request(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) {
     if let Ok(value) = forwarded_for {
         headers.insert(&X_FORWARDED_FOR, value);
     }
-    if !facts.peer_trusted {
-        // One lookup for the usual request that carries neither.
-        if headers.contains_key(header::FORWARDED) {
-            headers.remove(header::FORWARDED);
-        }
-        if headers.contains_key(&X_REAL_IP) {
-            headers.remove(&X_REAL_IP);
-        }
+    if !facts.peer_trusted && present & CLIENT_ADDRESS_FIELDS != 0 {
+        headers.remove(header::FORWARDED);
+        headers.remove(&X_REAL_IP);
     }
     if facts.write_forwarded {
         write_forwarded(headers, facts);

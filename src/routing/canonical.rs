@@ -71,10 +71,7 @@ impl<'a> CanonicalRequest<'a> {
         uri: &'a Uri,
         headers: &HeaderMap,
     ) -> Result<Self, Refusal> {
-        if version == Version::HTTP_11 && !headers.contains_key(HOST) {
-            return Err(Refusal::MissingHost);
-        }
-        Self::of_accepted(method, version, uri, headers)
+        Self::read(method, version, uri, headers, version == Version::HTTP_11)
     }
 
     /// The canonical reading of a request that a server has already accepted, for the tower layer: the same as
@@ -86,6 +83,16 @@ impl<'a> CanonicalRequest<'a> {
         uri: &'a Uri,
         headers: &HeaderMap,
     ) -> Result<Self, Refusal> {
+        Self::read(method, version, uri, headers, false)
+    }
+
+    fn read(
+        method: &Method,
+        version: Version,
+        uri: &'a Uri,
+        headers: &HeaderMap,
+        host_required: bool,
+    ) -> Result<Self, Refusal> {
         if is_case_variant(method) {
             return Err(Refusal::MethodCase);
         }
@@ -93,7 +100,7 @@ impl<'a> CanonicalRequest<'a> {
             PathError::NotAPath => Refusal::NotAPath,
             PathError::BadEscape => Refusal::BadEscape,
         })?;
-        let (host, host_field) = canonical_host(version, uri, headers)?;
+        let (host, host_field) = canonical_host(version, uri, headers, host_required)?;
         Ok(Self {
             path,
             host,
@@ -149,18 +156,23 @@ fn is_case_variant(method: &Method) -> bool {
 /// The request's host (lower case, no port, no trailing dot) and, when the upstream must get another `Host` than
 /// the client sent, that field.
 ///
-/// - More than one `Host` line is refused (RFC 9112 §3.2; a missing one is [`CanonicalRequest::new`]'s to refuse).
+/// - More than one `Host` line is refused, and so is none when `host_required` (HTTP/1.1 off the wire, RFC 9112
+///   §3.2).
 /// - The target's authority (absolute form, HTTP/2 `:authority`) is the host, and the `Host` the upstream gets
 ///   (RFC 9112 §3.2.2: a received `Host` is replaced). Over HTTP/2 a `Host` naming another host is refused.
 pub fn canonical_host(
     version: Version,
     uri: &Uri,
     headers: &HeaderMap,
+    host_required: bool,
 ) -> Result<(Option<String>, Option<HeaderValue>), Refusal> {
     let mut lines = headers.get_all(HOST).iter();
     let field = lines.next();
     if lines.next().is_some() {
         return Err(Refusal::DuplicateHost);
+    }
+    if field.is_none() && host_required {
+        return Err(Refusal::MissingHost);
     }
     if let Some(authority) = uri.authority() {
         let (host, canonical) = parse_authority(authority.as_str())?;
@@ -266,7 +278,7 @@ mod tests {
 
     fn sent_host(version: Version, target: &str, hosts: &[&str]) -> Option<String> {
         let (version, uri, headers) = head(version, target, hosts);
-        let (_, field) = canonical_host(version, &uri, &headers).expect("valid");
+        let (_, field) = canonical_host(version, &uri, &headers, false).expect("valid");
         field
             .map(|v| v.to_str().expect("text").to_owned())
             .or_else(|| hosts.first().map(|h| (*h).to_owned()))
