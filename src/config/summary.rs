@@ -107,6 +107,9 @@ fn describe_match(route: &RouteSettings) -> String {
     if let Some(h) = &m.host {
         parts.push(format!("host {h}"));
     }
+    if m.case_insensitive {
+        parts.push("(any case)".to_owned());
+    }
     if !route.allow.is_empty() {
         let nets: Vec<String> = route.allow.iter().map(|n| n.to_string()).collect();
         parts.push(format!("(allow {})", nets.join(",")));
@@ -195,6 +198,13 @@ pub fn redact(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_case_insensitive_route_says_so() {
+        let yaml = "store:\n  backend: memory\nroutes:\n  - name: api\n    match: { path_prefix: /api, case_insensitive: true }\n    respond: { status: 200 }\n";
+        let config = super::super::parse(yaml, std::path::Path::new("g.yaml")).unwrap();
+        assert_eq!(describe_match(&config.routes[0]), "/api* (any case)");
+    }
 
     #[test]
     fn renders_one_row_per_limit_in_aligned_columns() {
