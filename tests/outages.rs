@@ -14,6 +14,8 @@ use common::{
     Process, TestGateway,
 };
 use serde_json::json;
+use tollgate::limiter::store::{LimitCheck, RedisStore};
+use tollgate::limiter::{Algorithm, Limit};
 
 /// Slack over the store timeout for a request on a loaded two-core machine.
 const SLACK: Duration = Duration::from_millis(700);
@@ -456,4 +458,106 @@ async fn an_outage_is_logged_once_in_redis_words_and_never_per_request() {
     let named = warnings.iter().filter(|l| l.contains("WRONGPASS")).count();
     assert_eq!(named, 1, "the refusal is named once:\n{text}");
     assert!(!text.to_lowercase().contains("connection closed"), "{text}");
+}
+
+// === Out of memory and eviction ===
+
+#[tokio::test]
+async fn out_of_memory_redis_refuses_the_script_whole() {
+    let redis = RedisServer::start();
+    let store = RedisStore::connect(&redis.url(), 1, Duration::from_secs(1)).expect("store");
+    assert!(store.wait_connected(Duration::from_secs(5)).await);
+    let limit = Limit::new(
+        "log",
+        Algorithm::SlidingLog {
+            limit: 5,
+            period_ms: 1_000,
+        },
+        1,
+    )
+    .expect("valid limit");
+    let checks = [LimitCheck {
+        key: "oom:{t}",
+        limit: &limit,
+    }];
+    let decided = store.check(&checks, Some(10_000)).await.expect("decided");
+    assert!(decided.allowed);
+    assert_eq!(redis.cli(&["ZCARD", "oom:{t}"]).as_deref(), Some("1"));
+
+    // Below what it holds, under noeviction (the default): every write that may grow memory is refused.
+    assert_eq!(
+        redis.cli(&["CONFIG", "SET", "maxmemory", "1"]).as_deref(),
+        Some("OK")
+    );
+    // 1.5 s later the first entry has left the window: the script would remove it (a write that frees memory)
+    // and then add one. Undeclared, Redis checked only the first write and let the ZADD through.
+    let error = store
+        .check(&checks, Some(11_500))
+        .await
+        .expect_err("refused under OOM");
+    assert!(error.to_string().contains("OOM"), "{error}");
+    // Untouched: the old entry is still there, and nothing was added.
+    let members = redis
+        .cli(&["ZRANGE", "oom:{t}", "0", "-1", "WITHSCORES"])
+        .unwrap_or_default();
+    let scores: Vec<&str> = members.lines().skip(1).step_by(2).collect();
+    assert_eq!(scores, ["10000"], "{members}");
+}
+
+#[tokio::test]
+async fn out_of_memory_is_a_store_failure_readyz_names_and_recovers_from() {
+    let redis = RedisServer::start();
+    let pair = two_gateways(&redis.url()).await;
+    until_readyz(&pair.admins, "ready", "").await;
+    assert_eq!(tenant_status(&pair.gateways[0], "before").await, 200);
+
+    assert_eq!(
+        redis.cli(&["CONFIG", "SET", "maxmemory", "1"]).as_deref(),
+        Some("OK")
+    );
+    // The policy answers (deny: 503), and readiness says why; the probe, a script call, keeps failing with
+    // the requests (a PING would succeed and close the circuit again and again).
+    assert_refused(&pair.gateways).await;
+    until_readyz(&pair.admins, "degraded", "OOM").await;
+    for _ in 0..5 {
+        assert_refused(&pair.gateways).await;
+        let (_, body) = readyz(&pair.admins[0]).await;
+        assert_eq!(body["status"], "degraded", "{body}");
+    }
+
+    assert_eq!(
+        redis.cli(&["CONFIG", "SET", "maxmemory", "0"]).as_deref(),
+        Some("OK")
+    );
+    until_readyz(&pair.admins, "ready", "").await;
+    assert_shared_exactly(&pair.gateways, "t").await;
+}
+
+#[tokio::test]
+async fn an_evicting_maxmemory_policy_is_named_in_readyz() {
+    let redis = RedisServer::start_with(
+        free_port(),
+        &["--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"],
+        &[],
+    );
+    let pair = two_gateways(&redis.url()).await;
+    until_readyz(&pair.admins, "ready", "").await;
+    let mut last = serde_json::Value::Null;
+    let named = eventually(Duration::from_secs(10), async || {
+        last = readyz(&pair.admins[0]).await.1;
+        last["warnings"][0]
+            .as_str()
+            .is_some_and(|w| w.contains("allkeys-lru"))
+    })
+    .await;
+    assert!(named.is_some(), "{last}");
+    // A warning, not a failure: limiting works meanwhile.
+    assert_eq!(last["status"], "ready", "{last}");
+
+    // noeviction is fine.
+    let redis = RedisServer::start_with(free_port(), &["--maxmemory", "100mb"], &[]);
+    let pair = two_gateways(&redis.url()).await;
+    until_readyz(&pair.admins, "ready", "").await;
+    assert_shared_exactly(&pair.gateways, "t").await;
+    assert!(readyz(&pair.admins[0]).await.1.get("warnings").is_none());
 }

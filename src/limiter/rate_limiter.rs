@@ -267,7 +267,7 @@ impl RateLimiter {
         Readiness {
             ready,
             reason,
-            warnings: Vec::new(),
+            warnings: redis.warnings(),
         }
     }
 

@@ -1,3 +1,8 @@
+#!lua
+-- The line above declares the script's flags (Redis 7 script flags; none, so not `no-writes`): Redis then checks
+-- for OOM before running it and refuses it whole. A script without it is checked only at its first write command
+-- that may grow memory, and only if nothing was written before it: sliding_log's ZREMRANGEBYSCORE came first and
+-- let its ZADD through past maxmemory. Flags also keep the script off read-only replicas (READONLY).
 -- tollgate: decide a batch of requests, one after another; each request checks every one of its limits
 -- atomically and consumes from all of them only if all admit.
 --

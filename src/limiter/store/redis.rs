@@ -2,6 +2,7 @@
 //! that every gateway instance shares one truth; concurrent requests share evaluations (on Redis Cluster, one
 //! per hash slot).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -81,10 +82,12 @@ struct Connection {
 }
 
 /// What the pool last heard of its connections: why the last attempt to connect failed, in Redis's own words,
-/// until one succeeds. Requests only ever see "not connected" (they fail fast); this says why.
+/// until one succeeds (requests only ever see "not connected", as they fail fast); and, from the last connection,
+/// whether Redis may evict tollgate's keys.
 #[derive(Debug, Default)]
 struct Link {
     cause: std::sync::Mutex<Option<String>>,
+    eviction: std::sync::Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -371,6 +374,12 @@ impl RedisStore {
         Box::pin(call).await.map(drop)
     }
 
+    /// What puts limits at risk although calls succeed: an eviction policy that may evict tollgate's keys, as
+    /// read at the last connection.
+    pub fn warnings(&self) -> Vec<String> {
+        self.connection.link.eviction().into_iter().collect()
+    }
+
     /// Why no connection of the pool is up (the last attempt's failure, in Redis's words), or `None` while one is.
     pub fn disconnected(&self) -> Option<String> {
         let clients = self.connection.pool.clients();
@@ -645,8 +654,18 @@ fn client_builder(config: FredConfig) -> Builder {
 // === impl Link ===
 
 impl Link {
-    /// Follows the connection events of `clients`.
+    /// Follows the connection events of `clients`, and reads the eviction policy each time the first connects.
     fn listen(self: &Arc<Self>, clients: &[Client]) {
+        if let Some(first) = clients.first() {
+            let (link, client) = (Arc::clone(self), first.clone());
+            let _checks = first.on_reconnect(move |_| {
+                let (link, client) = (Arc::clone(&link), client.clone());
+                async move {
+                    link.check_eviction(&client).await;
+                    Ok(())
+                }
+            });
+        }
         for client in clients {
             let link = Arc::clone(self);
             let _errors = client.on_error(move |(error, server)| {
@@ -672,6 +691,51 @@ impl Link {
         } else if self.lock().is_none() {
             self.set(Some(format!("connection to redis lost{server}")));
         }
+    }
+
+    /// Reads `maxmemory` and `maxmemory-policy`: a policy that evicts, with a memory limit, may evict tollgate's
+    /// keys (all of them have an expiry, so `volatile-*` policies may too), and a limit whose state is evicted
+    /// starts afresh: it over-admits. Warned once per policy seen; a Redis that refuses `CONFIG` (an ACL, a managed
+    /// service) is not asked again until it reconnects.
+    async fn check_eviction(&self, client: &Client) {
+        let args: Vec<Value> = ["GET", "maxmemory", "maxmemory-policy"]
+            .into_iter()
+            .map(Value::from)
+            .collect();
+        let command = CustomCommand::new_static("CONFIG", None, false);
+        let settings: Result<HashMap<String, String>, _> = client.custom(command, args).await;
+        let settings = match settings {
+            Ok(settings) => settings,
+            Err(error) => {
+                tracing::debug!(%error, "cannot read redis's maxmemory-policy");
+                return;
+            }
+        };
+        let policy = settings.get("maxmemory-policy").map_or("", String::as_str);
+        let limited = settings.get("maxmemory").is_some_and(|m| m != "0");
+        let warning = (limited && !policy.is_empty() && policy != "noeviction").then(|| {
+            format!(
+                "maxmemory-policy {policy}: redis may evict limit state when full, and an evicted limit starts \
+                 afresh (over-admits); use noeviction"
+            )
+        });
+        let mut eviction = self
+            .eviction
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if warning != *eviction {
+            if let Some(warning) = &warning {
+                tracing::warn!("{warning}");
+            }
+            *eviction = warning;
+        }
+    }
+
+    fn eviction(&self) -> Option<String> {
+        self.eviction
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     fn set(&self, cause: Option<String>) {
