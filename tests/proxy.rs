@@ -3,6 +3,7 @@
 mod common;
 
 use common::http_client::{client, raw};
+use common::raw_upstream::{Answer, RawUpstream};
 use common::upstream::Upstream;
 use common::{free_port, start_gateway};
 use serde_json::Value;
@@ -282,4 +283,133 @@ async fn a_request_whose_first_byte_arrives_alone_is_still_http1() {
     assert!(response.starts_with("HTTP/1.1 200"), "{response:.200}");
     assert!(response.contains(r#""body":"hi""#), "{response}");
     assert_eq!(upstream.hits(), 1);
+}
+
+/// Sends `n` GETs to `url` from each of `clients` concurrent clients; returns the statuses that were not 200.
+async fn concurrent_gets(url: &str, clients: usize, n: usize) -> Vec<u16> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..clients {
+        let url = url.to_owned();
+        tasks.spawn(async move {
+            let client = client();
+            let mut failed = Vec::new();
+            for _ in 0..n {
+                let status = client.get(&url).send().await.expect("request").status();
+                if status != 200 {
+                    failed.push(status.as_u16());
+                }
+            }
+            failed
+        });
+    }
+    let mut failed = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        failed.extend(done.expect("client task"));
+    }
+    failed
+}
+
+// Several threads, as the binary runs: on one, the connection's task always sees the close before the next request
+// takes the connection, and the race never shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_upstream_closing_after_every_response_without_saying_so_causes_no_502() {
+    let upstream = RawUpstream::start(|_, _| Answer::ThenClose).await;
+    let gateway = start_gateway(&yaml(&[upstream.url()], "5s")).await;
+    let failed = concurrent_gets(&gateway.url("/api/x"), 4, 75).await;
+    assert_eq!(failed, Vec::<u16>::new(), "of 300 GETs");
+}
+
+#[tokio::test]
+async fn a_get_a_reused_connection_closed_under_is_sent_again_once_on_a_new_one() {
+    // Each connection answers its first request and closes under the next without a byte of answer.
+    let upstream = RawUpstream::start(|_, answered| match answered {
+        0 => Answer::KeepOpen,
+        _ => Answer::Drop,
+    })
+    .await;
+    let gateway = start_gateway(&yaml(&[upstream.url()], "5s")).await;
+    let client = client();
+    for i in 0..5 {
+        let response = client
+            .get(gateway.url("/api/x"))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status(), 200, "GET {i}");
+    }
+    assert_eq!(
+        upstream.received("GET"),
+        1 + 2 * 4,
+        "every GET after the first went twice"
+    );
+}
+
+#[tokio::test]
+async fn a_request_is_never_sent_a_third_time_nor_a_post_a_second() {
+    // Only the first connection answers, and only its first request.
+    let upstream = RawUpstream::start(|connection, answered| match (connection, answered) {
+        (0, 0) => Answer::KeepOpen,
+        _ => Answer::Drop,
+    })
+    .await;
+    let gateway = start_gateway(&yaml(&[upstream.url()], "5s")).await;
+    let client = client();
+    let url = gateway.url("/api/x");
+    assert_eq!(client.get(&url).send().await.expect("GET").status(), 200);
+    let again = client.get(&url).send().await.expect("GET");
+    assert_eq!(again.status(), 502, "the new connection failed too");
+    assert_eq!(upstream.received("GET"), 3, "sent again once, not twice");
+
+    let upstream = RawUpstream::start(|_, answered| match answered {
+        0 => Answer::KeepOpen,
+        _ => Answer::Drop,
+    })
+    .await;
+    let gateway = start_gateway(&yaml(&[upstream.url()], "5s")).await;
+    let url = gateway.url("/api/x");
+    assert_eq!(client.get(&url).send().await.expect("GET").status(), 200);
+    let post = client.post(&url).body("order").send().await.expect("POST");
+    assert_eq!(post.status(), 502, "a POST on a stale connection");
+    assert_eq!(upstream.received("POST"), 1, "never sent twice");
+}
+
+#[tokio::test]
+async fn a_connection_idle_a_while_or_to_a_target_known_to_close_is_ready_to_send_again() {
+    // Each connection answers two requests and closes under the third without a byte of answer.
+    fn third_dropped(_: usize, answered: usize) -> Answer {
+        match answered {
+            0 | 1 => Answer::KeepOpen,
+            _ => Answer::Drop,
+        }
+    }
+    let client = client();
+    let upstream = RawUpstream::start(third_dropped).await;
+    let gateway = start_gateway(&yaml(&[upstream.url()], "5s")).await;
+    let url = gateway.url("/api/x");
+    for _ in 0..2 {
+        assert_eq!(client.get(&url).send().await.expect("GET").status(), 200);
+    }
+    // Idle past a target's possible idle timeout: the request is ready to go again.
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    assert_eq!(client.get(&url).send().await.expect("GET").status(), 200);
+    assert_eq!(upstream.received("GET"), 4);
+
+    let upstream = RawUpstream::start(third_dropped).await;
+    let gateway = start_gateway(&yaml(&[upstream.url()], "5s")).await;
+    let url = gateway.url("/api/x");
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(
+            client
+                .get(&url)
+                .send()
+                .await
+                .expect("GET")
+                .status()
+                .as_u16(),
+        );
+    }
+    // The third, on a busy connection reused before, was not copied (a copy per request costs 3.5%); from then
+    // on the target is known to close connections under requests, and the sixth goes again on a new one.
+    assert_eq!(statuses, [200, 200, 502, 200, 200, 200]);
 }

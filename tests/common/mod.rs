@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod http_client;
 pub mod pki;
+pub mod raw_upstream;
 pub mod redis;
 pub mod sentinel;
 pub mod upstream;
