@@ -5,8 +5,32 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{self, ConfigError};
+use crate::config::{self, Config, ConfigError};
 use crate::gateway::Gateway;
+
+/// Watches one config file for changes, loading a change only once it has settled.
+#[derive(Debug)]
+pub struct Watcher {
+    gateway: Arc<Gateway>,
+    path: PathBuf,
+    /// The content last loaded (or found at start).
+    loaded: Option<Vec<u8>>,
+    /// A different content seen by the last poll, waiting to be seen once more before it is loaded.
+    settling: Option<Vec<u8>>,
+}
+
+/// What one poll of a [`Watcher`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Polled {
+    /// The file is as last loaded, or unreadable.
+    Unchanged,
+    /// The file changed since the last poll: it is loaded if the next poll finds it the same.
+    Settling,
+    /// The change stayed the same for two polls and is now the running config.
+    Reloaded,
+    /// The change stayed the same for two polls but fails validation: the running config stays.
+    Refused,
+}
 
 /// Loads `path` and, if it is valid, makes it the running config of `gateway`.
 ///
@@ -14,28 +38,99 @@ use crate::gateway::Gateway;
 /// restart. The limiter and its counters are kept, so unchanged keys keep their state.
 pub fn reload(gateway: &Gateway, path: &Path) -> Result<(), ConfigError> {
     let config = config::load(path)?;
-    gateway.reload(&config);
-    tracing::info!(file = %path.display(), routes = config.routes.len(), "config reloaded");
+    apply(gateway, &config, path);
     Ok(())
 }
 
 /// Watches `path` and reloads `gateway` whenever the file's content changes, checking every `interval`.
 ///
 /// Polling the content (not inotify) also sees editors that replace the file and Kubernetes ConfigMap symlink
-/// swaps, and never reloads for a touch that changed nothing.
+/// swaps, and never reloads for a touch that changed nothing. A change is loaded only once two polls in a row
+/// found the same content, so a file caught half-written (`cat >` truncates first, then writes) is never loaded.
 pub async fn watch(gateway: Arc<Gateway>, path: PathBuf, interval: Duration) {
-    let mut last = std::fs::read(&path).ok();
+    let mut watcher = Watcher::new(gateway, path);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let current = tokio::fs::read(&path).await.ok();
-        if current.is_none() || current == last {
-            continue;
+        watcher.poll().await;
+    }
+}
+
+// === impl Watcher ===
+
+impl Watcher {
+    /// A watcher of `path` for `gateway`, which runs the config the file holds now.
+    pub fn new(gateway: Arc<Gateway>, path: PathBuf) -> Self {
+        let loaded = std::fs::read(&path).ok();
+        Self {
+            gateway,
+            path,
+            loaded,
+            settling: None,
         }
-        last = current;
-        if let Err(error) = reload(&gateway, &path) {
-            tracing::error!("config change refused, the running config stays:\n{error}");
+    }
+
+    /// Reads the file once; loads its content if the previous poll found the same one and it is not the running
+    /// one.
+    pub async fn poll(&mut self) -> Polled {
+        let Ok(current) = tokio::fs::read(&self.path).await else {
+            self.settling = None;
+            return Polled::Unchanged;
+        };
+        if self.loaded.as_ref() == Some(&current) {
+            self.settling = None;
+            return Polled::Unchanged;
         }
+        if self.settling.as_ref() != Some(&current) {
+            self.settling = Some(current);
+            return Polled::Settling;
+        }
+        self.settling = None;
+        // What is loaded is what was compared, not a third read that might catch another write.
+        let parsed = String::from_utf8(current.clone())
+            .map_err(|e| {
+                ConfigError::read(
+                    &self.path,
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+                )
+            })
+            .and_then(|text| config::parse(&text, &self.path));
+        self.loaded = Some(current);
+        match parsed {
+            Ok(config) => {
+                apply(&self.gateway, &config, &self.path);
+                Polled::Reloaded
+            }
+            Err(error) => {
+                tracing::error!("config change refused, the running config stays:\n{error}");
+                Polled::Refused
+            }
+        }
+    }
+}
+
+/// Makes `config` the running config; a reload that drops routes says which, at WARN: requests to them now get
+/// 404, which is seldom meant.
+fn apply(gateway: &Gateway, config: &Config, path: &Path) {
+    let before = gateway.route_names();
+    gateway.reload(config);
+    let dropped: Vec<&str> = before
+        .iter()
+        .map(String::as_str)
+        .filter(|name| !config.routes.iter().any(|route| route.name == *name))
+        .collect();
+    let file = path.display();
+    let routes = config.routes.len();
+    if dropped.is_empty() {
+        tracing::info!(file = %file, routes, "config reloaded");
+    } else {
+        tracing::warn!(
+            file = %file,
+            routes,
+            before = before.len(),
+            dropped = %dropped.join(", "),
+            "config reloaded without routes that were running: requests to them now get 404"
+        );
     }
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use common::http_client::client;
 use common::upstream::Upstream;
 use common::{free_port, start_gateway_with, wait_until_listening, Process};
+use tollgate::reload::Polled;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
@@ -235,4 +236,185 @@ routes:
         std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
         "no longer accepting"
     );
+}
+
+/// Three routes: `/version` answering `version`, `/keep` and `/new`; the file is cut at `/keep` or `/new` to
+/// make the half-written files of the test.
+fn three_routes_yaml(version: &str) -> String {
+    format!(
+        r#"listen: 127.0.0.1:0
+store:
+  backend: memory
+routes:
+  - name: version
+    match: {{ path: /version }}
+    respond: {{ status: 200, body: "{version}" }}
+  - name: keep
+    match: {{ path: /keep }}
+    respond: {{ status: 200, body: "kept" }}
+  - name: new
+    match: {{ path: /new }}
+    respond: {{ status: 200, body: "new" }}
+"#
+    )
+}
+
+/// Writes `text` over `path` in place, as `cat >` or an editor saving in place does: truncated first.
+fn write_in_place(path: &std::path::Path, text: &str) {
+    std::fs::write(path, text).expect("write config");
+}
+
+#[tokio::test]
+async fn a_config_caught_half_written_is_never_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.yaml");
+    let first = three_routes_yaml("v1");
+    let first = &first[..first.find("  - name: new").expect("new route")];
+    write(&path, first);
+    let gateway = start_gateway_with(tollgate::config::load(&path).unwrap()).await;
+    let mut watcher = tollgate::reload::Watcher::new(Arc::clone(&gateway.gateway), path.clone());
+    let client = client();
+    let answer = |route: &'static str| {
+        let (client, url) = (client.clone(), gateway.url(route));
+        async move {
+            let response = client.get(url).send().await.expect("request");
+            (
+                response.status().as_u16(),
+                response.text().await.expect("body"),
+            )
+        }
+    };
+
+    // Each poll catches the file at a later point of being written: emptied, then cut before `/keep`, then
+    // whole. Both partial files are valid configs with fewer routes; loading either would make /keep 404.
+    let whole = three_routes_yaml("v2");
+    let halves = [
+        "",
+        &whole[..whole.find("  - name: keep").expect("keep route")],
+    ];
+    for (i, half) in halves.into_iter().enumerate() {
+        write_in_place(&path, half);
+        assert_eq!(watcher.poll().await, Polled::Settling, "poll {i}");
+        assert_eq!(answer("/keep").await, (200, "kept".to_owned()), "poll {i}");
+    }
+    write_in_place(&path, &whole);
+    assert_eq!(watcher.poll().await, Polled::Settling);
+    assert_eq!(answer("/keep").await, (200, "kept".to_owned()));
+    assert_eq!(answer("/version").await.1, "v1", "not yet: seen once");
+
+    assert_eq!(
+        watcher.poll().await,
+        Polled::Reloaded,
+        "the same for two polls"
+    );
+    assert_eq!(answer("/version").await.1, "v2");
+    assert_eq!(answer("/keep").await, (200, "kept".to_owned()));
+    assert_eq!(answer("/new").await, (200, "new".to_owned()));
+    assert_eq!(watcher.poll().await, Polled::Unchanged);
+}
+
+#[tokio::test]
+async fn the_file_watch_serves_no_404_while_a_config_is_rewritten_in_place() {
+    // The watch as the binary runs it, polling every 100 ms, while the file is rewritten in place piece by piece
+    // over about 30 ms: /keep, present before and after, must answer 200 at every sample until the new route is
+    // served. (The deterministic version is a_config_caught_half_written_is_never_loaded.)
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.yaml");
+    let first = three_routes_yaml("v1");
+    write(
+        &path,
+        &first[..first.find("  - name: new").expect("new route")],
+    );
+    let gateway = start_gateway_with(tollgate::config::load(&path).unwrap()).await;
+    tokio::spawn(tollgate::reload::watch(
+        Arc::clone(&gateway.gateway),
+        path.clone(),
+        Duration::from_millis(100),
+    ));
+    let whole = three_routes_yaml("v2");
+    let writer = {
+        let path = path.clone();
+        tokio::spawn(async move {
+            let mut file = std::fs::File::create(&path).expect("truncate config");
+            for chunk in whole.as_bytes().chunks(48) {
+                file.write_all(chunk).expect("write config");
+                file.flush().expect("flush config");
+                // Less than a poll apart: each poll may catch the file at another point.
+                tokio::time::sleep(Duration::from_millis(4)).await;
+            }
+        })
+    };
+    let client = client();
+    let started = Instant::now();
+    let mut samples = 0;
+    loop {
+        let keep = client
+            .get(gateway.url("/keep"))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(
+            keep.status(),
+            200,
+            "sample {samples}: /keep while the file is written"
+        );
+        samples += 1;
+        let new = client
+            .get(gateway.url("/new"))
+            .send()
+            .await
+            .expect("request");
+        if new.status() == 200 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the new config was never loaded"
+        );
+    }
+    writer.await.expect("writer");
+    assert!(samples > 1, "sampled across the polls");
+}
+
+#[tokio::test]
+async fn a_reload_that_drops_routes_is_a_warning_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.yaml");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let yaml = three_routes_yaml("before").replace("127.0.0.1:0", &listen);
+    write(&path, &yaml);
+    let mut child = Command::new(BIN)
+        .args(["run", "--config", path.to_str().expect("utf-8 path")])
+        .env("RUST_LOG", "warn")
+        .env_remove("TOKIO_WORKER_THREADS")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tollgate");
+    let stderr = child.stderr.take().expect("stderr");
+    let process = Process(child);
+    wait_until_listening(port);
+
+    let cut = &yaml[..yaml.find("  - name: keep").expect("keep route")];
+    write(&path, cut);
+    signal(&process, "-HUP");
+    let (lines, found) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if line.contains("WARN") && line.contains("without routes") {
+                let _ = lines.send(line);
+                return;
+            }
+        }
+    });
+    let line = found
+        .recv_timeout(Duration::from_secs(10))
+        .expect("a WARN line for the dropped routes");
+    assert!(line.contains("keep, new"), "{line}");
+    drop(process);
 }

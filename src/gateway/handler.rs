@@ -44,6 +44,12 @@ impl Gateway {
         self.runtime.store(Arc::new(Runtime::new(config)));
     }
 
+    /// The names of the running config's routes, in order.
+    pub fn route_names(&self) -> Vec<String> {
+        let runtime = self.runtime.load();
+        runtime.routes.iter().map(|r| r.name.clone()).collect()
+    }
+
     /// The limits of the route named `route` in the running config.
     pub fn limit_set(&self, route: &str) -> Option<LimitSet> {
         let runtime = self.runtime.load();
