@@ -21,7 +21,7 @@ use tollgate::limiter::store::{LimitCheck, MemoryStore};
 use tollgate::limiter::{
     Algorithm, Backend, LeakyMode, Limit, ManualClock, OnError, Rate, RateLimiter, SystemClock,
 };
-use tollgate::routing::{normalize_path, Matcher, RequestTarget};
+use tollgate::routing::{normalize_path, CanonicalRequest, Matcher, RequestTarget};
 
 /// A fixed instant (2025-01-01T00:00:00Z) so that every run sees the same window alignment.
 const NOW_MS: i64 = 1_735_689_600_000;
@@ -92,6 +92,49 @@ fn route_match(c: &mut Criterion) {
     });
     group.bench_function("normalize_path_dot_segments", |b| {
         b.iter(|| normalize_path(black_box("/api/v1/../v2//users/./42")).map(|p| p.len()))
+    });
+    // The whole canonical reading of a plain request (method, path, one Host), against the baseline of looking
+    // at the path and the Host field as they are.
+    let uri: http::Uri = "/api/v1/users/42?page=2".parse().expect("uri");
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::HOST,
+        HeaderValue::from_static("api.example.com:8080"),
+    );
+    headers.insert(http::header::ACCEPT, HeaderValue::from_static("*/*"));
+    group.bench_function("canonical_request_plain", |b| {
+        b.iter(|| {
+            CanonicalRequest::new(
+                black_box(&Method::GET),
+                http::Version::HTTP_11,
+                black_box(&uri),
+                black_box(&headers),
+            )
+            .map(|c| c.path.len())
+        })
+    });
+    group.bench_function("baseline_path_and_host_as_sent", |b| {
+        b.iter(|| {
+            let host = black_box(&headers)
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_owned);
+            black_box(&uri).path().len() + host.map_or(0, |h| h.len())
+        })
+    });
+    let encoded: http::Uri = "http://API.Example.com./%61pi/v1/%2e%2e/users/42"
+        .parse()
+        .expect("uri");
+    group.bench_function("canonical_request_absolute_and_encoded", |b| {
+        b.iter(|| {
+            CanonicalRequest::new(
+                black_box(&Method::GET),
+                http::Version::HTTP_11,
+                black_box(&encoded),
+                black_box(&headers),
+            )
+            .map(|c| c.path.len())
+        })
     });
     group.finish();
 }
