@@ -1,0 +1,13 @@
+//! Limiting keys: which client a request belongs to (its address, seen through trusted proxies), what a limit's
+//! key is built from (the address, a header, a query parameter, the route...), and the store key that holds its
+//! state.
+
+mod client_ip;
+mod spec;
+mod store_key;
+
+pub use client_ip::{ip_text, push_ip_text, ClientIpResolver};
+pub use spec::{
+    push_client_key, AmbiguousKey, KeyPart, KeyPartError, KeySpec, MissingKey, RequestFacts,
+};
+pub use store_key::{key_head, key_with_head, seal_key, store_key, MAX_PLAIN_KEY_LEN};
