@@ -74,6 +74,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Run => {
+            raise_open_files_limit();
             let runtime = match runtime_builder().enable_all().build() {
                 Ok(runtime) => runtime,
                 Err(error) => {
@@ -97,6 +98,27 @@ fn runtime_builder() -> tokio::runtime::Builder {
     {
         Some("1") => tokio::runtime::Builder::new_current_thread(),
         _ => tokio::runtime::Builder::new_multi_thread(),
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit, and logs both: every client and upstream connection holds
+/// a descriptor, and services often start with a soft limit of 1024 or less (256 held connections stopped new
+/// requests), while the hard limit is far higher.
+fn raise_open_files_limit() {
+    let (soft, hard) = match rlimit::getrlimit(rlimit::Resource::NOFILE) {
+        Ok(limits) => limits,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the open files limit");
+            return;
+        }
+    };
+    if soft >= hard {
+        tracing::info!(soft, hard, "open files limit");
+        return;
+    }
+    match rlimit::increase_nofile_limit(hard) {
+        Ok(raised) => tracing::info!(soft = raised, hard, was = soft, "open files limit raised"),
+        Err(error) => tracing::warn!(%error, soft, hard, "cannot raise the open files limit"),
     }
 }
 
@@ -214,18 +236,30 @@ async fn shutdown_signal() {
 }
 
 /// Reloads the config on SIGHUP; a config that fails validation is logged and the running one stays.
-async fn reload_on_sighup(gateway: Arc<Gateway>, path: PathBuf) {
+///
+/// The handler is installed when this is called, not when the task first runs: until then a SIGHUP's default
+/// action ends the process, and a reload sent as soon as the gateway listens must not stop it.
+fn reload_on_sighup(gateway: Arc<Gateway>, path: PathBuf) -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    {
-        let Ok(mut hangup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        else {
-            return;
-        };
-        while hangup.recv().await.is_some() {
-            if let Err(error) = tollgate::reload::reload(&gateway, &path) {
-                tracing::error!("config reload refused, the running config stays:\n{error}");
+    let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+    async move {
+        #[cfg(unix)]
+        {
+            let mut hangup = match hangup {
+                Ok(hangup) => hangup,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot watch SIGHUP: reload by changing the file");
+                    return;
+                }
+            };
+            while hangup.recv().await.is_some() {
+                if let Err(error) = tollgate::reload::reload(&gateway, &path) {
+                    tracing::error!("config reload refused, the running config stays:\n{error}");
+                }
             }
         }
+        #[cfg(not(unix))]
+        drop((gateway, path));
     }
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use common::http_client::client;
 use common::upstream::Upstream;
 use common::{free_port, start_gateway_with, wait_until_listening, Process};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tollgate::reload::Polled;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
@@ -243,6 +244,8 @@ routes:
 fn three_routes_yaml(version: &str) -> String {
     format!(
         r#"listen: 127.0.0.1:0
+admin:
+  listen: 127.0.0.1:{admin}
 store:
   backend: memory
 routes:
@@ -255,7 +258,8 @@ routes:
   - name: new
     match: {{ path: /new }}
     respond: {{ status: 200, body: "new" }}
-"#
+"#,
+        admin = free_port()
     )
 }
 
@@ -406,9 +410,9 @@ async fn a_reload_that_drops_routes_is_a_warning_naming_them() {
             .lines()
             .map_while(Result::ok)
         {
+            // Read on to the end: a closed pipe would make the gateway's next log line fail.
             if line.contains("WARN") && line.contains("without routes") {
                 let _ = lines.send(line);
-                return;
             }
         }
     });
@@ -417,4 +421,95 @@ async fn a_reload_that_drops_routes_is_a_warning_naming_them() {
         .expect("a WARN line for the dropped routes");
     assert!(line.contains("keep, new"), "{line}");
     drop(process);
+}
+
+#[tokio::test]
+async fn the_open_files_limit_is_raised_so_300_held_connections_leave_room_for_more() {
+    // Started with a soft limit of 256 (and a hard one of 4096), as some service managers do.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.yaml");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    // Idle keep-alive connections are held by the gateway far longer than the test takes.
+    let yaml = three_routes_yaml("v1").replace("127.0.0.1:0", &listen)
+        + "server:\n  header_read_timeout: 10m\n";
+    write(&path, &yaml);
+    let mut child = Command::new("prlimit")
+        .args([
+            "--nofile=256:4096",
+            BIN,
+            "--log-format",
+            "json",
+            "run",
+            "--config",
+        ])
+        .arg(&path)
+        .env("RUST_LOG", "info")
+        .env_remove("TOKIO_WORKER_THREADS")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run tollgate under prlimit (util-linux)");
+    let stderr = child.stderr.take().expect("stderr");
+    let _process = Process(child);
+    let (lines, found) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            // Read on to the end: a closed pipe would make the gateway's next log line fail.
+            if line.contains("open files limit") {
+                let _ = lines.send(line);
+            }
+        }
+    });
+    let line = found
+        .recv_timeout(Duration::from_secs(20))
+        .expect("a log line with the open files limit");
+    let logged: serde_json::Value = serde_json::from_str(&line).expect("json log line");
+    assert_eq!(
+        (
+            &logged["fields"]["was"],
+            &logged["fields"]["soft"],
+            &logged["fields"]["hard"]
+        ),
+        (&256.into(), &4096.into(), &4096.into()),
+        "{line}"
+    );
+    wait_until_listening(port);
+
+    let mut held = Vec::new();
+    let hold = async {
+        for _ in 0..300 {
+            let mut stream = tokio::net::TcpStream::connect(&listen)
+                .await
+                .expect("connect");
+            stream
+                .write_all(b"GET /keep HTTP/1.1\r\nHost: t\r\n\r\n")
+                .await
+                .expect("write");
+            let mut answer = Vec::new();
+            let mut buffer = [0u8; 1024];
+            while !answer.ends_with(b"kept") {
+                let n = stream.read(&mut buffer).await.expect("read");
+                assert!(n > 0, "closed by the gateway");
+                answer.extend_from_slice(&buffer[..n]);
+            }
+            held.push(stream);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), hold)
+        .await
+        .expect("300 connections answered and held");
+    let response = tokio::time::timeout(
+        Duration::from_secs(10),
+        client().get(format!("http://{listen}/keep")).send(),
+    )
+    .await
+    .expect("a new request is answered while 300 are held")
+    .expect("request");
+    assert_eq!(response.status(), 200);
+    assert_eq!(held.len(), 300);
 }
