@@ -421,3 +421,74 @@ routes:
     let after = hammer(&url, 20, &[("x-api-key", "victim")]).await;
     assert_eq!(count(&after, 200), 0, "the victim stays refused: {after:?}");
 }
+
+#[tokio::test]
+async fn when_full_decides_new_keys_while_the_store_holds_only_keys_over_their_limit() {
+    let metrics = tollgate::telemetry::prometheus().expect("recorder");
+    let full_total = || {
+        metrics
+            .render()
+            .lines()
+            .find(|line| line.starts_with("tollgate_store_full_total"))
+            .and_then(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let upstream = Upstream::start().await;
+    for when_full in ["deny", "allow"] {
+        // 64 keys, one a shard; each key is over its limit after one request, so none may be displaced: of 100
+        // new keys at most 64 find room.
+        let yaml = format!(
+            r#"listen: 127.0.0.1:0
+store:
+  backend: memory
+  max_keys: 64
+  when_full: {when_full}
+upstreams:
+  backend:
+    targets: ["{}"]
+routes:
+  - name: api
+    match: {{ path_prefix: /api }}
+    upstream: backend
+    limits:
+      - name: per-key
+        key: [header:x-api-key]
+        algorithm: sliding_log
+        limit: 1
+        period: 1m
+"#,
+            upstream.url()
+        );
+        let gateway = start_gateway(&yaml).await;
+        let client = client();
+        let before = full_total();
+        let mut statuses = Vec::new();
+        for i in 0..100 {
+            let response = client
+                .get(gateway.url("/api"))
+                .header("x-api-key", format!("client-{i}"))
+                .send()
+                .await
+                .expect("request");
+            if response.status() == 429 {
+                assert!(response.headers().contains_key("retry-after"));
+            }
+            statuses.push(response.status().as_u16());
+        }
+        let refused = full_total() - before;
+        match when_full {
+            "deny" => {
+                assert!(count(&statuses, 200) <= 64, "{statuses:?}");
+                assert_eq!(count(&statuses, 429), 100 - count(&statuses, 200));
+                assert_eq!(refused as usize, count(&statuses, 429));
+            }
+            _ => {
+                assert_eq!(count(&statuses, 200), 100, "{statuses:?}");
+                assert!(
+                    refused >= 36,
+                    "{refused} counted in tollgate_store_full_total"
+                );
+            }
+        }
+    }
+}
