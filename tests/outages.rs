@@ -184,6 +184,10 @@ async fn frozen_redis_is_treated_as_dead_and_the_breaker_stops_waiting_for_it() 
         "circuit open, yet a request took {worst:?}"
     );
     assert!(gateway.gateway.limiter().fallback_active());
+    let readiness = gateway.gateway.limiter().readiness();
+    assert!(!readiness.ready);
+    let reason = readiness.reason.unwrap_or_default();
+    assert!(reason.contains("did not answer"), "{reason}");
 
     redis.resume();
     let back = eventually(Duration::from_secs(5), async || {
