@@ -416,7 +416,7 @@ async fn readyz_is_ready_only_after_a_limiter_call_succeeded_and_may_answer_503_
 
 #[tokio::test]
 async fn an_outage_is_logged_once_in_redis_words_and_never_per_request() {
-    let redis = RedisServer::start_with_password("right");
+    let mut redis = RedisServer::start_with_password("right");
     let dir = tempfile::tempdir().expect("temporary directory");
     let (port, admin_port) = (free_port(), free_port());
     let yaml = format!(
@@ -461,6 +461,19 @@ async fn an_outage_is_logged_once_in_redis_words_and_never_per_request() {
     );
     let named = warnings.iter().filter(|l| l.contains("WRONGPASS")).count();
     assert_eq!(named, 1, "the refusal is named once:\n{text}");
+
+    // Fixed: the end of the outage is one line. Then Redis goes away while no request comes: still named.
+    redis.set_password("wrong");
+    let admin = format!("http://127.0.0.1:{admin_port}");
+    until_readyz(std::slice::from_ref(&admin), "ready", "").await;
+    redis.kill();
+    let logged = eventually(Duration::from_secs(10), async || {
+        let text = std::fs::read_to_string(&log_path).expect("log");
+        text.contains("redis answers again") && text.contains("redis failed: Connection refused")
+    })
+    .await;
+    let text = std::fs::read_to_string(&log_path).expect("log");
+    assert!(logged.is_some(), "{text}");
     assert!(!text.to_lowercase().contains("connection closed"), "{text}");
 }
 

@@ -19,9 +19,6 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(50);
 /// How long the first probe waits for the pool's first connection before it asks (and, failing, warns): a
 /// gateway starting next to a healthy Redis should not warn that it is not connected yet.
 const FIRST_CONNECTION_GRACE: Duration = Duration::from_secs(1);
-/// Distinct failure reasons logged per outage at most: each is news once, a Redis alternating between a few is
-/// not worth a line each time, and a reason that changes on every call (it never should) cannot flood the log.
-const MAX_LOGGED_REASONS: usize = 8;
 
 /// What to do with a request when Redis fails or exceeds its time budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,18 +64,8 @@ struct Health {
     fallback_active: AtomicBool,
     /// A probe task is running.
     probing: AtomicBool,
-    outage: Mutex<Outage>,
-}
-
-/// What is known of the store's current failure, for readiness and the log.
-#[derive(Debug, Default)]
-struct Outage {
     /// The last failure's reason; `None` before any, and once Redis answers again.
-    reason: Option<String>,
-    /// When the first failure of this outage happened; `None` when there is none.
-    since: Option<Instant>,
-    /// The reasons already logged in this outage.
-    logged: Vec<String>,
+    reason: Mutex<Option<String>>,
 }
 
 /// What `/readyz` says about the store.
@@ -204,7 +191,7 @@ impl RateLimiter {
         let error = match result {
             Ok(outcome) => {
                 if !self.health.ready.load(Ordering::Acquire) {
-                    self.health.recovered();
+                    self.health.recovered(redis);
                 }
                 if !outcome.allowed {
                     // A shadow limit's denial is never enforced, so never answered from the cache either.
@@ -229,7 +216,8 @@ impl RateLimiter {
         if self.health.breaker.record_failure() == Tripped::Opened {
             tracing::debug!(%error, "redis keeps failing: circuit open, probing every {PROBE_INTERVAL:?}");
         }
-        self.health.failed(redis.describe(error), self.on_error);
+        self.health
+            .failed(redis.describe(error), redis, self.on_error);
         // Probing starts with the first failure, not only when the circuit opens: the fallback flag (and
         // /readyz) must clear even if no request comes to prove Redis healthy again.
         if !self.health.probing.swap(true, Ordering::AcqRel) {
@@ -259,7 +247,7 @@ impl RateLimiter {
         let disconnected = redis.disconnected();
         let ready = self.health.ready.load(Ordering::Acquire) && disconnected.is_none();
         let reason = (!ready).then(|| {
-            let last_failure = self.health.outage().reason.clone();
+            let last_failure = self.health.reason().clone();
             last_failure
                 .or(disconnected)
                 .unwrap_or_else(|| "no limiter call has succeeded yet".to_owned())
@@ -372,51 +360,31 @@ impl RateLimiter {
 
 impl Health {
     /// A call succeeded.
-    fn recovered(&self) {
+    fn recovered(&self, redis: &RedisStore) {
         self.breaker.record_success();
         if self.fallback_active.swap(false, Ordering::Relaxed) {
             metrics::gauge!("tollgate_store_fallback").set(0.0);
         }
         self.ready.store(true, Ordering::Release);
-        let mut outage = self.outage();
-        if let Some(since) = outage.since.take() {
-            tracing::info!(
-                "redis answers again after {:.1?}: limiting is shared again",
-                since.elapsed()
-            );
-        }
-        outage.reason = None;
-        outage.logged.clear();
+        *self.reason() = None;
+        redis.log_recovery();
     }
 
-    /// A call failed for `reason` (`None`: nothing new, e.g. the circuit is open). Each reason is logged once per
-    /// outage, the first with what requests get meanwhile.
-    fn failed(&self, reason: Option<String>, on_error: OnError) {
+    /// A call failed for `reason` (`None`: nothing new, e.g. the circuit is open), logged once per outage.
+    fn failed(&self, reason: Option<String>, redis: &RedisStore, on_error: OnError) {
         self.ready.store(false, Ordering::Release);
         let Some(reason) = reason else {
             return;
         };
-        let mut outage = self.outage();
-        let first = outage.since.is_none();
-        if first {
-            outage.since = Some(Instant::now());
-        }
-        if !outage.logged.contains(&reason) && outage.logged.len() < MAX_LOGGED_REASONS {
-            if first {
-                tracing::warn!(
-                    "redis failed: {reason}; requests are decided by store.on_error ({on_error}) until it answers"
-                );
-            } else {
-                tracing::warn!("redis still failing: {reason}");
-            }
-            outage.logged.push(reason.clone());
-        }
-        outage.reason = Some(reason);
+        let consequence =
+            format!("requests are decided by store.on_error ({on_error}) until it answers");
+        redis.log_failure(&reason, &consequence);
+        *self.reason() = Some(reason);
     }
 
-    fn outage(&self) -> MutexGuard<'_, Outage> {
+    fn reason(&self) -> MutexGuard<'_, Option<String>> {
         // Plain data, consistent after any panic.
-        self.outage.lock().unwrap_or_else(PoisonError::into_inner)
+        self.reason.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -456,7 +424,7 @@ async fn probe(
         };
         match result {
             Ok(()) => {
-                health.recovered();
+                health.recovered(&redis);
                 health.probing.store(false, Ordering::Release);
                 // A call that failed between these two lines found a probe running: the probing is this one's.
                 if health.ready.load(Ordering::Acquire)
@@ -465,7 +433,7 @@ async fn probe(
                     return;
                 }
             }
-            Err(error) => health.failed(redis.describe(&error), on_error),
+            Err(error) => health.failed(redis.describe(&error), &redis, on_error),
         }
         drop(health);
         tokio::time::sleep(PROBE_INTERVAL).await;

@@ -88,6 +88,15 @@ struct Connection {
 struct Link {
     cause: std::sync::Mutex<Option<String>>,
     eviction: std::sync::Mutex<Option<String>>,
+    /// What was logged of the outage under way, by the connections or by the limiter's calls.
+    outage: std::sync::Mutex<OutageLog>,
+}
+
+/// An outage as logged: when it began and the reasons already told, each once.
+#[derive(Debug, Default)]
+struct OutageLog {
+    since: Option<std::time::Instant>,
+    logged: Vec<String>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -374,6 +383,17 @@ impl RedisStore {
         Box::pin(call).await.map(drop)
     }
 
+    /// Logs a failed limiter call's `reason` at WARN, once per outage whatever logged it first (the connections
+    /// log why they cannot connect, with or without calls); the outage's first line also says `consequence`.
+    pub fn log_failure(&self, reason: &str, consequence: &str) {
+        self.connection.link.log_failure(reason, consequence);
+    }
+
+    /// Logs the end of the outage under way, if any (one line).
+    pub fn log_recovery(&self) {
+        self.connection.link.log_recovery();
+    }
+
     /// What puts limits at risk although calls succeed: an eviction policy that may evict tollgate's keys, as
     /// read at the last connection.
     pub fn warnings(&self) -> Vec<String> {
@@ -624,6 +644,10 @@ const RECONNECT_CAP_MS: u32 = 100;
 /// connections of a pool, do not all knock at once on a Redis that just came back.
 const RECONNECT_JITTER_MS: u32 = 50;
 
+/// Distinct failure reasons logged per outage at most: each is news once, a Redis alternating between a few is
+/// not worth a line each time, and a reason that changes on every call (it never should) cannot flood the log.
+const MAX_LOGGED_REASONS: usize = 8;
+
 /// A client builder for `config` with the gateway's connection settings, for the pool and the subscribers.
 fn client_builder(config: FredConfig) -> Builder {
     let mut builder = Builder::from_config(config);
@@ -675,22 +699,64 @@ impl Link {
             let link = Arc::clone(self);
             let _reconnects = client.on_reconnect(move |_| {
                 link.set(None);
+                link.log_recovery();
                 async { Ok(()) }
             });
         }
     }
 
-    /// Remembers why a connection failed. A connection that closed says nothing of why (Redis stopped, a network
-    /// cut, `CLIENT KILL`): the next attempt to connect will, and meanwhile the cause already known stays. Logged
-    /// at debug only: the limiter warns once per outage, with this cause (see [`RedisStore::describe`]).
+    /// Remembers why a connection failed, and logs it once per outage (with the limiter's failures: see
+    /// [`RedisStore::log_failure`]). A connection that closed says nothing of why (Redis stopped, a network cut,
+    /// `CLIENT KILL`): the next attempt to connect will, and meanwhile the cause already known stays.
     fn failed(&self, error: &Error, server: Option<&Server>) {
         let server = server.map_or_else(String::new, |s| format!(" ({s})"));
         tracing::debug!("redis connection failed{server}: {error}");
         if !closed_without_cause(error) {
-            self.set(Some(format!("{}{server}", plain_words(error.details()))));
+            let cause = format!("{}{server}", plain_words(error.details()));
+            self.log_failure(&cause, "");
+            self.set(Some(cause));
         } else if self.lock().is_none() {
             self.set(Some(format!("connection to redis lost{server}")));
         }
+    }
+
+    /// Logs `reason` at WARN unless this outage logged it already; the outage's first line also says
+    /// `consequence` (what requests get meanwhile), when given.
+    fn log_failure(&self, reason: &str, consequence: &str) {
+        let mut outage = self.log();
+        let first = outage.since.is_none();
+        if first {
+            outage.since = Some(std::time::Instant::now());
+        }
+        if outage.logged.iter().any(|logged| logged == reason)
+            || outage.logged.len() >= MAX_LOGGED_REASONS
+        {
+            return;
+        }
+        match (first, consequence.is_empty()) {
+            (true, true) => tracing::warn!("redis failed: {reason}"),
+            (true, false) => tracing::warn!("redis failed: {reason}; {consequence}"),
+            (false, _) => tracing::warn!("redis still failing: {reason}"),
+        }
+        outage.logged.push(reason.to_owned());
+    }
+
+    /// Ends the outage under way, if any, with one line.
+    fn log_recovery(&self) {
+        let mut outage = self.log();
+        if let Some(since) = outage.since.take() {
+            tracing::info!(
+                "redis answers again after {:.1?}: limiting is shared again",
+                since.elapsed()
+            );
+        }
+        outage.logged.clear();
+    }
+
+    fn log(&self) -> std::sync::MutexGuard<'_, OutageLog> {
+        self.outage
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Reads `maxmemory` and `maxmemory-policy`: a policy that evicts, with a memory limit, may evict tollgate's
