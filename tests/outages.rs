@@ -578,3 +578,29 @@ async fn an_evicting_maxmemory_policy_is_named_in_readyz() {
     assert_shared_exactly(&pair.gateways, "t").await;
     assert!(readyz(&pair.admins[0]).await.1.get("warnings").is_none());
 }
+
+#[tokio::test]
+async fn a_redis_that_refuses_config_get_is_used_all_the_same() {
+    // A managed Redis or an ACL user without CONFIG: the policy cannot be read, which is no failure.
+    let redis = RedisServer::start_with(
+        free_port(),
+        &[
+            "--requirepass",
+            "admin",
+            "--maxmemory",
+            "100mb",
+            "--maxmemory-policy",
+            "allkeys-lru",
+        ],
+        &["-a", "admin", "--no-auth-warning"],
+    );
+    let acl = [
+        "ACL", "SETUSER", "limited", "on", ">secret", "~*", "&*", "+@all", "-config",
+    ];
+    assert_eq!(redis.cli(&acl).as_deref(), Some("OK"));
+    let pair = two_gateways(&format!("redis://limited:secret@127.0.0.1:{}", redis.port)).await;
+    until_readyz(&pair.admins, "ready", "").await;
+    assert_shared_exactly(&pair.gateways, "t").await;
+    let (_, body) = readyz(&pair.admins[0]).await;
+    assert!(body.get("warnings").is_none(), "{body}");
+}

@@ -77,7 +77,7 @@ struct Connection {
     topology: RedisTopology,
     /// Set while a forced reconnection (after a failover) is under way, so failing requests start only one.
     reconnecting: Arc<AtomicBool>,
-    /// Why the pool is not connected, as the connections last failed.
+    /// What the connections last said (why they fail, the eviction policy), and the outage's log.
     link: Arc<Link>,
 }
 
