@@ -14,8 +14,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 
+use tollgate::admission::{LimitSet, Verdict};
 use tollgate::config::{LimitSettings, RouteMatch};
-use tollgate::enforcement::{LimitSet, Verdict};
 use tollgate::key::{store_key, ClientIpResolver, KeyPart, KeySpec, MissingKey, RequestFacts};
 use tollgate::limiter::store::{LimitCheck, MemoryStore};
 use tollgate::limiter::{

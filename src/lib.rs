@@ -28,14 +28,15 @@
 //! }
 //! ```
 //!
-//! The modules, from the outside in: [`gateway`] (the request path and the listener), [`layer`] (the same limits
-//! as a tower layer), [`enforcement`] (a route's limits applied to HTTP requests), [`key`] (client addresses and
-//! limiting keys), [`limiter`] (the algorithms and the Redis and in-process stores, without HTTP), [`config`],
-//! [`routing`], [`proxy`] and [`admin`].
+//! The modules, from the outside in: [`gateway`] (the listener, then admission, then the route's action),
+//! [`layer`] (admission in front of any tower service), [`routing`] (the canonical request and the route table),
+//! [`admission`] (the one request path both share: allowlist, keys, one limiter call, refusals, delays, fields),
+//! [`key`] (client addresses and limiting keys), [`limiter`] (the algorithms and the Redis and in-process stores, without HTTP), [`config`],
+//! [`proxy`] and [`admin`].
 
 pub mod admin;
+pub mod admission;
 pub mod config;
-pub mod enforcement;
 pub mod gateway;
 pub mod key;
 pub mod layer;

@@ -692,3 +692,94 @@ async fn store_failure_with_on_error_deny_answers_503() {
     );
     assert_eq!(app.calls(), 0);
 }
+
+/// The route config the equivalence test gives both the gateway and the layer: limits keyed three ways (a
+/// leaky bucket that delays included), an allowlist, trusted proxies so that the test can speak for several
+/// clients over loopback.
+const SAME_ROUTE: &str = r#"
+store: { backend: memory }
+client_ip:
+  trusted_proxies: [127.0.0.1/32]
+routes:
+  - name: api
+    match: { path_prefix: /api }
+    # As the layer's inner handler answers, so that only admission can tell the two apart.
+    respond: { status: 200, body: "items\n", headers: { content-type: "text/plain; charset=utf-8" } }
+    allow: [10.0.0.0/8]
+    limits:
+      - { name: per-ip, key: ip, algorithm: sliding_window, limit: 4, period: 1m }
+      - { name: per-key, key: [header:x-api-key], missing: skip, algorithm: token_bucket, rate: 1/s, burst: 2 }
+      - { name: paced, key: route, algorithm: leaky_bucket, rate: 50/s, burst: 20, mode: delay, max_delay: 1s }
+"#;
+
+#[tokio::test]
+async fn the_gateway_and_the_layer_answer_a_request_sequence_alike() {
+    let config = common::config(SAME_ROUTE);
+    let (gateway_limiter, _gateway_clock) = manual_limiter();
+    let gateway = common::start_with_limiter(config.clone(), gateway_limiter).await;
+    let (layer_limiter, _layer_clock) = manual_limiter();
+    let layer = RateLimitLayer::from_route(&config, "api")
+        .unwrap()
+        .limiter(layer_limiter)
+        .build()
+        .unwrap();
+    let app = serve(layer, Peer::ConnectInfo).await;
+
+    // Clients by X-Forwarded-For (10.x is allowlisted), keys by X-Api-Key (sent twice: ambiguous), in an order that
+    // exhausts each limit in turn.
+    let sequence: &[&[(&str, &str)]] = &[
+        &[("x-forwarded-for", "203.0.113.1"), ("x-api-key", "k1")],
+        &[("x-forwarded-for", "203.0.113.1"), ("x-api-key", "k1")],
+        &[("x-forwarded-for", "203.0.113.2"), ("x-api-key", "k1")],
+        &[("x-forwarded-for", "203.0.113.1")],
+        &[("x-forwarded-for", "203.0.113.1")],
+        &[("x-forwarded-for", "203.0.113.1")],
+        &[("x-forwarded-for", "10.1.2.3"), ("x-api-key", "k1")],
+        &[
+            ("x-forwarded-for", "203.0.113.3"),
+            ("x-api-key", "a"),
+            ("x-api-key", "b"),
+        ],
+        &[("x-forwarded-for", "203.0.113.3"), ("x-api-key", "k2")],
+    ];
+    let fields = [
+        "retry-after",
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+        "ratelimit-policy",
+        "ratelimit",
+        "content-type",
+    ];
+    let client = client();
+    let mut statuses = Vec::new();
+    for headers in sequence {
+        let mut answers = Vec::new();
+        for url in [gateway.url("/api/items"), app.url()] {
+            let mut request = client.get(url);
+            for (name, value) in *headers {
+                request = request.header(*name, *value);
+            }
+            let response = request.send().await.expect("request");
+            let status = response.status().as_u16();
+            let seen: Vec<Option<String>> = fields
+                .iter()
+                .map(|name| {
+                    response
+                        .headers()
+                        .get(*name)
+                        .map(|v| v.to_str().expect("text").to_owned())
+                })
+                .collect();
+            let body = response.text().await.expect("body");
+            answers.push((status, seen, body));
+        }
+        assert_eq!(
+            answers[0], answers[1],
+            "gateway, then layer, for {headers:?}"
+        );
+        statuses.push(answers[0].0);
+    }
+    // The sequence reaches every answer there is: admitted, refused by each keyed limit, exempt, ambiguous.
+    assert_eq!(statuses, [200, 200, 429, 200, 200, 429, 200, 400, 200]);
+}

@@ -2,7 +2,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use axum::body::Body;
@@ -11,8 +11,8 @@ use http::{Method, Request, Response};
 
 use super::responses;
 use super::runtime::{Action, Route, Runtime};
+use crate::admission::{refused, Admission, LimitSet};
 use crate::config::Config;
-use crate::enforcement::{refused, LimitSet};
 use crate::key::RequestFacts;
 use crate::limiter::RateLimiter;
 use crate::proxy::{ForwardedFacts, ProxyError};
@@ -57,7 +57,7 @@ impl Gateway {
             .routes
             .iter()
             .find(|r| r.name == route)
-            .map(|r| r.limits.clone())
+            .map(|r| r.policy.limits().clone())
     }
 
     /// The limiter.
@@ -133,26 +133,13 @@ impl Gateway {
                 .insert(http::header::HOST, field.clone());
         }
 
-        // Allowlisted clients skip the limits entirely: no store call, nothing counted against anyone.
-        let verdict = if route.allows(client_ip) {
-            None
-        } else {
+        let admission = {
             let key_path = route.key_path(&canonical.path);
             let facts = key_facts(runtime, route, &request, &canonical, &key_path, client_ip);
-            match route.limits.check(&self.limiter, &facts).await {
-                Ok(verdict) => Some(verdict),
-                Err(error) => return (Some(route), route.limits.not_checked(&error)),
-            }
+            route.policy.admit(&self.limiter, &facts).await
         };
-        if let Some(verdict) = &verdict {
-            if !verdict.outcome.allowed {
-                return (Some(route), route.limits.refusal(verdict));
-            }
-            // `leaky_bucket` in delay mode: admitted, but only once the request conforms to the rate.
-            let delay_ms = route.limits.delay_ms(verdict);
-            if delay_ms > 0 {
-                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-            }
+        if let Admission::Refused(refusal) = admission {
+            return (Some(route), refusal);
         }
         let mut response = match &route.action {
             Action::Respond(direct) => {
@@ -186,9 +173,7 @@ impl Gateway {
                 }
             }
         };
-        if let (true, Some(verdict)) = (route.headers, &verdict) {
-            route.limits.decorate(response.headers_mut(), verdict);
-        }
+        route.policy.decorate(&admission, response.headers_mut());
         (Some(route), response)
     }
 }
@@ -223,12 +208,13 @@ impl Gateway {
         let Some(route) = route else {
             return Ok(view);
         };
-        view.allowlisted = route.allows(client_ip);
+        view.allowlisted = route.policy.is_exempt(client_ip);
         if !view.allowlisted {
             let key_path = route.key_path(&canonical.path);
             let facts = key_facts(&runtime, route, request, &canonical, &key_path, client_ip);
             view.keys = route
-                .limits
+                .policy
+                .limits()
                 .keys(&facts)
                 .map_err(|_| Refusal::AmbiguousKey)?;
         }

@@ -4,7 +4,7 @@ use axum::body::Body;
 use http::{header, HeaderValue, Response, StatusCode, Version};
 use serde_json::json;
 
-use crate::enforcement::json_response;
+use crate::admission::json_response;
 
 /// 404 when no route matches.
 pub(super) fn no_route(path: &str) -> Response<Body> {

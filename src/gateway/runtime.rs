@@ -3,8 +3,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::admission::{LimitSet, Policy};
 use crate::config::{BackendKind, Config, DirectResponse, RouteAction, StoreSettings};
-use crate::enforcement::LimitSet;
 use crate::key::ClientIpResolver;
 use crate::limiter::store::{RedisStore, StoreError};
 use crate::limiter::{Backend, RateLimiter, SystemClock};
@@ -31,10 +31,8 @@ pub(super) struct Route {
     pub name: String,
     pub matcher: Matcher,
     pub action: Action,
-    pub limits: LimitSet,
-    pub headers: bool,
-    /// Clients exempt from `limits`.
-    pub allow: Vec<ipnet::IpNet>,
+    /// Its limits, allowlist and fields: what admission decides requests by.
+    pub policy: Policy,
     pub metrics: RouteMetrics,
 }
 
@@ -47,11 +45,6 @@ pub(super) enum Action {
 // === impl Route ===
 
 impl Route {
-    /// Whether `client` is exempt from the route's limits.
-    pub(super) fn allows(&self, client: std::net::IpAddr) -> bool {
-        self.allow.iter().any(|net| net.contains(&client))
-    }
-
     /// The path as the route's keys see it: a case-insensitive route counts `/API` and `/api` as one path.
     pub(super) fn key_path<'p>(&self, path: &'p str) -> std::borrow::Cow<'p, str> {
         if self.matcher.is_case_insensitive() {
@@ -87,14 +80,16 @@ impl Runtime {
                     name: route.name.clone(),
                     matcher: Matcher::new(&route.matcher),
                     action,
-                    limits: LimitSet::new(
-                        &route.name,
-                        &config.store.key_prefix,
-                        route.limits.clone(),
-                        route.deny_status,
+                    policy: Policy::new(
+                        LimitSet::new(
+                            &route.name,
+                            &config.store.key_prefix,
+                            route.limits.clone(),
+                            route.deny_status,
+                        ),
+                        route.allow.clone(),
+                        route.headers,
                     ),
-                    headers: route.headers,
-                    allow: route.allow.clone(),
                     metrics: RouteMetrics::new(&route.name),
                 })
             })

@@ -8,8 +8,8 @@ use http::StatusCode;
 use ipnet::IpNet;
 
 use super::rate_limit::RateLimitLayer;
+use crate::admission::{LimitSet, Policy};
 use crate::config::{Config, LimitSettings};
-use crate::enforcement::LimitSet;
 use crate::key::{ClientIpResolver, KeyPart, KeyPartError, KeySpec, MissingKey};
 use crate::limiter::{Algorithm, Backend, Limit, LimitError, OnError, RateLimiter, SystemClock};
 
@@ -33,6 +33,8 @@ pub struct Builder {
     headers: bool,
     trusted_proxies: Vec<IpNet>,
     ipv6_prefix: u8,
+    /// Client networks exempt from the limits.
+    allow: Vec<IpNet>,
     /// The first mistake of a [`Builder::limit_by`] call.
     error: Option<LayerError>,
 }
@@ -110,12 +112,13 @@ impl Builder {
             headers: true,
             trusted_proxies: Vec::new(),
             ipv6_prefix: 64,
+            allow: Vec::new(),
             error: None,
         }
     }
 
-    /// A builder holding what `route` of `config` says: its name as the scope, its limits, `deny_status` and
-    /// `headers`, and the config's `store.key_prefix` and `client_ip.trusted_proxies`.
+    /// A builder holding what `route` of `config` says: its name as the scope, its limits, `deny_status`,
+    /// `headers` and `allow`, and the config's `store.key_prefix` and `client_ip.trusted_proxies`.
     pub(super) fn from_route(config: &Config, route: &str) -> Result<Self, LayerError> {
         let settings = config
             .routes
@@ -130,6 +133,7 @@ impl Builder {
             headers: settings.headers,
             trusted_proxies: config.client_ip.trusted_proxies.clone(),
             ipv6_prefix: config.client_ip.ipv6_prefix,
+            allow: settings.allow.clone(),
             ..Self::new()
         })
     }
@@ -205,6 +209,13 @@ impl Builder {
         self
     }
 
+    /// Client networks (CIDRs) exempt from the limits, as a route's `allow:`: their requests are passed on
+    /// without asking the limiter, counted against nobody, and get no rate-limit fields.
+    pub fn allow(mut self, networks: impl IntoIterator<Item = IpNet>) -> Self {
+        self.allow = networks.into_iter().collect();
+        self
+    }
+
     /// Keys IPv6 clients by their network of `bits` bits (default 64, as `client_ip.ipv6_prefix`; 128 keys each
     /// address): one subscriber is given a whole /64, and must not get 2^64 keys.
     pub fn ipv6_prefix(mut self, bits: u8) -> Self {
@@ -241,9 +252,8 @@ impl Builder {
         let limits = LimitSet::new(&scope, &self.key_prefix, self.limits, self.deny_status);
         Ok(RateLimitLayer::new(
             limiter,
-            limits,
+            Policy::new(limits, self.allow, self.headers),
             ClientIpResolver::new(self.trusted_proxies).with_ipv6_prefix(self.ipv6_prefix),
-            self.headers,
         ))
     }
 }

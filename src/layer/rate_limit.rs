@@ -7,8 +7,8 @@ use tower::Layer;
 
 use super::builder::Builder;
 use super::service::RateLimit;
+use crate::admission::{LimitSet, Policy};
 use crate::config::Config;
-use crate::enforcement::LimitSet;
 use crate::key::ClientIpResolver;
 use crate::limiter::RateLimiter;
 
@@ -25,10 +25,9 @@ pub struct RateLimitLayer {
 #[derive(Debug)]
 pub(super) struct Shared {
     pub(super) limiter: Arc<RateLimiter>,
-    pub(super) limits: LimitSet,
+    /// The limits, allowlist and fields: what admission decides requests by, as for a gateway route.
+    pub(super) policy: Policy,
     pub(super) client_ip: ClientIpResolver,
-    /// Whether admitted responses get the rate-limit headers.
-    pub(super) headers: bool,
     /// Set once a request came without `ConnectInfo`, so that the misconfiguration is logged once, not per
     /// request.
     pub(super) warned_no_peer: AtomicBool,
@@ -59,7 +58,7 @@ impl RateLimitLayer {
     }
 
     /// A builder holding what the route named `route` of a gateway config says: its limits (named as in the file),
-    /// `deny_status` and `headers`, with the config's `store.key_prefix` and `client_ip.trusted_proxies`. The
+    /// `deny_status`, `headers` and `allow`, with the config's `store.key_prefix` and `client_ip.trusted_proxies`. The
     /// route's `match:` and its `upstream` / `respond` are not used: the layer limits whatever it wraps.
     ///
     /// The store is still to be chosen, usually [`crate::gateway::build_limiter`] with the config's `store:`,
@@ -93,16 +92,14 @@ impl RateLimitLayer {
 
     pub(super) fn new(
         limiter: Arc<RateLimiter>,
-        limits: LimitSet,
+        policy: Policy,
         client_ip: ClientIpResolver,
-        headers: bool,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 limiter,
-                limits,
+                policy,
                 client_ip,
-                headers,
                 warned_no_peer: AtomicBool::new(false),
             }),
         }
@@ -110,12 +107,12 @@ impl RateLimitLayer {
 
     /// The scope's name.
     pub fn scope(&self) -> &str {
-        self.shared.limits.scope()
+        self.shared.policy.limits().scope()
     }
 
     /// The limits, in the order they were added.
     pub fn limits(&self) -> &LimitSet {
-        &self.shared.limits
+        self.shared.policy.limits()
     }
 
     /// The limiter, e.g. to report [`RateLimiter::fallback_active`] in a readiness check.

@@ -4,7 +4,6 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -15,7 +14,7 @@ use tower::{Service, ServiceExt};
 
 use super::future::ResponseFuture;
 use super::rate_limit::{RateLimitLayer, Shared};
-use crate::enforcement::refused;
+use crate::admission::{refused, Admission};
 use crate::key::RequestFacts;
 use crate::routing::CanonicalRequest;
 
@@ -112,29 +111,20 @@ where
     let facts = RequestFacts {
         client_ip,
         ipv6_prefix: shared.client_ip.ipv6_prefix(),
-        route: shared.limits.scope(),
+        route: shared.policy.limits().scope(),
         method: request.method(),
         path: &canonical.path,
         host: canonical.host.as_deref(),
         headers: request.headers(),
         query: request.uri().query(),
     };
-    let verdict = match shared.limits.check(&shared.limiter, &facts).await {
-        Ok(verdict) => verdict,
-        Err(error) => return Ok(shared.limits.not_checked(&error)),
-    };
-    if !verdict.outcome.allowed {
-        return Ok(shared.limits.refusal(&verdict));
-    }
-    let delay_ms = shared.limits.delay_ms(&verdict);
-    if delay_ms > 0 {
-        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+    let admission = shared.policy.admit(&shared.limiter, &facts).await;
+    if let Admission::Refused(refusal) = admission {
+        return Ok(refusal);
     }
     let response = inner.oneshot(request).await?;
     let mut response = response.map(Body::new);
-    if shared.headers {
-        shared.limits.decorate(response.headers_mut(), &verdict);
-    }
+    shared.policy.decorate(&admission, response.headers_mut());
     Ok(response)
 }
 
@@ -145,7 +135,7 @@ fn peer_ip<B>(shared: &Shared, request: &Request<B>) -> IpAddr {
     }
     if !shared.warned_no_peer.swap(true, Ordering::Relaxed) {
         tracing::warn!(
-            scope = %shared.limits.scope(),
+            scope = %shared.policy.limits().scope(),
             "request without ConnectInfo<SocketAddr>: every client is taken to be {UNKNOWN_PEER} (serve with \
              into_make_service_with_connect_info::<SocketAddr>())"
         );

@@ -59,6 +59,14 @@ async fn start(config: Config, wait_for_redis: bool) -> TestGateway {
             "redis did not answer"
         );
     }
+    start_with_limiter(config, limiter).await
+}
+
+/// Starts a gateway for `config` deciding with `limiter` (e.g. one on a manual clock), on a free port.
+pub async fn start_with_limiter(
+    config: Config,
+    limiter: Arc<tollgate::limiter::RateLimiter>,
+) -> TestGateway {
     let gateway = Arc::new(Gateway::new(&config, limiter));
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("local addr");

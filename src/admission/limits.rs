@@ -1,7 +1,5 @@
-//! Applying a set of keyed limits to HTTP requests: keys, one limiter call, the refusal or the informational
-//! headers. Shared by the gateway's routes and the tower layer.
-
-mod headers;
+//! A set of keyed limits applied to a request: its keys, one limiter call for them all, the refusal or the
+//! informational fields.
 
 use axum::body::Body;
 use http::header::{self, HeaderMap, HeaderValue};
@@ -9,6 +7,8 @@ use http::{Response, StatusCode};
 use serde_json::json;
 use smallvec::SmallVec;
 
+use super::headers;
+use super::responses::{json_response, refused};
 use crate::config::LimitSettings;
 use crate::key::{key_head, key_with_head, seal_key, AmbiguousKey, KeySpec, RequestFacts};
 use crate::limiter::store::{LimitCheck, INLINE_LIMITS};
@@ -391,27 +391,6 @@ impl DecisionCounters {
             shadow_denied: counter("shadow_denied"),
         }
     }
-}
-
-/// The answer to a request refused before any limit was asked (design §7): 400 (405 for CONNECT) with a JSON body
-/// naming the reason. Shared by the gateway and the tower layer, which must refuse alike.
-pub fn refused(refusal: Refusal) -> Response<Body> {
-    tracing::debug!(%refusal, "request refused");
-    json_response(
-        refusal.status(),
-        &json!({"error": refusal.code(), "message": refusal.to_string()}),
-    )
-}
-
-/// A response with a JSON body.
-pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Body> {
-    let mut response = Response::new(Body::from(body.to_string()));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    response
 }
 
 #[cfg(test)]
