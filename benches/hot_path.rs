@@ -14,13 +14,14 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 
+use tollgate::admission::LimitSettings;
 use tollgate::admission::{LimitSet, Verdict};
-use tollgate::config::{LimitSettings, RouteMatch};
 use tollgate::key::{store_key, ClientIpResolver, KeyPart, KeySpec, MissingKey, RequestFacts};
 use tollgate::limiter::store::{LimitCheck, MemoryStore};
 use tollgate::limiter::{
     Algorithm, Backend, LeakyMode, Limit, ManualClock, OnError, Rate, RateLimiter, SystemClock,
 };
+use tollgate::routing::RouteMatch;
 use tollgate::routing::{normalize_path, CanonicalRequest, Matcher, RequestTarget};
 
 /// A fixed instant (2025-01-01T00:00:00Z) so that every run sees the same window alignment.

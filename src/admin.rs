@@ -12,7 +12,8 @@ use serde::Deserialize;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::config::{AdminSettings, LimitSettings};
+use crate::admission::LimitSettings;
+use crate::config::AdminSettings;
 use crate::gateway::Gateway;
 use crate::limiter::store::{LimitCheck, StoreError};
 use crate::limiter::Backend;

@@ -23,7 +23,8 @@ use tower::{Layer, Service, ServiceExt};
 
 use common::http_client::client;
 use common::redis::RedisServer;
-use tollgate::config::{parse_rate, LimitSettings};
+use tollgate::admission::LimitSettings;
+use tollgate::config::parse_rate;
 use tollgate::key::{KeyPart, KeySpec, MissingKey};
 use tollgate::layer::{LayerError, RateLimitLayer};
 use tollgate::limiter::store::RedisStore;

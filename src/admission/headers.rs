@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::config::LimitSettings;
+use super::LimitSettings;
 use crate::limiter::{Decision, Limit};
 
 static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");

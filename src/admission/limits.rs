@@ -9,11 +9,19 @@ use smallvec::SmallVec;
 
 use super::headers;
 use super::responses::{json_response, refused};
-use crate::config::LimitSettings;
 use crate::key::{key_head, key_with_head, seal_key, AmbiguousKey, KeySpec, RequestFacts};
 use crate::limiter::store::{LimitCheck, INLINE_LIMITS};
-use crate::limiter::{Decision, Outcome, RateLimiter, Unavailable};
+use crate::limiter::{Decision, Limit, Outcome, RateLimiter, Unavailable};
 use crate::routing::Refusal;
+
+/// A limit and how it keys requests (one entry of a route's `limits:`).
+#[derive(Debug, Clone)]
+pub struct LimitSettings {
+    /// The validated limit (name, algorithm, cost).
+    pub limit: Limit,
+    /// How the limit keys requests.
+    pub key: KeySpec,
+}
 
 /// The limits of one scope (a route), applied together: a request is admitted only if all admit it.
 #[derive(Debug, Clone)]

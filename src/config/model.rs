@@ -4,13 +4,16 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
+use http::{HeaderName, HeaderValue, StatusCode};
 use ipnet::IpNet;
 
-use crate::key::KeySpec;
 use crate::limiter::store::WhenFull;
-use crate::limiter::{Limit, OnError};
-use crate::proxy::UpstreamTls;
+use crate::limiter::OnError;
+
+// Domain types the config builds but does not own; named here too, as the config's parts.
+pub use crate::admission::LimitSettings;
+pub use crate::proxy::UpstreamSettings;
+pub use crate::routing::RouteMatch;
 
 /// A whole, valid configuration.
 #[derive(Debug, Clone)]
@@ -107,23 +110,6 @@ pub struct ServerSettings {
     pub shutdown_grace: Duration,
 }
 
-/// One entry of `upstreams:`.
-#[derive(Debug, Clone)]
-pub struct UpstreamSettings {
-    /// Its key in `upstreams:`.
-    pub name: String,
-    /// `http[s]://host[:port][/base-path]` targets, used round robin.
-    pub targets: Vec<Uri>,
-    /// Time to wait for the response head, default 30s.
-    pub timeout: Duration,
-    /// Time to wait for a connection (TCP, then the TLS handshake of `https` targets), default 5s.
-    pub connect_timeout: Duration,
-    /// Whether the client's `Host` goes to the upstream (default) or the target's own host and port replace it.
-    pub pass_host_header: bool,
-    /// How `https` targets are verified; `Some` exactly when there is one.
-    pub tls: Option<UpstreamTls>,
-}
-
 /// One entry of `routes:`.
 #[derive(Debug, Clone)]
 pub struct RouteSettings {
@@ -141,21 +127,6 @@ pub struct RouteSettings {
     pub headers: bool,
     /// Client networks exempt from the route's limits (health checkers, internal callers).
     pub allow: Vec<IpNet>,
-}
-
-/// `match:` of a route. Every given condition must hold.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RouteMatch {
-    /// Path prefix, matched on whole segments (`/api` takes `/api` and `/api/x`, not `/apix`).
-    pub path_prefix: Option<String>,
-    /// Exact path.
-    pub path: Option<String>,
-    /// Allowed methods; empty means any.
-    pub methods: Vec<Method>,
-    /// Host, case-insensitive, without port; `*.example.com` matches any subdomain.
-    pub host: Option<String>,
-    /// Paths compared without regard to ASCII case.
-    pub case_insensitive: bool,
 }
 
 /// What a route does with an admitted request.
@@ -176,13 +147,4 @@ pub struct DirectResponse {
     pub body: String,
     /// Extra response headers.
     pub headers: Vec<(HeaderName, HeaderValue)>,
-}
-
-/// One entry of a route's `limits:`.
-#[derive(Debug, Clone)]
-pub struct LimitSettings {
-    /// The validated limit (name, algorithm, cost).
-    pub limit: Limit,
-    /// How the limit keys requests.
-    pub key: KeySpec,
 }

@@ -8,8 +8,9 @@ use http::StatusCode;
 use ipnet::IpNet;
 
 use super::rate_limit::RateLimitLayer;
+use crate::admission::LimitSettings;
 use crate::admission::{LimitSet, Policy};
-use crate::config::{Config, LimitSettings};
+use crate::config::Config;
 use crate::key::{ClientIpResolver, KeyPart, KeyPartError, KeySpec, MissingKey};
 use crate::limiter::{Algorithm, Backend, Limit, LimitError, OnError, RateLimiter, SystemClock};
 

@@ -135,7 +135,7 @@ impl Rate {
 impl fmt::Display for Rate {
     /// As the config file writes it: `5/s`, `30/1m`, `100/5m`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let period = crate::config::format_duration_ms(self.period_ms);
+        let period = format_duration_ms(self.period_ms);
         let period = match period.as_str() {
             "1s" | "1m" | "1h" | "1d" => &period[1..],
             _ => &period,
@@ -334,6 +334,22 @@ impl Limit {
     pub fn cost(&self) -> u64 {
         self.cost
     }
+}
+
+/// Formats milliseconds the way the config file writes durations, for messages about limits (`250ms`, `2s`, `1m`, `1h`, `1d`).
+pub fn format_duration_ms(ms: u64) -> String {
+    const UNITS: [(u64, &str); 4] = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1_000, "s"),
+    ];
+    for (size, unit) in UNITS {
+        if ms >= size && ms.is_multiple_of(size) {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
 }
 
 #[cfg(test)]

@@ -11,4 +11,4 @@ mod upstream;
 pub use body::{discard, ClientBody, ClientBodyError};
 pub use headers::{ForwardedFacts, VIA};
 pub use tls::{TlsDialer, TlsFieldError, TlsFiles, UpstreamTls};
-pub use upstream::{ProxyError, Upstream};
+pub use upstream::{ProxyError, Upstream, UpstreamSettings};

@@ -2,7 +2,20 @@
 
 use http::Method;
 
-use crate::config::RouteMatch;
+/// What a route matches (its `match:` in the config). Every given condition must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouteMatch {
+    /// Path prefix, matched on whole segments (`/api` takes `/api` and `/api/x`, not `/apix`).
+    pub path_prefix: Option<String>,
+    /// Exact path.
+    pub path: Option<String>,
+    /// Allowed methods; empty means any.
+    pub methods: Vec<Method>,
+    /// Host, case-insensitive, without port; `*.example.com` matches any subdomain.
+    pub host: Option<String>,
+    /// Paths compared without regard to ASCII case.
+    pub case_insensitive: bool,
+}
 
 /// The compiled conditions of one route.
 #[derive(Debug, Clone)]

@@ -6,5 +6,5 @@ mod matcher;
 mod path;
 
 pub use canonical::{canonical_host, CanonicalRequest, Refusal};
-pub use matcher::{Matcher, RequestTarget};
+pub use matcher::{Matcher, RequestTarget, RouteMatch};
 pub use path::{normalize_path, PathError};
