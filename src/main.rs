@@ -138,7 +138,7 @@ fn init_tracing(format: LogFormat) {
 
 async fn run(config: Config) -> ExitCode {
     tollgate::telemetry::prometheus();
-    let limiter = match gateway::build_limiter(&config.store) {
+    let limiter = match tollgate::limiter::RateLimiter::from_settings(&config.store) {
         Ok(limiter) => Arc::new(limiter),
         Err(error) => {
             eprintln!("{}: store.url: {error}", config.source.display());

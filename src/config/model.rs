@@ -7,11 +7,9 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue, StatusCode};
 use ipnet::IpNet;
 
-use crate::limiter::store::WhenFull;
-use crate::limiter::OnError;
-
 // Domain types the config builds but does not own; named here too, as the config's parts.
 pub use crate::admission::LimitSettings;
+pub use crate::limiter::{BackendKind, StoreSettings};
 pub use crate::proxy::UpstreamSettings;
 pub use crate::routing::RouteMatch;
 
@@ -46,36 +44,6 @@ pub struct AdminSettings {
     /// The HTTP status of `/readyz` while the store is degraded: 200 (default: the gateway still serves), or
     /// e.g. 503 for orchestrators that should stop routing to it.
     pub readyz_degraded_status: u16,
-}
-
-/// Which store holds limit state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendKind {
-    /// Redis (standalone, Sentinel or Cluster, by URL scheme).
-    Redis,
-    /// In-process.
-    Memory,
-}
-
-/// `store:`
-#[derive(Debug, Clone)]
-pub struct StoreSettings {
-    /// Default `memory`.
-    pub backend: BackendKind,
-    /// Default `redis://127.0.0.1:6379`.
-    pub url: String,
-    /// Budget for one limiter call, default 25ms.
-    pub timeout: Duration,
-    /// Default `local`.
-    pub on_error: OnError,
-    /// Default `tollgate:`.
-    pub key_prefix: String,
-    /// Bound of the in-process store, default 1,000,000.
-    pub max_keys: usize,
-    /// A new key's request when the in-process store is full of keys it may not displace, default `deny`.
-    pub when_full: WhenFull,
-    /// Redis connections, default 4.
-    pub pool_size: usize,
 }
 
 /// `client_ip:`

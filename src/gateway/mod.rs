@@ -7,5 +7,5 @@ mod runtime;
 mod server;
 
 pub use handler::{Gateway, RequestView};
-pub use runtime::{build_limiter, Runtime};
+pub use runtime::Runtime;
 pub use server::{serve, ServeError};

@@ -4,10 +4,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::admission::{LimitSet, Policy};
-use crate::config::{BackendKind, Config, DirectResponse, RouteAction, StoreSettings};
+use crate::config::{Config, DirectResponse, RouteAction};
 use crate::key::ClientIpResolver;
-use crate::limiter::store::{RedisStore, StoreError};
-use crate::limiter::{Backend, RateLimiter, SystemClock};
 use crate::proxy::Upstream;
 use crate::routing::{Matcher, RequestTarget};
 use crate::telemetry::RouteMetrics;
@@ -110,24 +108,4 @@ impl Runtime {
     pub(super) fn route_for(&self, target: &RequestTarget<'_>) -> Option<&Route> {
         self.routes.iter().find(|r| r.matcher.matches(target))
     }
-}
-
-/// Builds the limiter for the `store:` settings. Connecting to Redis happens in the background.
-pub fn build_limiter(store: &StoreSettings) -> Result<RateLimiter, StoreError> {
-    let backend = match store.backend {
-        BackendKind::Memory => Backend::Memory,
-        BackendKind::Redis => Backend::Redis(
-            RedisStore::connect(&store.url, store.pool_size, store.timeout)?
-                .with_key_prefix(&store.key_prefix),
-        ),
-    };
-    let limiter = RateLimiter::new(
-        backend,
-        store.timeout,
-        store.on_error,
-        store.max_keys,
-        Arc::new(SystemClock),
-    );
-    limiter.local().set_when_full(store.when_full);
-    Ok(limiter)
 }

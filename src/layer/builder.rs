@@ -88,7 +88,7 @@ pub enum LayerError {
 /// with [`Builder::memory_store`] has a store of its own).
 ///
 /// Its counters live in this process only: several instances of a service each admit the full limit. Use a Redis
-/// limiter ([`crate::gateway::build_limiter`]) to share limits between instances.
+/// limiter ([`RateLimiter::from_settings`]) to share limits between instances.
 pub fn memory_limiter(max_keys: usize) -> Arc<RateLimiter> {
     Arc::new(RateLimiter::new(
         Backend::Memory,
@@ -140,7 +140,7 @@ impl Builder {
     }
 
     /// The limiter that decides: an in-process one ([`memory_limiter`]) or Redis
-    /// ([`crate::gateway::build_limiter`]). Layers sharing one limiter share its store and connections.
+    /// ([`RateLimiter::from_settings`]). Layers sharing one limiter share its store and connections.
     pub fn limiter(mut self, limiter: Arc<RateLimiter>) -> Self {
         self.limiter = Some(limiter);
         self

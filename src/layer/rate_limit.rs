@@ -61,7 +61,7 @@ impl RateLimitLayer {
     /// `deny_status`, `headers` and `allow`, with the config's `store.key_prefix` and `client_ip.trusted_proxies`. The
     /// route's `match:` and its `upstream` / `respond` are not used: the layer limits whatever it wraps.
     ///
-    /// The store is still to be chosen, usually [`crate::gateway::build_limiter`] with the config's `store:`,
+    /// The store is still to be chosen, usually [`RateLimiter::from_settings`] with the config's `store:`,
     /// shared between the layers of one config:
     ///
     /// ```
@@ -80,7 +80,7 @@ impl RateLimitLayer {
     ///       - { name: per-ip, key: ip, algorithm: sliding_window, limit: 100, period: 1m }
     /// "#;
     /// let config = tollgate::config::parse(yaml, Path::new("inline.yaml"))?;
-    /// let limiter = Arc::new(tollgate::gateway::build_limiter(&config.store)?);
+    /// let limiter = Arc::new(tollgate::limiter::RateLimiter::from_settings(&config.store)?);
     /// let layer = RateLimitLayer::from_route(&config, "api")?.limiter(limiter).build()?;
     /// assert_eq!(layer.scope(), "api");
     /// # Ok(())

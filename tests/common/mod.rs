@@ -52,7 +52,9 @@ pub async fn start_gateway_without_waiting(yaml: &str) -> TestGateway {
 }
 
 async fn start(config: Config, wait_for_redis: bool) -> TestGateway {
-    let limiter = Arc::new(gateway::build_limiter(&config.store).expect("store settings"));
+    let limiter = Arc::new(
+        tollgate::limiter::RateLimiter::from_settings(&config.store).expect("store settings"),
+    );
     if let (true, Backend::Redis(redis)) = (wait_for_redis, limiter.backend()) {
         assert!(
             redis.wait_connected(Duration::from_secs(10)).await,
