@@ -726,13 +726,20 @@ mod tests {
         let clock = Arc::new(ManualClock::new(0));
         let store = MemoryStore::new(SHARDS, clock.clone());
         let keys = same_shard_keys(&store, 2);
+        // A key in another shard, which has room: keys hash with a per-process seed, so a fixed name would share
+        // the full shard once in SHARDS runs.
+        let full_shard = store.key_ref(&keys[0]).shard();
+        let elsewhere = (0..)
+            .map(|i| format!("elsewhere{i}"))
+            .find(|k| store.key_ref(k).shard() != full_shard)
+            .expect("a key in another shard");
         let one = log_limit("one", 1);
         let wide = log_limit("wide", 10);
         assert!(store.check(&[on(&keys[0], &one)]).allowed);
-        let outcome = store.check(&[on("elsewhere", &wide), on(&keys[1], &one)]);
+        let outcome = store.check(&[on(&elsewhere, &wide), on(&keys[1], &one)]);
         assert!(!outcome.allowed);
         assert!(outcome.decisions[0].allowed);
-        assert_eq!(store.peek(on("elsewhere", &wide)).remaining, 10);
+        assert_eq!(store.peek(on(&elsewhere, &wide)).remaining, 10);
     }
 
     #[test]
