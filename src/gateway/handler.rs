@@ -144,8 +144,10 @@ impl Gateway {
         let mut response = match &route.action {
             Action::Respond(direct) => {
                 // Read first, so that malformed framing is 400 here as on an upstream route.
-                if crate::proxy::discard(request.into_body()).await.is_err() {
-                    return (Some(route), responses::bad_body());
+                if let Some(reading) = crate::proxy::discard(request.into_body()) {
+                    if reading.await.is_err() {
+                        return (Some(route), responses::bad_body());
+                    }
                 }
                 let mut response = Response::new(Body::from(direct.body.clone()));
                 *response.status_mut() = direct.status;

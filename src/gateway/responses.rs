@@ -24,10 +24,10 @@ pub(super) fn bad_body() -> Response<Body> {
 
 /// 431 for a request head larger than `server.max_header_bytes`. The connection is closed after it (HTTP/1.x): the
 /// client that wrote such a head is not trusted to frame what follows.
-pub(super) fn head_too_large(max_header_bytes: usize, version: Version) -> Response<Body> {
+pub(super) fn head_too_large(version: Version) -> Response<Body> {
     let mut response = json_response(
         StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-        &json!({"error": "header_too_large", "max_header_bytes": max_header_bytes}),
+        &json!({"error": "header_too_large", "message": "the request head is larger than server.max_header_bytes"}),
     );
     if version < Version::HTTP_2 {
         response

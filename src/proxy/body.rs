@@ -1,6 +1,7 @@
 //! The client's request body, with its errors marked as the client's: a malformed or cut-short body is the
 //! client's fault (400), told apart from an upstream failure wherever it surfaces.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -16,6 +17,9 @@ use thiserror::Error;
 /// into an axum `Body` once either way, and only an error is changed.
 #[derive(Debug)]
 pub struct ClientBody(Incoming);
+
+/// The reading of a body that nobody will use (see [`discard`]).
+pub type Discarding = Pin<Box<dyn Future<Output = Result<(), axum::Error>> + Send>>;
 
 /// The client's body could not be read: bad chunk size, fewer bytes than its `Content-Length`, connection closed
 /// or reset mid-body.
@@ -78,14 +82,19 @@ impl ClientBodyError {
 }
 
 /// Reads a request body that nobody will use (at most [`DISCARD_LIMIT`] bytes, for at most [`DISCARD_WITHIN`]):
-/// `Err` when the client's framing is malformed or the body is cut short. A request without a body costs one check.
-pub async fn discard(body: Body) -> Result<(), axum::Error> {
+/// `None` for a request without a body, else a future giving `Err` when the client's framing is malformed or the
+/// body is cut short. Boxed and out of line: a body for a route that answers itself is rare, and its reading
+/// future inlined into the request's would make that future larger, and so every request's moves of it longer.
+#[inline(never)]
+pub fn discard(body: Body) -> Option<Discarding> {
     if body.is_end_stream() {
-        return Ok(());
+        return None;
     }
-    tokio::time::timeout(DISCARD_WITHIN, read_some(body))
-        .await
-        .unwrap_or(Ok(()))
+    Some(Box::pin(async move {
+        tokio::time::timeout(DISCARD_WITHIN, read_some(body))
+            .await
+            .unwrap_or(Ok(()))
+    }))
 }
 
 async fn read_some(mut body: Body) -> Result<(), axum::Error> {

@@ -8,7 +8,7 @@ mod tls;
 mod upgrade;
 mod upstream;
 
-pub use body::{discard, ClientBody, ClientBodyError};
+pub use body::{discard, ClientBody, ClientBodyError, Discarding};
 pub use headers::{ForwardedFacts, VIA};
 pub use tls::{TlsDialer, TlsFieldError, TlsFiles, UpstreamTls};
 pub use upstream::{ProxyError, Upstream, UpstreamSettings};
