@@ -77,9 +77,10 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
 fn scan(headers: &HeaderMap) -> u16 {
     let mut present = 0u16;
     for name in headers.keys() {
-        if let Some(index) = hop_by_hop_index(name.as_str()) {
+        let name = name.as_str();
+        if let Some(index) = hop_by_hop_index(name) {
             present |= 1 << index;
-        } else if matches!(name.as_str(), "forwarded" | "x-real-ip") {
+        } else if matches!(name, "forwarded" | "x-real-ip") {
             present |= CLIENT_ADDRESS_FIELDS;
         }
     }

@@ -179,7 +179,9 @@ impl ConnectionPool {
                 }
                 return Err(error.into());
             }
-            let replay = (suspect && replayable(&request)).then(|| replay_copy(&request));
+            // Boxed: held across the send, unboxed it would add a whole request to the future of every request
+            // (and to the bytes copied each time that future moves), for a copy made on few of them.
+            let replay = (suspect && replayable(&request)).then(|| Box::new(replay_copy(&request)));
             let read_before = connection.read.load(Ordering::Relaxed);
             match connection.sender.try_send_request(request).await {
                 Ok(response) => {
@@ -206,7 +208,7 @@ impl ConnectionPool {
                             error = %failed.error(),
                             "reused upstream connection closed under a request, sending it again on a new one"
                         );
-                        request = copy;
+                        request = *copy;
                         fresh = true;
                     }
                     _ => return Err(failed.into_error().into()),
