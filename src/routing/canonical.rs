@@ -214,7 +214,12 @@ fn plain_host(text: &str) -> Option<&str> {
         && host
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
-    let port_ok = port.is_none_or(|p| (1..=5).contains(&p.len()) && p.parse::<u16>().is_ok());
+    // Digits compared as text: five digits are a port only up to 65535 (no number parsed per request).
+    let port_ok = port.is_none_or(|p| {
+        (1..=5).contains(&p.len())
+            && p.bytes().all(|b| b.is_ascii_digit())
+            && (p.len() < 5 || p <= "65535")
+    });
     (host_ok && port_ok).then_some(host)
 }
 
@@ -358,6 +363,8 @@ mod tests {
             "api.example.com:8080",
             "127.0.0.1:18090",
             "a-b.c",
+            "h:65535",
+            "h:9",
         ] {
             let (parsed, canonical) = parse_authority(text).expect("valid");
             assert_eq!(plain_host(text), Some(parsed.as_str()), "{text:?}");
@@ -368,6 +375,8 @@ mod tests {
             "a.example.",
             "host:123456",
             "host:12ab",
+            "host:65536",
+            "host:99999",
             "",
             ":80",
         ] {
