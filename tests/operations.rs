@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::http_client::client;
 use common::upstream::Upstream;
-use common::{free_port, start_gateway_with, wait_until_listening, Process};
+use common::{eventually, free_port, start_gateway_with, wait_until_listening, Process};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tollgate::reload::Polled;
 
@@ -70,16 +70,12 @@ async fn statuses(url: &str, n: usize) -> Vec<u16> {
 /// Polls until `url` answers with `body`, or panics after `within`.
 async fn wait_for_body(url: &str, body: &str, within: Duration) {
     let client = client();
-    let started = Instant::now();
-    loop {
-        if let Ok(response) = client.get(url).send().await {
-            if response.text().await.ok().as_deref() == Some(body) {
-                return;
-            }
-        }
-        assert!(started.elapsed() < within, "{url} never answered {body:?}");
-        tokio::time::sleep(Duration::from_millis(30)).await;
-    }
+    let answered = eventually(within, async || match client.get(url).send().await {
+        Ok(response) => response.text().await.ok().as_deref() == Some(body),
+        Err(_) => false,
+    })
+    .await;
+    assert!(answered.is_some(), "{url} never answered {body:?}");
 }
 
 #[tokio::test]
@@ -221,18 +217,14 @@ routes:
             .expect("in-flight request completed"),
         200
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = process.0.try_wait().expect("wait") {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "tollgate did not exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert_eq!(status.code(), Some(0));
+    let mut status = None;
+    let exited = eventually(Duration::from_secs(10), async || {
+        status = process.0.try_wait().expect("wait");
+        status.is_some()
+    })
+    .await;
+    assert!(exited.is_some(), "tollgate did not exit after SIGTERM");
+    assert_eq!(status.and_then(|s| s.code()), Some(0));
     assert!(
         std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
         "no longer accepting"

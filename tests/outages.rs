@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use common::http_client::client;
 use common::redis::RedisServer;
 use common::{
-    free_port, serve_admin, start_gateway, start_gateway_without_waiting, wait_until_listening,
-    Process, TestGateway,
+    eventually, free_port, serve_admin, start_gateway, start_gateway_without_waiting,
+    wait_until_listening, Process, TestGateway,
 };
 use serde_json::json;
 use tollgate::limiter::store::{LimitCheck, RedisStore};
@@ -60,21 +60,6 @@ async fn timed_requests(gateway: &TestGateway, n: usize) -> Vec<(u16, Duration)>
 
 fn max_latency(results: &[(u16, Duration)]) -> Duration {
     results.iter().map(|r| r.1).max().unwrap_or_default()
-}
-
-/// Polls `condition` every 20 ms until it holds or `within` passes; returns how long it took.
-async fn eventually(
-    within: Duration,
-    mut condition: impl AsyncFnMut() -> bool,
-) -> Option<Duration> {
-    let started = Instant::now();
-    while started.elapsed() < within {
-        if condition().await {
-            return Some(started.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    None
 }
 
 #[tokio::test]

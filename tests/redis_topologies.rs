@@ -15,8 +15,8 @@ use common::pki::TestCa;
 use common::redis::RedisServer;
 use common::sentinel::RedisSentinel;
 use common::{
-    free_port, start_gateway, start_gateway_without_waiting, wait_until_listening, Process,
-    TestGateway,
+    eventually, free_port, start_gateway, start_gateway_without_waiting, wait_until_listening,
+    Process, TestGateway,
 };
 use fred::util::redis_keyslot;
 use proptest::prelude::*;
@@ -728,11 +728,11 @@ async fn rediss_limits_over_tls_trusting_only_the_configured_ca() {
 
     let (_trusting, url, _) = run_tollgate(dir.path(), "trusting", &store, &ca);
     // Bounded wait for the first TLS connection (503 until then, with `on_error: deny`).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while get_status(&url, "probe").await != 200 {
-        assert!(Instant::now() < deadline, "no TLS connection to redis");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let connected = eventually(Duration::from_secs(30), async || {
+        get_status(&url, "probe").await == 200
+    })
+    .await;
+    assert!(connected.is_some(), "no TLS connection to redis");
     let mut statuses = Vec::new();
     for _ in 0..4 {
         statuses.push(get_status(&url, "t").await);
@@ -748,18 +748,15 @@ async fn rediss_limits_over_tls_trusting_only_the_configured_ca() {
     // A gateway that trusts another CA refuses the server's certificate: it finds Redis unreachable at
     // start-up, logs why, and the store fails, visibly.
     let (_distrusting, url, log) = run_tollgate(dir.path(), "distrusting", &store, &other_ca);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let output = std::fs::read_to_string(&log).expect("log");
-        if output.contains("REDIS IS UNREACHABLE")
+    let mut output = String::new();
+    let logged = eventually(Duration::from_secs(30), async || {
+        output = std::fs::read_to_string(&log).expect("log");
+        output.contains("REDIS IS UNREACHABLE")
             && output.contains("redis failed")
             && output.contains("UnknownIssuer")
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{output}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    assert!(logged.is_some(), "{output}");
     for _ in 0..3 {
         assert_eq!(get_status(&url, "u").await, 503);
     }

@@ -12,7 +12,7 @@ pub mod upstream;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -130,6 +130,22 @@ impl Drop for Process {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// Polls `condition` every 20 ms until it holds or `within` passes; returns how long it took. The one way tests
+/// wait for something to happen: bounded, and as quick as the thing itself.
+pub async fn eventually(
+    within: Duration,
+    mut condition: impl AsyncFnMut() -> bool,
+) -> Option<Duration> {
+    let started = Instant::now();
+    while started.elapsed() < within {
+        if condition().await {
+            return Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
 }
 
 /// Waits until something accepts connections on 127.0.0.1:`port`, at most 20 s.
