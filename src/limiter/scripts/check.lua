@@ -112,8 +112,12 @@ end
 -- use the key: a hot key (one client, one API key) costs one SET per batch, not one per request. Within the script
 -- nobody else can see or change the key, so this is the same as reading and writing every time.
 --
--- Per key index k, at b = (k - 1) * 6 in `cache`: the algorithm whose state it holds (false: none), its three
--- integers (false where absent: no state), whether they changed, and the expiry in ms.
+-- Per key index k, six slots from b = (k - 1) * 6 in `cache` (written as numbers, not named locals: a named local
+-- is an upvalue in the functions, looked up at every use):
+--   b + 1       the algorithm whose state it holds (its id; false: none)
+--   b + 2 .. 4  its three integers (false where absent: no state)
+--   b + 5       whether they changed since they were read
+--   b + 6       the expiry in ms to write them with
 -- Tables are made with room for a typical batch (4 keys here): Lua grows a table by rehashing it at every power of
 -- two, which cost a run of one client's three limits 6% of its call. The nils only reserve the slots.
 local cache = {
@@ -128,9 +132,9 @@ local function write_back(k, forget)
   local alg = cache[b + 1]
   if cache[b + 5] then
     local value
-    if alg == 1 then
+    if alg == 1 then -- sliding_window
       value = spack('<Bddd', alg, cache[b + 2], cache[b + 3], cache[b + 4])
-    elseif alg == 5 then
+    elseif alg == 5 then -- gcra
       value = format('%d', cache[b + 2])
     else
       value = spack('<Bdd', alg, cache[b + 2], cache[b + 3])
@@ -154,13 +158,13 @@ end
 -- that is not in the binary layout.
 local function decode_text(alg, value)
   local x, y, z
-  if alg == 1 then
+  if alg == 1 then -- sliding_window
     x, y, z = string.match(value, '^sw:(%d+):(%d+):(%d+)$')
-  elseif alg == 3 then
+  elseif alg == 3 then -- token_bucket
     x, y = string.match(value, '^tb:(%d+):(%d+)$')
-  elseif alg == 4 then
+  elseif alg == 4 then -- fixed_window
     x, y = string.match(value, '^fw:(%d+):(%d+)$')
-  elseif alg == 6 then
+  elseif alg == 6 then -- leaky_bucket
     x, y = string.match(value, '^lb:(%d+):(%d+)$')
   end
   x = tonumber(x)
@@ -184,10 +188,10 @@ local function load(k, alg)
   end
   local value = raw[k]
   local _, x, y, z = nil, false, false, false
-  if alg == 5 then
+  if alg == 5 then -- gcra
     x = tonumber(value) or false
   elseif value then
-    local fields = alg == 1 and 3 or 2
+    local fields = alg == 1 and 3 or 2 -- sliding_window
     if #value == 1 + 8 * fields and string.byte(value) == alg then
       if fields == 3 then
         _, x, y, z = sunpack('<Bddd', value)
@@ -283,7 +287,7 @@ end
 local GCRA_EPOCH_MS = 1735689600000
 
 local function evaluate(alg, k, p1, p2, p3, p4, cost)
-  if alg == 1 then
+  if alg == 1 then -- sliding_window
     local limit, period = p1, p2
     local window_start = now - (now % period)
     local previous, current = window_counts(load(k, 1), window_start, period)
@@ -311,7 +315,7 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     end
     return false, 0, 0, standing, standing_reset, max(retry, 1), 0
 
-  elseif alg == 2 then
+  elseif alg == 2 then -- sliding_log
     local limit, period = p1, p2
     write_back(k, true)
     -- Whatever it held, the key holds no counter once a sliding_log has worked on it.
@@ -343,7 +347,7 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     end
     return false, 0, 0, standing, standing_reset, retry, 0
 
-  elseif alg == 3 then
+  elseif alg == 3 then -- token_bucket
     local burst, per_ms, unit = p1, p2, p3
     local capacity = burst * unit
     local level = level_of(load(k, 3), capacity, capacity, per_ms, true)
@@ -360,7 +364,7 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     end
     return false, 0, 0, standing, standing_reset, ceil((need - level) / per_ms), 0
 
-  elseif alg == 4 then
+  elseif alg == 4 then -- fixed_window
     local limit, period = p1, p2
     local window_start = now - (now % period)
     local left = period - (now - window_start)
@@ -381,7 +385,7 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     end
     return false, 0, 0, standing, standing_reset, left, 0
 
-  elseif alg == 5 then
+  elseif alg == 5 then -- gcra
     local burst, ticks_per_ms, interval = p1, p2, p3
     -- Time in ticks of 1/ticks_per_ms ms since GCRA_EPOCH_MS: the emission interval is a whole number of ticks.
     local t = (now - GCRA_EPOCH_MS) * ticks_per_ms
@@ -433,7 +437,7 @@ end
 -- Stores the state an admission leaves: in the cache for every algorithm but sliding_log, which writes its
 -- sorted set at once (`x` is its time, `period` and `cost` its parameters).
 local function commit(k, alg, x, y, z, ttl, period, cost)
-  if alg ~= 2 then
+  if alg ~= 2 then -- not sliding_log
     store((k - 1) * 6, x, y, z, ttl)
     return
   end
@@ -473,7 +477,7 @@ end
 -- admissions leave (a run's keys are distinct, so the state is still the one m was worked out from). It mirrors
 -- `evaluate`; sliding_log never runs.
 local function span(alg, k, p1, p2, p3, p4, cost, take)
-  if alg == 1 then
+  if alg == 1 then -- sliding_window
     local limit, period = p1, p2
     local window_start = now - (now % period)
     local b = load(k, 1)
@@ -485,7 +489,7 @@ local function span(alg, k, p1, p2, p3, p4, cost, take)
     local room, per = limit * period - previous * left - current * period, cost * period
     return room > 0 and (room - room % per) / per or 0
 
-  elseif alg == 3 then
+  elseif alg == 3 then -- token_bucket
     local burst, per_ms, unit = p1, p2, p3
     local capacity = burst * unit
     local b = load(k, 3)
@@ -498,7 +502,7 @@ local function span(alg, k, p1, p2, p3, p4, cost, take)
     local per = cost * unit
     return (level - level % per) / per
 
-  elseif alg == 4 then
+  elseif alg == 4 then -- fixed_window
     local limit, period = p1, p2
     local window_start = now - (now % period)
     local b = load(k, 4)
@@ -512,7 +516,7 @@ local function span(alg, k, p1, p2, p3, p4, cost, take)
     local room = limit - count
     return room > 0 and (room - room % cost) / cost or 0
 
-  elseif alg == 5 then
+  elseif alg == 5 then -- gcra
     local burst, ticks_per_ms, interval = p1, p2, p3
     local t = (now - GCRA_EPOCH_MS) * ticks_per_ms
     local tolerance = interval * burst
@@ -561,6 +565,7 @@ while a <= #input do
   for i = 0, n - 1 do
     local at = a + 3 + i * LIMIT_ARGS
     local alg = input[at + 1]
+    -- Ids 1 to 6 (the header's table); sliding_log cannot run.
     if not KEYS[input[at]] or type(alg) ~= 'number' or alg < 1 or alg > 6 or alg % 1 ~= 0 or (run and alg == 2) then
       return redis.error_reply('tollgate: bad limit ' .. tostring(input[at]) .. ':' .. tostring(input[at + 1]))
     end
@@ -572,7 +577,10 @@ end
 -- limit's as they stand. What else the end of the request may need is kept per limit in `results`, reused from
 -- request to request: the standing remaining and reset (if the request is not consumed after all), the state
 -- to store (if it is) and where the limit's arguments are (false for a limit that denies); for a run, each limit's
--- fit.
+-- fit. Per limit i of a request, seven slots from o = i * STRIDE:
+--   o + 1, 2    the standing remaining and reset
+--   o + 3 .. 6  the state to store (three integers) and its expiry in ms
+--   o + 7       where the limit's arguments start in `input` (false: the limit denies)
 local STRIDE = 7
 -- With room for three limits and 31 reply fields, as `cache` has for four keys.
 local results = {

@@ -341,23 +341,43 @@ fn state_before_run(algorithm: &Algorithm, f: &[i64]) -> Result<Option<State>, S
     }))
 }
 
+/// The algorithm ids `check.lua` switches on, as its header lists them
+/// (`the_script_and_the_gateway_name_the_same_algorithm_ids` checks that they agree).
+mod algorithm_id {
+    pub const SLIDING_WINDOW: u64 = 1;
+    pub const SLIDING_LOG: u64 = 2;
+    pub const TOKEN_BUCKET: u64 = 3;
+    pub const FIXED_WINDOW: u64 = 4;
+    pub const GCRA: u64 = 5;
+    pub const LEAKY_BUCKET: u64 = 6;
+}
+
 /// The script's algorithm id and four parameters for a limit (see the header of `check.lua`).
 fn script_params(algorithm: &Algorithm) -> [u64; 5] {
+    use algorithm_id::*;
     match *algorithm {
-        Algorithm::SlidingWindow { limit, period_ms } => [1, limit, period_ms, 0, 0],
-        Algorithm::SlidingLog { limit, period_ms } => [2, limit, period_ms, 0, 0],
-        Algorithm::TokenBucket { rate, burst } => [3, burst, rate.count(), rate.period_ms(), 0],
-        Algorithm::FixedWindow { limit, period_ms } => [4, limit, period_ms, 0, 0],
+        Algorithm::SlidingWindow { limit, period_ms } => [SLIDING_WINDOW, limit, period_ms, 0, 0],
+        Algorithm::SlidingLog { limit, period_ms } => [SLIDING_LOG, limit, period_ms, 0, 0],
+        Algorithm::TokenBucket { rate, burst } => {
+            [TOKEN_BUCKET, burst, rate.count(), rate.period_ms(), 0]
+        }
+        Algorithm::FixedWindow { limit, period_ms } => [FIXED_WINDOW, limit, period_ms, 0, 0],
         Algorithm::Gcra { rate, burst } => {
             let ticks = Ticks::of(rate);
-            [5, burst, ticks.ticks_per_ms, ticks.interval, 0]
+            [GCRA, burst, ticks.ticks_per_ms, ticks.interval, 0]
         }
         Algorithm::LeakyBucket { rate, burst, mode } => {
             let max_delay_ms = match mode {
                 LeakyMode::Reject => 0,
                 LeakyMode::Delay { max_delay_ms } => max_delay_ms,
             };
-            [6, burst, rate.count(), rate.period_ms(), max_delay_ms]
+            [
+                LEAKY_BUCKET,
+                burst,
+                rate.count(),
+                rate.period_ms(),
+                max_delay_ms,
+            ]
         }
     }
 }
@@ -547,5 +567,86 @@ mod tests {
     #[test]
     fn script_and_rust_share_the_gcra_epoch() {
         assert!(CHECK_SCRIPT.contains(&format!("local GCRA_EPOCH_MS = {EPOCH_MS}\n")));
+    }
+
+    /// Every algorithm, with parameters that do not matter here.
+    fn every_algorithm() -> Vec<Algorithm> {
+        let rate = crate::config::parse_rate("10/s").expect("rate");
+        vec![
+            Algorithm::SlidingWindow {
+                limit: 5,
+                period_ms: 1_000,
+            },
+            Algorithm::SlidingLog {
+                limit: 5,
+                period_ms: 1_000,
+            },
+            Algorithm::TokenBucket { rate, burst: 5 },
+            Algorithm::FixedWindow {
+                limit: 5,
+                period_ms: 1_000,
+            },
+            Algorithm::Gcra { rate, burst: 5 },
+            Algorithm::LeakyBucket {
+                rate,
+                burst: 5,
+                mode: LeakyMode::Reject,
+            },
+        ]
+    }
+
+    #[test]
+    fn the_script_and_the_gateway_name_the_same_algorithm_ids() {
+        // The header's table: `--   <id> <name>  <parameters>`.
+        let listed: std::collections::HashMap<u64, &str> = CHECK_SCRIPT
+            .lines()
+            .filter_map(|line| {
+                let mut words = line.strip_prefix("--   ")?.split_whitespace();
+                let id = words.next()?.parse().ok()?;
+                let name = words.next()?;
+                name.starts_with(|c: char| c.is_ascii_lowercase())
+                    .then_some((id, name))
+            })
+            .collect();
+        let algorithms = every_algorithm();
+        assert_eq!(listed.len(), algorithms.len(), "{listed:?}");
+        for algorithm in &algorithms {
+            let id = script_params(algorithm)[0];
+            assert_eq!(listed.get(&id), Some(&algorithm.name()), "id {id}");
+        }
+        // Every comparison of an id in the code names the algorithm, on its line or in the comment above it, and
+        // the ids run from 1 to the number of algorithms (the argument check refuses the rest).
+        let lines: Vec<&str> = CHECK_SCRIPT.lines().collect();
+        for (at, line) in lines.iter().enumerate() {
+            if line.trim_start().starts_with("--") {
+                continue;
+            }
+            for (_, rest) in line
+                .match_indices("alg ")
+                .map(|(i, _)| ((), &line[i + 4..]))
+            {
+                let Some(id) = rest
+                    .strip_prefix("== ")
+                    .or_else(|| rest.strip_prefix("~= "))
+                    .and_then(|r| r.get(..1))
+                    .and_then(|d| d.parse::<u64>().ok())
+                else {
+                    continue;
+                };
+                let name = listed
+                    .get(&id)
+                    .unwrap_or_else(|| panic!("line {}: id {id} is not listed", at + 1));
+                let above = at.checked_sub(1).map_or("", |i| lines[i]);
+                assert!(
+                    line.contains(&format!("-- {name}"))
+                        || line.contains(&format!("-- not {name}"))
+                        || above.contains(name),
+                    "line {}: `alg {}` does not name {name}: {line}",
+                    at + 1,
+                    &rest[..4]
+                );
+            }
+        }
+        assert!(CHECK_SCRIPT.contains(&format!("alg > {}", algorithms.len())));
     }
 }
