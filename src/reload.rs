@@ -37,9 +37,16 @@ pub enum Polled {
 /// Routes, limits, upstreams and client-address settings change; `listen`, `admin`, `store` and `server` need a
 /// restart. The limiter and its counters are kept, so unchanged keys keep their state.
 pub fn reload(gateway: &Gateway, path: &Path) -> Result<(), ConfigError> {
-    let config = config::load(path)?;
+    let config = config::load(path).inspect_err(|_| count(false))?;
     apply(gateway, &config, path);
     Ok(())
+}
+
+/// `tollgate_config_reloads_total{result="ok"|"error"}`: every reload tried, from SIGHUP or the file watch, so
+/// that a config change that did not take can be seen (and alerted on) without reading the log.
+fn count(ok: bool) {
+    let result = if ok { "ok" } else { "error" };
+    metrics::counter!("tollgate_config_reloads_total", "result" => result).increment(1);
 }
 
 /// Watches `path` and reloads `gateway` whenever the file's content changes, checking every `interval`.
@@ -103,6 +110,7 @@ impl Watcher {
                 Polled::Reloaded
             }
             Err(error) => {
+                count(false);
                 tracing::error!("config change refused, the running config stays:\n{error}");
                 Polled::Refused
             }
@@ -115,6 +123,7 @@ impl Watcher {
 fn apply(gateway: &Gateway, config: &Config, path: &Path) {
     let before = gateway.route_names();
     gateway.reload(config);
+    count(true);
     let dropped: Vec<&str> = before
         .iter()
         .map(String::as_str)

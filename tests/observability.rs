@@ -172,3 +172,53 @@ async fn request_ids_are_generated_passed_upstream_and_returned() {
         "fresh ids"
     );
 }
+
+#[tokio::test]
+async fn config_reloads_are_counted_by_result() {
+    tollgate::telemetry::prometheus().expect("recorder");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.yaml");
+    let good =
+        "store: { backend: memory }\nroutes:\n  - name: here\n    respond: { status: 200 }\n";
+    std::fs::write(&path, good).unwrap();
+    let gateway = start_gateway(good).await;
+    let admin = serve_admin(&gateway, None).await;
+    let counted = |text: &str, result: &str| {
+        series_value(
+            text,
+            &format!(r#"tollgate_config_reloads_total{{result="{result}"}}"#),
+        )
+        .unwrap_or(0.0)
+    };
+    let read = || async {
+        client()
+            .get(format!("{admin}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let before = read().await;
+
+    tollgate::reload::reload(&gateway.gateway, &path).expect("a valid config reloads");
+    std::fs::write(
+        &path,
+        "routes: [ { name: here, respond: { status: 999 } } ]\n",
+    )
+    .unwrap();
+    assert!(tollgate::reload::reload(&gateway.gateway, &path).is_err());
+
+    let after = read().await;
+    assert_eq!(
+        counted(&after, "ok") - counted(&before, "ok"),
+        1.0,
+        "{after}"
+    );
+    assert_eq!(
+        counted(&after, "error") - counted(&before, "error"),
+        1.0,
+        "{after}"
+    );
+}
