@@ -16,6 +16,18 @@ fn series_value(metrics: &str, prefix: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// The admin listener's `/metrics` text.
+async fn metrics_text(admin: &str) -> String {
+    client()
+        .get(format!("{admin}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text")
+}
+
 #[tokio::test]
 async fn metrics_count_requests_decisions_store_calls_and_fallback() {
     tollgate::telemetry::prometheus().expect("recorder");
@@ -97,14 +109,7 @@ routes:
     redis.kill();
     // Another path is another key: not in the over-limit cache, so Redis is asked, and fails.
     client.get(gateway.url("/metered/x")).send().await.unwrap();
-    let text = client
-        .get(format!("{admin}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&admin).await;
     assert_eq!(
         series_value(&text, "tollgate_store_fallback "),
         Some(1.0),
@@ -190,17 +195,7 @@ async fn config_reloads_are_counted_by_result() {
         )
         .unwrap_or(0.0)
     };
-    let read = || async {
-        client()
-            .get(format!("{admin}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
-    let before = read().await;
+    let before = metrics_text(&admin).await;
 
     tollgate::reload::reload(&gateway.gateway, &path).expect("a valid config reloads");
     std::fs::write(
@@ -210,7 +205,7 @@ async fn config_reloads_are_counted_by_result() {
     .unwrap();
     assert!(tollgate::reload::reload(&gateway.gateway, &path).is_err());
 
-    let after = read().await;
+    let after = metrics_text(&admin).await;
     assert_eq!(
         counted(&after, "ok") - counted(&before, "ok"),
         1.0,
