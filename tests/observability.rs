@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::http_client::client;
+use common::http_client::{client, metrics_text};
 use common::redis::RedisServer;
 use common::upstream::Upstream;
 use common::{serve_admin, start_gateway};
@@ -14,18 +14,6 @@ fn series_value(metrics: &str, prefix: &str) -> Option<f64> {
         .find(|line| line.starts_with(prefix))
         .and_then(|line| line.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
-}
-
-/// The admin listener's `/metrics` text.
-async fn metrics_text(admin: &str) -> String {
-    client()
-        .get(format!("{admin}/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text")
 }
 
 #[tokio::test]

@@ -434,14 +434,7 @@ async fn the_tunnel_ends_when_the_upstream_closes_it() {
 
 /// The value of `tollgate_websocket_tunnels` for `upstream` on the admin listener at `admin`.
 async fn open_tunnels(admin: &str, upstream: &str) -> Option<f64> {
-    let text = common::http_client::client()
-        .get(format!("{admin}/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
+    let text = common::http_client::metrics_text(admin).await;
     let series = format!("tollgate_websocket_tunnels{{upstream=\"{upstream}\"}} ");
     text.lines()
         .find_map(|line| line.strip_prefix(&series))

@@ -1,4 +1,5 @@
-//! A plain HTTP client for tests, and a raw-socket sender for requests no client library would send.
+//! A plain HTTP client for tests, a raw-socket sender for requests no client library would send, and the admin
+//! listener's metrics.
 
 use std::time::Duration;
 
@@ -22,4 +23,16 @@ pub async fn raw(addr: std::net::SocketAddr, request: &[u8]) -> String {
     let mut buffer = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut buffer)).await;
     String::from_utf8_lossy(&buffer).into_owned()
+}
+
+/// The Prometheus text of the admin listener at `admin` (`http://127.0.0.1:PORT`).
+pub async fn metrics_text(admin: &str) -> String {
+    client()
+        .get(format!("{admin}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text")
 }
