@@ -161,6 +161,8 @@ fn key_build(c: &mut Criterion) {
         host: Some("api.example.com"),
         headers: &headers,
         query: Some("page=2&tenant=acme"),
+        consumer: None,
+        plan: None,
     };
 
     let untrusted = ClientIpResolver::new(Vec::new());
@@ -413,6 +415,8 @@ fn enforcement(c: &mut Criterion) {
         host: Some("api.example.com"),
         headers: &headers,
         query: None,
+        consumer: None,
+        plan: None,
     };
     let mut group = c.benchmark_group("enforcement");
     let mut check = |name: &str| {

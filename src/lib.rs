@@ -37,6 +37,7 @@
 pub mod admin;
 pub mod admission;
 pub mod config;
+pub mod consumers;
 pub mod gateway;
 pub mod key;
 pub mod layer;

@@ -332,6 +332,8 @@ fuzz_target!(|input: Input| {
         host: input.host.as_deref(),
         headers: &headers,
         query: input.query.as_deref(),
+        consumer: None,
+        plan: None,
     };
     let by_ip = KeySpec::new(parts.clone(), MissingKey::Ip).value(&facts);
     let skip = KeySpec::new(parts, MissingKey::Skip).value(&facts);

@@ -9,6 +9,8 @@ use smallvec::SmallVec;
 
 use super::headers;
 use super::responses::{json_response, refused};
+use crate::config::PLAN_KEY_SCOPE;
+use crate::consumers::Plan;
 use crate::key::{key_head, key_with_head, seal_key, AmbiguousKey, KeySpec, RequestFacts};
 use crate::limiter::store::{LimitCheck, INLINE_LIMITS};
 use crate::limiter::{Decision, Limit, Outcome, RateLimiter, Unavailable};
@@ -101,45 +103,66 @@ impl LimitSet {
         limits: Vec<LimitSettings>,
         deny_status: StatusCode,
     ) -> Self {
-        let policy = headers::policy(&limits);
-        let decisions = limits
-            .iter()
-            .map(|settings| DecisionCounters::new(scope, settings.limit.name()))
-            .collect();
-        let mut key_specs: Vec<KeySpec> = Vec::new();
-        let key_spec_of = limits
-            .iter()
-            .map(|settings| {
-                key_specs
-                    .iter()
-                    .position(|spec| *spec == settings.key)
-                    .unwrap_or_else(|| {
-                        key_specs.push(settings.key.clone());
-                        key_specs.len() - 1
-                    })
-            })
-            .collect();
-        let key_heads = limits
-            .iter()
-            .map(|settings| key_head(key_prefix, scope, settings.limit.name()))
-            .collect::<Vec<_>>();
-        let keys_capacity = key_heads.iter().map(|head| head.len() + 16).sum();
-        let advertised = limits
-            .iter()
-            .map(|settings| headers::Advertised::new(&settings.limit))
-            .collect();
-        Self {
+        let mut set = Self {
             scope: scope.to_owned(),
-            limits,
+            limits: Vec::with_capacity(limits.len()),
             deny_status,
-            key_specs,
-            key_spec_of,
-            key_heads,
-            keys_capacity,
-            advertised,
-            policy,
-            decisions,
+            key_specs: Vec::new(),
+            key_spec_of: Vec::new(),
+            key_heads: Vec::new(),
+            keys_capacity: 0,
+            advertised: Vec::new(),
+            policy: None,
+            decisions: Vec::new(),
+        };
+        for settings in limits {
+            let head = key_head(key_prefix, scope, settings.limit.name());
+            let counters = DecisionCounters::new(scope, settings.limit.name(), None);
+            set.push(settings, head, counters);
         }
+        set.policy = headers::policy(&set.limits);
+        set
+    }
+
+    /// These limits and those of `plan` (design §10), checked together in one call. The plan's limits are
+    /// advertised and reported as `<plan>.<limit>`, and keyed across routes as
+    /// `<prefix>consumer:<limit>:{<value>}`, so every route a consumer calls draws on one state.
+    pub fn with_plan(&self, plan: &Plan, key_prefix: &str) -> Self {
+        let mut set = self.clone();
+        for settings in &plan.limits {
+            let name = settings.limit.name();
+            let head = key_head(key_prefix, PLAN_KEY_SCOPE, name);
+            let counters = DecisionCounters::new(&self.scope, name, Some(&plan.name));
+            let advertised = LimitSettings {
+                limit: settings
+                    .limit
+                    .clone()
+                    .with_name(format!("{}.{name}", plan.name)),
+                key: settings.key.clone(),
+            };
+            set.push(advertised, head, counters);
+        }
+        set.policy = headers::policy(&set.limits);
+        set
+    }
+
+    /// Adds one limit, keyed under `head`, counted in `counters`.
+    fn push(&mut self, settings: LimitSettings, head: String, counters: DecisionCounters) {
+        let spec = self
+            .key_specs
+            .iter()
+            .position(|spec| *spec == settings.key)
+            .unwrap_or_else(|| {
+                self.key_specs.push(settings.key.clone());
+                self.key_specs.len() - 1
+            });
+        self.key_spec_of.push(spec);
+        self.keys_capacity += head.len() + 16;
+        self.key_heads.push(head);
+        self.advertised
+            .push(headers::Advertised::new(&settings.limit));
+        self.decisions.push(counters);
+        self.limits.push(settings);
     }
 
     /// The scope's name.
@@ -384,14 +407,23 @@ impl RequestKeys {
 // === impl DecisionCounters ===
 
 impl DecisionCounters {
-    fn new(scope: &str, limit: &str) -> Self {
-        let counter = |decision: &'static str| {
-            metrics::counter!(
+    /// The counters of `limit` on route `scope`; a plan's limit also carries its `plan` (never the consumer: one
+    /// series per consumer would grow without bound).
+    fn new(scope: &str, limit: &str, plan: Option<&str>) -> Self {
+        let counter = |decision: &'static str| match plan {
+            None => metrics::counter!(
                 "tollgate_decisions_total",
                 "route" => scope.to_owned(),
                 "limit" => limit.to_owned(),
                 "decision" => decision,
-            )
+            ),
+            Some(plan) => metrics::counter!(
+                "tollgate_decisions_total",
+                "route" => scope.to_owned(),
+                "limit" => limit.to_owned(),
+                "plan" => plan.to_owned(),
+                "decision" => decision,
+            ),
         };
         Self {
             allowed: counter("allowed"),
@@ -448,6 +480,8 @@ mod tests {
             host: None,
             headers,
             query: None,
+            consumer: None,
+            plan: None,
         }
     }
 

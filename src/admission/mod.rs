@@ -8,6 +8,6 @@ mod policy;
 mod responses;
 
 pub use limits::{LimitSet, LimitSettings, NotChecked, Verdict};
-pub use policy::{Admission, Policy};
+pub use policy::{Admission, Admitted, Policy};
 pub(crate) use responses::json_response;
-pub use responses::refused;
+pub use responses::{caller_refused, refused};

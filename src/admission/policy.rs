@@ -3,13 +3,16 @@
 //! added here (an allowlist, a header, consumers) reaches both at once and they never decide a request apart.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use http::{HeaderMap, Response};
+use http::{HeaderMap, HeaderValue, Response};
 use ipnet::IpNet;
 
 use super::limits::{LimitSet, Verdict};
+use super::responses;
+use crate::consumers::{Caller, CallerRefusal, ConsumerMode, Consumers};
 use crate::key::RequestFacts;
 use crate::limiter::RateLimiter;
 
@@ -22,6 +25,26 @@ pub struct Policy {
     allow: Vec<IpNet>,
     /// Whether admitted responses get the rate-limit fields (refusals always do).
     headers: bool,
+    /// Consumers and plans, when the config has a `consumers:` block.
+    consumers: Option<PolicyConsumers>,
+}
+
+/// How a route treats callers (design §10).
+#[derive(Debug, Clone)]
+struct PolicyConsumers {
+    mode: ConsumerMode,
+    consumers: Arc<Consumers>,
+    /// Per plan (indexed as [`Consumers::plans`]): the route's limits followed by the plan's.
+    with_plan: Vec<LimitSet>,
+}
+
+/// An admitted request: what the limiter said, and who called.
+#[derive(Debug)]
+pub struct Admitted {
+    /// The limiter's answer.
+    pub verdict: Verdict,
+    /// The identified caller, on a route that identifies callers.
+    pub caller: Option<Caller>,
 }
 
 /// What admission decided for one request.
@@ -33,7 +56,7 @@ pub enum Admission {
     /// the policy is to refuse, 400 for an ambiguous key).
     Refused(Response<Body>),
     /// Admitted, once any delay a `leaky_bucket` in delay mode asked for has passed.
-    Admitted(Verdict),
+    Admitted(Admitted),
 }
 
 // === impl Policy ===
@@ -46,7 +69,32 @@ impl Policy {
             limits,
             allow,
             headers,
+            consumers: None,
         }
+    }
+
+    /// The same policy identifying callers as `mode` says, with the plans of `consumers` (stores keys under
+    /// `key_prefix`). Even with `mode` off, copies of the forwarded consumer headers sent by clients are dropped.
+    pub fn with_consumers(
+        mut self,
+        mode: ConsumerMode,
+        consumers: Arc<Consumers>,
+        key_prefix: &str,
+    ) -> Self {
+        let with_plan = match mode {
+            ConsumerMode::Off => Vec::new(),
+            ConsumerMode::Optional | ConsumerMode::Required => consumers
+                .plans()
+                .iter()
+                .map(|plan| self.limits.with_plan(plan, key_prefix))
+                .collect(),
+        };
+        self.consumers = Some(PolicyConsumers {
+            mode,
+            consumers,
+            with_plan,
+        });
+        self
     }
 
     /// The limits.
@@ -66,25 +114,109 @@ impl Policy {
         if self.is_exempt(facts.client_ip) {
             return Admission::Exempt;
         }
-        let verdict = match self.limits.check(limiter, facts).await {
+        let caller = match self.identify(facts) {
+            Ok(caller) => caller,
+            Err((refusal, challenges)) => {
+                return Admission::Refused(responses::caller_refused(&refusal, challenges))
+            }
+        };
+        let limits = self.limits_for(caller.as_ref());
+        let identified;
+        let facts = match &caller {
+            Some(caller) => {
+                identified = RequestFacts {
+                    consumer: caller.consumer.as_deref(),
+                    plan: self.plan_name(caller),
+                    ..*facts
+                };
+                &identified
+            }
+            None => facts,
+        };
+        let verdict = match limits.check(limiter, facts).await {
             Ok(verdict) => verdict,
-            Err(error) => return Admission::Refused(self.limits.not_checked(&error)),
+            Err(error) => return Admission::Refused(limits.not_checked(&error)),
         };
         if !verdict.outcome.allowed {
-            return Admission::Refused(self.limits.refusal(&verdict));
+            return Admission::Refused(limits.refusal(&verdict));
         }
-        let delay_ms = self.limits.delay_ms(&verdict);
+        let delay_ms = limits.delay_ms(&verdict);
         if delay_ms > 0 {
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
         }
-        Admission::Admitted(verdict)
+        Admission::Admitted(Admitted { verdict, caller })
     }
 
     /// Adds the rate-limit fields of an admitted request to its response's `headers`, unless the policy says not
     /// to; an exempt request's response gets none.
     pub fn decorate(&self, admission: &Admission, headers: &mut HeaderMap) {
-        if let (true, Admission::Admitted(verdict)) = (self.headers, admission) {
-            self.limits.decorate(headers, verdict);
+        if let (true, Admission::Admitted(admitted)) = (self.headers, admission) {
+            self.limits_for(admitted.caller.as_ref())
+                .decorate(headers, &admitted.verdict);
         }
+    }
+
+    /// Sets the forwarded consumer headers (`consumers.forward`) on the request going upstream: the identified
+    /// caller's, and never a client's own copies, whatever the route and the decision.
+    pub fn forward_caller(&self, admission: &Admission, headers: &mut HeaderMap) {
+        let Some(policy) = &self.consumers else {
+            return;
+        };
+        let forward = policy.consumers.forward();
+        for name in [&forward.consumer, &forward.plan].into_iter().flatten() {
+            headers.remove(name);
+        }
+        let Admission::Admitted(Admitted {
+            caller: Some(caller),
+            ..
+        }) = admission
+        else {
+            return;
+        };
+        let values = [
+            (&forward.consumer, caller.consumer.as_deref()),
+            (&forward.plan, self.plan_name(caller)),
+        ];
+        for (name, value) in values {
+            // Ids and plan names are validated to be header-safe.
+            if let (Some(name), Some(Ok(value))) = (name, value.map(HeaderValue::from_str)) {
+                headers.insert(name, value);
+            }
+        }
+    }
+
+    /// The caller of a request on a route that identifies callers, or why it is refused, with the challenges a
+    /// 401 carries.
+    fn identify(
+        &self,
+        facts: &RequestFacts<'_>,
+    ) -> Result<Option<Caller>, (CallerRefusal, &HeaderValue)> {
+        let Some(policy) = self
+            .consumers
+            .as_ref()
+            .filter(|p| p.mode != ConsumerMode::Off)
+        else {
+            return Ok(None);
+        };
+        policy
+            .consumers
+            .identify(facts, policy.mode)
+            .map(Some)
+            .map_err(|refusal| (refusal, policy.consumers.challenges()))
+    }
+
+    /// The limits that apply to a caller: the route's, and its plan's.
+    fn limits_for(&self, caller: Option<&Caller>) -> &LimitSet {
+        let plan_limits = self.consumers.as_ref().and_then(|policy| {
+            let plan = caller?.plan?;
+            policy.with_plan.get(plan)
+        });
+        plan_limits.unwrap_or(&self.limits)
+    }
+
+    fn plan_name(&self, caller: &Caller) -> Option<&str> {
+        let policy = self.consumers.as_ref()?;
+        let plan = policy.consumers.plans().get(caller.plan?)?;
+        Some(plan.name.as_str())
     }
 }

@@ -6,6 +6,7 @@ use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 use serde_json::json;
 
+use crate::consumers::CallerRefusal;
 use crate::routing::Refusal;
 
 /// The answer to a request refused before any limit was asked (design §7): 400 (405 for CONNECT) with a JSON body
@@ -26,5 +27,45 @@ pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> Res
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    response
+}
+
+/// The answer to a caller refused before any limit was asked (design §10): 401 with `WWW-Authenticate` for a
+/// credential missing or not verified (RFC 6750's `invalid_token` for a bearer token), 403 for a blocked
+/// consumer, 400 for a credential sent twice. The body names the reason's class, never the credential.
+pub fn caller_refused(refusal: &CallerRefusal, challenges: &HeaderValue) -> Response<Body> {
+    tracing::debug!(%refusal, "caller refused");
+    let (status, body, challenge) = match refusal {
+        CallerRefusal::Missing => (
+            StatusCode::UNAUTHORIZED,
+            json!({"error": "unauthorized", "reason": "credential_required"}),
+            Some(challenges.clone()),
+        ),
+        CallerRefusal::Invalid { scheme, reason } => {
+            let challenge = match *scheme {
+                "Bearer" => format!(
+                    "Bearer realm=\"tollgate\", error=\"invalid_token\", error_description=\"{reason}\""
+                ),
+                scheme => format!("{scheme} realm=\"tollgate\", error=\"{reason}\""),
+            };
+            (
+                StatusCode::UNAUTHORIZED,
+                json!({"error": "unauthorized", "reason": reason}),
+                HeaderValue::from_str(&challenge).ok(),
+            )
+        }
+        CallerRefusal::Blocked => (
+            StatusCode::FORBIDDEN,
+            json!({"error": "forbidden", "reason": "consumer_blocked"}),
+            None,
+        ),
+        CallerRefusal::Ambiguous => return refused(Refusal::AmbiguousKey),
+    };
+    let mut response = json_response(status, &body);
+    if let Some(challenge) = challenge {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, challenge);
+    }
     response
 }

@@ -343,7 +343,7 @@ fn key_spec(issues: &mut Issues, at: &str, raw: &RawLimit) -> Option<KeySpec> {
     if written.is_empty() {
         issues.add(
             at,
-            "needs at least one part (use ip, route, method, path, host, header:NAME, query:NAME)",
+            "needs at least one part (use ip, route, method, path, host, header:NAME, query:NAME, consumer, plan)",
         );
         return None;
     }

@@ -1,5 +1,6 @@
 //! The YAML configuration: parsing, environment interpolation, units, validation with file locations.
 
+mod consumers;
 mod error;
 mod interpolate;
 mod limits;
@@ -11,6 +12,7 @@ pub mod summary;
 mod units;
 mod validate;
 
+pub use consumers::{consumer_id, PLAN_KEY_SCOPE};
 pub use error::{ConfigError, Problem};
 pub use load::{load, parse, parse_with_env};
 pub use model::*;

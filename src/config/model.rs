@@ -9,6 +9,7 @@ use ipnet::IpNet;
 
 // Domain types the config builds but does not own; named here too, as the config's parts.
 pub use crate::admission::LimitSettings;
+pub use crate::consumers::{ConsumerMode, ConsumersSettings};
 pub use crate::limiter::{BackendKind, StoreSettings};
 pub use crate::proxy::UpstreamSettings;
 pub use crate::routing::RouteMatch;
@@ -32,6 +33,8 @@ pub struct Config {
     pub upstreams: Vec<UpstreamSettings>,
     /// Routes, in file order (first match wins).
     pub routes: Vec<RouteSettings>,
+    /// Consumers and plans (design §10), when the file has a `consumers:` block.
+    pub consumers: Option<ConsumersSettings>,
 }
 
 /// `admin:`
@@ -95,6 +98,8 @@ pub struct RouteSettings {
     pub headers: bool,
     /// Client networks exempt from the route's limits (health checkers, internal callers).
     pub allow: Vec<IpNet>,
+    /// Whether the route identifies consumers and applies their plans.
+    pub consumers: ConsumerMode,
 }
 
 /// What a route does with an admitted request.

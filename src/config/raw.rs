@@ -21,6 +21,7 @@ pub(crate) struct RawConfig {
     pub server: RawServer,
     pub upstreams: Ordered<RawUpstream>,
     pub routes: Vec<RawRoute>,
+    pub consumers: Option<RawConsumers>,
 }
 
 /// `admin:`
@@ -138,6 +139,103 @@ pub(crate) struct RawRoute {
     /// Client networks exempt from the route's limits.
     #[serde(default)]
     pub allow: Vec<String>,
+    /// Whether the route identifies consumers: `required`, `optional` or `off`.
+    #[serde(default)]
+    pub consumers: Option<RawConsumerMode>,
+}
+
+/// `consumers:` of a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawConsumerMode {
+    Required,
+    Optional,
+    Off,
+}
+
+/// The top-level `consumers:` block (design §10).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawConsumers {
+    pub identify: Vec<RawIdentifier>,
+    pub keys: Vec<RawStaticKey>,
+    pub anonymous: Option<RawAnonymous>,
+    pub forward: RawForward,
+    pub plans: Ordered<RawPlan>,
+}
+
+/// One entry of `identify:`: exactly one of its fields.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawIdentifier {
+    pub api_key: Option<RawCredentialSource>,
+    pub jwt: Option<RawJwt>,
+}
+
+/// Where an API key is read: exactly one of `header` and `query`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawCredentialSource {
+    pub header: Option<String>,
+    pub query: Option<String>,
+}
+
+/// `jwt:` of `identify:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawJwt {
+    pub header: Option<String>,
+    pub algorithms: Vec<String>,
+    pub jwks_file: Option<String>,
+    pub jwks_url: Option<String>,
+    #[serde(deserialize_with = "optional_scalar_text")]
+    pub jwks_refresh: Option<String>,
+    pub secret_env: Option<String>,
+    pub issuer: Option<String>,
+    pub audiences: Vec<String>,
+    #[serde(deserialize_with = "optional_scalar_text")]
+    pub leeway: Option<String>,
+    pub consumer_claim: Option<String>,
+    pub plan_claim: Option<String>,
+}
+
+/// One entry of `keys:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawStaticKey {
+    pub key: String,
+    pub consumer: String,
+    pub plan: Option<String>,
+}
+
+/// `anonymous:`, written `{ plan: NAME }` or `reject`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum RawAnonymous {
+    Word(String),
+    Plan(RawAnonymousPlan),
+}
+
+/// `anonymous: { plan: NAME }`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAnonymousPlan {
+    pub plan: String,
+}
+
+/// `forward:`
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawForward {
+    pub consumer: Option<String>,
+    pub plan: Option<String>,
+}
+
+/// One entry of `plans:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawPlan {
+    pub limits: Vec<RawLimit>,
 }
 
 /// `match:` of a route.
@@ -225,6 +323,7 @@ impl Default for RawConfig {
             server: RawServer::default(),
             upstreams: Ordered(Vec::new()),
             routes: Vec::new(),
+            consumers: None,
         }
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 
+use super::consumers::PLAN_KEY_SCOPE;
 use super::limits::limit_settings;
 use super::model::*;
 use super::raw::*;
@@ -80,7 +81,16 @@ pub(crate) fn validate(raw: RawConfig, source: &Path) -> Result<Config, Vec<Issu
     // Relative file names in the config (certificates) are relative to its folder.
     let folder = source.parent().unwrap_or(Path::new(""));
     let upstreams = upstreams(&mut issues, &raw.upstreams, folder);
-    let routes = routes(&mut issues, &raw.routes, &raw.upstreams);
+    let consumers = raw
+        .consumers
+        .as_ref()
+        .and_then(|block| super::consumers::consumers(&mut issues, block));
+    let routes = routes(
+        &mut issues,
+        &raw.routes,
+        &raw.upstreams,
+        raw.consumers.is_some(),
+    );
     let (Some(listen), Some(admin), Some(store), Some(client_ip), Some(server)) =
         (listen, admin, store, client_ip, server)
     else {
@@ -98,6 +108,7 @@ pub(crate) fn validate(raw: RawConfig, source: &Path) -> Result<Config, Vec<Issu
         server,
         upstreams,
         routes,
+        consumers,
     })
 }
 
@@ -391,6 +402,7 @@ fn routes(
     issues: &mut Issues,
     raw: &[RawRoute],
     upstreams: &Ordered<RawUpstream>,
+    has_consumers: bool,
 ) -> Vec<RouteSettings> {
     unique_names(
         issues,
@@ -401,7 +413,15 @@ fn routes(
     );
     raw.iter()
         .enumerate()
-        .filter_map(|(i, route)| route_settings(issues, &format!("routes[{i}]"), route, upstreams))
+        .filter_map(|(i, route)| {
+            route_settings(
+                issues,
+                &format!("routes[{i}]"),
+                route,
+                upstreams,
+                has_consumers,
+            )
+        })
         .collect()
 }
 
@@ -410,9 +430,11 @@ fn route_settings(
     at: &str,
     raw: &RawRoute,
     upstreams: &Ordered<RawUpstream>,
+    has_consumers: bool,
 ) -> Option<RouteSettings> {
     let before = issues.count();
     check_name(issues, &format!("{at}.name"), "route", &raw.name);
+    let consumers = route_consumers(issues, at, raw, has_consumers);
     let matcher = route_match(issues, &format!("{at}.match"), &raw.matcher);
     let action = route_action(issues, at, raw, upstreams);
     unique_names(
@@ -442,7 +464,37 @@ fn route_settings(
         deny_status: deny_status?,
         headers: raw.headers,
         allow: allow?,
+        consumers,
     })
+}
+
+/// `consumers:` of a route: `optional` by default when the file has a `consumers:` block, `off` otherwise.
+fn route_consumers(
+    issues: &mut Issues,
+    at: &str,
+    raw: &RawRoute,
+    has_consumers: bool,
+) -> ConsumerMode {
+    if has_consumers && raw.name == PLAN_KEY_SCOPE {
+        issues.add(
+            format!("{at}.name"),
+            format_args!(
+                "the route name {PLAN_KEY_SCOPE:?} is taken by plan limits' store keys when a consumers: block exists"
+            ),
+        );
+    }
+    match (raw.consumers, has_consumers) {
+        (None, false) | (Some(RawConsumerMode::Off), _) => ConsumerMode::Off,
+        (None, true) | (Some(RawConsumerMode::Optional), true) => ConsumerMode::Optional,
+        (Some(RawConsumerMode::Required), true) => ConsumerMode::Required,
+        (Some(_), false) => {
+            issues.add(
+                format!("{at}.consumers"),
+                "needs a top-level consumers: block saying how requests name their consumer",
+            );
+            ConsumerMode::Off
+        }
+    }
 }
 
 fn route_match(issues: &mut Issues, at: &str, raw: &RawMatch) -> RouteMatch {
@@ -607,7 +659,7 @@ pub(crate) fn check_name(issues: &mut Issues, at: &str, kind: &str, name: &str) 
 }
 
 /// Reports every repeated name on the later entry's `name` field.
-fn unique_names<'a>(
+pub(crate) fn unique_names<'a>(
     issues: &mut Issues,
     kind: &str,
     entries: impl Iterator<Item = (String, &'a str)>,
@@ -756,7 +808,7 @@ routes:
                 r#"routes[2].respond.headers.x bad: invalid header name "x bad""#,
                 // A missing field is placed on its limit, which starts before the key.
                 r#"routes[2].limits[0].period: required by sliding_window (it takes limit and period)"#,
-                r#"routes[2].limits[0].key[1]: unknown key part "cookie:session" (use ip, route, method, path, host, header:NAME, query:NAME)"#,
+                r#"routes[2].limits[0].key[1]: unknown key part "cookie:session" (use ip, route, method, path, host, header:NAME, query:NAME, consumer, plan)"#,
                 r#"routes[2].limits[0].rate: rate is not used by sliding_window (it takes limit and period)"#,
                 r#"routes[2].limits[1].name: duplicate limit name "a" (first used at routes[2].limits[0])"#,
                 r#"routes[2].limits[1].rate: invalid rate "10/0s": rate period must be greater than 0"#,
@@ -844,7 +896,7 @@ routes:
         assert_eq!(key.missing(), crate::key::MissingKey::Skip);
         assert_eq!(
             problems(&with_limit("key: []\nalgorithm: sliding_log\nlimit: 3\nperiod: 1s")),
-            ["routes[0].limits[0].key: needs at least one part (use ip, route, method, path, host, header:NAME, query:NAME)"]
+            ["routes[0].limits[0].key: needs at least one part (use ip, route, method, path, host, header:NAME, query:NAME, consumer, plan)"]
         );
     }
 

@@ -141,6 +141,9 @@ impl Gateway {
         if let Admission::Refused(refusal) = admission {
             return (Some(route), refusal);
         }
+        route
+            .policy
+            .forward_caller(&admission, request.headers_mut());
         let mut response = match &route.action {
             Action::Respond(direct) => {
                 // Read first, so that malformed framing is 400 here as on an upstream route.
@@ -261,6 +264,8 @@ fn key_facts<'a, B>(
         host: canonical.host.as_deref(),
         headers: request.headers(),
         query: request.uri().query(),
+        consumer: None,
+        plan: None,
     }
 }
 

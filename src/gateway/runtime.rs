@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::admission::{LimitSet, Policy};
 use crate::config::{Config, DirectResponse, RouteAction};
+use crate::consumers::Consumers;
 use crate::key::ClientIpResolver;
 use crate::proxy::Upstream;
 use crate::routing::{Matcher, RequestTarget};
@@ -58,6 +59,10 @@ impl Route {
 impl Runtime {
     /// Compiles a validated config.
     pub fn new(config: &Config) -> Self {
+        let consumers = config
+            .consumers
+            .as_ref()
+            .map(|settings| Arc::new(Consumers::new(settings)));
         let upstreams: HashMap<&str, Arc<Upstream>> = config
             .upstreams
             .iter()
@@ -74,20 +79,28 @@ impl Runtime {
                     }
                     RouteAction::Respond(direct) => Action::Respond(direct.clone()),
                 };
+                let mut policy = Policy::new(
+                    LimitSet::new(
+                        &route.name,
+                        &config.store.key_prefix,
+                        route.limits.clone(),
+                        route.deny_status,
+                    ),
+                    route.allow.clone(),
+                    route.headers,
+                );
+                if let Some(consumers) = &consumers {
+                    policy = policy.with_consumers(
+                        route.consumers,
+                        Arc::clone(consumers),
+                        &config.store.key_prefix,
+                    );
+                }
                 Some(Route {
                     name: route.name.clone(),
                     matcher: Matcher::new(&route.matcher),
                     action,
-                    policy: Policy::new(
-                        LimitSet::new(
-                            &route.name,
-                            &config.store.key_prefix,
-                            route.limits.clone(),
-                            route.deny_status,
-                        ),
-                        route.allow.clone(),
-                        route.headers,
-                    ),
+                    policy,
                     metrics: RouteMetrics::new(&route.name),
                 })
             })

@@ -24,6 +24,10 @@ pub enum KeyPart {
     Header(HeaderName),
     /// The value of a query parameter (percent-decoded).
     Query(String),
+    /// The consumer id (design §10); absent for anonymous callers.
+    Consumer,
+    /// The caller's plan name; absent when no plan applies.
+    Plan,
 }
 
 /// What a limit does when a key part is absent from the request.
@@ -62,6 +66,10 @@ pub struct RequestFacts<'a> {
     pub headers: &'a HeaderMap,
     /// The raw query string, if any.
     pub query: Option<&'a str>,
+    /// The consumer id, once admission has identified the caller.
+    pub consumer: Option<&'a str>,
+    /// The caller's plan name, once admission has identified the caller.
+    pub plan: Option<&'a str>,
 }
 
 /// A header or query parameter that a key is built from occurs more than once: which occurrence counts would be
@@ -81,7 +89,9 @@ enum PartValue {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyPartError {
     /// Not one of the known parts.
-    #[error("unknown key part {0:?} (use ip, route, method, path, host, header:NAME, query:NAME)")]
+    #[error(
+        "unknown key part {0:?} (use ip, route, method, path, host, header:NAME, query:NAME, consumer, plan)"
+    )]
     Unknown(String),
     /// `header:` with an invalid header name.
     #[error("invalid header name in key part {0:?}")]
@@ -117,6 +127,8 @@ impl KeyPart {
             "method" => Ok(KeyPart::Method),
             "path" => Ok(KeyPart::Path),
             "host" => Ok(KeyPart::Host),
+            "consumer" => Ok(KeyPart::Consumer),
+            "plan" => Ok(KeyPart::Plan),
             other => Err(KeyPartError::Unknown(other.to_owned())),
         }
     }
@@ -132,6 +144,8 @@ impl fmt::Display for KeyPart {
             KeyPart::Host => f.write_str("host"),
             KeyPart::Header(name) => write!(f, "header:{name}"),
             KeyPart::Query(name) => write!(f, "query:{name}"),
+            KeyPart::Consumer => f.write_str("consumer"),
+            KeyPart::Plan => f.write_str("plan"),
         }
     }
 }
@@ -231,6 +245,14 @@ fn push_part(part: &KeyPart, facts: &RequestFacts<'_>, out: &mut String) -> Part
             Some(host) if !host.is_empty() => host,
             _ => return PartValue::Absent,
         },
+        KeyPart::Consumer => match facts.consumer {
+            Some(consumer) => consumer,
+            None => return PartValue::Absent,
+        },
+        KeyPart::Plan => match facts.plan {
+            Some(plan) => plan,
+            None => return PartValue::Absent,
+        },
         KeyPart::Header(name) => {
             let mut lines = facts.headers.get_all(name).iter();
             let Some(value) = lines.next() else {
@@ -307,6 +329,8 @@ mod tests {
             host: None,
             headers,
             query,
+            consumer: None,
+            plan: None,
         }
     }
 

@@ -117,11 +117,17 @@ where
         host: canonical.host.as_deref(),
         headers: request.headers(),
         query: request.uri().query(),
+        consumer: None,
+        plan: None,
     };
     let admission = shared.policy.admit(&shared.limiter, &facts).await;
     if let Admission::Refused(refusal) = admission {
         return Ok(refusal);
     }
+    let mut request = request;
+    shared
+        .policy
+        .forward_caller(&admission, request.headers_mut());
     let response = inner.oneshot(request).await?;
     let mut response = response.map(Body::new);
     shared.policy.decorate(&admission, response.headers_mut());

@@ -308,6 +308,12 @@ impl Limit {
         })
     }
 
+    /// The same limit under another name (a plan's limit is advertised as `<plan>.<limit>`).
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
     /// The same limit in shadow mode (`shadow: true`): decided, logged and counted, never enforced. A request
     /// it denies is still admitted, and consumes from it nothing; a request it admits consumes as usual.
     pub fn with_shadow(mut self, shadow: bool) -> Self {

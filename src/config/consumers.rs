@@ -1,0 +1,360 @@
+//! The `consumers:` block: identifiers, static keys, the anonymous policy, forwarded headers and plans.
+
+use http::HeaderName;
+
+use super::limits::limit_settings;
+use super::raw::{
+    RawAnonymous, RawConsumers, RawCredentialSource, RawIdentifier, RawPlan, RawStaticKey,
+};
+use super::validate::{check_name, unique_names, Issues};
+use crate::consumers::{
+    api_key_digest, parse_digest, Anonymous, ConsumersSettings, CredentialSource, ForwardHeaders,
+    IdentifierSettings, Plan, StaticKey,
+};
+
+/// The route name plan limits' store keys use in its place (`<prefix>consumer:<limit>:{<consumer>}`).
+pub const PLAN_KEY_SCOPE: &str = "consumer";
+
+/// Validates `consumers:`.
+pub(crate) fn consumers(issues: &mut Issues, raw: &RawConsumers) -> Option<ConsumersSettings> {
+    let before = issues.count();
+    let plans = plans(issues, raw);
+    let plan_exists = |name: &str| raw.plans.0.iter().any(|(plan, _)| plan == name);
+    let identify: Vec<IdentifierSettings> = raw
+        .identify
+        .iter()
+        .enumerate()
+        .filter_map(|(i, entry)| identifier(issues, &format!("consumers.identify[{i}]"), entry))
+        .collect();
+    let mut keys: Vec<StaticKey> = Vec::with_capacity(raw.keys.len());
+    for (i, raw_key) in raw.keys.iter().enumerate() {
+        let at = format!("consumers.keys[{i}]");
+        let Some(key) = static_key(issues, &at, raw_key, &plan_exists) else {
+            continue;
+        };
+        if keys.iter().any(|earlier| earlier.digest == key.digest) {
+            issues.add(format!("{at}.key"), "the same key is listed twice");
+        }
+        keys.push(key);
+    }
+    if !raw.keys.is_empty() && !raw.identify.iter().any(|entry| entry.api_key.is_some()) {
+        issues.add(
+            "consumers.keys",
+            "keys are listed but no `api_key` identifier reads them (add `- api_key: { header: x-api-key }` to identify)",
+        );
+    }
+    let anonymous = match &raw.anonymous {
+        None => Anonymous::NoPlan,
+        Some(RawAnonymous::Word(word)) if word == "reject" => Anonymous::Reject,
+        Some(RawAnonymous::Word(word)) => {
+            issues.add(
+                "consumers.anonymous",
+                format_args!("{word:?} is not `reject` or `{{ plan: NAME }}`"),
+            );
+            Anonymous::NoPlan
+        }
+        Some(RawAnonymous::Plan(plan)) if plan_exists(&plan.plan) => {
+            Anonymous::Plan(plan.plan.clone())
+        }
+        Some(RawAnonymous::Plan(plan)) => {
+            issues.add(
+                "consumers.anonymous.plan",
+                format_args!("unknown plan {:?}", plan.plan),
+            );
+            Anonymous::NoPlan
+        }
+    };
+    let forward = ForwardHeaders {
+        consumer: header_name(
+            issues,
+            "consumers.forward.consumer",
+            raw.forward.consumer.as_deref(),
+        ),
+        plan: header_name(
+            issues,
+            "consumers.forward.plan",
+            raw.forward.plan.as_deref(),
+        ),
+    };
+    if issues.count() != before {
+        return None;
+    }
+    Some(ConsumersSettings {
+        identify,
+        keys,
+        anonymous,
+        forward,
+        plans,
+    })
+}
+
+fn identifier(issues: &mut Issues, at: &str, raw: &RawIdentifier) -> Option<IdentifierSettings> {
+    match (&raw.api_key, &raw.jwt) {
+        (Some(source), None) => credential_source(issues, &format!("{at}.api_key"), source)
+            .map(IdentifierSettings::ApiKey),
+        (None, Some(_)) => {
+            issues.add(
+                format!("{at}.jwt"),
+                "jwt identification is not available yet",
+            );
+            None
+        }
+        _ => {
+            issues.add(at, "an identifier is exactly one of `api_key` and `jwt`");
+            None
+        }
+    }
+}
+
+fn credential_source(
+    issues: &mut Issues,
+    at: &str,
+    raw: &RawCredentialSource,
+) -> Option<CredentialSource> {
+    match (&raw.header, &raw.query) {
+        (Some(header), None) => {
+            header_name(issues, &format!("{at}.header"), Some(header)).map(CredentialSource::Header)
+        }
+        (None, Some(query)) if !query.is_empty() => Some(CredentialSource::Query(query.clone())),
+        _ => {
+            issues.add(
+                at,
+                "an API key is read from exactly one of `header` and `query`",
+            );
+            None
+        }
+    }
+}
+
+fn static_key(
+    issues: &mut Issues,
+    at: &str,
+    raw: &RawStaticKey,
+    plan_exists: &dyn Fn(&str) -> bool,
+) -> Option<StaticKey> {
+    let before = issues.count();
+    let digest = if raw.key.starts_with("sha256:") {
+        let digest = parse_digest(&raw.key);
+        if digest.is_none() {
+            issues.add(
+                format!("{at}.key"),
+                "a digest is `sha256:` and 64 hex digits",
+            );
+        }
+        digest
+    } else if raw.key.trim().is_empty() || raw.key.trim() != raw.key {
+        issues.add(
+            format!("{at}.key"),
+            "a key is not empty and has no surrounding whitespace",
+        );
+        None
+    } else {
+        Some(api_key_digest(&raw.key))
+    };
+    check_consumer_id(issues, &format!("{at}.consumer"), &raw.consumer);
+    if let Some(plan) = raw.plan.as_deref().filter(|plan| !plan_exists(plan)) {
+        issues.add(format!("{at}.plan"), format_args!("unknown plan {plan:?}"));
+    }
+    if issues.count() != before {
+        return None;
+    }
+    Some(StaticKey {
+        digest: digest?,
+        consumer: raw.consumer.clone(),
+        plan: raw.plan.clone(),
+    })
+}
+
+/// Consumer ids go into store keys, headers and log lines: 1 to 128 of `A-Z a-z 0-9 . _ : @ -`.
+pub(crate) fn check_consumer_id(issues: &mut Issues, at: &str, id: &str) {
+    if let Err(message) = consumer_id(id) {
+        issues.add(at, message);
+    }
+}
+
+/// Whether `id` may name a consumer; the message says why not.
+pub fn consumer_id(id: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '@' | '-');
+    if id.is_empty() || id.len() > 128 || !id.chars().all(allowed) {
+        return Err(format!(
+            "invalid consumer id {id:?} (1 to 128 of A-Z a-z 0-9 . _ : @ -)"
+        ));
+    }
+    Ok(())
+}
+
+fn header_name(issues: &mut Issues, at: &str, name: Option<&str>) -> Option<HeaderName> {
+    let name = name?;
+    issues.check(
+        at,
+        HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("invalid header name {name:?}")),
+    )
+}
+
+fn plans(issues: &mut Issues, raw: &RawConsumers) -> Vec<Plan> {
+    let plans: Vec<Plan> = raw
+        .plans
+        .0
+        .iter()
+        .filter_map(|(name, plan)| plan_settings(issues, name, plan))
+        .collect();
+    // Plans share a limit's keys by its name (`<prefix>consumer:<limit>:{<consumer>}`), so that an upgraded
+    // consumer keeps what it used: the state under one name must be one algorithm's.
+    for (i, plan) in plans.iter().enumerate() {
+        for (j, settings) in plan.limits.iter().enumerate() {
+            let earlier = plans[..i]
+                .iter()
+                .flat_map(|other| other.limits.iter().map(move |l| (other, l)))
+                .find(|(_, l)| l.limit.name() == settings.limit.name());
+            if let Some((other, limit)) = earlier {
+                let (ours, theirs) = (
+                    settings.limit.algorithm().name(),
+                    limit.limit.algorithm().name(),
+                );
+                if ours != theirs {
+                    issues.add(
+                        format!("consumers.plans.{}.limits[{j}].algorithm", plan.name),
+                        format_args!(
+                            "limit {:?} is {theirs} in plan {:?}: limits of one name share a consumer's state, so they must use one algorithm (or take another name)",
+                            settings.limit.name(),
+                            other.name
+                        ),
+                    );
+                }
+            }
+        }
+    }
+    plans
+}
+
+fn plan_settings(issues: &mut Issues, name: &str, raw: &RawPlan) -> Option<Plan> {
+    let at = format!("consumers.plans.{name}");
+    let before = issues.count();
+    check_name(issues, &at, "plan", name);
+    unique_names(
+        issues,
+        "limit",
+        raw.limits
+            .iter()
+            .enumerate()
+            .map(|(j, l)| (format!("{at}.limits[{j}]"), l.name.as_str())),
+    );
+    let limits = raw
+        .limits
+        .iter()
+        .enumerate()
+        .filter_map(|(j, limit)| limit_settings(issues, &format!("{at}.limits[{j}]"), limit))
+        .collect();
+    (issues.count() == before).then(|| Plan {
+        name: name.to_owned(),
+        limits,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::parse;
+    use crate::consumers::{Anonymous, ConsumerMode};
+
+    const ROUTE: &str =
+        "routes:\n  - name: api\n    match: { path_prefix: / }\n    respond: { status: 200 }\n";
+
+    fn problems(yaml: &str) -> Vec<String> {
+        match parse(yaml, Path::new("t.yaml")) {
+            Ok(_) => Vec::new(),
+            Err(error) => error.problems().iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn a_consumers_block_compiles_into_plans_keys_and_route_modes() {
+        let yaml = format!(
+            r#"consumers:
+  identify:
+    - api_key: {{ header: x-api-key }}
+  keys:
+    - {{ key: k1, consumer: acme, plan: pro }}
+  anonymous: reject
+  plans:
+    pro:
+      limits:
+        - {{ name: hourly, key: consumer, algorithm: gcra, rate: 100/1h, burst: 10 }}
+{ROUTE}"#
+        );
+        let config = parse(&yaml, Path::new("t.yaml")).expect("valid");
+        let consumers = config.consumers.expect("block");
+        assert_eq!(consumers.anonymous, Anonymous::Reject);
+        assert_eq!(consumers.plans[0].name, "pro");
+        assert_eq!(consumers.plans[0].limits[0].key.to_string(), "consumer");
+        assert_eq!(
+            consumers.keys[0].digest,
+            crate::consumers::api_key_digest("k1")
+        );
+        assert_eq!(config.routes[0].consumers, ConsumerMode::Optional);
+    }
+
+    #[test]
+    fn mistakes_are_located_and_named() {
+        let yaml = format!(
+            r#"consumers:
+  identify:
+    - api_key: {{ header: x-api-key, query: api_key }}
+    - {{}}
+  keys:
+    - {{ key: "sha256:12", consumer: acme }}
+    - {{ key: k1, consumer: "a b", plan: gold }}
+    - {{ key: k2, consumer: bob }}
+    - {{ key: k2, consumer: eve }}
+  anonymous: {{ plan: nobody }}
+  forward: {{ consumer: "bad header" }}
+  plans:
+    free:
+      limits:
+        - {{ name: hourly, key: consumer, algorithm: gcra, rate: 1/s, burst: 1 }}
+    team:
+      limits:
+        - {{ name: daily, key: consumer, algorithm: gcra, rate: 1/s, burst: 1 }}
+        - {{ name: daily, key: consumer, algorithm: gcra, rate: 1/s, burst: 1 }}
+    pro:
+      limits:
+        - {{ name: hourly, key: consumer, algorithm: fixed_window, limit: 5, period: 1h }}
+{ROUTE}  - name: consumer
+    match: {{ path_prefix: /c }}
+    respond: {{ status: 200 }}
+    consumers: sometimes
+"#
+        );
+        let expected = [
+            "t.yaml:3:7: consumers.identify[0].api_key: an API key is read from exactly one of `header` and `query`",
+            "t.yaml:4:7: consumers.identify[1]: an identifier is exactly one of `api_key` and `jwt`",
+            "consumers.keys[0].key: a digest is `sha256:` and 64 hex digits",
+            "consumers.keys[1].consumer: invalid consumer id \"a b\"",
+            "consumers.keys[1].plan: unknown plan \"gold\"",
+            "consumers.keys[3].key: the same key is listed twice",
+            "consumers.anonymous.plan: unknown plan \"nobody\"",
+            "consumers.forward.consumer: invalid header name \"bad header\"",
+            "consumers.plans.team.limits[1].name: duplicate limit name \"daily\"",
+            "consumers.plans.pro.limits[0].algorithm: limit \"hourly\" is gcra in plan \"free\"",
+        ];
+        // `consumers: sometimes` is a serde error, reported alone before validation: checked below.
+        let found = problems(&yaml.replace("    consumers: sometimes\n", ""));
+        let joined = found.join("\n");
+        for text in expected {
+            assert!(joined.contains(text), "missing {text:?} in\n{joined}");
+        }
+        assert!(
+            joined.contains("routes[1].name: the route name \"consumer\" is taken"),
+            "{joined}"
+        );
+        let bad_mode = problems(&format!("{ROUTE}    consumers: sometimes\n"));
+        assert!(bad_mode[0].contains("routes[0].consumers"), "{bad_mode:?}");
+        let no_block = problems(&format!("{ROUTE}    consumers: required\n"));
+        assert!(
+            no_block[0].ends_with("routes[0].consumers: needs a top-level consumers: block saying how requests name their consumer"),
+            "{no_block:?}"
+        );
+    }
+}

@@ -1,0 +1,235 @@
+//! Identification: which consumer a request comes from and which plan applies, or why it is refused.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::HeaderValue;
+
+use super::api_key::{self, Presented};
+use super::settings::{
+    Anonymous, ConsumerMode, ConsumersSettings, CredentialSource, ForwardHeaders,
+    IdentifierSettings, Plan,
+};
+use crate::key::RequestFacts;
+
+/// The compiled `consumers:` block, shared by every route of a config: identifiers, static keys and plans.
+#[derive(Debug)]
+pub struct Consumers {
+    identifiers: Vec<Identifier>,
+    /// Static keys by digest.
+    static_keys: HashMap<[u8; 32], KeyOwner, foldhash::fast::RandomState>,
+    anonymous: AnonymousPolicy,
+    forward: ForwardHeaders,
+    plans: Vec<Plan>,
+    /// `WWW-Authenticate` of a 401 for a missing credential: one challenge per kind of credential accepted.
+    challenges: HeaderValue,
+}
+
+/// Who a request comes from, once identified: what admission keys, limits and forwards by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The consumer id; `None` for an anonymous caller.
+    pub consumer: Option<Arc<str>>,
+    /// The index of its plan in [`Consumers::plans`], if any.
+    pub plan: Option<usize>,
+}
+
+/// Why a caller is refused before any limit is asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallerRefusal {
+    /// A credential is present but does not verify (401); `reason` is its class, never the credential.
+    #[error("credential refused: {reason}")]
+    Invalid {
+        /// The scheme of the credential: `ApiKey` or `Bearer`.
+        scheme: &'static str,
+        /// `unknown_key`, `expired`, `bad_signature`...
+        reason: &'static str,
+    },
+    /// No credential where one is required (401).
+    #[error("a credential is required")]
+    Missing,
+    /// The consumer is blocked (403).
+    #[error("consumer blocked")]
+    Blocked,
+    /// A credential sent twice (400): which copy the upstream reads would be a guess.
+    #[error("a credential occurs more than once")]
+    Ambiguous,
+}
+
+/// One compiled entry of `identify:`.
+#[derive(Debug)]
+enum Identifier {
+    ApiKey(CredentialSource),
+}
+
+/// The consumer a static key names, and its plan.
+#[derive(Debug)]
+struct KeyOwner {
+    consumer: Arc<str>,
+    plan: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum AnonymousPolicy {
+    NoPlan,
+    Plan(usize),
+    Reject,
+}
+
+/// What the identifiers found in a request.
+enum Credential {
+    None,
+    Consumer {
+        consumer: Arc<str>,
+        plan: Option<usize>,
+    },
+}
+
+// === impl Consumers ===
+
+impl Consumers {
+    /// Compiles a validated block (plan names it refers to are known to exist).
+    pub fn new(settings: &ConsumersSettings) -> Self {
+        let plan_index = |name: &str| settings.plans.iter().position(|plan| plan.name == name);
+        let static_keys = settings
+            .keys
+            .iter()
+            .map(|key| {
+                let owner = KeyOwner {
+                    consumer: Arc::from(key.consumer.as_str()),
+                    plan: key.plan.as_deref().and_then(plan_index),
+                };
+                (key.digest, owner)
+            })
+            .collect();
+        let anonymous = match &settings.anonymous {
+            Anonymous::NoPlan => AnonymousPolicy::NoPlan,
+            Anonymous::Plan(name) => {
+                plan_index(name).map_or(AnonymousPolicy::NoPlan, AnonymousPolicy::Plan)
+            }
+            Anonymous::Reject => AnonymousPolicy::Reject,
+        };
+        let identifiers: Vec<Identifier> = settings
+            .identify
+            .iter()
+            .map(|identifier| match identifier {
+                IdentifierSettings::ApiKey(source) => Identifier::ApiKey(source.clone()),
+            })
+            .collect();
+        let challenges = identifiers
+            .iter()
+            .map(|identifier| identifier.scheme())
+            .fold(Vec::<&str>::new(), |mut schemes, scheme| {
+                if !schemes.contains(&scheme) {
+                    schemes.push(scheme);
+                }
+                schemes
+            })
+            .iter()
+            .map(|scheme| format!("{scheme} realm=\"tollgate\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Self {
+            identifiers,
+            static_keys,
+            anonymous,
+            forward: settings.forward.clone(),
+            plans: settings.plans.clone(),
+            challenges: HeaderValue::from_str(&challenges)
+                .unwrap_or_else(|_| HeaderValue::from_static("ApiKey realm=\"tollgate\"")),
+        }
+    }
+
+    /// The plans, in file order; [`Caller::plan`] indexes them.
+    pub fn plans(&self) -> &[Plan] {
+        &self.plans
+    }
+
+    /// The plan named `name`, by index.
+    pub fn plan_index(&self, name: &str) -> Option<usize> {
+        self.plans.iter().position(|plan| plan.name == name)
+    }
+
+    /// The headers that tell the upstream who called.
+    pub fn forward(&self) -> &ForwardHeaders {
+        &self.forward
+    }
+
+    /// `WWW-Authenticate` of a 401: the challenges of the credentials accepted.
+    pub fn challenges(&self) -> &HeaderValue {
+        &self.challenges
+    }
+
+    /// Identifies the caller of the request `facts` describes, on a route in `mode` (not `Off`).
+    pub fn identify(
+        &self,
+        facts: &RequestFacts<'_>,
+        mode: ConsumerMode,
+    ) -> Result<Caller, CallerRefusal> {
+        match self.credential(facts)? {
+            Credential::Consumer { consumer, plan } => Ok(Caller {
+                plan: plan.or(self.anonymous_plan()),
+                consumer: Some(consumer),
+            }),
+            Credential::None => match (mode, self.anonymous) {
+                (ConsumerMode::Required, _) | (_, AnonymousPolicy::Reject) => {
+                    Err(CallerRefusal::Missing)
+                }
+                (_, policy) => Ok(Caller {
+                    consumer: None,
+                    plan: match policy {
+                        AnonymousPolicy::Plan(plan) => Some(plan),
+                        _ => None,
+                    },
+                }),
+            },
+        }
+    }
+
+    /// The first credential present, verified: later identifiers are not tried once one is present.
+    fn credential(&self, facts: &RequestFacts<'_>) -> Result<Credential, CallerRefusal> {
+        for identifier in &self.identifiers {
+            match identifier {
+                Identifier::ApiKey(source) => match api_key::presented(source, facts) {
+                    Presented::Absent => continue,
+                    Presented::Ambiguous => return Err(CallerRefusal::Ambiguous),
+                    Presented::One(key) => return self.api_key(&key),
+                },
+            }
+        }
+        Ok(Credential::None)
+    }
+
+    fn api_key(&self, key: &str) -> Result<Credential, CallerRefusal> {
+        let digest = api_key::digest(key);
+        match self.static_keys.get(&digest) {
+            Some(owner) => Ok(Credential::Consumer {
+                consumer: Arc::clone(&owner.consumer),
+                plan: owner.plan,
+            }),
+            None => Err(CallerRefusal::Invalid {
+                scheme: "ApiKey",
+                reason: "unknown_key",
+            }),
+        }
+    }
+
+    /// The plan of identified consumers that name none (the last step of the plan's precedence).
+    fn anonymous_plan(&self) -> Option<usize> {
+        match self.anonymous {
+            AnonymousPolicy::Plan(plan) => Some(plan),
+            AnonymousPolicy::NoPlan | AnonymousPolicy::Reject => None,
+        }
+    }
+}
+
+// === impl Identifier ===
+
+impl Identifier {
+    /// The `WWW-Authenticate` scheme a client answers with.
+    fn scheme(&self) -> &'static str {
+        match self {
+            Identifier::ApiKey(_) => "ApiKey",
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! Consumers and plans (design §10): who calls, on which plan, and how much each plan may take across every route
+//! and every gateway instance.
+
+mod api_key;
+mod identify;
+mod settings;
+
+pub use api_key::{digest as api_key_digest, digest_hex, parse_digest, presented, Presented};
+pub use identify::{Caller, CallerRefusal, Consumers};
+pub use settings::{
+    Anonymous, ConsumerMode, ConsumersSettings, CredentialSource, ForwardHeaders,
+    IdentifierSettings, Plan, StaticKey,
+};

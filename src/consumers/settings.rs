@@ -1,0 +1,89 @@
+//! The validated `consumers:` block: how requests name their consumer, the static keys, the plans.
+
+use http::HeaderName;
+
+use crate::admission::LimitSettings;
+
+/// The whole `consumers:` block, validated.
+#[derive(Debug, Clone)]
+pub struct ConsumersSettings {
+    /// How a request names its consumer, tried in order; the first credential present decides.
+    pub identify: Vec<IdentifierSettings>,
+    /// API keys written in the config.
+    pub keys: Vec<StaticKey>,
+    /// What a request without any credential gets.
+    pub anonymous: Anonymous,
+    /// Headers that tell the upstream who called.
+    pub forward: ForwardHeaders,
+    /// The plans, in file order.
+    pub plans: Vec<Plan>,
+}
+
+/// One entry of `identify:`.
+#[derive(Debug, Clone)]
+pub enum IdentifierSettings {
+    /// An API key in a header or a query parameter.
+    ApiKey(CredentialSource),
+}
+
+/// Where a credential is read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CredentialSource {
+    /// A request header.
+    Header(HeaderName),
+    /// A query parameter.
+    Query(String),
+}
+
+/// An API key of the config file: only its SHA-256 digest is kept in memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaticKey {
+    /// SHA-256 of the key.
+    pub digest: [u8; 32],
+    /// The consumer it names.
+    pub consumer: String,
+    /// Its plan, when the key gives one.
+    pub plan: Option<String>,
+}
+
+/// What a request without any credential gets.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Anonymous {
+    /// No plan: only the route's limits apply.
+    #[default]
+    NoPlan,
+    /// The named plan's limits.
+    Plan(String),
+    /// 401 on every route that identifies consumers.
+    Reject,
+}
+
+/// `forward:`: headers tollgate sets on the request to the upstream; copies sent by clients are always dropped.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ForwardHeaders {
+    /// Carries the consumer id.
+    pub consumer: Option<HeaderName>,
+    /// Carries the plan name.
+    pub plan: Option<HeaderName>,
+}
+
+/// `consumers:` of a route: whether it identifies callers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ConsumerMode {
+    /// No identification, no plan limits (the default without a `consumers:` block).
+    #[default]
+    Off,
+    /// Identified callers get their plan; anonymous ones the `anonymous` policy (the default with a block).
+    Optional,
+    /// A valid credential is required: 401 without one.
+    Required,
+}
+
+/// A plan: limits shared by every route its consumers call.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Its name (`free`, `pro`), what `RateLimit-Policy` and the metrics call it.
+    pub name: String,
+    /// Its limits, checked with the route's in the same call.
+    pub limits: Vec<LimitSettings>,
+}

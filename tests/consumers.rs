@@ -1,0 +1,287 @@
+//! Consumers and plans (design §10) end to end: API keys naming consumers, plan limits shared across routes and
+//! gateway instances, the anonymous plan, 401 / 400 refusals and the forwarded consumer headers; against a real
+//! Redis shared by two gateways and against the in-process store, which must decide alike.
+
+mod common;
+
+use common::http_client::{client, metrics_text};
+use common::redis::RedisServer;
+use common::upstream::Upstream;
+use common::{serve_admin, start_gateway, TestGateway};
+use serde_json::Value;
+
+/// A config with two routes on one upstream (`/a` optional, `/b` optional, `/private` required), keys for a `pro`
+/// and a `free` consumer, an anonymous plan, and forwarded consumer headers.
+fn gateway_yaml(store: &str, upstream: &str) -> String {
+    format!(
+        r#"listen: 127.0.0.1:0
+store:
+{store}upstreams:
+  backend:
+    targets: ["{upstream}"]
+consumers:
+  identify:
+    - api_key: {{ header: x-api-key }}
+    - api_key: {{ query: api_key }}
+  keys:
+    - {{ key: pro-key-1, consumer: acme, plan: pro }}
+    - {{ key: "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", consumer: bob, plan: free }}
+  anonymous: {{ plan: anonymous }}
+  forward: {{ consumer: X-Consumer-Id, plan: X-Consumer-Plan }}
+  plans:
+    anonymous:
+      limits:
+        - {{ name: per-ip, key: ip, algorithm: fixed_window, limit: 2, period: 1h }}
+    free:
+      limits:
+        - {{ name: hourly, key: consumer, algorithm: fixed_window, limit: 3, period: 1h }}
+    pro:
+      limits:
+        - {{ name: hourly, key: consumer, algorithm: fixed_window, limit: 6, period: 1h }}
+routes:
+  - name: a
+    match: {{ path_prefix: /a }}
+    upstream: backend
+    limits:
+      - {{ name: route-wide, key: route, algorithm: fixed_window, limit: 1000, period: 1h }}
+  - name: b
+    match: {{ path_prefix: /b }}
+    upstream: backend
+  - name: private
+    match: {{ path_prefix: /private }}
+    upstream: backend
+    consumers: required
+"#
+    )
+}
+
+/// Gateways sharing one store: two on one Redis, or one on the in-process store.
+struct Setup {
+    gateways: Vec<TestGateway>,
+    _upstream: Upstream,
+    _redis: Option<RedisServer>,
+}
+
+async fn setup(redis: bool) -> Setup {
+    let upstream = Upstream::start().await;
+    let redis = redis.then(RedisServer::start);
+    let store = match &redis {
+        Some(redis) => format!(
+            "  backend: redis\n  url: {}\n  timeout: 500ms\n  on_error: deny\n",
+            redis.url()
+        ),
+        None => "  backend: memory\n".to_owned(),
+    };
+    let yaml = gateway_yaml(&store, &upstream.url());
+    let mut gateways = vec![start_gateway(&yaml).await];
+    if redis.is_some() {
+        gateways.push(start_gateway(&yaml).await);
+    }
+    Setup {
+        gateways,
+        _upstream: upstream,
+        _redis: redis,
+    }
+}
+
+impl Setup {
+    /// The `i`th request's URL for `path`: requests alternate between the gateways.
+    fn url(&self, i: usize, path: &str) -> String {
+        self.gateways[i % self.gateways.len()].url(path)
+    }
+}
+
+/// Sends GET `path` with `x-api-key: key` (when given) through the gateways in turn, `count` times, alternating
+/// `/a` and `/b` when `path` is `None`; returns the statuses.
+async fn statuses(setup: &Setup, key: Option<&str>, count: usize) -> Vec<u16> {
+    let http = client();
+    let mut statuses = Vec::new();
+    for i in 0..count {
+        let path = if i % 2 == 0 { "/a/x" } else { "/b/y" };
+        let mut request = http.get(setup.url(i, path));
+        if let Some(key) = key {
+            request = request.header("x-api-key", key);
+        }
+        statuses.push(request.send().await.expect("send").status().as_u16());
+    }
+    statuses
+}
+
+#[tokio::test]
+async fn each_key_gets_its_plans_limits_across_routes_and_gateways() {
+    for redis in [true, false] {
+        let setup = setup(redis).await;
+        let store = if redis { "redis" } else { "memory" };
+        // `test` is the key whose digest the config lists for bob (free: 3 an hour).
+        let free = statuses(&setup, Some("test"), 5).await;
+        assert_eq!(free, [200, 200, 200, 429, 429], "free plan, {store}");
+        let pro = statuses(&setup, Some("pro-key-1"), 8).await;
+        assert_eq!(
+            pro,
+            [200, 200, 200, 200, 200, 200, 429, 429],
+            "pro plan, {store}"
+        );
+        let anonymous = statuses(&setup, None, 3).await;
+        assert_eq!(anonymous, [200, 200, 429], "anonymous plan, {store}");
+    }
+}
+
+#[tokio::test]
+async fn a_plan_refusal_names_the_plan_limit_and_its_fields() {
+    let setup = setup(false).await;
+    let http = client();
+    let allowed = http
+        .get(setup.url(0, "/a/x"))
+        .header("x-api-key", "test")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(allowed.status(), 200);
+    assert_eq!(
+        allowed.headers()["ratelimit-policy"],
+        "\"route-wide\";q=1000;w=3600, \"free.hourly\";q=3;w=3600"
+    );
+    let current = allowed.headers()["ratelimit"].to_str().expect("text");
+    assert!(current.starts_with("\"free.hourly\";r=2;t="), "{current}");
+    for _ in 0..2 {
+        http.get(setup.url(0, "/b/x"))
+            .header("x-api-key", "test")
+            .send()
+            .await
+            .expect("send");
+    }
+    let denied = http
+        .get(setup.url(0, "/a/x"))
+        .header("x-api-key", "test")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(denied.status(), 429);
+    let body: Value = serde_json::from_slice(&denied.bytes().await.expect("body")).expect("json");
+    assert_eq!(body["limit"], "free.hourly");
+    assert_eq!(body["route"], "a");
+}
+
+#[tokio::test]
+async fn credentials_that_do_not_verify_are_refused_before_any_limit() {
+    let setup = setup(false).await;
+    let http = client();
+    let unknown = http
+        .get(setup.url(0, "/a/x"))
+        .header("x-api-key", "not-a-key")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(unknown.status(), 401);
+    assert_eq!(
+        unknown.headers()["www-authenticate"],
+        "ApiKey realm=\"tollgate\", error=\"unknown_key\""
+    );
+    let body: Value = serde_json::from_slice(&unknown.bytes().await.expect("body")).expect("json");
+    assert_eq!(
+        body,
+        serde_json::json!({"error": "unauthorized", "reason": "unknown_key"})
+    );
+
+    // A required route without a credential: 401 with the challenge of every credential accepted.
+    let missing = http
+        .get(setup.url(0, "/private"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(missing.status(), 401);
+    assert_eq!(
+        missing.headers()["www-authenticate"],
+        "ApiKey realm=\"tollgate\""
+    );
+    let with_key = http
+        .get(setup.url(0, "/private?api_key=pro-key-1"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(with_key.status(), 200);
+
+    // The same key twice, in two header lines or two query parameters: which one the upstream reads is a guess.
+    let twice = http
+        .get(setup.url(0, "/a/x?api_key=pro-key-1&api_key=test"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(twice.status(), 400);
+    let mut request = reqwest::Request::new(
+        reqwest::Method::GET,
+        setup.url(0, "/a/x").parse().expect("url"),
+    );
+    request
+        .headers_mut()
+        .append("x-api-key", "pro-key-1".parse().expect("value"));
+    request
+        .headers_mut()
+        .append("x-api-key", "pro-key-1".parse().expect("value"));
+    assert_eq!(http.execute(request).await.expect("send").status(), 400);
+
+    // None of these consumed anything: the anonymous plan still has its 2, the free key its 3.
+    assert_eq!(statuses(&setup, None, 3).await, [200, 200, 429]);
+    assert_eq!(
+        statuses(&setup, Some("test"), 4).await,
+        [200, 200, 200, 429]
+    );
+}
+
+#[tokio::test]
+async fn the_upstream_learns_the_caller_from_tollgate_only() {
+    let setup = setup(false).await;
+    let http = client();
+    let echo = |response: reqwest::Response| async move {
+        let body: Value =
+            serde_json::from_slice(&response.bytes().await.expect("body")).expect("json");
+        body["headers"].clone()
+    };
+    let identified = http
+        .get(setup.url(0, "/a/x"))
+        .header("x-api-key", "pro-key-1")
+        .header("x-consumer-id", "someone-else")
+        .header("x-consumer-plan", "enterprise")
+        .send()
+        .await
+        .expect("send");
+    let headers = echo(identified).await;
+    assert_eq!(headers["x-consumer-id"], "acme");
+    assert_eq!(headers["x-consumer-plan"], "pro");
+
+    let anonymous = http
+        .get(setup.url(0, "/b/x"))
+        .header("x-consumer-id", "acme")
+        .send()
+        .await
+        .expect("send");
+    let headers = echo(anonymous).await;
+    assert_eq!(
+        headers.get("x-consumer-id"),
+        None,
+        "a client's copy is dropped"
+    );
+    assert_eq!(headers["x-consumer-plan"], "anonymous");
+}
+
+#[tokio::test]
+async fn plan_decisions_are_counted_by_plan_never_by_consumer() {
+    // Counters are registered when the config is compiled: the recorder comes first.
+    tollgate::telemetry::prometheus().expect("recorder");
+    let setup = setup(false).await;
+    let admin = serve_admin(&setup.gateways[0], None).await;
+    assert_eq!(statuses(&setup, Some("pro-key-1"), 1).await, [200]);
+    let text = metrics_text(&admin).await;
+    let line = text
+        .lines()
+        .find(|line| {
+            line.starts_with("tollgate_decisions_total")
+                && line.contains("route=\"a\"")
+                && line.contains("plan=\"pro\"")
+                && line.contains("decision=\"allowed\"")
+        })
+        .unwrap_or_else(|| panic!("no pro decisions in\n{text}"));
+    assert!(line.contains("limit=\"hourly\""), "{line}");
+    assert!(line.ends_with(" 1"), "{line}");
+    assert!(!text.contains("acme"), "a consumer id in the metrics");
+}
