@@ -701,6 +701,11 @@ const SAME_ROUTE: &str = r#"
 store: { backend: memory }
 client_ip:
   trusted_proxies: [127.0.0.1/32]
+consumers:
+  identify: [ { api_key: { header: x-client-key } } ]
+  keys: [ { key: pro-key, consumer: acme, plan: pro } ]
+  plans:
+    pro: { limits: [ { name: hourly, key: consumer, algorithm: fixed_window, limit: 2, period: 1h } ] }
 routes:
   - name: api
     match: { path_prefix: /api }
@@ -742,6 +747,23 @@ async fn the_gateway_and_the_layer_answer_a_request_sequence_alike() {
             ("x-api-key", "b"),
         ],
         &[("x-forwarded-for", "203.0.113.3"), ("x-api-key", "k2")],
+        // A consumer's plan limit across client addresses, and a key that does not verify.
+        &[
+            ("x-forwarded-for", "203.0.113.4"),
+            ("x-client-key", "pro-key"),
+        ],
+        &[
+            ("x-forwarded-for", "203.0.113.5"),
+            ("x-client-key", "pro-key"),
+        ],
+        &[
+            ("x-forwarded-for", "203.0.113.6"),
+            ("x-client-key", "pro-key"),
+        ],
+        &[
+            ("x-forwarded-for", "203.0.113.6"),
+            ("x-client-key", "stolen"),
+        ],
     ];
     let fields = [
         "retry-after",
@@ -751,6 +773,7 @@ async fn the_gateway_and_the_layer_answer_a_request_sequence_alike() {
         "ratelimit-policy",
         "ratelimit",
         "content-type",
+        "www-authenticate",
     ];
     let client = client();
     let mut statuses = Vec::new();
@@ -781,6 +804,10 @@ async fn the_gateway_and_the_layer_answer_a_request_sequence_alike() {
         );
         statuses.push(answers[0].0);
     }
-    // The sequence reaches every answer there is: admitted, refused by each keyed limit, exempt, ambiguous.
-    assert_eq!(statuses, [200, 200, 429, 200, 200, 429, 200, 400, 200]);
+    // The sequence reaches every answer there is: admitted, refused by each keyed limit, exempt, ambiguous, refused
+    // by a plan's limit, an unknown key.
+    assert_eq!(
+        statuses,
+        [200, 200, 429, 200, 200, 429, 200, 400, 200, 200, 200, 429, 401]
+    );
 }

@@ -13,7 +13,7 @@ use ipnet::IpNet;
 use super::limits::{LimitSet, Verdict};
 use super::responses;
 use crate::consumers::{Caller, CallerRefusal, ConsumerMode, Consumers};
-use crate::key::RequestFacts;
+use crate::key::{AmbiguousKey, RequestFacts};
 use crate::limiter::RateLimiter;
 
 /// What one route (or one layer) admits: its limits, the clients exempt from them, and whether admitted
@@ -121,19 +121,8 @@ impl Policy {
             }
         };
         let limits = self.limits_for(caller.as_ref());
-        let identified;
-        let facts = match &caller {
-            Some(caller) => {
-                identified = RequestFacts {
-                    consumer: caller.consumer.as_deref(),
-                    plan: self.plan_name(caller),
-                    ..*facts
-                };
-                &identified
-            }
-            None => facts,
-        };
-        let verdict = match limits.check(limiter, facts).await {
+        let facts = self.identified(facts, caller.as_ref());
+        let verdict = match limits.check(limiter, &facts).await {
             Ok(verdict) => verdict,
             Err(error) => return Admission::Refused(limits.not_checked(&error)),
         };
@@ -145,6 +134,18 @@ impl Policy {
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
         }
         Admission::Admitted(Admitted { verdict, caller })
+    }
+
+    /// The store keys a request would be counted under, its caller identified, without asking the limiter: none
+    /// when the caller is refused (nothing is counted then), an error when a key part or credential occurs twice.
+    pub fn keys(&self, facts: &RequestFacts<'_>) -> Result<Vec<String>, AmbiguousKey> {
+        let caller = match self.identify(facts) {
+            Ok(caller) => caller,
+            Err((CallerRefusal::Ambiguous, _)) => return Err(AmbiguousKey),
+            Err(_) => return Ok(Vec::new()),
+        };
+        let identified = self.identified(facts, caller.as_ref());
+        self.limits_for(caller.as_ref()).keys(&identified)
     }
 
     /// Adds the rate-limit fields of an admitted request to its response's `headers`, unless the policy says not
@@ -212,6 +213,22 @@ impl Policy {
             policy.with_plan.get(plan)
         });
         plan_limits.unwrap_or(&self.limits)
+    }
+
+    /// `facts` with the caller's consumer id and plan name, for the key parts that use them.
+    fn identified<'f>(
+        &'f self,
+        facts: &RequestFacts<'f>,
+        caller: Option<&'f Caller>,
+    ) -> RequestFacts<'f> {
+        match caller {
+            Some(caller) => RequestFacts {
+                consumer: caller.consumer.as_deref(),
+                plan: self.plan_name(caller),
+                ..*facts
+            },
+            None => *facts,
+        }
     }
 
     fn plan_name(&self, caller: &Caller) -> Option<&str> {

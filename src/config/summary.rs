@@ -3,6 +3,9 @@
 use std::fmt::Write;
 
 use super::{format_duration_ms, BackendKind, Config, RouteAction, RouteSettings};
+use crate::consumers::{
+    Anonymous, ConsumerMode, ConsumersSettings, CredentialSource, IdentifierSettings,
+};
 use crate::key::MissingKey;
 use crate::limiter::{Algorithm, LeakyMode};
 
@@ -39,6 +42,102 @@ pub fn render(config: &Config) -> String {
     .map(str::to_owned)];
     for route in &config.routes {
         rows.extend(route_rows(route));
+    }
+    out.push_str(&table(&rows));
+    if let Some(consumers) = &config.consumers {
+        out.push('\n');
+        out.push_str(&consumers_summary(consumers, &config.routes));
+    }
+    out
+}
+
+/// The `consumers:` block: how callers are identified, then one row per plan limit with the routes it applies on.
+fn consumers_summary(consumers: &ConsumersSettings, routes: &[RouteSettings]) -> String {
+    let identify: Vec<String> = consumers
+        .identify
+        .iter()
+        .map(|identifier| match identifier {
+            IdentifierSettings::ApiKey(CredentialSource::Header(name)) => {
+                format!("api_key header {name}")
+            }
+            IdentifierSettings::ApiKey(CredentialSource::Query(name)) => {
+                format!("api_key query {name}")
+            }
+        })
+        .collect();
+    let anonymous = match &consumers.anonymous {
+        Anonymous::NoPlan => "no plan".to_owned(),
+        Anonymous::Plan(plan) => format!("plan {plan}"),
+        Anonymous::Reject => "reject (401)".to_owned(),
+    };
+    let mut out = format!(
+        "consumers: identify {}   static keys {}   anonymous {anonymous}\n\n",
+        if identify.is_empty() {
+            "nothing".to_owned()
+        } else {
+            identify.join(", ")
+        },
+        consumers.keys.len(),
+    );
+    let mut rows = vec![[
+        "PLAN",
+        "LIMIT",
+        "ALGORITHM",
+        "PARAMETERS",
+        "KEY",
+        "COST",
+        "ROUTES",
+    ]
+    .map(str::to_owned)];
+    for plan in &consumers.plans {
+        // Anonymous callers never reach a route that requires a credential.
+        let anonymous_plan = consumers.anonymous == Anonymous::Plan(plan.name.clone());
+        let used_on: Vec<&str> = routes
+            .iter()
+            .filter(|route| match route.consumers {
+                ConsumerMode::Off => false,
+                ConsumerMode::Optional => true,
+                ConsumerMode::Required => !anonymous_plan,
+            })
+            .map(|route| route.name.as_str())
+            .collect();
+        let used_on = if used_on.is_empty() {
+            "(none)".to_owned()
+        } else {
+            used_on.join(", ")
+        };
+        if plan.limits.is_empty() {
+            rows.push([
+                plan.name.clone(),
+                "(none)".to_owned(),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+                used_on,
+            ]);
+            continue;
+        }
+        for (i, settings) in plan.limits.iter().enumerate() {
+            let first = i == 0;
+            rows.push([
+                if first {
+                    plan.name.clone()
+                } else {
+                    String::new()
+                },
+                settings.limit.name().to_owned(),
+                settings.limit.algorithm().name().to_owned(),
+                parameters(settings.limit.algorithm()),
+                settings.key.to_string(),
+                settings.limit.cost().to_string(),
+                if first {
+                    used_on.clone()
+                } else {
+                    String::new()
+                },
+            ]);
+        }
     }
     out.push_str(&table(&rows));
     out
@@ -110,6 +209,11 @@ fn describe_match(route: &RouteSettings) -> String {
     if m.case_insensitive {
         parts.push("(any case)".to_owned());
     }
+    match route.consumers {
+        ConsumerMode::Off => {}
+        ConsumerMode::Optional => parts.push("(consumers)".to_owned()),
+        ConsumerMode::Required => parts.push("(consumers required)".to_owned()),
+    }
     if !route.allow.is_empty() {
         let nets: Vec<String> = route.allow.iter().map(|n| n.to_string()).collect();
         parts.push(format!("(allow {})", nets.join(",")));
@@ -144,8 +248,8 @@ fn parameters(algorithm: &Algorithm) -> String {
 }
 
 /// Left-aligned columns two spaces apart, without trailing spaces.
-fn table(rows: &[[String; 8]]) -> String {
-    let mut widths = [0usize; 8];
+fn table<const N: usize>(rows: &[[String; N]]) -> String {
+    let mut widths = [0usize; N];
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
@@ -227,6 +331,44 @@ mod tests {
         );
         assert!(lines[6].starts_with("open   everything"), "{text}");
         assert!(lines[6].ends_with("(none)"), "{text}");
+    }
+
+    #[test]
+    fn plans_are_listed_with_the_routes_they_apply_on() {
+        let yaml = r#"consumers:
+  identify: [ { api_key: { header: x-api-key } } ]
+  keys: [ { key: k1, consumer: acme, plan: pro } ]
+  anonymous: { plan: anonymous }
+  plans:
+    anonymous: { limits: [ { name: per-ip, key: ip, algorithm: sliding_window, limit: 60, period: 1m } ] }
+    pro: { limits: [ { name: hourly, key: consumer, algorithm: gcra, rate: 10000/1h, burst: 200 } ] }
+routes:
+  - { name: open, match: { path_prefix: /open }, respond: { status: 200 } }
+  - { name: private, match: { path_prefix: /p }, respond: { status: 200 }, consumers: required }
+  - { name: health, match: { path: /healthz }, respond: { status: 200 }, consumers: off }
+"#;
+        let config = super::super::parse(yaml, std::path::Path::new("g.yaml")).unwrap();
+        let text = render(&config);
+        assert!(text.contains("/open* (consumers)"), "{text}");
+        assert!(text.contains("/p* (consumers required)"), "{text}");
+        assert!(
+            text.contains("consumers: identify api_key header x-api-key   static keys 1   anonymous plan anonymous"),
+            "{text}"
+        );
+        let plan_rows: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("PLAN"))
+            .collect();
+        assert!(
+            plan_rows[1].starts_with("anonymous  per-ip  sliding_window  60 per 1m"),
+            "{text}"
+        );
+        assert!(plan_rows[1].ends_with("  open"), "{text}");
+        assert!(
+            plan_rows[2].starts_with("pro        hourly  gcra"),
+            "{text}"
+        );
+        assert!(plan_rows[2].ends_with("  open, private"), "{text}");
     }
 
     #[test]

@@ -10,6 +10,7 @@ use super::settings::{
     Anonymous, ConsumerMode, ConsumersSettings, CredentialSource, ForwardHeaders,
     IdentifierSettings, Plan,
 };
+use crate::config::PLAN_KEY_SCOPE;
 use crate::key::RequestFacts;
 
 /// The compiled `consumers:` block, shared by every route of a config: identifiers, static keys and plans.
@@ -21,6 +22,8 @@ pub struct Consumers {
     anonymous: AnonymousPolicy,
     forward: ForwardHeaders,
     plans: Vec<Plan>,
+    /// `store.key_prefix`, which plan limits' keys start with.
+    key_prefix: String,
     /// `WWW-Authenticate` of a 401 for a missing credential: one challenge per kind of credential accepted.
     challenges: HeaderValue,
 }
@@ -88,8 +91,9 @@ enum Credential {
 // === impl Consumers ===
 
 impl Consumers {
-    /// Compiles a validated block (plan names it refers to are known to exist).
-    pub fn new(settings: &ConsumersSettings) -> Self {
+    /// Compiles a validated block (plan names it refers to are known to exist) for a store whose keys start
+    /// with `key_prefix`.
+    pub fn new(settings: &ConsumersSettings, key_prefix: &str) -> Self {
         let plan_index = |name: &str| settings.plans.iter().position(|plan| plan.name == name);
         let static_keys = settings
             .keys
@@ -135,6 +139,7 @@ impl Consumers {
             anonymous,
             forward: settings.forward.clone(),
             plans: settings.plans.clone(),
+            key_prefix: key_prefix.to_owned(),
             challenges: HeaderValue::from_str(&challenges)
                 .unwrap_or_else(|_| HeaderValue::from_static("ApiKey realm=\"tollgate\"")),
         }
@@ -148,6 +153,12 @@ impl Consumers {
     /// The plan named `name`, by index.
     pub fn plan_index(&self, name: &str) -> Option<usize> {
         self.plans.iter().position(|plan| plan.name == name)
+    }
+
+    /// The store key of the plan limit named `limit` for the key value `value` (the consumer id of a limit keyed
+    /// by `consumer`): `<prefix>consumer:<limit>:{<value>}`, shared by every plan that has a limit of that name.
+    pub fn plan_limit_key(&self, limit: &str, value: &str) -> String {
+        crate::key::store_key(&self.key_prefix, PLAN_KEY_SCOPE, limit, value)
     }
 
     /// The headers that tell the upstream who called.

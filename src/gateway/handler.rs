@@ -13,6 +13,7 @@ use super::responses;
 use super::runtime::{Action, Route, Runtime};
 use crate::admission::{refused, Admission, LimitSet};
 use crate::config::Config;
+use crate::consumers::Consumers;
 use crate::key::RequestFacts;
 use crate::limiter::RateLimiter;
 use crate::proxy::{ForwardedFacts, ProxyError};
@@ -58,6 +59,11 @@ impl Gateway {
             .iter()
             .find(|r| r.name == route)
             .map(|r| r.policy.limits().clone())
+    }
+
+    /// The running config's consumers and plans, if it has a `consumers:` block.
+    pub fn consumers(&self) -> Option<Arc<Consumers>> {
+        self.runtime.load().consumers.clone()
     }
 
     /// The limiter.
@@ -219,7 +225,6 @@ impl Gateway {
             let facts = key_facts(&runtime, route, request, &canonical, &key_path, client_ip);
             view.keys = route
                 .policy
-                .limits()
                 .keys(&facts)
                 .map_err(|_| Refusal::AmbiguousKey)?;
         }

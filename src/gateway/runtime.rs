@@ -22,6 +22,8 @@ pub struct Runtime {
     pub(super) routes_connect: bool,
     /// The series of requests no route matched.
     pub(super) unmatched: RouteMetrics,
+    /// The `consumers:` block, compiled, when the config has one.
+    pub(super) consumers: Option<Arc<Consumers>>,
 }
 
 /// A compiled route.
@@ -62,7 +64,7 @@ impl Runtime {
         let consumers = config
             .consumers
             .as_ref()
-            .map(|settings| Arc::new(Consumers::new(settings)));
+            .map(|settings| Arc::new(Consumers::new(settings, &config.store.key_prefix)));
         let upstreams: HashMap<&str, Arc<Upstream>> = config
             .upstreams
             .iter()
@@ -115,6 +117,7 @@ impl Runtime {
             write_forwarded: config.client_ip.forwarded,
             routes_connect,
             unmatched: RouteMetrics::new("none"),
+            consumers,
         }
     }
 

@@ -11,6 +11,7 @@ use super::rate_limit::RateLimitLayer;
 use crate::admission::LimitSettings;
 use crate::admission::{LimitSet, Policy};
 use crate::config::Config;
+use crate::consumers::{ConsumerMode, Consumers, ConsumersSettings};
 use crate::key::{ClientIpResolver, KeyPart, KeyPartError, KeySpec, MissingKey};
 use crate::limiter::{Algorithm, Backend, Limit, LimitError, OnError, RateLimiter, SystemClock};
 
@@ -36,6 +37,8 @@ pub struct Builder {
     ipv6_prefix: u8,
     /// Client networks exempt from the limits.
     allow: Vec<IpNet>,
+    /// Consumers and plans, and whether the layer identifies callers.
+    consumers: Option<(ConsumersSettings, ConsumerMode)>,
     /// The first mistake of a [`Builder::limit_by`] call.
     error: Option<LayerError>,
 }
@@ -114,6 +117,7 @@ impl Builder {
             trusted_proxies: Vec::new(),
             ipv6_prefix: 64,
             allow: Vec::new(),
+            consumers: None,
             error: None,
         }
     }
@@ -135,6 +139,10 @@ impl Builder {
             trusted_proxies: config.client_ip.trusted_proxies.clone(),
             ipv6_prefix: config.client_ip.ipv6_prefix,
             allow: settings.allow.clone(),
+            consumers: config
+                .consumers
+                .clone()
+                .map(|consumers| (consumers, settings.consumers)),
             ..Self::new()
         })
     }
@@ -224,6 +232,14 @@ impl Builder {
         self
     }
 
+    /// Identifies callers as `consumers` says (a config's `consumers:` block, design §10) and applies their plans'
+    /// limits with the layer's own, in one limiter call; `mode` as a route's `consumers:`. Copies of the forwarded
+    /// consumer headers sent by clients are dropped before the inner service sees the request.
+    pub fn consumers(mut self, consumers: ConsumersSettings, mode: ConsumerMode) -> Self {
+        self.consumers = Some((consumers, mode));
+        self
+    }
+
     /// The layer, or the first mistake of the configuration.
     pub fn build(self) -> Result<RateLimitLayer, LayerError> {
         if let Some(error) = self.error {
@@ -234,7 +250,10 @@ impl Builder {
             .scope
             .filter(|s| !s.is_empty())
             .ok_or(LayerError::MissingName("scope"))?;
-        if self.limits.is_empty() {
+        let has_plans = self.consumers.as_ref().is_some_and(|(settings, mode)| {
+            *mode != ConsumerMode::Off && !settings.plans.is_empty()
+        });
+        if self.limits.is_empty() && !has_plans {
             return Err(LayerError::NoLimits { scope });
         }
         let mut names = HashSet::new();
@@ -251,9 +270,14 @@ impl Builder {
             }
         }
         let limits = LimitSet::new(&scope, &self.key_prefix, self.limits, self.deny_status);
+        let mut policy = Policy::new(limits, self.allow, self.headers);
+        if let Some((settings, mode)) = &self.consumers {
+            let consumers = Arc::new(Consumers::new(settings, &self.key_prefix));
+            policy = policy.with_consumers(*mode, consumers, &self.key_prefix);
+        }
         Ok(RateLimitLayer::new(
             limiter,
-            Policy::new(limits, self.allow, self.headers),
+            policy,
             ClientIpResolver::new(self.trusted_proxies).with_ipv6_prefix(self.ipv6_prefix),
         ))
     }
