@@ -2,6 +2,7 @@
 //! and every gateway instance.
 
 mod api_key;
+pub mod directory;
 mod identify;
 mod settings;
 

@@ -10,6 +10,8 @@ use thiserror::Error;
 
 pub use self::memory::{MemoryStore, WhenFull};
 pub use self::redis::{RedisStore, RedisTopology, ResetNotice};
+// For the other users of Redis (the consumer directory): one way to build clients and to word their failures.
+pub(crate) use self::redis::{client_builder, plain_words};
 use super::Limit;
 
 /// Limits per request that per-request lists hold inline (routes with more spill to the heap).

@@ -649,7 +649,7 @@ const RECONNECT_JITTER_MS: u32 = 50;
 const MAX_LOGGED_REASONS: usize = 8;
 
 /// A client builder for `config` with the gateway's connection settings, for the pool and the subscribers.
-fn client_builder(config: FredConfig) -> Builder {
+pub(crate) fn client_builder(config: FredConfig) -> Builder {
     let mut builder = Builder::from_config(config);
     let mut policy = ReconnectPolicy::new_exponential(0, 10, RECONNECT_CAP_MS, 2);
     policy.set_jitter(RECONNECT_JITTER_MS);
@@ -824,7 +824,7 @@ impl Link {
 
 /// An I/O error as fred words it (`Os { code: 111, kind: ConnectionRefused, message: "Connection refused" }`, the
 /// `Debug` of the system's error) in the system's words (`Connection refused (os error 111)`); others unchanged.
-fn plain_words(details: &str) -> String {
+pub(crate) fn plain_words(details: &str) -> String {
     let field = |name: &str| {
         let start = details.find(name)? + name.len();
         let rest = &details[start..];

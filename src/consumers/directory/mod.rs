@@ -1,0 +1,344 @@
+//! The runtime consumer directory: what the admin API sets per consumer (plan, overrides, blocked, API keys),
+//! read by every request without a lock, kept in this process or shared by every instance through Redis.
+
+mod record;
+mod redis;
+mod snapshot;
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use thiserror::Error;
+
+pub use self::record::{ConsumerRecord, KeyRecord, LimitOverride, RandomError, KEY_PREFIX};
+use self::redis::RedisSync;
+use self::snapshot::Snapshot;
+use crate::limiter::{BackendKind, StoreSettings};
+
+/// The consumers' runtime settings. Requests read a snapshot ([`consumer`](Self::consumer),
+/// [`consumer_of_key`](Self::consumer_of_key)); changes ([`put`](Self::put) and the others) replace it.
+///
+/// In memory, changes apply to this process only. On Redis they are written there first (and fail when Redis
+/// cannot take them), then reach every instance sharing the Redis within a second: each hears the change
+/// announced and re-reads that record, and checks the store's change counter a few times a second, reading
+/// everything again when it missed a change (a lost message, a reconnection, a Redis restarted empty).
+pub struct Directory {
+    view: Arc<View>,
+    store: Store,
+}
+
+/// Why a change could not be made.
+#[derive(Debug, Error)]
+pub enum DirectoryError {
+    /// Redis did not take the change (down, timed out, refused it): nothing changed.
+    #[error("the consumer directory is unavailable: {0}")]
+    Unavailable(String),
+    /// The consumer's record in Redis is not a record (written by hand?): only deleting it is possible.
+    #[error("the stored record of consumer {id:?} cannot be read ({reason}); delete it first")]
+    Unreadable { id: String, reason: String },
+    /// Other writers kept changing the same record while this change was tried.
+    #[error("consumer {0:?} changed concurrently too many times; try again")]
+    Contended(String),
+    /// No random key could be made.
+    #[error(transparent)]
+    Random(#[from] RandomError),
+}
+
+/// The snapshot readers see, and the lock its writers take to replace it one at a time.
+#[derive(Debug, Default)]
+struct View {
+    snapshot: ArcSwap<Snapshot>,
+    replacing: parking_lot::Mutex<()>,
+}
+
+/// Where changes are made.
+#[derive(Debug)]
+enum Store {
+    Memory,
+    Redis(RedisSync),
+}
+
+/// What a change does to a record: the record after from the record before (`None`: there is none), and what
+/// the caller learns.
+type Edit<T> = Result<(Option<ConsumerRecord>, T), DirectoryError>;
+
+impl std::fmt::Debug for Directory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let snapshot = self.view.snapshot.load();
+        f.debug_struct("Directory")
+            .field("store", &self.store)
+            .field("consumers", &snapshot.len())
+            .field("version", &snapshot.version)
+            .finish()
+    }
+}
+
+// === impl Directory ===
+
+impl Directory {
+    /// A directory kept in this process only.
+    pub fn in_memory() -> Arc<Self> {
+        Arc::new(Self {
+            view: Arc::default(),
+            store: Store::Memory,
+        })
+    }
+
+    /// A directory kept in the Redis that `store` names (its URL, topology and credentials), under its
+    /// `key_prefix`. Connects in the background, and keeps reconnecting for as long as the directory lives;
+    /// until the first read it holds no consumer. Must be called within a tokio runtime; fails only for a URL
+    /// that names no Redis.
+    pub fn redis(store: &StoreSettings) -> Result<Arc<Self>, DirectoryError> {
+        let view = Arc::<View>::default();
+        let sync = RedisSync::start(&store.url, &store.key_prefix, Arc::clone(&view))?;
+        Ok(Arc::new(Self {
+            view,
+            store: Store::Redis(sync),
+        }))
+    }
+
+    /// The directory that goes with the limiter `store` describes: in Redis when limits are, else in memory.
+    pub fn from_settings(store: &StoreSettings) -> Result<Arc<Self>, DirectoryError> {
+        match store.backend {
+            BackendKind::Redis => Self::redis(store),
+            BackendKind::Memory => Ok(Self::in_memory()),
+        }
+    }
+
+    /// The runtime settings of consumer `id`, if any. A lock-free read that allocates nothing.
+    pub fn consumer(&self, id: &str) -> Option<Arc<ConsumerRecord>> {
+        self.view.snapshot.load().consumer(id).cloned()
+    }
+
+    /// The consumer owning the runtime-issued API key whose SHA-256 is `digest`. A lock-free read that allocates
+    /// nothing.
+    pub fn consumer_of_key(&self, digest: &[u8; 32]) -> Option<Arc<str>> {
+        self.view.snapshot.load().consumer_of_key(digest).cloned()
+    }
+
+    /// How many consumers have runtime settings.
+    pub fn len(&self) -> usize {
+        self.view.snapshot.load().len()
+    }
+
+    /// Whether no consumer has runtime settings.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the directory holds what the store holds as of some moment: always in memory; on Redis once a
+    /// full read succeeded (and while no change is known to be missed).
+    pub fn synced(&self) -> bool {
+        match self.store {
+            Store::Memory => true,
+            Store::Redis(_) => self.view.snapshot.load().version.is_some(),
+        }
+    }
+
+    /// Sets `id`'s plan, overrides and blocked flag to `record`'s; the consumer's keys stay as they are (`record`'s
+    /// are ignored). Returns the record before, if any.
+    pub async fn put(
+        &self,
+        id: &str,
+        record: ConsumerRecord,
+    ) -> Result<Option<ConsumerRecord>, DirectoryError> {
+        let (before, ()) = self
+            .change(id, false, |before| {
+                let keys = before.map(|b| b.keys.clone()).unwrap_or_default();
+                Ok((
+                    Some(ConsumerRecord {
+                        keys,
+                        ..record.clone()
+                    }),
+                    (),
+                ))
+            })
+            .await?;
+        Ok(before)
+    }
+
+    /// Removes `id`'s runtime settings and keys (back to what the config and its credential say). Returns the
+    /// record before, if any.
+    pub async fn delete(&self, id: &str) -> Result<Option<ConsumerRecord>, DirectoryError> {
+        let (before, ()) = self.change(id, true, |_| Ok((None, ()))).await?;
+        Ok(before)
+    }
+
+    /// Issues a new random API key for `id` (creating its record if it has none): returns the key's record and
+    /// the key itself, which is not kept anywhere (only its SHA-256 is) and must be shown to the caller now.
+    pub async fn add_key(&self, id: &str) -> Result<(KeyRecord, String), DirectoryError> {
+        let mut issued = None;
+        self.change(id, false, |before| {
+            let mut record = before.cloned().unwrap_or_default();
+            let (key, text) = KeyRecord::issue(&record.keys)?;
+            record.keys.push(key.clone());
+            issued = Some((key, text));
+            Ok((Some(record), ()))
+        })
+        .await?;
+        // `change` ran the edit at least once, and its last run is the one written.
+        issued.ok_or_else(|| DirectoryError::Contended(id.to_owned()))
+    }
+
+    /// Revokes `id`'s key `key_id`; false when there was no such key.
+    pub async fn revoke_key(&self, id: &str, key_id: &str) -> Result<bool, DirectoryError> {
+        let (_, revoked) = self
+            .change(id, false, |before| {
+                let Some(before) = before else {
+                    return Ok((None, false));
+                };
+                let mut record = before.clone();
+                record.keys.retain(|key| key.id != key_id);
+                let revoked = record.keys.len() < before.keys.len();
+                Ok((Some(record), revoked))
+            })
+            .await?;
+        Ok(revoked)
+    }
+
+    /// Applies `edit` to `id`'s record where changes are made. With `replaces_unreadable`, a record that cannot
+    /// be read counts as none (deleting must always be possible); otherwise it fails the change.
+    async fn change<T>(
+        &self,
+        id: &str,
+        replaces_unreadable: bool,
+        mut edit: impl FnMut(Option<&ConsumerRecord>) -> Edit<T>,
+    ) -> Result<(Option<ConsumerRecord>, T), DirectoryError> {
+        match &self.store {
+            Store::Memory => {
+                let _replacing = self.view.replacing.lock();
+                let current = self.view.snapshot.load_full();
+                let before = current.consumer(id).map(|record| (**record).clone());
+                let (after, outcome) = edit(before.as_ref())?;
+                if after != before {
+                    self.view.snapshot.store(Arc::new(current.with(id, after)));
+                }
+                Ok((before, outcome))
+            }
+            Store::Redis(sync) => sync.change(id, replaces_unreadable, edit).await,
+        }
+    }
+}
+
+// === impl View ===
+
+impl View {
+    /// Puts `id`'s record as read at change `version` of the store (after change `change`, which was to this
+    /// record) into the snapshot. False when the snapshot is not complete afterwards, and everything should be
+    /// read again.
+    fn apply(&self, id: &str, record: Option<ConsumerRecord>, change: u64, version: u64) -> bool {
+        let _replacing = self.replacing.lock();
+        let current = self.snapshot.load_full();
+        if current.version.is_some_and(|applied| version <= applied) {
+            // The snapshot is complete for a later moment already: it has this record as new or newer.
+            return true;
+        }
+        let mut next = current.with(id, record);
+        // Complete again only when the one change since the snapshot's moment is this one; otherwise another
+        // record changed too, and its announcement may be lost.
+        let complete = current
+            .version
+            .is_some_and(|applied| change == applied + 1 && version == change);
+        next.version = if complete {
+            Some(version)
+        } else {
+            current.version
+        };
+        self.snapshot.store(Arc::new(next));
+        complete
+    }
+
+    /// Replaces the snapshot with everything the store held at `version`.
+    fn replace_all(&self, snapshot: Snapshot) {
+        let _replacing = self.replacing.lock();
+        self.snapshot.store(Arc::new(snapshot));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consumers::api_key_digest as digest;
+
+    fn pro() -> ConsumerRecord {
+        ConsumerRecord {
+            plan: Some("pro".to_owned()),
+            ..ConsumerRecord::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn in_memory_put_keeps_keys_and_returns_the_record_before() {
+        let directory = Directory::in_memory();
+        assert_eq!(directory.put("acme", pro()).await.expect("put"), None);
+        let (key, text) = directory.add_key("acme").await.expect("key");
+        let owner = directory.consumer_of_key(&digest(&text));
+        assert_eq!(owner.as_deref(), Some("acme"));
+        let blocked = ConsumerRecord {
+            blocked: true,
+            keys: Vec::new(),
+            ..pro()
+        };
+        let before = directory.put("acme", blocked).await.expect("put");
+        assert_eq!(before.map(|b| b.keys), Some(vec![key.clone()]));
+        let now = directory.consumer("acme").expect("record");
+        assert!(now.blocked);
+        assert_eq!(now.keys, [key]);
+        assert!(directory.consumer_of_key(&digest(&text)).is_some());
+    }
+
+    #[tokio::test]
+    async fn in_memory_revoked_and_deleted_keys_stop_identifying() {
+        let directory = Directory::in_memory();
+        let (first, first_text) = directory.add_key("acme").await.expect("key");
+        let (_, second_text) = directory.add_key("acme").await.expect("key");
+        assert_eq!(directory.consumer("acme").map(|r| r.keys.len()), Some(2));
+        assert!(directory
+            .revoke_key("acme", &first.id)
+            .await
+            .expect("revoke"));
+        assert!(!directory
+            .revoke_key("acme", &first.id)
+            .await
+            .expect("revoke"));
+        assert!(!directory.revoke_key("nobody", "k_0").await.expect("revoke"));
+        assert_eq!(directory.consumer_of_key(&digest(&first_text)), None);
+        assert!(directory.consumer_of_key(&digest(&second_text)).is_some());
+        let before = directory.delete("acme").await.expect("delete");
+        assert_eq!(before.map(|b| b.keys.len()), Some(1));
+        assert_eq!(directory.consumer_of_key(&digest(&second_text)), None);
+        assert!(directory.is_empty());
+        assert_eq!(directory.delete("acme").await.expect("delete"), None);
+    }
+
+    #[test]
+    fn a_record_is_applied_and_the_snapshot_complete_only_after_the_next_change() {
+        let view = View::default();
+        view.replace_all(Snapshot::from_records([], Some(4)));
+        // Change 5 was to acme, and nothing changed since: complete at 5.
+        assert!(view.apply("acme", Some(pro()), 5, 5));
+        assert_eq!(view.snapshot.load().version, Some(5));
+        // Announced change 5 heard late, read at 6: applied, but change 6 (another record's?) is not in.
+        assert!(!view.apply("acme", None, 5, 6));
+        assert!(view.snapshot.load().consumer("acme").is_none());
+        assert_eq!(view.snapshot.load().version, Some(5));
+        // Change 8 while the snapshot is at 5: 6 and 7 are missing.
+        assert!(!view.apply("globex", Some(pro()), 8, 8));
+        assert_eq!(view.snapshot.load().version, Some(5));
+        // Read at or before the snapshot's moment: nothing to do.
+        view.replace_all(Snapshot::from_records(
+            [("acme".to_owned(), pro())],
+            Some(9),
+        ));
+        assert!(view.apply("acme", None, 9, 9));
+        assert!(view.snapshot.load().consumer("acme").is_some());
+    }
+
+    #[test]
+    fn before_the_first_full_read_nothing_is_complete() {
+        let view = View::default();
+        assert!(!view.apply("acme", Some(pro()), 1, 1));
+        assert!(view.snapshot.load().consumer("acme").is_some());
+        assert_eq!(view.snapshot.load().version, None);
+    }
+}

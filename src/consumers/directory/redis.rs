@@ -1,0 +1,473 @@
+//! The directory kept in Redis: records in one hash, a change counter counted with each write, an announcement
+//! per change, and the checks that bring an instance back in step after a missed announcement or a reconnection.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::prelude::*;
+use fred::types::config::{Config as FredConfig, Options, ServerConfig};
+use fred::types::scripts::Script;
+use fred::types::CustomCommand;
+use fred::util::redis_keyslot;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{watch, Notify};
+
+use super::record::ConsumerRecord;
+use super::snapshot::Snapshot;
+use super::{DirectoryError, Edit, View};
+use crate::limiter::store::{client_builder, plain_words};
+
+/// How often each instance compares the store's change counter with its own: a change whose announcement was
+/// lost is read within this (plus one full read), well within the second a change may take to reach everyone.
+const CHECK_EVERY: Duration = Duration::from_millis(250);
+/// How long a read of the directory may take before it counts as failed (the next check tries again).
+const READ_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a change may wait for Redis before the admin call fails.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Attempts of one change against concurrent changes of the same record.
+const WRITE_ATTEMPTS: usize = 8;
+
+const READ_SCRIPT: &str = include_str!("scripts/read.lua");
+const WRITE_SCRIPT: &str = include_str!("scripts/write.lua");
+
+/// The Redis side of a directory: a client for reads and writes, a subscriber for announcements, and the task
+/// that keeps the view in step. The tasks end when this is dropped.
+pub(super) struct RedisSync {
+    redis: Arc<Redis>,
+    /// Dropped with the directory, which tells the tasks to stop.
+    _stop: watch::Sender<()>,
+}
+
+/// What the tasks and the writers share.
+struct Redis {
+    client: Client,
+    /// `<prefix>{consumers}`: the hash of records, field = consumer id, value = the record's JSON.
+    records: String,
+    /// `<prefix>{consumers}:version`: counted up by each change, atomically with it. Both keys share one hash tag,
+    /// so that on Redis Cluster the scripts that touch both run on one node.
+    version: String,
+    /// `<prefix>consumers:changed`: each change is announced there as `<version> <consumer id>`.
+    channel: String,
+    /// The hash slot of both keys on Redis Cluster (routes the scripts), `None` elsewhere.
+    slot: Option<u16>,
+    read: Script,
+    write: Script,
+    view: Arc<View>,
+    /// Asks the sync task for a full read now.
+    resync: Notify,
+}
+
+/// What a compare-and-set write did.
+enum Written {
+    /// The change is in, counted as this version.
+    At(u64),
+    /// The record changed since it was read.
+    Changed,
+}
+
+impl std::fmt::Debug for RedisSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSync")
+            .field("records", &self.redis.records)
+            .field("connected", &self.redis.client.is_connected())
+            .finish()
+    }
+}
+
+// === impl RedisSync ===
+
+impl RedisSync {
+    /// Starts connecting to `url` in the background, and the tasks that keep `view` in step with Redis.
+    pub(super) fn start(url: &str, prefix: &str, view: Arc<View>) -> Result<Self, DirectoryError> {
+        let unavailable = |error: Error| DirectoryError::Unavailable(plain_words(error.details()));
+        let config = FredConfig::from_url(url).map_err(unavailable)?;
+        let cluster = matches!(config.server, ServerConfig::Clustered { .. });
+        let builder = client_builder(config);
+        let client = builder.build().map_err(unavailable)?;
+        let subscriber = builder.build_subscriber_client().map_err(unavailable)?;
+        let records = format!("{prefix}{{consumers}}");
+        let redis = Arc::new(Redis {
+            client,
+            slot: cluster.then(|| redis_keyslot(records.as_bytes())),
+            version: format!("{records}:version"),
+            records,
+            channel: format!("{prefix}consumers:changed"),
+            read: Script::from_lua(READ_SCRIPT),
+            write: Script::from_lua(WRITE_SCRIPT),
+            view,
+            resync: Notify::new(),
+        });
+        let (stop, stopped) = watch::channel(());
+        // Whatever was announced while disconnected went unheard, and the Redis may be another one (restarted
+        // empty, failed over): read everything again on every connection.
+        let weak = Arc::downgrade(&redis);
+        let _reconnections = redis.client.on_reconnect(move |_| {
+            if let Some(redis) = weak.upgrade() {
+                redis.resync.notify_one();
+            }
+            async { Ok(()) }
+        });
+        let _connection = redis.client.connect();
+        tokio::spawn(Arc::clone(&redis).keep_in_step(stopped.clone()));
+        tokio::spawn(Arc::clone(&redis).follow_announcements(subscriber, stopped));
+        Ok(Self { redis, _stop: stop })
+    }
+
+    /// Applies `edit` to `id`'s record in Redis, compare-and-set: read the record, write the edited one only if
+    /// it is still what was read (else read again), counting the change; then applies it here and announces it.
+    pub(super) async fn change<T>(
+        &self,
+        id: &str,
+        replaces_unreadable: bool,
+        mut edit: impl FnMut(Option<&ConsumerRecord>) -> Edit<T>,
+    ) -> Result<(Option<ConsumerRecord>, T), DirectoryError> {
+        let redis = &self.redis;
+        for _ in 0..WRITE_ATTEMPTS {
+            let (_, stored) = redis.read_one(id, WRITE_TIMEOUT).await?;
+            let before = match stored
+                .as_deref()
+                .map(serde_json::from_str::<ConsumerRecord>)
+            {
+                None => None,
+                Some(Ok(record)) => Some(record),
+                Some(Err(_)) if replaces_unreadable => None,
+                Some(Err(error)) => {
+                    return Err(DirectoryError::Unreadable {
+                        id: id.to_owned(),
+                        reason: error.to_string(),
+                    })
+                }
+            };
+            let (after, outcome) = edit(before.as_ref())?;
+            if after == before && (after.is_some() || stored.is_none()) {
+                return Ok((before, outcome));
+            }
+            let json = match &after {
+                Some(record) => serde_json::to_string(record)
+                    .map_err(|error| DirectoryError::Unavailable(error.to_string()))?,
+                None => String::new(),
+            };
+            match redis.write(id, stored.as_deref(), &json).await? {
+                Written::At(version) => {
+                    if !redis.view.apply(id, after, version, version) {
+                        redis.resync.notify_one();
+                    }
+                    redis.announce(version, id).await;
+                    return Ok((before, outcome));
+                }
+                Written::Changed => continue,
+            }
+        }
+        Err(DirectoryError::Contended(id.to_owned()))
+    }
+}
+
+// === impl Redis ===
+
+impl Redis {
+    /// Compares the change counter with the snapshot's every [`CHECK_EVERY`], and reads everything when they
+    /// differ or when asked (a reconnection, a change heard out of turn), until `stopped`.
+    async fn keep_in_step(self: Arc<Self>, mut stopped: watch::Receiver<()>) {
+        let mut ticks = tokio::time::interval(CHECK_EVERY);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing: Option<String> = None;
+        loop {
+            let full = tokio::select! {
+                _ = stopped.changed() => break,
+                _ = ticks.tick() => false,
+                () = self.resync.notified() => true,
+            };
+            let result = if full {
+                self.read_all().await
+            } else {
+                self.check().await
+            };
+            match result {
+                Ok(()) => {
+                    if failing.take().is_some() {
+                        tracing::info!("consumer directory read from redis again");
+                    }
+                }
+                Err(reason) => {
+                    // Redis being down is logged by the limiter's connections; a refusal (an ACL without the
+                    // directory's keys, a record that is not JSON) is news, once per reason.
+                    if failing.as_ref() != Some(&reason) {
+                        if self.client.is_connected() {
+                            tracing::warn!(%reason, "cannot read the consumer directory from redis; serving the last one read");
+                        } else {
+                            tracing::debug!(%reason, "cannot read the consumer directory from redis");
+                        }
+                        failing = Some(reason);
+                    }
+                }
+            }
+        }
+        let _ = self.client.quit().await;
+    }
+
+    /// Reads everything when the change counter is not the snapshot's.
+    async fn check(&self) -> Result<(), String> {
+        let options = Options {
+            fail_fast: true,
+            timeout: Some(READ_TIMEOUT),
+            ..Default::default()
+        };
+        let version: Option<u64> = self
+            .client
+            .with_options(&options)
+            .get(&self.version)
+            .await
+            .map_err(|error| plain_words(error.details()))?;
+        if self.view.snapshot.load().version == Some(version.unwrap_or(0)) {
+            return Ok(());
+        }
+        self.read_all().await
+    }
+
+    /// Replaces the snapshot with every record and the change counter, read in one step. A record that is not
+    /// a record is left out, with a warning.
+    async fn read_all(&self) -> Result<(), String> {
+        let reply = self
+            .eval(&self.read, &["all", ""], READ_TIMEOUT)
+            .await
+            .map_err(|error| plain_words(error.details()))?;
+        let (version, records) = split_reply(reply)?;
+        let fields = records.into_array();
+        let mut parsed = Vec::with_capacity(fields.len() / 2);
+        for pair in fields.chunks_exact(2) {
+            let (Some(id), Some(json)) = (pair[0].as_string(), pair[1].as_string()) else {
+                continue;
+            };
+            match serde_json::from_str::<ConsumerRecord>(&json) {
+                Ok(record) => parsed.push((id, record)),
+                Err(error) => tracing::warn!(
+                    consumer = %id,
+                    %error,
+                    "a consumer's record in redis is not a record; ignored until replaced or deleted"
+                ),
+            }
+        }
+        let count = parsed.len();
+        self.view
+            .replace_all(Snapshot::from_records(parsed, Some(version)));
+        tracing::debug!(
+            consumers = count,
+            version,
+            "consumer directory read from redis"
+        );
+        Ok(())
+    }
+
+    /// Hears the announcements of changes, on a subscriber connection of its own, and re-reads each changed
+    /// record; asks for a full read when announcements may have been missed. Until `stopped`.
+    async fn follow_announcements(
+        self: Arc<Self>,
+        subscriber: fred::clients::SubscriberClient,
+        mut stopped: watch::Receiver<()>,
+    ) {
+        let _connection = subscriber.connect();
+        let _resubscriptions = subscriber.manage_subscriptions();
+        let mut messages = subscriber.message_rx();
+        let mut reconnections = subscriber.reconnect_rx();
+        // Only a subscription that succeeded is made again on reconnection, so the first is retried until it
+        // does (Redis may not be up yet). Meanwhile the counter checks keep the directory in step.
+        loop {
+            tokio::select! {
+                _ = stopped.changed() => {
+                    let _ = subscriber.quit().await;
+                    return;
+                }
+                subscribed = subscriber.subscribe(self.channel.as_str()) => match subscribed {
+                    Ok(()) => break,
+                    Err(error) => {
+                        tracing::debug!(%error, channel = %self.channel, "subscribing to directory changes failed; retrying");
+                    }
+                },
+            }
+            tokio::select! {
+                _ = stopped.changed() => {
+                    let _ = subscriber.quit().await;
+                    return;
+                }
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+        loop {
+            tokio::select! {
+                _ = stopped.changed() => break,
+                message = messages.recv() => match message {
+                    Ok(message) => {
+                        if let Some(text) = message.value.as_string() {
+                            self.heard(&text).await;
+                        }
+                    }
+                    Err(RecvError::Lagged(_)) => self.resync.notify_one(),
+                    Err(RecvError::Closed) => break,
+                },
+                reconnected = reconnections.recv() => match reconnected {
+                    Ok(_) | Err(RecvError::Lagged(_)) => self.resync.notify_one(),
+                    Err(RecvError::Closed) => break,
+                },
+            }
+        }
+        let _ = subscriber.quit().await;
+    }
+
+    /// Re-reads the record an announcement (`<version> <consumer id>`) names, and applies it.
+    async fn heard(&self, announcement: &str) {
+        let Some((change, id)) = announcement
+            .split_once(' ')
+            .and_then(|(version, id)| Some((version.parse::<u64>().ok()?, id)))
+        else {
+            tracing::debug!(announcement, "not a directory change announcement; ignored");
+            return;
+        };
+        if self
+            .view
+            .snapshot
+            .load()
+            .version
+            .is_some_and(|applied| change <= applied)
+        {
+            // This instance's own change, or one a full read already brought.
+            return;
+        }
+        let applied = match self.read_one(id, READ_TIMEOUT).await {
+            Ok((version, Some(json))) => match serde_json::from_str::<ConsumerRecord>(&json) {
+                Ok(record) => self.view.apply(id, Some(record), change, version),
+                Err(error) => {
+                    tracing::warn!(consumer = %id, %error, "a consumer's record in redis is not a record; ignored");
+                    self.view.apply(id, None, change, version)
+                }
+            },
+            Ok((version, None)) => self.view.apply(id, None, change, version),
+            // The counter checks will bring the change.
+            Err(_) => false,
+        };
+        if !applied {
+            self.resync.notify_one();
+        }
+    }
+
+    /// `id`'s record as stored (its JSON, `None` when there is none) and the change counter, read in one step.
+    async fn read_one(
+        &self,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<(u64, Option<String>), DirectoryError> {
+        let reply = self
+            .eval(&self.read, &["one", id], timeout)
+            .await
+            .map_err(|error| self.unavailable(&error))?;
+        let (version, record) = split_reply(reply).map_err(DirectoryError::Unavailable)?;
+        Ok((version, record.as_string()))
+    }
+
+    /// Writes `json` as `id`'s record (deletes it when empty) if the record stored is still `stored`.
+    async fn write(
+        &self,
+        id: &str,
+        stored: Option<&str>,
+        json: &str,
+    ) -> Result<Written, DirectoryError> {
+        let expect = match stored {
+            None => ["absent", ""],
+            Some(stored) => ["is", stored],
+        };
+        let reply = self
+            .eval(
+                &self.write,
+                &[id, expect[0], expect[1], json],
+                WRITE_TIMEOUT,
+            )
+            .await
+            .map_err(|error| self.unavailable(&error))?;
+        match reply.as_i64() {
+            Some(version) if version >= 0 => Ok(Written::At(version.unsigned_abs())),
+            Some(_) => Ok(Written::Changed),
+            None => Err(DirectoryError::Unavailable(format!(
+                "unexpected reply from the directory's write script: {reply:?}"
+            ))),
+        }
+    }
+
+    /// Tells every instance that change `version` was to `id`'s record. The change is made whatever happens here:
+    /// an instance that does not hear of it reads it at its next counter check.
+    async fn announce(&self, version: u64, id: &str) {
+        let options = Options {
+            fail_fast: true,
+            timeout: Some(WRITE_TIMEOUT),
+            ..Default::default()
+        };
+        let announced: Result<i64, _> = self
+            .client
+            .with_options(&options)
+            .publish(&self.channel, format!("{version} {id}"))
+            .await;
+        if let Err(error) = announced {
+            tracing::warn!(%error, channel = %self.channel, "directory change not announced; other instances read it within a second");
+        }
+    }
+
+    /// Runs `script` on the directory's keys with `args`, failing at once while disconnected and after
+    /// `timeout`; loads it first when Redis does not know it (a new, restarted or failed-over Redis).
+    async fn eval(
+        &self,
+        script: &Script,
+        args: &[&str],
+        timeout: Duration,
+    ) -> Result<Value, Error> {
+        let mut command: Vec<Value> = Vec::with_capacity(4 + args.len());
+        command.push(Value::from(script.sha1().clone()));
+        command.push(Value::Integer(2));
+        command.push(Value::from(self.records.as_str()));
+        command.push(Value::from(self.version.as_str()));
+        command.extend(args.iter().map(|arg| Value::from(*arg)));
+        let client = self.client.with_options(&Options {
+            fail_fast: true,
+            timeout: Some(timeout),
+            ..Default::default()
+        });
+        let evalsha = || CustomCommand::new("EVALSHA", self.slot, false);
+        match client
+            .custom::<Value, Value>(evalsha(), command.clone())
+            .await
+        {
+            Err(error) if error.details().starts_with("NOSCRIPT") => {
+                script.load(&self.client).await?;
+                client.custom(evalsha(), command).await
+            }
+            Err(error) if error.details().contains("READONLY") => {
+                // A Sentinel failover demoted the server this client writes to: reconnecting asks for the new
+                // primary.
+                let client = self.client.clone();
+                tokio::spawn(async move { client.force_reconnection().await });
+                Err(error)
+            }
+            other => other,
+        }
+    }
+
+    fn unavailable(&self, error: &Error) -> DirectoryError {
+        let words = plain_words(error.details());
+        DirectoryError::Unavailable(if self.client.is_connected() || !words.is_empty() {
+            format!("redis: {words}")
+        } else {
+            "not connected to redis".to_owned()
+        })
+    }
+}
+
+/// A read script's reply: the change counter and the records part.
+fn split_reply(reply: Value) -> Result<(u64, Value), String> {
+    let mut parts = reply.into_array().into_iter();
+    let (Some(version), Some(records)) = (parts.next(), parts.next()) else {
+        return Err("unexpected reply from the directory's read script".to_owned());
+    };
+    let version = match &version {
+        Value::Integer(number) => u64::try_from(*number).ok(),
+        other => other.as_str().and_then(|text| text.parse().ok()),
+    }
+    .ok_or_else(|| format!("the directory's change counter is not a number: {version:?}"))?;
+    Ok((version, records))
+}

@@ -1,0 +1,192 @@
+//! What the directory holds at one moment: the records by consumer id and the index of runtime keys by digest,
+//! replaced whole on each change so that readers never lock.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use foldhash::fast::RandomState;
+
+use super::record::ConsumerRecord;
+
+/// The records and the key index, read by every request through an `ArcSwap` and never changed in place: a
+/// change builds the next snapshot. Copying the maps costs O(consumers) per change, which admin changes can
+/// afford, and keeps the request's lookup a plain hash map read.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Snapshot {
+    consumers: HashMap<Arc<str>, Arc<ConsumerRecord>, RandomState>,
+    keys: HashMap<[u8; 32], Arc<str>, RandomState>,
+    /// The store's change counter this snapshot is complete for: every change up to it is in, none missed.
+    /// `None` before the first full read (and always for the in-process directory).
+    pub(super) version: Option<u64>,
+}
+
+// === impl Snapshot ===
+
+impl Snapshot {
+    /// Every record of the store at `version`.
+    pub(super) fn from_records(
+        records: impl IntoIterator<Item = (String, ConsumerRecord)>,
+        version: Option<u64>,
+    ) -> Self {
+        let mut snapshot = Self {
+            version,
+            ..Self::default()
+        };
+        for (id, record) in records {
+            snapshot.insert(Arc::from(id), Arc::new(record));
+        }
+        snapshot
+    }
+
+    pub(super) fn consumer(&self, id: &str) -> Option<&Arc<ConsumerRecord>> {
+        self.consumers.get(id)
+    }
+
+    pub(super) fn consumer_of_key(&self, digest: &[u8; 32]) -> Option<&Arc<str>> {
+        self.keys.get(digest)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.consumers.len()
+    }
+
+    /// This snapshot with `id`'s record replaced by `record` (removed when `None`), and its keys re-indexed.
+    pub(super) fn with(&self, id: &str, record: Option<ConsumerRecord>) -> Self {
+        let mut next = self.clone();
+        next.remove(id);
+        if let Some(record) = record {
+            next.insert(Arc::from(id), Arc::new(record));
+        }
+        next
+    }
+
+    fn insert(&mut self, id: Arc<str>, record: Arc<ConsumerRecord>) {
+        for digest in record.key_digests() {
+            // Only a record written by hand can claim another consumer's key: the key then names neither, rather
+            // than whichever was read last.
+            if let Some(owner) = self.keys.insert(digest, Arc::clone(&id)) {
+                if owner != id {
+                    tracing::warn!(
+                        consumers = %format_args!("{owner}, {id}"),
+                        "one runtime API key is recorded for two consumers; it identifies neither"
+                    );
+                    self.keys.remove(&digest);
+                }
+            }
+        }
+        self.consumers.insert(id, record);
+    }
+
+    fn remove(&mut self, id: &str) {
+        if let Some(old) = self.consumers.remove(id) {
+            for digest in old.key_digests() {
+                if self.keys.get(&digest).is_some_and(|owner| &**owner == id) {
+                    self.keys.remove(&digest);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::record::KeyRecord;
+    use super::*;
+    use crate::consumers::{api_key_digest as digest, digest_hex};
+
+    fn with_keys(plan: &str, keys: &[&str]) -> ConsumerRecord {
+        ConsumerRecord {
+            plan: Some(plan.to_owned()),
+            keys: keys
+                .iter()
+                .enumerate()
+                .map(|(i, key)| KeyRecord {
+                    id: format!("k_{i}"),
+                    sha256: digest_hex(&digest(key)),
+                    created_ms: 1,
+                })
+                .collect(),
+            ..ConsumerRecord::default()
+        }
+    }
+
+    #[test]
+    fn records_and_keys_are_found_by_id_and_digest() {
+        let snapshot = Snapshot::from_records(
+            [
+                ("acme".to_owned(), with_keys("pro", &["tg_a", "tg_b"])),
+                ("globex".to_owned(), with_keys("free", &["tg_c"])),
+            ],
+            Some(7),
+        );
+        assert_eq!(snapshot.len(), 2);
+        assert_eq!(snapshot.version, Some(7));
+        let plan = |id| snapshot.consumer(id).and_then(|r| r.plan.clone());
+        assert_eq!(plan("acme").as_deref(), Some("pro"));
+        assert_eq!(plan("globex").as_deref(), Some("free"));
+        assert_eq!(plan("initech"), None);
+        let owner = |key| {
+            snapshot
+                .consumer_of_key(&digest(key))
+                .map(|id| id.to_string())
+        };
+        assert_eq!(owner("tg_a").as_deref(), Some("acme"));
+        assert_eq!(owner("tg_b").as_deref(), Some("acme"));
+        assert_eq!(owner("tg_c").as_deref(), Some("globex"));
+        assert_eq!(owner("tg_d"), None);
+    }
+
+    #[test]
+    fn a_replaced_record_drops_its_old_keys_and_leaves_the_old_snapshot_alone() {
+        let before = Snapshot::from_records(
+            [("acme".to_owned(), with_keys("pro", &["tg_a", "tg_b"]))],
+            None,
+        );
+        let after = before.with("acme", Some(with_keys("free", &["tg_b"])));
+        assert_eq!(after.consumer_of_key(&digest("tg_a")), None);
+        assert_eq!(
+            after.consumer_of_key(&digest("tg_b")).map(|id| &**id),
+            Some("acme")
+        );
+        assert_eq!(
+            after.consumer("acme").and_then(|r| r.plan.as_deref()),
+            Some("free")
+        );
+        // Readers holding the old snapshot still see it whole.
+        assert!(before.consumer_of_key(&digest("tg_a")).is_some());
+        assert_eq!(
+            before.consumer("acme").and_then(|r| r.plan.as_deref()),
+            Some("pro")
+        );
+        let removed = after.with("acme", None);
+        assert_eq!(removed.len(), 0);
+        assert_eq!(removed.consumer_of_key(&digest("tg_b")), None);
+    }
+
+    #[test]
+    fn a_key_claimed_by_two_consumers_identifies_neither() {
+        let snapshot = Snapshot::from_records(
+            [
+                ("acme".to_owned(), with_keys("pro", &["tg_shared", "tg_a"])),
+                ("globex".to_owned(), with_keys("free", &["tg_shared"])),
+            ],
+            None,
+        );
+        assert_eq!(snapshot.consumer_of_key(&digest("tg_shared")), None);
+        assert!(snapshot.consumer_of_key(&digest("tg_a")).is_some());
+    }
+
+    #[test]
+    fn removing_a_consumer_keeps_a_key_now_owned_by_another() {
+        let snapshot =
+            Snapshot::from_records([("acme".to_owned(), with_keys("pro", &["tg_a"]))], None)
+                .with("globex", Some(with_keys("free", &["tg_g"])));
+        let moved = snapshot.with("acme", Some(with_keys("pro", &[])));
+        let moved = moved.with("globex", Some(with_keys("free", &["tg_g", "tg_a"])));
+        let gone = moved.with("acme", None);
+        assert_eq!(
+            gone.consumer_of_key(&digest("tg_a")).map(|id| &**id),
+            Some("globex")
+        );
+    }
+}

@@ -1,0 +1,281 @@
+//! The runtime consumer directory shared through Redis: a change made through one instance reaches another within
+//! a second, by announcement or, when the announcement is missed, by the change counter's checks; Redis started
+//! late, restarted empty or on a Cluster still leaves every instance with what Redis holds.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::cluster::RedisCluster;
+use common::eventually;
+use common::redis::RedisServer;
+use tollgate::consumers::api_key_digest as digest;
+use tollgate::consumers::directory::{ConsumerRecord, Directory, DirectoryError};
+
+/// How long a change may take to reach another instance (design §10).
+const ONE_SECOND: Duration = Duration::from_secs(1);
+
+/// A directory on the Redis at `url` under the default key prefix (`tollgate:`).
+fn directory(url: &str) -> Arc<Directory> {
+    let config = common::config(&format!(
+        "store: {{ backend: redis, url: \"{url}\" }}\nroutes:\n  - {{ name: r, match: {{ path_prefix: / }}, respond: {{ status: 200 }} }}\n"
+    ));
+    Directory::from_settings(&config.store).expect("directory")
+}
+
+/// Waits until `directory` has read Redis once.
+async fn synced(directory: &Directory) {
+    assert!(
+        eventually(Duration::from_secs(10), async || directory.synced())
+            .await
+            .is_some(),
+        "the directory never read redis"
+    );
+}
+
+fn plan(name: &str) -> ConsumerRecord {
+    ConsumerRecord {
+        plan: Some(name.to_owned()),
+        ..ConsumerRecord::default()
+    }
+}
+
+fn plan_of(directory: &Directory, id: &str) -> Option<String> {
+    directory
+        .consumer(id)
+        .and_then(|record| record.plan.clone())
+}
+
+#[tokio::test]
+async fn a_change_through_one_instance_reaches_the_other_within_a_second() {
+    let redis = RedisServer::start();
+    let (one, other) = (directory(&redis.url()), directory(&redis.url()));
+    synced(&one).await;
+    synced(&other).await;
+
+    assert_eq!(one.put("acme", plan("pro")).await.expect("put"), None);
+    // The instance that made the change has it at once.
+    assert_eq!(plan_of(&one, "acme").as_deref(), Some("pro"));
+    let took = eventually(ONE_SECOND, async || {
+        plan_of(&other, "acme").as_deref() == Some("pro")
+    })
+    .await;
+    assert!(
+        took.is_some(),
+        "the change did not reach the other instance"
+    );
+
+    // And back: the record before is what the first wrote.
+    let mut blocked = plan("free");
+    blocked.blocked = true;
+    let before = other.put("acme", blocked).await.expect("put");
+    assert_eq!(before.and_then(|b| b.plan).as_deref(), Some("pro"));
+    let took = eventually(ONE_SECOND, async || {
+        one.consumer("acme").is_some_and(|record| record.blocked)
+    })
+    .await;
+    assert!(took.is_some(), "blocked did not reach the first instance");
+
+    assert!(other.delete("acme").await.expect("delete").is_some());
+    assert!(
+        eventually(ONE_SECOND, async || one.consumer("acme").is_none())
+            .await
+            .is_some()
+    );
+    // Stored as the JSON the docs show, in one hash under one hash tag.
+    assert_eq!(
+        redis.cli(&["HLEN", "tollgate:{consumers}"]).as_deref(),
+        Some("0")
+    );
+    assert_eq!(
+        redis
+            .cli(&["GET", "tollgate:{consumers}:version"])
+            .as_deref(),
+        Some("3")
+    );
+}
+
+#[tokio::test]
+async fn a_key_issued_on_one_instance_identifies_on_the_other_until_revoked() {
+    let redis = RedisServer::start();
+    let (one, other) = (directory(&redis.url()), directory(&redis.url()));
+    synced(&one).await;
+    synced(&other).await;
+
+    let (key, text) = one.add_key("acme").await.expect("key");
+    let digest = digest(&text);
+    assert!(eventually(ONE_SECOND, async || {
+        other.consumer_of_key(&digest).as_deref() == Some("acme")
+    })
+    .await
+    .is_some());
+    // Only the digest is stored.
+    let stored = redis
+        .cli(&["HGET", "tollgate:{consumers}", "acme"])
+        .expect("record");
+    assert!(stored.contains(&key.sha256), "{stored}");
+    assert!(!stored.contains(&text), "{stored}");
+    // A put keeps the keys.
+    other.put("acme", plan("pro")).await.expect("put");
+    assert_eq!(one.consumer_of_key(&digest).as_deref(), Some("acme"));
+
+    assert!(one.revoke_key("acme", &key.id).await.expect("revoke"));
+    let took = eventually(ONE_SECOND, async || {
+        other.consumer_of_key(&digest).is_none()
+    })
+    .await;
+    assert!(
+        took.is_some(),
+        "the revoked key still identifies on the other instance"
+    );
+    assert_eq!(plan_of(&other, "acme").as_deref(), Some("pro"));
+}
+
+#[tokio::test]
+async fn a_change_whose_announcement_was_missed_arrives_by_the_counter_check() {
+    let redis = RedisServer::start();
+    let one = directory(&redis.url());
+    synced(&one).await;
+
+    // Written as another instance would, but never announced.
+    let json = r#"{"plan":"enterprise","blocked":true}"#;
+    assert_eq!(
+        redis
+            .cli(&["HSET", "tollgate:{consumers}", "initech", json])
+            .as_deref(),
+        Some("1")
+    );
+    redis.cli(&["INCR", "tollgate:{consumers}:version"]);
+    let took = eventually(ONE_SECOND, async || {
+        plan_of(&one, "initech").as_deref() == Some("enterprise")
+    })
+    .await;
+    assert!(took.is_some(), "the unannounced change was never read");
+    assert!(one.consumer("initech").is_some_and(|r| r.blocked));
+
+    // A record that is not one is left out, and the others still read.
+    redis.cli(&["HSET", "tollgate:{consumers}", "broken", "{not json"]);
+    redis.cli(&[
+        "HSET",
+        "tollgate:{consumers}",
+        "globex",
+        r#"{"plan":"free"}"#,
+    ]);
+    redis.cli(&["INCR", "tollgate:{consumers}:version"]);
+    assert!(eventually(ONE_SECOND, async || {
+        plan_of(&one, "globex").as_deref() == Some("free")
+    })
+    .await
+    .is_some());
+    assert!(one.consumer("broken").is_none());
+    // Changing it fails with a reason; deleting it works.
+    assert!(matches!(
+        one.put("broken", plan("pro")).await,
+        Err(DirectoryError::Unreadable { .. })
+    ));
+    assert_eq!(one.delete("broken").await.expect("delete"), None);
+    assert_eq!(
+        redis
+            .cli(&["HEXISTS", "tollgate:{consumers}", "broken"])
+            .as_deref(),
+        Some("0")
+    );
+}
+
+#[tokio::test]
+async fn a_directory_started_before_redis_reads_it_once_it_answers() {
+    let port = common::free_port();
+    let one = directory(&format!("redis://127.0.0.1:{port}"));
+    // No Redis: changes fail, and say why.
+    match one.put("acme", plan("pro")).await {
+        Err(DirectoryError::Unavailable(reason)) => assert!(!reason.is_empty()),
+        other => panic!("a change without redis: {other:?}"),
+    }
+    assert!(!one.synced());
+
+    let redis = RedisServer::start_on(port);
+    redis.cli(&["HSET", "tollgate:{consumers}", "acme", r#"{"plan":"pro"}"#]);
+    redis.cli(&["INCR", "tollgate:{consumers}:version"]);
+    assert!(
+        eventually(Duration::from_secs(2), async || {
+            plan_of(&one, "acme").as_deref() == Some("pro")
+        })
+        .await
+        .is_some(),
+        "the directory did not read redis once it answered"
+    );
+    assert!(one.put("globex", plan("free")).await.is_ok());
+}
+
+#[tokio::test]
+async fn reads_outlive_redis_and_a_redis_restarted_empty_empties_every_instance() {
+    let mut redis = RedisServer::start();
+    let (one, other) = (directory(&redis.url()), directory(&redis.url()));
+    synced(&one).await;
+    synced(&other).await;
+    let (_, text) = one.add_key("acme").await.expect("key");
+    one.put("acme", plan("pro")).await.expect("put");
+    assert!(
+        eventually(ONE_SECOND, async || plan_of(&other, "acme").is_some())
+            .await
+            .is_some()
+    );
+
+    redis.kill();
+    // Redis is gone: what was read keeps serving, changes fail.
+    assert!(matches!(
+        one.put("acme", plan("free")).await,
+        Err(DirectoryError::Unavailable(_))
+    ));
+    assert_eq!(plan_of(&one, "acme").as_deref(), Some("pro"));
+    assert_eq!(
+        other.consumer_of_key(&digest(&text)).as_deref(),
+        Some("acme")
+    );
+
+    // Back, empty (no persistence): every instance holds what Redis holds, nothing.
+    redis.restart();
+    for directory in [&one, &other] {
+        let took = eventually(Duration::from_secs(2), async || {
+            directory.is_empty() && directory.consumer_of_key(&digest(&text)).is_none()
+        })
+        .await;
+        assert!(
+            took.is_some(),
+            "an instance kept records redis no longer has"
+        );
+    }
+    one.put("globex", plan("free"))
+        .await
+        .expect("put after restart");
+    assert!(
+        eventually(ONE_SECOND, async || plan_of(&other, "globex").is_some())
+            .await
+            .is_some()
+    );
+}
+
+#[tokio::test]
+async fn on_a_cluster_changes_and_keys_reach_the_other_instance() {
+    let cluster = RedisCluster::start();
+    let (one, other) = (directory(&cluster.url()), directory(&cluster.url()));
+    synced(&one).await;
+    synced(&other).await;
+    // Ids hashing to different slots live in one hash: no command crosses slots.
+    for id in ["acme", "globex", "initech"] {
+        one.put(id, plan("pro")).await.expect("put");
+    }
+    let (_, text) = other.add_key("globex").await.expect("key");
+    let took = eventually(ONE_SECOND, async || {
+        ["acme", "globex", "initech"]
+            .iter()
+            .all(|id| plan_of(&other, id).is_some())
+            && one.consumer_of_key(&digest(&text)).as_deref() == Some("globex")
+    })
+    .await;
+    assert!(
+        took.is_some(),
+        "changes did not cross instances on the cluster"
+    );
+}
