@@ -182,6 +182,10 @@ async fn run(config: Config) -> ExitCode {
         }
     };
 
+    // The addresses bound, not the configured ones: a port of 0 is chosen by the system (tests read them here).
+    let admin_addr = admin_listener
+        .local_addr()
+        .map_or(config.admin.listen, |a| a);
     let gateway = Arc::new(Gateway::new(&config, limiter.clone()));
     let admin = tollgate::admin::router_for(gateway.clone(), &config.admin);
     tokio::spawn(async move {
@@ -198,7 +202,7 @@ async fn run(config: Config) -> ExitCode {
     ));
 
     let listen = listener.local_addr().map_or(config.listen, |a| a);
-    tracing::info!(%listen, admin = %config.admin.listen, routes = config.routes.len(), "tollgate listening");
+    tracing::info!(%listen, admin = %admin_addr, routes = config.routes.len(), "tollgate listening");
     match gateway::serve(listener, gateway, &config.server, shutdown_signal()).await {
         Ok(()) => {
             tracing::info!("stopped");

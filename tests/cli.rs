@@ -3,14 +3,14 @@
 mod common;
 
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
+use std::time::Duration;
 
+use common::binary::{Tollgate, BIN};
+use common::eventually;
 use common::http_client::client;
 use common::redis::RedisServer;
 use common::upstream::Upstream;
-use common::{free_port, wait_until_listening, Process};
-
-const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
 fn write_config(dir: &tempfile::TempDir, name: &str, yaml: &str) -> std::path::PathBuf {
     let path = dir.path().join(name);
@@ -106,8 +106,7 @@ fn port_in_use_exits_1() {
     let port = taken.local_addr().unwrap().port();
     let dir = tempfile::tempdir().unwrap();
     let yaml = format!(
-        "listen: 127.0.0.1:{port}\nadmin:\n  listen: 127.0.0.1:{}\nstore:\n  backend: memory\nroutes: []\n",
-        free_port()
+        "listen: 127.0.0.1:{port}\nadmin:\n  listen: 127.0.0.1:0\nstore:\n  backend: memory\nroutes: []\n"
     );
     let path = write_config(&dir, "busy.yaml", &yaml);
     let output = tollgate(&["run", "--config", path.to_str().unwrap()]);
@@ -121,43 +120,32 @@ fn port_in_use_exits_1() {
 
 #[tokio::test]
 async fn access_log_writes_one_json_line_per_request() {
-    let port = free_port();
     let dir = tempfile::tempdir().unwrap();
-    let yaml = format!(
-        "listen: 127.0.0.1:{port}\nadmin:\n  listen: 127.0.0.1:{}\nstore:\n  backend: memory\nroutes:\n  - name: demo\n    match: {{ path_prefix: /demo }}\n    respond: {{ status: 200, body: hi }}\n",
-        free_port()
-    );
-    let path = write_config(&dir, "access.yaml", &yaml);
-    let mut child = Command::new(BIN)
-        .args([
-            "run",
-            "--log-format",
-            "json",
-            "--config",
-            path.to_str().unwrap(),
-        ])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn tollgate");
-    wait_until_listening(port);
+    let yaml = "listen: 127.0.0.1:0\nadmin:\n  listen: 127.0.0.1:0\nstore:\n  backend: memory\nroutes:\n  - name: demo\n    match: { path_prefix: /demo }\n    respond: { status: 200, body: hi }\n";
+    let path = write_config(&dir, "access.yaml", yaml);
+    let mut command = Tollgate::command(&path);
+    command
+        .args(["--log-format", "json"])
+        .env("RUST_LOG", "info");
+    let gateway = Tollgate::spawn(command);
     let response = client()
-        .get(format!("http://127.0.0.1:{port}/demo/x"))
+        .get(gateway.url("/demo/x"))
         .header("x-request-id", "abc123")
         .send()
         .await
         .expect("request");
     assert_eq!(response.status(), 200);
-    let _ = child.kill();
-    let output = child.wait_with_output().expect("stderr");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let lines: Vec<serde_json::Value> = stderr
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|line| line["target"] == "tollgate::access")
-        .collect();
-    assert_eq!(lines.len(), 1, "{stderr}");
+    let access_lines = || -> Vec<serde_json::Value> {
+        gateway
+            .log()
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|line| line["target"] == "tollgate::access")
+            .collect()
+    };
+    eventually(Duration::from_secs(10), async || !access_lines().is_empty()).await;
+    let lines = access_lines();
+    assert_eq!(lines.len(), 1, "{}", gateway.log());
     let fields = &lines[0]["fields"];
     assert_eq!(fields["method"], "GET");
     assert_eq!(fields["path"], "/demo/x");
@@ -175,13 +163,11 @@ async fn three_processes_on_one_redis_admit_exactly_the_limit() {
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
     let mut processes = Vec::new();
-    let mut ports = Vec::new();
     for i in 0..3 {
-        let port = free_port();
         let yaml = format!(
-            r#"listen: 127.0.0.1:{port}
+            r#"listen: 127.0.0.1:0
 admin:
-  listen: 127.0.0.1:{admin}
+  listen: 127.0.0.1:0
 store:
   backend: redis
   url: {redis}
@@ -201,35 +187,26 @@ routes:
         limit: 100
         period: 1m
 "#,
-            admin = free_port(),
             redis = redis.url(),
             upstream = upstream.url(),
         );
         let path = write_config(&dir, &format!("g{i}.yaml"), &yaml);
-        let child = Command::new(BIN)
-            .args(["run", "--config", path.to_str().unwrap()])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn tollgate");
-        processes.push(Process(child));
-        ports.push(port);
-    }
-    for &port in &ports {
-        wait_until_listening(port);
+        let mut command = Tollgate::command(&path);
+        command.env("RUST_LOG", "warn");
+        processes.push(Tollgate::spawn(command));
     }
 
     // 300 requests, 100 to each process, 25 at a time per process.
     let client = client();
     let mut tasks = Vec::new();
-    for &port in &ports {
+    for process in &processes {
         for _ in 0..25 {
             let client = client.clone();
+            let url = process.url("/api");
             tasks.push(tokio::spawn(async move {
                 let mut statuses = Vec::new();
                 for _ in 0..4 {
-                    let url = format!("http://127.0.0.1:{port}/api");
+                    let url = url.clone();
                     statuses.push(
                         client
                             .get(url)

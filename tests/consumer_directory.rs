@@ -185,8 +185,9 @@ async fn a_change_whose_announcement_was_missed_arrives_by_the_counter_check() {
 
 #[tokio::test]
 async fn a_directory_started_before_redis_reads_it_once_it_answers() {
-    let port = common::free_port();
-    let one = directory(&format!("redis://127.0.0.1:{port}"));
+    // Held, not listening: connections are refused until Redis is handed the port.
+    let port = common::ReservedPort::new();
+    let one = directory(&format!("redis://{}", port.addr()));
     // No Redis: changes fail, and say why.
     match one.put("acme", plan("pro")).await {
         Err(DirectoryError::Unavailable(reason)) => assert!(!reason.is_empty()),

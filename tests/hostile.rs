@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use common::http_client::{client, raw};
 use common::redis::RedisServer;
+use common::start_gateway;
 use common::upstream::Upstream;
-use common::{free_port, start_gateway};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tollgate::limiter::store::{LimitCheck, MemoryStore};
@@ -191,11 +191,8 @@ fn a_hundred_thousand_clients_stay_within_max_keys() {
 fn admin_on_a_public_address_without_token_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("exposed.yaml");
-    let yaml = format!(
-        "listen: 127.0.0.1:{}\nadmin:\n  listen: 0.0.0.0:{}\nstore:\n  backend: memory\n",
-        free_port(),
-        free_port()
-    );
+    // Refused before binding anything: port 0 would do if it did bind.
+    let yaml = "listen: 127.0.0.1:0\nadmin:\n  listen: 0.0.0.0:0\nstore:\n  backend: memory\n";
     std::fs::write(&path, yaml).unwrap();
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .args(["run", "--config", path.to_str().unwrap()])

@@ -673,8 +673,9 @@ async fn redis_store_is_shared_between_apps_with_the_gateway_key_layout() {
 
 #[tokio::test]
 async fn store_failure_with_on_error_deny_answers_503() {
-    // Nothing listens there: every check fails and the policy refuses.
-    let dead = format!("redis://127.0.0.1:{}", common::free_port());
+    // Nothing listens there (held, not listening): every check fails and the policy refuses.
+    let reserved = common::ReservedPort::new();
+    let dead = format!("redis://{}", reserved.addr());
     let limiter = redis_limiter(&dead, Duration::from_millis(100)).await;
     let layer = RateLimitLayer::builder()
         .limiter(limiter)

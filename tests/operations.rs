@@ -4,23 +4,22 @@
 mod common;
 
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::binary::{Tollgate, BIN};
 use common::http_client::client;
 use common::upstream::Upstream;
-use common::{eventually, free_port, start_gateway_with, wait_until_listening, Process};
+use common::{eventually, start_gateway_with};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tollgate::reload::{Polled, Watcher};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
-
-fn limits_yaml(listen: &str, limit: u64, body: &str) -> String {
+fn limits_yaml(limit: u64, body: &str) -> String {
     format!(
-        r#"listen: {listen}
+        r#"listen: 127.0.0.1:0
 admin:
-  listen: 127.0.0.1:{admin}
+  listen: 127.0.0.1:0
 store:
   backend: memory
 routes:
@@ -36,8 +35,7 @@ routes:
         algorithm: sliding_log
         limit: {limit}
         period: 1m
-"#,
-        admin = free_port()
+"#
     )
 }
 
@@ -82,7 +80,7 @@ async fn wait_for_body(url: &str, body: &str, within: Duration) {
 async fn file_change_reloads_atomically_and_keeps_counters() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gateway.yaml");
-    write(&path, &limits_yaml("127.0.0.1:0", 3, "v1"));
+    write(&path, &limits_yaml(3, "v1"));
     let gateway = start_gateway_with(tollgate::config::load(&path).unwrap()).await;
     // The watch's polls, driven one by one: each change is seen, then loaded once it has stayed the same.
     let mut watcher = Watcher::new(Arc::clone(&gateway.gateway), path.clone());
@@ -90,7 +88,7 @@ async fn file_change_reloads_atomically_and_keeps_counters() {
     assert_eq!(statuses(&url, 2).await, [200, 200]);
 
     // Raise the limit to 5: the two requests already made still count.
-    write(&path, &limits_yaml("127.0.0.1:0", 5, "v2"));
+    write(&path, &limits_yaml(5, "v2"));
     assert_eq!(watcher.poll().await, Polled::Settling);
     assert_eq!(watcher.poll().await, Polled::Reloaded);
     let after = statuses(&url, 5).await;
@@ -110,27 +108,20 @@ async fn file_change_reloads_atomically_and_keeps_counters() {
 }
 
 /// Runs tollgate on the config at `path`, with `workers` runtime threads (`TOKIO_WORKER_THREADS`; one worker
-/// selects the single-threaded runtime) or the default of one per core.
-fn spawn(path: &std::path::Path, workers: Option<&str>) -> Process {
-    let mut command = Command::new(BIN);
+/// selects the single-threaded runtime) or the default of one per core; returns it once it listens.
+fn spawn(path: &std::path::Path, workers: Option<&str>) -> Tollgate {
+    let mut command = Tollgate::command(path);
     match workers {
         Some(workers) => command.env("TOKIO_WORKER_THREADS", workers),
         None => command.env_remove("TOKIO_WORKER_THREADS"),
     };
-    Process(
-        command
-            .args(["run", "--config", path.to_str().expect("utf-8 path")])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn tollgate"),
-    )
+    command.env("RUST_LOG", "warn");
+    Tollgate::spawn(command)
 }
 
-fn signal(process: &Process, name: &str) {
+fn signal(process: &Tollgate, name: &str) {
     let status = Command::new("kill")
-        .args([name, &process.0.id().to_string()])
+        .args([name, &process.pid().to_string()])
         .status()
         .expect("run kill");
     assert!(status.success());
@@ -140,16 +131,13 @@ fn signal(process: &Process, name: &str) {
 async fn sighup_reloads_the_running_process() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gateway.yaml");
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    write(&path, &limits_yaml(&listen, 3, "before"));
+    write(&path, &limits_yaml(3, "before"));
     // On the single-threaded runtime: signals and the reload must not depend on a second thread.
     let process = spawn(&path, Some("1"));
-    wait_until_listening(port);
-    let url = format!("http://{listen}/version");
+    let url = process.url("/version");
     wait_for_body(&url, "before", Duration::from_secs(5)).await;
 
-    write(&path, &limits_yaml(&listen, 3, "after"));
+    write(&path, &limits_yaml(3, "after"));
     signal(&process, "-HUP");
     wait_for_body(&url, "after", Duration::from_secs(5)).await;
 }
@@ -168,11 +156,10 @@ async fn sigterm_drains(workers: Option<&str>) {
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("gateway.yaml");
-    let port = free_port();
     let yaml = format!(
-        r#"listen: 127.0.0.1:{port}
+        r#"listen: 127.0.0.1:0
 admin:
-  listen: 127.0.0.1:{admin}
+  listen: 127.0.0.1:0
 server:
   shutdown_grace: 10s
 upstreams:
@@ -183,21 +170,15 @@ routes:
     match: {{ path_prefix: /api }}
     upstream: backend
 "#,
-        admin = free_port(),
         upstream = upstream.url()
     );
     write(&path, &yaml);
     let mut process = spawn(&path, workers);
-    wait_until_listening(port);
+    let url = process.url("/api/slow");
 
     // The upstream answers /slow after 3 s: the request is in flight when SIGTERM arrives.
-    let in_flight = tokio::spawn(async move {
-        client()
-            .get(format!("http://127.0.0.1:{port}/api/slow"))
-            .send()
-            .await
-            .map(|r| r.status().as_u16())
-    });
+    let in_flight =
+        tokio::spawn(async move { client().get(url).send().await.map(|r| r.status().as_u16()) });
     let started = Instant::now();
     while upstream.hits() == 0 {
         assert!(
@@ -217,14 +198,14 @@ routes:
     );
     let mut status = None;
     let exited = eventually(Duration::from_secs(10), async || {
-        status = process.0.try_wait().expect("wait");
+        status = process.process.0.try_wait().expect("wait");
         status.is_some()
     })
     .await;
     assert!(exited.is_some(), "tollgate did not exit after SIGTERM");
     assert_eq!(status.and_then(|s| s.code()), Some(0));
     assert!(
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        std::net::TcpStream::connect(process.listen).is_err(),
         "no longer accepting"
     );
 }
@@ -235,7 +216,7 @@ fn three_routes_yaml(version: &str) -> String {
     format!(
         r#"listen: 127.0.0.1:0
 admin:
-  listen: 127.0.0.1:{admin}
+  listen: 127.0.0.1:0
 store:
   backend: memory
 routes:
@@ -248,8 +229,7 @@ routes:
   - name: new
     match: {{ path: /new }}
     respond: {{ status: 200, body: "new" }}
-"#,
-        admin = free_port()
+"#
     )
 }
 
@@ -374,43 +354,28 @@ async fn the_file_watch_serves_no_404_while_a_config_is_rewritten_in_place() {
 async fn a_reload_that_drops_routes_is_a_warning_naming_them() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gateway.yaml");
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let yaml = three_routes_yaml("before").replace("127.0.0.1:0", &listen);
+    let yaml = three_routes_yaml("before");
     write(&path, &yaml);
-    let mut child = Command::new(BIN)
-        .args(["run", "--config", path.to_str().expect("utf-8 path")])
-        .env("RUST_LOG", "warn")
-        .env_remove("TOKIO_WORKER_THREADS")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn tollgate");
-    let stderr = child.stderr.take().expect("stderr");
-    let process = Process(child);
-    wait_until_listening(port);
+    let process = spawn(&path, None);
 
     let cut = &yaml[..yaml.find("  - name: keep").expect("keep route")];
     write(&path, cut);
     signal(&process, "-HUP");
-    let (lines, found) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stderr)
+    let warning = || {
+        process
+            .log()
             .lines()
-            .map_while(Result::ok)
-        {
-            // Read on to the end: a closed pipe would make the gateway's next log line fail.
-            if line.contains("WARN") && line.contains("without routes") {
-                let _ = lines.send(line);
-            }
-        }
-    });
-    let line = found
-        .recv_timeout(Duration::from_secs(10))
-        .expect("a WARN line for the dropped routes");
+            .find(|line| line.contains("WARN") && line.contains("without routes"))
+            .map(str::to_owned)
+    };
+    let logged = eventually(Duration::from_secs(10), async || warning().is_some()).await;
+    assert!(
+        logged.is_some(),
+        "a WARN line for the dropped routes:\n{}",
+        process.log()
+    );
+    let line = warning().expect("logged");
     assert!(line.contains("keep, new"), "{line}");
-    drop(process);
 }
 
 #[tokio::test]
@@ -418,11 +383,8 @@ async fn the_open_files_limit_is_raised_so_300_held_connections_leave_room_for_m
     // Started with a soft limit of 256, as some service managers do.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gateway.yaml");
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
     // Idle keep-alive connections are held by the gateway far longer than the test takes.
-    let yaml = three_routes_yaml("v1").replace("127.0.0.1:0", &listen)
-        + "server:\n  header_read_timeout: 10m\n";
+    let yaml = three_routes_yaml("v1") + "server:\n  header_read_timeout: 10m\n";
     write(&path, &yaml);
     // 4096, or this process's own hard limit if lower (an unprivileged process cannot raise it).
     let (_, hard) = rlimit::getrlimit(rlimit::Resource::NOFILE).expect("open files limit");
@@ -431,7 +393,8 @@ async fn the_open_files_limit_is_raised_so_300_held_connections_leave_room_for_m
         hard >= 512,
         "the test needs a hard open files limit of 512, not {hard}"
     );
-    let mut child = Command::new("prlimit")
+    let mut command = Command::new("prlimit");
+    command
         .args([
             &format!("--nofile=256:{hard}"),
             BIN,
@@ -442,30 +405,15 @@ async fn the_open_files_limit_is_raised_so_300_held_connections_leave_room_for_m
         ])
         .arg(&path)
         .env("RUST_LOG", "info")
-        .env_remove("TOKIO_WORKER_THREADS")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run tollgate under prlimit (util-linux)");
-    let stderr = child.stderr.take().expect("stderr");
-    let _process = Process(child);
-    let (lines, found) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            // Read on to the end: a closed pipe would make the gateway's next log line fail.
-            if line.contains("open files limit") {
-                let _ = lines.send(line);
-            }
-        }
-    });
-    let line = found
-        .recv_timeout(Duration::from_secs(20))
-        .expect("a log line with the open files limit");
-    let logged: serde_json::Value = serde_json::from_str(&line).expect("json log line");
+        .env_remove("TOKIO_WORKER_THREADS");
+    // Logged at start-up, before the addresses: in the log once the process listens.
+    let process = Tollgate::spawn(command);
+    let log = process.log();
+    let line = log
+        .lines()
+        .find(|line| line.contains("open files limit"))
+        .unwrap_or_else(|| panic!("a log line with the open files limit:\n{log}"));
+    let logged: serde_json::Value = serde_json::from_str(line).expect("json log line");
     assert_eq!(
         (
             &logged["fields"]["was"],
@@ -475,7 +423,7 @@ async fn the_open_files_limit_is_raised_so_300_held_connections_leave_room_for_m
         (&256.into(), &hard.into(), &hard.into()),
         "{line}"
     );
-    wait_until_listening(port);
+    let listen = process.listen;
 
     let mut held = Vec::new();
     let hold = async {

@@ -4,14 +4,14 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::binary::Tollgate;
 use common::http_client::client;
 use common::redis::RedisServer;
 use common::{
-    eventually, free_port, serve_admin, start_gateway, start_gateway_without_waiting,
-    wait_until_listening, Process, TestGateway,
+    eventually, serve_admin, start_gateway, start_gateway_without_waiting, ReservedPort,
+    TestGateway,
 };
 use serde_json::json;
 use tollgate::limiter::store::{LimitCheck, RedisStore};
@@ -65,7 +65,6 @@ fn max_latency(results: &[(u16, Duration)]) -> Duration {
 #[tokio::test]
 async fn local_policy_keeps_limiting_in_process_and_returns_to_redis() {
     let mut redis = RedisServer::start();
-    let port = redis.port;
     let gateway = start_gateway(&yaml(&redis, "local", 100, 1_000)).await;
     assert!(timed_requests(&gateway, 5).await.iter().all(|r| r.0 == 200));
 
@@ -83,7 +82,7 @@ async fn local_policy_keeps_limiting_in_process_and_returns_to_redis() {
     assert!(gateway.gateway.limiter().fallback_active());
 
     // Back on the same port: requests are decided by Redis again without a restart.
-    let redis = RedisServer::start_on(port);
+    redis.restart();
     // Back means: Redis holds limit state again and the fallback is over. (A check sent just before a timeout
     // can still land in Redis while its request was answered by the fallback, so the first alone proves little.)
     let back = eventually(Duration::from_secs(5), async || {
@@ -322,8 +321,9 @@ async fn assert_refused(gateways: &[TestGateway]) {
 
 #[tokio::test]
 async fn gateways_started_before_redis_share_its_limit_once_it_answers() {
-    let port = free_port();
-    let pair = two_gateways(&format!("redis://127.0.0.1:{port}")).await;
+    // Held, not listening: connections are refused until Redis listens there.
+    let port = ReservedPort::new();
+    let pair = two_gateways(&format!("redis://{}", port.addr())).await;
     // Serving from the first second, by the policy, and saying why.
     assert_refused(&pair.gateways).await;
     until_readyz(&pair.admins, "degraded", "refused").await;
@@ -403,40 +403,25 @@ async fn readyz_is_ready_only_after_a_limiter_call_succeeded_and_may_answer_503_
 async fn an_outage_is_logged_once_in_redis_words_and_never_per_request() {
     let mut redis = RedisServer::start_with_password("right");
     let dir = tempfile::tempdir().expect("temporary directory");
-    let (port, admin_port) = (free_port(), free_port());
     let yaml = format!(
-        "listen: 127.0.0.1:{port}\nadmin:\n  listen: 127.0.0.1:{admin_port}\n{}",
+        "listen: 127.0.0.1:0\nadmin:\n  listen: 127.0.0.1:0\n{}",
         shared_yaml(&format!("redis://:wrong@127.0.0.1:{}", redis.port))
     );
     let config = dir.path().join("gateway.yaml");
     std::fs::write(&config, yaml).expect("write config");
-    let log_path = dir.path().join("gateway.log");
-    let log = std::fs::File::create(&log_path).expect("log file");
     // A process of its own: its log is the gateway's alone.
-    let _process = Process(
-        Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args(["run", "--config", &config.to_string_lossy()])
-            .env_remove("TOLLGATE_CONFIG")
-            .env_remove("RUST_LOG")
-            .stdout(log.try_clone().expect("log file"))
-            .stderr(log)
-            .spawn()
-            .expect("run tollgate"),
-    );
-    wait_until_listening(port);
-    let url = format!("http://127.0.0.1:{port}/demo");
+    let mut command = Tollgate::command(&config);
+    command.env_remove("RUST_LOG");
+    let gateway = Tollgate::spawn(command);
+    let url = gateway.url("/demo");
+    let admin = gateway.admin_url("");
     for _ in 0..40 {
         let response = client().get(&url).header("x-tenant", "t").send().await;
         assert_eq!(response.expect("request").status(), 503);
     }
-    until_readyz(
-        &[format!("http://127.0.0.1:{admin_port}")],
-        "degraded",
-        "WRONGPASS",
-    )
-    .await;
+    until_readyz(std::slice::from_ref(&admin), "degraded", "WRONGPASS").await;
 
-    let text = std::fs::read_to_string(&log_path).expect("log");
+    let text = gateway.log();
     let warnings: Vec<&str> = text.lines().filter(|l| l.contains("WARN")).collect();
     // At most: the start-up's "unreachable", the first failure (perhaps "not connected" yet), Redis's reason.
     assert!(
@@ -449,15 +434,14 @@ async fn an_outage_is_logged_once_in_redis_words_and_never_per_request() {
 
     // Fixed: the end of the outage is one line. Then Redis goes away while no request comes: still named.
     redis.set_password("wrong");
-    let admin = format!("http://127.0.0.1:{admin_port}");
     until_readyz(std::slice::from_ref(&admin), "ready", "").await;
     redis.kill();
     let logged = eventually(Duration::from_secs(10), async || {
-        let text = std::fs::read_to_string(&log_path).expect("log");
+        let text = gateway.log();
         text.contains("redis answers again") && text.contains("redis failed: Connection refused")
     })
     .await;
-    let text = std::fs::read_to_string(&log_path).expect("log");
+    let text = gateway.log();
     assert!(logged.is_some(), "{text}");
     assert!(!text.to_lowercase().contains("connection closed"), "{text}");
 }
@@ -538,7 +522,6 @@ async fn out_of_memory_is_a_store_failure_readyz_names_and_recovers_from() {
 #[tokio::test]
 async fn an_evicting_maxmemory_policy_is_named_in_readyz() {
     let redis = RedisServer::start_with(
-        free_port(),
         &["--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"],
         &[],
     );
@@ -557,7 +540,7 @@ async fn an_evicting_maxmemory_policy_is_named_in_readyz() {
     assert_eq!(last["status"], "ready", "{last}");
 
     // noeviction is fine.
-    let redis = RedisServer::start_with(free_port(), &["--maxmemory", "100mb"], &[]);
+    let redis = RedisServer::start_with(&["--maxmemory", "100mb"], &[]);
     let pair = two_gateways(&redis.url()).await;
     until_readyz(&pair.admins, "ready", "").await;
     assert_shared_exactly(&pair.gateways, "t").await;
@@ -568,7 +551,6 @@ async fn an_evicting_maxmemory_policy_is_named_in_readyz() {
 async fn a_redis_that_refuses_config_get_is_used_all_the_same() {
     // A managed Redis or an ACL user without CONFIG: the policy cannot be read, which is no failure.
     let redis = RedisServer::start_with(
-        free_port(),
         &[
             "--requirepass",
             "admin",

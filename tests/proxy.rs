@@ -5,7 +5,7 @@ mod common;
 use common::http_client::{client, raw};
 use common::raw_upstream::{Answer, RawUpstream};
 use common::upstream::Upstream;
-use common::{free_port, start_gateway};
+use common::{start_gateway, ReservedPort};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -148,7 +148,9 @@ async fn upstream_connections_are_kept_alive_and_reused() {
 
 #[tokio::test]
 async fn unreachable_upstream_is_502_and_the_gateway_keeps_serving() {
-    let dead = format!("http://127.0.0.1:{}", free_port());
+    // Held but not listening: connections are refused, and nothing else can listen there meanwhile.
+    let reserved = ReservedPort::new();
+    let dead = format!("http://{}", reserved.addr());
     let gateway = start_gateway(&yaml(&[dead], "5s")).await;
     let client = client();
     for _ in 0..3 {

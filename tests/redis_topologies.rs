@@ -4,20 +4,17 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::binary::Tollgate;
 use common::cluster::RedisCluster;
 use common::http_client::client;
 use common::pki::TestCa;
 use common::redis::RedisServer;
 use common::sentinel::RedisSentinel;
-use common::{
-    eventually, free_port, start_gateway, start_gateway_without_waiting, wait_until_listening,
-    Process, TestGateway,
-};
+use common::{eventually, start_gateway, start_gateway_without_waiting, ReservedPort, TestGateway};
 use fred::util::redis_keyslot;
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
@@ -663,31 +660,21 @@ fn tls_files(dir: &Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
 }
 
 /// Runs the `tollgate` binary on `config`, trusting the certificates in `ca_file` (rustls-native-certs reads
-/// `SSL_CERT_FILE` instead of the system store); returns it, its URL once it accepts connections, and the file
-/// its output goes to.
-fn run_tollgate(dir: &Path, name: &str, store: &str, ca_file: &Path) -> (Process, String, PathBuf) {
-    let port = free_port();
+/// `SSL_CERT_FILE` instead of the system store); returns it once it listens, and its `/spread` URL.
+fn run_tollgate(dir: &Path, name: &str, store: &str, ca_file: &Path) -> (Tollgate, String) {
     let yaml = format!(
-        "listen: 127.0.0.1:{port}\nadmin:\n  listen: 127.0.0.1:{admin}\n{rest}",
-        admin = free_port(),
-        rest = gateway_yaml(store, PER_TENANT_3).trim_start_matches("listen: 127.0.0.1:0\n"),
+        "admin:\n  listen: 127.0.0.1:0\n{}",
+        gateway_yaml(store, PER_TENANT_3)
     );
     let config = dir.join(format!("{name}.yaml"));
     std::fs::write(&config, yaml).expect("write config");
-    let log_path = dir.join(format!("{name}.log"));
-    let log = std::fs::File::create(&log_path).expect("log file");
-    let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["run", "--config", &config.to_string_lossy()])
-        .env_remove("TOLLGATE_CONFIG")
+    let mut command = Tollgate::command(&config);
+    command
         .env("SSL_CERT_FILE", ca_file)
-        .env_remove("SSL_CERT_DIR")
-        .stdout(log.try_clone().expect("log file"))
-        .stderr(log)
-        .spawn()
-        .expect("run tollgate");
-    let process = Process(child);
-    wait_until_listening(port);
-    (process, format!("http://127.0.0.1:{port}/spread"), log_path)
+        .env_remove("SSL_CERT_DIR");
+    let gateway = Tollgate::spawn(command);
+    let url = gateway.url("/spread");
+    (gateway, url)
 }
 
 async fn get_status(url: &str, tenant: &str) -> u16 {
@@ -706,10 +693,11 @@ async fn rediss_limits_over_tls_trusting_only_the_configured_ca() {
     let dir = tempfile::tempdir().expect("temp dir");
     let (ca, cert, key) = tls_files(dir.path(), "server");
     let (other_ca, _, _) = tls_files(dir.path(), "other");
-    let tls_port = free_port();
+    // Reserved for the test's length, and bound by redis-server as well (see ReservedPort).
+    let tls = ReservedPort::new();
+    let tls_port = tls.port;
     // The plain port stays open for redis-cli; the gateway only ever gets the TLS port.
     let redis = RedisServer::start_with(
-        free_port(),
         &[
             "--tls-port",
             &tls_port.to_string(),
@@ -726,7 +714,7 @@ async fn rediss_limits_over_tls_trusting_only_the_configured_ca() {
     );
     let store = deny_on_error(&format!("rediss://127.0.0.1:{tls_port}"), "2s");
 
-    let (_trusting, url, _) = run_tollgate(dir.path(), "trusting", &store, &ca);
+    let (_trusting, url) = run_tollgate(dir.path(), "trusting", &store, &ca);
     // Bounded wait for the first TLS connection (503 until then, with `on_error: deny`).
     let connected = eventually(Duration::from_secs(30), async || {
         get_status(&url, "probe").await == 200
@@ -747,10 +735,10 @@ async fn rediss_limits_over_tls_trusting_only_the_configured_ca() {
 
     // A gateway that trusts another CA refuses the server's certificate: it finds Redis unreachable at
     // start-up, logs why, and the store fails, visibly.
-    let (_distrusting, url, log) = run_tollgate(dir.path(), "distrusting", &store, &other_ca);
+    let (distrusting, url) = run_tollgate(dir.path(), "distrusting", &store, &other_ca);
     let mut output = String::new();
     let logged = eventually(Duration::from_secs(30), async || {
-        output = std::fs::read_to_string(&log).expect("log");
+        output = distrusting.log();
         output.contains("REDIS IS UNREACHABLE")
             && output.contains("redis failed")
             && output.contains("UnknownIssuer")

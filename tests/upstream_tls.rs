@@ -4,13 +4,13 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::binary::Tollgate;
 use common::http_client::client;
 use common::pki::TestCa;
 use common::upstream::Upstream;
-use common::{free_port, start_gateway, wait_until_listening, Process, TestGateway};
+use common::{start_gateway, TestGateway};
 use serde_json::Value;
 use tokio::net::TcpListener;
 
@@ -216,30 +216,21 @@ async fn without_ca_file_the_system_roots_are_trusted() {
     let dir = tempfile::tempdir().expect("temp dir");
     let ca = TestCa::new(dir.path(), "system");
     let upstream = Upstream::start_tls(&ca.issue("server", &["127.0.0.1"]), None).await;
-    let port = free_port();
     let config = dir.path().join("gateway.yaml");
     let yaml = gateway_yaml(&upstream.https_url(), "").replace(
         "listen: 127.0.0.1:0",
-        &format!(
-            "listen: 127.0.0.1:{port}\nadmin:\n  listen: 127.0.0.1:{}",
-            free_port()
-        ),
+        "listen: 127.0.0.1:0\nadmin:\n  listen: 127.0.0.1:0",
     );
     std::fs::write(&config, yaml).expect("write config");
     // rustls-native-certs reads SSL_CERT_FILE instead of the system's store: here, the test CA.
-    let _gateway = Process(
-        Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args(["run", "--config", &config.to_string_lossy()])
-            .env_remove("TOLLGATE_CONFIG")
-            .env("SSL_CERT_FILE", &ca.ca_file)
-            .env_remove("SSL_CERT_DIR")
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .expect("run tollgate"),
-    );
-    wait_until_listening(port);
+    let mut command = Tollgate::command(&config);
+    command
+        .env("SSL_CERT_FILE", &ca.ca_file)
+        .env_remove("SSL_CERT_DIR")
+        .env("RUST_LOG", "warn");
+    let gateway = Tollgate::spawn(command);
     let response = client()
-        .get(format!("http://127.0.0.1:{port}/api/x"))
+        .get(gateway.url("/api/x"))
         .send()
         .await
         .expect("request");

@@ -1,17 +1,17 @@
 //! A real three-primary Redis Cluster on free loopback ports, killed (and its files removed) when dropped.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::free_port;
-use super::redis::{redis_cli, spawn_redis};
+use super::redis::{redis_cli, spawn_redis, RedisProcess};
+use super::ReservedPort;
 
 /// A running Redis Cluster of three primaries without replicas, covering all 16384 slots.
 pub struct RedisCluster {
     /// The client ports of the nodes.
     pub ports: Vec<u16>,
-    nodes: Vec<Child>,
+    nodes: Vec<Node>,
     _dir: tempfile::TempDir,
 }
 
@@ -26,9 +26,9 @@ impl RedisCluster {
             _dir: dir,
         };
         for _ in 0..3 {
-            let (port, child) = start_node(cluster._dir.path());
-            cluster.ports.push(port);
-            cluster.nodes.push(child);
+            let node = start_node(cluster._dir.path());
+            cluster.ports.push(node.server.port());
+            cluster.nodes.push(node);
         }
         let addresses: Vec<String> = cluster
             .ports
@@ -101,24 +101,17 @@ impl RedisCluster {
     }
 }
 
-impl Drop for RedisCluster {
-    fn drop(&mut self) {
-        for child in &mut self.nodes {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+/// A cluster node: the server, and the bus port it was told, held by this test as long as the server.
+struct Node {
+    server: RedisProcess,
+    _bus: ReservedPort,
 }
 
-/// Starts one cluster-enabled node on free client and bus ports.
-fn start_node(dir: &Path) -> (u16, Child) {
-    spawn_redis(|port| {
-        let bus_port = loop {
-            let candidate = free_port();
-            if candidate != port {
-                break candidate;
-            }
-        };
+/// Starts one cluster-enabled node on reserved client and bus ports.
+fn start_node(dir: &Path) -> Node {
+    let bus = ReservedPort::new();
+    let bus_port = bus.port;
+    let server = spawn_redis(&[], |port| {
         [
             "--port",
             &port.to_string(),
@@ -143,7 +136,8 @@ fn start_node(dir: &Path) -> (u16, Child) {
         ]
         .map(str::to_owned)
         .to_vec()
-    })
+    });
+    Node { server, _bus: bus }
 }
 
 fn cli(port: u16, args: &[&str]) -> Option<String> {

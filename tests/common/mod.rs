@@ -1,6 +1,7 @@
 //! Test helpers: a real `redis-server`, a real upstream and the gateway, each on a free loopback port.
 #![allow(dead_code)]
 
+pub mod binary;
 pub mod cluster;
 pub mod http_client;
 pub mod pki;
@@ -103,12 +104,32 @@ impl Drop for TestGateway {
     }
 }
 
-/// A free TCP port on 127.0.0.1 (bound, then released; for servers that must be told their port).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+/// A loopback port held by a bound socket that does not listen, for as long as this lives: connections to it are
+/// refused, no other socket can bind it (nor will a bind to port 0 or an outgoing connection pick it), but a server
+/// that binds with SO_REUSEADDR (redis-server does) can bind and listen on it while it is held. This is how a
+/// server that must be told its port (redis-server takes no socket) gets one that nothing else takes meanwhile;
+/// unlike binding port 0 and releasing it, there is never a moment when the port is free for a parallel test.
+pub struct ReservedPort {
+    socket: tokio::net::TcpSocket,
+    pub port: u16,
+}
+
+impl ReservedPort {
+    /// Reserves a port on 127.0.0.1 chosen by the system.
+    pub fn new() -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_reuseaddr(true).expect("SO_REUSEADDR");
+        socket
+            .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .expect("bind a reserved port");
+        let port = socket.local_addr().expect("reserved address").port();
+        Self { socket, port }
+    }
+
+    /// `127.0.0.1:PORT`, where connections are refused until a server listens there.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
 }
 
 /// Serves the admin router of `gateway` (with `token`, if any) on a free port; returns its base URL.
@@ -148,14 +169,18 @@ pub async fn eventually(
     None
 }
 
-/// Waits until something accepts connections on 127.0.0.1:`port`, at most 20 s.
-pub fn wait_until_listening(port: u16) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "nothing listening on {port} after 20 s"
-        );
-        std::thread::sleep(Duration::from_millis(25));
+/// [`eventually`] for code that cannot await (the Redis helpers, run from synchronous tests too): polls
+/// `condition` every 20 ms, blocking the thread, until it holds or `within` passes; returns how long it took.
+pub fn eventually_blocking(
+    within: Duration,
+    mut condition: impl FnMut() -> bool,
+) -> Option<Duration> {
+    let started = Instant::now();
+    while started.elapsed() < within {
+        if condition() {
+            return Some(started.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
+    None
 }

@@ -1,14 +1,16 @@
 //! A real `redis-server` on a free loopback port, killed when dropped.
 
+use std::io::Read;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
-use super::free_port;
+use super::{eventually_blocking, ReservedPort};
 
 /// A running `redis-server`.
 pub struct RedisServer {
     pub port: u16,
-    child: Child,
+    process: RedisProcess,
     /// `redis-cli` arguments that authenticate as an administrator (empty without a password).
     cli_auth: Vec<String>,
     /// The server arguments given after the defaults, for [`RedisServer::restart`].
@@ -18,44 +20,52 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts `redis-server` on a free port with persistence off, and waits until it answers PING.
     pub fn start() -> Self {
-        Self::start_on(free_port())
+        Self::start_with(&[], &[])
     }
 
-    /// Starts `redis-server` on `port` (to restart one on the same port).
-    pub fn start_on(port: u16) -> Self {
-        Self::start_with(port, &[], &[])
+    /// Starts `redis-server` on `port`, reserved by the test before (e.g. to give clients an address where Redis
+    /// is not yet): the reservation is handed over and held as long as the server.
+    pub fn start_on(port: ReservedPort) -> Self {
+        let args = server_args(port.port, &[]);
+        let process =
+            RedisProcess::start_on(port, &[], &args).unwrap_or_else(|failure| panic!("{failure}"));
+        Self::from_process(process, &[], &[])
     }
 
     /// Starts `redis-server` whose default user needs `password` (`requirepass`); [`RedisServer::cli`] then
     /// authenticates with it.
     pub fn start_with_password(password: &str) -> Self {
         Self::start_with(
-            free_port(),
             &["--requirepass", password],
             &["-a", password, "--no-auth-warning"],
         )
     }
 
-    /// Starts `redis-server` on `port` with `extra` server arguments (after the defaults, so they may override
-    /// them); `cli_auth` are the `redis-cli` arguments [`RedisServer::cli`] needs to be let in.
-    pub fn start_with(port: u16, extra: &[&str], cli_auth: &[&str]) -> Self {
-        let mut server = Self {
-            port,
-            child: Self::spawn(port, extra),
-            cli_auth: cli_auth.iter().map(|a| (*a).to_owned()).collect(),
+    /// Starts `redis-server` on a free port with `extra` server arguments (after the defaults, so they may
+    /// override them); `cli_auth` are the `redis-cli` arguments [`RedisServer::cli`] needs to be let in.
+    pub fn start_with(extra: &[&str], cli_auth: &[&str]) -> Self {
+        let cli_auth: Vec<String> = cli_auth.iter().map(|a| (*a).to_owned()).collect();
+        let process = spawn_redis(&cli_auth, |port| server_args(port, extra));
+        Self::from_process(process, extra, &cli_auth)
+    }
+
+    fn from_process(process: RedisProcess, extra: &[&str], cli_auth: &[String]) -> Self {
+        Self {
+            port: process.port(),
+            process,
+            cli_auth: cli_auth.to_vec(),
             extra: extra.iter().map(|a| (*a).to_owned()).collect(),
-        };
-        server.wait_until_up();
-        server
+        }
     }
 
     /// Kills the server and starts an empty one on the same port with the same arguments (a restart without
     /// persistence, or a replacement: its keys and its script cache are gone); waits until it answers PING.
     pub fn restart(&mut self) {
-        self.kill();
         let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
-        self.child = Self::spawn(self.port, &extra);
-        self.wait_until_up();
+        let args = server_args(self.port, &extra);
+        self.process
+            .restart(&self.cli_auth, &args)
+            .unwrap_or_else(|failure| panic!("{failure}"));
     }
 
     /// Sets the default user's password at runtime (`CONFIG SET requirepass`); connections already logged in
@@ -71,39 +81,6 @@ impl RedisServer {
             password.to_owned(),
             "--no-auth-warning".to_owned(),
         ];
-    }
-
-    fn spawn(port: u16, extra: &[&str]) -> Child {
-        Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--protected-mode",
-                "no",
-            ])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (the README's test command installs it)")
-    }
-
-    fn wait_until_up(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.cli(&["PING"]).as_deref() != Some("PONG") {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server on {} did not start",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
     }
 
     /// `redis://127.0.0.1:PORT`.
@@ -128,7 +105,7 @@ impl RedisServer {
 
     fn signal(&self, signal: &str) {
         let status = Command::new("kill")
-            .args([signal, &self.child.id().to_string()])
+            .args([signal, &self.process.child.id().to_string()])
             .status()
             .expect("kill");
         assert!(status.success(), "kill {signal} failed");
@@ -147,19 +124,9 @@ impl RedisServer {
 
     /// Stops the server (SIGKILL) now.
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.kill();
     }
 }
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// How many times to start a server on fresh ports when the free ports picked were taken meanwhile.
-const START_ATTEMPTS: usize = 5;
 
 /// Runs `redis-cli` against 127.0.0.1:`port`, with `auth` (e.g. `--user u --pass p`) before `args`; the trimmed
 /// output, or `None` if it failed.
@@ -176,29 +143,165 @@ pub fn redis_cli(port: u16, auth: &[String], args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
-/// Starts `redis-server` with the arguments `args_for` gives for a free port, retrying on a fresh port if it
-/// cannot bind, and waits until it answers PING. For the cluster and sentinel helpers.
-pub fn spawn_redis(args_for: impl Fn(u16) -> Vec<String>) -> (u16, Child) {
-    for _ in 0..START_ATTEMPTS {
-        let port = free_port();
-        let mut child = Command::new("redis-server")
-            .args(args_for(port))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (the README's test command installs it)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if redis_cli(port, &[], &["PING"]).as_deref() == Some("PONG") {
-                return (port, child);
-            }
-            if matches!(child.try_wait(), Ok(Some(_))) || Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+/// How many fresh ports [`spawn_redis`] tries when redis-server cannot listen on one.
+const START_ATTEMPTS: usize = 5;
+
+/// A `redis-server` process on a port this test holds ([`ReservedPort`]), killed when dropped.
+pub struct RedisProcess {
+    port: ReservedPort,
+    child: Child,
+    /// Reads what the server writes (its log) to the end, and returns it: the reason it did not start.
+    output: Option<JoinHandle<String>>,
+}
+
+/// Why a `redis-server` did not come up.
+#[derive(Debug)]
+pub enum StartFailure {
+    /// It could not listen on its port: taken by something outside the tests' reservations.
+    PortTaken(String),
+    /// Anything else: it exited, or did not answer in time. With its output.
+    Other(String),
+}
+
+impl std::fmt::Display for StartFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::PortTaken(output) => write!(f, "redis-server: port taken:\n{output}"),
+            Self::Other(output) => write!(f, "redis-server did not start:\n{output}"),
         }
     }
-    panic!("could not start redis-server in {START_ATTEMPTS} attempts");
+}
+
+impl RedisProcess {
+    /// Starts `redis-server ARGS` (which must make it listen on `port`) and waits until the server answering PING
+    /// there is this process; `cli_auth` lets `redis-cli` in.
+    pub fn start_on(
+        port: ReservedPort,
+        cli_auth: &[String],
+        args: &[String],
+    ) -> Result<Self, StartFailure> {
+        let (child, output) = spawn_server(args);
+        let mut process = Self {
+            port,
+            child,
+            output,
+        };
+        process.wait_until_up(cli_auth)?;
+        Ok(process)
+    }
+
+    /// The client port.
+    pub fn port(&self) -> u16 {
+        self.port.port
+    }
+
+    /// Kills the server and starts `redis-server ARGS` on the same port, which this test kept holding.
+    pub fn restart(&mut self, cli_auth: &[String], args: &[String]) -> Result<(), StartFailure> {
+        self.kill();
+        (self.child, self.output) = spawn_server(args);
+        self.wait_until_up(cli_auth)
+    }
+
+    /// Stops the server (SIGKILL) now.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The process id, for signals.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Up when `INFO server` on the port names this process: a server that could not listen exits, and another
+    /// one answering on the port must not be taken for it.
+    fn wait_until_up(&mut self, cli_auth: &[String]) -> Result<(), StartFailure> {
+        let pid = format!("process_id:{}", self.child.id());
+        let mut exited = false;
+        let up = eventually_blocking(Duration::from_secs(10), || {
+            exited = matches!(self.child.try_wait(), Ok(Some(_)));
+            exited
+                || redis_cli(self.port(), cli_auth, &["INFO", "server"])
+                    .is_some_and(|info| info.lines().any(|line| line.trim() == pid))
+        });
+        if up.is_some() && !exited {
+            return Ok(());
+        }
+        self.kill();
+        let output = self
+            .output
+            .take()
+            .and_then(|reader| reader.join().ok())
+            .unwrap_or_default();
+        Err(if output.contains("Address already in use") {
+            StartFailure::PortTaken(output)
+        } else {
+            StartFailure::Other(output)
+        })
+    }
+}
+
+impl Drop for RedisProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Starts `redis-server ARGS` with its output (the log) read to the end by a thread that returns it.
+fn spawn_server(args: &[String]) -> (Child, Option<JoinHandle<String>>) {
+    let mut child = Command::new("redis-server")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server must be installed (the README's test command installs it)");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        // Read to the end, whatever the server writes: a full pipe would block it.
+        let mut output = Vec::new();
+        let _ = stdout.read_to_end(&mut output);
+        String::from_utf8_lossy(&output).into_owned()
+    });
+    (child, Some(reader))
+}
+
+/// The one way the helpers start a `redis-server` (single, sentinel set, cluster nodes): with the arguments
+/// `args_for` gives for a reserved port; if the server cannot listen there (a port taken by something that does
+/// not reserve its ports), again on a fresh one. `cli_auth` lets `redis-cli` in.
+pub fn spawn_redis(cli_auth: &[String], args_for: impl Fn(u16) -> Vec<String>) -> RedisProcess {
+    let mut taken = Vec::new();
+    for _ in 0..START_ATTEMPTS {
+        let port = ReservedPort::new();
+        let args = args_for(port.port);
+        match RedisProcess::start_on(port, cli_auth, &args) {
+            Ok(process) => return process,
+            Err(StartFailure::PortTaken(output)) => taken.push(output),
+            Err(failure) => panic!("{failure}"),
+        }
+    }
+    panic!(
+        "redis-server found its port taken {START_ATTEMPTS} times:\n{}",
+        taken.join("\n---\n")
+    );
+}
+
+/// The arguments of a plain server on `port` with persistence off, then `extra` (which may override them).
+fn server_args(port: u16, extra: &[&str]) -> Vec<String> {
+    [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--protected-mode",
+        "no",
+    ]
+    .iter()
+    .chain(extra)
+    .map(|a| (*a).to_owned())
+    .collect()
 }

@@ -1,10 +1,9 @@
 //! A real Sentinel deployment on free loopback ports: a master, one replica and one sentinel, killed when dropped.
 
 use std::path::Path;
-use std::process::Child;
 use std::time::{Duration, Instant};
 
-use super::redis::{redis_cli, spawn_redis};
+use super::redis::{redis_cli, spawn_redis, RedisProcess};
 
 /// The name the sentinel monitors the master under.
 pub const SERVICE: &str = "mymaster";
@@ -14,7 +13,7 @@ pub struct RedisSentinel {
     pub master_port: u16,
     pub replica_port: u16,
     pub sentinel_port: u16,
-    children: Vec<Child>,
+    servers: Vec<RedisProcess>,
     _dir: tempfile::TempDir,
 }
 
@@ -29,25 +28,15 @@ impl RedisSentinel {
     pub fn start_with_master_args(extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let data_dir = dir.path().to_owned();
-        let (master_port, master) = spawn_redis(|port| {
+        let master = spawn_redis(&[], |port| {
             let mut args = server_args(port, None, &data_dir);
             args.extend(extra.iter().map(|arg| arg.to_string()));
             args
         });
-        let mut set = Self {
-            master_port,
-            replica_port: 0,
-            sentinel_port: 0,
-            children: vec![master],
-            _dir: dir,
-        };
-        let (replica_port, replica) =
-            spawn_redis(|port| server_args(port, Some(master_port), &data_dir));
-        set.replica_port = replica_port;
-        set.children.push(replica);
-
-        let config_dir = set._dir.path().to_owned();
-        let (sentinel_port, sentinel) = spawn_redis(|port| {
+        let master_port = master.port();
+        let replica = spawn_redis(&[], |port| server_args(port, Some(master_port), &data_dir));
+        let config_dir = dir.path().to_owned();
+        let sentinel = spawn_redis(&[], |port| {
             let config = config_dir.join(format!("sentinel-{port}.conf"));
             std::fs::write(
                 &config,
@@ -69,12 +58,16 @@ impl RedisSentinel {
                 "--sentinel".to_owned(),
             ]
         });
-        set.sentinel_port = sentinel_port;
-        set.children.push(sentinel);
-
+        let set = Self {
+            master_port,
+            replica_port: replica.port(),
+            sentinel_port: sentinel.port(),
+            servers: vec![master, replica, sentinel],
+            _dir: dir,
+        };
         let deadline = Instant::now() + Duration::from_secs(30);
         while !(set
-            .cli(replica_port, &["INFO", "replication"])
+            .cli(set.replica_port, &["INFO", "replication"])
             .is_some_and(|info| info.contains("master_link_status:up"))
             && set.sentinel_sees_healthy_replica())
         {
@@ -161,15 +154,6 @@ impl RedisSentinel {
         field("port") == Some(&self.replica_port.to_string())
             && field("flags") == Some("slave")
             && field("master-link-status") == Some("ok")
-    }
-}
-
-impl Drop for RedisSentinel {
-    fn drop(&mut self) {
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
     }
 }
 
