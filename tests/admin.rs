@@ -4,7 +4,7 @@ mod common;
 
 use common::http_client::client;
 use common::redis::RedisServer;
-use common::{serve_admin, start_gateway};
+use common::{eventually, serve_admin, start_gateway};
 use serde_json::Value;
 
 const TOKEN: &str = "s3cret-admin-token";
@@ -80,13 +80,11 @@ async fn a_reset_through_one_instance_reaches_the_others() {
     );
     // The announcement travels through Redis's publish/subscribe: allow it a moment.
     let mut status = 0;
-    for _ in 0..50 {
+    eventually(std::time::Duration::from_secs(5), async || {
         status = demo_status(&client, &second).await;
-        if status == 200 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+        status == 200
+    })
+    .await;
     assert_eq!(
         status, 200,
         "the second instance still refuses the reset key"
@@ -138,23 +136,27 @@ async fn a_listener_cut_off_from_redis_is_told_it_may_have_missed_resets() {
     );
 }
 
-/// Resets `key` through `store` every 100 ms, up to 50 times, until the listener feeding `heard` hears it (a
-/// `MaybeMissed` notice, `None`, is passed over); false if it never does.
+/// Resets `key` through `store`, waiting up to 100 ms each time for the listener feeding `heard` to hear it (a
+/// `MaybeMissed` notice, `None`, is passed over), for at most 5 s; false if it never does.
 async fn reset_until_heard(
     store: &tollgate::limiter::store::RedisStore,
     heard: &mut tokio::sync::mpsc::UnboundedReceiver<Option<String>>,
     key: &str,
 ) -> bool {
-    for _ in 0..50 {
+    eventually(std::time::Duration::from_secs(5), async || {
         store.reset(key).await.expect("reset");
         let notice =
             tokio::time::timeout(std::time::Duration::from_millis(100), heard.recv()).await;
-        if let Ok(Some(Some(heard_key))) = notice {
-            assert_eq!(heard_key, key);
-            return true;
+        match notice {
+            Ok(Some(Some(heard_key))) => {
+                assert_eq!(heard_key, key);
+                true
+            }
+            _ => false,
         }
-    }
-    false
+    })
+    .await
+    .is_some()
 }
 
 /// How many `EVALSHA` calls `redis` has run.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::http_client::client;
 use common::redis::RedisServer;
-use common::start_gateway;
+use common::{eventually, start_gateway};
 use tokio::task::JoinSet;
 use tollgate::limiter::store::{LimitCheck, MemoryStore, RedisStore};
 use tollgate::limiter::{
@@ -416,19 +416,20 @@ async fn every_key_gets_an_expiry_and_the_store_empties_itself() {
         }
     }
     let started = Instant::now();
-    let deadline = started + Duration::from_millis(longest) + Duration::from_secs(5);
-    loop {
-        let size = server.cli(&["DBSIZE"]).expect("dbsize");
-        if size == "0" {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{size} keys left {:?} after the last write (longest TTL {longest} ms)",
-            started.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut size = String::new();
+    let emptied = eventually(
+        Duration::from_millis(longest) + Duration::from_secs(5),
+        async || {
+            size = server.cli(&["DBSIZE"]).expect("dbsize");
+            size == "0"
+        },
+    )
+    .await;
+    assert!(
+        emptied.is_some(),
+        "{size} keys left {:?} after the last write (longest TTL {longest} ms)",
+        started.elapsed()
+    );
 
     // The in-process store, on a manual clock: each key lives exactly its algorithm's longest TTL.
     let clock = Arc::new(ManualClock::new(T0));
@@ -468,19 +469,21 @@ async fn every_key_gets_an_expiry_and_the_store_empties_itself() {
 /// Waits (at most a minute) until Redis's clock is not within a minute of the end of an hour, so that no aligned
 /// one-hour window can end during a test.
 async fn away_from_the_hour_boundary(server: &RedisServer) {
-    let deadline = Instant::now() + Duration::from_secs(75);
-    loop {
+    let mut said = false;
+    let away = eventually(Duration::from_secs(75), async || {
         let seconds: u64 = server
             .cli(&["TIME"])
             .and_then(|t| t.lines().next().and_then(|s| s.parse().ok()))
             .expect("redis TIME");
-        if seconds % 3_600 < 3_540 {
-            return;
+        let away = seconds % 3_600 < 3_540;
+        if !away && !said {
+            eprintln!("waiting for the hour boundary to pass");
+            said = true;
         }
-        assert!(Instant::now() < deadline, "redis TIME does not advance");
-        eprintln!("waiting for the hour boundary to pass");
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+        away
+    })
+    .await;
+    assert!(away.is_some(), "redis TIME does not advance");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -179,14 +179,11 @@ routes:
     // The upstream answers /slow after 3 s: the request is in flight when SIGTERM arrives.
     let in_flight =
         tokio::spawn(async move { client().get(url).send().await.map(|r| r.status().as_u16()) });
-    let started = Instant::now();
-    while upstream.hits() == 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the slow request never reached the upstream"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let reached = eventually(Duration::from_secs(5), async || upstream.hits() > 0).await;
+    assert!(
+        reached.is_some(),
+        "the slow request never reached the upstream"
+    );
     signal(&process, "-TERM");
 
     assert_eq!(

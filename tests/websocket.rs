@@ -15,7 +15,7 @@ use axum::routing::{any, get};
 use axum::{Json, Router};
 use common::pki::{Issued, TestCa};
 use common::upstream::serve_tls;
-use common::{serve_admin, start_gateway};
+use common::{eventually, serve_admin, start_gateway};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Map, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -465,13 +465,11 @@ async fn open_tunnels_are_counted_until_they_close() {
         {}
     }
     let mut open = None;
-    for _ in 0..50 {
+    eventually(Duration::from_secs(5), async || {
         open = open_tunnels(&admin, "ws_counted").await;
-        if open == Some(0.0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        open == Some(0.0)
+    })
+    .await;
     assert_eq!(
         open,
         Some(0.0),

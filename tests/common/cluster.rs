@@ -2,10 +2,10 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::redis::{redis_cli, spawn_redis, RedisProcess};
-use super::ReservedPort;
+use super::{eventually_blocking, ReservedPort};
 
 /// A running Redis Cluster of three primaries without replicas, covering all 16384 slots.
 pub struct RedisCluster {
@@ -49,18 +49,18 @@ impl RedisCluster {
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
         );
-        let deadline = Instant::now() + Duration::from_secs(30);
-        for &port in &cluster.ports {
-            while !cli(port, &["CLUSTER", "INFO"])
-                .is_some_and(|info| info.contains("cluster_state:ok"))
-            {
-                assert!(
-                    Instant::now() < deadline,
-                    "cluster node {port} never reached cluster_state:ok"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
+        let mut waiting = None;
+        let ok = eventually_blocking(Duration::from_secs(30), || {
+            waiting = cluster.ports.iter().copied().find(|&port| {
+                !cli(port, &["CLUSTER", "INFO"])
+                    .is_some_and(|info| info.contains("cluster_state:ok"))
+            });
+            waiting.is_none()
+        });
+        assert!(
+            ok.is_some(),
+            "cluster node {waiting:?} never reached cluster_state:ok"
+        );
         cluster
     }
 

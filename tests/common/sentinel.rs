@@ -1,8 +1,9 @@
 //! A real Sentinel deployment on free loopback ports: a master, one replica and one sentinel, killed when dropped.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use super::eventually_blocking;
 use super::redis::{redis_cli, spawn_redis, RedisProcess};
 
 /// The name the sentinel monitors the master under.
@@ -65,18 +66,15 @@ impl RedisSentinel {
             servers: vec![master, replica, sentinel],
             _dir: dir,
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !(set
-            .cli(set.replica_port, &["INFO", "replication"])
-            .is_some_and(|info| info.contains("master_link_status:up"))
-            && set.sentinel_sees_healthy_replica())
-        {
-            assert!(
-                Instant::now() < deadline,
-                "the sentinel never saw the replica in sync"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let in_sync = eventually_blocking(Duration::from_secs(30), || {
+            set.cli(set.replica_port, &["INFO", "replication"])
+                .is_some_and(|info| info.contains("master_link_status:up"))
+                && set.sentinel_sees_healthy_replica()
+        });
+        assert!(
+            in_sync.is_some(),
+            "the sentinel never saw the replica in sync"
+        );
         set
     }
 
@@ -110,31 +108,24 @@ impl RedisSentinel {
     /// yet, and waits until the sentinel names the replica as master and that server says it is one. Returns the
     /// new master's port.
     pub fn failover(&self) -> u16 {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let reply = self
+        let mut reply = String::new();
+        let asked = eventually_blocking(Duration::from_secs(60), || {
+            reply = self
                 .cli(self.sentinel_port, &["SENTINEL", "FAILOVER", SERVICE])
                 .unwrap_or_default();
-            if reply == "OK" {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "SENTINEL FAILOVER kept failing: {reply}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        while !(self.master_by_sentinel() == Some(self.replica_port)
-            && self
-                .cli(self.replica_port, &["ROLE"])
-                .is_some_and(|role| role.starts_with("master")))
-        {
-            assert!(
-                Instant::now() < deadline,
-                "the failover did not promote the replica"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            reply == "OK"
+        })
+        .unwrap_or_else(|| panic!("SENTINEL FAILOVER kept failing: {reply}"));
+        let promoted = eventually_blocking(Duration::from_secs(60).saturating_sub(asked), || {
+            self.master_by_sentinel() == Some(self.replica_port)
+                && self
+                    .cli(self.replica_port, &["ROLE"])
+                    .is_some_and(|role| role.starts_with("master"))
+        });
+        assert!(
+            promoted.is_some(),
+            "the failover did not promote the replica"
+        );
         self.replica_port
     }
 
