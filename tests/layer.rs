@@ -21,6 +21,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tower::{Layer, Service, ServiceExt};
 
+use common::eventually;
 use common::http_client::client;
 use common::redis::RedisServer;
 use tollgate::admission::LimitSettings;
@@ -294,9 +295,12 @@ async fn missing_key_part_can_skip_the_limit() {
     assert_eq!(app.hammer(2, &[("x-api-key", "k")]).await, statuses(1, 1));
 }
 
-/// An inner service that is never ready and must never be called.
-#[derive(Debug, Clone)]
-struct NeverReady;
+/// An inner service that is never ready and must never be called; counts how often its readiness is asked for
+/// (by admitted requests only: the layer's own `poll_ready` does not ask).
+#[derive(Debug, Clone, Default)]
+struct NeverReady {
+    polled: Arc<AtomicUsize>,
+}
 
 impl Service<Request<Body>> for NeverReady {
     type Response = Response<Body>;
@@ -304,6 +308,7 @@ impl Service<Request<Body>> for NeverReady {
     type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.polled.fetch_add(1, Ordering::SeqCst);
         Poll::Pending
     }
 
@@ -330,7 +335,9 @@ async fn poll_ready_never_waits_and_refusals_skip_the_inner_service() {
         .limit_by("per-ip", ["ip"], sliding_window(1))
         .build()
         .unwrap();
-    let mut service = layer.layer(NeverReady);
+    let inner = NeverReady::default();
+    let polled = Arc::clone(&inner.polled);
+    let mut service = layer.layer(inner);
     let bound = Duration::from_secs(1);
 
     // Ready at once although the inner service never is.
@@ -338,11 +345,14 @@ async fn poll_ready_never_waits_and_refusals_skip_the_inner_service() {
         .await
         .expect("poll_ready waited")
         .unwrap();
-    // The admitted request waits for the inner service, as it must...
-    let admitted = service.call(request_from("192.0.2.1:4000"));
-    assert!(tokio::time::timeout(Duration::from_millis(100), admitted)
-        .await
-        .is_err());
+    // The admitted request waits for the inner service, as it must: it asks for its readiness, which never comes...
+    let admitted = tokio::spawn(service.call(request_from("192.0.2.1:4000")));
+    let waiting = eventually(bound, async || polled.load(Ordering::SeqCst) == 1).await;
+    assert!(
+        waiting.is_some(),
+        "the admitted request never reached the inner service"
+    );
+    assert!(!admitted.is_finished());
     // ...while the refused one is answered without it.
     service.ready().await.unwrap();
     let refused = tokio::time::timeout(bound, service.call(request_from("192.0.2.1:4001")))
@@ -350,12 +360,22 @@ async fn poll_ready_never_waits_and_refusals_skip_the_inner_service() {
         .expect("refusal waited")
         .unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-    // Another client's budget is untouched.
+    assert_eq!(
+        polled.load(Ordering::SeqCst),
+        1,
+        "the refusal asked the inner service"
+    );
+    // Another client's budget is untouched: admitted, it waits for the inner service too.
     service.ready().await.unwrap();
-    let other = service.call(request_from("198.51.100.7:4000"));
-    assert!(tokio::time::timeout(Duration::from_millis(100), other)
-        .await
-        .is_err());
+    let other = tokio::spawn(service.call(request_from("198.51.100.7:4000")));
+    let waiting = eventually(bound, async || polled.load(Ordering::SeqCst) == 2).await;
+    assert!(
+        waiting.is_some(),
+        "the other client's request was not admitted"
+    );
+    assert!(!other.is_finished());
+    admitted.abort();
+    other.abort();
 }
 
 #[tokio::test]
