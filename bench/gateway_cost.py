@@ -12,6 +12,8 @@ second move by 25% between identical runs, so it shows what a change to the requ
     python3 bench/gateway_cost.py --cache       # also the instruction-cache misses per request (slower)
     python3 bench/gateway_cost.py --only redis-pass --keep /tmp/cg   # one configuration; keep its callgrind dump
     python3 bench/gateway_cost.py --only memory-keys    # 10,000 clients (bench/report.lua), not run by default
+    python3 bench/gateway_cost.py --only memory-consumer   # an API-key consumer on a plan (memory-header: the
+                                                           # same limits keyed by the key's header)
 
 An nginx upstream (return 200) and a Redis are started on loopback; for each configuration tollgate runs under
 callgrind with one worker thread (TOKIO_WORKER_THREADS=1, as in bench/run.sh), takes a 3 s warm-up from wrk, then
@@ -39,13 +41,19 @@ REDIS_PORT = 16379
 UPSTREAM_PORT = 18081
 TOLLGATE_PORT = 18090
 ADMIN_PORT = 19901
-# label, config, distinct clients (None: one), measured by default
+# The API key of the consumer configurations (bench/configs/*-consumer.yaml list its SHA-256).
+API_KEY = ["x-api-key: bench-key"]
+# label, config, distinct clients (None: one), measured by default, request headers
 CASES = [
-    ("limiting off (target 2)", "off", None, True),
-    ("memory store, 3 limits (target 5)", "memory-pass", None, True),
-    ("Redis, 3 limits (target 3)", "redis-pass", None, True),
-    ("memory store, 3 limits, 10,000 clients", "memory-keys", 10_000, False),
-    ("Redis, 3 limits, 10,000 clients (target 3k)", "redis-keys", 10_000, False),
+    ("limiting off (target 2)", "off", None, True, []),
+    ("memory store, 3 limits (target 5)", "memory-pass", None, True, []),
+    ("Redis, 3 limits (target 3)", "redis-pass", None, True, []),
+    ("memory store, 3 limits, 10,000 clients", "memory-keys", 10_000, False, []),
+    ("Redis, 3 limits, 10,000 clients (target 3k)", "redis-keys", 10_000, False, []),
+    ("memory store, 3 limits keyed by a header", "memory-header", None, False, API_KEY),
+    ("memory store, API-key consumer, plan of 3 limits", "memory-consumer", None, False, API_KEY),
+    ("Redis, 3 limits keyed by a header", "redis-header", None, False, API_KEY),
+    ("Redis, API-key consumer, plan of 3 limits", "redis-consumer", None, False, API_KEY),
 ]
 
 
@@ -63,15 +71,16 @@ def wait_ready(url: str, what: str, process: subprocess.Popen, seconds: float = 
     sys.exit(f"gateway_cost: {what} not ready within {seconds} s")
 
 
-def load(seconds: int, connections: int, clients: int | None = None) -> int:
+def load(seconds: int, connections: int, clients: int | None = None, headers: list[str] | None = None) -> int:
     """Runs wrk against tollgate; returns the requests it completed. wrk keeps tollgate (slowed down 50 times by
     callgrind) saturated, as under bench/run.sh, so that the count includes the work a busy event loop shares
     between requests and not that of an idle one waking for each."""
     # With clients, bench/report.lua gives every request one of that many x-client values.
     script = ["-s", str(ROOT / "bench/report.lua")] if clients else []
     env = dict(os.environ, BENCH_KEYS=str(clients)) if clients else None
+    header_args = [arg for header in headers or [] for arg in ("-H", header)]
     out = subprocess.run(
-        ["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s", *script,
+        ["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s", *script, *header_args,
          f"http://127.0.0.1:{TOLLGATE_PORT}/item"],
         env=env,
         check=True,
@@ -171,7 +180,7 @@ def heaviest(dump: Path, requests: int, count: int) -> list[tuple[str, float]]:
 
 def measure(
     binary: Path, config: Path, seconds: int, connections: int, work: Path, top: int, cache: bool,
-    keep: Path | None, clients: int | None,
+    keep: Path | None, clients: int | None, headers: list[str],
 ) -> tuple[float, float, float, float, list[tuple[str, float]]]:
     env = dict(os.environ, TOKIO_WORKER_THREADS="1", RUST_LOG="warn")
     env["BENCH_REDIS_URL"] = f"redis://127.0.0.1:{REDIS_PORT}"
@@ -187,10 +196,10 @@ def measure(
     )
     try:
         wait_ready(f"http://127.0.0.1:{ADMIN_PORT}/readyz", "tollgate", gateway)
-        load(3, connections, clients)
+        load(3, connections, clients, headers)
         subprocess.run(["callgrind_control", "--zero", str(gateway.pid)], check=True, capture_output=True)
         calls_before = script_calls()
-        requests = load(seconds, connections, clients)
+        requests = load(seconds, connections, clients, headers)
         calls = script_calls() - calls_before
         subprocess.run(["callgrind_control", "--dump", str(gateway.pid)], check=True, capture_output=True)
         dumps = sorted(work.glob(f"callgrind.{config.stem}.{gateway.pid}.*"))
@@ -264,11 +273,11 @@ http {{
             print(f"|---|--:|--:|--:|--:|{misses_rule}")
             profiles = []
             cases = [case for case in CASES if case[1] == args.only or (args.only is None and case[3])]
-            for label, name, clients, _ in cases:
+            for label, name, clients, _, headers in cases:
                 subprocess.run(["redis-cli", "-p", str(REDIS_PORT), "flushall"], capture_output=True)
                 cost, copies, per_call, misses, functions = measure(
                     args.binary, ROOT / "bench/configs" / f"{name}.yaml", args.seconds, args.connections, work, args.top,
-                    args.cache, args.keep, clients,
+                    args.cache, args.keep, clients, headers,
                 )
                 per_call_text = f"{per_call:.1f}" if per_call else "-"
                 misses_text = f" {misses:,.0f} |" if args.cache else ""

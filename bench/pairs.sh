@@ -3,6 +3,7 @@
 #
 #   bench/pairs.sh                                         # off.yaml against redis-pass.yaml, 4 cycles
 #   bench/pairs.sh bench/configs/off.yaml bench/configs/memory-pass.yaml 6
+#   PAIRS_HEADER='x-api-key: bench-key' bench/pairs.sh bench/configs/redis-header.yaml bench/configs/redis-consumer.yaml
 #   BENCH_TOLLGATE=/tmp/tollgate-before PAIRS_TOLLGATE_B=target/release/tollgate \
 #       bench/pairs.sh bench/configs/redis-pass.yaml bench/configs/redis-pass.yaml   # two builds, one config
 #
@@ -14,7 +15,7 @@
 # servers' core: tollgate, the upstream and Redis (every server shares CPU 0, so B's extra on any of them is
 # throughput lost).
 #
-# Knobs (environment): PAIRS_SECONDS (each run, 5), PAIRS_WARMUP (1), PAIRS_CONNECTIONS (64), BENCH_TOLLGATE (the
+# Knobs (environment): PAIRS_HEADER (a request header every request carries, e.g. an API key), PAIRS_SECONDS (each run, 5), PAIRS_WARMUP (1), PAIRS_CONNECTIONS (64), BENCH_TOLLGATE (the
 # binary, default target/release/tollgate), PAIRS_TOLLGATE_B (B's binary, default the same: set it to compare two
 # builds), PAIRS_UPSTREAM_CPU and PAIRS_REDIS_CPU (0: the CPU the upstream and Redis run on; both 1 gives tollgate
 # CPU 0 to itself, as a gateway has its own machine in production). Like bench/run.sh: by default the servers
@@ -30,6 +31,8 @@ SECONDS_EACH=${PAIRS_SECONDS:-5}
 WARMUP=${PAIRS_WARMUP:-1}
 CONNECTIONS=${PAIRS_CONNECTIONS:-64}
 TOLLGATE=${BENCH_TOLLGATE:-$ROOT/target/release/tollgate}
+HEADER_ARGS=()
+[[ -n ${PAIRS_HEADER:-} ]] && HEADER_ARGS=(-H "$PAIRS_HEADER")
 TOLLGATE_B=${PAIRS_TOLLGATE_B:-$TOLLGATE}
 UPSTREAM_CPU=${PAIRS_UPSTREAM_CPU:-0}
 REDIS_CPU=${PAIRS_REDIS_CPU:-0}
@@ -114,10 +117,10 @@ run() { # CONFIG BINARY: prints "REQUESTS/S REQUESTS TOLLGATE_NS UPSTREAM_NS RED
     taskset -c 0 "$2" --config "$1" >"$WORK/tollgate.log" 2>&1 &
     local pid=$!
     wait_http http://127.0.0.1:19901/readyz
-    taskset -c 1 wrk -t1 -c"$CONNECTIONS" -d"${WARMUP}s" http://127.0.0.1:18090/ >/dev/null
+    taskset -c 1 wrk -t1 -c"$CONNECTIONS" -d"${WARMUP}s" "${HEADER_ARGS[@]}" http://127.0.0.1:18090/ >/dev/null
     local out before after
     before="$(cpu_ns "$pid") $(cpu_ns "$NGINX_PID") $(cpu_ns "$REDIS_PID") $(idle_ticks) $(user_ticks "$pid")"
-    out=$(taskset -c 1 wrk -t1 -c"$CONNECTIONS" -d"${SECONDS_EACH}s" http://127.0.0.1:18090/)
+    out=$(taskset -c 1 wrk -t1 -c"$CONNECTIONS" -d"${SECONDS_EACH}s" "${HEADER_ARGS[@]}" http://127.0.0.1:18090/)
     after="$(cpu_ns "$pid") $(cpu_ns "$NGINX_PID") $(cpu_ns "$REDIS_PID") $(idle_ticks) $(user_ticks "$pid")"
     kill "$pid"
     wait "$pid" 2>/dev/null || true
