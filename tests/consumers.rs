@@ -8,6 +8,8 @@ use common::http_client::{client, metrics_text};
 use common::redis::RedisServer;
 use common::upstream::Upstream;
 use common::{serve_admin, start_gateway, TestGateway};
+use std::time::Duration;
+
 use serde_json::Value;
 
 /// A config with two routes on one upstream (`/a` optional, `/b` optional, `/private` required), keys for a `pro`
@@ -284,4 +286,125 @@ async fn plan_decisions_are_counted_by_plan_never_by_consumer() {
     assert!(line.contains("limit=\"hourly\""), "{line}");
     assert!(line.ends_with(" 1"), "{line}");
     assert!(!text.contains("acme"), "a consumer id in the metrics");
+}
+
+/// The runtime directory of the `i`th gateway.
+fn directory(setup: &Setup, i: usize) -> std::sync::Arc<tollgate::consumers::directory::Directory> {
+    let consumers = setup.gateways[i].gateway.consumers().expect("consumers");
+    std::sync::Arc::clone(consumers.directory())
+}
+
+/// The status of one GET /a/x with `x-api-key: key` through gateway `i`.
+async fn status_with_key(setup: &Setup, i: usize, key: &str) -> u16 {
+    client()
+        .get(setup.gateways[i].url("/a/x"))
+        .header("x-api-key", key)
+        .send()
+        .await
+        .expect("send")
+        .status()
+        .as_u16()
+}
+
+/// Waits until every gateway answers `expected` for `key` (each probe may consume from the key's plan).
+async fn everywhere(setup: &Setup, key: &str, expected: u16) {
+    for i in 0..setup.gateways.len() {
+        let seen = common::eventually(Duration::from_secs(1), async || {
+            status_with_key(setup, i, key).await == expected
+        })
+        .await;
+        assert!(
+            seen.is_some(),
+            "gateway {i} never answered {expected} for {key}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn runtime_settings_change_plans_block_and_issue_keys_on_every_instance() {
+    for redis in [true, false] {
+        let setup = setup(redis).await;
+        let store = if redis { "redis" } else { "memory" };
+        let settings = directory(&setup, 0);
+        for i in 0..setup.gateways.len() {
+            let directory = directory(&setup, i);
+            let synced =
+                common::eventually(Duration::from_secs(5), async || directory.synced()).await;
+            assert!(synced.is_some(), "gateway {i}'s directory never read Redis");
+        }
+
+        // bob's static key says free (3 an hour); the runtime plan wins: pro, 6 an hour, on both gateways.
+        let record = serde_json::from_value(serde_json::json!({"plan": "pro"})).expect("record");
+        settings.put("bob", record).await.expect("put");
+        for i in 0..setup.gateways.len() {
+            let directory = directory(&setup, i);
+            let arrived = common::eventually(Duration::from_secs(1), async || {
+                directory
+                    .consumer("bob")
+                    .and_then(|r| r.plan.clone())
+                    .as_deref()
+                    == Some("pro")
+            })
+            .await;
+            assert!(
+                arrived.is_some(),
+                "gateway {i} never saw bob's plan, {store}"
+            );
+        }
+        let pro = statuses(&setup, Some("test"), 7).await;
+        assert_eq!(
+            pro,
+            [200, 200, 200, 200, 200, 200, 429],
+            "pro for bob, {store}"
+        );
+
+        // Blocked: 403 everywhere, with no limit asked.
+        let record = serde_json::from_value(serde_json::json!({"blocked": true})).expect("record");
+        settings.put("acme", record).await.expect("put");
+        everywhere(&setup, "pro-key-1", 403).await;
+        settings.delete("acme").await.expect("delete");
+        everywhere(&setup, "pro-key-1", 200).await;
+
+        // A key issued at runtime names its consumer on every instance, until it is revoked.
+        let (issued, key) = settings.add_key("carol").await.expect("key");
+        everywhere(&setup, &key, 200).await;
+        assert!(settings
+            .revoke_key("carol", &issued.id)
+            .await
+            .expect("revoke"));
+        everywhere(&setup, &key, 401).await;
+    }
+}
+
+#[tokio::test]
+async fn an_override_replaces_one_limit_for_one_consumer() {
+    let setup = setup(false).await;
+    let record = serde_json::from_value(serde_json::json!({
+        "plan": "free",
+        "overrides": {"hourly": {"limit": 5}},
+    }))
+    .expect("record");
+    directory(&setup, 0).put("bob", record).await.expect("put");
+    let response = client()
+        .get(setup.url(0, "/a/x"))
+        .header("x-api-key", "test")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(
+        response.headers()["ratelimit-policy"],
+        "\"route-wide\";q=1000;w=3600, \"free.hourly\";q=5;w=3600"
+    );
+    assert_eq!(response.headers()["x-ratelimit-limit"], "5");
+    assert_eq!(
+        statuses(&setup, Some("test"), 5).await,
+        [200, 200, 200, 200, 429]
+    );
+    // Another free consumer keeps the plan's own 3.
+    let record = serde_json::from_value(serde_json::json!({"plan": "free"})).expect("record");
+    directory(&setup, 0).put("acme", record).await.expect("put");
+    assert_eq!(
+        statuses(&setup, Some("pro-key-1"), 4).await,
+        [200, 200, 200, 429]
+    );
 }

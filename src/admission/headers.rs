@@ -5,7 +5,6 @@ use std::sync::OnceLock;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
-use super::LimitSettings;
 use crate::limiter::{Decision, Limit};
 
 static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -15,16 +14,15 @@ static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy"
 static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// `"per-ip";q=100;w=60, "per-key";q=50;w=180` for a route's limits; `None` without limits.
-pub(super) fn policy(limits: &[LimitSettings]) -> Option<HeaderValue> {
+pub(super) fn policy<'l>(limits: impl Iterator<Item = &'l Limit>) -> Option<HeaderValue> {
     // Shadow limits are never enforced: clients are not told about them.
     let items: Vec<String> = limits
-        .iter()
-        .filter(|l| !l.limit.is_shadow())
+        .filter(|l| !l.is_shadow())
         .map(|l| {
-            let algorithm = l.limit.algorithm();
+            let algorithm = l.algorithm();
             format!(
                 "\"{}\";q={};w={}",
-                l.limit.name(),
+                l.name(),
                 algorithm.capacity(),
                 ceil_seconds(algorithm.window_ms())
             )

@@ -1,6 +1,8 @@
 //! A set of keyed limits applied to a request: its keys, one limiter call for them all, the refusal or the
 //! informational fields.
 
+use std::sync::Arc;
+
 use axum::body::Body;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Response, StatusCode};
@@ -63,6 +65,17 @@ pub struct Verdict {
     pub outcome: Outcome,
     /// Indices of the limits that applied (a `missing: skip` limit may not).
     applied: SmallVec<[usize; INLINE_LIMITS]>,
+    /// The limits replaced for this request, if any.
+    replaced: Option<Replaced>,
+}
+
+/// Limits of a set replaced for one request (a consumer's overrides of its plan, design §10).
+#[derive(Debug, Clone)]
+pub struct Replaced {
+    /// The index in the set of the first limit `limits` counts from.
+    offset: usize,
+    /// Each replaced limit with its index counted from `offset`.
+    limits: Arc<[(usize, Limit)]>,
 }
 
 /// Why a request was not decided by the limiter.
@@ -120,7 +133,7 @@ impl LimitSet {
             let counters = DecisionCounters::new(scope, settings.limit.name(), None);
             set.push(settings, head, counters);
         }
-        set.policy = headers::policy(&set.limits);
+        set.policy = headers::policy(set.limits.iter().map(|s| &s.limit));
         set
     }
 
@@ -142,7 +155,7 @@ impl LimitSet {
             };
             set.push(advertised, head, counters);
         }
-        set.policy = headers::policy(&set.limits);
+        set.policy = headers::policy(set.limits.iter().map(|s| &s.limit));
         set
     }
 
@@ -191,21 +204,40 @@ impl LimitSet {
         limiter: &RateLimiter,
         facts: &RequestFacts<'_>,
     ) -> Result<Verdict, NotChecked> {
+        self.check_replacing(limiter, facts, None).await
+    }
+
+    /// [`check`](Self::check), with the limits `replaced` names in place of the set's own.
+    pub async fn check_replacing(
+        &self,
+        limiter: &RateLimiter,
+        facts: &RequestFacts<'_>,
+        replaced: Option<Replaced>,
+    ) -> Result<Verdict, NotChecked> {
         let keys = self.request_keys(facts)?;
         let checks: SmallVec<[LimitCheck<'_>; INLINE_LIMITS]> = keys
             .iter()
             .map(|(index, key)| LimitCheck {
                 key,
-                limit: &self.limits[index].limit,
+                limit: self.limit_at(index, replaced.as_ref()),
             })
             .collect();
         let outcome = limiter.check(&checks).await?;
+        drop(checks);
         let verdict = Verdict {
             outcome,
             applied: keys.ends.iter().map(|&(index, _)| index).collect(),
+            replaced,
         };
         self.count_decisions(&verdict);
         Ok(verdict)
+    }
+
+    /// The limit at `index`, or what replaces it.
+    fn limit_at<'s>(&'s self, index: usize, replaced: Option<&'s Replaced>) -> &'s Limit {
+        replaced
+            .and_then(|replaced| replaced.get(index))
+            .unwrap_or(&self.limits[index].limit)
     }
 
     /// The store keys a request is counted under, one per limit that applies, without asking the limiter.
@@ -333,11 +365,22 @@ impl LimitSet {
         let Some(index) = self.most_restrictive(verdict) else {
             return;
         };
-        let Some(advertised) = verdict
-            .applied
-            .get(index)
-            .and_then(|&limit| self.advertised.get(limit))
-        else {
+        let Some(&limit) = verdict.applied.get(index) else {
+            return;
+        };
+        if let Some(replaced) = &verdict.replaced {
+            // A consumer's own parameters: rendered for its request (rare: a few consumers have overrides).
+            let limits = (0..self.limits.len()).map(|i| self.limit_at(i, Some(replaced)));
+            let advertised = headers::Advertised::new(self.limit_at(limit, Some(replaced)));
+            headers::apply(
+                headers,
+                headers::policy(limits).as_ref(),
+                &verdict.outcome.decisions[index],
+                &advertised,
+            );
+            return;
+        }
+        let Some(advertised) = self.advertised.get(limit) else {
             return;
         };
         headers::apply(
@@ -388,6 +431,23 @@ impl LimitSet {
             .get(decision)
             .and_then(|&index| self.limits.get(index))
             .map_or("", |settings| settings.limit.name())
+    }
+}
+
+// === impl Replaced ===
+
+impl Replaced {
+    /// `limits` in place of the set's limits from index `offset` on (each counted from `offset`).
+    pub fn new(offset: usize, limits: Arc<[(usize, Limit)]>) -> Self {
+        Self { offset, limits }
+    }
+
+    fn get(&self, index: usize) -> Option<&Limit> {
+        let index = index.checked_sub(self.offset)?;
+        self.limits
+            .iter()
+            .find(|(replaced, _)| *replaced == index)
+            .map(|(_, limit)| limit)
     }
 }
 

@@ -7,7 +7,7 @@ mod limits;
 mod policy;
 mod responses;
 
-pub use limits::{LimitSet, LimitSettings, NotChecked, Verdict};
+pub use limits::{LimitSet, LimitSettings, NotChecked, Replaced, Verdict};
 pub use policy::{Admission, Admitted, Policy};
 pub(crate) use responses::json_response;
 pub use responses::{caller_refused, refused};

@@ -10,7 +10,7 @@ use axum::body::Body;
 use http::{HeaderMap, HeaderValue, Response};
 use ipnet::IpNet;
 
-use super::limits::{LimitSet, Verdict};
+use super::limits::{LimitSet, Replaced, Verdict};
 use super::responses;
 use crate::consumers::{Caller, CallerRefusal, ConsumerMode, Consumers};
 use crate::key::{AmbiguousKey, RequestFacts};
@@ -122,7 +122,11 @@ impl Policy {
         };
         let limits = self.limits_for(caller.as_ref());
         let facts = self.identified(facts, caller.as_ref());
-        let verdict = match limits.check(limiter, &facts).await {
+        let replaced = caller.as_ref().and_then(|caller| {
+            let overrides = caller.overrides.clone()?;
+            Some(Replaced::new(self.limits.limits().len(), overrides))
+        });
+        let verdict = match limits.check_replacing(limiter, &facts, replaced).await {
             Ok(verdict) => verdict,
             Err(error) => return Admission::Refused(limits.not_checked(&error)),
         };

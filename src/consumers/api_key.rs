@@ -25,7 +25,11 @@ pub fn digest(key: &str) -> [u8; 32] {
 
 /// Parses a `sha256:<64 hex digits>` digest as written in the config.
 pub fn parse_digest(text: &str) -> Option<[u8; 32]> {
-    let hex = text.strip_prefix("sha256:")?;
+    parse_hex_digest(text.strip_prefix("sha256:")?)
+}
+
+/// 64 hex digits (either case) as a digest, as issued keys' records keep them.
+pub fn parse_hex_digest(hex: &str) -> Option<[u8; 32]> {
     if hex.len() != 64 {
         return None;
     }
@@ -33,7 +37,7 @@ pub fn parse_digest(text: &str) -> Option<[u8; 32]> {
     for (byte, pair) in digest.iter_mut().zip(hex.as_bytes().chunks_exact(2)) {
         let high = (pair[0] as char).to_digit(16)?;
         let low = (pair[1] as char).to_digit(16)?;
-        *byte = u8::try_from(high * 16 + low).ok()?;
+        *byte = u8::try_from(high << 4 | low).ok()?;
     }
     Some(digest)
 }

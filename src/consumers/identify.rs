@@ -1,17 +1,20 @@
 //! Identification: which consumer a request comes from and which plan applies, or why it is refused.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use http::HeaderValue;
 
 use super::api_key::{self, Presented};
+use super::directory::{ConsumerRecord, Directory, LimitOverride};
+use super::overrides::overridden;
 use super::settings::{
     Anonymous, ConsumerMode, ConsumersSettings, CredentialSource, ForwardHeaders,
     IdentifierSettings, Plan,
 };
 use crate::config::PLAN_KEY_SCOPE;
 use crate::key::RequestFacts;
+use crate::limiter::Limit;
 
 /// The compiled `consumers:` block, shared by every route of a config: identifiers, static keys and plans.
 #[derive(Debug)]
@@ -24,6 +27,8 @@ pub struct Consumers {
     plans: Vec<Plan>,
     /// `store.key_prefix`, which plan limits' keys start with.
     key_prefix: String,
+    /// What the admin API set at runtime: plans, overrides, blocks, issued keys. Outlives config reloads.
+    directory: Arc<Directory>,
     /// `WWW-Authenticate` of a 401 for a missing credential: one challenge per kind of credential accepted.
     challenges: HeaderValue,
 }
@@ -35,6 +40,9 @@ pub struct Caller {
     pub consumer: Option<Arc<str>>,
     /// The index of its plan in [`Consumers::plans`], if any.
     pub plan: Option<usize>,
+    /// The consumer's own parameters for some of its plan's limits (by index in the plan), named
+    /// `<plan>.<limit>` as the plan's limits are advertised.
+    pub overrides: Option<Arc<[(usize, Limit)]>>,
 }
 
 /// Why a caller is refused before any limit is asked.
@@ -93,7 +101,7 @@ enum Credential {
 impl Consumers {
     /// Compiles a validated block (plan names it refers to are known to exist) for a store whose keys start
     /// with `key_prefix`.
-    pub fn new(settings: &ConsumersSettings, key_prefix: &str) -> Self {
+    pub fn new(settings: &ConsumersSettings, key_prefix: &str, directory: Arc<Directory>) -> Self {
         let plan_index = |name: &str| settings.plans.iter().position(|plan| plan.name == name);
         let static_keys = settings
             .keys
@@ -140,6 +148,7 @@ impl Consumers {
             forward: settings.forward.clone(),
             plans: settings.plans.clone(),
             key_prefix: key_prefix.to_owned(),
+            directory,
             challenges: HeaderValue::from_str(&challenges)
                 .unwrap_or_else(|_| HeaderValue::from_static("ApiKey realm=\"tollgate\"")),
         }
@@ -178,10 +187,7 @@ impl Consumers {
         mode: ConsumerMode,
     ) -> Result<Caller, CallerRefusal> {
         match self.credential(facts)? {
-            Credential::Consumer { consumer, plan } => Ok(Caller {
-                plan: plan.or(self.anonymous_plan()),
-                consumer: Some(consumer),
-            }),
+            Credential::Consumer { consumer, plan } => self.consumer(consumer, plan),
             Credential::None => match (mode, self.anonymous) {
                 (ConsumerMode::Required, _) | (_, AnonymousPolicy::Reject) => {
                     Err(CallerRefusal::Missing)
@@ -192,6 +198,7 @@ impl Consumers {
                         AnonymousPolicy::Plan(plan) => Some(plan),
                         _ => None,
                     },
+                    overrides: None,
                 }),
             },
         }
@@ -211,8 +218,100 @@ impl Consumers {
         Ok(Credential::None)
     }
 
+    /// The caller a verified credential names, with `named` the plan its key or token gives: the runtime
+    /// settings decide first (blocked: 403; their plan ahead of the credential's), then the credential, then the
+    /// anonymous plan.
+    fn consumer(&self, consumer: Arc<str>, named: Option<usize>) -> Result<Caller, CallerRefusal> {
+        let mut plan = named.or(self.anonymous_plan());
+        let mut overrides = None;
+        if let Some(record) = self.directory.consumer(&consumer) {
+            if record.blocked {
+                return Err(CallerRefusal::Blocked);
+            }
+            if let Some(runtime) = record
+                .plan
+                .as_deref()
+                .and_then(|name| self.plan_index(name))
+            {
+                plan = Some(runtime);
+            }
+            if let (false, Some(plan)) = (record.overrides.is_empty(), plan) {
+                overrides = self.overrides(plan, &record.overrides);
+            }
+        }
+        Ok(Caller {
+            consumer: Some(consumer),
+            plan,
+            overrides,
+        })
+    }
+
+    /// The limits of plan `plan` that `changes` replace, by index in the plan; names that are not limits of the
+    /// plan (it changed since) are passed over.
+    fn overrides(
+        &self,
+        plan: usize,
+        changes: &BTreeMap<String, LimitOverride>,
+    ) -> Option<Arc<[(usize, Limit)]>> {
+        let plan = self.plans.get(plan)?;
+        let replaced: Vec<(usize, Limit)> = plan
+            .limits
+            .iter()
+            .enumerate()
+            .filter_map(|(index, settings)| {
+                let change = changes.get(settings.limit.name())?;
+                let limit = overridden(&settings.limit, change).ok()?;
+                let name = format!("{}.{}", plan.name, settings.limit.name());
+                Some((index, limit.with_name(name)))
+            })
+            .collect();
+        (!replaced.is_empty()).then(|| replaced.into())
+    }
+
+    /// Whether `record` may be set: its plan and the limits its overrides name exist, and each override fits its
+    /// limit's algorithm. The message says what is wrong (the admin API answers it with 400).
+    pub fn check_record(&self, record: &ConsumerRecord) -> Result<(), String> {
+        if let Some(plan) = record.plan.as_deref() {
+            if self.plan_index(plan).is_none() {
+                let known: Vec<&str> = self.plans.iter().map(|p| p.name.as_str()).collect();
+                return Err(format!(
+                    "unknown plan {plan:?} (plans: {})",
+                    known.join(", ")
+                ));
+            }
+        }
+        for (name, change) in &record.overrides {
+            // Same-named limits of all plans share one algorithm (checked at load): any of them tells.
+            let scope: Vec<&Plan> = match record.plan.as_deref().and_then(|p| self.plan_index(p)) {
+                Some(plan) => vec![&self.plans[plan]],
+                None => self.plans.iter().collect(),
+            };
+            let Some(base) = scope
+                .iter()
+                .flat_map(|plan| plan.limits.iter())
+                .find(|settings| settings.limit.name() == name)
+            else {
+                return Err(format!("overrides: no plan limit named {name:?}"));
+            };
+            overridden(&base.limit, change).map_err(|e| format!("overrides.{name}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// The runtime directory.
+    pub fn directory(&self) -> &Arc<Directory> {
+        &self.directory
+    }
+
     fn api_key(&self, key: &str) -> Result<Credential, CallerRefusal> {
         let digest = api_key::digest(key);
+        // Keys issued at runtime first: revoking one takes effect, whatever the config lists.
+        if let Some(consumer) = self.directory.consumer_of_key(&digest) {
+            return Ok(Credential::Consumer {
+                consumer,
+                plan: None,
+            });
+        }
         match self.static_keys.get(&digest) {
             Some(owner) => Ok(Credential::Consumer {
                 consumer: Arc::clone(&owner.consumer),

@@ -4,10 +4,14 @@
 mod api_key;
 pub mod directory;
 mod identify;
+mod overrides;
 mod settings;
 
-pub use api_key::{digest as api_key_digest, digest_hex, parse_digest, presented, Presented};
+pub use api_key::{
+    digest as api_key_digest, digest_hex, parse_digest, parse_hex_digest, presented, Presented,
+};
 pub use identify::{Caller, CallerRefusal, Consumers};
+pub use overrides::overridden;
 pub use settings::{
     Anonymous, ConsumerMode, ConsumersSettings, CredentialSource, ForwardHeaders,
     IdentifierSettings, Plan, StaticKey,

@@ -13,6 +13,7 @@ use super::responses;
 use super::runtime::{Action, Route, Runtime};
 use crate::admission::{refused, Admission, LimitSet};
 use crate::config::Config;
+use crate::consumers::directory::Directory;
 use crate::consumers::Consumers;
 use crate::key::RequestFacts;
 use crate::limiter::RateLimiter;
@@ -27,6 +28,9 @@ static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub struct Gateway {
     runtime: ArcSwap<Runtime>,
     limiter: Arc<RateLimiter>,
+    /// The consumers' runtime settings (design §10), made with the first config that has a `consumers:` block
+    /// and kept across reloads, like the limiter.
+    directory: parking_lot::Mutex<Option<Arc<Directory>>>,
 }
 
 // === impl Gateway ===
@@ -34,15 +38,45 @@ pub struct Gateway {
 impl Gateway {
     /// A gateway running `config` with `limiter`.
     pub fn new(config: &Config, limiter: Arc<RateLimiter>) -> Self {
+        let directory = config
+            .consumers
+            .as_ref()
+            .map(|_| directory_on(&config.store));
         Self {
-            runtime: ArcSwap::from_pointee(Runtime::new(config)),
+            runtime: ArcSwap::from_pointee(Runtime::new(config, directory.as_ref())),
             limiter,
+            directory: parking_lot::Mutex::new(directory),
+        }
+    }
+
+    /// A gateway running `config` with `limiter`, whose consumers' runtime settings are `directory`'s.
+    pub fn with_directory(
+        config: &Config,
+        limiter: Arc<RateLimiter>,
+        directory: Arc<Directory>,
+    ) -> Self {
+        Self {
+            runtime: ArcSwap::from_pointee(Runtime::new(config, Some(&directory))),
+            limiter,
+            directory: parking_lot::Mutex::new(Some(directory)),
         }
     }
 
     /// Replaces the running config; requests in flight finish with the old one.
     pub fn reload(&self, config: &Config) {
-        self.runtime.store(Arc::new(Runtime::new(config)));
+        let directory = self.directory_for(config);
+        self.runtime
+            .store(Arc::new(Runtime::new(config, directory.as_ref())));
+    }
+
+    /// The consumer directory, made on the store of the first config that needs one: in Redis when the store
+    /// is, so that every instance sees the admin API's changes.
+    fn directory_for(&self, config: &Config) -> Option<Arc<Directory>> {
+        config.consumers.as_ref()?;
+        let mut directory = self.directory.lock();
+        Some(Arc::clone(
+            directory.get_or_insert_with(|| directory_on(&config.store)),
+        ))
     }
 
     /// The names of the running config's routes, in order.
@@ -187,6 +221,14 @@ impl Gateway {
         route.policy.decorate(&admission, response.headers_mut());
         (Some(route), response)
     }
+}
+
+/// The consumer directory that goes with `store`: in its Redis when it is one.
+fn directory_on(store: &crate::limiter::StoreSettings) -> Arc<Directory> {
+    Directory::from_settings(store).unwrap_or_else(|error| {
+        tracing::error!(%error, "consumer directory: keeping runtime settings in this process only");
+        Directory::in_memory()
+    })
 }
 
 /// How the gateway reads a request, without deciding it (nothing is counted): see [`Gateway::view`].

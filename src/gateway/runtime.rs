@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::admission::{LimitSet, Policy};
 use crate::config::{Config, DirectResponse, RouteAction};
+use crate::consumers::directory::Directory;
 use crate::consumers::Consumers;
 use crate::key::ClientIpResolver;
 use crate::proxy::Upstream;
@@ -59,12 +60,17 @@ impl Route {
 // === impl Runtime ===
 
 impl Runtime {
-    /// Compiles a validated config.
-    pub fn new(config: &Config) -> Self {
-        let consumers = config
-            .consumers
-            .as_ref()
-            .map(|settings| Arc::new(Consumers::new(settings, &config.store.key_prefix)));
+    /// Compiles a validated config; `directory` holds the consumers' runtime settings when it has a `consumers:`
+    /// block.
+    pub fn new(config: &Config, directory: Option<&Arc<Directory>>) -> Self {
+        let consumers = config.consumers.as_ref().map(|settings| {
+            let directory = directory.cloned().unwrap_or_else(Directory::in_memory);
+            Arc::new(Consumers::new(
+                settings,
+                &config.store.key_prefix,
+                directory,
+            ))
+        });
         let upstreams: HashMap<&str, Arc<Upstream>> = config
             .upstreams
             .iter()

@@ -11,6 +11,7 @@ use super::rate_limit::RateLimitLayer;
 use crate::admission::LimitSettings;
 use crate::admission::{LimitSet, Policy};
 use crate::config::Config;
+use crate::consumers::directory::Directory;
 use crate::consumers::{ConsumerMode, Consumers, ConsumersSettings};
 use crate::key::{ClientIpResolver, KeyPart, KeyPartError, KeySpec, MissingKey};
 use crate::limiter::{Algorithm, Backend, Limit, LimitError, OnError, RateLimiter, SystemClock};
@@ -39,6 +40,8 @@ pub struct Builder {
     allow: Vec<IpNet>,
     /// Consumers and plans, and whether the layer identifies callers.
     consumers: Option<(ConsumersSettings, ConsumerMode)>,
+    /// The consumers' runtime settings; in this process when not given.
+    directory: Option<Arc<Directory>>,
     /// The first mistake of a [`Builder::limit_by`] call.
     error: Option<LayerError>,
 }
@@ -118,6 +121,7 @@ impl Builder {
             ipv6_prefix: 64,
             allow: Vec::new(),
             consumers: None,
+            directory: None,
             error: None,
         }
     }
@@ -240,6 +244,14 @@ impl Builder {
         self
     }
 
+    /// Reads the consumers' runtime settings (plans, overrides, blocks, keys issued by the admin API) from
+    /// `directory`, e.g. [`Directory::from_settings`] on the gateway's store to share them with it; by default
+    /// the layer has a directory of its own, in this process.
+    pub fn directory(mut self, directory: Arc<Directory>) -> Self {
+        self.directory = Some(directory);
+        self
+    }
+
     /// The layer, or the first mistake of the configuration.
     pub fn build(self) -> Result<RateLimitLayer, LayerError> {
         if let Some(error) = self.error {
@@ -272,7 +284,8 @@ impl Builder {
         let limits = LimitSet::new(&scope, &self.key_prefix, self.limits, self.deny_status);
         let mut policy = Policy::new(limits, self.allow, self.headers);
         if let Some((settings, mode)) = &self.consumers {
-            let consumers = Arc::new(Consumers::new(settings, &self.key_prefix));
+            let directory = self.directory.unwrap_or_else(Directory::in_memory);
+            let consumers = Arc::new(Consumers::new(settings, &self.key_prefix, directory));
             policy = policy.with_consumers(*mode, consumers, &self.key_prefix);
         }
         Ok(RateLimitLayer::new(

@@ -6,6 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::consumers::parse_hex_digest as parse_digest;
 use crate::consumers::{api_key_digest as digest, digest_hex};
 
 /// What the admin API set for one consumer at runtime. Missing fields are their defaults, so `{"plan":"pro"}` is
@@ -93,22 +94,6 @@ impl KeyRecord {
         };
         Ok((record, key))
     }
-}
-
-/// 64 hex digits (either case) as a digest: a key record's `sha256` (the config's static keys write theirs
-/// `sha256:`-prefixed, see [`parse_digest`](crate::consumers::parse_digest)).
-pub fn parse_digest(text: &str) -> Option<[u8; 32]> {
-    let text = text.as_bytes();
-    if text.len() != 64 {
-        return None;
-    }
-    let mut digest = [0u8; 32];
-    for (byte, pair) in digest.iter_mut().zip(text.chunks_exact(2)) {
-        let high = (pair[0] as char).to_digit(16)?;
-        let low = (pair[1] as char).to_digit(16)?;
-        *byte = u8::try_from(high << 4 | low).ok()?;
-    }
-    Some(digest)
 }
 
 /// Lower-case hex.
