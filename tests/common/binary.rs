@@ -44,7 +44,7 @@ impl Tollgate {
     /// Starts `command` (the binary, or a wrapper such as `prlimit` running it), reads its stderr into
     /// [`Tollgate::log`], and waits at most 20 s for the line naming the addresses bound; panics with the log if
     /// the process exits or says nothing of the kind. The line is logged at info: a `RUST_LOG` the command or the
-    /// environment sets is widened with `tollgate=info`.
+    /// environment sets is widened with `tollgate=info` unless it enables info already.
     pub fn spawn(mut command: Command) -> Self {
         let set = command
             .get_envs()
@@ -52,7 +52,7 @@ impl Tollgate {
             .map(|(_, value)| value.map(|v| v.to_string_lossy().into_owned()));
         // Set on the command, removed from it (the binary's default, info), or inherited.
         if let Some(filter) = set.unwrap_or_else(|| std::env::var("RUST_LOG").ok()) {
-            command.env("RUST_LOG", format!("{filter},tollgate=info"));
+            command.env("RUST_LOG", with_info_for_tollgate(&filter));
         }
         let mut child = command
             .stdout(Stdio::null())
@@ -111,6 +111,20 @@ impl Tollgate {
     /// The process id, for signals.
     pub fn pid(&self) -> u32 {
         self.process.0.id()
+    }
+}
+
+/// `filter` (a `RUST_LOG`) with `tollgate=info` added, unless it enables info (or more) for every target or for
+/// tollgate's (`RUST_LOG=debug` must stay debug).
+fn with_info_for_tollgate(filter: &str) -> String {
+    let enables = filter.split(',').map(str::trim).any(|directive| {
+        let level = directive.strip_prefix("tollgate=").unwrap_or(directive);
+        matches!(level, "info" | "debug" | "trace")
+    });
+    if enables {
+        filter.to_owned()
+    } else {
+        format!("{filter},tollgate=info")
     }
 }
 
