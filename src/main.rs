@@ -189,6 +189,8 @@ async fn run(config: Config) -> ExitCode {
     let gateway = Arc::new(Gateway::new(&config, limiter.clone()));
     let admin = tollgate::admin::router_for(gateway.clone(), &config.admin);
     tokio::spawn(async move {
+        // With the client's address, which the audit lines of consumer changes name.
+        let admin = admin.into_make_service_with_connect_info::<std::net::SocketAddr>();
         if let Err(error) = axum::serve(admin_listener, admin).await {
             tracing::error!(%error, "admin listener failed");
         }

@@ -138,7 +138,8 @@ pub async fn serve_admin(gateway: &TestGateway, token: Option<&str>) -> String {
     let addr = listener.local_addr().expect("admin addr");
     let router = tollgate::admin::router(Arc::clone(&gateway.gateway), token.map(str::to_owned));
     tokio::spawn(async move {
-        let _ = axum::serve(listener, router).await;
+        let service = router.into_make_service_with_connect_info::<SocketAddr>();
+        let _ = axum::serve(listener, service).await;
     });
     format!("http://{addr}")
 }

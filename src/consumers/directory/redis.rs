@@ -24,6 +24,8 @@ const CHECK_EVERY: Duration = Duration::from_millis(250);
 const READ_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a change may wait for Redis before the admin call fails.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a change waits for a connection that is not up before failing.
+const CONNECT_WAIT: Duration = Duration::from_millis(500);
 /// Attempts of one change against concurrent changes of the same record.
 const WRITE_ATTEMPTS: usize = 8;
 
@@ -122,6 +124,11 @@ impl RedisSync {
         mut edit: impl FnMut(Option<&ConsumerRecord>) -> Edit<T>,
     ) -> Result<(Option<ConsumerRecord>, T), DirectoryError> {
         let redis = &self.redis;
+        if !redis.client.is_connected() {
+            // Just started, or reconnecting after a blip: worth a moment before failing the admin's call; a Redis
+            // that is down fails it after this.
+            let _ = tokio::time::timeout(CONNECT_WAIT, redis.client.wait_for_connect()).await;
+        }
         for _ in 0..WRITE_ATTEMPTS {
             let (_, stored) = redis.read_one(id, WRITE_TIMEOUT).await?;
             let before = match stored

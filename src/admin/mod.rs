@@ -1,25 +1,34 @@
-//! The admin listener: liveness, readiness (is the store answering, or which fallback is active), Prometheus
-//! metrics, and the state of one limit for one key (read without consuming, or reset), behind a bearer token.
+//! The admin listener: liveness, readiness and metrics (open), the state of one limit for one key and the
+//! consumers' runtime settings (behind a bearer token).
 
+mod consumers;
+mod health;
+mod limits;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{ConnectInfo, FromRequestParts};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::admission::LimitSettings;
 use crate::config::AdminSettings;
+use crate::consumers::directory::DirectoryError;
 use crate::gateway::Gateway;
-use crate::limiter::store::{LimitCheck, StoreError};
-use crate::limiter::Backend;
+use crate::limiter::store::StoreError;
 
-/// The admin API's routes. With a `token`, `/limits/...` requires `Authorization: Bearer <token>`; health,
-/// readiness and metrics stay open for probes and scrapers. `/readyz` answers 200 while degraded.
+/// The admin API's routes. With a `token`, `/limits/...` and `/consumers/...` require
+/// `Authorization: Bearer <token>`; health, readiness and metrics stay open for probes and scrapers. `/readyz`
+/// answers 200 while degraded.
+///
+/// Audit lines name the admin client's address when the router is served with
+/// `into_make_service_with_connect_info::<SocketAddr>()`, as the gateway does.
 pub fn router(gateway: Arc<Gateway>, token: Option<String>) -> Router {
     build(gateway, token, StatusCode::OK)
 }
@@ -38,11 +47,22 @@ fn build(gateway: Arc<Gateway>, token: Option<String>, degraded_status: StatusCo
     };
     Router::new()
         .route("/healthz", get(|| async { (StatusCode::OK, "ok\n") }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
         .route(
             "/limits/{route}/{limit}",
-            get(peek_limit).delete(reset_limit),
+            get(limits::peek_limit).delete(limits::reset_limit),
+        )
+        .route(
+            "/consumers/{id}",
+            get(consumers::show)
+                .put(consumers::put)
+                .delete(consumers::remove),
+        )
+        .route("/consumers/{id}/keys", post(consumers::add_key))
+        .route(
+            "/consumers/{id}/keys/{key_id}",
+            delete(consumers::revoke_key),
         )
         .with_state(state)
 }
@@ -62,58 +82,9 @@ struct Admin {
 #[derive(Clone, Copy)]
 struct TokenDigest([u8; 32]);
 
-#[derive(Debug, Deserialize)]
-struct KeyQuery {
-    key: Option<String>,
-}
-
-/// The truth about the store (design §8): `"status": "ready"` only once a limiter call has succeeded and while they
-/// keep succeeding; otherwise `"degraded"` with the `reason` (Redis's own words where it gave any) and the
-/// `on_error` policy that answers meanwhile (under `deny` limited requests then get 503). `warnings` name what puts
-/// limits at risk although calls succeed. 200 either way (the gateway still serves) unless
-/// `admin.readyz_degraded_status` says otherwise for degraded.
-async fn readyz(State(admin): State<Admin>) -> impl IntoResponse {
-    let limiter = admin.gateway.limiter();
-    let store = match limiter.backend() {
-        Backend::Memory => "memory",
-        Backend::Redis(_) => "redis",
-    };
-    let readiness = limiter.readiness();
-    let mut body = json!({
-        "status": if readiness.ready { "ready" } else { "degraded" },
-        "store": store,
-        "fallback_active": limiter.fallback_active(),
-        "on_error": limiter.on_error().to_string(),
-    });
-    if let Some(reason) = readiness.reason {
-        body["reason"] = json!(reason);
-    }
-    if !readiness.warnings.is_empty() {
-        body["warnings"] = json!(readiness.warnings);
-    }
-    let status = if readiness.ready {
-        StatusCode::OK
-    } else {
-        admin.degraded_status
-    };
-    (status, Json(body))
-}
-
-/// Prometheus text format.
-async fn metrics() -> impl IntoResponse {
-    match crate::telemetry::prometheus() {
-        Some(handle) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-            handle.render(),
-        ),
-        None => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-            "# metrics recorder not installed\n".to_owned(),
-        ),
-    }
-}
+/// Who made an admin call, for audit lines: the client's address, when the listener records it.
+#[derive(Debug)]
+struct Who(String);
 
 /// Why an admin request failed; mapped to its HTTP answer in one place.
 #[derive(Debug)]
@@ -123,83 +94,19 @@ enum AdminError {
     UnknownRoute(String),
     UnknownLimit(String),
     Store(StoreError),
+    /// The request is malformed: a bad consumer id or body, an unknown plan or plan limit, an override that
+    /// does not fit (400, with its error code).
+    BadRequest(&'static str, String),
+    /// Nothing by that name (404, with its error code).
+    NotFound(&'static str, String),
+    /// The running config has no `consumers:` block.
+    NoConsumers,
+    Directory(DirectoryError),
 }
 
-/// `GET /limits/{route}/{limit}?key=VALUE`: the state of that limit for that key, consuming nothing.
-async fn peek_limit(
-    State(admin): State<Admin>,
-    Path((route, limit)): Path<(String, String)>,
-    Query(query): Query<KeyQuery>,
-    headers: HeaderMap,
-) -> Result<Json<serde_json::Value>, AdminError> {
-    let (store_key, settings) = admin.locate(&headers, &route, &limit, query.key.as_deref())?;
-    let check = LimitCheck {
-        key: &store_key,
-        limit: &settings.limit,
-    };
-    let decision = admin
-        .gateway
-        .limiter()
-        .peek(check)
-        .await
-        .map_err(AdminError::Store)?;
-    Ok(Json(json!({
-        "route": route,
-        "limit": limit,
-        "key": query.key,
-        "store_key": store_key,
-        "algorithm": settings.limit.algorithm().name(),
-        "capacity": decision.limit,
-        "remaining": decision.remaining,
-        "would_admit": decision.allowed,
-        "retry_after_ms": decision.retry_after_ms,
-        "reset_after_ms": decision.reset_after_ms,
-    })))
-}
-
-/// `DELETE /limits/{route}/{limit}?key=VALUE`: forgets that key's state, so its next request starts afresh.
-async fn reset_limit(
-    State(admin): State<Admin>,
-    Path((route, limit)): Path<(String, String)>,
-    Query(query): Query<KeyQuery>,
-    headers: HeaderMap,
-) -> Result<Json<serde_json::Value>, AdminError> {
-    let (store_key, _) = admin.locate(&headers, &route, &limit, query.key.as_deref())?;
-    let existed = admin
-        .gateway
-        .limiter()
-        .reset(&store_key)
-        .await
-        .map_err(AdminError::Store)?;
-    tracing::info!(%route, %limit, %store_key, existed, "limit reset through the admin API");
-    Ok(Json(
-        json!({"reset": true, "existed": existed, "store_key": store_key}),
-    ))
-}
+// === impl Admin ===
 
 impl Admin {
-    /// Checks the token, then finds the limit and the store key for `key`.
-    fn locate(
-        &self,
-        headers: &HeaderMap,
-        route: &str,
-        limit: &str,
-        key: Option<&str>,
-    ) -> Result<(String, LimitSettings), AdminError> {
-        self.authorize(headers)?;
-        let key = key
-            .filter(|k| !k.is_empty())
-            .ok_or(AdminError::MissingKey)?;
-        let limits = self
-            .gateway
-            .limit_set(route)
-            .ok_or_else(|| AdminError::UnknownRoute(route.to_owned()))?;
-        let (store_key, settings) = limits
-            .key_for(limit, key)
-            .ok_or_else(|| AdminError::UnknownLimit(limit.to_owned()))?;
-        Ok((store_key, settings.clone()))
-    }
-
     fn authorize(&self, headers: &HeaderMap) -> Result<(), AdminError> {
         let Some(token) = &self.token else {
             return Ok(());
@@ -242,6 +149,31 @@ impl std::fmt::Debug for TokenDigest {
     }
 }
 
+// === impl Who ===
+
+impl<S: Send + Sync> FromRequestParts<S> for Who {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let address = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map_or_else(
+                || "unknown".to_owned(),
+                |ConnectInfo(peer)| peer.to_string(),
+            );
+        Ok(Self(address))
+    }
+}
+
+// === impl AdminError ===
+
+impl From<DirectoryError> for AdminError {
+    fn from(error: DirectoryError) -> Self {
+        Self::Directory(error)
+    }
+}
+
 impl IntoResponse for AdminError {
     fn into_response(self) -> Response {
         let (status, code, detail) = match self {
@@ -262,6 +194,28 @@ impl IntoResponse for AdminError {
                 "store_unavailable",
                 error.to_string(),
             ),
+            AdminError::BadRequest(code, detail) => (StatusCode::BAD_REQUEST, code, detail),
+            AdminError::NotFound(code, detail) => (StatusCode::NOT_FOUND, code, detail),
+            AdminError::NoConsumers => (
+                StatusCode::NOT_FOUND,
+                "consumers_not_configured",
+                "the running config has no consumers: block".to_owned(),
+            ),
+            AdminError::Directory(error) => {
+                let (status, code) = match &error {
+                    DirectoryError::Unavailable(_) => {
+                        (StatusCode::SERVICE_UNAVAILABLE, "directory_unavailable")
+                    }
+                    DirectoryError::Unreadable { .. } => {
+                        (StatusCode::CONFLICT, "unreadable_record")
+                    }
+                    DirectoryError::Contended(_) => (StatusCode::CONFLICT, "contended"),
+                    DirectoryError::Random(_) => {
+                        (StatusCode::INTERNAL_SERVER_ERROR, "no_randomness")
+                    }
+                };
+                (status, code, error.to_string())
+            }
         };
         let mut response = (status, Json(json!({"error": code, "detail": detail}))).into_response();
         if status == StatusCode::UNAUTHORIZED {

@@ -1,0 +1,323 @@
+//! The consumers' runtime settings (design §10): plan, per-limit overrides, blocked, API keys issued and revoked;
+//! each change logged as an audit line (target `tollgate::audit`) with who made it, the record before and after.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::{Admin, AdminError, Who};
+use crate::config::consumer_id;
+use crate::consumers::directory::{ConsumerRecord, Directory, LimitOverride};
+use crate::consumers::{overridden, Consumers, Plan};
+use crate::key::{KeyPart, RequestFacts};
+use crate::limiter::store::LimitCheck;
+
+/// The body of `PUT /consumers/{id}`: a record without its keys (issued with `POST .../keys`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(super) struct SettingsBody {
+    plan: Option<String>,
+    overrides: BTreeMap<String, LimitOverride>,
+    blocked: bool,
+}
+
+/// `GET /consumers/{id}?plan=NAME`: the plan whose limits to show when the consumer has no runtime plan (its
+/// static key's or token's).
+#[derive(Debug, Deserialize)]
+pub(super) struct PlanQuery {
+    plan: Option<String>,
+}
+
+/// A record as the admin API shows it: keys by id and issue time, without their digests.
+#[derive(Debug, Serialize)]
+struct Shown<'a> {
+    plan: Option<&'a str>,
+    overrides: &'a BTreeMap<String, LimitOverride>,
+    blocked: bool,
+    keys: Vec<ShownKey<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+struct ShownKey<'a> {
+    id: &'a str,
+    created_ms: u64,
+}
+
+/// `PUT /consumers/{id}`: sets the consumer's plan, overrides and blocked flag (its keys stay).
+pub(super) async fn put(
+    State(admin): State<Admin>,
+    Path(id): Path<String>,
+    Who(who): Who,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Value>, AdminError> {
+    let (consumers, directory) = admin.consumers(&headers, &id)?;
+    let settings: SettingsBody = serde_json::from_slice(&body).map_err(|error| {
+        let hint = if error.to_string().contains("`keys`") {
+            " (keys are issued with POST /consumers/{id}/keys)"
+        } else {
+            ""
+        };
+        AdminError::BadRequest("invalid_body", format!("{error}{hint}"))
+    })?;
+    let record = ConsumerRecord {
+        plan: settings.plan,
+        overrides: settings.overrides,
+        blocked: settings.blocked,
+        keys: Vec::new(),
+    };
+    consumers
+        .check_record(&record)
+        .map_err(|why| AdminError::BadRequest("invalid_settings", why))?;
+    let before = directory.put(&id, record).await?;
+    let after = directory.consumer(&id);
+    audit(&who, "consumer.put", &id, before.as_ref(), after.as_deref());
+    Ok(Json(json!({
+        "consumer": id,
+        "created": before.is_none(),
+        "settings": after.as_deref().map(shown),
+    })))
+}
+
+/// `GET /consumers/{id}`: the runtime settings, the keys (ids and issue times), and the state of each limit of
+/// the consumer's plan, consuming nothing.
+pub(super) async fn show(
+    State(admin): State<Admin>,
+    Path(id): Path<String>,
+    Query(query): Query<PlanQuery>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, AdminError> {
+    let (consumers, directory) = admin.consumers(&headers, &id)?;
+    let record = directory.consumer(&id);
+    let plan_name = record
+        .as_ref()
+        .and_then(|record| record.plan.clone())
+        .or(query.plan);
+    let plan = match &plan_name {
+        Some(name) => Some(plan_named(&consumers, name)?),
+        None => None,
+    };
+    let mut limits = Vec::new();
+    if let Some(plan) = plan {
+        for settings in &plan.limits {
+            limits.push(
+                limit_state(&admin, &consumers, record.as_deref(), &id, plan, settings).await?,
+            );
+        }
+    }
+    Ok(Json(json!({
+        "consumer": id,
+        "settings": record.as_deref().map(shown),
+        "plan": plan_name,
+        "limits": limits,
+    })))
+}
+
+/// `DELETE /consumers/{id}`: removes the runtime settings and keys (back to the config and the credential).
+pub(super) async fn remove(
+    State(admin): State<Admin>,
+    Path(id): Path<String>,
+    Who(who): Who,
+    headers: HeaderMap,
+) -> Result<Json<Value>, AdminError> {
+    let (_, directory) = admin.consumers(&headers, &id)?;
+    let before = directory
+        .delete(&id)
+        .await?
+        .ok_or_else(|| AdminError::NotFound("unknown_consumer", id.clone()))?;
+    audit(&who, "consumer.delete", &id, Some(&before), None);
+    Ok(Json(json!({"consumer": id, "deleted": true})))
+}
+
+/// `POST /consumers/{id}/keys`: issues a new API key; its text is in this answer only.
+pub(super) async fn add_key(
+    State(admin): State<Admin>,
+    Path(id): Path<String>,
+    Who(who): Who,
+    headers: HeaderMap,
+) -> Result<Response, AdminError> {
+    let (_, directory) = admin.consumers(&headers, &id)?;
+    let before = directory.consumer(&id);
+    let (key, text) = directory.add_key(&id).await?;
+    let after = directory.consumer(&id);
+    audit(&who, "key.add", &id, before.as_deref(), after.as_deref());
+    let body = json!({
+        "consumer": id,
+        "id": key.id,
+        "key": text,
+        "created_ms": key.created_ms,
+    });
+    let mut response = (StatusCode::CREATED, Json(body)).into_response();
+    // The key is shown once: no cache may keep a copy.
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(response)
+}
+
+/// `DELETE /consumers/{id}/keys/{key_id}`: revokes one key.
+pub(super) async fn revoke_key(
+    State(admin): State<Admin>,
+    Path((id, key_id)): Path<(String, String)>,
+    Who(who): Who,
+    headers: HeaderMap,
+) -> Result<Json<Value>, AdminError> {
+    let (_, directory) = admin.consumers(&headers, &id)?;
+    let before = directory.consumer(&id);
+    if !directory.revoke_key(&id, &key_id).await? {
+        return Err(AdminError::NotFound("unknown_key", key_id));
+    }
+    let after = directory.consumer(&id);
+    audit(&who, "key.revoke", &id, before.as_deref(), after.as_deref());
+    Ok(Json(json!({"consumer": id, "id": key_id, "revoked": true})))
+}
+
+impl Admin {
+    /// Checks the token and the consumer id; the running config's consumers and their directory.
+    fn consumers(
+        &self,
+        headers: &HeaderMap,
+        id: &str,
+    ) -> Result<(Arc<Consumers>, Arc<Directory>), AdminError> {
+        self.authorize(headers)?;
+        consumer_id(id).map_err(|why| AdminError::BadRequest("invalid_consumer_id", why))?;
+        let consumers = self.gateway.consumers().ok_or(AdminError::NoConsumers)?;
+        let directory = Arc::clone(consumers.directory());
+        Ok((consumers, directory))
+    }
+}
+
+fn plan_named<'c>(consumers: &'c Consumers, name: &str) -> Result<&'c Plan, AdminError> {
+    consumers
+        .plan_index(name)
+        .and_then(|index| consumers.plans().get(index))
+        .ok_or_else(|| AdminError::BadRequest("unknown_plan", name.to_owned()))
+}
+
+/// The state of one plan limit for the consumer, with its override applied, consuming nothing. A limit keyed by
+/// more than the consumer and plan (`[consumer, ip]`) has a state per request, not per consumer: it is named, and
+/// `GET /limits` is not the place either, so no state is shown.
+async fn limit_state(
+    admin: &Admin,
+    consumers: &Consumers,
+    record: Option<&ConsumerRecord>,
+    id: &str,
+    plan: &Plan,
+    settings: &crate::admission::LimitSettings,
+) -> Result<Value, AdminError> {
+    let name = settings.limit.name();
+    let overriding = record.and_then(|record| record.overrides.get(name));
+    let (limit, overridden) = match overriding.map(|o| overridden(&settings.limit, o)) {
+        Some(Ok(limit)) => (limit, true),
+        // Written for another plan, or by hand: the request path cannot use it either.
+        Some(Err(_)) | None => (settings.limit.clone(), false),
+    };
+    let per_consumer = settings
+        .key
+        .parts()
+        .iter()
+        .all(|part| matches!(part, KeyPart::Consumer | KeyPart::Plan));
+    let value = per_consumer
+        .then(|| key_value(settings, id, &plan.name))
+        .flatten();
+    let Some(value) = value else {
+        return Ok(json!({
+            "name": name,
+            "algorithm": limit.algorithm().name(),
+            "keyed_by": settings.key.to_string(),
+            "overridden": overridden,
+        }));
+    };
+    let store_key = consumers.plan_limit_key(name, &value);
+    let check = LimitCheck {
+        key: &store_key,
+        limit: &limit,
+    };
+    let decision = admin
+        .gateway
+        .limiter()
+        .peek(check)
+        .await
+        .map_err(AdminError::Store)?;
+    Ok(json!({
+        "name": name,
+        "algorithm": limit.algorithm().name(),
+        "store_key": store_key,
+        "overridden": overridden,
+        "capacity": decision.limit,
+        "remaining": decision.remaining,
+        "would_admit": decision.allowed,
+        "retry_after_ms": decision.retry_after_ms,
+        "reset_after_ms": decision.reset_after_ms,
+    }))
+}
+
+/// The key value a request of consumer `id` on `plan` gets for a limit keyed by consumer and plan parts only.
+fn key_value(settings: &crate::admission::LimitSettings, id: &str, plan: &str) -> Option<String> {
+    let headers = HeaderMap::new();
+    let facts = RequestFacts {
+        // Never read: the limit's parts are the consumer and the plan only.
+        client_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        ipv6_prefix: 64,
+        route: "",
+        method: &Method::GET,
+        path: "/",
+        host: None,
+        headers: &headers,
+        query: None,
+        consumer: Some(id),
+        plan: Some(plan),
+    };
+    settings.key.value(&facts).ok().flatten()
+}
+
+/// A record as shown: keys without digests.
+fn shown(record: &ConsumerRecord) -> Shown<'_> {
+    Shown {
+        plan: record.plan.as_deref(),
+        overrides: &record.overrides,
+        blocked: record.blocked,
+        keys: record
+            .keys
+            .iter()
+            .map(|key| ShownKey {
+                id: &key.id,
+                created_ms: key.created_ms,
+            })
+            .collect(),
+    }
+}
+
+/// One audit line per change: who (the admin client's address), what, the consumer, and the record before and
+/// after as JSON (keys by id and digest: the key itself is never kept, so never logged).
+fn audit(
+    who: &str,
+    what: &str,
+    id: &str,
+    before: Option<&ConsumerRecord>,
+    after: Option<&ConsumerRecord>,
+) {
+    let json = |record: Option<&ConsumerRecord>| {
+        record.map_or_else(
+            || "null".to_owned(),
+            |record| serde_json::to_string(record).unwrap_or_default(),
+        )
+    };
+    tracing::info!(
+        target: "tollgate::audit",
+        who,
+        what,
+        consumer = id,
+        before = %json(before),
+        after = %json(after),
+        "consumer settings changed through the admin API"
+    );
+}

@@ -1,0 +1,476 @@
+//! The consumers' admin API (design §10): settings and keys set through one gateway's admin listener reach
+//! another's within a second, requests that name unknown plans, limits or bad overrides are refused with the
+//! name, a key is shown once and only its digest is kept, changes need the token, fail with 503 while Redis is
+//! down, and each is an audit line naming who made it.
+
+mod common;
+
+use std::time::Duration;
+
+use common::binary::Tollgate;
+use common::http_client::client;
+use common::redis::RedisServer;
+use common::{eventually, serve_admin, start_gateway};
+use serde_json::{json, Value};
+use tollgate::consumers::api_key_digest;
+
+const TOKEN: &str = "admin-s3cret";
+const ONE_SECOND: Duration = Duration::from_secs(1);
+
+fn yaml(store: &str) -> String {
+    format!(
+        r#"store:
+{store}consumers:
+  identify:
+    - api_key: {{ header: x-api-key }}
+  keys:
+    - {{ key: static-key, consumer: acme, plan: free }}
+  plans:
+    free:
+      limits:
+        - {{ name: hourly, key: consumer, algorithm: gcra, rate: 10/1h, burst: 3 }}
+    pro:
+      limits:
+        - {{ name: hourly, key: consumer, algorithm: gcra, rate: 100/1h, burst: 20 }}
+        - {{ name: daily, key: consumer, algorithm: fixed_window, limit: 1000, period: 1d }}
+        - {{ name: per-ip, key: [consumer, ip], algorithm: fixed_window, limit: 50, period: 1m }}
+routes:
+  - name: api
+    match: {{ path_prefix: /api }}
+    respond: {{ status: 200, body: "ok" }}
+"#
+    )
+}
+
+fn redis_store(redis: &RedisServer) -> String {
+    format!("  backend: redis\n  url: {}\n", redis.url())
+}
+
+async fn call(request: reqwest::RequestBuilder) -> (u16, Value) {
+    let response = request
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .send()
+        .await
+        .expect("admin request");
+    let status = response.status().as_u16();
+    let bytes = response.bytes().await.expect("body");
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    (status, body)
+}
+
+#[tokio::test]
+async fn settings_put_through_one_gateway_are_read_through_another_within_a_second() {
+    let redis = RedisServer::start();
+    let yaml = yaml(&redis_store(&redis));
+    let (one, other) = (start_gateway(&yaml).await, start_gateway(&yaml).await);
+    let (admin_one, admin_other) = (
+        serve_admin(&one, Some(TOKEN)).await,
+        serve_admin(&other, Some(TOKEN)).await,
+    );
+    let http = client();
+    let settings = json!({"plan": "pro", "overrides": {"hourly": {"rate": "200/1h", "burst": 40}}});
+    let (status, body) = call(
+        http.put(format!("{admin_one}/consumers/acme"))
+            .body(settings.to_string()),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["created"], true);
+    assert_eq!(body["settings"]["plan"], "pro");
+
+    let seen = eventually(ONE_SECOND, async || {
+        let (_, body) = call(http.get(format!("{admin_other}/consumers/acme"))).await;
+        body["settings"]["plan"] == "pro"
+    })
+    .await;
+    assert!(seen.is_some(), "the other gateway never saw the settings");
+    let (status, body) = call(http.get(format!("{admin_other}/consumers/acme"))).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["plan"], "pro");
+    let limits = body["limits"].as_array().expect("limits");
+    assert_eq!(limits.len(), 3, "{body}");
+    // The override's burst is the capacity, at the key every route shares; nothing consumed by reading.
+    assert_eq!(limits[0]["name"], "hourly");
+    assert_eq!(limits[0]["overridden"], true);
+    assert_eq!(limits[0]["capacity"], 40);
+    assert_eq!(limits[0]["remaining"], 40);
+    assert_eq!(limits[0]["store_key"], "tollgate:consumer:hourly:{acme}");
+    assert_eq!(limits[1]["overridden"], false);
+    assert_eq!(limits[1]["capacity"], 1000);
+    // Keyed per request too: named, no state.
+    assert_eq!(limits[2]["keyed_by"], "consumer+ip", "{body}");
+    assert!(limits[2].get("remaining").is_none());
+
+    let (status, body) = call(http.delete(format!("{admin_other}/consumers/acme"))).await;
+    assert_eq!((status, &body["deleted"]), (200, &json!(true)), "{body}");
+    let gone = eventually(ONE_SECOND, async || {
+        let (_, body) = call(http.get(format!("{admin_one}/consumers/acme"))).await;
+        body["settings"].is_null()
+    })
+    .await;
+    assert!(
+        gone.is_some(),
+        "the deletion never reached the first gateway"
+    );
+    let (status, body) = call(http.delete(format!("{admin_one}/consumers/acme"))).await;
+    assert_eq!((status, &body["error"]), (404, &json!("unknown_consumer")));
+}
+
+/// The status of GET /api through `gateway` with `x-api-key: key`.
+async fn api_status(gateway: &common::TestGateway, key: &str) -> u16 {
+    client()
+        .get(gateway.url("/api"))
+        .header("x-api-key", key)
+        .send()
+        .await
+        .expect("request")
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn admin_changes_through_one_gateway_change_the_others_answers_within_a_second() {
+    let redis = RedisServer::start();
+    let yaml = yaml(&redis_store(&redis));
+    let (one, other) = (start_gateway(&yaml).await, start_gateway(&yaml).await);
+    let admin = serve_admin(&one, Some(TOKEN)).await;
+    let http = client();
+    assert_eq!(api_status(&other, "static-key").await, 200);
+
+    let blocked = json!({"blocked": true}).to_string();
+    let (status, _) = call(http.put(format!("{admin}/consumers/acme")).body(blocked)).await;
+    assert_eq!(status, 200);
+    assert!(
+        eventually(ONE_SECOND, async || api_status(&other, "static-key").await
+            == 403)
+        .await
+        .is_some(),
+        "the block did not reach the other gateway"
+    );
+
+    let (status, issued) = call(http.post(format!("{admin}/consumers/globex/keys"))).await;
+    assert_eq!(status, 201);
+    let key = issued["key"].as_str().expect("key").to_owned();
+    assert!(
+        eventually(ONE_SECOND, async || api_status(&other, &key).await == 200)
+            .await
+            .is_some(),
+        "the issued key was not accepted by the other gateway"
+    );
+    let key_id = issued["id"].as_str().expect("id");
+    let (status, _) = call(http.delete(format!("{admin}/consumers/globex/keys/{key_id}"))).await;
+    assert_eq!(status, 200);
+    assert!(
+        eventually(ONE_SECOND, async || api_status(&other, &key).await == 401)
+            .await
+            .is_some(),
+        "the revoked key still works on the other gateway"
+    );
+}
+
+#[tokio::test]
+async fn a_key_is_shown_once_kept_as_a_digest_and_revoked_everywhere() {
+    let redis = RedisServer::start();
+    let yaml = yaml(&redis_store(&redis));
+    let (one, other) = (start_gateway(&yaml).await, start_gateway(&yaml).await);
+    let admin_one = serve_admin(&one, Some(TOKEN)).await;
+    let http = client();
+
+    let response = http
+        .post(format!("{admin_one}/consumers/globex/keys"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status().as_u16(), 201);
+    assert_eq!(
+        response
+            .headers()
+            .get("cache-control")
+            .map(|v| v.as_bytes()),
+        Some(&b"no-store"[..])
+    );
+    let issued: Value =
+        serde_json::from_slice(&response.bytes().await.expect("body")).expect("json");
+    let key = issued["key"].as_str().expect("key").to_owned();
+    let key_id = issued["id"].as_str().expect("id").to_owned();
+    assert!(key.starts_with("tg_") && key.len() >= 3 + 64, "{key}");
+    let digest = api_key_digest(&key);
+    let directory = other
+        .gateway
+        .consumers()
+        .expect("consumers")
+        .directory()
+        .clone();
+    assert!(eventually(ONE_SECOND, async || {
+        directory.consumer_of_key(&digest).as_deref() == Some("globex")
+    })
+    .await
+    .is_some());
+    // Redis holds the digest, never the key; GET shows neither.
+    let stored = redis
+        .cli(&["HGET", "tollgate:{consumers}", "globex"])
+        .expect("record");
+    assert!(!stored.contains(&key[3..]), "{stored}");
+    let (_, shown) = call(http.get(format!("{admin_one}/consumers/globex"))).await;
+    assert_eq!(shown["settings"]["keys"][0]["id"], key_id.as_str());
+    let text = shown.to_string();
+    assert!(
+        !text.contains(&key[3..]) && !text.contains("sha256"),
+        "{text}"
+    );
+
+    let (status, body) =
+        call(http.delete(format!("{admin_one}/consumers/globex/keys/{key_id}"))).await;
+    assert_eq!((status, &body["revoked"]), (200, &json!(true)), "{body}");
+    assert!(
+        eventually(ONE_SECOND, async || directory
+            .consumer_of_key(&digest)
+            .is_none())
+        .await
+        .is_some(),
+        "the revoked key still names its consumer on the other gateway"
+    );
+    let (status, body) =
+        call(http.delete(format!("{admin_one}/consumers/globex/keys/{key_id}"))).await;
+    assert_eq!((status, &body["error"]), (404, &json!("unknown_key")));
+}
+
+#[tokio::test]
+async fn unknown_plans_limits_bad_overrides_and_ids_are_named() {
+    let gateway = start_gateway(&yaml("  backend: memory\n")).await;
+    let admin = serve_admin(&gateway, Some(TOKEN)).await;
+    let http = client();
+    let put = |id: &str, body: Value| {
+        http.put(format!("{admin}/consumers/{id}"))
+            .body(body.to_string())
+    };
+    for (id, body, code, named) in [
+        ("acme", json!({"plan": "gold"}), "invalid_settings", "gold"),
+        (
+            "acme",
+            json!({"plan": "free", "overrides": {"daily": {"limit": 5}}}),
+            "invalid_settings",
+            "daily",
+        ),
+        (
+            "acme",
+            json!({"overrides": {"monthly": {"limit": 5}}}),
+            "invalid_settings",
+            "monthly",
+        ),
+        (
+            "acme",
+            json!({"plan": "pro", "overrides": {"hourly": {"limit": 5}}}),
+            "invalid_settings",
+            "limit is not a parameter of gcra",
+        ),
+        (
+            "acme",
+            json!({"plan": "pro", "overrides": {"hourly": {"rate": "lots"}}}),
+            "invalid_settings",
+            "lots",
+        ),
+        (
+            "acme",
+            json!({"plan": "pro", "blokced": true}),
+            "invalid_body",
+            "blokced",
+        ),
+        (
+            "acme",
+            json!({"keys": []}),
+            "invalid_body",
+            "POST /consumers/{id}/keys",
+        ),
+        (
+            "a%20b",
+            json!({"plan": "pro"}),
+            "invalid_consumer_id",
+            "a b",
+        ),
+        (
+            &"x".repeat(129),
+            json!({"plan": "pro"}),
+            "invalid_consumer_id",
+            "128",
+        ),
+    ] {
+        let (status, answer) = call(put(id, body.clone())).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert_eq!(answer["error"], code, "{body}: {answer}");
+        let detail = answer["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains(named), "{body}: {detail}");
+    }
+    // Nothing was written; ids of every allowed character are fine.
+    assert!(gateway
+        .gateway
+        .consumers()
+        .expect("consumers")
+        .directory()
+        .is_empty());
+    let (status, body) = call(put("svc.a_b:c@d-1", json!({"plan": "free"}))).await;
+    assert_eq!(status, 200, "{body}");
+    // Without a runtime plan, an override must fit the limit of that name in every plan that has one.
+    let (status, body) = call(put("bob", json!({"overrides": {"hourly": {"burst": 5}}}))).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = call(put("bob", json!({"overrides": {"daily": {"burst": 5}}}))).await;
+    assert_eq!(
+        (status, &body["error"]),
+        (400, &json!("invalid_settings")),
+        "{body}"
+    );
+    let (status, body) = call(http.get(format!("{admin}/consumers/acme?plan=free"))).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["limits"][0]["capacity"], 3, "{body}");
+}
+
+#[tokio::test]
+async fn consumers_need_the_token_and_a_consumers_block() {
+    let gateway = start_gateway(&yaml("  backend: memory\n")).await;
+    let admin = serve_admin(&gateway, Some(TOKEN)).await;
+    let http = client();
+    for request in [
+        http.put(format!("{admin}/consumers/acme"))
+            .body(json!({"plan": "pro"}).to_string()),
+        http.get(format!("{admin}/consumers/acme")),
+        http.delete(format!("{admin}/consumers/acme")),
+        http.post(format!("{admin}/consumers/acme/keys")),
+        http.delete(format!("{admin}/consumers/acme/keys/k_1")),
+    ] {
+        let response = request.send().await.expect("send");
+        assert_eq!(response.status().as_u16(), 401);
+    }
+    assert!(gateway
+        .gateway
+        .consumers()
+        .expect("consumers")
+        .directory()
+        .is_empty());
+
+    let plain = start_gateway(
+        "routes:\n  - { name: r, match: { path_prefix: / }, respond: { status: 200 } }\n",
+    )
+    .await;
+    assert!(plain.gateway.consumers().is_none());
+    let admin = serve_admin(&plain, Some(TOKEN)).await;
+    let (status, body) = call(http.get(format!("{admin}/consumers/acme"))).await;
+    assert_eq!(
+        (status, &body["error"]),
+        (404, &json!("consumers_not_configured"))
+    );
+}
+
+#[tokio::test]
+async fn changes_fail_with_503_while_redis_is_down_and_reads_go_on() {
+    let mut redis = RedisServer::start();
+    let gateway = start_gateway(&yaml(&redis_store(&redis))).await;
+    let admin = serve_admin(&gateway, Some(TOKEN)).await;
+    let http = client();
+    let directory = gateway
+        .gateway
+        .consumers()
+        .expect("consumers")
+        .directory()
+        .clone();
+    assert!(
+        eventually(Duration::from_secs(10), async || directory.synced())
+            .await
+            .is_some()
+    );
+    let (status, _) = call(
+        http.put(format!("{admin}/consumers/acme"))
+            .body(json!({"plan": "pro"}).to_string()),
+    )
+    .await;
+    assert_eq!(status, 200);
+
+    redis.kill();
+    let (status, body) = call(
+        http.put(format!("{admin}/consumers/acme"))
+            .body(json!({"plan": "free"}).to_string()),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["error"]),
+        (503, &json!("directory_unavailable")),
+        "{body}"
+    );
+    let (status, body) = call(http.post(format!("{admin}/consumers/acme/keys"))).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        directory
+            .consumer("acme")
+            .and_then(|r| r.plan.clone())
+            .as_deref(),
+        Some("pro")
+    );
+}
+
+#[tokio::test]
+async fn each_change_is_an_audit_line_naming_the_admin_client_and_never_the_key() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("gateway.yaml");
+    let config = format!(
+        "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0, token: {TOKEN} }}\n{}",
+        yaml("  backend: memory\n")
+    );
+    std::fs::write(&path, config).expect("write config");
+    let mut command = Tollgate::command(&path);
+    command
+        .args(["--log-format", "json"])
+        .env("RUST_LOG", "info");
+    let tollgate = Tollgate::spawn(command);
+    let admin = format!("http://{}", tollgate.admin);
+    let http = client();
+    let (status, _) = call(
+        http.put(format!("{admin}/consumers/acme"))
+            .body(json!({"plan": "pro"}).to_string()),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, issued) = call(http.post(format!("{admin}/consumers/acme/keys"))).await;
+    assert_eq!(status, 201);
+    let key = issued["key"].as_str().expect("key").to_owned();
+
+    let audit_lines = || -> Vec<Value> {
+        tollgate
+            .log()
+            .lines()
+            .filter(|line| line.contains("tollgate::audit"))
+            .map(|line| serde_json::from_str(line).expect("json line"))
+            .collect()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), async || audit_lines().len() == 2)
+            .await
+            .is_some(),
+        "one audit line per change:\n{}",
+        tollgate.log()
+    );
+    let logged = audit_lines();
+    let put = &logged[0]["fields"];
+    assert_eq!(logged[0]["level"], "INFO");
+    assert_eq!(put["what"], "consumer.put");
+    assert_eq!(put["consumer"], "acme");
+    assert_eq!(put["before"], "null");
+    assert_eq!(put["after"], r#"{"plan":"pro","blocked":false}"#);
+    // The client's address as the gateway saw it: loopback, and a port of the client's.
+    let who: std::net::SocketAddr = put["who"]
+        .as_str()
+        .expect("who")
+        .parse()
+        .expect("an address");
+    assert!(
+        who.ip().is_loopback() && who.port() != tollgate.admin.port(),
+        "{who}"
+    );
+    let added = &logged[1]["fields"];
+    assert_eq!(added["what"], "key.add");
+    let after = added["after"].as_str().expect("after");
+    assert!(after.contains(&tollgate::consumers::digest_hex(&api_key_digest(&key))));
+    assert!(
+        !tollgate.log().contains(&key[3..]),
+        "the key itself was logged"
+    );
+}
