@@ -4,6 +4,7 @@
 mod api_key;
 pub mod directory;
 mod identify;
+pub mod jwt;
 mod overrides;
 mod settings;
 

@@ -1,0 +1,13 @@
+//! JWT consumers: bearer tokens verified against a JWKS (file or URL) or an HS256 secret, cached until they expire.
+
+mod bearer;
+mod cache;
+mod jwks;
+mod keys;
+mod rejection;
+mod settings;
+mod verifier;
+
+pub use rejection::{JwtSetupError, TokenRejection};
+pub use settings::{JwtKeySource, JwtSettings, DEFAULT_JWKS_REFRESH, TOKEN_CACHE_CAPACITY};
+pub use verifier::{JwtVerifier, VerifiedToken};
