@@ -521,11 +521,9 @@ fn a_bad_jwks_file_fails_setup_naming_the_file() {
         let JwtKeySource::File(path) = jwks_file(&dir, document) else {
             unreachable!()
         };
-        let error = JwtVerifier::new(settings(
-            vec![Algorithm::RS256],
-            JwtKeySource::File(path.clone()),
-        ))
-        .expect_err("invalid file");
+        let settings = settings(vec![Algorithm::RS256], JwtKeySource::File(path.clone()));
+        assert!(JwtVerifier::check(&settings).is_err());
+        let error = JwtVerifier::new(settings).expect_err("invalid file");
         let message = error.to_string();
         assert!(
             message.contains(&*path.to_string_lossy()) && message.contains(says),
@@ -539,13 +537,21 @@ fn a_bad_jwks_file_fails_setup_naming_the_file() {
         )),
         Err(JwtSetupError::EmptySecret)
     ));
-    // A JWKS URL needs a runtime for its fetches.
-    let error = JwtVerifier::new(settings(
+    // A JWKS URL needs a runtime for its fetches; `check` needs none, and fetches nothing.
+    let url = settings(
         vec![Algorithm::RS256],
         url_source(([127, 0, 0, 1], 9).into()),
-    ))
-    .expect_err("no runtime");
+    );
+    let error = JwtVerifier::new(url.clone()).expect_err("no runtime");
     assert!(matches!(error, JwtSetupError::NoRuntime { .. }), "{error}");
+    assert!(JwtVerifier::check(&url).is_ok());
+    let mut ftp = url;
+    ftp.keys = JwtKeySource::Url {
+        url: "ftp://127.0.0.1/jwks.json".parse().expect("url"),
+        refresh: Duration::from_secs(60),
+    };
+    let error = JwtVerifier::check(&ftp).expect_err("not http");
+    assert!(matches!(error, JwtSetupError::InvalidUrl { .. }), "{error}");
 }
 
 #[tokio::test]

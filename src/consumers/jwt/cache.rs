@@ -7,13 +7,15 @@ use parking_lot::RwLock;
 use super::rejection::TokenRejection;
 use super::verifier::VerifiedToken;
 
-/// Verified tokens by their text, bounded. A hit is one hash of the token and one comparison: no base64, no JSON.
+/// Verified tokens by their text, bounded in count and in bytes. A hit is one hash of the token and one
+/// comparison: no base64, no JSON.
 ///
 /// The whole token is the key, not a digest of it: a fast hash could be made to collide with a cached token's,
 /// and a cryptographic one would cost more than the lookup saves.
 #[derive(Debug)]
 pub(crate) struct TokenCache {
     capacity: usize,
+    max_bytes: usize,
     inner: RwLock<Inner>,
 }
 
@@ -22,6 +24,8 @@ struct Inner {
     /// The key set the entries were verified with; an insert verified with another is dropped.
     generation: u64,
     entries: HashMap<Box<str>, Entry, foldhash::fast::RandomState>,
+    /// What the entries take, by [`cost`].
+    bytes: usize,
 }
 
 #[derive(Debug)]
@@ -31,15 +35,21 @@ struct Entry {
     valid_until: u64,
 }
 
+/// The map's own share of an entry (key and value headers, the `Arc` headers, the table slot), an estimate.
+const ENTRY_OVERHEAD: usize = 128;
+
 // === impl TokenCache ===
 
 impl TokenCache {
-    pub fn new(capacity: usize) -> Self {
+    /// A cache of at most `capacity` tokens taking at most `max_bytes` (tokens, claims and an estimated overhead).
+    pub fn new(capacity: usize, max_bytes: usize) -> Self {
         Self {
             capacity,
+            max_bytes,
             inner: RwLock::new(Inner {
                 generation: 0,
                 entries: HashMap::default(),
+                bytes: 0,
             }),
         }
     }
@@ -66,23 +76,23 @@ impl TokenCache {
         generation: u64,
         now: u64,
     ) {
-        if self.capacity == 0 || valid_until < now {
+        let entry = Entry {
+            token: verified,
+            valid_until,
+        };
+        let size = cost(token, &entry);
+        if self.capacity == 0 || size > self.max_bytes / 8 || valid_until < now {
             return;
         }
         let mut inner = self.inner.write();
-        if inner.generation != generation {
+        if inner.generation != generation || inner.entries.contains_key(token) {
             return;
         }
-        if inner.entries.len() >= self.capacity && !inner.entries.contains_key(token) {
-            inner.make_room(self.capacity, now);
+        if inner.entries.len() >= self.capacity || inner.bytes + size > self.max_bytes {
+            inner.make_room(self.capacity, self.max_bytes, now);
         }
-        inner.entries.insert(
-            token.into(),
-            Entry {
-                token: verified,
-                valid_until,
-            },
-        );
+        inner.bytes += size;
+        inner.entries.insert(token.into(), entry);
     }
 
     /// Forgets every token: the key set is now `generation`.
@@ -90,6 +100,7 @@ impl TokenCache {
         let mut inner = self.inner.write();
         inner.generation = generation;
         inner.entries = HashMap::default();
+        inner.bytes = 0;
     }
 
     pub fn len(&self) -> usize {
@@ -100,22 +111,52 @@ impl TokenCache {
 // === impl Inner ===
 
 impl Inner {
-    /// Drops the expired entries and, if that frees less than an eighth, those expiring soonest down to seven
-    /// eighths: the sweep is O(n) and runs once per `capacity / 8` inserts at worst, not on each.
-    fn make_room(&mut self, capacity: usize, now: u64) {
-        self.entries.retain(|_, entry| entry.valid_until >= now);
-        let target = capacity - capacity / 8;
-        if self.entries.len() <= target {
+    /// Drops the expired entries and, if that leaves more than seven eighths of either bound, those expiring
+    /// soonest down to seven eighths: the sweep is O(n log n) and runs once per eighth of the cache at worst,
+    /// not on each insert.
+    fn make_room(&mut self, capacity: usize, max_bytes: usize, now: u64) {
+        let Self { entries, bytes, .. } = self;
+        entries.retain(|token, entry| {
+            let keep = entry.valid_until >= now;
+            if !keep {
+                *bytes -= cost(token, entry);
+            }
+            keep
+        });
+        let (count_target, bytes_target) = (capacity - capacity / 8, max_bytes - max_bytes / 8);
+        if entries.len() <= count_target && *bytes <= bytes_target {
             return;
         }
-        let mut expiries: Vec<u64> = self.entries.values().map(|e| e.valid_until).collect();
-        let drop = self.entries.len() - target;
-        let (_, threshold, _) = expiries.select_nth_unstable(drop - 1);
-        let threshold = *threshold;
-        // Ties at the threshold may drop a few more than needed, never fewer.
-        self.entries
-            .retain(|_, entry| entry.valid_until > threshold);
+        let mut by_expiry: Vec<(u64, usize)> = entries
+            .iter()
+            .map(|(token, entry)| (entry.valid_until, cost(token, entry)))
+            .collect();
+        by_expiry.sort_unstable();
+        let (mut count, mut left) = (entries.len(), *bytes);
+        let mut threshold = 0;
+        for (valid_until, size) in by_expiry {
+            if count <= count_target && left <= bytes_target {
+                break;
+            }
+            (count, left, threshold) = (count - 1, left - size, valid_until);
+        }
+        // Every entry expiring at the threshold goes: ties may drop a few more than needed, never fewer.
+        entries.retain(|token, entry| {
+            let keep = entry.valid_until > threshold;
+            if !keep {
+                *bytes -= cost(token, entry);
+            }
+            keep
+        });
     }
+}
+
+/// What an entry takes in memory, roughly.
+fn cost(token: &str, entry: &Entry) -> usize {
+    token.len()
+        + entry.token.consumer.len()
+        + entry.token.plan.as_deref().map_or(0, str::len)
+        + ENTRY_OVERHEAD
 }
 
 #[cfg(test)]
@@ -134,7 +175,7 @@ mod tests {
 
     #[test]
     fn a_hit_is_valid_until_its_expiry_then_expired() {
-        let cache = TokenCache::new(8);
+        let cache = TokenCache::new(8, 1 << 20);
         cache.insert("t", token("acme", 100), 100, 0, 50);
         assert_eq!(cache.get("t", 100), Some(Ok(token("acme", 100))));
         assert_eq!(cache.get("t", 101), Some(Err(TokenRejection::Expired)));
@@ -143,7 +184,7 @@ mod tests {
 
     #[test]
     fn an_insert_verified_with_an_older_key_set_is_dropped() {
-        let cache = TokenCache::new(8);
+        let cache = TokenCache::new(8, 1 << 20);
         cache.insert("t", token("acme", 100), 100, 0, 50);
         cache.reset(1);
         assert_eq!(cache.get("t", 50), None, "reset forgets");
@@ -155,7 +196,7 @@ mod tests {
 
     #[test]
     fn a_full_cache_drops_the_expired_then_the_soonest_expiring() {
-        let cache = TokenCache::new(16);
+        let cache = TokenCache::new(16, 1 << 20);
         for i in 0..16u64 {
             // Tokens 0..4 have expired at now = 1000; the others expire at 2000 + i.
             let until = if i < 4 { 999 } else { 2000 + i };
@@ -179,5 +220,25 @@ mod tests {
         assert_eq!(cache.len(), 15);
         assert!(cache.get("t4", 1000).is_none() && cache.get("t5", 1000).is_none());
         assert!(cache.get("t6", 1000).is_some() && cache.get("last", 1000).is_some());
+    }
+
+    #[test]
+    fn the_byte_bound_drops_the_soonest_expiring_too() {
+        // Room for 8 entries of a 100-byte token (100 + 1 + 128 bytes each) by bytes, 100 by count.
+        let cache = TokenCache::new(100, 8 * 229);
+        let verified = |until| token("c", until);
+        for i in 0..8u64 {
+            let token = format!("{i:0>100}");
+            cache.insert(&token, verified(1000 + i), 1000 + i, 0, 0);
+        }
+        assert_eq!(cache.len(), 8);
+        cache.insert(&format!("{:x>100}", 9), verified(5000), 5000, 0, 0);
+        // Down to 7/8 of the bytes (7 entries) by dropping the soonest, then the new one.
+        assert_eq!(cache.len(), 8);
+        assert!(cache.get(&format!("{:0>100}", 0), 0).is_none());
+        assert!(cache.get(&format!("{:0>100}", 1), 0).is_some());
+        // A token taking more than an eighth of the bound is not cached at all.
+        cache.insert(&"y".repeat(300), verified(5000), 5000, 0, 0);
+        assert!(cache.get(&"y".repeat(300), 0).is_none());
     }
 }

@@ -9,5 +9,7 @@ mod settings;
 mod verifier;
 
 pub use rejection::{JwtSetupError, TokenRejection};
-pub use settings::{JwtKeySource, JwtSettings, DEFAULT_JWKS_REFRESH, TOKEN_CACHE_CAPACITY};
+pub use settings::{
+    JwtKeySource, JwtSettings, DEFAULT_JWKS_REFRESH, TOKEN_CACHE_BYTES, TOKEN_CACHE_CAPACITY,
+};
 pub use verifier::{JwtVerifier, VerifiedToken};

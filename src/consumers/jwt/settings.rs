@@ -10,9 +10,11 @@ use jsonwebtoken::Algorithm;
 /// How often a `jwks_url` is fetched again when nothing asks sooner.
 pub const DEFAULT_JWKS_REFRESH: Duration = Duration::from_secs(300);
 
-/// Verified tokens kept per verifier. At about 1 KB a token, 64 MiB at most; past it, expired entries go first,
-/// then those expiring soonest.
+/// Verified tokens kept per verifier, at most; past it, expired entries go first, then those expiring soonest.
 pub const TOKEN_CACHE_CAPACITY: usize = 65_536;
+
+/// What the cached tokens of one verifier may take, at most (tokens run from under 1 KB to a few KB).
+pub const TOKEN_CACHE_BYTES: usize = 64 * 1024 * 1024;
 
 /// One `jwt:` identifier, validated (the config module builds it).
 #[derive(Debug, Clone)]

@@ -18,7 +18,7 @@ use super::cache::TokenCache;
 use super::jwks::{self, AbortOnDrop, JwksUrl, Refresher};
 use super::keys::KeySet;
 use super::rejection::{JwtSetupError, TokenRejection};
-use super::settings::{JwtKeySource, JwtSettings, TOKEN_CACHE_CAPACITY};
+use super::settings::{JwtKeySource, JwtSettings, TOKEN_CACHE_BYTES, TOKEN_CACHE_CAPACITY};
 
 /// A token naming an unknown `kid` asks for the JWKS again at most this often: an issuer that rotated its keys is
 /// picked up at once, while a stream of made-up `kid`s costs one fetch per period.
@@ -77,14 +77,7 @@ impl JwtVerifier {
     /// fetched in a background task (spawned: this needs a Tokio runtime) that start-up never waits for: until
     /// the first fetch succeeds, tokens are refused with `KeysUnavailable`, and the task retries (backoff up to 5s).
     pub fn new(settings: JwtSettings) -> Result<Self, JwtSetupError> {
-        let keys = match &settings.keys {
-            JwtKeySource::File(path) => Some(jwks::read_file(path, &settings.algorithms, 0)?),
-            JwtKeySource::Secret(secret) if secret.is_empty() => {
-                return Err(JwtSetupError::EmptySecret)
-            }
-            JwtKeySource::Secret(secret) => Some(KeySet::from_secret(secret, 0)),
-            JwtKeySource::Url { .. } => None,
-        };
+        let keys = initial_keys(&settings)?;
         let refresh = match &settings.keys {
             JwtKeySource::Url { url, refresh } => {
                 let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
@@ -127,12 +120,22 @@ impl JwtVerifier {
                 leeway: settings.leeway.as_secs(),
                 keys: ArcSwapOption::new(keys.map(Arc::new)),
                 next_generation: AtomicU64::new(1),
-                cache: TokenCache::new(TOKEN_CACHE_CAPACITY),
+                cache: TokenCache::new(TOKEN_CACHE_CAPACITY, TOKEN_CACHE_BYTES),
                 refetch,
                 verifications: AtomicU64::new(0),
             }
         });
         Ok(Self { shared })
+    }
+
+    /// Checks what [`new`](Self::new) checks (the JWKS file read and its keys, the URL, the secret) without
+    /// building anything or fetching the URL: for `tollgate check`, which has no runtime to fetch with.
+    pub fn check(settings: &JwtSettings) -> Result<(), JwtSetupError> {
+        initial_keys(settings)?;
+        if let JwtKeySource::Url { url, .. } = &settings.keys {
+            JwksUrl::new(url)?;
+        }
+        Ok(())
     }
 
     /// The token of a request: `None` when the header is absent (no credential: the caller tries the next
@@ -307,6 +310,18 @@ impl Shared {
             refetch.asked.notify_one();
         }
     }
+}
+
+/// The keys known before any fetch: a JWKS file's or the secret's; `None` for a JWKS URL.
+fn initial_keys(settings: &JwtSettings) -> Result<Option<KeySet>, JwtSetupError> {
+    Ok(match &settings.keys {
+        JwtKeySource::File(path) => Some(jwks::read_file(path, &settings.algorithms, 0)?),
+        JwtKeySource::Secret(secret) if secret.is_empty() => {
+            return Err(JwtSetupError::EmptySecret)
+        }
+        JwtKeySource::Secret(secret) => Some(KeySet::from_secret(secret, 0)),
+        JwtKeySource::Url { .. } => None,
+    })
 }
 
 /// The checks jsonwebtoken makes for tokens signed with `alg`.
