@@ -1,12 +1,18 @@
 //! The `consumers:` block: identifiers, static keys, the anonymous policy, forwarded headers and plans.
 
-use http::HeaderName;
+use std::path::Path;
+use std::time::Duration;
+
+use http::{HeaderName, Uri};
+use jsonwebtoken::Algorithm;
 
 use super::limits::limit_settings;
 use super::raw::{
-    RawAnonymous, RawConsumers, RawCredentialSource, RawIdentifier, RawPlan, RawStaticKey,
+    RawAnonymous, RawConsumers, RawCredentialSource, RawIdentifier, RawJwt, RawPlan, RawStaticKey,
 };
+use super::units::parse_duration;
 use super::validate::{check_name, unique_names, Issues};
+use crate::consumers::jwt::{JwtKeySource, JwtSettings, JwtVerifier, DEFAULT_JWKS_REFRESH};
 use crate::consumers::{
     api_key_digest, parse_digest, Anonymous, ConsumersSettings, CredentialSource, ForwardHeaders,
     IdentifierSettings, Plan, StaticKey,
@@ -15,8 +21,12 @@ use crate::consumers::{
 /// The route name plan limits' store keys use in its place (`<prefix>consumer:<limit>:{<consumer>}`).
 pub const PLAN_KEY_SCOPE: &str = "consumer";
 
-/// Validates `consumers:`.
-pub(crate) fn consumers(issues: &mut Issues, raw: &RawConsumers) -> Option<ConsumersSettings> {
+/// Validates `consumers:`; relative file names (`jwks_file`) are relative to `folder`.
+pub(crate) fn consumers(
+    issues: &mut Issues,
+    raw: &RawConsumers,
+    folder: &Path,
+) -> Option<ConsumersSettings> {
     let before = issues.count();
     let plans = plans(issues, raw);
     let plan_exists = |name: &str| raw.plans.0.iter().any(|(plan, _)| plan == name);
@@ -24,7 +34,9 @@ pub(crate) fn consumers(issues: &mut Issues, raw: &RawConsumers) -> Option<Consu
         .identify
         .iter()
         .enumerate()
-        .filter_map(|(i, entry)| identifier(issues, &format!("consumers.identify[{i}]"), entry))
+        .filter_map(|(i, entry)| {
+            identifier(issues, &format!("consumers.identify[{i}]"), entry, folder)
+        })
         .collect();
     let mut keys: Vec<StaticKey> = Vec::with_capacity(raw.keys.len());
     for (i, raw_key) in raw.keys.iter().enumerate() {
@@ -88,19 +100,156 @@ pub(crate) fn consumers(issues: &mut Issues, raw: &RawConsumers) -> Option<Consu
     })
 }
 
-fn identifier(issues: &mut Issues, at: &str, raw: &RawIdentifier) -> Option<IdentifierSettings> {
+fn identifier(
+    issues: &mut Issues,
+    at: &str,
+    raw: &RawIdentifier,
+    folder: &Path,
+) -> Option<IdentifierSettings> {
     match (&raw.api_key, &raw.jwt) {
         (Some(source), None) => credential_source(issues, &format!("{at}.api_key"), source)
             .map(IdentifierSettings::ApiKey),
-        (None, Some(_)) => {
-            issues.add(
-                format!("{at}.jwt"),
-                "jwt identification is not available yet",
-            );
-            None
-        }
+        (None, Some(jwt)) => jwt_settings(issues, &format!("{at}.jwt"), jwt, folder)
+            .map(|settings| IdentifierSettings::Jwt(Box::new(settings))),
         _ => {
             issues.add(at, "an identifier is exactly one of `api_key` and `jwt`");
+            None
+        }
+    }
+}
+
+/// `jwt:` of `identify:`. A `jwks_file` is read here, so that a missing or unusable one is a located error that
+/// stops the start or the reload; a `jwks_url` is only fetched once the gateway runs (start in any order).
+fn jwt_settings(issues: &mut Issues, at: &str, raw: &RawJwt, folder: &Path) -> Option<JwtSettings> {
+    let before = issues.count();
+    let header = match &raw.header {
+        Some(name) => header_name(issues, &format!("{at}.header"), Some(name)),
+        None => Some(http::header::AUTHORIZATION),
+    };
+    if raw.algorithms.is_empty() {
+        issues.add(
+            format!("{at}.algorithms"),
+            "needs at least one of RS256, ES256, EdDSA, HS256",
+        );
+    }
+    let algorithms: Vec<Algorithm> = raw
+        .algorithms
+        .iter()
+        .enumerate()
+        .filter_map(|(i, name)| {
+            let algorithm = match name.as_str() {
+                "RS256" => Some(Algorithm::RS256),
+                "ES256" => Some(Algorithm::ES256),
+                "EdDSA" => Some(Algorithm::EdDSA),
+                "HS256" => Some(Algorithm::HS256),
+                _ => None,
+            };
+            if algorithm.is_none() {
+                issues.add(
+                    format!("{at}.algorithms[{i}]"),
+                    format_args!("unsupported algorithm {name:?} (use RS256, ES256, EdDSA, HS256)"),
+                );
+            }
+            algorithm
+        })
+        .collect();
+    let keys = jwt_keys(issues, at, raw, folder);
+    // A shared secret and public keys in one identifier would let a token signed with the public key as an HMAC
+    // secret through: HS256 goes with `secret_env` and only there.
+    let hs256 = algorithms.contains(&Algorithm::HS256);
+    match (&keys, hs256) {
+        (Some(JwtKeySource::Secret(_)), _) if algorithms.iter().any(|a| *a != Algorithm::HS256) => {
+            issues.add(
+                format!("{at}.algorithms"),
+                "a secret_env verifies HS256 only",
+            );
+        }
+        (Some(JwtKeySource::File(_) | JwtKeySource::Url { .. }), true) => {
+            issues.add(
+                format!("{at}.algorithms"),
+                "HS256 needs secret_env; keys from a JWKS verify RS256, ES256 and EdDSA",
+            );
+        }
+        _ => {}
+    }
+    let leeway = match &raw.leeway {
+        Some(text) => issues.check(format!("{at}.leeway"), parse_duration(text)),
+        None => Some(Duration::ZERO),
+    };
+    let consumer_claim = raw
+        .consumer_claim
+        .clone()
+        .unwrap_or_else(|| "sub".to_owned());
+    if consumer_claim.is_empty() {
+        issues.add(format!("{at}.consumer_claim"), "names a claim: not empty");
+    }
+    if issues.count() != before {
+        return None;
+    }
+    let mut settings = JwtSettings::new(algorithms, keys?);
+    settings.header = header?;
+    settings.issuer = raw.issuer.clone();
+    settings.audiences = raw.audiences.clone();
+    settings.leeway = leeway?;
+    settings.consumer_claim = consumer_claim;
+    settings.plan_claim = raw.plan_claim.clone();
+    if let JwtKeySource::File(path) = &settings.keys {
+        // Read now, as the gateway will: its error names the file.
+        let field = format!("{at}.jwks_file");
+        if let Err(error) = JwtVerifier::new(settings.clone()) {
+            issues.add(field, format_args!("{} ({error})", path.display()));
+            return None;
+        }
+    }
+    Some(settings)
+}
+
+/// Where a `jwt:` identifier's keys come from: exactly one of `jwks_file`, `jwks_url` and `secret_env`.
+fn jwt_keys(issues: &mut Issues, at: &str, raw: &RawJwt, folder: &Path) -> Option<JwtKeySource> {
+    match (&raw.jwks_file, &raw.jwks_url, &raw.secret_env) {
+        (Some(file), None, None) => Some(JwtKeySource::File(folder.join(file))),
+        (None, Some(url), None) => {
+            let refresh = match &raw.jwks_refresh {
+                Some(text) => {
+                    let refresh =
+                        issues.check(format!("{at}.jwks_refresh"), parse_duration(text))?;
+                    if refresh.is_zero() {
+                        issues.add(format!("{at}.jwks_refresh"), "must be greater than 0");
+                        return None;
+                    }
+                    refresh
+                }
+                None => DEFAULT_JWKS_REFRESH,
+            };
+            let parsed = url.parse::<Uri>().ok().filter(|uri| {
+                matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some()
+            });
+            match parsed {
+                Some(url) => Some(JwtKeySource::Url { url, refresh }),
+                None => {
+                    issues.add(
+                        format!("{at}.jwks_url"),
+                        format_args!("invalid URL {url:?} (use http://host/path or https://...)"),
+                    );
+                    None
+                }
+            }
+        }
+        (None, None, Some(variable)) => match std::env::var(variable) {
+            Ok(secret) if !secret.is_empty() => Some(JwtKeySource::Secret(secret.into_bytes())),
+            _ => {
+                issues.add(
+                    format!("{at}.secret_env"),
+                    format_args!("the environment variable {variable} is not set or empty"),
+                );
+                None
+            }
+        },
+        _ => {
+            issues.add(
+                at,
+                "takes exactly one of jwks_file, jwks_url and secret_env",
+            );
             None
         }
     }

@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 use super::{format_duration_ms, BackendKind, Config, RouteAction, RouteSettings};
+use crate::consumers::jwt::JwtKeySource;
 use crate::consumers::{
     Anonymous, ConsumerMode, ConsumersSettings, CredentialSource, IdentifierSettings,
 };
@@ -62,6 +63,16 @@ fn consumers_summary(consumers: &ConsumersSettings, routes: &[RouteSettings]) ->
             }
             IdentifierSettings::ApiKey(CredentialSource::Query(name)) => {
                 format!("api_key query {name}")
+            }
+            IdentifierSettings::Jwt(jwt) => {
+                let algorithms: Vec<String> =
+                    jwt.algorithms.iter().map(|a| format!("{a:?}")).collect();
+                let keys = match &jwt.keys {
+                    JwtKeySource::File(path) => format!("jwks_file {}", path.display()),
+                    JwtKeySource::Url { url, .. } => format!("jwks_url {url}"),
+                    JwtKeySource::Secret(_) => "secret_env".to_owned(),
+                };
+                format!("jwt {} ({}, {keys})", jwt.header, algorithms.join(","))
             }
         })
         .collect();

@@ -84,7 +84,7 @@ pub(crate) fn validate(raw: RawConfig, source: &Path) -> Result<Config, Vec<Issu
     let consumers = raw
         .consumers
         .as_ref()
-        .and_then(|block| super::consumers::consumers(&mut issues, block));
+        .and_then(|block| super::consumers::consumers(&mut issues, block, folder));
     let routes = routes(
         &mut issues,
         &raw.routes,

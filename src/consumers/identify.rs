@@ -7,6 +7,7 @@ use http::HeaderValue;
 
 use super::api_key::{self, Presented};
 use super::directory::{ConsumerRecord, Directory, LimitOverride};
+use super::jwt::{JwtVerifier, TokenRejection};
 use super::overrides::overridden;
 use super::settings::{
     Anonymous, ConsumerMode, ConsumersSettings, CredentialSource, ForwardHeaders,
@@ -71,6 +72,9 @@ pub enum CallerRefusal {
 #[derive(Debug)]
 enum Identifier {
     ApiKey(CredentialSource),
+    /// `None` when the verifier could not be built (its JWKS file vanished since the config was checked): every
+    /// token is then refused as `keys_unavailable`.
+    Jwt(Option<JwtVerifier>),
 }
 
 /// The consumer a static key names, and its plan.
@@ -126,6 +130,11 @@ impl Consumers {
             .iter()
             .map(|identifier| match identifier {
                 IdentifierSettings::ApiKey(source) => Identifier::ApiKey(source.clone()),
+                IdentifierSettings::Jwt(settings) => {
+                    Identifier::Jwt(JwtVerifier::new((**settings).clone()).map_err(|error| {
+                        tracing::error!(%error, "jwt identifier: every token is refused until the keys load");
+                    }).ok())
+                }
             })
             .collect();
         let challenges = identifiers
@@ -213,6 +222,22 @@ impl Consumers {
                     Presented::Ambiguous => return Err(CallerRefusal::Ambiguous),
                     Presented::One(key) => return self.api_key(&key),
                 },
+                Identifier::Jwt(verifier) => {
+                    let Some(verifier) = verifier else {
+                        return Err(invalid_token(TokenRejection::KeysUnavailable));
+                    };
+                    return match verifier.token_from(facts.headers) {
+                        None => continue,
+                        Some(Err(rejection)) => Err(invalid_token(rejection)),
+                        Some(Ok(token)) => match verifier.verify(token) {
+                            Ok(token) => Ok(Credential::Consumer {
+                                plan: token.plan.as_deref().and_then(|p| self.plan_index(p)),
+                                consumer: token.consumer,
+                            }),
+                            Err(rejection) => Err(invalid_token(rejection)),
+                        },
+                    };
+                }
             }
         }
         Ok(Credential::None)
@@ -333,6 +358,14 @@ impl Consumers {
     }
 }
 
+/// The refusal of a bearer token.
+fn invalid_token(rejection: TokenRejection) -> CallerRefusal {
+    CallerRefusal::Invalid {
+        scheme: "Bearer",
+        reason: rejection.reason(),
+    }
+}
+
 // === impl Identifier ===
 
 impl Identifier {
@@ -340,6 +373,7 @@ impl Identifier {
     fn scheme(&self) -> &'static str {
         match self {
             Identifier::ApiKey(_) => "ApiKey",
+            Identifier::Jwt(_) => "Bearer",
         }
     }
 }

@@ -2,6 +2,7 @@
 
 use http::HeaderName;
 
+use super::jwt::JwtSettings;
 use crate::admission::LimitSettings;
 
 /// The whole `consumers:` block, validated.
@@ -24,6 +25,8 @@ pub struct ConsumersSettings {
 pub enum IdentifierSettings {
     /// An API key in a header or a query parameter.
     ApiKey(CredentialSource),
+    /// A bearer JWT.
+    Jwt(Box<JwtSettings>),
 }
 
 /// Where a credential is read from.
