@@ -4,18 +4,13 @@
 
 mod common;
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::Duration;
 
-use axum::routing::get;
-use axum::Router;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use http::{HeaderMap, HeaderName, HeaderValue};
-use jsonwebtoken::jwk::{Jwk, JwkSet};
-use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use jsonwebtoken::{Algorithm, EncodingKey};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tollgate::consumers::jwt::{
@@ -23,76 +18,13 @@ use tollgate::consumers::jwt::{
 };
 
 use common::eventually;
+use common::jwt::{
+    ec_key, ed_key, jwks, now, rsa_key, sign, sign_as, url_source, JwksServer, RSA_PUBLIC_PEM,
+};
 
 const ISSUER: &str = "https://auth.example.test";
-const RSA_PEM: &str = include_str!("fixtures/jwt_rsa.pem");
-const RSA_PUBLIC_PEM: &str = include_str!("fixtures/jwt_rsa.pub.pem");
 
-/// A signing key and the public JWK that verifies it.
-struct SigningKey {
-    alg: Algorithm,
-    kid: String,
-    key: EncodingKey,
-    jwk: Value,
-}
-
-/// A JWKS document served on 127.0.0.1, replaceable while served, counting the fetches.
-struct JwksServer {
-    addr: SocketAddr,
-    document: Arc<Mutex<String>>,
-    hits: Arc<AtomicUsize>,
-}
-
-// === keys and tokens ===
-
-fn rsa_key(kid: &str) -> SigningKey {
-    let key = EncodingKey::from_rsa_pem(RSA_PEM.as_bytes()).expect("RSA test key");
-    public(Algorithm::RS256, kid, key)
-}
-
-fn ec_key(kid: &str) -> SigningKey {
-    let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("P-256 key");
-    let key = EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()).expect("EC key");
-    public(Algorithm::ES256, kid, key)
-}
-
-fn ed_key(kid: &str) -> SigningKey {
-    let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("Ed25519 key");
-    let key = EncodingKey::from_ed_pem(pair.serialize_pem().as_bytes()).expect("Ed key");
-    // jsonwebtoken cannot derive an OKP JWK: its `x` is the raw public key.
-    let jwk = json!({"kty": "OKP", "crv": "Ed25519", "kid": kid, "x": URL_SAFE_NO_PAD.encode(pair.public_key_raw())});
-    SigningKey {
-        alg: Algorithm::EdDSA,
-        kid: kid.to_owned(),
-        key,
-        jwk,
-    }
-}
-
-fn public(alg: Algorithm, kid: &str, key: EncodingKey) -> SigningKey {
-    let mut jwk = Jwk::from_encoding_key(&key, alg).expect("public JWK");
-    jwk.common.key_id = Some(kid.to_owned());
-    SigningKey {
-        alg,
-        kid: kid.to_owned(),
-        key,
-        jwk: serde_json::to_value(jwk).expect("JWK json"),
-    }
-}
-
-fn jwks(keys: &[&SigningKey]) -> String {
-    let document = json!({"keys": keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>()});
-    // What the verifier reads must also be what jsonwebtoken calls a JWKS.
-    serde_json::from_value::<JwkSet>(document.clone()).expect("a JWKS");
-    document.to_string()
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_secs()
-}
+// === claims and settings ===
 
 /// Claims that pass the settings of `settings()`, with `extra` merged over them (`null` removes a claim).
 fn claims(extra: Value) -> Value {
@@ -106,16 +38,6 @@ fn claims(extra: Value) -> Value {
         }
     }
     claims
-}
-
-fn sign(key: &SigningKey, claims: &Value) -> String {
-    sign_as(key.alg, Some(&key.kid), &key.key, claims)
-}
-
-fn sign_as(alg: Algorithm, kid: Option<&str>, key: &EncodingKey, claims: &Value) -> String {
-    let mut header = Header::new(alg);
-    header.kid = kid.map(str::to_owned);
-    jsonwebtoken::encode(&header, claims, key).expect("sign")
 }
 
 fn settings(algorithms: Vec<Algorithm>, keys: JwtKeySource) -> JwtSettings {
@@ -137,60 +59,6 @@ fn acme(expires_at: u64) -> VerifiedToken {
         consumer: Arc::from("acme"),
         plan: Some(Arc::from("pro")),
         expires_at,
-    }
-}
-
-// === impl JwksServer ===
-
-impl JwksServer {
-    async fn start(document: String) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        Self::serve(listener, document)
-    }
-
-    fn serve(listener: TcpListener, document: String) -> Self {
-        let addr = listener.local_addr().expect("addr");
-        let document = Arc::new(Mutex::new(document));
-        let hits = Arc::new(AtomicUsize::new(0));
-        let (served, counted) = (document.clone(), hits.clone());
-        let app = Router::new().route(
-            "/.well-known/jwks.json",
-            get(move || async move {
-                counted.fetch_add(1, Ordering::SeqCst);
-                let body = served.lock().expect("document").clone();
-                ([(http::header::CONTENT_TYPE, "application/json")], body)
-            }),
-        );
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Self {
-            addr,
-            document,
-            hits,
-        }
-    }
-
-    fn source(&self) -> JwtKeySource {
-        url_source(self.addr)
-    }
-
-    fn replace(&self, document: String) {
-        *self.document.lock().expect("document") = document;
-    }
-
-    fn hits(&self) -> usize {
-        self.hits.load(Ordering::SeqCst)
-    }
-}
-
-fn url_source(addr: SocketAddr) -> JwtKeySource {
-    JwtKeySource::Url {
-        url: format!("http://{addr}/.well-known/jwks.json")
-            .parse()
-            .expect("url"),
-        // Long: a refetch in these tests is one a token asked for.
-        refresh: Duration::from_secs(3600),
     }
 }
 

@@ -506,4 +506,39 @@ mod tests {
             "{no_block:?}"
         );
     }
+
+    #[test]
+    fn jwt_identifiers_are_checked_where_they_are_written() {
+        let yaml = format!(
+            r#"consumers:
+  identify:
+    - jwt: {{ algorithms: [] , jwks_file: nowhere.json }}
+    - jwt: {{ algorithms: [RS512], jwks_url: "ftp://x" }}
+    - jwt: {{ algorithms: [RS256, HS256], jwks_url: "https://idp.example/jwks" }}
+    - jwt: {{ algorithms: [HS256], secret_env: TOLLGATE_TEST_UNSET_SECRET }}
+    - jwt: {{ algorithms: [RS256], jwks_url: "https://idp.example/jwks", secret_env: S }}
+    - jwt: {{ algorithms: [ES256], jwks_url: "https://idp.example/jwks", leeway: soon }}
+{ROUTE}"#
+        );
+        let found = problems(&yaml).join("\n");
+        for text in [
+            "consumers.identify[0].jwt.algorithms: needs at least one of RS256, ES256, EdDSA, HS256",
+            "consumers.identify[1].jwt.algorithms[0]: unsupported algorithm \"RS512\"",
+            "consumers.identify[1].jwt.jwks_url: invalid URL \"ftp://x\"",
+            "consumers.identify[2].jwt.algorithms: HS256 needs secret_env",
+            "consumers.identify[3].jwt.secret_env: the environment variable TOLLGATE_TEST_UNSET_SECRET is not set or empty",
+            "consumers.identify[4].jwt: takes exactly one of jwks_file, jwks_url and secret_env",
+            "consumers.identify[5].jwt.leeway: invalid duration \"soon\"",
+        ] {
+            assert!(found.contains(text), "missing {text:?} in\n{found}");
+        }
+        let missing_file = format!(
+            "consumers:\n  identify:\n    - jwt: {{ algorithms: [RS256], jwks_file: no-such-jwks.json }}\n{ROUTE}"
+        );
+        let found = problems(&missing_file).join("\n");
+        assert!(
+            found.contains("consumers.identify[0].jwt.jwks_file: no-such-jwks.json"),
+            "{found}"
+        );
+    }
 }

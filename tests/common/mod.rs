@@ -4,6 +4,7 @@
 pub mod binary;
 pub mod cluster;
 pub mod http_client;
+pub mod jwt;
 pub mod pki;
 pub mod raw_upstream;
 pub mod redis;

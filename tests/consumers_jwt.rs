@@ -1,0 +1,262 @@
+//! JWT consumers through the gateway (design §10): tokens signed by keys of a JWKS served on 127.0.0.1 name their
+//! consumer and plan; a plan's limits hold across two gateways on one Redis and on the in-process store alike; each
+//! kind of bad token is 401 before any limit is asked; a runtime plan goes ahead of the token's claim.
+
+mod common;
+
+use std::time::Duration;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use jsonwebtoken::{Algorithm, EncodingKey};
+use serde_json::{json, Value};
+
+use common::http_client::client;
+use common::jwt::{
+    ec_key, jwks, now, rsa_key, sign, sign_as, JwksServer, SigningKey, RSA_PUBLIC_PEM,
+};
+use common::redis::RedisServer;
+use common::upstream::Upstream;
+use common::{start_gateway, TestGateway};
+
+const ISSUER: &str = "https://auth.example.test";
+
+/// Gateways sharing one store (two on one Redis, or one in memory) identifying callers by JWT.
+struct Setup {
+    gateways: Vec<TestGateway>,
+    /// The P-256 key served in the JWKS (generated per setup).
+    ec: SigningKey,
+    _jwks: JwksServer,
+    _upstream: Upstream,
+    _redis: Option<RedisServer>,
+}
+
+async fn setup(redis: bool) -> Setup {
+    let upstream = Upstream::start().await;
+    let (rsa, ec) = (rsa_key("rsa-1"), ec_key("ec-1"));
+    let jwks = JwksServer::start(jwks(&[&rsa, &ec])).await;
+    let redis = redis.then(RedisServer::start);
+    let store = match &redis {
+        Some(redis) => format!(
+            "  backend: redis\n  url: {}\n  timeout: 500ms\n  on_error: deny\n",
+            redis.url()
+        ),
+        None => "  backend: memory\n".to_owned(),
+    };
+    let yaml = format!(
+        r#"listen: 127.0.0.1:0
+store:
+{store}upstreams:
+  backend:
+    targets: ["{upstream}"]
+consumers:
+  identify:
+    - jwt:
+        algorithms: [RS256, ES256]
+        jwks_url: http://{jwks}/.well-known/jwks.json
+        issuer: {ISSUER}
+        audiences: [api]
+        leeway: 5s
+        consumer_claim: sub
+        plan_claim: tier
+  anonymous: reject
+  forward: {{ consumer: X-Consumer-Id, plan: X-Consumer-Plan }}
+  plans:
+    free:
+      limits:
+        - {{ name: hourly, key: consumer, algorithm: fixed_window, limit: 3, period: 1h }}
+    pro:
+      limits:
+        - {{ name: hourly, key: consumer, algorithm: fixed_window, limit: 6, period: 1h }}
+routes:
+  - name: a
+    match: {{ path_prefix: /a }}
+    upstream: backend
+  - name: b
+    match: {{ path_prefix: /b }}
+    upstream: backend
+"#,
+        upstream = upstream.url(),
+        jwks = jwks.addr,
+    );
+    let mut gateways = vec![start_gateway(&yaml).await];
+    if redis.is_some() {
+        gateways.push(start_gateway(&yaml).await);
+    }
+    let setup = Setup {
+        gateways,
+        ec,
+        _jwks: jwks,
+        _upstream: upstream,
+        _redis: redis,
+    };
+    // The JWKS is fetched in the background: wait until every gateway verifies a good token.
+    let probe = sign(&rsa_key("rsa-1"), &claims("probe", "free", json!({})));
+    for i in 0..setup.gateways.len() {
+        let ready = common::eventually(Duration::from_secs(5), async || {
+            setup.get(i, "/a/probe", &probe).await.0 == 200
+        })
+        .await;
+        assert!(ready.is_some(), "gateway {i} never fetched the JWKS");
+    }
+    setup
+}
+
+impl Setup {
+    /// GET `path` through gateway `i` with `token`: the status and the response's JSON body (or `null`).
+    async fn get(&self, i: usize, path: &str, token: &str) -> (u16, Value, Option<String>) {
+        let response = client()
+            .get(self.gateways[i].url(path))
+            .header("authorization", format!("Bearer {token}"))
+            .send()
+            .await
+            .expect("send");
+        let status = response.status().as_u16();
+        let challenge = response
+            .headers()
+            .get("www-authenticate")
+            .map(|v| v.to_str().expect("text").to_owned());
+        let body = response.bytes().await.expect("body");
+        (
+            status,
+            serde_json::from_slice(&body).unwrap_or(Value::Null),
+            challenge,
+        )
+    }
+
+    /// `count` requests with `token`, alternating gateways and routes; their statuses.
+    async fn statuses(&self, token: &str, count: usize) -> Vec<u16> {
+        let mut statuses = Vec::new();
+        for i in 0..count {
+            let path = if i % 2 == 0 { "/a/x" } else { "/b/y" };
+            statuses.push(self.get(i % self.gateways.len(), path, token).await.0);
+        }
+        statuses
+    }
+}
+
+/// Claims accepted by the setup's identifier for consumer `sub` on plan `tier`, with `extra` merged over them
+/// (`null` removes a claim).
+fn claims(sub: &str, tier: &str, extra: Value) -> Value {
+    let mut claims =
+        json!({"sub": sub, "tier": tier, "iss": ISSUER, "aud": "api", "exp": now() + 600});
+    for (name, value) in extra.as_object().expect("object") {
+        if value.is_null() {
+            claims.as_object_mut().expect("object").remove(name);
+        } else {
+            claims[name] = value.clone();
+        }
+    }
+    claims
+}
+
+#[tokio::test]
+async fn a_tokens_plan_claim_sets_its_limits_across_routes_and_gateways() {
+    for redis in [true, false] {
+        let setup = setup(redis).await;
+        let store = if redis { "redis" } else { "memory" };
+        let pro = sign(&rsa_key("rsa-1"), &claims("acme", "pro", json!({})));
+        assert_eq!(
+            setup.statuses(&pro, 7).await,
+            [200, 200, 200, 200, 200, 200, 429],
+            "RS256, pro, {store}"
+        );
+        let free = sign(&setup.ec, &claims("bob", "free", json!({})));
+        assert_eq!(
+            setup.statuses(&free, 4).await,
+            [200, 200, 200, 429],
+            "ES256, free, {store}"
+        );
+        // Another token of the same consumer draws on the same state.
+        let again = sign(
+            &rsa_key("rsa-1"),
+            &claims("bob", "free", json!({"exp": now() + 900})),
+        );
+        assert_eq!(setup.statuses(&again, 1).await, [429], "{store}");
+    }
+}
+
+#[tokio::test]
+async fn tokens_that_do_not_verify_are_401_and_consume_nothing() {
+    let setup = setup(false).await;
+    let rsa = rsa_key("rsa-1");
+    let encode = |value: &Value| URL_SAFE_NO_PAD.encode(value.to_string());
+    let unsigned = format!(
+        "{}.{}.",
+        encode(&json!({"alg": "none", "typ": "JWT"})),
+        encode(&claims("acme", "pro", json!({})))
+    );
+    let confused = sign_as(
+        Algorithm::HS256,
+        Some("rsa-1"),
+        &EncodingKey::from_secret(RSA_PUBLIC_PEM.as_bytes()),
+        &claims("acme", "pro", json!({})),
+    );
+    let cases = [
+        (
+            sign(&rsa, &claims("acme", "pro", json!({"exp": now() - 60}))),
+            "expired",
+        ),
+        (
+            sign(&rsa, &claims("acme", "pro", json!({"aud": "other"}))),
+            "wrong_audience",
+        ),
+        (
+            sign(
+                &rsa,
+                &claims("acme", "pro", json!({"iss": "https://evil.test"})),
+            ),
+            "wrong_issuer",
+        ),
+        (unsigned, "algorithm_not_allowed"),
+        (confused, "algorithm_not_allowed"),
+        ("not.a.token".to_owned(), "malformed"),
+    ];
+    for (token, reason) in cases {
+        let (status, body, challenge) = setup.get(0, "/a/x", &token).await;
+        assert_eq!(status, 401, "{reason}");
+        assert_eq!(body, json!({"error": "unauthorized", "reason": reason}));
+        assert_eq!(
+            challenge.as_deref(),
+            Some(
+                format!(
+                    "Bearer realm=\"tollgate\", error=\"invalid_token\", error_description=\"{reason}\""
+                )
+                .as_str()
+            )
+        );
+    }
+    // No credential at all, with `anonymous: reject`.
+    let bare = client()
+        .get(setup.gateways[0].url("/a/x"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(bare.status(), 401);
+    assert_eq!(
+        bare.headers()["www-authenticate"],
+        "Bearer realm=\"tollgate\""
+    );
+    // None of it consumed acme's pro budget (6, less the probe's consumer, which is another one).
+    let good = sign(&rsa, &claims("acme", "pro", json!({})));
+    assert_eq!(
+        setup.statuses(&good, 7).await,
+        [200, 200, 200, 200, 200, 200, 429]
+    );
+}
+
+#[tokio::test]
+async fn the_runtime_plan_goes_ahead_of_the_tokens_claim() {
+    let setup = setup(false).await;
+    let consumers = setup.gateways[0].gateway.consumers().expect("consumers");
+    let record = serde_json::from_value(json!({"plan": "pro"})).expect("record");
+    consumers.directory().put("bob", record).await.expect("put");
+    let token = sign(&rsa_key("rsa-1"), &claims("bob", "free", json!({})));
+    let (_, body, _) = setup.get(0, "/a/x", &token).await;
+    assert_eq!(body["headers"]["x-consumer-plan"], "pro", "{body}");
+    assert_eq!(body["headers"]["x-consumer-id"], "bob");
+    assert_eq!(
+        setup.statuses(&token, 6).await,
+        [200, 200, 200, 200, 200, 429]
+    );
+}
