@@ -536,3 +536,57 @@ async fn a_refresh_that_changes_nothing_keeps_the_cache() {
         "the same keys kept the token cached"
     );
 }
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const SECRET: &[u8] = b"a shared secret of at least 32 bytes";
+
+    fn hs256() -> JwtVerifier {
+        JwtVerifier::new(settings(
+            vec![Algorithm::HS256],
+            JwtKeySource::Secret(SECRET.to_vec()),
+        ))
+        .expect("verifier")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Any one character of a valid token changed (header, claims or signature) and it no longer verifies,
+        /// cached or not: the cache answers only for the exact text that verified.
+        #[test]
+        fn a_token_changed_anywhere_is_refused(at in any::<prop::sample::Index>(), to in "[A-Za-z0-9_.=-]") {
+            let verifier = hs256();
+            let token = sign_as(Algorithm::HS256, None, &EncodingKey::from_secret(SECRET), &claims(json!({})));
+            prop_assert!(verifier.verify(&token).is_ok());
+            let i = at.index(token.len());
+            let mut changed = token.clone();
+            changed.replace_range(i..=i, &to);
+            prop_assume!(changed != token);
+            prop_assert!(verifier.verify(&changed).is_err(), "{changed}");
+            prop_assert_eq!(verifier.verify(&changed), verifier.verify_uncached(&changed));
+        }
+
+        /// Text of a token's shape never verifies, never panics, and the cached answer is the uncached one; half
+        /// the time its header is a valid HS256 one, so the claims and signature are reached.
+        #[test]
+        fn token_shaped_noise_is_refused(
+            token in "[A-Za-z0-9_=-]{0,40}(\\.[A-Za-z0-9_=+/-]{0,60}){0,3}",
+            valid_header in any::<bool>(),
+        ) {
+            let token = match token.split_once('.') {
+                Some((_, rest)) if valid_header => {
+                    format!("{}.{rest}", URL_SAFE_NO_PAD.encode(br#"{"alg":"HS256","typ":"JWT"}"#))
+                }
+                _ => token,
+            };
+            let verifier = hs256();
+            let first = verifier.verify(&token);
+            prop_assert!(first.is_err());
+            prop_assert_eq!(first, verifier.verify_uncached(&token));
+        }
+    }
+}
