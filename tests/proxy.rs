@@ -415,3 +415,32 @@ async fn a_connection_idle_a_while_or_to_a_target_known_to_close_is_ready_to_sen
     // on the target is known to close connections under requests, and the sixth goes again on a new one.
     assert_eq!(statuses, [200, 200, 502, 200, 200, 200]);
 }
+
+#[tokio::test]
+async fn an_http_1_0_upstream_is_answered_to_clients_as_http_1_1_on_a_kept_connection() {
+    // An upstream that speaks HTTP/1.0: one response per connection, then close.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buffer = [0u8; 4096];
+                let _ = stream.read(&mut buffer).await;
+                let _ = stream
+                    .write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await;
+            });
+        }
+    });
+    let gateway = start_gateway(&yaml(&[format!("http://{addr}")], "5s")).await;
+    // Two requests on one connection: the proxy speaks its own version to its client (RFC 9110 §6.2), so the
+    // upstream's 1.0 neither shows nor ends the client's keep-alive connection.
+    let answer = raw(
+        gateway.addr,
+        b"GET /api/a HTTP/1.1\r\nHost: x\r\n\r\nGET /api/b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(answer.matches("HTTP/1.1 200 OK").count(), 2, "{answer}");
+    assert!(!answer.contains("HTTP/1.0"), "{answer}");
+    assert!(answer.contains("via: 1.0 tollgate"), "{answer}");
+}

@@ -184,6 +184,9 @@ impl Upstream {
         // Streamed through, never buffered whole.
         let (mut parts, body) = response.into_parts();
         headers::prepare_response(&mut parts.headers, parts.version);
+        // A proxy answers in its own version (RFC 9110 §6.2); the upstream's is told by `Via`. Left as 1.0, it
+        // would be the status line an HTTP/1.1 client reads.
+        parts.version = http::Version::HTTP_11;
         Ok(Response::from_parts(parts, body))
     }
 
