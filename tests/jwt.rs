@@ -405,13 +405,11 @@ fn a_bad_jwks_file_fails_setup_naming_the_file() {
         )),
         Err(JwtSetupError::EmptySecret)
     ));
-    // A JWKS URL needs a runtime for its fetches; `check` needs none, and fetches nothing.
+    // `check` fetches nothing, and needs no runtime.
     let url = settings(
         vec![Algorithm::RS256],
         url_source(([127, 0, 0, 1], 9).into()),
     );
-    let error = JwtVerifier::new(url.clone()).expect_err("no runtime");
-    assert!(matches!(error, JwtSetupError::NoRuntime { .. }), "{error}");
     assert!(JwtVerifier::check(&url).is_ok());
     let mut ftp = url;
     ftp.keys = JwtKeySource::Url {
@@ -470,6 +468,36 @@ async fn a_jwks_url_down_at_start_is_fetched_when_it_comes_up() {
         .is_some(),
         "the retries never fetched the JWKS"
     );
+}
+
+#[test]
+fn a_jwks_url_verifier_built_outside_a_runtime_fetches_from_its_first_token() {
+    // A tower layer may be built before the runtime: its fetches start with the first token it is shown.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let ec = ec_key("ec-1");
+    let server = runtime.block_on(JwksServer::start(jwks(&[&ec])));
+    let verifier =
+        JwtVerifier::new(settings(vec![Algorithm::ES256], server.source())).expect("verifier");
+    let token = sign(&ec, &claims(json!({})));
+    runtime.block_on(async {
+        assert_eq!(
+            verifier.verify(&token),
+            Err(TokenRejection::KeysUnavailable)
+        );
+        assert!(
+            eventually(Duration::from_secs(5), async || verifier
+                .verify(&token)
+                .is_ok())
+            .await
+            .is_some(),
+            "the first token did not start the fetches"
+        );
+    });
+    assert_eq!(server.hits(), 1);
 }
 
 #[tokio::test]

@@ -56,9 +56,6 @@ pub enum JwtSetupError {
     /// The JWKS URL cannot be fetched by the gateway (scheme, host, or no trusted roots for `https`).
     #[error("jwks_url {url}: {message}")]
     InvalidUrl { url: String, message: String },
-    /// A JWKS URL needs a Tokio runtime for its background fetches.
-    #[error("jwks_url {url}: the verifier must be built inside a Tokio runtime")]
-    NoRuntime { url: String },
     /// The HS256 secret is empty.
     #[error("the HS256 secret is empty")]
     EmptySecret,

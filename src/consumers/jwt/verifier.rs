@@ -10,6 +10,7 @@ use arc_swap::ArcSwapOption;
 use http::{HeaderMap, HeaderName};
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, Validation};
+use parking_lot::Mutex;
 use serde_json::{Map, Value};
 use tokio::sync::Notify;
 
@@ -67,26 +68,27 @@ struct Refetch {
     started: Instant,
     /// Milliseconds after `started` of the last ask, `u64::MAX` before the first.
     last_asked_ms: AtomicU64,
-    _task: AbortOnDrop,
+    task: Mutex<RefreshTask>,
+}
+
+/// The refresh task: running, or waiting for a runtime to be spawned on (a verifier built outside one).
+struct RefreshTask {
+    pending: Option<Refresher>,
+    running: Option<AbortOnDrop>,
 }
 
 // === impl JwtVerifier ===
 
 impl JwtVerifier {
     /// Builds the verifier. A JWKS file that cannot be read or parsed is an error naming the file. A JWKS URL is
-    /// fetched in a background task (spawned: this needs a Tokio runtime) that start-up never waits for: until
-    /// the first fetch succeeds, tokens are refused with `KeysUnavailable`, and the task retries (backoff up to 5s).
+    /// fetched in a background task that start-up never waits for: until the first fetch succeeds, tokens are
+    /// refused with `KeysUnavailable`, and the task retries (backoff up to 5s). The task is spawned on the Tokio
+    /// runtime this is called in or, built outside one, on the runtime of the first `verify` (the first token
+    /// is then refused with `KeysUnavailable` while the fetch starts).
     pub fn new(settings: JwtSettings) -> Result<Self, JwtSetupError> {
         let keys = initial_keys(&settings)?;
         let refresh = match &settings.keys {
-            JwtKeySource::Url { url, refresh } => {
-                let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
-                    JwtSetupError::NoRuntime {
-                        url: url.to_string(),
-                    }
-                })?;
-                Some((JwksUrl::new(url)?, *refresh, runtime))
-            }
+            JwtKeySource::Url { url, refresh } => Some((JwksUrl::new(url)?, *refresh)),
             _ => None,
         };
         let validations = settings
@@ -95,7 +97,7 @@ impl JwtVerifier {
             .map(|alg| (*alg, validation(&settings, *alg)))
             .collect();
         let shared = Arc::new_cyclic(|weak: &Weak<Shared>| {
-            let refetch = refresh.map(|(url, every, runtime)| {
+            let refetch = refresh.map(|(url, every)| {
                 let asked = Arc::new(Notify::new());
                 let refresher = Refresher {
                     url,
@@ -103,12 +105,21 @@ impl JwtVerifier {
                     asked: asked.clone(),
                     verifier: weak.clone(),
                 };
-                let task = runtime.spawn(refresher.run());
+                let task = match tokio::runtime::Handle::try_current() {
+                    Ok(runtime) => RefreshTask {
+                        pending: None,
+                        running: Some(AbortOnDrop(runtime.spawn(refresher.run()).abort_handle())),
+                    },
+                    Err(_) => RefreshTask {
+                        pending: Some(refresher),
+                        running: None,
+                    },
+                };
                 Refetch {
                     asked,
                     started: Instant::now(),
                     last_asked_ms: AtomicU64::new(u64::MAX),
-                    _task: AbortOnDrop(task.abort_handle()),
+                    task: Mutex::new(task),
                 }
             });
             Shared {
@@ -214,10 +225,10 @@ impl Shared {
             .ok()
             .filter(|alg| self.algorithms.contains(alg))
             .ok_or(TokenRejection::AlgorithmNotAllowed)?;
-        let keys = self
-            .keys
-            .load_full()
-            .ok_or(TokenRejection::KeysUnavailable)?;
+        let Some(keys) = self.keys.load_full() else {
+            self.start_refresh();
+            return Err(TokenRejection::KeysUnavailable);
+        };
         let candidates = keys
             .candidates(alg, header.kid.as_deref())
             .inspect_err(|_| {
@@ -288,6 +299,24 @@ impl Shared {
         self.keys.store(Some(Arc::new(keys)));
         self.cache.reset(generation);
         Ok(())
+    }
+
+    /// Spawns the refresh task if the verifier was built outside a runtime and this runs in one. Reached only
+    /// while no keys are held, so never on the path of a token that verifies.
+    fn start_refresh(&self) {
+        let Some(refetch) = &self.refetch else {
+            return;
+        };
+        let mut task = refetch.task.lock();
+        if task.pending.is_none() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if let Some(refresher) = task.pending.take() {
+            task.running = Some(AbortOnDrop(runtime.spawn(refresher.run()).abort_handle()));
+        }
     }
 
     /// Wakes the refresh task for a token naming `kid`, unless it was woken less than 30s ago.
