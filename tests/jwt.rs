@@ -208,6 +208,11 @@ fn refusals_name_their_class() {
             format!("{},", sign(&rsa, &claims(json!({})))),
             TokenRejection::Malformed,
         ),
+        (
+            "a token then more",
+            format!("{} x", sign(&rsa, &claims(json!({})))),
+            TokenRejection::Malformed,
+        ),
     ];
     for (case, token, expected) in &cases {
         assert_eq!(verifier.verify(token), Err(*expected), "{case}");

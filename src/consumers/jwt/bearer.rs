@@ -32,9 +32,9 @@ pub(crate) fn token_from<'h>(
     Some(bearer(value.as_bytes()).ok_or(TokenRejection::Malformed))
 }
 
-/// `Bearer` (any case), spaces, then one token. Its characters are not checked here: a cache hit is a token that
-/// verified, and a miss is decoded, which refuses anything but base64url (a per-byte check here cost 10
-/// instructions a byte, 7,000 for an RS256 token, on every request).
+/// `Bearer` (any case), spaces, then the token. Its characters are not checked here: a cache hit is a token that
+/// verified, and a miss is decoded, which refuses anything but three base64url parts as `Malformed` (a scan here
+/// would cost one to ten instructions a byte, 650 to 7,000 for an RS256 token, on every request).
 fn bearer(value: &[u8]) -> Option<&str> {
     const SCHEME: &[u8] = b"bearer ";
     if value.len() <= SCHEME.len() || !value[..SCHEME.len()].eq_ignore_ascii_case(SCHEME) {
@@ -43,7 +43,7 @@ fn bearer(value: &[u8]) -> Option<&str> {
     let token = std::str::from_utf8(&value[SCHEME.len()..])
         .ok()?
         .trim_matches(' ');
-    (!token.is_empty() && !token.contains(' ')).then_some(token)
+    (!token.is_empty()).then_some(token)
 }
 
 /// The JOSE header of `token` (its first part), read to pick the key and refuse `alg`s (`none` too) by name.
@@ -109,7 +109,6 @@ mod tests {
             &["Basic dXNlcjpwYXNz"][..],
             &["Bearer"],
             &["Bearer "],
-            &["Bearer a b"],
             &["Bearera.b.c"],
             &["Bearer a.b.c", "Bearer d.e.f"],
         ] {
