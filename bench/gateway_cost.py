@@ -14,6 +14,8 @@ second move by 25% between identical runs, so it shows what a change to the requ
     python3 bench/gateway_cost.py --only memory-keys    # 10,000 clients (bench/report.lua), not run by default
     python3 bench/gateway_cost.py --only memory-consumer   # an API-key consumer on a plan (memory-header: the
                                                            # same limits keyed by the key's header)
+    python3 bench/gateway_cost.py --only memory-jwt        # a JWT consumer on the same plan (token cached)
+    python3 bench/gateway_cost.py --jwt                    # print the bench token (for bench/pairs.sh)
 
 An nginx upstream (return 200) and a Redis are started on loopback; for each configuration tollgate runs under
 callgrind with one worker thread (TOKIO_WORKER_THREADS=1, as in bench/run.sh), takes a 3 s warm-up from wrk, then
@@ -26,6 +28,10 @@ bench/run.sh (16379 Redis, 18081 upstream, 18090 and 19901 tollgate), so do not 
 """
 
 import argparse
+import base64
+import hashlib
+import hmac
+import json
 import os
 import shutil
 import subprocess
@@ -43,6 +49,21 @@ TOLLGATE_PORT = 18090
 ADMIN_PORT = 19901
 # The API key of the consumer configurations (bench/configs/*-consumer.yaml list its SHA-256).
 API_KEY = ["x-api-key: bench-key"]
+# The HS256 secret of bench/configs/*-jwt.yaml (read from BENCH_JWT_SECRET).
+JWT_SECRET = os.environ.get("BENCH_JWT_SECRET", "bench-secret")
+
+
+def jwt(seconds: int = 86_400) -> str:
+    """An HS256 token for consumer `bench`, valid for `seconds`, signed with JWT_SECRET."""
+    def part(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+    header = part(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    claims = part(json.dumps({"sub": "bench", "exp": int(time.time()) + seconds}).encode())
+    signature = hmac.new(JWT_SECRET.encode(), f"{header}.{claims}".encode(), hashlib.sha256).digest()
+    return f"{header}.{claims}.{part(signature)}"
+
+
+BEARER = [f"authorization: Bearer {jwt()}"]
 # label, config, distinct clients (None: one), measured by default, request headers
 CASES = [
     ("limiting off (target 2)", "off", None, True, []),
@@ -54,6 +75,8 @@ CASES = [
     ("memory store, API-key consumer, plan of 3 limits", "memory-consumer", None, False, API_KEY),
     ("Redis, 3 limits keyed by a header", "redis-header", None, False, API_KEY),
     ("Redis, API-key consumer, plan of 3 limits", "redis-consumer", None, False, API_KEY),
+    ("memory store, JWT consumer, plan of 3 limits", "memory-jwt", None, False, BEARER),
+    ("Redis, JWT consumer, plan of 3 limits", "redis-jwt", None, False, BEARER),
 ]
 
 
@@ -185,6 +208,7 @@ def measure(
     env = dict(os.environ, TOKIO_WORKER_THREADS="1", RUST_LOG="warn")
     env["BENCH_REDIS_URL"] = f"redis://127.0.0.1:{REDIS_PORT}"
     env["BENCH_UPSTREAM_URL"] = f"http://127.0.0.1:{UPSTREAM_PORT}"
+    env["BENCH_JWT_SECRET"] = JWT_SECRET
     out = work / f"callgrind.{config.stem}"
     simulate = ["--cache-sim=yes"] if cache else []
     gateway = subprocess.Popen(
@@ -226,7 +250,11 @@ def main() -> None:
     parser.add_argument("--cache", action="store_true", help="also count instruction-cache misses (callgrind's cache simulation)")
     parser.add_argument("--only", choices=[case[1] for case in CASES], help="measure this configuration alone")
     parser.add_argument("--keep", type=Path, help="copy the callgrind dumps into this folder (for callgrind_annotate --inclusive=yes)")
+    parser.add_argument("--jwt", action="store_true", help="print the bench/configs/*-jwt.yaml token and exit")
     args = parser.parse_args()
+    if args.jwt:
+        print(jwt())
+        return
     for tool in ("valgrind", "callgrind_control", "nginx", "redis-server", "redis-cli", "wrk"):
         if shutil.which(tool) is None:
             sys.exit(f"gateway_cost: {tool} not found (apt-get install valgrind nginx-light redis-server wrk)")

@@ -4,6 +4,8 @@
 #   bench/pairs.sh                                         # off.yaml against redis-pass.yaml, 4 cycles
 #   bench/pairs.sh bench/configs/off.yaml bench/configs/memory-pass.yaml 6
 #   PAIRS_HEADER='x-api-key: bench-key' bench/pairs.sh bench/configs/redis-header.yaml bench/configs/redis-consumer.yaml
+#   PAIRS_HEADER="authorization: Bearer $(python3 bench/gateway_cost.py --jwt)" \
+#       bench/pairs.sh bench/configs/redis-pass.yaml bench/configs/redis-jwt.yaml   # A: the same limits by address
 #   BENCH_TOLLGATE=/tmp/tollgate-before PAIRS_TOLLGATE_B=target/release/tollgate \
 #       bench/pairs.sh bench/configs/redis-pass.yaml bench/configs/redis-pass.yaml   # two builds, one config
 #
@@ -38,6 +40,7 @@ UPSTREAM_CPU=${PAIRS_UPSTREAM_CPU:-0}
 REDIS_CPU=${PAIRS_REDIS_CPU:-0}
 export RUST_LOG=warn TOKIO_WORKER_THREADS=${TOKIO_WORKER_THREADS:-1}
 export BENCH_REDIS_URL=redis://127.0.0.1:16379 BENCH_UPSTREAM_URL=http://127.0.0.1:18081
+export BENCH_JWT_SECRET=${BENCH_JWT_SECRET:-bench-secret}   # bench/configs/*-jwt.yaml
 
 for tool in nginx redis-server redis-cli wrk curl taskset; do
     command -v "$tool" >/dev/null || { echo "pairs: $tool not found (bench/run.sh installs what it needs)" >&2; exit 1; }
