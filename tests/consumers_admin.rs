@@ -323,6 +323,11 @@ async fn unknown_plans_limits_bad_overrides_and_ids_are_named() {
     let (status, body) = call(http.get(format!("{admin}/consumers/acme?plan=free"))).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["limits"][0]["capacity"], 3, "{body}");
+    // acme's static key names its plan: shown without asking.
+    let (status, body) = call(http.get(format!("{admin}/consumers/acme"))).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["plan"], "free", "{body}");
+    assert_eq!(body["limits"][0]["name"], "hourly", "{body}");
 }
 
 #[tokio::test]

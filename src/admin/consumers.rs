@@ -29,8 +29,8 @@ pub(super) struct SettingsBody {
     blocked: bool,
 }
 
-/// `GET /consumers/{id}?plan=NAME`: the plan whose limits to show when the consumer has no runtime plan (its
-/// static key's or token's).
+/// `GET /consumers/{id}?plan=NAME`: the plan whose limits to show when the consumer has no runtime plan (a
+/// token's claim, say; a static key's plan is found without it).
 #[derive(Debug, Deserialize)]
 pub(super) struct PlanQuery {
     plan: Option<String>,
@@ -97,10 +97,12 @@ pub(super) async fn show(
 ) -> Result<Json<Value>, AdminError> {
     let (consumers, directory) = admin.consumers(&headers, &id)?;
     let record = directory.consumer(&id);
+    // As requests find it: the runtime plan, then a static key's; a token's claim is known only to its requests.
     let plan_name = record
         .as_ref()
         .and_then(|record| record.plan.clone())
-        .or(query.plan);
+        .or(query.plan)
+        .or_else(|| consumers.configured_plan(&id).map(str::to_owned));
     let plan = match &plan_name {
         Some(name) => Some(plan_named(&consumers, name)?),
         None => None,

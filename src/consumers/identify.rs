@@ -323,6 +323,16 @@ impl Consumers {
         Ok(())
     }
 
+    /// The plan a static key of `consumer` names, if any (the first such key's).
+    pub fn configured_plan(&self, consumer: &str) -> Option<&str> {
+        let plan = self
+            .static_keys
+            .values()
+            .find(|owner| &*owner.consumer == consumer)?
+            .plan?;
+        self.plans.get(plan).map(|plan| plan.name.as_str())
+    }
+
     /// The runtime directory.
     pub fn directory(&self) -> &Arc<Directory> {
         &self.directory
