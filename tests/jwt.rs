@@ -17,10 +17,16 @@ use tollgate::consumers::jwt::{
     JwtKeySource, JwtSettings, JwtSetupError, JwtVerifier, TokenRejection, VerifiedToken,
 };
 
+use axum::routing::get;
+use axum::Router;
+use common::binary::Tollgate;
 use common::eventually;
+use common::http_client::client;
 use common::jwt::{
     ec_key, ed_key, jwks, now, rsa_key, sign, sign_as, url_source, JwksServer, RSA_PUBLIC_PEM,
 };
+use common::pki::TestCa;
+use common::upstream::{serve_tls, Upstream};
 
 const ISSUER: &str = "https://auth.example.test";
 
@@ -503,6 +509,69 @@ fn a_jwks_url_verifier_built_outside_a_runtime_fetches_from_its_first_token() {
         );
     });
     assert_eq!(server.hits(), 1);
+}
+
+#[tokio::test]
+async fn a_jwks_url_over_https_is_fetched_trusting_the_system_roots() {
+    // Through the binary: its system roots are the test CA by SSL_CERT_FILE, which a process reads once.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new(dir.path(), "idp");
+    let ec = ec_key("ec-1");
+    let document = jwks(&[&ec]);
+    let app = Router::new().route(
+        "/.well-known/jwks.json",
+        get(move || std::future::ready(document.clone())),
+    );
+    let idp = serve_tls(app, &ca.issue("idp", &["127.0.0.1"]), None).await;
+    let upstream = Upstream::start().await;
+    let config = dir.path().join("gateway.yaml");
+    let yaml = format!(
+        r#"listen: 127.0.0.1:0
+admin:
+  listen: 127.0.0.1:0
+store:
+  backend: memory
+upstreams:
+  backend:
+    targets: ["{upstream}"]
+consumers:
+  identify:
+    - jwt:
+        algorithms: [ES256]
+        jwks_url: https://{idp}/.well-known/jwks.json
+  anonymous: reject
+routes:
+  - name: api
+    upstream: backend
+"#,
+        upstream = upstream.url(),
+        idp = idp.addr,
+    );
+    std::fs::write(&config, yaml).expect("write config");
+    let mut command = Tollgate::command(&config);
+    command
+        .env("SSL_CERT_FILE", &ca.ca_file)
+        .env_remove("SSL_CERT_DIR")
+        .env("RUST_LOG", "warn");
+    let gateway = Tollgate::spawn(command);
+    let token = sign(&ec, &json!({"sub": "acme", "exp": now() + 600}));
+    let status = async |token: Option<&str>| {
+        let mut request = client().get(gateway.url("/x"));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send().await.expect("request").status().as_u16()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), async || status(Some(&token)).await
+            == 200)
+        .await
+        .is_some(),
+        "the token never verified: {}",
+        gateway.log()
+    );
+    assert_eq!(status(None).await, 401);
+    assert_eq!(upstream.hits(), 1);
 }
 
 #[tokio::test]

@@ -202,13 +202,13 @@ impl Refresher {
                             self.every
                         }
                         Err(why) => {
-                            tracing::warn!(url = %self.url.url, %why, "JWKS refused; keeping the keys held");
+                            tracing::warn!(url = %self.url.url, %why, "JWKS refused; will retry (keys already held stay in use)");
                             next_backoff(&mut backoff)
                         }
                     }
                 }
                 Err(why) => {
-                    tracing::warn!(url = %self.url.url, %why, "JWKS fetch failed; keeping the keys held");
+                    tracing::warn!(url = %self.url.url, %why, "JWKS fetch failed; will retry (keys already held stay in use)");
                     next_backoff(&mut backoff)
                 }
             };
