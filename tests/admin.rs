@@ -10,13 +10,7 @@ use serde_json::Value;
 const TOKEN: &str = "s3cret-admin-token";
 
 fn yaml(redis: Option<&RedisServer>) -> String {
-    let store = match redis {
-        Some(r) => format!(
-            "  backend: redis\n  url: {}\n  timeout: 500ms\n  on_error: deny\n",
-            r.url()
-        ),
-        None => "  backend: memory\n".to_owned(),
-    };
+    let store = common::store_yaml(redis);
     format!(
         r#"store:
 {store}routes:

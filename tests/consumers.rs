@@ -7,7 +7,7 @@ mod common;
 use common::http_client::{client, metrics_text};
 use common::redis::RedisServer;
 use common::upstream::Upstream;
-use common::{serve_admin, start_gateway, TestGateway};
+use common::{gateways_sharing, serve_admin, store_yaml, TestGateway};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -67,18 +67,8 @@ struct Setup {
 async fn setup(redis: bool) -> Setup {
     let upstream = Upstream::start().await;
     let redis = redis.then(RedisServer::start);
-    let store = match &redis {
-        Some(redis) => format!(
-            "  backend: redis\n  url: {}\n  timeout: 500ms\n  on_error: deny\n",
-            redis.url()
-        ),
-        None => "  backend: memory\n".to_owned(),
-    };
-    let yaml = gateway_yaml(&store, &upstream.url());
-    let mut gateways = vec![start_gateway(&yaml).await];
-    if redis.is_some() {
-        gateways.push(start_gateway(&yaml).await);
-    }
+    let yaml = gateway_yaml(&store_yaml(redis.as_ref()), &upstream.url());
+    let gateways = gateways_sharing(&yaml, redis.as_ref()).await;
     Setup {
         gateways,
         _upstream: upstream,

@@ -17,7 +17,7 @@ use common::jwt::{
 };
 use common::redis::RedisServer;
 use common::upstream::Upstream;
-use common::{start_gateway, TestGateway};
+use common::{gateways_sharing, store_yaml, TestGateway};
 
 const ISSUER: &str = "https://auth.example.test";
 
@@ -36,13 +36,7 @@ async fn setup(redis: bool) -> Setup {
     let (rsa, ec) = (rsa_key("rsa-1"), ec_key("ec-1"));
     let jwks = JwksServer::start(jwks(&[&rsa, &ec])).await;
     let redis = redis.then(RedisServer::start);
-    let store = match &redis {
-        Some(redis) => format!(
-            "  backend: redis\n  url: {}\n  timeout: 500ms\n  on_error: deny\n",
-            redis.url()
-        ),
-        None => "  backend: memory\n".to_owned(),
-    };
+    let store = store_yaml(redis.as_ref());
     let yaml = format!(
         r#"listen: 127.0.0.1:0
 store:
@@ -79,10 +73,7 @@ routes:
         upstream = upstream.url(),
         jwks = jwks.addr,
     );
-    let mut gateways = vec![start_gateway(&yaml).await];
-    if redis.is_some() {
-        gateways.push(start_gateway(&yaml).await);
-    }
+    let gateways = gateways_sharing(&yaml, redis.as_ref()).await;
     let setup = Setup {
         gateways,
         ec,

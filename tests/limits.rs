@@ -6,7 +6,7 @@ mod common;
 use common::http_client::client;
 use common::redis::RedisServer;
 use common::upstream::Upstream;
-use common::{start_gateway, TestGateway};
+use common::{start_gateway, store_yaml, TestGateway};
 
 /// The two stores every test runs against.
 #[derive(Debug, Clone, Copy)]
@@ -34,16 +34,6 @@ async fn setup(store: Store, trusted: &str, limits: &str) -> Setup {
         gateway,
         upstream,
         _redis: redis,
-    }
-}
-
-fn store_yaml(redis: Option<&RedisServer>) -> String {
-    match redis {
-        Some(redis) => format!(
-            "  backend: redis\n  url: {}\n  timeout: 500ms\n  on_error: deny\n",
-            redis.url()
-        ),
-        None => "  backend: memory\n".to_owned(),
     }
 }
 

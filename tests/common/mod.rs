@@ -90,6 +90,28 @@ pub async fn start_with_limiter(
     }
 }
 
+/// The `store:` entries (indented by two spaces) of a test config on `redis`, or on the in-process store: on Redis,
+/// a generous time budget and `on_error: deny`, so that a request Redis did not decide shows as a 503.
+pub fn store_yaml(redis: Option<&redis::RedisServer>) -> String {
+    match redis {
+        Some(redis) => format!(
+            "  backend: redis\n  url: {}\n  timeout: 500ms\n  on_error: deny\n",
+            redis.url()
+        ),
+        None => "  backend: memory\n".to_owned(),
+    }
+}
+
+/// Gateways running `yaml` that share one store: two when it is on `redis` (a limit must hold across instances),
+/// one in memory.
+pub async fn gateways_sharing(yaml: &str, redis: Option<&redis::RedisServer>) -> Vec<TestGateway> {
+    let mut gateways = vec![start_gateway(yaml).await];
+    if redis.is_some() {
+        gateways.push(start_gateway(yaml).await);
+    }
+    gateways
+}
+
 impl TestGateway {
     /// `http://127.0.0.1:PORT` + `path`.
     pub fn url(&self, path: &str) -> String {
