@@ -18,7 +18,6 @@ use crate::config::consumer_id;
 use crate::consumers::directory::{ConsumerRecord, Directory, LimitOverride};
 use crate::consumers::{overridden, Consumers, Plan};
 use crate::key::{KeyPart, RequestFacts};
-use crate::limiter::store::LimitCheck;
 
 /// The body of `PUT /consumers/{id}`: a record without its keys (issued with `POST .../keys`).
 #[derive(Debug, Default, Deserialize)]
@@ -239,16 +238,7 @@ async fn limit_state(
         }));
     };
     let store_key = consumers.plan_limit_key(name, &value);
-    let check = LimitCheck {
-        key: &store_key,
-        limit: &limit,
-    };
-    let decision = admin
-        .gateway
-        .limiter()
-        .peek(check)
-        .await
-        .map_err(AdminError::Store)?;
+    let decision = admin.peek(&store_key, &limit).await?;
     Ok(json!({
         "name": name,
         "algorithm": limit.algorithm().name(),

@@ -8,7 +8,6 @@ use serde_json::json;
 
 use super::{Admin, AdminError};
 use crate::admission::LimitSettings;
-use crate::limiter::store::LimitCheck;
 
 #[derive(Debug, Deserialize)]
 pub(super) struct KeyQuery {
@@ -23,16 +22,7 @@ pub(super) async fn peek_limit(
     headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, AdminError> {
     let (store_key, settings) = admin.locate(&headers, &route, &limit, query.key.as_deref())?;
-    let check = LimitCheck {
-        key: &store_key,
-        limit: &settings.limit,
-    };
-    let decision = admin
-        .gateway
-        .limiter()
-        .peek(check)
-        .await
-        .map_err(AdminError::Store)?;
+    let decision = admin.peek(&store_key, &settings.limit).await?;
     Ok(Json(json!({
         "route": route,
         "limit": limit,

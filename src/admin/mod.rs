@@ -107,6 +107,20 @@ enum AdminError {
 // === impl Admin ===
 
 impl Admin {
+    /// The state of `limit` under `key`, consuming nothing.
+    async fn peek(
+        &self,
+        key: &str,
+        limit: &crate::limiter::Limit,
+    ) -> Result<crate::limiter::Decision, AdminError> {
+        let check = crate::limiter::store::LimitCheck { key, limit };
+        self.gateway
+            .limiter()
+            .peek(check)
+            .await
+            .map_err(AdminError::Store)
+    }
+
     fn authorize(&self, headers: &HeaderMap) -> Result<(), AdminError> {
         let Some(token) = &self.token else {
             return Ok(());

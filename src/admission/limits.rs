@@ -499,8 +499,6 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use http::Method;
-
     use super::*;
     use crate::limiter::{Backend, OnError, SystemClock};
 
@@ -531,18 +529,7 @@ mod tests {
 
     /// A `GET /` on route `api` from 192.0.2.7 with `headers`.
     fn facts_of(headers: &HeaderMap) -> RequestFacts<'_> {
-        RequestFacts {
-            client_ip: "192.0.2.7".parse().expect("ip"),
-            ipv6_prefix: 64,
-            route: "api",
-            method: &Method::GET,
-            path: "/",
-            host: None,
-            headers,
-            query: None,
-            consumer: None,
-            plan: None,
-        }
+        RequestFacts::get("192.0.2.7", headers, None)
     }
 
     #[tokio::test]

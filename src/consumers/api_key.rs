@@ -120,23 +120,12 @@ fn decoded_eq(raw: &str, name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderMap, HeaderValue, Method};
+    use http::{HeaderMap, HeaderValue};
 
     use super::*;
 
     fn facts<'a>(headers: &'a HeaderMap, query: Option<&'a str>) -> RequestFacts<'a> {
-        RequestFacts {
-            client_ip: "192.0.2.1".parse().expect("ip"),
-            ipv6_prefix: 64,
-            route: "api",
-            method: &Method::GET,
-            path: "/",
-            host: None,
-            headers,
-            query,
-            consumer: None,
-            plan: None,
-        }
+        RequestFacts::get("192.0.2.1", headers, query)
     }
 
     #[test]

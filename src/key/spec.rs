@@ -72,6 +72,27 @@ pub struct RequestFacts<'a> {
     pub plan: Option<&'a str>,
 }
 
+// === impl RequestFacts ===
+
+#[cfg(test)]
+impl<'a> RequestFacts<'a> {
+    /// A `GET /` on route `api` from `client_ip` with `headers` and `query`, no host and no caller.
+    pub(crate) fn get(client_ip: &str, headers: &'a HeaderMap, query: Option<&'a str>) -> Self {
+        RequestFacts {
+            client_ip: client_ip.parse().expect("ip"),
+            ipv6_prefix: 64,
+            route: "api",
+            method: &Method::GET,
+            path: "/",
+            host: None,
+            headers,
+            query,
+            consumer: None,
+            plan: None,
+        }
+    }
+}
+
 /// A header or query parameter that a key is built from occurs more than once: which occurrence counts would be
 /// a guess, and the upstream might read another one, so the request is refused (400).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -320,18 +341,7 @@ mod tests {
     }
 
     fn facts<'a>(headers: &'a HeaderMap, query: Option<&'a str>) -> RequestFacts<'a> {
-        RequestFacts {
-            client_ip: ip("192.0.2.1"),
-            ipv6_prefix: 64,
-            route: "api",
-            method: &Method::GET,
-            path: "/x",
-            host: None,
-            headers,
-            query,
-            consumer: None,
-            plan: None,
-        }
+        RequestFacts::get("192.0.2.1", headers, query)
     }
 
     fn spec(parts: &[&str], missing: MissingKey) -> KeySpec {
