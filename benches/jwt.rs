@@ -2,7 +2,8 @@
 //! costs) beside a full RS256 and ES256 check (the first request, and what the cache saves), and the bearer
 //! header read.
 //!
-//! Run with `cargo bench --bench jwt` (about half a minute). For an instruction count, which a shared machine does
+//! Run with `cargo bench --bench jwt` (about half a minute). Signatures are checked by ring, as in the binary;
+//! `JWT_CRYPTO=rustcrypto` measures jsonwebtoken's RustCrypto checks instead. For an instruction count, which a shared machine does
 //! not blur as it does times, `JWT_COUNT=<bench>:<n>` runs that bench's routine n times without criterion; run it
 //! under callgrind for n = 0 and n = 10000 and divide the difference by 10000:
 //!
@@ -137,6 +138,10 @@ criterion_group! {
 }
 
 fn main() {
+    // As the binary does, unless `JWT_CRYPTO=rustcrypto` asks for jsonwebtoken's own (RustCrypto) checks.
+    if std::env::var("JWT_CRYPTO").as_deref() != Ok("rustcrypto") {
+        assert!(tollgate::consumers::jwt::use_ring_for_signatures());
+    }
     match std::env::var("JWT_COUNT") {
         Ok(spec) => count(&spec),
         Err(_) => {

@@ -59,6 +59,8 @@ const EXIT_FAILURE: u8 = 1;
 const CONFIG_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 fn main() -> ExitCode {
+    // Before anything uses jsonwebtoken: its crypto is chosen once per process.
+    tollgate::consumers::jwt::use_ring_for_signatures();
     let cli = Cli::parse();
     init_tracing(cli.log_format);
     let config = match config::load(&cli.config) {

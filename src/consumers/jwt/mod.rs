@@ -2,12 +2,14 @@
 
 mod bearer;
 mod cache;
+mod crypto;
 mod jwks;
 mod keys;
 mod rejection;
 mod settings;
 mod verifier;
 
+pub use crypto::use_ring_for_signatures;
 pub use rejection::{JwtSetupError, TokenRejection};
 pub use settings::{
     JwtKeySource, JwtSettings, DEFAULT_JWKS_REFRESH, TOKEN_CACHE_BYTES, TOKEN_CACHE_CAPACITY,
