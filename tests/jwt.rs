@@ -575,6 +575,21 @@ routes:
 }
 
 #[tokio::test]
+async fn a_verifier_built_again_for_a_jwks_url_starts_with_the_keys_fetched_before() {
+    // What a config reload does: a new verifier for the same URL, while the identity provider is not answering.
+    let ec = ec_key("ec-1");
+    let server = JwksServer::start(jwks(&[&ec])).await;
+    let first = JwtVerifier::new(settings(vec![Algorithm::ES256], server.source())).expect("first");
+    keys_loaded(&first).await;
+    drop(first);
+    server.replace("not a JWKS".to_owned());
+    let second =
+        JwtVerifier::new(settings(vec![Algorithm::ES256], server.source())).expect("second");
+    assert_eq!(second.key_count(), 1);
+    assert!(second.verify(&sign(&ec, &claims(json!({})))).is_ok());
+}
+
+#[tokio::test]
 async fn an_unknown_kid_fetches_the_jwks_again_and_finds_the_rotated_key() {
     let (old, new) = (rsa_key("2025"), ec_key("2026"));
     let server = JwksServer::start(jwks(&[&old])).await;

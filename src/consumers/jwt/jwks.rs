@@ -1,7 +1,8 @@
 //! JWKS documents: read from a file at start, or fetched over http(s) and refreshed by a background task.
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -11,6 +12,7 @@ use hyper::client::conn::http1;
 use hyper::rt::{Read, Write};
 use hyper_util::rt::TokioIo;
 use jsonwebtoken::Algorithm;
+use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
@@ -64,6 +66,25 @@ pub(crate) fn read_file(
         path: path.to_owned(),
         message,
     })
+}
+
+/// The last JWKS document fetched from `url` in this process, if any.
+///
+/// A config reload builds new verifiers: one for a URL an old one fetched starts with those keys, not with none.
+/// Without them it would refuse every token as `keys_unavailable` until its own first fetch, and for as long as
+/// the identity provider is down, although the process had the keys a moment before.
+pub(crate) fn remembered(url: &Uri) -> Option<Bytes> {
+    fetched().lock().get(&url.to_string()).cloned()
+}
+
+fn remember(url: &Uri, json: &Bytes) {
+    fetched().lock().insert(url.to_string(), json.clone());
+}
+
+/// One document per URL configured since the process started: a handful.
+fn fetched() -> &'static Mutex<HashMap<String, Bytes>> {
+    static FETCHED: OnceLock<Mutex<HashMap<String, Bytes>>> = OnceLock::new();
+    FETCHED.get_or_init(Mutex::default)
 }
 
 // === impl JwksUrl ===
@@ -198,6 +219,7 @@ impl Refresher {
                     };
                     match verifier.install_jwks(&json) {
                         Ok(()) => {
+                            remember(&self.url.url, &json);
                             backoff = FIRST_BACKOFF;
                             self.every
                         }

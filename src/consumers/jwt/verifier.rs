@@ -82,11 +82,16 @@ struct RefreshTask {
 impl JwtVerifier {
     /// Builds the verifier. A JWKS file that cannot be read or parsed is an error naming the file. A JWKS URL is
     /// fetched in a background task that start-up never waits for: until the first fetch succeeds, tokens are
-    /// refused with `KeysUnavailable`, and the task retries (backoff up to 5s). The task is spawned on the Tokio
+    /// refused with `KeysUnavailable`, and the task retries (backoff up to 5s). A verifier built again for a URL
+    /// fetched before in this process (a config reload) starts with the keys of that last fetch meanwhile. The task is spawned on the Tokio
     /// runtime this is called in or, built outside one, on the runtime of the first `verify` (the first token
     /// is then refused with `KeysUnavailable` while the fetch starts).
     pub fn new(settings: JwtSettings) -> Result<Self, JwtSetupError> {
-        let keys = initial_keys(&settings)?;
+        let mut keys = initial_keys(&settings)?;
+        if let JwtKeySource::Url { url, .. } = &settings.keys {
+            keys = jwks::remembered(url)
+                .and_then(|json| KeySet::from_jwks(&json, &settings.algorithms, 0).ok());
+        }
         let refresh = match &settings.keys {
             JwtKeySource::Url { url, refresh } => Some((JwksUrl::new(url)?, *refresh)),
             _ => None,
