@@ -85,6 +85,14 @@ fn describe() {
         "tollgate_websocket_tunnels",
         "WebSocket connections open through the gateway now, by upstream."
     );
+    metrics::describe_counter!(
+        "tollgate_jwt_verifications_total",
+        "JWTs verified by signature (not served by the token cache), by result: ok or the refusal reason."
+    );
+    metrics::describe_counter!(
+        "tollgate_jwks_fetches_total",
+        "Fetches of jwks_url documents, by result: ok, or error (no answer, not a JWKS, no usable key)."
+    );
 }
 
 /// The per-route series of the request path, registered once when the config is compiled: looking a series up

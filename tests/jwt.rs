@@ -21,7 +21,7 @@ use axum::routing::get;
 use axum::Router;
 use common::binary::Tollgate;
 use common::eventually;
-use common::http_client::client;
+use common::http_client::{client, metrics_text};
 use common::jwt::{
     ec_key, ed_key, jwks, now, rsa_key, sign, sign_as, url_source, JwksServer, RSA_PUBLIC_PEM,
 };
@@ -571,7 +571,19 @@ routes:
         gateway.log()
     );
     assert_eq!(status(None).await, 401);
-    assert_eq!(upstream.hits(), 1);
+    let expired = sign(&ec, &json!({"sub": "acme", "exp": now() - 60}));
+    assert_eq!(status(Some(&expired)).await, 401);
+    assert_eq!(status(Some(&token)).await, 200);
+    assert_eq!(upstream.hits(), 2);
+    // The token was checked once, then answered from the cache; the expired one was checked too.
+    let metrics = metrics_text(&gateway.admin_url("")).await;
+    for line in [
+        r#"tollgate_jwt_verifications_total{result="ok"} 1"#,
+        r#"tollgate_jwt_verifications_total{result="expired"} 1"#,
+        r#"tollgate_jwks_fetches_total{result="ok"} 1"#,
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
 }
 
 #[tokio::test]

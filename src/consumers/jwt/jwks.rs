@@ -219,17 +219,23 @@ impl Refresher {
                     };
                     match verifier.install_jwks(&json) {
                         Ok(()) => {
+                            metrics::counter!("tollgate_jwks_fetches_total", "result" => "ok")
+                                .increment(1);
                             remember(&self.url.url, &json);
                             backoff = FIRST_BACKOFF;
                             self.every
                         }
                         Err(why) => {
+                            metrics::counter!("tollgate_jwks_fetches_total", "result" => "error")
+                                .increment(1);
                             tracing::warn!(url = %self.url.url, %why, "JWKS refused; will retry (keys already held stay in use)");
                             next_backoff(&mut backoff)
                         }
                     }
                 }
                 Err(why) => {
+                    metrics::counter!("tollgate_jwks_fetches_total", "result" => "error")
+                        .increment(1);
                     tracing::warn!(url = %self.url.url, %why, "JWKS fetch failed; will retry (keys already held stay in use)");
                     next_backoff(&mut backoff)
                 }

@@ -171,7 +171,13 @@ impl JwtVerifier {
         if let Some(answer) = self.shared.cache.get(token, now) {
             return answer;
         }
-        self.shared.verify(token, now, true)
+        let answer = self.shared.verify(token, now, true);
+        // Counted off the cache only: a hit costs no metrics work, and a miss costs a thousand times more anyway.
+        let result = answer
+            .as_ref()
+            .map_or_else(TokenRejection::reason, |_| "ok");
+        metrics::counter!("tollgate_jwt_verifications_total", "result" => result).increment(1);
+        answer
     }
 
     /// Verifies `token` as [`verify`](Self::verify) does, but always by its signature and without caching it:
