@@ -54,11 +54,11 @@ JWT_SECRET = os.environ.get("BENCH_JWT_SECRET", "bench-secret")
 
 
 def jwt(seconds: int = 86_400) -> str:
-    """An HS256 token for consumer `bench`, valid for `seconds`, signed with JWT_SECRET."""
+    """An HS256 token for consumer `bench` on plan `bench`, valid for `seconds`, signed with JWT_SECRET."""
     def part(data: bytes) -> str:
         return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
     header = part(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
-    claims = part(json.dumps({"sub": "bench", "exp": int(time.time()) + seconds}).encode())
+    claims = part(json.dumps({"sub": "bench", "plan": "bench", "exp": int(time.time()) + seconds}).encode())
     signature = hmac.new(JWT_SECRET.encode(), f"{header}.{claims}".encode(), hashlib.sha256).digest()
     return f"{header}.{claims}.{part(signature)}"
 

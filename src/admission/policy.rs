@@ -43,8 +43,9 @@ struct PolicyConsumers {
 pub struct Admitted {
     /// The limiter's answer.
     pub verdict: Verdict,
-    /// The identified caller, on a route that identifies callers.
-    pub caller: Option<Caller>,
+    /// The identified caller, on a route that identifies callers. Boxed: an admission is held while the request
+    /// is forwarded, and routes without consumers should not carry room for one.
+    pub caller: Option<Box<Caller>>,
 }
 
 /// What admission decided for one request.
@@ -114,19 +115,31 @@ impl Policy {
         if self.is_exempt(facts.client_ip) {
             return Admission::Exempt;
         }
-        let caller = match self.identify(facts) {
-            Ok(caller) => caller,
-            Err((refusal, challenges)) => {
-                return Admission::Refused(responses::caller_refused(&refusal, challenges))
+        // Boxed, and only on routes that identify callers: a route without consumers carries no room for one.
+        let caller = match self.identifying() {
+            None => None,
+            Some(policy) => match policy.consumers.identify(facts, policy.mode) {
+                Ok(caller) => Some(Box::new(caller)),
+                Err(refusal) => {
+                    let challenges = policy.consumers.challenges();
+                    return Admission::Refused(responses::caller_refused(&refusal, challenges));
+                }
+            },
+        };
+        let limits = self.limits_for(caller.as_deref());
+        let identified;
+        let (facts, replaced) = match caller.as_deref() {
+            None => (facts, None),
+            Some(caller) => {
+                identified = self.identified(facts, Some(caller));
+                let replaced = caller
+                    .overrides
+                    .clone()
+                    .map(|overrides| Replaced::new(self.limits.limits().len(), overrides));
+                (&identified, replaced)
             }
         };
-        let limits = self.limits_for(caller.as_ref());
-        let facts = self.identified(facts, caller.as_ref());
-        let replaced = caller.as_ref().and_then(|caller| {
-            let overrides = caller.overrides.clone()?;
-            Some(Replaced::new(self.limits.limits().len(), overrides))
-        });
-        let verdict = match limits.check_replacing(limiter, &facts, replaced).await {
+        let verdict = match limits.check_replacing(limiter, facts, replaced).await {
             Ok(verdict) => verdict,
             Err(error) => return Admission::Refused(limits.not_checked(&error)),
         };
@@ -143,10 +156,14 @@ impl Policy {
     /// The store keys a request would be counted under, its caller identified, without asking the limiter: none
     /// when the caller is refused (nothing is counted then), an error when a key part or credential occurs twice.
     pub fn keys(&self, facts: &RequestFacts<'_>) -> Result<Vec<String>, AmbiguousKey> {
-        let caller = match self.identify(facts) {
-            Ok(caller) => caller,
-            Err((CallerRefusal::Ambiguous, _)) => return Err(AmbiguousKey),
-            Err(_) => return Ok(Vec::new()),
+        let caller = match self
+            .identifying()
+            .map(|p| p.consumers.identify(facts, p.mode))
+        {
+            None => None,
+            Some(Ok(caller)) => Some(caller),
+            Some(Err(CallerRefusal::Ambiguous)) => return Err(AmbiguousKey),
+            Some(Err(_)) => return Ok(Vec::new()),
         };
         let identified = self.identified(facts, caller.as_ref());
         self.limits_for(caller.as_ref()).keys(&identified)
@@ -156,7 +173,7 @@ impl Policy {
     /// to; an exempt request's response gets none.
     pub fn decorate(&self, admission: &Admission, headers: &mut HeaderMap) {
         if let (true, Admission::Admitted(admitted)) = (self.headers, admission) {
-            self.limits_for(admitted.caller.as_ref())
+            self.limits_for(admitted.caller.as_deref())
                 .decorate(headers, &admitted.verdict);
         }
     }
@@ -190,24 +207,11 @@ impl Policy {
         }
     }
 
-    /// The caller of a request on a route that identifies callers, or why it is refused, with the challenges a
-    /// 401 carries.
-    fn identify(
-        &self,
-        facts: &RequestFacts<'_>,
-    ) -> Result<Option<Caller>, (CallerRefusal, &HeaderValue)> {
-        let Some(policy) = self
-            .consumers
+    /// The consumers of a route that identifies callers.
+    fn identifying(&self) -> Option<&PolicyConsumers> {
+        self.consumers
             .as_ref()
-            .filter(|p| p.mode != ConsumerMode::Off)
-        else {
-            return Ok(None);
-        };
-        policy
-            .consumers
-            .identify(facts, policy.mode)
-            .map(Some)
-            .map_err(|refusal| (refusal, policy.consumers.challenges()))
+            .filter(|policy| policy.mode != ConsumerMode::Off)
     }
 
     /// The limits that apply to a caller: the route's, and its plan's.
