@@ -50,7 +50,7 @@ ADMIN_PORT = 19901
 # The API key of the consumer configurations (bench/configs/*-consumer.yaml list its SHA-256).
 API_KEY = ["x-api-key: bench-key"]
 # The HS256 secret of bench/configs/*-jwt.yaml (read from BENCH_JWT_SECRET).
-JWT_SECRET = os.environ.get("BENCH_JWT_SECRET", "bench-secret")
+JWT_SECRET = os.environ.get("BENCH_JWT_SECRET", "bench-secret-of-at-least-32-bytes")
 
 
 def jwt(seconds: int = 86_400) -> str:

@@ -40,7 +40,7 @@ UPSTREAM_CPU=${PAIRS_UPSTREAM_CPU:-0}
 REDIS_CPU=${PAIRS_REDIS_CPU:-0}
 export RUST_LOG=warn TOKIO_WORKER_THREADS=${TOKIO_WORKER_THREADS:-1}
 export BENCH_REDIS_URL=redis://127.0.0.1:16379 BENCH_UPSTREAM_URL=http://127.0.0.1:18081
-export BENCH_JWT_SECRET=${BENCH_JWT_SECRET:-bench-secret}   # bench/configs/*-jwt.yaml
+export BENCH_JWT_SECRET=${BENCH_JWT_SECRET:-bench-secret-of-at-least-32-bytes}   # bench/configs/*-jwt.yaml
 
 for tool in nginx redis-server redis-cli wrk curl taskset; do
     command -v "$tool" >/dev/null || { echo "pairs: $tool not found (bench/run.sh installs what it needs)" >&2; exit 1; }

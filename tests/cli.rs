@@ -59,6 +59,28 @@ routes:
 }
 
 #[test]
+fn an_hs256_secret_shorter_than_the_hash_is_a_located_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = "consumers:\n  identify:\n    - jwt: { algorithms: [HS256], secret_env: TEST_JWT_SECRET }\n";
+    let path = write_config(&dir, "jwt.yaml", yaml);
+    let check = |secret: &str| {
+        Command::new(BIN)
+            .args(["check", "--config", path.to_str().unwrap()])
+            .env("TEST_JWT_SECRET", secret)
+            .output()
+            .expect("run tollgate")
+    };
+    let short = check("twelve-bytes");
+    assert_eq!(short.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&short.stderr);
+    assert!(
+        stderr.contains("jwt.yaml:3:35: consumers.identify[0].jwt.secret_env: the secret in TEST_JWT_SECRET is 12 bytes; HS256 needs at least 32"),
+        "{stderr}"
+    );
+    assert_eq!(check(&"s".repeat(32)).status.code(), Some(0));
+}
+
+#[test]
 fn unknown_keys_are_rejected_with_their_location() {
     let dir = tempfile::tempdir().unwrap();
     let yaml = "store:\n  backend: memory\n  timout: 25ms\n";

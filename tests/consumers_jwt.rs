@@ -217,6 +217,17 @@ async fn tokens_that_do_not_verify_are_401_and_consume_nothing() {
             )
         );
     }
+    // Two Authorization lines: which one a proxy in front read is a guess, as for an API key sent twice.
+    let good = sign(&rsa, &claims("acme", "pro", json!({})));
+    let mut twice = reqwest::Request::new(
+        reqwest::Method::GET,
+        setup.gateways[0].url("/a/x").parse().expect("url"),
+    );
+    for _ in 0..2 {
+        let value = format!("Bearer {good}").parse().expect("value");
+        twice.headers_mut().append("authorization", value);
+    }
+    assert_eq!(client().execute(twice).await.expect("send").status(), 400);
     // No credential at all, with `anonymous: reject`.
     let bare = client()
         .get(setup.gateways[0].url("/a/x"))
@@ -228,8 +239,7 @@ async fn tokens_that_do_not_verify_are_401_and_consume_nothing() {
         bare.headers()["www-authenticate"],
         "Bearer realm=\"tollgate\""
     );
-    // None of it consumed acme's pro budget (6, less the probe's consumer, which is another one).
-    let good = sign(&rsa, &claims("acme", "pro", json!({})));
+    // None of it consumed acme's pro budget (6; the probe's consumer is another one).
     assert_eq!(
         setup.statuses(&good, 7).await,
         [200, 200, 200, 200, 200, 200, 429]

@@ -193,13 +193,18 @@ fn jwt_settings(issues: &mut Issues, at: &str, raw: &RawJwt, folder: &Path) -> O
     settings.leeway = leeway?;
     settings.consumer_claim = consumer_claim;
     settings.plan_claim = raw.plan_claim.clone();
-    if let JwtKeySource::File(path) = &settings.keys {
-        // Read now, as the gateway will: its error names the file.
-        let field = format!("{at}.jwks_file");
-        if let Err(error) = JwtVerifier::new(settings.clone()) {
-            issues.add(field, format_args!("{} ({error})", path.display()));
-            return None;
-        }
+    // As the gateway will build it (a JWKS file read, a URL's scheme and roots, a secret's length), without fetching.
+    if let Err(error) = JwtVerifier::check(&settings) {
+        let field = match settings.keys {
+            JwtKeySource::File(_) => "jwks_file",
+            JwtKeySource::Url { .. } => "jwks_url",
+            JwtKeySource::Secret(_) => "secret_env",
+        };
+        // The error names its field first, as the location does already.
+        let text = error.to_string();
+        let text = text.strip_prefix(&format!("{field} ")).unwrap_or(&text);
+        issues.add(format!("{at}.{field}"), text);
+        return None;
     }
     Some(settings)
 }
@@ -236,7 +241,18 @@ fn jwt_keys(issues: &mut Issues, at: &str, raw: &RawJwt, folder: &Path) -> Optio
             }
         }
         (None, None, Some(variable)) => match std::env::var(variable) {
-            Ok(secret) if !secret.is_empty() => Some(JwtKeySource::Secret(secret.into_bytes())),
+            // RFC 7518 §3.2: an HS256 key is at least as long as the hash, 32 bytes.
+            Ok(secret) if secret.len() >= 32 => Some(JwtKeySource::Secret(secret.into_bytes())),
+            Ok(secret) if !secret.is_empty() => {
+                issues.add(
+                    format!("{at}.secret_env"),
+                    format_args!(
+                        "the secret in {variable} is {} bytes; HS256 needs at least 32 (RFC 7518 §3.2)",
+                        secret.len()
+                    ),
+                );
+                None
+            }
             _ => {
                 issues.add(
                     format!("{at}.secret_env"),
@@ -537,7 +553,7 @@ mod tests {
         );
         let found = problems(&missing_file).join("\n");
         assert!(
-            found.contains("consumers.identify[0].jwt.jwks_file: no-such-jwks.json"),
+            found.contains("consumers.identify[0].jwt.jwks_file: no-such-jwks.json: cannot read it"),
             "{found}"
         );
     }

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use http::HeaderValue;
+use http::{HeaderName, HeaderValue};
 
 use super::api_key::{self, Presented};
 use super::directory::{ConsumerRecord, Directory, LimitOverride};
@@ -72,9 +72,13 @@ pub enum CallerRefusal {
 #[derive(Debug)]
 enum Identifier {
     ApiKey(CredentialSource),
-    /// `None` when the verifier could not be built (its JWKS file vanished since the config was checked): every
-    /// token is then refused as `keys_unavailable`.
-    Jwt(Option<JwtVerifier>),
+    Jwt {
+        /// The header carrying `Bearer <token>`.
+        header: HeaderName,
+        /// `None` when the verifier could not be built (its JWKS file vanished since the config was checked):
+        /// every token is then refused as `keys_unavailable`.
+        verifier: Option<JwtVerifier>,
+    },
 }
 
 /// The consumer a static key names, and its plan.
@@ -130,11 +134,17 @@ impl Consumers {
             .iter()
             .map(|identifier| match identifier {
                 IdentifierSettings::ApiKey(source) => Identifier::ApiKey(source.clone()),
-                IdentifierSettings::Jwt(settings) => {
-                    Identifier::Jwt(JwtVerifier::new((**settings).clone()).map_err(|error| {
-                        tracing::error!(%error, "jwt identifier: every token is refused until the keys load");
-                    }).ok())
-                }
+                IdentifierSettings::Jwt(settings) => Identifier::Jwt {
+                    header: settings.header.clone(),
+                    verifier: JwtVerifier::new((**settings).clone())
+                        .map_err(|error| {
+                            tracing::error!(
+                                %error,
+                                "jwt identifier: every token is refused until the keys load"
+                            );
+                        })
+                        .ok(),
+                },
             })
             .collect();
         let challenges = identifiers
@@ -222,7 +232,14 @@ impl Consumers {
                     Presented::Ambiguous => return Err(CallerRefusal::Ambiguous),
                     Presented::One(key) => return self.api_key(&key),
                 },
-                Identifier::Jwt(verifier) => {
+                Identifier::Jwt { header, verifier } => {
+                    let mut values = facts.headers.get_all(header).iter();
+                    match (values.next(), values.next()) {
+                        (None, _) => continue,
+                        // As an API key sent twice: which token a proxy in front read is a guess.
+                        (Some(_), Some(_)) => return Err(CallerRefusal::Ambiguous),
+                        (Some(_), None) => {}
+                    }
                     let Some(verifier) = verifier else {
                         return Err(invalid_token(TokenRejection::KeysUnavailable));
                     };
@@ -383,7 +400,7 @@ impl Identifier {
     fn scheme(&self) -> &'static str {
         match self {
             Identifier::ApiKey(_) => "ApiKey",
-            Identifier::Jwt(_) => "Bearer",
+            Identifier::Jwt { .. } => "Bearer",
         }
     }
 }
