@@ -553,7 +553,8 @@ mod tests {
         );
         let found = problems(&missing_file).join("\n");
         assert!(
-            found.contains("consumers.identify[0].jwt.jwks_file: no-such-jwks.json: cannot read it"),
+            found
+                .contains("consumers.identify[0].jwt.jwks_file: no-such-jwks.json: cannot read it"),
             "{found}"
         );
     }
