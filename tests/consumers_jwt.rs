@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use common::http_client::client;
 use common::jwt::{
-    ec_key, jwks, now, rsa_key, sign, sign_as, JwksServer, SigningKey, RSA_PUBLIC_PEM,
+    ec_key, jwks, merged, now, rsa_key, sign, sign_as, JwksServer, SigningKey, RSA_PUBLIC_PEM,
 };
 use common::redis::RedisServer;
 use common::upstream::Upstream;
@@ -129,16 +129,8 @@ impl Setup {
 /// Claims accepted by the setup's identifier for consumer `sub` on plan `tier`, with `extra` merged over them
 /// (`null` removes a claim).
 fn claims(sub: &str, tier: &str, extra: Value) -> Value {
-    let mut claims =
-        json!({"sub": sub, "tier": tier, "iss": ISSUER, "aud": "api", "exp": now() + 600});
-    for (name, value) in extra.as_object().expect("object") {
-        if value.is_null() {
-            claims.as_object_mut().expect("object").remove(name);
-        } else {
-            claims[name] = value.clone();
-        }
-    }
-    claims
+    let base = json!({"sub": sub, "tier": tier, "iss": ISSUER, "aud": "api", "exp": now() + 600});
+    merged(base, extra)
 }
 
 #[tokio::test]

@@ -23,7 +23,8 @@ use common::binary::Tollgate;
 use common::eventually;
 use common::http_client::{client, metrics_text};
 use common::jwt::{
-    ec_key, ed_key, jwks, now, rsa_key, sign, sign_as, url_source, JwksServer, RSA_PUBLIC_PEM,
+    ec_key, ed_key, jwks, merged, now, rsa_key, sign, sign_as, url_source, JwksServer,
+    RSA_PUBLIC_PEM,
 };
 use common::pki::TestCa;
 use common::upstream::{serve_tls, Upstream};
@@ -34,16 +35,9 @@ const ISSUER: &str = "https://auth.example.test";
 
 /// Claims that pass the settings of `settings()`, with `extra` merged over them (`null` removes a claim).
 fn claims(extra: Value) -> Value {
-    let mut claims =
+    let base =
         json!({"sub": "acme", "tier": "pro", "iss": ISSUER, "aud": "api", "exp": now() + 600});
-    for (name, value) in extra.as_object().expect("object") {
-        if value.is_null() {
-            claims.as_object_mut().expect("object").remove(name);
-        } else {
-            claims[name] = value.clone();
-        }
-    }
-    claims
+    merged(base, extra)
 }
 
 fn settings(algorithms: Vec<Algorithm>, keys: JwtKeySource) -> JwtSettings {

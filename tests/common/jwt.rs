@@ -147,3 +147,15 @@ pub fn url_source(addr: SocketAddr) -> JwtKeySource {
         refresh: Duration::from_secs(3600),
     }
 }
+
+/// `base`'s claims with `extra` merged over them (`null` removes a claim).
+pub fn merged(mut base: Value, extra: Value) -> Value {
+    for (name, value) in extra.as_object().expect("object") {
+        if value.is_null() {
+            base.as_object_mut().expect("object").remove(name);
+        } else {
+            base[name] = value.clone();
+        }
+    }
+    base
+}
