@@ -1,6 +1,6 @@
 //! Admission: the request path the gateway and the tower layer share (design §11). A [`Policy`] decides a request
-//! from its key facts: allowlist, keys, one limiter call, the 429 / 503 / 400 answers, delays, and the fields of
-//! an admitted response.
+//! from its key facts: allowlist, the caller and its plan, keys, one limiter call, the 429 / 503 / 401 / 403 / 400
+//! answers, delays, the fields of an admitted response and the consumer headers sent on.
 
 mod headers;
 mod limits;

@@ -108,8 +108,9 @@ impl Policy {
         self.allow.iter().any(|net| net.contains(&client))
     }
 
-    /// Decides the request `facts` describes: asks `limiter` once for all the limits that apply, and holds an
-    /// admitted request for as long as a `leaky_bucket` in delay mode says.
+    /// Decides the request `facts` describes: identifies its caller where the route does (refusing with 401, 403
+    /// or 400), asks `limiter` once for the route's limits and the caller's plan's, and holds an admitted request
+    /// for as long as a `leaky_bucket` in delay mode says.
     pub async fn admit(&self, limiter: &RateLimiter, facts: &RequestFacts<'_>) -> Admission {
         // Allowlisted clients skip the limits entirely: no store call, nothing counted against anyone.
         if self.is_exempt(facts.client_ip) {
