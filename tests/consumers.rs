@@ -60,7 +60,7 @@ routes:
 /// Gateways sharing one store: two on one Redis, or one on the in-process store.
 struct Setup {
     gateways: Vec<TestGateway>,
-    _upstream: Upstream,
+    upstream: Upstream,
     _redis: Option<RedisServer>,
 }
 
@@ -71,7 +71,7 @@ async fn setup(redis: bool) -> Setup {
     let gateways = gateways_sharing(&yaml, redis.as_ref()).await;
     Setup {
         gateways,
-        _upstream: upstream,
+        upstream,
         _redis: redis,
     }
 }
@@ -396,5 +396,37 @@ async fn an_override_replaces_one_limit_for_one_consumer() {
     assert_eq!(
         statuses(&setup, Some("pro-key-1"), 4).await,
         [200, 200, 200, 429]
+    );
+}
+
+#[tokio::test]
+async fn runtime_settings_outlive_a_config_reload_and_follow_its_plans() {
+    let setup = setup(false).await;
+    let record = serde_json::from_value(serde_json::json!({
+        "plan": "pro",
+        "overrides": {"hourly": {"limit": 4}},
+    }))
+    .expect("record");
+    directory(&setup, 0).put("bob", record).await.expect("put");
+    assert_eq!(statuses(&setup, Some("test"), 1).await, [200]);
+
+    // The same file reloaded: the runtime plan and override still decide (3 left of bob's 4).
+    let gateway = &setup.gateways[0].gateway;
+    let yaml = gateway_yaml("  backend: memory\n", &setup.upstream.url());
+    gateway.reload(&common::config(&yaml));
+    assert_eq!(
+        statuses(&setup, Some("test"), 4).await,
+        [200, 200, 200, 429]
+    );
+
+    // A reload that gives pro's hourly limit another name: the override names no limit of the plan any more and
+    // is passed over, and the renamed limit starts bob afresh at pro's own 6.
+    gateway.reload(&common::config(&yaml.replace(
+        "name: hourly, key: consumer, algorithm: fixed_window, limit: 6",
+        "name: pro-hourly, key: consumer, algorithm: fixed_window, limit: 6",
+    )));
+    assert_eq!(
+        statuses(&setup, Some("test"), 7).await,
+        [200, 200, 200, 200, 200, 200, 429]
     );
 }
