@@ -390,6 +390,14 @@ async fn an_override_replaces_one_limit_for_one_consumer() {
         statuses(&setup, Some("test"), 5).await,
         [200, 200, 200, 200, 429]
     );
+    // Changed again: the next request counts against the new parameter, not one compiled before.
+    let record = serde_json::from_value(serde_json::json!({
+        "plan": "free",
+        "overrides": {"hourly": {"limit": 7}},
+    }))
+    .expect("record");
+    directory(&setup, 0).put("bob", record).await.expect("put");
+    assert_eq!(statuses(&setup, Some("test"), 3).await, [200, 200, 429]);
     // Another free consumer keeps the plan's own 3.
     let record = serde_json::from_value(serde_json::json!({"plan": "free"})).expect("record");
     directory(&setup, 0).put("acme", record).await.expect("put");

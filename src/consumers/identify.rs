@@ -30,6 +30,8 @@ pub struct Consumers {
     key_prefix: String,
     /// What the admin API set at runtime: plans, overrides, blocks, issued keys. Outlives config reloads.
     directory: Arc<Directory>,
+    /// The overrides of the consumers that have some, compiled once per record and plan (not per request).
+    compiled: parking_lot::Mutex<HashMap<Arc<str>, CompiledOverrides, foldhash::fast::RandomState>>,
     /// `WWW-Authenticate` of a 401 for a missing credential: one challenge per kind of credential accepted.
     challenges: HeaderValue,
 }
@@ -79,6 +81,14 @@ enum Identifier {
         /// every token is then refused as `keys_unavailable`.
         verifier: Option<JwtVerifier>,
     },
+}
+
+/// A consumer's overrides compiled for one version of its record and one plan.
+#[derive(Debug)]
+struct CompiledOverrides {
+    record: Arc<ConsumerRecord>,
+    plan: usize,
+    limits: Option<Arc<[(usize, Limit)]>>,
 }
 
 /// The consumer a static key names, and its plan.
@@ -168,6 +178,7 @@ impl Consumers {
             plans: settings.plans.clone(),
             key_prefix: key_prefix.to_owned(),
             directory,
+            compiled: parking_lot::Mutex::default(),
             challenges: HeaderValue::from_str(&challenges)
                 .unwrap_or_else(|_| HeaderValue::from_static("ApiKey realm=\"tollgate\"")),
         }
@@ -278,7 +289,7 @@ impl Consumers {
                 plan = Some(runtime);
             }
             if let (false, Some(plan)) = (record.overrides.is_empty(), plan) {
-                overrides = self.overrides(plan, &record.overrides);
+                overrides = self.compiled_overrides(&consumer, &record, plan);
             }
         }
         Ok(Caller {
@@ -286,6 +297,30 @@ impl Consumers {
             plan,
             overrides,
         })
+    }
+
+    /// [`overrides`](Self::overrides) of `record` for `plan`, compiled at the first request after the record or
+    /// the plan changed. Records are compared by identity: the directory shares unchanged ones between snapshots.
+    fn compiled_overrides(
+        &self,
+        consumer: &Arc<str>,
+        record: &Arc<ConsumerRecord>,
+        plan: usize,
+    ) -> Option<Arc<[(usize, Limit)]>> {
+        let mut compiled = self.compiled.lock();
+        if let Some(entry) = compiled.get(consumer) {
+            if Arc::ptr_eq(&entry.record, record) && entry.plan == plan {
+                return entry.limits.clone();
+            }
+        }
+        let limits = self.overrides(plan, &record.overrides);
+        let entry = CompiledOverrides {
+            record: Arc::clone(record),
+            plan,
+            limits: limits.clone(),
+        };
+        compiled.insert(Arc::clone(consumer), entry);
+        limits
     }
 
     /// The limits of plan `plan` that `changes` replace, by index in the plan; names that are not limits of the
