@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+/// Plan limits are `sliding_log`: exact over any hour, so that no test's count can straddle a window's edge.
 /// A config with two routes on one upstream (`/a` optional, `/b` optional, `/private` required), keys for a `pro`
 /// and a `free` consumer, an anonymous plan, and forwarded consumer headers.
 fn gateway_yaml(store: &str, upstream: &str) -> String {
@@ -33,13 +34,13 @@ consumers:
   plans:
     anonymous:
       limits:
-        - {{ name: per-ip, key: ip, algorithm: fixed_window, limit: 2, period: 1h }}
+        - {{ name: per-ip, key: ip, algorithm: sliding_log, limit: 2, period: 1h }}
     free:
       limits:
-        - {{ name: hourly, key: consumer, algorithm: fixed_window, limit: 3, period: 1h }}
+        - {{ name: hourly, key: consumer, algorithm: sliding_log, limit: 3, period: 1h }}
     pro:
       limits:
-        - {{ name: hourly, key: consumer, algorithm: fixed_window, limit: 6, period: 1h }}
+        - {{ name: hourly, key: consumer, algorithm: sliding_log, limit: 6, period: 1h }}
 routes:
   - name: a
     match: {{ path_prefix: /a }}
@@ -430,8 +431,8 @@ async fn runtime_settings_outlive_a_config_reload_and_follow_its_plans() {
     // A reload that gives pro's hourly limit another name: the override names no limit of the plan any more and
     // is passed over, and the renamed limit starts bob afresh at pro's own 6.
     gateway.reload(&common::config(&yaml.replace(
-        "name: hourly, key: consumer, algorithm: fixed_window, limit: 6",
-        "name: pro-hourly, key: consumer, algorithm: fixed_window, limit: 6",
+        "name: hourly, key: consumer, algorithm: sliding_log, limit: 6",
+        "name: pro-hourly, key: consumer, algorithm: sliding_log, limit: 6",
     )));
     assert_eq!(
         statuses(&setup, Some("test"), 7).await,

@@ -58,10 +58,10 @@ consumers:
   plans:
     free:
       limits:
-        - {{ name: hourly, key: consumer, algorithm: fixed_window, limit: 3, period: 1h }}
+        - {{ name: hourly, key: consumer, algorithm: sliding_log, limit: 3, period: 1h }}
     pro:
       limits:
-        - {{ name: hourly, key: consumer, algorithm: fixed_window, limit: 6, period: 1h }}
+        - {{ name: hourly, key: consumer, algorithm: sliding_log, limit: 6, period: 1h }}
 routes:
   - name: a
     match: {{ path_prefix: /a }}
