@@ -439,3 +439,57 @@ async fn runtime_settings_outlive_a_config_reload_and_follow_its_plans() {
         [200, 200, 200, 200, 200, 200, 429]
     );
 }
+
+/// GET /a/x through `gateway` from client `address` (via X-Forwarded-For) with `x-api-key: key`.
+async fn from_client(gateway: &TestGateway, address: &str, key: Option<&str>) -> reqwest::Response {
+    let mut request = client()
+        .get(gateway.url("/a/x"))
+        .header("x-forwarded-for", address);
+    if let Some(key) = key {
+        request = request.header("x-api-key", key);
+    }
+    request.send().await.expect("send")
+}
+
+#[tokio::test]
+async fn an_address_past_its_failed_credentials_has_every_credential_refused_unchecked() {
+    for redis in [true, false] {
+        let upstream = Upstream::start().await;
+        let redis = redis.then(RedisServer::start);
+        let yaml = gateway_yaml(&store_yaml(redis.as_ref()), &upstream.url()).replace(
+            "consumers:\n  identify:",
+            "client_ip:\n  trusted_proxies: [127.0.0.1/32]\nconsumers:\n  failed_credentials: { limit: 3, period: 1m }\n  identify:",
+        );
+        let gateways = gateways_sharing(&yaml, redis.as_ref()).await;
+        let store = if redis.is_some() { "redis" } else { "memory" };
+        let at = |i: usize| &gateways[i % gateways.len()];
+        // Three wrong keys, spread over the instances: 401 each, and each counted for 203.0.113.9.
+        for i in 0..3 {
+            let status = from_client(at(i), "203.0.113.9", Some("guess"))
+                .await
+                .status();
+            assert_eq!(status, 401, "guess {i}, {store}");
+        }
+        // The fourth is over the limit, wherever it arrives.
+        let refused = from_client(at(3), "203.0.113.9", Some("guess")).await;
+        assert_eq!(refused.status(), 429, "{store}");
+        let retry_after: u64 = refused.headers()["retry-after"]
+            .to_str()
+            .expect("text")
+            .parse()
+            .expect("seconds");
+        // A sliding window: at most two periods away.
+        assert!((1..=120).contains(&retry_after), "{retry_after}");
+        let body: Value =
+            serde_json::from_slice(&refused.bytes().await.expect("body")).expect("json");
+        assert_eq!(body["error"], "too_many_failed_credentials");
+        // From then on, even the right key is not checked, on that instance; without a key the address is an
+        // anonymous caller as before; and another address is not concerned.
+        let right = from_client(at(3), "203.0.113.9", Some("pro-key-1")).await;
+        assert_eq!(right.status(), 429, "a valid key while blocked, {store}");
+        let anonymous = from_client(at(3), "203.0.113.9", None).await;
+        assert_eq!(anonymous.status(), 200, "{store}");
+        let other = from_client(at(3), "198.51.100.7", Some("pro-key-1")).await;
+        assert_eq!(other.status(), 200, "{store}");
+    }
+}

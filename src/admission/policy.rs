@@ -119,13 +119,39 @@ impl Policy {
         // Boxed, and only on routes that identify callers: a route without consumers carries no room for one.
         let caller = match self.identifying() {
             None => None,
-            Some(policy) => match policy.consumers.identify(facts, policy.mode) {
-                Ok(caller) => Some(Box::new(caller)),
-                Err(refusal) => {
-                    let challenges = policy.consumers.challenges();
-                    return Admission::Refused(responses::caller_refused(&refusal, challenges));
+            Some(policy) => {
+                let consumers = &policy.consumers;
+                let failures = consumers.failures();
+                // An address past its failed credentials has its credentials refused unchecked.
+                if let Some(wait) = failures
+                    .and_then(|f| f.blocked_for(facts.client_ip, facts.ipv6_prefix))
+                    .filter(|_| consumers.presents_credential(facts))
+                {
+                    return Admission::Refused(responses::too_many_failed_credentials(wait));
                 }
-            },
+                match consumers.identify(facts, policy.mode) {
+                    Ok(caller) => Some(Box::new(caller)),
+                    Err(refusal) => {
+                        if let (CallerRefusal::Invalid { .. }, Some(failures)) =
+                            (&refusal, failures)
+                        {
+                            // Boxed: only a failure pays for the count's future.
+                            let counted = Box::pin(failures.count(
+                                limiter,
+                                facts.client_ip,
+                                facts.ipv6_prefix,
+                            ));
+                            if let Some(wait) = counted.await {
+                                return Admission::Refused(responses::too_many_failed_credentials(
+                                    wait,
+                                ));
+                            }
+                        }
+                        let challenges = consumers.challenges();
+                        return Admission::Refused(responses::caller_refused(&refusal, challenges));
+                    }
+                }
+            }
         };
         let limits = self.limits_for(caller.as_deref());
         let identified;

@@ -69,3 +69,17 @@ pub fn caller_refused(refusal: &CallerRefusal, challenges: &HeaderValue) -> Resp
     }
     response
 }
+
+/// The answer to a request from an address past `consumers.failed_credentials`: 429 with `Retry-After`, its
+/// credential not checked.
+pub fn too_many_failed_credentials(wait: std::time::Duration) -> Response<Body> {
+    let retry_after_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+    tracing::debug!(retry_after_ms, "credentials refused: too many failed");
+    let body = json!({"error": "too_many_failed_credentials", "retry_after_ms": retry_after_ms});
+    let mut response = json_response(StatusCode::TOO_MANY_REQUESTS, &body);
+    let seconds = retry_after_ms.div_ceil(1000).max(1);
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    response
+}

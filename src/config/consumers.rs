@@ -14,8 +14,8 @@ use super::units::parse_duration;
 use super::validate::{check_name, unique_names, Issues};
 use crate::consumers::jwt::{JwtKeySource, JwtSettings, JwtVerifier, DEFAULT_JWKS_REFRESH};
 use crate::consumers::{
-    api_key_digest, parse_digest, Anonymous, ConsumersSettings, CredentialSource, ForwardHeaders,
-    IdentifierSettings, Plan, StaticKey,
+    api_key_digest, parse_digest, Anonymous, ConsumersSettings, CredentialSource, FailureLimit,
+    FailureSettings, ForwardHeaders, IdentifierSettings, Plan, StaticKey,
 };
 
 /// The route name plan limits' store keys use in its place (`<prefix>consumer:<limit>:{<consumer>}`).
@@ -88,6 +88,29 @@ pub(crate) fn consumers(
             raw.forward.plan.as_deref(),
         ),
     };
+    let failed_credentials = raw.failed_credentials.as_ref().and_then(|failures| {
+        let at = "consumers.failed_credentials";
+        if failures.limit == 0 {
+            issues.add(format!("{at}.limit"), "must be greater than 0");
+        }
+        let period_ms = issues.check(format!("{at}.period"), parse_duration(&failures.period));
+        let period_ms = period_ms.map(|p| u64::try_from(p.as_millis()).unwrap_or(u64::MAX));
+        match period_ms {
+            Some(0) => {
+                issues.add(format!("{at}.period"), "must be greater than 0");
+                None
+            }
+            Some(period_ms) if failures.limit > 0 => {
+                let settings = FailureSettings {
+                    limit: failures.limit,
+                    period_ms,
+                };
+                // Built once here as the gateway will build it, so that a bound it breaks is a located error.
+                issues.check(at, FailureLimit::new(settings, "").map(|_| settings))
+            }
+            _ => None,
+        }
+    });
     if issues.count() != before {
         return None;
     }
@@ -97,6 +120,7 @@ pub(crate) fn consumers(
         anonymous,
         forward,
         plans,
+        failed_credentials,
     })
 }
 
@@ -513,6 +537,15 @@ mod tests {
         assert!(
             joined.contains("routes[1].name: the route name \"consumer\" is taken"),
             "{joined}"
+        );
+        let failures = problems(&format!(
+            "consumers:\n  failed_credentials: {{ limit: 0, period: 0s }}\n{ROUTE}"
+        ))
+        .join("\n");
+        assert!(
+            failures.contains("consumers.failed_credentials.limit: must be greater than 0")
+                && failures.contains("consumers.failed_credentials.period: must be greater than 0"),
+            "{failures}"
         );
         let bad_mode = problems(&format!("{ROUTE}    consumers: sometimes\n"));
         assert!(bad_mode[0].contains("routes[0].consumers"), "{bad_mode:?}");

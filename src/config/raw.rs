@@ -162,6 +162,16 @@ pub(crate) struct RawConsumers {
     pub anonymous: Option<RawAnonymous>,
     pub forward: RawForward,
     pub plans: Ordered<RawPlan>,
+    pub failed_credentials: Option<RawFailedCredentials>,
+}
+
+/// `failed_credentials:` of `consumers:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawFailedCredentials {
+    pub limit: u64,
+    #[serde(deserialize_with = "scalar_text")]
+    pub period: String,
 }
 
 /// One entry of `identify:`: exactly one of its fields.

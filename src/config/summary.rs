@@ -81,8 +81,15 @@ fn consumers_summary(consumers: &ConsumersSettings, routes: &[RouteSettings]) ->
         Anonymous::Plan(plan) => format!("plan {plan}"),
         Anonymous::Reject => "reject (401)".to_owned(),
     };
+    let failures = consumers.failed_credentials.map_or(String::new(), |f| {
+        format!(
+            "   failed credentials {} per {} per address",
+            f.limit,
+            format_duration_ms(f.period_ms)
+        )
+    });
     let mut out = format!(
-        "consumers: identify {}   static keys {}   anonymous {anonymous}\n\n",
+        "consumers: identify {}   static keys {}   anonymous {anonymous}{failures}\n\n",
         if identify.is_empty() {
             "nothing".to_owned()
         } else {

@@ -7,6 +7,7 @@ use http::{HeaderName, HeaderValue};
 
 use super::api_key::{self, Presented};
 use super::directory::{ConsumerRecord, Directory, LimitOverride};
+use super::failures::FailureLimit;
 use super::jwt::{JwtVerifier, TokenRejection};
 use super::overrides::overridden;
 use super::settings::{
@@ -30,6 +31,8 @@ pub struct Consumers {
     key_prefix: String,
     /// What the admin API set at runtime: plans, overrides, blocks, issued keys. Outlives config reloads.
     directory: Arc<Directory>,
+    /// The limit on failed credentials per client address, if any.
+    failures: Option<FailureLimit>,
     /// The overrides of the consumers that have some, compiled once per record and plan (not per request).
     compiled: parking_lot::Mutex<HashMap<Arc<str>, CompiledOverrides, foldhash::fast::RandomState>>,
     /// `WWW-Authenticate` of a 401 for a missing credential: one challenge per kind of credential accepted.
@@ -179,6 +182,10 @@ impl Consumers {
             key_prefix: key_prefix.to_owned(),
             directory,
             compiled: parking_lot::Mutex::default(),
+            // Validated with the config (a positive limit and period).
+            failures: settings
+                .failed_credentials
+                .and_then(|failures| FailureLimit::new(failures, key_prefix).ok()),
             challenges: HeaderValue::from_str(&challenges)
                 .unwrap_or_else(|_| HeaderValue::from_static("ApiKey realm=\"tollgate\"")),
         }
@@ -383,6 +390,19 @@ impl Consumers {
             .find(|owner| &*owner.consumer == consumer)?
             .plan?;
         self.plans.get(plan).map(|plan| plan.name.as_str())
+    }
+
+    /// The limit on failed credentials per client address, if the config sets one.
+    pub fn failures(&self) -> Option<&FailureLimit> {
+        self.failures.as_ref()
+    }
+
+    /// Whether the request carries a credential any identifier reads (verified or not).
+    pub fn presents_credential(&self, facts: &RequestFacts<'_>) -> bool {
+        self.identifiers.iter().any(|identifier| match identifier {
+            Identifier::ApiKey(source) => api_key::presented(source, facts) != Presented::Absent,
+            Identifier::Jwt { header, .. } => facts.headers.contains_key(header),
+        })
     }
 
     /// The runtime directory.

@@ -3,6 +3,7 @@
 
 mod api_key;
 pub mod directory;
+mod failures;
 mod identify;
 pub mod jwt;
 mod overrides;
@@ -11,6 +12,7 @@ mod settings;
 pub use api_key::{
     digest as api_key_digest, digest_hex, parse_digest, parse_hex_digest, presented, Presented,
 };
+pub use failures::{FailureLimit, FailureSettings};
 pub use identify::{Caller, CallerRefusal, Consumers};
 pub use overrides::overridden;
 pub use settings::{

@@ -2,6 +2,7 @@
 
 use http::HeaderName;
 
+use super::failures::FailureSettings;
 use super::jwt::JwtSettings;
 use crate::admission::LimitSettings;
 
@@ -18,6 +19,8 @@ pub struct ConsumersSettings {
     pub forward: ForwardHeaders,
     /// The plans, in file order.
     pub plans: Vec<Plan>,
+    /// The limit on failed credentials per client address, if any.
+    pub failed_credentials: Option<FailureSettings>,
 }
 
 /// One entry of `identify:`.
