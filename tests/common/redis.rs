@@ -287,7 +287,7 @@ pub fn spawn_redis(cli_auth: &[String], args_for: impl Fn(u16) -> Vec<String>) -
 }
 
 /// The arguments of a plain server on `port` with persistence off, then `extra` (which may override them).
-fn server_args(port: u16, extra: &[&str]) -> Vec<String> {
+pub fn server_args(port: u16, extra: &[&str]) -> Vec<String> {
     [
         "--port",
         &port.to_string(),

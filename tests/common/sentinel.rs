@@ -151,26 +151,14 @@ impl RedisSentinel {
 /// Arguments of a data server on `port`, a replica of `master` when given. Files (the RDB a replica receives)
 /// go to `dir`, under a name per port.
 fn server_args(port: u16, master: Option<u16>, dir: &Path) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "--port",
-        &port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--protected-mode",
-        "no",
-        "--dir",
-        &dir.to_string_lossy(),
-        "--dbfilename",
-        &format!("dump-{port}.rdb"),
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    if let Some(master) = master {
-        args.extend(["--replicaof", "127.0.0.1", &master.to_string()].map(str::to_owned));
+    let (dir, file, master) = (
+        dir.to_string_lossy(),
+        format!("dump-{port}.rdb"),
+        master.map(|port| port.to_string()),
+    );
+    let mut extra = vec!["--dir", &dir, "--dbfilename", &file];
+    if let Some(master) = &master {
+        extra.extend(["--replicaof", "127.0.0.1", master]);
     }
-    args
+    super::redis::server_args(port, &extra)
 }
