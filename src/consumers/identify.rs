@@ -252,19 +252,19 @@ impl Consumers {
                 },
                 Identifier::Jwt { header, verifier } => {
                     let mut values = facts.headers.get_all(header).iter();
-                    match (values.next(), values.next()) {
+                    let value = match (values.next(), values.next()) {
                         (None, _) => continue,
                         // As an API key sent twice: which token a proxy in front read is a guess.
                         (Some(_), Some(_)) => return Err(CallerRefusal::Ambiguous),
-                        (Some(_), None) => {}
-                    }
+                        (Some(value), None) => value,
+                    };
                     let Some(verifier) = verifier else {
                         return Err(invalid_token(TokenRejection::KeysUnavailable));
                     };
-                    return match verifier.token_from(facts.headers) {
-                        None => continue,
-                        Some(Err(rejection)) => Err(invalid_token(rejection)),
-                        Some(Ok(token)) => match verifier.verify(token) {
+                    // The header is read once, here: the verifier parses the value it was given.
+                    return match verifier.token_in(value) {
+                        Err(rejection) => Err(invalid_token(rejection)),
+                        Ok(token) => match verifier.verify(token) {
                             Ok(token) => Ok(Credential::Consumer {
                                 plan: token.plan.as_deref().and_then(|p| self.plan_index(p)),
                                 consumer: token.consumer,

@@ -2,7 +2,7 @@
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
 
 use super::rejection::TokenRejection;
@@ -29,7 +29,12 @@ pub(crate) fn token_from<'h>(
     if values.next().is_some() {
         return Some(Err(TokenRejection::Malformed));
     }
-    Some(bearer(value.as_bytes()).ok_or(TokenRejection::Malformed))
+    Some(token_in(value))
+}
+
+/// The token in one header value, `Malformed` when it is not `Bearer <token>`.
+pub(crate) fn token_in(value: &HeaderValue) -> Result<&str, TokenRejection> {
+    bearer(value.as_bytes()).ok_or(TokenRejection::Malformed)
 }
 
 /// `Bearer` (any case), spaces, then the token. Its characters are not checked here: a cache hit is a token that

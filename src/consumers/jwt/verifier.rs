@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, Validation};
 use parking_lot::Mutex;
@@ -161,6 +161,12 @@ impl JwtVerifier {
         headers: &'h HeaderMap,
     ) -> Option<Result<&'h str, TokenRejection>> {
         bearer::token_from(headers, &self.shared.header)
+    }
+
+    /// The token in one value of the header, `Malformed` when it is not `Bearer <token>`: for a caller that read
+    /// the header already.
+    pub fn token_in<'h>(&self, value: &'h HeaderValue) -> Result<&'h str, TokenRejection> {
+        bearer::token_in(value)
     }
 
     /// Verifies `token`: its `alg` allowed and fitting the key, the signature, `exp` (required), `nbf`, `iss`,
