@@ -493,3 +493,81 @@ async fn an_address_past_its_failed_credentials_has_every_credential_refused_unc
         assert_eq!(other.status(), 200, "{store}");
     }
 }
+
+/// Puts `record` (JSON) for `id` through gateway 0 and waits until every gateway holds it.
+async fn put_everywhere(setup: &Setup, id: &str, record: Value) {
+    let record: tollgate::consumers::directory::ConsumerRecord =
+        serde_json::from_value(record).expect("record");
+    directory(setup, 0)
+        .put(id, record.clone())
+        .await
+        .expect("put");
+    for i in 0..setup.gateways.len() {
+        let directory = directory(setup, i);
+        let arrived = common::eventually(Duration::from_secs(2), async || {
+            directory.consumer(id).as_deref() == Some(&record)
+        })
+        .await;
+        assert!(arrived.is_some(), "gateway {i} never saw {id}'s record");
+    }
+}
+
+/// GET /a/x with `x-api-key: key` through gateway `i`: the status and `X-RateLimit-Limit`.
+async fn decided(setup: &Setup, i: usize, key: &str) -> (u16, String) {
+    let response = client()
+        .get(setup.gateways[i].url("/a/x"))
+        .header("x-api-key", key)
+        .send()
+        .await
+        .expect("send");
+    let limit = response.headers()["x-ratelimit-limit"]
+        .to_str()
+        .expect("text")
+        .to_owned();
+    (response.status().as_u16(), limit)
+}
+
+#[tokio::test]
+async fn a_raised_plan_limit_applies_at_once_after_an_override_or_a_plan_change() {
+    for redis in [true, false] {
+        let setup = setup(redis).await;
+        let store = if redis { "redis" } else { "memory" };
+        let n = setup.gateways.len();
+        // bob (free, 3 an hour) spends his 3; then every instance refuses him and remembers it for twenty minutes.
+        assert_eq!(statuses(&setup, Some("test"), 3).await, [200; 3], "{store}");
+        for i in 0..n {
+            assert_eq!(
+                decided(&setup, i, "test").await,
+                (429, "3".into()),
+                "{store}"
+            );
+        }
+        // An override to 3 + n: one more on each instance, at once.
+        let raised = 3 + n as u64;
+        put_everywhere(
+            &setup,
+            "bob",
+            serde_json::json!({"plan": "free", "overrides": {"hourly": {"limit": raised}}}),
+        )
+        .await;
+        for i in 0..n {
+            let expected = (200, raised.to_string());
+            assert_eq!(decided(&setup, i, "test").await, expected, "{store}");
+        }
+        for i in 0..n {
+            let expected = (429, raised.to_string());
+            assert_eq!(decided(&setup, i, "test").await, expected, "{store}");
+        }
+        // A plan change to pro (6 an hour) with the override gone: decided by pro's limit on every instance.
+        put_everywhere(&setup, "bob", serde_json::json!({"plan": "pro"})).await;
+        let spent = raised;
+        for i in 0..n {
+            let status = if spent + (i as u64) < 6 { 200 } else { 429 };
+            assert_eq!(
+                decided(&setup, i, "test").await,
+                (status, "6".into()),
+                "{store}"
+            );
+        }
+    }
+}

@@ -482,3 +482,82 @@ routes:
         }
     }
 }
+
+/// One limit of capacity `capacity` per algorithm, as YAML list items; the bucket algorithms keep their rate
+/// (their state is measured in it), so only the capacity changes between two calls.
+fn limit_of(algorithm: &str, capacity: u64) -> String {
+    let params = match algorithm {
+        "fixed_window" | "sliding_window" | "sliding_log" => {
+            format!("limit: {capacity}\n        period: 1h")
+        }
+        "leaky_bucket" => format!("rate: 3/1h\n        burst: {capacity}\n        mode: reject"),
+        _ => format!("rate: 3/1h\n        burst: {capacity}"),
+    };
+    format!(
+        "      - name: per-ip\n        key: ip\n        algorithm: {algorithm}\n        {params}\n"
+    )
+}
+
+#[tokio::test]
+async fn a_raised_limit_applies_at_once_after_a_reload_on_every_instance() {
+    let algorithms = [
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+        "token_bucket",
+        "gcra",
+        "leaky_bucket",
+    ];
+    for store in STORES {
+        for algorithm in algorithms {
+            let upstream = Upstream::start().await;
+            let redis = matches!(store, Store::Redis).then(RedisServer::start);
+            let yaml = |capacity| {
+                gateway_yaml(
+                    store_yaml(redis.as_ref()),
+                    "",
+                    &upstream.url(),
+                    &limit_of(algorithm, capacity),
+                )
+            };
+            let gateways = common::gateways_sharing(&yaml(3), redis.as_ref()).await;
+            let at = |i: usize| &gateways[i % gateways.len()];
+            let http = client();
+            let get = |i: usize| http.get(at(i).url("/api")).send();
+            let what = format!("{store:?} {algorithm}");
+            // Three admitted, then every instance has refused the key (and remembers it until its retry time,
+            // twenty minutes away at 3 an hour).
+            let mut seen = Vec::new();
+            for i in 0..3 + gateways.len() {
+                seen.push(get(i).await.expect("send").status().as_u16());
+            }
+            assert_eq!(count(&seen, 200), 3, "{what}: {seen:?}");
+            let refused = get(0).await.expect("send");
+            assert_eq!(refused.status(), 429, "{what}");
+            assert_eq!(refused.headers()["x-ratelimit-limit"], "3", "{what}");
+
+            for gateway in &gateways {
+                gateway.gateway.reload(&common::config(&yaml(8)));
+            }
+            if algorithm == "token_bucket" {
+                // Its state is the tokens left, refilled at the rate: none yet, but the refusal is the new
+                // limit's, not the remembered one.
+                for i in 0..gateways.len() {
+                    let refused = get(i).await.expect("send");
+                    assert_eq!(refused.status(), 429, "{what}");
+                    assert_eq!(refused.headers()["x-ratelimit-limit"], "8", "{what}");
+                }
+                continue;
+            }
+            for i in 0..5 {
+                let admitted = get(i).await.expect("send");
+                assert_eq!(admitted.status(), 200, "{what}: raised request {i}");
+                assert_eq!(admitted.headers()["x-ratelimit-limit"], "8", "{what}");
+            }
+            if matches!(algorithm, "sliding_log" | "gcra" | "leaky_bucket") {
+                // Exact over any interval: the new limit is kept too.
+                assert_eq!(get(5).await.expect("send").status(), 429, "{what}");
+            }
+        }
+    }
+}

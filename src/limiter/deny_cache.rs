@@ -1,13 +1,15 @@
 //! The over-limit cache: a key the store denied until time T is answered in-process until T, so a flood on one
 //! key costs Redis nothing. Exact, because nothing can make a denied key admit sooner than its `retry_after`:
-//! denied requests consume nothing, and the same limit always asks the same cost.
+//! denied requests consume nothing, and the same limit always asks the same cost. What can (a reload, a plan
+//! change or an override that raises the limit) changes the parameters, and a denial belongs to the parameters it
+//! was computed with: asked with others, the cache does not answer.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::Decision;
+use super::{Algorithm, Decision, Limit};
 
 /// Entries kept at most; beyond it expired entries are dropped, then the cache is cleared (it is only an
 /// optimisation: an empty cache asks Redis, which is always right).
@@ -23,11 +25,21 @@ pub struct DenyCache {
 struct Denial {
     decision: Decision,
     at: Instant,
+    /// The parameters the store decided with: the same key under other parameters is not denied by this.
+    params: Params,
+}
+
+/// What a limit's decision depends on besides its state. Kept whole rather than hashed: compared only on a hit,
+/// and no two parameter sets can be taken for one another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Params {
+    algorithm: Algorithm,
+    cost: u64,
 }
 
 impl DenyCache {
-    /// Remembers that `key` was denied with `decision` at `at`.
-    pub fn remember(&self, key: &str, decision: Decision, at: Instant) {
+    /// Remembers that `key` was denied with `decision` at `at`, under `limit`'s parameters.
+    pub fn remember(&self, key: &str, limit: &Limit, decision: Decision, at: Instant) {
         if decision.allowed || decision.retry_after_ms == 0 {
             return;
         }
@@ -38,25 +50,37 @@ impl DenyCache {
                 entries.clear();
             }
         }
-        entries.insert(key.into(), Denial { decision, at });
+        let params = Params::of(limit);
+        entries.insert(
+            key.into(),
+            Denial {
+                decision,
+                at,
+                params,
+            },
+        );
     }
 
-    /// The denials of `keys` that still hold at `now`, in order, or `None` when none does: asked for every
-    /// request, so one lock for all the keys, no hashing while nothing is denied, and nothing allocated on a
-    /// miss.
+    /// The denials of `checks` (each a key and the limit it is asked under) that still hold at `now`, in order,
+    /// or `None` when none does: asked for every request, so one lock for all the keys, no hashing while nothing
+    /// is denied, and nothing allocated on a miss. A denial computed under other parameters than the limit's now
+    /// does not hold.
     pub fn lookup_each<'k>(
         &self,
-        keys: impl ExactSizeIterator<Item = &'k str>,
+        checks: impl ExactSizeIterator<Item = (&'k str, &'k Limit)>,
         now: Instant,
     ) -> Option<Vec<Option<Decision>>> {
         let entries = self.entries.lock();
         if entries.is_empty() {
             return None;
         }
-        let count = keys.len();
+        let count = checks.len();
         let mut held: Option<Vec<Option<Decision>>> = None;
-        for (i, key) in keys.enumerate() {
-            if let Some(decision) = entries.get(key).and_then(|denial| denial.as_of(now)) {
+        for (i, (key, limit)) in checks.enumerate() {
+            let holding = entries
+                .get(key)
+                .filter(|denial| denial.params == Params::of(limit));
+            if let Some(decision) = holding.and_then(|denial| denial.as_of(now)) {
                 held.get_or_insert_with(|| vec![None; count])[i] = Some(decision);
             }
         }
@@ -72,6 +96,15 @@ impl DenyCache {
     /// an empty one asks Redis, which is always right).
     pub fn clear(&self) {
         self.entries.lock().clear();
+    }
+}
+
+impl Params {
+    fn of(limit: &Limit) -> Self {
+        Self {
+            algorithm: *limit.algorithm(),
+            cost: limit.cost(),
+        }
     }
 }
 
@@ -110,22 +143,54 @@ mod tests {
         }
     }
 
+    fn log_limit(limit: u64) -> Limit {
+        Limit::new(
+            "per-ip",
+            Algorithm::SlidingLog {
+                limit,
+                period_ms: 60_000,
+            },
+            1,
+        )
+        .expect("limit")
+    }
+
     #[test]
     fn denial_holds_until_retry_after_then_expires() {
         let cache = DenyCache::default();
+        let limit = log_limit(5);
         let t0 = Instant::now();
-        assert_eq!(cache.lookup_each(["k"].into_iter(), t0), None);
-        cache.remember("k", denied(2_000), t0);
+        assert_eq!(cache.lookup_each([("k", &limit)].into_iter(), t0), None);
+        cache.remember("k", &limit, denied(2_000), t0);
         let held = cache
-            .lookup_each(["other", "k"].into_iter(), t0 + Duration::from_millis(500))
+            .lookup_each(
+                [("other", &limit), ("k", &limit)].into_iter(),
+                t0 + Duration::from_millis(500),
+            )
             .expect("still denied");
         assert_eq!(held[0], None);
         let k = held[1].expect("k is denied");
         assert_eq!((k.retry_after_ms, k.reset_after_ms), (1_500, 2_500));
         assert_eq!(
-            cache.lookup_each(["k"].into_iter(), t0 + Duration::from_millis(2_000)),
+            cache.lookup_each(
+                [("k", &limit)].into_iter(),
+                t0 + Duration::from_millis(2_000)
+            ),
             None
         );
-        assert_eq!(cache.lookup_each(["other"].into_iter(), t0), None);
+        assert_eq!(cache.lookup_each([("other", &limit)].into_iter(), t0), None);
+    }
+
+    #[test]
+    fn a_denial_does_not_hold_under_other_parameters() {
+        let cache = DenyCache::default();
+        let (old, raised) = (log_limit(5), log_limit(8));
+        let t0 = Instant::now();
+        cache.remember("k", &old, denied(60_000), t0);
+        assert_eq!(cache.lookup_each([("k", &raised)].into_iter(), t0), None);
+        let costlier = Limit::new("per-ip", *old.algorithm(), 2).expect("limit");
+        assert_eq!(cache.lookup_each([("k", &costlier)].into_iter(), t0), None);
+        // Back to the parameters it was computed with, it holds again.
+        assert!(cache.lookup_each([("k", &old)].into_iter(), t0).is_some());
     }
 }

@@ -197,7 +197,8 @@ impl RateLimiter {
                     // A shadow limit's denial is never enforced, so never answered from the cache either.
                     for (check, decision) in checks.iter().zip(&outcome.decisions) {
                         if !check.limit.is_shadow() {
-                            self.denials.remember(check.key, *decision, now);
+                            self.denials
+                                .remember(check.key, check.limit, *decision, now);
                         }
                     }
                 }
@@ -312,7 +313,7 @@ impl RateLimiter {
     fn cached_denial(&self, checks: &[LimitCheck<'_>], now: Instant) -> Option<Outcome> {
         let cached = self
             .denials
-            .lookup_each(checks.iter().map(|c| c.key), now)?;
+            .lookup_each(checks.iter().map(|c| (c.key, c.limit)), now)?;
         let decisions = cached
             .into_iter()
             .zip(checks)
