@@ -664,3 +664,107 @@ async fn ipv6_clients_share_a_limit_per_slash_64() {
     let request = "GET /api HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 2001:db8:1:3::1\r\nConnection: close\r\n\r\n";
     assert_eq!(send(gateway.addr, request).await.0, 200);
 }
+
+/// A gateway with API-key consumers in front of `upstream`, with `extra` under `server:`.
+fn consumers_yaml(upstream: &str, server: &str) -> String {
+    format!(
+        r#"server:
+  header_read_timeout: 2s
+{server}upstreams:
+  backend:
+    targets: ["{upstream}"]
+consumers:
+  identify:
+    - api_key: {{ header: x-api-key }}
+  keys:
+    - {{ key: pro-key-1, consumer: acme, plan: pro }}
+  anonymous: {{ plan: anonymous }}
+  forward: {{ consumer: X-Consumer-Id, plan: X-Consumer-Plan }}
+  plans:
+    anonymous:
+      limits: [{{ name: per-ip, key: ip, algorithm: sliding_log, limit: 100, period: 1h }}]
+    pro:
+      limits: [{{ name: hourly, key: consumer, algorithm: sliding_log, limit: 100, period: 1h }}]
+routes:
+  - name: api
+    match: {{ path_prefix: /api }}
+    upstream: backend
+    consumers: required
+"#
+    )
+}
+
+#[tokio::test]
+async fn connection_cannot_strip_the_fields_tollgate_writes() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&consumers_yaml(&upstream.url(), "")).await;
+    let (status, body) = send(
+        gateway.addr,
+        "GET /api/x HTTP/1.1\r\nHost: a.example\r\nX-Api-Key: pro-key-1\r\nX-Secret: 1\r\nX-Request-Id: client-id\r\n\
+         Connection: X-Consumer-Id, X-Consumer-Plan, Host, X-Forwarded-For, X-Forwarded-Host\r\n\
+         Connection: X-Forwarded-Proto, Via, X-Request-Id, Forwarded, X-Secret\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let headers = &echoed(&body)["headers"];
+    assert_eq!(headers["x-consumer-id"], "acme", "{headers}");
+    assert_eq!(headers["x-consumer-plan"], "pro", "{headers}");
+    assert_eq!(headers["host"], "a.example", "{headers}");
+    assert_eq!(headers["x-forwarded-for"], "127.0.0.1", "{headers}");
+    assert_eq!(headers["x-forwarded-host"], "a.example", "{headers}");
+    assert_eq!(headers["x-forwarded-proto"], "http", "{headers}");
+    assert_eq!(headers["via"], "1.1 tollgate", "{headers}");
+    // The client's own fields named by Connection are gone: its X-Request-Id is replaced by tollgate's.
+    assert!(headers.get("x-secret").is_none(), "{headers}");
+    let id = headers["x-request-id"].as_str().expect("an id");
+    assert!(id != "client-id" && id.len() == 32, "{headers}");
+    assert!(headers.get("connection").is_none(), "{headers}");
+
+    // A credential named by Connection is the client's own field, removed before it is read: the request is
+    // anonymous, as the upstream (which never sees the key) would take it.
+    let (status, _) = send(
+        gateway.addr,
+        "GET /api/x HTTP/1.1\r\nHost: a\r\nX-Api-Key: pro-key-1\r\nConnection: x-api-key, close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 401);
+}
+
+#[tokio::test]
+async fn field_names_with_underscores_are_dropped_unless_kept() {
+    let upstream = Upstream::start().await;
+    let request = "GET /api/x HTTP/1.1\r\nHost: a\r\nX-Api-Key: pro-key-1\r\nX_Consumer_Id: alice\r\n\
+                   X_consumer-plan: free\r\nX_Forwarded_For: 10.9.9.9\r\nx_request_id: forged\r\nX_Custom: 1\r\n\
+                   Connection: close\r\n\r\n";
+    let dropping = start_gateway(&consumers_yaml(&upstream.url(), "")).await;
+    let (status, body) = send(dropping.addr, request).await;
+    assert_eq!(status, 200, "{body}");
+    let headers = echoed(&body)["headers"].clone();
+    let underscored: Vec<&String> = headers
+        .as_object()
+        .expect("fields")
+        .keys()
+        .filter(|name| name.contains('_'))
+        .collect();
+    assert!(underscored.is_empty(), "{headers}");
+    assert_eq!(headers["x-consumer-id"], "acme", "{headers}");
+
+    let keeping = start_gateway(&consumers_yaml(
+        &upstream.url(),
+        "  underscores_in_headers: true\n",
+    ))
+    .await;
+    let (status, body) = send(keeping.addr, request).await;
+    assert_eq!(status, 200, "{body}");
+    let headers = &echoed(&body)["headers"];
+    assert_eq!(headers["x_custom"], "1", "{headers}");
+    for protected in [
+        "x_consumer_id",
+        "x_consumer-plan",
+        "x_forwarded_for",
+        "x_request_id",
+    ] {
+        assert!(headers.get(protected).is_none(), "{protected}: {headers}");
+    }
+    assert_eq!(headers["x-consumer-id"], "acme", "{headers}");
+}

@@ -92,6 +92,7 @@ pub(crate) struct RawServer {
     pub max_header_bytes: u64,
     #[serde(deserialize_with = "scalar_text")]
     pub shutdown_grace: String,
+    pub underscores_in_headers: bool,
 }
 
 /// One entry of `upstreams:`.
@@ -369,6 +370,7 @@ impl Default for RawServer {
             header_read_timeout: "10s".to_owned(),
             max_header_bytes: 65_536,
             shutdown_grace: "30s".to_owned(),
+            underscores_in_headers: false,
         }
     }
 }

@@ -268,6 +268,7 @@ fn server(issues: &mut Issues, raw: &RawServer) -> Option<ServerSettings> {
         header_read_timeout: header_read_timeout?,
         max_header_bytes: max_header_bytes?,
         shutdown_grace: shutdown_grace?,
+        underscores_in_headers: raw.underscores_in_headers,
     })
 }
 

@@ -108,6 +108,10 @@ impl Gateway {
     /// Answers one request from `peer`: with an `x-request-id` (generated when absent, passed upstream and
     /// returned), counted in `tollgate_requests_total` and written to the access log.
     pub async fn handle(&self, mut request: Request<Body>, peer: SocketAddr) -> Response<Body> {
+        let runtime = self.runtime.load_full();
+        // Before anything reads or writes a field: what `Connection` names is the client's own fields, never
+        // tollgate's.
+        crate::proxy::clean_client_fields(request.headers_mut(), &runtime.client_fields);
         let request_id = ensure_request_id(request.headers_mut());
         // The request is gone (upstream) by the time the access line is written: keep what it needs, but only
         // when the line will be written (the clock read included).
@@ -119,7 +123,6 @@ impl Gateway {
                     request.uri().path().to_owned(),
                 )
             });
-        let runtime = self.runtime.load_full();
         let client_ip = runtime.client_ip.resolve(peer.ip(), request.headers());
         let (route, mut response) = self.route_request(&runtime, request, peer, client_ip).await;
         let status = response.status();
@@ -250,6 +253,14 @@ impl Gateway {
     /// check that a request and the request forwarded for it read the same (design §7).
     pub fn view<B>(&self, request: &Request<B>, peer: SocketAddr) -> Result<RequestView, Refusal> {
         let runtime = self.runtime.load();
+        // The fields as the request path reads them: cleaned as they arrive.
+        let mut cleaned = Request::new(());
+        *cleaned.method_mut() = request.method().clone();
+        *cleaned.uri_mut() = request.uri().clone();
+        *cleaned.version_mut() = request.version();
+        *cleaned.headers_mut() = request.headers().clone();
+        crate::proxy::clean_client_fields(cleaned.headers_mut(), &runtime.client_fields);
+        let request = &cleaned;
         let client_ip = runtime.client_ip.resolve(peer.ip(), request.headers());
         let (canonical, route) = read(&runtime, request, request.uri())?;
         let mut view = RequestView {

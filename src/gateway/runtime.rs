@@ -8,7 +8,7 @@ use crate::config::{Config, DirectResponse, RouteAction};
 use crate::consumers::directory::Directory;
 use crate::consumers::Consumers;
 use crate::key::ClientIpResolver;
-use crate::proxy::Upstream;
+use crate::proxy::{ClientFieldRules, Upstream};
 use crate::routing::{Matcher, RequestTarget};
 use crate::telemetry::RouteMetrics;
 
@@ -25,6 +25,8 @@ pub struct Runtime {
     pub(super) unmatched: RouteMetrics,
     /// The `consumers:` block, compiled, when the config has one.
     pub(super) consumers: Option<Arc<Consumers>>,
+    /// Which client fields are dropped as a request arrives (`Connection`'s, names with `_`).
+    pub(super) client_fields: ClientFieldRules,
 }
 
 /// A compiled route.
@@ -116,8 +118,23 @@ impl Runtime {
         let routes_connect = routes
             .iter()
             .any(|route: &Route| route.matcher.names_method(&http::Method::CONNECT));
+        let client_fields = ClientFieldRules {
+            keep_underscores: config.server.underscores_in_headers,
+            protected: consumers
+                .as_ref()
+                .map(|c| {
+                    let forward = c.forward();
+                    [&forward.consumer, &forward.plan]
+                        .into_iter()
+                        .flatten()
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default(),
+        };
         Self {
             routes,
+            client_fields,
             client_ip: ClientIpResolver::new(config.client_ip.trusted_proxies.clone())
                 .with_ipv6_prefix(config.client_ip.ipv6_prefix),
             write_forwarded: config.client_ip.forwarded,

@@ -68,7 +68,113 @@ fn names_no_other_field(token: &str) -> bool {
 /// Removes the hop-by-hop fields of RFC 9110 §7.6.1: `Connection` and every field it names, `Keep-Alive`,
 /// `Proxy-Connection`, `TE`, `Trailer`, `Transfer-Encoding` and `Upgrade`.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    remove_present_hop_by_hop(headers, scan(headers));
+    let present = scan(headers);
+    if present & 1 != 0 {
+        remove_connection_named(headers, false);
+    }
+    remove_present_hop_by_hop(headers, present);
+}
+
+/// What a client may not send the upstream in a field's name: the rules applied to every request as it arrives,
+/// before tollgate reads or writes anything (see [`clean_client_fields`]).
+#[derive(Debug, Clone, Default)]
+pub struct ClientFieldRules {
+    /// `server.underscores_in_headers`: keep field names with `_` (except the protected spellings).
+    pub keep_underscores: bool,
+    /// Names that tollgate writes or reads identity from, beyond the fixed ones ([`PROTECTED`]): the consumer
+    /// headers. A name with `_` that reads as one of them with `_` as `-` is always dropped.
+    pub protected: Vec<HeaderName>,
+}
+
+/// The fields tollgate writes for the upstream, which no client spelling may stand for.
+const PROTECTED: [&str; 8] = [
+    "host",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "forwarded",
+    "via",
+    "x-request-id",
+    "x-real-ip",
+];
+
+/// Cleans a request's fields as it arrives, before routing, keys and everything tollgate writes for the upstream:
+/// - the fields its `Connection` names are removed now (never `Host`, which it was routed on), so that they can
+///   only be fields the client sent: what tollgate writes later survives any `Connection`, and what the limits
+///   count is what the upstream gets;
+/// - field names with `_` are dropped (unless `rules.keep_underscores`, and then only the spellings that read as a
+///   protected field with `_` as `-`): Rack, WSGI and CGI upstreams read `X_Consumer_Id` as `X-Consumer-Id`.
+///
+/// One pass over the names finds neither in nearly every request.
+pub fn clean_client_fields(headers: &mut HeaderMap, rules: &ClientFieldRules) {
+    let mut connection = false;
+    let mut underscore = false;
+    for name in headers.keys() {
+        let name = name.as_str();
+        connection |= name == "connection";
+        underscore |= name.as_bytes().contains(&b'_');
+    }
+    if connection {
+        remove_connection_named(headers, true);
+    }
+    if underscore {
+        drop_underscored(headers, rules);
+    }
+}
+
+/// Removes the fields named by `Connection` (the seven hop-by-hop fields are left to
+/// [`remove_present_hop_by_hop`]); with `keep_host`, never `Host`.
+#[cold]
+fn remove_connection_named(headers: &mut HeaderMap, keep_host: bool) {
+    // The usual tokens (`keep-alive`, `close`) name no field besides the seven, and are recognised from their text
+    // without parsing a `HeaderName` or collecting anything.
+    let mut named: Vec<HeaderName> = Vec::new();
+    for value in headers.get_all(header::CONNECTION) {
+        let Ok(value) = value.to_str() else {
+            continue;
+        };
+        for token in value.split(',').map(str::trim) {
+            if token.is_empty() || names_no_other_field(token) {
+                continue;
+            }
+            if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+                if !(keep_host && name == header::HOST) {
+                    named.push(name);
+                }
+            }
+        }
+    }
+    for name in named {
+        headers.remove(name);
+    }
+}
+
+/// Drops the field names with `_` that `rules` do not keep.
+#[cold]
+fn drop_underscored(headers: &mut HeaderMap, rules: &ClientFieldRules) {
+    let dropped: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| {
+            let name = name.as_str();
+            name.contains('_') && (!rules.keep_underscores || reads_as_protected(name, rules))
+        })
+        .cloned()
+        .collect();
+    for name in dropped {
+        headers.remove(name);
+    }
+}
+
+/// Whether `name` (lower case, with `_`) reads as a protected field when each `_` is `-`.
+fn reads_as_protected(name: &str, rules: &ClientFieldRules) -> bool {
+    let same = |protected: &str| {
+        protected.len() == name.len()
+            && protected
+                .bytes()
+                .zip(name.bytes())
+                .all(|(p, n)| p == n || (p == b'-' && n == b'_'))
+    };
+    PROTECTED.iter().any(|p| same(p)) || rules.protected.iter().any(|p| same(p.as_str()))
 }
 
 /// Which of the seven hop-by-hop fields (bits 0-6, in `HOP_BY_HOP`'s order) and of the client-address fields that
@@ -90,31 +196,11 @@ fn scan(headers: &HeaderMap) -> u16 {
 /// The bit of [`scan`] for `Forwarded` or `X-Real-IP`.
 const CLIENT_ADDRESS_FIELDS: u16 = 1 << 7;
 
-/// Removes the hop-by-hop fields [`scan`] found (most upstream responses carry `Connection: keep-alive`).
+/// Removes the seven hop-by-hop fields [`scan`] found (most upstream responses carry `Connection: keep-alive`); the
+/// fields `Connection` names are the callers' to remove.
 fn remove_present_hop_by_hop(headers: &mut HeaderMap, present: u16) {
     if present & !CLIENT_ADDRESS_FIELDS == 0 {
         return;
-    }
-    if present & 1 != 0 {
-        // Fields named by `Connection`. The usual tokens (`keep-alive`, `close`) name no field besides the seven,
-        // and are recognised from their text without parsing a `HeaderName` or collecting anything.
-        let mut named: Vec<HeaderName> = Vec::new();
-        for value in headers.get_all(header::CONNECTION) {
-            let Ok(value) = value.to_str() else {
-                continue;
-            };
-            for token in value.split(',').map(str::trim) {
-                if token.is_empty() || names_no_other_field(token) {
-                    continue;
-                }
-                if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
-                    named.push(name);
-                }
-            }
-        }
-        for name in named {
-            headers.remove(name);
-        }
     }
     for (index, name) in HOP_BY_HOP.iter().enumerate() {
         if present & (1 << index) != 0 {
@@ -123,7 +209,8 @@ fn remove_present_hop_by_hop(headers: &mut HeaderMap, present: u16) {
     }
 }
 
-/// Prepares request headers for the upstream.
+/// Prepares request headers for the upstream: the hop-by-hop fields go (the fields the client's `Connection` named
+/// went as it arrived, [`clean_client_fields`], before tollgate wrote its own).
 ///
 /// The client-address fields say who the client is, and the upstream must read the client tollgate counted:
 /// - from a trusted proxy, `X-Forwarded-For` keeps every field line, as one list (RFC 9110 §5.3), and ends with the

@@ -9,6 +9,6 @@ mod upgrade;
 mod upstream;
 
 pub use body::{discard, ClientBody, ClientBodyError, Discarding};
-pub use headers::{prepare_request, ForwardedFacts, VIA};
+pub use headers::{clean_client_fields, prepare_request, ClientFieldRules, ForwardedFacts, VIA};
 pub use tls::{TlsDialer, TlsFieldError, TlsFiles, UpstreamTls};
 pub use upstream::{ProxyError, Upstream, UpstreamSettings};
