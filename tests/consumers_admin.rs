@@ -479,3 +479,147 @@ async fn each_change_is_an_audit_line_naming_the_admin_client_and_never_the_key(
         "the key itself was logged"
     );
 }
+
+#[tokio::test]
+async fn a_plan_limits_state_is_read_and_reset_for_every_instance() {
+    for redis in [true, false] {
+        let redis = redis.then(RedisServer::start);
+        let store = redis
+            .as_ref()
+            .map_or_else(|| "  backend: memory\n".to_owned(), redis_store);
+        let yaml = yaml(&store);
+        let gateways = common::gateways_sharing(&yaml, redis.as_ref()).await;
+        let admin = serve_admin(&gateways[0], Some(TOKEN)).await;
+        let http = client();
+        let what = if redis.is_some() { "redis" } else { "memory" };
+        // acme's static key is on free: a burst of 3, then refused by every instance (which remembers it).
+        for i in 0..3 {
+            assert_eq!(
+                api_status(&gateways[i % gateways.len()], "static-key").await,
+                200
+            );
+        }
+        for gateway in &gateways {
+            assert_eq!(api_status(gateway, "static-key").await, 429, "{what}");
+        }
+        let state = format!("{admin}/consumers/acme/limits/hourly");
+        let (status, body) = call(http.get(&state)).await;
+        assert_eq!(status, 200, "{what}: {body}");
+        assert_eq!(body["plan"], "free", "{body}");
+        assert_eq!(
+            body["limit"]["store_key"],
+            "tollgate:consumer:hourly:{acme}"
+        );
+        assert_eq!(body["limit"]["capacity"], 3, "{body}");
+        assert_eq!(body["limit"]["remaining"], 0, "{body}");
+        assert_eq!(body["limit"]["would_admit"], false, "{body}");
+
+        let (status, body) = call(http.delete(&state)).await;
+        assert_eq!(status, 200, "{what}: {body}");
+        assert_eq!(
+            (&body["reset"], &body["existed"]),
+            (&json!(true), &json!(true))
+        );
+        let (_, body) = call(http.get(&state)).await;
+        assert_eq!(body["limit"]["remaining"], 3, "{what}: {body}");
+        // Every instance forgets its refusal: the key admits again wherever it goes.
+        for (i, gateway) in gateways.iter().enumerate() {
+            let admitted = eventually(ONE_SECOND, async || {
+                api_status(gateway, "static-key").await == 200
+            })
+            .await;
+            assert!(admitted.is_some(), "{what}: gateway {i} still refuses");
+        }
+
+        // What cannot be read or reset is named.
+        for (path, status, code) in [
+            ("acme/limits/monthly", 404, "unknown_limit"),
+            ("nobody/limits/hourly", 404, "no_plan"),
+            ("nobody/limits/hourly?plan=gold", 400, "unknown_plan"),
+        ] {
+            let (got, body) = call(http.get(format!("{admin}/consumers/{path}"))).await;
+            assert_eq!((got, &body["error"]), (status, &json!(code)), "{path}");
+        }
+        let per_request = format!("{admin}/consumers/acme/limits/per-ip?plan=pro");
+        let (status, body) = call(http.delete(&per_request)).await;
+        assert_eq!(
+            (status, &body["error"]),
+            (400, &json!("not_per_consumer")),
+            "{body}"
+        );
+        let (status, body) = call(http.get(&per_request)).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["limit"]["keyed_by"], "consumer+ip", "{body}");
+        let anonymous = client().delete(&state).send().await.expect("send");
+        assert_eq!(anonymous.status(), 401);
+    }
+}
+
+#[tokio::test]
+async fn overrides_are_bounded_as_config_values_are() {
+    let gateway = start_gateway(&yaml("  backend: memory\n")).await;
+    let admin = serve_admin(&gateway, Some(TOKEN)).await;
+    let http = client();
+    let daily = "{ name: daily, key: consumer, algorithm: fixed_window, limit: 1000, period: 1d }";
+    let hourly = "{ name: hourly, key: consumer, algorithm: gcra, rate: 100/1h, burst: 20 }";
+    // Each override, and the same values written in the config: one is refused exactly when the other is.
+    let cases = [
+        (
+            "daily",
+            json!({"period": "99999999d"}),
+            daily.replace("period: 1d", "period: 99999999d"),
+        ),
+        (
+            "daily",
+            json!({"period": "7d"}),
+            daily.replace("period: 1d", "period: 7d"),
+        ),
+        (
+            "daily",
+            json!({"limit": 1u64 << 60}),
+            daily.replace("limit: 1000", &format!("limit: {}", 1u64 << 60)),
+        ),
+        (
+            "hourly",
+            json!({"burst": 1u64 << 53}),
+            hourly.replace("burst: 20", &format!("burst: {}", 1u64 << 53)),
+        ),
+        (
+            "hourly",
+            json!({"rate": "100/99999999d"}),
+            hourly.replace("rate: 100/1h", "rate: 100/99999999d"),
+        ),
+        (
+            "hourly",
+            json!({"rate": "7/1h", "burst": 7}),
+            hourly.replace("rate: 100/1h, burst: 20", "rate: 7/1h, burst: 7"),
+        ),
+    ];
+    let base = yaml("  backend: memory\n");
+    let mut refused = 0;
+    for (limit, change, written) in cases {
+        let original = if limit == "daily" { daily } else { hourly };
+        let config = base.replace(original, &written);
+        assert_ne!(config, base, "{written}");
+        let config_ok = tollgate::config::parse(&config, std::path::Path::new("test.yaml")).is_ok();
+        let body = json!({"plan": "pro", "overrides": {limit: change}});
+        let (status, answer) = call(
+            http.put(format!("{admin}/consumers/acme"))
+                .body(body.to_string()),
+        )
+        .await;
+        let expected = if config_ok { 200 } else { 400 };
+        assert_eq!(
+            status, expected,
+            "{body}: {answer} (config valid: {config_ok})"
+        );
+        if !config_ok {
+            refused += 1;
+            assert_eq!(answer["error"], "invalid_settings", "{answer}");
+            let detail = answer["detail"].as_str().unwrap_or_default();
+            assert!(detail.contains(limit), "{detail}");
+        }
+    }
+    // A burst of 2^53 is beyond what both stores compute exactly, in the config as in an override.
+    assert!(refused >= 1);
+}

@@ -96,12 +96,7 @@ pub(super) async fn show(
 ) -> Result<Json<Value>, AdminError> {
     let (consumers, directory) = admin.consumers(&headers, &id)?;
     let record = directory.consumer(&id);
-    // As requests find it: the runtime plan, then a static key's; a token's claim is known only to its requests.
-    let plan_name = record
-        .as_ref()
-        .and_then(|record| record.plan.clone())
-        .or(query.plan)
-        .or_else(|| consumers.configured_plan(&id).map(str::to_owned));
+    let plan_name = plan_of(&consumers, record.as_deref(), &id, query.plan);
     let plan = match &plan_name {
         Some(name) => Some(plan_named(&consumers, name)?),
         None => None,
@@ -119,6 +114,72 @@ pub(super) async fn show(
         "settings": record.as_deref().map(shown),
         "plan": plan_name,
         "limits": limits,
+    })))
+}
+
+/// `GET /consumers/{id}/limits/{limit}`: the state of one limit of the consumer's plan, with its override
+/// applied, consuming nothing.
+pub(super) async fn show_limit(
+    State(admin): State<Admin>,
+    Path((id, limit)): Path<(String, String)>,
+    Query(query): Query<PlanQuery>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, AdminError> {
+    let (consumers, directory) = admin.consumers(&headers, &id)?;
+    let record = directory.consumer(&id);
+    let (plan, settings) = plan_limit(&consumers, record.as_deref(), &id, query.plan, &limit)?;
+    let state = limit_state(&admin, &consumers, record.as_deref(), &id, plan, settings).await?;
+    Ok(Json(json!({
+        "consumer": id,
+        "plan": plan.name,
+        "limit": state,
+    })))
+}
+
+/// `DELETE /consumers/{id}/limits/{limit}`: forgets the consumer's state of one plan limit on every instance (as
+/// `DELETE /limits/{route}/{limit}` does for a route limit), so its next request starts afresh.
+pub(super) async fn reset_limit(
+    State(admin): State<Admin>,
+    Path((id, limit)): Path<(String, String)>,
+    Query(query): Query<PlanQuery>,
+    Who(who): Who,
+    headers: HeaderMap,
+) -> Result<Json<Value>, AdminError> {
+    let (consumers, directory) = admin.consumers(&headers, &id)?;
+    let record = directory.consumer(&id);
+    let (plan, settings) = plan_limit(&consumers, record.as_deref(), &id, query.plan, &limit)?;
+    let Some(store_key) = consumer_key(&consumers, settings, &id, &plan.name) else {
+        return Err(AdminError::BadRequest(
+            "not_per_consumer",
+            format!(
+                "limit {limit:?} is keyed by {}: its state is per request, not per consumer",
+                settings.key
+            ),
+        ));
+    };
+    let existed = admin
+        .gateway
+        .limiter()
+        .reset(&store_key)
+        .await
+        .map_err(AdminError::Store)?;
+    tracing::info!(
+        target: "tollgate::audit",
+        who,
+        what = "consumer.limit.reset",
+        consumer = id,
+        limit,
+        %store_key,
+        existed,
+        "consumer limit reset through the admin API"
+    );
+    Ok(Json(json!({
+        "consumer": id,
+        "plan": plan.name,
+        "limit": limit,
+        "reset": true,
+        "existed": existed,
+        "store_key": store_key,
     })))
 }
 
@@ -196,6 +257,44 @@ impl Admin {
     }
 }
 
+/// The consumer's plan as requests find it: the runtime plan, then `asked` (a token's claim is known only to its
+/// requests), then a static key's.
+fn plan_of(
+    consumers: &Consumers,
+    record: Option<&ConsumerRecord>,
+    id: &str,
+    asked: Option<String>,
+) -> Option<String> {
+    record
+        .and_then(|record| record.plan.clone())
+        .or(asked)
+        .or_else(|| consumers.configured_plan(id).map(str::to_owned))
+}
+
+/// The consumer's plan and its limit named `limit`: 404 when the consumer has no plan here or the plan no such
+/// limit.
+fn plan_limit<'c>(
+    consumers: &'c Consumers,
+    record: Option<&ConsumerRecord>,
+    id: &str,
+    asked: Option<String>,
+    limit: &str,
+) -> Result<(&'c Plan, &'c crate::admission::LimitSettings), AdminError> {
+    let name = plan_of(consumers, record, id, asked).ok_or_else(|| {
+        AdminError::NotFound(
+            "no_plan",
+            format!("{id} has no runtime or static plan; name the one to use with ?plan=NAME"),
+        )
+    })?;
+    let plan = plan_named(consumers, &name)?;
+    let settings = plan
+        .limits
+        .iter()
+        .find(|settings| settings.limit.name() == limit)
+        .ok_or_else(|| AdminError::UnknownLimit(limit.to_owned()))?;
+    Ok((plan, settings))
+}
+
 fn plan_named<'c>(consumers: &'c Consumers, name: &str) -> Result<&'c Plan, AdminError> {
     consumers
         .plan_index(name)
@@ -221,15 +320,7 @@ async fn limit_state(
         // Written for another plan, or by hand: the request path cannot use it either.
         Some(Err(_)) | None => (settings.limit.clone(), false),
     };
-    let per_consumer = settings
-        .key
-        .parts()
-        .iter()
-        .all(|part| matches!(part, KeyPart::Consumer | KeyPart::Plan));
-    let value = per_consumer
-        .then(|| key_value(settings, id, &plan.name))
-        .flatten();
-    let Some(value) = value else {
+    let Some(store_key) = consumer_key(consumers, settings, id, &plan.name) else {
         return Ok(json!({
             "name": name,
             "algorithm": limit.algorithm().name(),
@@ -237,7 +328,6 @@ async fn limit_state(
             "overridden": overridden,
         }));
     };
-    let store_key = consumers.plan_limit_key(name, &value);
     let decision = admin.peek(&store_key, &limit).await?;
     Ok(json!({
         "name": name,
@@ -250,6 +340,25 @@ async fn limit_state(
         "retry_after_ms": decision.retry_after_ms,
         "reset_after_ms": decision.reset_after_ms,
     }))
+}
+
+/// The store key of a plan limit for consumer `id` on `plan`; `None` for a limit keyed by more than the consumer
+/// and plan (`[consumer, ip]`), whose state is per request.
+fn consumer_key(
+    consumers: &Consumers,
+    settings: &crate::admission::LimitSettings,
+    id: &str,
+    plan: &str,
+) -> Option<String> {
+    let per_consumer = settings
+        .key
+        .parts()
+        .iter()
+        .all(|part| matches!(part, KeyPart::Consumer | KeyPart::Plan));
+    let value = per_consumer
+        .then(|| key_value(settings, id, plan))
+        .flatten()?;
+    Some(consumers.plan_limit_key(settings.limit.name(), &value))
 }
 
 /// The key value a request of consumer `id` on `plan` gets for a limit keyed by consumer and plan parts only.

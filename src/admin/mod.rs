@@ -59,6 +59,10 @@ fn build(gateway: Arc<Gateway>, token: Option<String>, degraded_status: StatusCo
                 .put(consumers::put)
                 .delete(consumers::remove),
         )
+        .route(
+            "/consumers/{id}/limits/{limit}",
+            get(consumers::show_limit).delete(consumers::reset_limit),
+        )
         .route("/consumers/{id}/keys", post(consumers::add_key))
         .route(
             "/consumers/{id}/keys/{key_id}",

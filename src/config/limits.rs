@@ -5,7 +5,7 @@ use super::raw::{KeyParts, RawLimit, RawMissing};
 use super::units::{parse_duration_ms, parse_rate};
 use super::validate::{check_name, Issues};
 use crate::key::{KeyPart, KeySpec, MissingKey};
-use crate::limiter::{Algorithm, LeakyMode, Limit, Rate};
+use crate::limiter::{format_duration_ms, Algorithm, LeakyMode, Limit, Rate};
 
 /// Every algorithm the file may name, with the parameters it takes, in the order users read them.
 const ALGORITHMS: [AlgorithmSpec; 6] = [
@@ -81,6 +81,78 @@ pub(crate) fn limit_settings(
     let before = issues.count();
     check_name(issues, &format!("{at}.name"), "limit", &raw.name);
     let key = key_spec(issues, &format!("{at}.key"), raw);
+    let limit = checked_limit(issues, at, raw, before)?;
+    Some(LimitSettings { limit, key: key? })
+}
+
+/// The parameters of an admin override of one plan limit: what it replaces, written as in the config.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Replaced<'a> {
+    pub limit: Option<u64>,
+    pub period: Option<&'a str>,
+    pub rate: Option<&'a str>,
+    pub burst: Option<u64>,
+}
+
+/// `base` with the parameters of `change` replaced, checked as the same values written in the file would be: an
+/// override is bounded exactly as the config is. The problems, one `<limit>.<field>: <message>` each, joined.
+pub(crate) fn replaced(base: &Limit, change: Replaced<'_>) -> Result<Limit, String> {
+    let algorithm = base.algorithm();
+    let (mut limit, mut period, mut rate, mut burst, mut mode, mut max_delay) =
+        (None, None, None, None, None, None);
+    match *algorithm {
+        Algorithm::FixedWindow {
+            limit: l,
+            period_ms,
+        }
+        | Algorithm::SlidingWindow {
+            limit: l,
+            period_ms,
+        }
+        | Algorithm::SlidingLog {
+            limit: l,
+            period_ms,
+        } => {
+            limit = Some(l);
+            period = Some(format_duration_ms(period_ms));
+        }
+        Algorithm::TokenBucket { rate: r, burst: b } | Algorithm::Gcra { rate: r, burst: b } => {
+            rate = Some(r.to_string());
+            burst = Some(b);
+        }
+        Algorithm::LeakyBucket {
+            rate: r,
+            burst: b,
+            mode: m,
+        } => {
+            rate = Some(r.to_string());
+            burst = Some(b);
+            if let LeakyMode::Delay { max_delay_ms } = m {
+                mode = Some("delay".to_owned());
+                max_delay = Some(format_duration_ms(max_delay_ms));
+            }
+        }
+    }
+    let raw = RawLimit {
+        name: base.name().to_owned(),
+        key: None,
+        missing: RawMissing::default(),
+        algorithm: algorithm.name().to_owned(),
+        limit: change.limit.or(limit),
+        period: change.period.map(str::to_owned).or(period),
+        rate: change.rate.map(str::to_owned).or(rate),
+        burst: change.burst.or(burst),
+        cost: base.cost(),
+        mode,
+        max_delay,
+        shadow: base.is_shadow(),
+    };
+    let mut issues = Issues::default();
+    checked_limit(&mut issues, base.name(), &raw, 0).ok_or_else(|| issues.to_string())
+}
+
+/// The limit of one entry, its name and key aside; `None` when `issues` grew since `before`.
+fn checked_limit(issues: &mut Issues, at: &str, raw: &RawLimit, before: usize) -> Option<Limit> {
     let algorithm = algorithm(issues, at, raw);
     if raw.cost == 0 {
         issues.add(format!("{at}.cost"), "must be greater than 0");
@@ -91,7 +163,7 @@ pub(crate) fn limit_settings(
     let limit = issues
         .check(at, Limit::new(raw.name.clone(), algorithm?, raw.cost))?
         .with_shadow(raw.shadow);
-    Some(LimitSettings { limit, key: key? })
+    Some(limit)
 }
 
 // === algorithms ===

@@ -70,6 +70,17 @@ impl Issues {
     }
 }
 
+impl fmt::Display for Issues {
+    /// `path: message`, joined by `; ` (for problems reported outside a file, e.g. by the admin API).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, issue) in self.0.iter().enumerate() {
+            let separator = if i == 0 { "" } else { "; " };
+            write!(f, "{separator}{}: {}", issue.path, issue.message)?;
+        }
+        Ok(())
+    }
+}
+
 /// Validates a whole file. `source` is recorded in the config for messages and reloads.
 pub(crate) fn validate(raw: RawConfig, source: &Path) -> Result<Config, Vec<Issue>> {
     let mut issues = Issues::default();

@@ -2,12 +2,12 @@
 //! checked against the limit's algorithm.
 
 use super::directory::LimitOverride;
-use crate::config::{parse_duration, parse_rate};
+use crate::config::{replaced, Replaced};
 use crate::limiter::{Algorithm, Limit};
 
 /// `base` with the parameters `change` names replaced: `limit` and `period` for window algorithms, `rate` and
-/// `burst` for the others. A parameter the algorithm does not take, or a value that does not parse or is not
-/// positive, is refused with a message naming it.
+/// `burst` for the others. A parameter the algorithm does not take is refused with a message naming it; the values
+/// are checked as the same values written in the config file would be, with its bounds and its messages.
 pub fn overridden(base: &Limit, change: &LimitOverride) -> Result<Limit, String> {
     let takes_window = matches!(
         base.algorithm(),
@@ -33,72 +33,20 @@ pub fn overridden(base: &Limit, change: &LimitOverride) -> Result<Limit, String>
             base.name()
         ));
     }
-    let positive = |name: &str, value: Option<u64>| match value {
-        Some(0) => Err(format!("{name} must be greater than 0")),
-        other => Ok(other),
+    let change = Replaced {
+        limit: change.limit,
+        period: change.period.as_deref(),
+        rate: change.rate.as_deref(),
+        burst: change.burst,
     };
-    let count = positive("limit", change.limit)?;
-    let burst = positive("burst", change.burst)?;
-    let period_ms = match &change.period {
-        Some(text) => {
-            let period = parse_duration(text).map_err(|e| e.to_string())?;
-            let ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX);
-            Some(positive("period", Some(ms))?.unwrap_or_default())
-        }
-        None => None,
-    };
-    let rate = match &change.rate {
-        Some(text) => Some(parse_rate(text).map_err(|e| e.to_string())?),
-        None => None,
-    };
-    let algorithm = match *base.algorithm() {
-        Algorithm::FixedWindow {
-            limit,
-            period_ms: p,
-        } => Algorithm::FixedWindow {
-            limit: count.unwrap_or(limit),
-            period_ms: period_ms.unwrap_or(p),
-        },
-        Algorithm::SlidingWindow {
-            limit,
-            period_ms: p,
-        } => Algorithm::SlidingWindow {
-            limit: count.unwrap_or(limit),
-            period_ms: period_ms.unwrap_or(p),
-        },
-        Algorithm::SlidingLog {
-            limit,
-            period_ms: p,
-        } => Algorithm::SlidingLog {
-            limit: count.unwrap_or(limit),
-            period_ms: period_ms.unwrap_or(p),
-        },
-        Algorithm::TokenBucket { rate: r, burst: b } => Algorithm::TokenBucket {
-            rate: rate.unwrap_or(r),
-            burst: burst.unwrap_or(b),
-        },
-        Algorithm::Gcra { rate: r, burst: b } => Algorithm::Gcra {
-            rate: rate.unwrap_or(r),
-            burst: burst.unwrap_or(b),
-        },
-        Algorithm::LeakyBucket {
-            rate: r,
-            burst: b,
-            mode,
-        } => Algorithm::LeakyBucket {
-            rate: rate.unwrap_or(r),
-            burst: burst.unwrap_or(b),
-            mode,
-        },
-    };
-    Limit::new(base.name(), algorithm, base.cost())
-        .map(|limit| limit.with_shadow(base.is_shadow()))
-        .map_err(|e| format!("limit {:?}: {e}", base.name()))
+    replaced(base, change)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::config::parse_rate;
 
     fn gcra() -> Limit {
         let rate = parse_rate("100/1h").expect("rate");
@@ -136,6 +84,42 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_override_gives_back_the_limit_as_it_was_for_every_algorithm() {
+        use crate::limiter::{LeakyMode, Rate};
+        let rate = Rate::new(7, 90_061_001).expect("rate");
+        let algorithms = [
+            Algorithm::FixedWindow {
+                limit: 9,
+                period_ms: 90_061_001,
+            },
+            Algorithm::SlidingWindow {
+                limit: 9,
+                period_ms: 1_500,
+            },
+            Algorithm::SlidingLog {
+                limit: 9,
+                period_ms: 86_400_000,
+            },
+            Algorithm::TokenBucket { rate, burst: 9 },
+            Algorithm::Gcra { rate, burst: 9 },
+            Algorithm::LeakyBucket {
+                rate,
+                burst: 9,
+                mode: LeakyMode::Delay {
+                    max_delay_ms: 2_500,
+                },
+            },
+        ];
+        for algorithm in algorithms {
+            let base = Limit::new("l", algorithm, 2)
+                .expect("limit")
+                .with_shadow(true);
+            let same = overridden(&base, &LimitOverride::default()).expect("valid");
+            assert_eq!(same, base);
+        }
+    }
+
+    #[test]
     fn foreign_bad_and_zero_parameters_are_refused_by_name() {
         let cases = [
             (
@@ -157,7 +141,7 @@ mod tests {
                     burst: Some(0),
                     ..Default::default()
                 },
-                "burst must be greater than 0",
+                "hourly.burst: must be greater than 0",
             ),
         ];
         for (change, message) in cases {
