@@ -14,7 +14,7 @@ use common::{
     TestGateway,
 };
 use serde_json::json;
-use tollgate::limiter::store::{LimitCheck, RedisStore};
+use tollgate::limiter::store::{LimitCheck, RedisStore, StoreError};
 use tollgate::limiter::{Algorithm, Limit};
 
 /// Slack over the store timeout for a request on a loaded two-core machine.
@@ -207,6 +207,111 @@ async fn a_flood_on_a_denied_key_costs_redis_almost_nothing() {
         calls <= 8,
         "{calls} script calls for a flood on one denied key"
     );
+}
+
+// === Answered without Redis, never counted by it ===
+
+/// The members of the `sliding_log` key `key`: what Redis has counted.
+fn counted(redis: &RedisServer, key: &str) -> u64 {
+    redis
+        .cli(&["ZCARD", key])
+        .and_then(|n| n.parse().ok())
+        .expect("ZCARD")
+}
+
+#[tokio::test]
+async fn a_check_that_reaches_redis_after_its_deadline_counts_nothing() {
+    let redis = RedisServer::start();
+    // One connection: the checks written while Redis is frozen, and the peek after, go through the same socket,
+    // so Redis has run the late checks by the time it answers the peek.
+    let store = RedisStore::connect(&redis.url(), 1, Duration::from_millis(300)).expect("store");
+    assert!(store.wait_connected(Duration::from_secs(5)).await);
+    let limit = Limit::new(
+        "late",
+        Algorithm::SlidingLog {
+            limit: 10,
+            period_ms: 60_000,
+        },
+        1,
+    )
+    .expect("valid limit");
+    let checks = [LimitCheck {
+        key: "late:{t}",
+        limit: &limit,
+    }];
+    // One decided check first (a loaded machine may need a second try): the store has seen Redis's clock.
+    let decided = eventually(Duration::from_secs(10), async || {
+        store.check(&checks, None).await.is_ok()
+    })
+    .await;
+    assert!(decided.is_some(), "no check was ever decided");
+    let before = counted(&redis, "late:{t}");
+
+    // Frozen: each check is written to the socket, waits its 300 ms and is answered without Redis.
+    redis.pause();
+    for _ in 0..3 {
+        let error = store
+            .check(&checks, None)
+            .await
+            .expect_err("redis is frozen");
+        // Timed out by the batch's deadline or by fred's own timer, whichever fired first.
+        let timed_out = match &error {
+            StoreError::Timeout(_) => true,
+            StoreError::Redis(error) => *error.kind() == fred::error::ErrorKind::Timeout,
+            _ => false,
+        };
+        assert!(timed_out, "{error}");
+    }
+    redis.resume();
+    // Redis now runs the three late checks, then this one: the late ones changed nothing.
+    let state = store
+        .peek(checks[0])
+        .await
+        .expect("peeked after the late checks");
+    assert_eq!(
+        counted(&redis, "late:{t}"),
+        before,
+        "late checks were counted"
+    );
+    assert_eq!(state.remaining, 10 - before);
+}
+
+#[tokio::test]
+async fn requests_answered_during_a_client_pause_are_not_counted_when_it_ends() {
+    for on_error in ["deny", "local"] {
+        let redis = RedisServer::start();
+        let gateway = start_gateway(&yaml(&redis, on_error, 100, 10)).await;
+        let admitted = timed_requests(&gateway, 1).await;
+        assert_eq!(admitted[0].0, 200, "{on_error}");
+        let before = counted(&redis, "tollgate:demo:per-ip:{127.0.0.1}");
+        assert_eq!(before, 1, "{on_error}");
+
+        // Redis holds every write (the script among them) for a second; each request is answered by the policy.
+        let paused_at = Instant::now();
+        assert_eq!(
+            redis.cli(&["CLIENT", "PAUSE", "1000", "WRITE"]).as_deref(),
+            Some("OK")
+        );
+        let during = timed_requests(&gateway, 3).await;
+        let expected = if on_error == "deny" { 503 } else { 200 };
+        assert!(
+            during.iter().all(|r| r.0 == expected),
+            "{on_error}: {during:?}"
+        );
+        // Once the pause is over Redis runs whatever it held, and the gateway's probe finds it answering again.
+        tokio::time::sleep_until((paused_at + Duration::from_millis(1_200)).into()).await;
+        let back = eventually(Duration::from_secs(10), async || {
+            let limiter = gateway.gateway.limiter();
+            !limiter.fallback_active() && limiter.readiness().ready
+        })
+        .await;
+        assert!(back.is_some(), "{on_error}: redis never answered again");
+        assert_eq!(
+            counted(&redis, "tollgate:demo:per-ip:{127.0.0.1}"),
+            before,
+            "{on_error}: requests answered without redis were counted by it"
+        );
+    }
 }
 
 // === Start in any order, recover at once ===

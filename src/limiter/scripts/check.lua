@@ -21,6 +21,12 @@
 --          requests of one client (see "runs" below; never with a sliding_log limit, and each limit has a key of
 --          its own),
 --   n      the number of the request's limits,
+--   deadline  Redis's time in ms from which the entry must not be decided (0: none). The gateway answers a request
+--          without Redis once its time budget is spent (by `on_error`); a call that reaches Redis later (it waited
+--          in a client's queue through a reconnection, or in Redis's through `CLIENT PAUSE` or a stall) must then
+--          change nothing, or a request answered 503 or by the fallback would still be counted. The gateway sends
+--          its deadline on Redis's clock as it last saw it, never later than the true one (see
+--          src/limiter/store/redis_clock.rs),
 --   then 8 integers per limit: the index of its key in KEYS, algorithm id, four parameters, cost, shadow (1:
 --          decided and reported, never enforced: it denies nothing, and consumes only when it admits):
 --   1 sliding_window  limit, period_ms
@@ -31,6 +37,7 @@
 --   6 leaky_bucket    burst, rate count, rate period_ms, max_delay_ms (0 in reject mode)
 --
 -- Returns, packed as one MessagePack array: now_ms, then per entry:
+--   an entry past its deadline: -1 alone (whatever its count): it was neither decided nor counted.
 --   a single request: all_allowed, then per limit: allowed, remaining, wait_ms, reset_after_ms, where wait_ms is
 --     delay_ms when the limit admits and retry_after_ms when it denies (the other is 0; the limit's capacity the
 --     gateway knows). A committed admission reports the state after consuming; a denial, and any dry run, the
@@ -54,6 +61,8 @@
 -- binary, which decodes without creating strings. Measured with bench/script_cost.py.
 
 local LIMIT_ARGS = 8
+-- Integers in front of an entry's limits: mode, count, n, deadline.
+local ENTRY_ARGS = 4
 
 -- Library functions as locals: a global is a table lookup at every use. Numbers for Redis go through
 -- format('%d'), as Lua's own conversion prints large integers in exponent notation.
@@ -563,14 +572,14 @@ while a <= #input do
     return redis.error_reply('tollgate: a run of dry runs')
   end
   for i = 0, n - 1 do
-    local at = a + 3 + i * LIMIT_ARGS
+    local at = a + ENTRY_ARGS + i * LIMIT_ARGS
     local alg = input[at + 1]
     -- Ids 1 to 6 (the header's table); sliding_log cannot run.
     if not KEYS[input[at]] or type(alg) ~= 'number' or alg < 1 or alg > 6 or alg % 1 ~= 0 or (run and alg == 2) then
       return redis.error_reply('tollgate: bad limit ' .. tostring(input[at]) .. ':' .. tostring(input[at + 1]))
     end
   end
-  a = a + 3 + n * LIMIT_ARGS
+  a = a + ENTRY_ARGS + n * LIMIT_ARGS
 end
 
 -- The reply is written as if the request will be consumed: an admitting limit's fields after consuming, a denying
@@ -622,9 +631,14 @@ end
 a = 1
 while a <= #input do
   local commit_mode = input[a] == 1
-  local count, n = input[a + 1], input[a + 2]
-  a = a + 3
-  if count > 1 then
+  local count, n, deadline = input[a + 1], input[a + 2], input[a + 3]
+  a = a + ENTRY_ARGS
+  if deadline > 0 and now >= deadline then
+    -- Its request was answered without Redis already: deciding it now would count what was never admitted.
+    r = r + 1
+    reply[r] = -1
+    a = a + n * LIMIT_ARGS
+  elseif count > 1 then
     decide_run(a, n, count)
     a = a + n * LIMIT_ARGS
   else

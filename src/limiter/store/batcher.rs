@@ -60,8 +60,9 @@ pub(super) struct Pending {
     /// The hash slot of the request's keys (Redis Cluster only).
     pub slot: Option<u16>,
     pub request: EncodedRequest,
-    /// When the request stops waiting: its call is abandoned, or it is dropped unsent.
-    deadline: Instant,
+    /// When the request stops waiting: its call is abandoned, or it is dropped unsent; the script leaves it
+    /// undecided if it reaches Redis later.
+    pub deadline: Instant,
     pub reply: oneshot::Sender<Result<Outcome, StoreError>>,
 }
 

@@ -3,6 +3,7 @@
 mod batcher;
 mod memory;
 mod redis;
+mod redis_clock;
 mod script;
 mod sentinel;
 
@@ -41,6 +42,10 @@ pub enum StoreError {
     /// More checks are waiting for Redis than the queue holds (Redis is far behind): not asked.
     #[error("too many checks waiting for redis, not asked")]
     Busy,
+    /// Redis ran the check after its deadline, when its request had been answered without Redis already: the
+    /// script left it undecided and counted nothing.
+    #[error("redis reached the check after its deadline, not counted")]
+    Late,
     /// Redis answered something the script never returns.
     #[error("unexpected reply from the limiter script: {0}")]
     Reply(String),

@@ -22,6 +22,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
 use super::batcher::{Batcher, Pending, RunBatch};
+use super::redis_clock::RedisClock;
 use super::script::{self, EncodedRequest, Mode, CHECK_SCRIPT};
 use super::sentinel;
 use super::{LimitCheck, StoreError};
@@ -79,6 +80,8 @@ struct Connection {
     reconnecting: Arc<AtomicBool>,
     /// What the connections last said (why they fail, the eviction policy), and the outage's log.
     link: Arc<Link>,
+    /// Redis's time as the replies tell it, for the deadlines the script keeps.
+    clock: RedisClock,
 }
 
 /// What the pool last heard of its connections: why the last attempt to connect failed, in Redis's own words,
@@ -140,6 +143,7 @@ impl RedisStore {
             topology,
             reconnecting: Arc::new(AtomicBool::new(false)),
             link,
+            clock: RedisClock::default(),
         });
         if topology == RedisTopology::Sentinel {
             let weak = Arc::downgrade(&connection);
@@ -266,10 +270,13 @@ impl RedisStore {
                 connection.pool.next(),
                 slot,
                 &encoded.iter().collect::<Vec<_>>(),
+                &vec![0; encoded.len()],
                 now_ms,
                 Duration::ZERO,
             )
-            .await
+            .await?
+            .into_iter()
+            .collect()
     }
 
     /// The state of one limit for one key as it stands, consuming nothing (a dry run of the script).
@@ -373,14 +380,20 @@ impl RedisStore {
         let request = EncodedRequest::new(&checks, Mode::DryRun);
         let requests = [&request];
         let client = connection.pool.next_connected();
+        // A dry run counts nothing, late or not.
+        let deadlines = [0];
         let call = connection.run_script(
             client,
             connection.slot_of(&checks),
             &requests,
+            &deadlines,
             None,
             timeout,
         );
-        Box::pin(call).await.map(drop)
+        Box::pin(call)
+            .await?
+            .pop()
+            .map_or(Ok(()), |outcome| outcome.map(drop))
     }
 
     /// Logs a failed limiter call's `reason` at WARN, once per outage whatever logged it first (the connections
@@ -444,18 +457,25 @@ impl Connection {
         now_ms: Option<i64>,
         timeout: Duration,
     ) -> Result<Outcome, StoreError> {
+        // Explicit times are a test's, and no timeout is no deadline.
+        let deadline = if now_ms.is_none() && !timeout.is_zero() {
+            self.clock.redis_ms(Instant::now() + timeout)
+        } else {
+            0
+        };
         let mut outcomes = self
             .run_script(
                 self.pool.next(),
                 self.slot_of(checks),
                 &[&request],
+                &[deadline],
                 now_ms,
                 timeout,
             )
             .await?;
         outcomes
             .pop()
-            .ok_or_else(|| StoreError::Reply("no outcome for the request".to_owned()))
+            .ok_or_else(|| StoreError::Reply("no outcome for the request".to_owned()))?
     }
 
     /// Checks limits whose keys live in several hash slots (so possibly on several Cluster nodes), which no
@@ -499,23 +519,33 @@ impl Connection {
         merge(checks.len(), groups, commits)
     }
 
-    /// One script call for `requests`, whose keys must all hash to `slot` on Redis Cluster.
+    /// One script call for `requests`, whose keys must all hash to `slot` on Redis Cluster: an outcome per
+    /// request, [`StoreError::Late`] for those Redis reached past their deadline (Redis's ms, 0: none).
     ///
-    /// Past `timeout` (none when zero) the call fails, and if it has not been written to Redis yet it never will
-    /// be: a call that waited in the connection's queue while it reconnected would otherwise consume, once
-    /// reconnected, for requests answered long before.
+    /// Past `timeout` (none when zero) the call fails, and fred drops it unsent if it has not been written yet.
+    /// That alone cannot keep a late call from counting: fred marks a command abandoned only when its own timer
+    /// fires, not when the caller drops it (the batch's deadline often comes first), a command that passed
+    /// fred's fail-fast check just before a disconnection waits in its queue through the reconnection and is then
+    /// written, and a command already written runs whenever Redis gets to it (`CLIENT PAUSE`, a stall). The
+    /// deadlines the script itself checks cover every such path.
     async fn run_script(
         &self,
         client: &Client,
         slot: Option<u16>,
         requests: &[&EncodedRequest],
+        deadlines: &[u64],
         now_ms: Option<i64>,
         timeout: Duration,
-    ) -> Result<Vec<Outcome>, StoreError> {
+    ) -> Result<Vec<Result<Outcome, StoreError>>, StoreError> {
         let runs = script::runs(requests);
-        let command = script::command(&self.sha, now_ms, requests, &runs);
+        let command = script::command(&self.sha, now_ms, requests, deadlines, &runs);
         let reply = self.evalsha(client, slot, command, timeout).await?;
-        script::parse_reply(&script::unpack_reply(&reply)?, requests, &runs)
+        let received = Instant::now();
+        let reply = script::unpack_reply(&reply)?;
+        if let (None, Some(&redis_now_ms)) = (now_ms, reply.first()) {
+            self.clock.observe(redis_now_ms, received);
+        }
+        script::parse_reply(&reply, requests, &runs)
     }
 
     /// Runs the script by hash, loading it first when Redis does not know it (restart, `SCRIPT FLUSH`, failover).
@@ -591,17 +621,21 @@ impl Connection {
     async fn run_batch_slot(&self, batch: Vec<Pending>, deadline: Instant) {
         let slot = batch.first().and_then(|pending| pending.slot);
         let requests: Vec<&EncodedRequest> = batch.iter().map(|p| &p.request).collect();
+        let deadlines: Vec<u64> = batch
+            .iter()
+            .map(|p| self.clock.redis_ms(p.deadline))
+            .collect();
         // At least a millisecond: zero would mean no timeout at all.
         let timeout = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
         let result = self
-            .run_script(self.pool.next(), slot, &requests, None, timeout)
+            .run_script(self.pool.next(), slot, &requests, &deadlines, None, timeout)
             .await;
         match result {
             Ok(outcomes) => {
                 for (pending, outcome) in batch.into_iter().zip(outcomes) {
-                    pending.answer(Ok(outcome));
+                    pending.answer(outcome);
                 }
             }
             Err(error) => {

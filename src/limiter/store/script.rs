@@ -28,8 +28,11 @@ const REPLY_FIELDS: usize = 4;
 const RUN_FIELDS: usize = 4;
 /// Integers per limit in a request's encoding: key index, algorithm id, four parameters, cost, shadow.
 const ARGS_PER_LIMIT: usize = 8;
-/// Integers in front of a request's limits: mode, how many identical requests it stands for, number of limits.
-const ARGS_PER_REQUEST: usize = 3;
+/// Integers in front of a request's limits: mode, how many identical requests it stands for, number of limits,
+/// deadline.
+const ARGS_PER_REQUEST: usize = 4;
+/// What the script replies, alone, for an entry it reached past its deadline.
+const PAST_DEADLINE: i64 = -1;
 
 /// What the script does with a request that every limit admits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,10 +144,14 @@ pub(super) fn runs(requests: &[&EncodedRequest]) -> Vec<usize> {
 
 /// The arguments of `EVALSHA` for `requests` in `runs` (from [`runs`]), decided at `now_ms` (or with Redis's
 /// clock when `None`): every key once, the clock, and one entry per run packed as MessagePack.
+///
+/// `deadlines` holds, per request, Redis's time in ms from which the script must leave it undecided (0: none): a
+/// run is given its earliest member's.
 pub(super) fn command(
     sha: &Value,
     now_ms: Option<i64>,
     requests: &[&EncodedRequest],
+    deadlines: &[u64],
     runs: &[usize],
 ) -> Vec<Value> {
     let (mut integers, mut limits) = (0, 0);
@@ -167,10 +174,16 @@ pub(super) fn command(
     let mut at = 0;
     for &count in runs {
         let request = requests[at];
+        let deadline = deadlines[at..at + count]
+            .iter()
+            .copied()
+            .reduce(earliest)
+            .unwrap_or(0);
         at += count;
         put(&mut packed, u64::from(request.mode == Mode::Commit));
         put(&mut packed, count as u64);
         put(&mut packed, request.limits() as u64);
+        put(&mut packed, deadline);
         for (key, limit) in request.key_ranges().zip(&request.limits) {
             let index = *key_index
                 .entry(&request.keys[key.clone()])
@@ -195,6 +208,14 @@ pub(super) fn command(
     command
 }
 
+/// The earlier of two deadlines, where 0 is none.
+fn earliest(a: u64, b: u64) -> u64 {
+    match (a, b) {
+        (0, other) | (other, 0) => other,
+        (a, b) => a.min(b),
+    }
+}
+
 /// Appends one integer; writing into a `ByteBuf` cannot fail.
 fn put(packed: &mut ByteBuf, value: u64) {
     let _ = rmp::encode::write_uint(packed, value);
@@ -214,12 +235,13 @@ pub(super) fn unpack_reply(reply: &Value) -> Result<Vec<i64>, StoreError> {
     Ok(values)
 }
 
-/// Splits the script's reply into one outcome per request of `requests`, sent as `runs`.
+/// Splits the script's reply into one outcome per request of `requests`, sent as `runs`: a request the script
+/// reached past its deadline is [`StoreError::Late`] (nothing was counted for it).
 pub(super) fn parse_reply(
     reply: &[i64],
     requests: &[&EncodedRequest],
     runs: &[usize],
-) -> Result<Vec<Outcome>, StoreError> {
+) -> Result<Vec<Result<Outcome, StoreError>>, StoreError> {
     let mut outcomes = Vec::with_capacity(requests.len());
     let wrong_length = || {
         StoreError::Reply(format!(
@@ -234,6 +256,11 @@ pub(super) fn parse_reply(
     for &count in runs {
         let request = requests.get(at).ok_or_else(wrong_length)?;
         at += count;
+        if rest.first() == Some(&PAST_DEADLINE) {
+            rest = &rest[1..];
+            outcomes.extend((0..count).map(|_| Err(StoreError::Late)));
+            continue;
+        }
         let n = request.limits();
         let len = if count == 1 {
             1 + n * REPLY_FIELDS
@@ -265,10 +292,10 @@ pub(super) fn parse_reply(
                 }
             })
             .collect();
-        outcomes.push(Outcome {
+        outcomes.push(Ok(Outcome {
             allowed: this[0] == 1,
             decisions,
-        });
+        }));
     }
     if !rest.is_empty() || at != requests.len() {
         return Err(wrong_length());
@@ -284,7 +311,7 @@ fn replay_run(
     fields: &[i64],
     now_ms: i64,
     count: usize,
-    outcomes: &mut Vec<Outcome>,
+    outcomes: &mut Vec<Result<Outcome, StoreError>>,
 ) -> Result<(), StoreError> {
     let mut states = request
         .limits
@@ -299,11 +326,11 @@ fn replay_run(
             .zip(&states)
             .map(|(l, state)| algorithms::evaluate(&l.algorithm, state.as_ref(), now_ms, l.cost))
             .collect();
-        outcomes.push(algorithms::settle(
+        outcomes.push(Ok(algorithms::settle(
             evaluations,
             |i| limits[i].shadow,
             |i, next, _| states[i] = Some(next),
-        ));
+        )));
     }
     Ok(())
 }
@@ -414,7 +441,7 @@ mod tests {
         let requests = [&first, &second];
         let runs = runs(&requests);
         assert_eq!(runs, [1, 1]);
-        let mut command = command(&sha, Some(77), &requests, &runs);
+        let mut command = command(&sha, Some(77), &requests, &[0, 9], &runs);
         let packed = command.pop().expect("packed requests");
         let strings: Vec<String> = command
             .iter()
@@ -422,11 +449,11 @@ mod tests {
             .collect();
         assert_eq!(strings, ["sha", "3", "k1", "k2", "k3", "77"]);
         let fixed = [4, 5, 1000, 0, 0, 2, 0];
-        let mut expected = vec![1, 1, 2, 1];
+        let mut expected = vec![1, 1, 2, 0, 1];
         expected.extend(fixed);
         expected.push(2);
         expected.extend(fixed);
-        expected.extend([0, 1, 2, 2]);
+        expected.extend([0, 1, 2, 9, 2]);
         expected.extend(fixed);
         expected.push(3);
         expected.extend(fixed);
@@ -463,11 +490,12 @@ mod tests {
         ];
         assert_eq!(runs(&requests), [3, 1, 1, 1, 1, 1, 1, 1, 1]);
         let sha = Value::from("sha");
-        let packed = command(&sha, None, &requests[..4], &[3, 1])
+        // A run's deadline is its earliest member's; none (0) is later than any.
+        let packed = command(&sha, None, &requests[..4], &[0, 40, 30, 0], &[3, 1])
             .pop()
             .expect("packed requests");
         let values = unpack_reply(&packed).expect("MessagePack");
-        assert_eq!(values[..3], [1, 3, 2], "one entry for the run of three");
+        assert_eq!(values[..4], [1, 3, 2, 30], "one entry for the run of three");
         assert_eq!(values.len(), 2 * (ARGS_PER_REQUEST + 2 * ARGS_PER_LIMIT));
     }
 
@@ -500,6 +528,7 @@ mod tests {
         let reply = [now, 1, now - 500, 1, 0, 0, 0, 0, 0];
         let outcomes =
             parse_reply(&reply, &[&request, &request, &request], &[3]).expect("well formed");
+        let outcomes: Vec<Outcome> = outcomes.into_iter().map(|o| o.expect("decided")).collect();
         let allowed: Vec<bool> = outcomes.iter().map(|o| o.allowed).collect();
         assert_eq!(allowed, [true, true, false]);
         let remaining: Vec<u64> = outcomes.iter().map(|o| o.decisions[0].remaining).collect();
@@ -530,7 +559,11 @@ mod tests {
             1, 1, 3, 250, 900, // request 1: allowed, one limit, held 250 ms
             0, 0, 0, 400, 1_000, 1, 4, 0, 600, // request 2: denied by the first of two
         ];
-        let outcomes = parse_reply(&reply, &[&one, &two], &[1, 1]).expect("well formed");
+        let outcomes: Vec<Outcome> = parse_reply(&reply, &[&one, &two], &[1, 1])
+            .expect("well formed")
+            .into_iter()
+            .map(|o| o.expect("decided"))
+            .collect();
         assert_eq!(outcomes.len(), 2);
         let admitted = &outcomes[0].decisions[0];
         assert!(outcomes[0].allowed);
@@ -548,6 +581,20 @@ mod tests {
         assert_eq!((denied.retry_after_ms, denied.delay_ms), (400, 0));
         assert_eq!((denied.limit, denied.reset_after_ms), (5, 1_000));
         assert_eq!(outcomes[1].decisions[1].remaining, 4);
+    }
+
+    #[test]
+    fn entries_reached_past_their_deadline_are_late_and_the_others_decided() {
+        let window = window();
+        let one = encoded(&window, &["a"], Mode::Commit);
+        let two = encoded(&window, &["a", "b"], Mode::Commit);
+        // A run of two past its deadline, then one request decided.
+        let reply = [123, -1, 1, 1, 3, 0, 900];
+        let outcomes = parse_reply(&reply, &[&two, &two, &one], &[2, 1]).expect("well formed");
+        assert!(matches!(outcomes[0], Err(StoreError::Late)));
+        assert!(matches!(outcomes[1], Err(StoreError::Late)));
+        assert!(outcomes[2].as_ref().expect("decided").allowed);
+        assert_eq!(outcomes.len(), 3);
     }
 
     #[test]
