@@ -5,9 +5,12 @@
 FROM rust:1-bookworm AS builder
 WORKDIR /build
 
-# Dependencies first, against stub sources: this layer is rebuilt only when Cargo.toml or Cargo.lock change, not
-# on every edit of src/.
+# Dependencies first, against stub sources: this layer is rebuilt only when Cargo.toml, Cargo.lock or benches/
+# change, not on every edit of src/. Cargo reads every target the manifest declares before building any, so the
+# `[[bench]]` files must be there too (they are not compiled by `cargo build`). tests/docker_compose.rs runs these
+# steps in a context laid out as these COPY lines say, so a file missing here fails the suite.
 COPY Cargo.toml Cargo.lock ./
+COPY benches ./benches
 RUN mkdir src \
  && echo 'fn main() {}' > src/main.rs \
  && touch src/lib.rs \

@@ -352,3 +352,216 @@ fn docker_compose_config_accepts_the_file() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// `.dockerignore`'s patterns in file order: `(excluded, components)`; a `!` line re-includes.
+fn dockerignore() -> Vec<(bool, Vec<String>)> {
+    read(".dockerignore")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|line| {
+            let (excluded, pattern) = match line.strip_prefix('!') {
+                Some(rest) => (false, rest),
+                None => (true, line),
+            };
+            let components = pattern
+                .trim_matches('/')
+                .split('/')
+                .filter(|c| !c.is_empty() && *c != ".")
+                .map(str::to_owned)
+                .collect();
+            (excluded, components)
+        })
+        .collect()
+}
+
+/// One path component against one pattern component: `*` any run of characters, `?` one character.
+fn component_matches(pattern: &[u8], name: &[u8]) -> bool {
+    match (pattern.first(), name.first()) {
+        (None, None) => true,
+        (Some(b'*'), _) => {
+            component_matches(&pattern[1..], name)
+                || (!name.is_empty() && component_matches(pattern, &name[1..]))
+        }
+        (Some(b'?'), Some(_)) => component_matches(&pattern[1..], &name[1..]),
+        (Some(p), Some(n)) if p == n => component_matches(&pattern[1..], &name[1..]),
+        _ => false,
+    }
+}
+
+/// A path (components from the context's root) against a pattern, `**` standing for any number of components.
+fn path_matches(pattern: &[String], path: &[&str]) -> bool {
+    match pattern.split_first() {
+        None => path.is_empty(),
+        Some((first, rest)) if first == "**" => {
+            (0..=path.len()).any(|skip| path_matches(rest, &path[skip..]))
+        }
+        Some((first, rest)) => path.split_first().is_some_and(|(name, tail)| {
+            component_matches(first.as_bytes(), name.as_bytes()) && path_matches(rest, tail)
+        }),
+    }
+}
+
+/// Whether Docker leaves `relative` out of the build context: the last matching pattern decides, and a
+/// directory left out takes everything under it along.
+fn ignored(patterns: &[(bool, Vec<String>)], relative: &Path) -> bool {
+    let components: Vec<&str> = relative
+        .components()
+        .filter_map(|c| c.as_os_str().to_str())
+        .collect();
+    (1..=components.len()).any(|depth| {
+        patterns
+            .iter()
+            .rev()
+            .find(|(_, pattern)| path_matches(pattern, &components[..depth]))
+            .is_some_and(|(excluded, _)| *excluded)
+    })
+}
+
+/// Copies `source` (relative to the repository, the build context) to `destination` as `COPY` does: a file as
+/// itself, a directory's contents into the destination; what .dockerignore leaves out is not there to copy.
+fn copy_from_context(
+    patterns: &[(bool, Vec<String>)],
+    source: &Path,
+    destination: &Path,
+) -> std::io::Result<()> {
+    assert!(
+        !ignored(patterns, source),
+        "COPY {source:?}: .dockerignore leaves it out of the build context"
+    );
+    let from = repo().join(source);
+    if from.is_dir() {
+        std::fs::create_dir_all(destination)?;
+        for entry in std::fs::read_dir(&from)? {
+            let entry = entry?;
+            let relative = source.join(entry.file_name());
+            if ignored(patterns, &relative) {
+                continue;
+            }
+            copy_from_context(patterns, &relative, &destination.join(entry.file_name()))?;
+        }
+        Ok(())
+    } else {
+        if let Some(parent) = destination.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::copy(&from, destination).map(drop)
+    }
+}
+
+#[test]
+fn dockerignore_patterns_match_as_docker_reads_them() {
+    let patterns = dockerignore();
+    assert!(ignored(&patterns, Path::new("target")));
+    assert!(ignored(&patterns, Path::new("target/debug/tollgate")));
+    assert!(ignored(&patterns, Path::new("fuzz/target/x")));
+    assert!(ignored(&patterns, Path::new("a.log")));
+    assert!(!ignored(&patterns, Path::new("src/main.rs")));
+    assert!(!ignored(&patterns, Path::new("benches/hot_path.rs")));
+    assert!(!ignored(&patterns, Path::new("Cargo.toml")));
+}
+
+/// The builder stage run here without Docker: a directory laid out exactly as the stage's `WORKDIR` and `COPY`
+/// lines say (sources taken from the context that .dockerignore leaves), then each `RUN` step in it with `sh`, in
+/// order. The cargo steps run as `cargo check --offline` against the suite's own target directory: the release
+/// build's LTO codegen would cost minutes per run, while checking proves what the image build needs of this file:
+/// that the manifest finds every target it declares, the lockfile is current (`--locked`) and the sources copied
+/// compile. Only the step that copies the release binary out is left out (check writes none). The first run on
+/// a machine checks the dependencies once without the dev-dependencies' features, later runs reuse them.
+#[test]
+fn dockerfile_builder_stage_builds_from_its_copied_context() {
+    let instructions = dockerfile();
+    let builder: Vec<&(String, String)> = instructions
+        .iter()
+        .skip_while(|(op, _)| op != "FROM")
+        .skip(1)
+        .take_while(|(op, _)| op != "FROM")
+        .collect();
+    let patterns = dockerignore();
+
+    let target_dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("the target directory holds tmp/")
+        .to_owned();
+    // A fixed place, so that every run's crate has the same path and so the same artefacts in the target dir.
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("docker-builder");
+    let _ = std::fs::remove_dir_all(&root);
+    let mut workdir = root.clone();
+    std::fs::create_dir_all(&workdir).expect("create the stage's root");
+
+    let mut cargo_steps = 0;
+    let mut sources_built = false;
+    let mut copied_sources = false;
+    for (op, args) in builder {
+        match op.as_str() {
+            "WORKDIR" => {
+                workdir = root.join(args.trim_start_matches('/'));
+                std::fs::create_dir_all(&workdir).expect("WORKDIR");
+            }
+            "COPY" => {
+                assert!(!args.starts_with("--"), "COPY flags: {args}");
+                let words: Vec<&str> = args.split_whitespace().collect();
+                let (destination, sources) = words.split_last().expect("COPY with sources");
+                let destination = workdir.join(destination);
+                let into_directory =
+                    destination.to_string_lossy().ends_with('/') || sources.len() > 1;
+                for source in sources {
+                    let source = Path::new(source.trim_end_matches('/'));
+                    let to = if into_directory && !repo().join(source).is_dir() {
+                        destination.join(source.file_name().expect("a file name"))
+                    } else {
+                        destination.clone()
+                    };
+                    copy_from_context(&patterns, source, &to)
+                        .unwrap_or_else(|e| panic!("COPY {source:?}: {e}"));
+                    copied_sources |= source == Path::new("src");
+                }
+            }
+            "RUN" => {
+                let mut steps = Vec::new();
+                for step in args.split("&&").map(str::trim) {
+                    if step.contains("target/release/") {
+                        continue;
+                    }
+                    match step.strip_prefix("cargo build --release") {
+                        Some(flags) => {
+                            cargo_steps += 1;
+                            sources_built |= copied_sources;
+                            steps.push(format!("\"$TOLLGATE_CARGO\" check --offline{flags}"));
+                        }
+                        None => steps.push(step.to_owned()),
+                    }
+                }
+                let script = steps.join(" && ");
+                let mut sh = Command::new("sh");
+                // Without the variables `cargo test` sets for this test (CARGO_MANIFEST_DIR, CARGO_PKG_NAME...):
+                // build scripts (ring's, through cc) rerun when those change, and would then rerun in the
+                // suite's next build too, with everything that depends on them.
+                for (name, _) in std::env::vars_os() {
+                    let name = name.to_string_lossy();
+                    if (name.starts_with("CARGO") && name != "CARGO_HOME") || name == "OUT_DIR" {
+                        sh.env_remove(name.as_ref());
+                    }
+                }
+                let output = sh
+                    .args(["-euc", &script])
+                    .current_dir(&workdir)
+                    .env("TOLLGATE_CARGO", env!("CARGO"))
+                    .env("CARGO_TARGET_DIR", &target_dir)
+                    .output()
+                    .expect("run sh");
+                assert!(
+                    output.status.success(),
+                    "RUN {args}\n(here: {script})\nfailed:\n{}",
+                    String::from_utf8_lossy(&output.stderr)
+                );
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        cargo_steps, 2,
+        "the dependencies' step and the sources' step"
+    );
+    assert!(sources_built, "a cargo step runs on the copied src/");
+}
