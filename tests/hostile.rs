@@ -81,6 +81,83 @@ async fn silent_connection_is_cut_off() {
     assert!(buffer.is_empty());
 }
 
+/// Reads one response with a `content-length` body from `stream`: its head and body as text.
+async fn read_response(stream: &mut TcpStream) -> String {
+    let mut bytes = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length: usize = text[..end]
+                .lines()
+                .find_map(|line| {
+                    let (name, value) = line.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse().ok())?
+                })
+                .unwrap_or(0);
+            if bytes.len() >= end + 4 + length {
+                return text;
+            }
+        }
+        let read = stream.read(&mut chunk).await.expect("read a response");
+        assert!(read > 0, "connection closed mid-response: {bytes:?}");
+        bytes.extend_from_slice(&chunk[..read]);
+    }
+}
+
+#[tokio::test]
+async fn idle_keep_alive_connection_outlives_the_head_timeout_and_closes_after_keepalive_timeout() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&yaml(&upstream.url(), "  keepalive_timeout: 2s\n")).await;
+    let mut stream = TcpStream::connect(gateway.addr).await.unwrap();
+    let request = b"GET /api/one HTTP/1.1\r\nHost: a\r\n\r\n";
+    stream.write_all(request).await.unwrap();
+    assert!(read_response(&mut stream).await.starts_with("HTTP/1.1 200"));
+
+    // Idle for well over header_read_timeout (500 ms): the connection is still there for the next request.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    stream.write_all(request).await.unwrap();
+    let second = read_response(&mut stream).await;
+    assert!(second.starts_with("HTTP/1.1 200"), "{second:.80}");
+    assert_eq!(upstream.hits(), 2);
+
+    // Idle again: closed once keepalive_timeout (2 s) has passed, not before.
+    let idle = Instant::now();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "idle connection still open after 10 s");
+    assert!(
+        idle.elapsed() >= Duration::from_millis(1_900),
+        "closed after {:?}, before keepalive_timeout",
+        idle.elapsed()
+    );
+    assert!(rest.is_empty());
+}
+
+#[tokio::test]
+async fn head_begun_after_idle_time_has_header_read_timeout_from_its_first_byte() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&yaml(&upstream.url(), "  keepalive_timeout: 30s\n")).await;
+    let mut stream = TcpStream::connect(gateway.addr).await.unwrap();
+    stream
+        .write_all(b"GET /api/one HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(read_response(&mut stream).await.starts_with("HTTP/1.1 200"));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+
+    // Half a head, never finished: cut off after header_read_timeout (500 ms), not keepalive_timeout (30 s).
+    stream
+        .write_all(b"GET /api/two HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "half a head kept open for 10 s");
+    assert_eq!(upstream.hits(), 1);
+}
+
 #[tokio::test]
 async fn conflicting_framing_never_reaches_the_upstream_ambiguous() {
     let upstream = Upstream::start().await;

@@ -89,6 +89,8 @@ pub(crate) struct RawClientIp {
 pub(crate) struct RawServer {
     #[serde(deserialize_with = "scalar_text")]
     pub header_read_timeout: String,
+    #[serde(deserialize_with = "scalar_text")]
+    pub keepalive_timeout: String,
     pub max_header_bytes: u64,
     #[serde(deserialize_with = "scalar_text")]
     pub shutdown_grace: String,
@@ -368,6 +370,7 @@ impl Default for RawServer {
     fn default() -> Self {
         RawServer {
             header_read_timeout: "10s".to_owned(),
+            keepalive_timeout: "75s".to_owned(),
             max_header_bytes: 65_536,
             shutdown_grace: "30s".to_owned(),
             underscores_in_headers: false,

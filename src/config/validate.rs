@@ -272,11 +272,14 @@ fn server(issues: &mut Issues, raw: &RawServer) -> Option<ServerSettings> {
         "server.header_read_timeout",
         &raw.header_read_timeout,
     );
+    let keepalive_timeout =
+        positive_duration(issues, "server.keepalive_timeout", &raw.keepalive_timeout);
     let max_header_bytes = positive_count(issues, "server.max_header_bytes", raw.max_header_bytes);
     // Zero grace is legitimate: stop at once.
     let shutdown_grace = duration(issues, "server.shutdown_grace", &raw.shutdown_grace);
     Some(ServerSettings {
         header_read_timeout: header_read_timeout?,
+        keepalive_timeout: keepalive_timeout?,
         max_header_bytes: max_header_bytes?,
         shutdown_grace: shutdown_grace?,
         underscores_in_headers: raw.underscores_in_headers,

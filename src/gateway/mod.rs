@@ -2,6 +2,7 @@
 
 mod drain;
 mod handler;
+mod idle;
 mod responses;
 mod runtime;
 mod server;

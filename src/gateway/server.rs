@@ -18,6 +18,7 @@ use thiserror::Error;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::drain::{Drain, DrainWatcher};
+use super::idle::ConnectionClock;
 use super::responses;
 use super::Gateway;
 use crate::config::ServerSettings;
@@ -86,7 +87,11 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 struct Builders {
     /// `server.max_header_bytes`, held against every parsed request head.
     max_header_bytes: usize,
-    /// For connections whose first bytes are not the HTTP/2 preface: nearly all of them.
+    /// `server.keepalive_timeout` and `server.header_read_timeout`, for each HTTP/1.1 connection's clock.
+    keepalive_timeout: Duration,
+    header_read_timeout: Duration,
+    /// For connections whose first bytes are not the HTTP/2 preface: nearly all of them. Its timer is each
+    /// connection's own clock (`idle`).
     http1: http1::Builder,
     /// For the rest: reads the opening itself and serves HTTP/2 (or HTTP/1.1, after a partial preface).
     auto: auto::Builder<TokioExecutor>,
@@ -97,7 +102,6 @@ impl Builders {
     fn new(settings: &ServerSettings) -> Self {
         let mut http1 = http1::Builder::new();
         http1
-            .timer(TokioTimer::new())
             .header_read_timeout(settings.header_read_timeout)
             .max_buf_size(settings.max_header_bytes.max(8192));
         let mut auto = auto::Builder::new(TokioExecutor::new());
@@ -110,6 +114,8 @@ impl Builders {
             .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
         Self {
             max_header_bytes: settings.max_header_bytes,
+            keepalive_timeout: settings.keepalive_timeout,
+            header_read_timeout: settings.header_read_timeout,
             http1,
             auto,
         }
@@ -173,9 +179,15 @@ async fn serve_connection(
     });
     let result = match opening {
         Opening::Http1 => {
+            let (clock, stream) = ConnectionClock::new(
+                stream,
+                builders.keepalive_timeout,
+                builders.header_read_timeout,
+            );
+            let mut http1 = builders.http1.clone();
+            http1.timer(clock);
             // With upgrades: a WebSocket handshake the upstream accepts hands the connection to its tunnel.
-            let connection = builders
-                .http1
+            let connection = http1
                 .serve_connection(TokioIo::new(stream), service)
                 .with_upgrades();
             watcher
