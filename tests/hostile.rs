@@ -845,3 +845,46 @@ async fn field_names_with_underscores_are_dropped_unless_kept() {
     }
     assert_eq!(headers["x-consumer-id"], "acme", "{headers}");
 }
+
+#[tokio::test]
+async fn only_the_client_ip_header_is_believed_so_a_spoofed_field_neither_allowlists_nor_skips_credentials(
+) {
+    let upstream = Upstream::start().await;
+    let fields = [
+        ("x-forwarded-for", "X-Forwarded-For: 10.1.2.3"),
+        ("forwarded", "Forwarded: for=\"10.1.2.3\""),
+        ("x-real-ip", "X-Real-IP: 10.1.2.3"),
+    ];
+    for (believed, _) in fields {
+        let yaml = format!(
+            "client_ip:\n  trusted_proxies: [127.0.0.1/32]\n  header: {believed}\n{}",
+            consumers_yaml(&upstream.url(), "")
+        )
+        .replace(
+            "    consumers: required\n",
+            "    consumers: required\n    allow: [10.0.0.0/8]\n",
+        );
+        let gateway = start_gateway(&yaml).await;
+        for (field, line) in fields {
+            let request =
+                format!("GET /api/x HTTP/1.1\r\nHost: a\r\n{line}\r\nConnection: close\r\n\r\n");
+            let (status, body) = send(gateway.addr, &request).await;
+            if field == believed {
+                // The proxy's own field: allowlisted, so no credential is asked for.
+                assert_eq!(status, 200, "{believed}: {field}: {body}");
+                let headers = &echoed(&body)["headers"];
+                assert_eq!(
+                    headers["x-forwarded-for"], "10.1.2.3, 127.0.0.1",
+                    "{headers}"
+                );
+                for (other, _) in fields {
+                    if other != believed && other != "x-forwarded-for" {
+                        assert!(headers.get(other).is_none(), "{believed}: {headers}");
+                    }
+                }
+            } else {
+                assert_eq!(status, 401, "{believed}: a spoofed {field} was believed");
+            }
+        }
+    }
+}

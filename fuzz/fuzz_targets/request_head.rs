@@ -12,6 +12,7 @@ use http::{Method, Request, Uri, Version};
 use libfuzzer_sys::fuzz_target;
 use tollgate::config;
 use tollgate::gateway::Gateway;
+use tollgate::key::ClientIpHeader;
 use tollgate::limiter::RateLimiter;
 use tollgate::proxy::{prepare_request, ForwardedFacts};
 use tollgate::routing::{normalize_path, CanonicalRequest};
@@ -148,7 +149,8 @@ fuzz_target!(|data: &[u8]| {
     let Some(request) = parse(head) else {
         return;
     };
-    // The low bits pick the peer; bit 2 asks for tollgate's own `Forwarded` element (`client_ip.forwarded`).
+    // The low bits pick the peer; bit 2 asks for tollgate's own `Forwarded` element (`client_ip.forwarded`); bits
+    // 3-4 the field believed from trusted proxies (`client_ip.header`).
     let peer = match which % 3 {
         0 => IpAddr::V4(Ipv4Addr::LOCALHOST),
         1 => IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7)),
@@ -203,6 +205,11 @@ fuzz_target!(|data: &[u8]| {
     let facts = ForwardedFacts {
         peer,
         peer_trusted: trusted,
+        believed: match (which >> 3) % 3 {
+            0 => ClientIpHeader::XForwardedFor,
+            1 => ClientIpHeader::Forwarded,
+            _ => ClientIpHeader::XRealIp,
+        },
         host: host.as_deref(),
         version: request.version(),
         write_forwarded: which & 4 != 0,
@@ -223,6 +230,18 @@ fuzz_target!(|data: &[u8]| {
         forwarded_for.ends_with(&peer_text),
         "X-Forwarded-For {forwarded_for:?} does not end with the peer {peer}"
     );
+    // Of the other two client-address fields, only the believed one from a trusted peer reaches the upstream.
+    if !(trusted && facts.believed == ClientIpHeader::XRealIp) {
+        assert!(!upstream.contains_key("x-real-ip"), "{upstream:?}");
+    }
+    if !(trusted && facts.believed == ClientIpHeader::Forwarded) {
+        let forwarded: Vec<_> = upstream.get_all(header::FORWARDED).iter().collect();
+        assert_eq!(
+            forwarded.len(),
+            usize::from(facts.write_forwarded),
+            "{upstream:?}"
+        );
+    }
     if !trusted {
         assert_eq!(forwarded_for, peer_text);
         assert!(!upstream.contains_key("x-real-ip"), "{upstream:?}");

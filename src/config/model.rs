@@ -10,6 +10,7 @@ use ipnet::IpNet;
 // Domain types the config builds but does not own; named here too, as the config's parts.
 pub use crate::admission::LimitSettings;
 pub use crate::consumers::{ConsumerMode, ConsumersSettings};
+pub use crate::key::ClientIpHeader;
 pub use crate::limiter::{BackendKind, StoreSettings};
 pub use crate::proxy::UpstreamSettings;
 pub use crate::routing::RouteMatch;
@@ -58,6 +59,8 @@ pub struct ClientIpSettings {
     pub ipv6_prefix: u8,
     /// Whether tollgate writes a `Forwarded` field (RFC 7239) for the upstream besides `X-Forwarded-For`.
     pub forwarded: bool,
+    /// The one field believed from trusted proxies (default `X-Forwarded-For`).
+    pub header: ClientIpHeader,
 }
 
 impl Default for ClientIpSettings {
@@ -66,6 +69,7 @@ impl Default for ClientIpSettings {
             trusted_proxies: Vec::new(),
             ipv6_prefix: 64,
             forwarded: false,
+            header: ClientIpHeader::default(),
         }
     }
 }

@@ -81,6 +81,17 @@ pub(crate) struct RawClientIp {
     pub trusted_proxies: Vec<String>,
     pub ipv6_prefix: Option<u64>,
     pub forwarded: bool,
+    pub header: RawClientIpHeader,
+}
+
+/// `client_ip.header`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum RawClientIpHeader {
+    #[default]
+    XForwardedFor,
+    Forwarded,
+    XRealIp,
 }
 
 /// `server:`

@@ -238,6 +238,11 @@ fn client_ip(issues: &mut Issues, raw: &RawClientIp) -> Option<ClientIpSettings>
         trusted_proxies,
         ipv6_prefix,
         forwarded: raw.forwarded,
+        header: match raw.header {
+            RawClientIpHeader::XForwardedFor => ClientIpHeader::XForwardedFor,
+            RawClientIpHeader::Forwarded => ClientIpHeader::Forwarded,
+            RawClientIpHeader::XRealIp => ClientIpHeader::XRealIp,
+        },
     })
 }
 

@@ -206,6 +206,7 @@ impl Gateway {
                 let forwarded = ForwardedFacts {
                     peer: peer.ip(),
                     peer_trusted: runtime.client_ip.is_trusted(peer.ip()),
+                    believed: runtime.client_ip.header(),
                     host,
                     version: request.version(),
                     write_forwarded: runtime.write_forwarded,

@@ -136,7 +136,8 @@ impl Runtime {
             routes,
             client_fields,
             client_ip: ClientIpResolver::new(config.client_ip.trusted_proxies.clone())
-                .with_ipv6_prefix(config.client_ip.ipv6_prefix),
+                .with_ipv6_prefix(config.client_ip.ipv6_prefix)
+                .with_header(config.client_ip.header),
             write_forwarded: config.client_ip.forwarded,
             routes_connect,
             unmatched: RouteMetrics::new("none"),

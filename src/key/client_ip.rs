@@ -1,4 +1,5 @@
-//! The client address: the TCP peer, or what trusted proxies say of the client in `Forwarded` / `X-Forwarded-For`.
+//! The client address: the TCP peer, or what trusted proxies say of the client in the one field they write
+//! (`X-Forwarded-For`, `Forwarded` or `X-Real-IP`, as `client_ip.header` names it).
 
 use std::fmt;
 use std::net::IpAddr;
@@ -7,12 +8,28 @@ use http::HeaderMap;
 use ipnet::IpNet;
 
 /// Finds the client address: the peer, or, when the peer is a trusted proxy, the nearest untrusted address of
-/// `Forwarded` / `X-Forwarded-For`, walking from the right past trusted hops.
+/// the field it writes, walking from the right past trusted hops.
 #[derive(Debug, Clone)]
 pub struct ClientIpResolver {
     trusted: Vec<IpNet>,
     /// How many bits of an IPv6 client address key it.
     ipv6_prefix: u8,
+    /// The one field believed from trusted proxies.
+    header: ClientIpHeader,
+}
+
+/// `client_ip.header`: the field trusted proxies write the client address in. Only it is believed; the other two
+/// are never believed, from anyone, and never forwarded (a proxy that writes one field passes the others through
+/// from the client untouched).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClientIpHeader {
+    /// `X-Forwarded-For`, a list of addresses (the default).
+    #[default]
+    XForwardedFor,
+    /// `Forwarded` (RFC 7239), a list of elements whose `for=` is the address.
+    Forwarded,
+    /// `X-Real-IP`, one address.
+    XRealIp,
 }
 
 // === impl ClientIpResolver ===
@@ -23,7 +40,20 @@ impl ClientIpResolver {
         Self {
             trusted,
             ipv6_prefix: 64,
+            header: ClientIpHeader::default(),
         }
+    }
+
+    /// Believes `header` from trusted proxies (and nothing else).
+    #[must_use]
+    pub fn with_header(mut self, header: ClientIpHeader) -> Self {
+        self.header = header;
+        self
+    }
+
+    /// The field believed from trusted proxies.
+    pub fn header(&self) -> ClientIpHeader {
+        self.header
     }
 
     /// Keys IPv6 clients by their network of `bits` bits (1 to 128; 128 keys each address).
@@ -40,42 +70,19 @@ impl ClientIpResolver {
 
     /// The client address of a request from `peer`.
     ///
-    /// Headers are believed only when the peer is trusted. `Forwarded` is preferred to `X-Forwarded-For` when both
-    /// are present. Walking from the nearest hop outwards, trusted hops are skipped and the first untrusted address
-    /// is the client; a malformed entry stops the walk at the last address known good (a trusted proxy wrote what
-    /// follows it, but nobody vouches for the malformed value).
+    /// The field is believed only when the peer is trusted, and only the one `client_ip.header` names. Walking
+    /// from the nearest hop outwards, trusted hops are skipped and the first untrusted address is the client; a
+    /// malformed entry stops the walk at the last address known good (a trusted proxy wrote what follows it, but
+    /// nobody vouches for the malformed value).
     pub fn resolve(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         let peer = canonical(peer);
         if self.trusted.is_empty() || !self.is_trusted(peer) {
             return peer;
         }
-        let forwarded: Vec<&str> = headers
-            .get_all(http::header::FORWARDED)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .collect();
-        let hops: Vec<Option<IpAddr>> = if !forwarded.is_empty() {
-            forwarded
-                .iter()
-                .flat_map(|v| v.split(','))
-                .map(forwarded_for)
-                .collect()
-        } else {
-            headers
-                .get_all("x-forwarded-for")
-                .iter()
-                .flat_map(|v| match v.to_str() {
-                    Ok(s) => s
-                        .split(',')
-                        .map(|hop| parse_ip(hop.trim()))
-                        .collect::<Vec<_>>(),
-                    Err(_) => vec![None],
-                })
-                .collect()
-        };
+        let hops = believed_hops(self.header, headers);
         let mut client = peer;
-        for hop in hops.into_iter().rev() {
-            match hop {
+        for hop in hops.iter().rev() {
+            match parse_ip(hop) {
                 Some(ip) => {
                     client = ip;
                     if !self.is_trusted(ip) {
@@ -145,13 +152,87 @@ fn parse_ip(text: &str) -> Option<IpAddr> {
     inner.parse::<IpAddr>().ok().map(canonical)
 }
 
-/// The `for=` address of one `Forwarded` element (RFC 7239); `None` when absent, obfuscated or malformed.
-fn forwarded_for(element: &str) -> Option<IpAddr> {
-    element
-        .split(';')
+/// The hops of the field `header` names, nearest last, as text (an entry that is no address stays, to stop the
+/// walk): every field line as one list (RFC 9110 §5.3). A line that is not text is one malformed hop.
+pub fn believed_hops(header: ClientIpHeader, headers: &HeaderMap) -> Vec<String> {
+    let mut hops = Vec::new();
+    match header {
+        ClientIpHeader::XForwardedFor => {
+            for line in headers.get_all("x-forwarded-for") {
+                match line.to_str() {
+                    Ok(text) => hops.extend(text.split(',').map(|hop| hop.trim().to_owned())),
+                    Err(_) => hops.push(String::new()),
+                }
+            }
+        }
+        ClientIpHeader::Forwarded => {
+            for line in headers.get_all(http::header::FORWARDED) {
+                match line.to_str() {
+                    Ok(text) => {
+                        for element in split_unquoted(text, b',') {
+                            if element.trim().is_empty() {
+                                continue;
+                            }
+                            hops.push(forwarded_for(element).unwrap_or_default());
+                        }
+                    }
+                    Err(_) => hops.push(String::new()),
+                }
+            }
+        }
+        ClientIpHeader::XRealIp => {
+            let mut lines = headers.get_all("x-real-ip").iter();
+            if let Some(line) = lines.next() {
+                // One address, on one line: anything else has no single reading.
+                let text = line
+                    .to_str()
+                    .ok()
+                    .map(str::trim)
+                    .filter(|t| !t.contains(',') && !t.is_empty());
+                let single = lines.next().is_none();
+                hops.push(text.filter(|_| single).unwrap_or_default().to_owned());
+            }
+        }
+    }
+    hops
+}
+
+/// The parts of `text` between the `separator`s that stand outside quoted strings (RFC 9110 §5.6.4: a quoted
+/// string may hold commas and semicolons, and `\"` inside it is a quote).
+fn split_unquoted(text: &str, separator: u8) -> impl Iterator<Item = &str> {
+    let bytes = text.as_bytes();
+    let mut start = 0;
+    let mut quoted = false;
+    let mut escaped = false;
+    let mut ends = Vec::new();
+    for (i, &b) in bytes.iter().enumerate() {
+        if escaped {
+            escaped = false;
+        } else if quoted && b == b'\\' {
+            escaped = true;
+        } else if b == b'"' {
+            quoted = !quoted;
+        } else if !quoted && b == separator {
+            ends.push((start, i));
+            start = i + 1;
+        }
+    }
+    ends.push((start, bytes.len()));
+    ends.into_iter().map(move |(from, to)| &text[from..to])
+}
+
+/// The `for=` value of one `Forwarded` element (RFC 7239), unquoted; `None` when absent. An obfuscated or malformed
+/// value stays as it is, and stops the walk.
+fn forwarded_for(element: &str) -> Option<String> {
+    let (_, value) = split_unquoted(element, b';')
         .filter_map(|pair| pair.split_once('='))
-        .find(|(name, _)| name.trim().eq_ignore_ascii_case("for"))
-        .and_then(|(_, value)| parse_ip(value))
+        .find(|(name, _)| name.trim().eq_ignore_ascii_case("for"))?;
+    let value = value.trim();
+    let unquoted = match value.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
+        Some(inner) => inner.replace("\\\"", "\"").replace("\\\\", "\\"),
+        None => value.to_owned(),
+    };
+    Some(unquoted)
 }
 
 #[cfg(test)]
@@ -216,16 +297,76 @@ mod tests {
         assert_eq!(resolver().resolve(ip("10.0.0.1"), &headers), ip("10.1.1.1"));
     }
 
+    fn believing(header: ClientIpHeader) -> ClientIpResolver {
+        resolver().with_header(header)
+    }
+
+    fn fields(fields: &[(&str, &str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in fields {
+            headers.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        headers
+    }
+
     #[test]
-    fn forwarded_header_is_preferred() {
-        let mut headers = xff("198.51.100.7");
-        headers.insert(
-            http::header::FORWARDED,
-            HeaderValue::from_static("for=192.0.2.60;proto=http, for=\"[2001:db8::1]:4711\""),
+    fn only_the_field_named_by_client_ip_header_is_believed() {
+        let all = fields(&[
+            ("x-forwarded-for", "198.51.100.7"),
+            (
+                "forwarded",
+                "for=192.0.2.60;proto=http, for=\"[2001:db8::1]:4711\"",
+            ),
+            ("x-real-ip", "203.0.113.5"),
+        ]);
+        let peer = ip("10.0.0.1");
+        assert_eq!(
+            believing(ClientIpHeader::XForwardedFor).resolve(peer, &all),
+            ip("198.51.100.7")
         );
         assert_eq!(
-            resolver().resolve(ip("10.0.0.1"), &headers),
+            believing(ClientIpHeader::Forwarded).resolve(peer, &all),
             ip("2001:db8::1")
         );
+        assert_eq!(
+            believing(ClientIpHeader::XRealIp).resolve(peer, &all),
+            ip("203.0.113.5")
+        );
+        // A proxy that writes X-Forwarded-For passes a client's Forwarded through: never believed.
+        let spoofed = fields(&[("forwarded", "for=10.9.9.9"), ("x-real-ip", "10.9.9.9")]);
+        assert_eq!(
+            believing(ClientIpHeader::XForwardedFor).resolve(peer, &spoofed),
+            peer
+        );
+    }
+
+    #[test]
+    fn forwarded_is_split_outside_quoted_strings() {
+        // The comma and the semicolon inside the quotes belong to the value; the client is the last element's.
+        let headers = fields(&[(
+            "forwarded",
+            "for=198.51.100.1;by=\"a;b\", for=203.0.113.7;host=\"h,for=198.51.100.66\"",
+        )]);
+        assert_eq!(
+            believing(ClientIpHeader::Forwarded).resolve(ip("10.0.0.1"), &headers),
+            ip("203.0.113.7")
+        );
+        let hops = believed_hops(ClientIpHeader::Forwarded, &headers);
+        assert_eq!(hops, ["198.51.100.1", "203.0.113.7"]);
+    }
+
+    #[test]
+    fn x_real_ip_is_one_address_on_one_line() {
+        let peer = ip("10.0.0.1");
+        for bad in [
+            fields(&[("x-real-ip", "203.0.113.5, 198.51.100.1")]),
+            fields(&[("x-real-ip", "203.0.113.5"), ("x-real-ip", "198.51.100.1")]),
+            fields(&[("x-real-ip", "garbage")]),
+        ] {
+            assert_eq!(believing(ClientIpHeader::XRealIp).resolve(peer, &bad), peer);
+        }
     }
 }

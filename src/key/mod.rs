@@ -6,7 +6,7 @@ mod client_ip;
 mod spec;
 mod store_key;
 
-pub use client_ip::{ip_text, push_ip_text, ClientIpResolver};
+pub use client_ip::{believed_hops, ip_text, push_ip_text, ClientIpHeader, ClientIpResolver};
 pub use spec::{
     push_client_key, AmbiguousKey, KeyPart, KeyPartError, KeySpec, MissingKey, RequestFacts,
 };

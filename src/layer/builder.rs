@@ -215,8 +215,8 @@ impl Builder {
         self
     }
 
-    /// Peers (load balancers, proxies) whose `Forwarded` / `X-Forwarded-For` are believed when finding the client
-    /// address; default none.
+    /// Peers (load balancers, proxies) whose `X-Forwarded-For` is believed when finding the client address; default
+    /// none.
     pub fn trusted_proxies(mut self, proxies: impl IntoIterator<Item = IpNet>) -> Self {
         self.trusted_proxies = proxies.into_iter().collect();
         self

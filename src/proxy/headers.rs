@@ -1,10 +1,13 @@
-//! Header rewriting for proxying: hop-by-hop fields removed both ways; the client-address fields (`X-Forwarded-For`,
-//! `Forwarded`, `X-Real-IP`) kept only from trusted proxies and extended with the peer; `X-Forwarded-*` and `Via`.
+//! Header rewriting for proxying: hop-by-hop fields removed both ways; of the client-address fields
+//! (`X-Forwarded-For`, `Forwarded`, `X-Real-IP`) only the believed one kept, from trusted proxies only, and extended
+//! with the peer; `X-Forwarded-*` and `Via`.
 
 use std::net::IpAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::Version;
+
+use crate::key::{believed_hops, ClientIpHeader};
 
 /// The pseudonym tollgate uses in `Via`.
 pub const VIA: &str = "tollgate";
@@ -23,6 +26,8 @@ pub struct ForwardedFacts<'a> {
     pub peer: IpAddr,
     /// Whether the peer is a trusted proxy, whose `X-Forwarded-*` are kept and extended.
     pub peer_trusted: bool,
+    /// `client_ip.header`: the client-address field believed from trusted proxies; the other two are dropped.
+    pub believed: ClientIpHeader,
     /// The host the client asked for, if any.
     pub host: Option<&'a str>,
     /// The client's HTTP version, for `Via`.
@@ -213,27 +218,37 @@ fn remove_present_hop_by_hop(headers: &mut HeaderMap, present: u16) {
 /// went as it arrived, [`clean_client_fields`], before tollgate wrote its own).
 ///
 /// The client-address fields say who the client is, and the upstream must read the client tollgate counted:
-/// - from a trusted proxy, `X-Forwarded-For` keeps every field line, as one list (RFC 9110 §5.3), and ends with the
-///   peer; `Forwarded`, `X-Real-IP` and the other `X-Forwarded-*` are kept as the proxy wrote them;
-/// - from anyone else, `X-Forwarded-For`, `Forwarded` and `X-Real-IP` are dropped and `X-Forwarded-For` is the
-///   peer alone, since nobody vouches for what a client claims about itself.
+/// - from a trusted proxy, `X-Forwarded-For` is the believed field's list of hops (every field line, as one list,
+///   RFC 9110 §5.3; `Forwarded`'s `for=` values, or `X-Real-IP`'s address) ending with the peer; the believed field
+///   itself is kept as the proxy wrote it, and the other two of `X-Forwarded-For`, `Forwarded` and `X-Real-IP` are
+///   dropped, since the proxy passed them through from the client; the other `X-Forwarded-*` are kept;
+/// - from anyone else, all three are dropped and `X-Forwarded-For` is the peer alone, since nobody vouches for what
+///   a client claims about itself.
 ///
-/// With `write_forwarded`, `Forwarded` gets tollgate's element for the peer too (in place of the dropped one).
+/// With `write_forwarded`, `Forwarded` gets tollgate's element for the peer too (appended to a believed one, else
+/// alone).
 pub fn prepare_request(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) {
     let present = scan(headers);
     remove_present_hop_by_hop(headers, present);
     let peer = crate::key::ip_text(facts.peer);
-    let forwarded_for = if facts.peer_trusted {
-        HeaderValue::try_from(extended_list(headers, &X_FORWARDED_FOR, &peer))
-    } else {
-        HeaderValue::try_from(peer)
+    let forwarded_for = match (facts.peer_trusted, facts.believed) {
+        (false, _) => HeaderValue::try_from(peer),
+        (true, ClientIpHeader::XForwardedFor) => {
+            HeaderValue::try_from(extended_list(headers, &X_FORWARDED_FOR, &peer))
+        }
+        (true, other) => HeaderValue::try_from(translated_list(headers, other, &peer)),
     };
     if let Ok(value) = forwarded_for {
         headers.insert(&X_FORWARDED_FOR, value);
     }
-    if !facts.peer_trusted && present & CLIENT_ADDRESS_FIELDS != 0 {
-        headers.remove(header::FORWARDED);
-        headers.remove(&X_REAL_IP);
+    if present & CLIENT_ADDRESS_FIELDS != 0 {
+        let believed = |field| facts.peer_trusted && facts.believed == field;
+        if !believed(ClientIpHeader::Forwarded) {
+            headers.remove(header::FORWARDED);
+        }
+        if !believed(ClientIpHeader::XRealIp) {
+            headers.remove(&X_REAL_IP);
+        }
     }
     if facts.write_forwarded {
         write_forwarded(headers, facts);
@@ -272,6 +287,24 @@ fn extended_list(headers: &HeaderMap, name: &HeaderName, last: &str) -> String {
     list
 }
 
+/// The hops of a trusted proxy's `Forwarded` or `X-Real-IP` as an `X-Forwarded-For` list, with `last` appended:
+/// the next hop reads the client tollgate read.
+#[cold]
+fn translated_list(headers: &HeaderMap, field: ClientIpHeader, last: &str) -> String {
+    let mut list = String::new();
+    for hop in believed_hops(field, headers) {
+        // A hop that is no address (obfuscated, malformed) stops the next hop's walk as it stopped this one's.
+        let address = !hop.is_empty()
+            && hop
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() || matches!(b, b'.' | b':' | b'[' | b']'));
+        list.push_str(if address { &hop } else { "unknown" });
+        list.push_str(", ");
+    }
+    list.push_str(last);
+    list
+}
+
 /// Appends tollgate's `Forwarded` element (`for`, `proto`, `host`) to what a trusted proxy sent, or sets it
 /// alone.
 #[cold]
@@ -286,7 +319,7 @@ fn write_forwarded(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) {
         element.push_str(host);
         element.push('"');
     }
-    let value = if facts.peer_trusted {
+    let value = if facts.peer_trusted && facts.believed == ClientIpHeader::Forwarded {
         extended_list(headers, &header::FORWARDED, &element)
     } else {
         element
@@ -322,6 +355,7 @@ mod tests {
         ForwardedFacts {
             peer: "192.0.2.1".parse().unwrap(),
             peer_trusted: trusted,
+            believed: ClientIpHeader::XForwardedFor,
             host: Some("api.example.com"),
             version: Version::HTTP_11,
             write_forwarded: false,
@@ -455,7 +489,9 @@ mod tests {
             HeaderValue::from_static("for=203.0.113.9"),
         );
         h.insert("x-real-ip", HeaderValue::from_static("203.0.113.9"));
+        h.insert("x-forwarded-for", HeaderValue::from_static("10.9.9.9"));
         let mut trusted = facts(true);
+        trusted.believed = ClientIpHeader::Forwarded;
         trusted.write_forwarded = true;
         trusted.peer = "2001:db8::7".parse().unwrap();
         prepare_request(&mut h, &trusted);
@@ -463,6 +499,45 @@ mod tests {
             h[header::FORWARDED],
             "for=198.51.100.1, for=203.0.113.9, for=\"[2001:db8::7]\";proto=http;host=\"api.example.com\""
         );
-        assert_eq!(h["x-real-ip"], "203.0.113.9");
+        // The other two fields are the client's, passed through by the proxy: dropped, and X-Forwarded-For tells
+        // the next hop the client that was read from Forwarded.
+        assert!(h.get("x-real-ip").is_none());
+        assert_eq!(
+            h["x-forwarded-for"],
+            "198.51.100.1, 203.0.113.9, 2001:db8::7"
+        );
+    }
+
+    #[test]
+    fn from_a_trusted_peer_only_the_believed_field_is_kept() {
+        for (believed, kept) in [
+            (ClientIpHeader::XForwardedFor, "x-forwarded-for"),
+            (ClientIpHeader::Forwarded, "forwarded"),
+            (ClientIpHeader::XRealIp, "x-real-ip"),
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.1"));
+            h.insert(
+                header::FORWARDED,
+                HeaderValue::from_static("for=203.0.113.2"),
+            );
+            h.insert("x-real-ip", HeaderValue::from_static("203.0.113.3"));
+            let mut trusted = facts(true);
+            trusted.believed = believed;
+            prepare_request(&mut h, &trusted);
+            for field in ["forwarded", "x-real-ip"] {
+                assert_eq!(
+                    h.contains_key(field),
+                    field == kept,
+                    "{believed:?}: {field}"
+                );
+            }
+            let client = match believed {
+                ClientIpHeader::XForwardedFor => "203.0.113.1",
+                ClientIpHeader::Forwarded => "203.0.113.2",
+                ClientIpHeader::XRealIp => "203.0.113.3",
+            };
+            assert_eq!(h["x-forwarded-for"], format!("{client}, 192.0.2.1"));
+        }
     }
 }
