@@ -176,6 +176,44 @@ async fn slow_upstream_is_504() {
 }
 
 #[tokio::test]
+async fn among_many_routes_the_first_that_matches_answers() {
+    // Enough routes for the gateway to find them through its index: hosts, exact paths and prefixes mixed, a
+    // catch-all last, and an early route that shadows a later one.
+    let mut yaml = String::from("store:\n  backend: memory\nroutes:\n");
+    let mut route = |name: &str, condition: &str| {
+        yaml.push_str(&format!(
+            "  - name: {name}\n    match: {{ {condition} }}\n    respond: {{ status: 200, body: \"{name}\" }}\n"
+        ));
+    };
+    for i in 0..50 {
+        route(&format!("prefix-{i}"), &format!("path_prefix: /p{i}"));
+    }
+    route("shadowing", "path_prefix: /shadow");
+    route("shadowed", "path: /shadow/x");
+    route("login", "path: /login");
+    route("by-host", "host: \"*.example.com\", path_prefix: /h");
+    route("everything", "path_prefix: /");
+    let gateway = start_gateway(&yaml).await;
+    let client = client();
+    for (host, path, expected) in [
+        (None, "/p49/x", "prefix-49"),
+        (None, "/p4", "prefix-4"),
+        (None, "/p499", "everything"),
+        (None, "/shadow/x", "shadowing"),
+        (None, "/login", "login"),
+        (Some("api.example.com"), "/h/1", "by-host"),
+        (Some("example.com"), "/h/1", "everything"),
+    ] {
+        let mut request = client.get(gateway.url(path));
+        if let Some(host) = host {
+            request = request.header("host", host);
+        }
+        let body = request.send().await.unwrap().text().await.unwrap();
+        assert_eq!(body, expected, "{host:?} {path}");
+    }
+}
+
+#[tokio::test]
 async fn unknown_paths_and_methods_get_404_json() {
     let upstream = Upstream::start().await;
     let gateway = start_gateway(&yaml(&[upstream.url()], "5s")).await;

@@ -9,13 +9,15 @@ use crate::consumers::directory::Directory;
 use crate::consumers::Consumers;
 use crate::key::ClientIpResolver;
 use crate::proxy::{ClientFieldRules, Upstream};
-use crate::routing::{Matcher, RequestTarget};
+use crate::routing::{Matcher, RequestTarget, RouteIndex};
 use crate::telemetry::RouteMetrics;
 
 /// A compiled configuration.
 #[derive(Debug)]
 pub struct Runtime {
     pub(super) routes: Vec<Route>,
+    /// From [`INDEXED_ROUTES`] routes on, the index that finds a request's route among the few that could take it.
+    index: Option<RouteIndex>,
     pub(super) client_ip: ClientIpResolver,
     /// `client_ip.forwarded`: whether the upstream gets a `Forwarded` field from tollgate.
     pub(super) write_forwarded: bool,
@@ -28,6 +30,10 @@ pub struct Runtime {
     /// Which client fields are dropped as a request arrives (`Connection`'s, names with `_`).
     pub(super) client_fields: ClientFieldRules,
 }
+
+/// From this many routes on they are found through an index; below, testing each in turn costs less than
+/// looking the path up.
+const INDEXED_ROUTES: usize = 8;
 
 /// A compiled route.
 #[derive(Debug)]
@@ -132,8 +138,11 @@ impl Runtime {
                 })
                 .unwrap_or_default(),
         };
+        let index = (routes.len() >= INDEXED_ROUTES)
+            .then(|| RouteIndex::new(routes.iter().map(|route| &route.matcher)));
         Self {
             routes,
+            index,
             client_fields,
             client_ip: ClientIpResolver::new(config.client_ip.trusted_proxies.clone())
                 .with_ipv6_prefix(config.client_ip.ipv6_prefix)
@@ -146,6 +155,11 @@ impl Runtime {
     }
 
     pub(super) fn route_for(&self, target: &RequestTarget<'_>) -> Option<&Route> {
-        self.routes.iter().find(|r| r.matcher.matches(target))
+        match &self.index {
+            Some(index) => index
+                .first_match(target, |i| self.routes[i].matcher.matches(target))
+                .map(|i| &self.routes[i]),
+            None => self.routes.iter().find(|r| r.matcher.matches(target)),
+        }
     }
 }

@@ -30,7 +30,7 @@ pub struct Matcher {
 }
 
 #[derive(Debug, Clone)]
-enum HostPattern {
+pub(super) enum HostPattern {
     Exact(String),
     /// `*.example.com`: any subdomain of `.example.com` (stored with the leading dot).
     Suffix(String),
@@ -115,6 +115,22 @@ impl Matcher {
                 .host
                 .is_some_and(|h| h.len() > s.len() && h.ends_with(s.as_str())),
         }
+    }
+}
+
+// === the conditions, for the route index ===
+
+impl Matcher {
+    pub(super) fn exact_path(&self) -> Option<&str> {
+        self.path.as_deref()
+    }
+
+    pub(super) fn prefix(&self) -> Option<&str> {
+        self.path_prefix.as_deref()
+    }
+
+    pub(super) fn host_pattern(&self) -> Option<&HostPattern> {
+        self.host.as_ref()
     }
 }
 

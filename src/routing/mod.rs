@@ -1,10 +1,12 @@
-//! Routing: the one canonical view of a request (§7 of the design), the path normalisation it rests on, and the
-//! route matchers that take it (first match wins).
+//! Routing: the one canonical view of a request (§7 of the design), the path normalisation it rests on, the
+//! route matchers that take it (first match wins), and the index that finds the first among many routes.
 
 mod canonical;
+mod index;
 mod matcher;
 mod path;
 
 pub use canonical::{canonical_host, CanonicalRequest, Refusal};
+pub use index::RouteIndex;
 pub use matcher::{Matcher, RequestTarget, RouteMatch};
 pub use path::{normalize_path, PathError};
