@@ -30,6 +30,9 @@ pub enum Polled {
     Reloaded,
     /// The change stayed the same for two polls but fails validation: the running config stays.
     Refused,
+    /// The change stayed the same for two polls but leaves no routes where the running config has some: taken for
+    /// a writer caught half-way (however long it stays), logged at WARN and applied only by SIGHUP.
+    Held,
 }
 
 /// Loads `path` and, if it is valid, makes it the running config of `gateway`.
@@ -53,7 +56,8 @@ fn count(ok: bool) {
 ///
 /// Polling the content (not inotify) also sees editors that replace the file and Kubernetes ConfigMap symlink
 /// swaps, and never reloads for a touch that changed nothing. A change is loaded only once two polls in a row
-/// found the same content, so a file caught half-written (`cat >` truncates first, then writes) is never loaded.
+/// found the same content, so a file caught half-written (`cat >` truncates first, then writes) is never loaded;
+/// nor is a file that leaves no routes where some run, whatever it stays (see [`Polled::Held`]).
 pub async fn watch(gateway: Arc<Gateway>, path: PathBuf, interval: Duration) {
     let mut watcher = Watcher::new(gateway, path);
     let mut tick = tokio::time::interval(interval);
@@ -105,6 +109,16 @@ impl Watcher {
             .and_then(|text| config::parse(&text, &self.path));
         self.loaded = Some(current);
         match parsed {
+            Ok(config) if config.routes.is_empty() && !self.gateway.route_names().is_empty() => {
+                count(false);
+                tracing::warn!(
+                    file = %self.path.display(),
+                    running = self.gateway.route_names().len(),
+                    "config change leaves no routes where some run: not applied (an emptied file is taken for a \
+                     writer caught half-way); send SIGHUP to apply it"
+                );
+                Polled::Held
+            }
             Ok(config) => {
                 apply(&self.gateway, &config, &self.path);
                 Polled::Reloaded

@@ -455,3 +455,70 @@ async fn the_open_files_limit_is_raised_so_300_held_connections_leave_room_for_m
     assert_eq!(response.status(), 200);
     assert_eq!(held.len(), 300);
 }
+
+#[tokio::test]
+async fn the_file_watch_never_applies_a_file_that_leaves_no_routes_where_some_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.yaml");
+    write(&path, &three_routes_yaml("v1"));
+    let gateway = start_gateway_with(tollgate::config::load(&path).unwrap()).await;
+    let mut watcher = Watcher::new(Arc::clone(&gateway.gateway), path.clone());
+    let version = || async {
+        let response = client()
+            .get(gateway.url("/version"))
+            .send()
+            .await
+            .expect("request");
+        response.status().as_u16()
+    };
+    // Emptied, or valid with no routes, however long it stays: held, every route still served.
+    for (i, text) in ["", "store:\n  backend: memory\nroutes: []\n"]
+        .into_iter()
+        .enumerate()
+    {
+        write_in_place(&path, text);
+        assert_eq!(watcher.poll().await, Polled::Settling, "file {i}");
+        assert_eq!(watcher.poll().await, Polled::Held, "file {i}");
+        for _ in 0..3 {
+            assert_eq!(watcher.poll().await, Polled::Unchanged, "file {i}");
+        }
+        assert_eq!(version().await, 200, "file {i}");
+    }
+    // SIGHUP's reload applies it: asked for, not caught half-way.
+    tollgate::reload::reload(&gateway.gateway, &path).expect("reload");
+    assert_eq!(version().await, 404);
+    // With no routes running, a file with none is nothing to hold back.
+    write_in_place(&path, "");
+    assert_eq!(watcher.poll().await, Polled::Settling);
+    assert_eq!(watcher.poll().await, Polled::Reloaded);
+}
+
+#[tokio::test]
+async fn an_emptied_config_file_is_a_warning_and_sighup_still_applies_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.yaml");
+    write(&path, &three_routes_yaml("v1"));
+    let process = spawn(&path, None);
+    let url = process.url("/version");
+    write_in_place(&path, "");
+    let held = || {
+        process
+            .log()
+            .lines()
+            .filter(|line| line.contains("WARN") && line.contains("leaves no routes"))
+            .count()
+    };
+    let logged = eventually(Duration::from_secs(10), async || held() == 1).await;
+    assert!(logged.is_some(), "one WARN line:\n{}", process.log());
+    assert_eq!(
+        client().get(&url).send().await.expect("request").status(),
+        200
+    );
+    signal(&process, "-HUP");
+    let applied = eventually(Duration::from_secs(5), async || {
+        client().get(&url).send().await.expect("request").status() == 404
+    })
+    .await;
+    assert!(applied.is_some(), "SIGHUP applies the emptied file");
+    assert_eq!(held(), 1, "logged once:\n{}", process.log());
+}
