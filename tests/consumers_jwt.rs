@@ -253,3 +253,81 @@ async fn the_runtime_plan_goes_ahead_of_the_tokens_claim() {
         [200, 200, 200, 200, 200, 429]
     );
 }
+
+#[tokio::test]
+async fn another_authorization_scheme_is_no_credential_for_a_jwt_identifier() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rsa = rsa_key("rsa-1");
+    let jwks_path = dir.path().join("jwks.json");
+    std::fs::write(&jwks_path, jwks(&[&rsa])).expect("write jwks");
+    let yaml = format!(
+        r#"listen: 127.0.0.1:0
+store: {{ backend: memory }}
+upstreams:
+  backend:
+    targets: ["{upstream}"]
+consumers:
+  identify:
+    - jwt:
+        algorithms: [RS256]
+        jwks_file: {jwks}
+        issuer: {ISSUER}
+        audiences: [api]
+    - api_key: {{ header: x-api-key }}
+  keys:
+    - {{ key: key-of-bob, consumer: bob, plan: free }}
+  anonymous: {{ plan: free }}
+  forward: {{ consumer: X-Consumer-Id, plan: X-Consumer-Plan }}
+  plans:
+    free:
+      limits:
+        - {{ name: hourly, key: consumer, algorithm: sliding_log, limit: 100, period: 1h }}
+routes:
+  - name: open
+    match: {{ path_prefix: /open }}
+    upstream: backend
+    consumers: optional
+  - name: closed
+    match: {{ path_prefix: /closed }}
+    upstream: backend
+    consumers: required
+"#,
+        upstream = upstream.url(),
+        jwks = jwks_path.display(),
+    );
+    let gateway = common::start_gateway(&yaml).await;
+    let get = async |path: &str, authorization: &str, key: Option<&str>| {
+        let mut request = client()
+            .get(gateway.url(path))
+            .header("authorization", authorization);
+        if let Some(key) = key {
+            request = request.header("x-api-key", key);
+        }
+        let response = request.send().await.expect("send");
+        let status = response.status().as_u16();
+        let body = response.bytes().await.expect("body");
+        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        (status, body)
+    };
+    let consumer = |body: &Value| body["headers"]["x-consumer-id"].as_str().map(str::to_owned);
+
+    // Basic on an optional route: anonymous, and the upstream gets its Authorization as sent.
+    let (status, body) = get("/open/x", "Basic dXNlcjpwYXNz", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(consumer(&body), None);
+    assert_eq!(body["headers"]["authorization"], "Basic dXNlcjpwYXNz");
+    // Another scheme leaves the next identifier to name the caller.
+    let (status, body) = get("/open/x", "Digest username=\"u\"", Some("key-of-bob")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(consumer(&body).as_deref(), Some("bob"));
+    // Where a credential is required, another scheme is none: 401 credential_required, not `malformed`.
+    let (status, body) = get("/closed/x", "Basic dXNlcjpwYXNz", None).await;
+    assert_eq!(
+        (status, &body["reason"]),
+        (401, &json!("credential_required"))
+    );
+    // A bearer token that is not a JWT is still malformed.
+    let (status, body) = get("/open/x", "Bearer not.a.token", None).await;
+    assert_eq!((status, &body["reason"]), (401, &json!("malformed")));
+}

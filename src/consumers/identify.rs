@@ -8,7 +8,7 @@ use http::{HeaderName, HeaderValue};
 use super::api_key::{self, Presented};
 use super::directory::{ConsumerRecord, Directory, LimitOverride};
 use super::failures::FailureLimit;
-use super::jwt::{JwtVerifier, TokenRejection};
+use super::jwt::{other_scheme, JwtVerifier, TokenRejection};
 use super::overrides::overridden;
 use super::settings::{
     Anonymous, ConsumerMode, ConsumersSettings, CredentialSource, ForwardHeaders,
@@ -258,6 +258,10 @@ impl Consumers {
                         (Some(_), Some(_)) => return Err(CallerRefusal::Ambiguous),
                         (Some(value), None) => value,
                     };
+                    // `Basic ...` and the like are no bearer token: no credential for this identifier.
+                    if other_scheme(value) {
+                        continue;
+                    }
                     let Some(verifier) = verifier else {
                         return Err(invalid_token(TokenRejection::KeysUnavailable));
                     };

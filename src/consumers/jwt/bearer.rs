@@ -18,7 +18,8 @@ pub(crate) struct JoseHeader {
     pub kid: Option<String>,
 }
 
-/// The token in `name`: `None` without the header, `Malformed` when it is there but not one `Bearer <token>`.
+/// The token in `name`: `None` without the header or with another scheme's credentials in it (`Basic ...`),
+/// `Malformed` when it is there but not one `Bearer <token>`.
 pub(crate) fn token_from<'h>(
     headers: &'h HeaderMap,
     name: &HeaderName,
@@ -29,7 +30,20 @@ pub(crate) fn token_from<'h>(
     if values.next().is_some() {
         return Some(Err(TokenRejection::Malformed));
     }
+    if other_scheme(value) {
+        return None;
+    }
     Some(token_in(value))
+}
+
+/// Whether `value` holds another scheme's credentials (`Basic ...`, `Digest ...`, anything not starting with the
+/// word `Bearer`): no bearer token at all, so no credential for a JWT identifier, rather than a malformed one. A
+/// route with optional consumers then serves the request as anonymous (the upstream may check its own
+/// `Authorization`), and a later identifier may still name the caller.
+pub(crate) fn other_scheme(value: &HeaderValue) -> bool {
+    const SCHEME: &[u8] = b"bearer";
+    let value = value.as_bytes();
+    !(value.len() >= SCHEME.len() && value[..SCHEME.len()].eq_ignore_ascii_case(SCHEME))
 }
 
 /// The token in one header value, `Malformed` when it is not `Bearer <token>`.
@@ -109,10 +123,25 @@ mod tests {
     }
 
     #[test]
+    fn another_scheme_is_no_token() {
+        for value in [
+            "Basic dXNlcjpwYXNz",
+            "Digest username=\"a\"",
+            "token abc",
+            "Bear a.b.c",
+        ] {
+            assert_eq!(
+                token_from(&headers(&[value]), &AUTHORIZATION),
+                None,
+                "{value}"
+            );
+        }
+    }
+
+    #[test]
     fn anything_but_one_bearer_token_is_malformed() {
         for values in [
-            &["Basic dXNlcjpwYXNz"][..],
-            &["Bearer"],
+            &["Bearer"][..],
             &["Bearer "],
             &["Bearera.b.c"],
             &["Bearer a.b.c", "Bearer d.e.f"],

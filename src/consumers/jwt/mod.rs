@@ -9,6 +9,7 @@ mod rejection;
 mod settings;
 mod verifier;
 
+pub(crate) use bearer::other_scheme;
 pub use crypto::use_ring_for_signatures;
 pub use rejection::{JwtSetupError, TokenRejection};
 pub use settings::{

@@ -154,8 +154,9 @@ impl JwtVerifier {
         Ok(())
     }
 
-    /// The token of a request: `None` when the header is absent (no credential: the caller tries the next
-    /// identifier), `Some(Err(Malformed))` when it is present but not one `Bearer <token>`.
+    /// The token of a request: `None` when the header is absent or holds another scheme's credentials (no
+    /// credential: the caller tries the next identifier), `Some(Err(Malformed))` when it is present but not one
+    /// `Bearer <token>`.
     pub fn token_from<'h>(
         &self,
         headers: &'h HeaderMap,
