@@ -93,6 +93,33 @@ fn unknown_keys_are_rejected_with_their_location() {
 }
 
 #[test]
+fn numbers_past_what_the_stores_carry_exactly_are_located_errors() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let yaml = r#"store: { backend: memory }
+routes:
+  - name: a
+    match: { path_prefix: /a }
+    respond: { status: 200, body: "ok" }
+    limits:
+      - { name: huge, key: ip, algorithm: fixed_window, limit: 9223372036854775807, period: 1m }
+      - { name: long, key: ip, algorithm: fixed_window, limit: 10, period: 106751991168d }
+      - { name: log, key: ip, algorithm: sliding_log, limit: 1000000, period: 1m, cost: 1000000 }
+"#;
+    let path = write_config(&dir, "big.yaml", yaml);
+    let output = tollgate(&["check", "--config", path.to_str().expect("utf-8 path")]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for expected in [
+        "big.yaml:7:9: routes[0].limits[0]: limit is too large: 9223372036854775807 exceeds 4503599627370496",
+        "big.yaml:8:9: routes[0].limits[1]: period (in ms) is too large",
+        "big.yaml:9:9: routes[0].limits[2]: limit 1000000 is too large for sliding_log",
+        "use sliding_window",
+    ] {
+        assert!(stderr.contains(expected), "{stderr}\nexpected: {expected}");
+    }
+}
+
+#[test]
 fn check_prints_routes_and_limits_of_the_shipped_config() {
     let output = tollgate(&[
         "check",

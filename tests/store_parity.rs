@@ -11,7 +11,9 @@ use common::redis::RedisServer;
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 use tollgate::limiter::store::{LimitCheck, MemoryStore, RedisStore};
-use tollgate::limiter::{Algorithm, LeakyMode, Limit, ManualClock, Rate};
+use tollgate::limiter::{
+    Algorithm, LeakyMode, Limit, ManualClock, Rate, MAX_LOG_ENTRIES, MAX_SCALED,
+};
 
 fn algorithm() -> impl Strategy<Value = Algorithm> {
     let period = prop_oneof![Just(1_000u64), Just(60_000), 1u64..5_000];
@@ -126,6 +128,91 @@ fn redis_and_memory_decide_alike() {
                 .block_on(fx.store.check(&checks, Some(now)))
                 .expect("redis");
             prop_assert_eq!(&actual, &expected, "step {} at {} (cost {})", i, now, cost);
+        }
+        Ok(())
+    });
+    if let Err(failure) = result {
+        panic!("{failure}");
+    }
+}
+
+/// Parameters at and near the bounds both stores carry exactly (`MAX_SCALED`, `MAX_LOG_ENTRIES`): a value the
+/// limit accepts is decided alike by both stores, one past a bound is refused (by the config and the admin API
+/// alike, which both build limits through `Limit::new`).
+fn bounded_algorithm() -> impl Strategy<Value = Algorithm> {
+    let big = prop_oneof![
+        Just(MAX_SCALED),
+        Just(MAX_SCALED - 1),
+        Just(MAX_SCALED / 3),
+        Just(MAX_SCALED + 1),
+        Just(u64::MAX),
+        1u64..5_000,
+    ];
+    let rate = (big.clone(), big.clone()).prop_filter_map("positive", |(count, period_ms)| {
+        Rate::new(count, period_ms).ok()
+    });
+    prop_oneof![
+        (big.clone(), big.clone())
+            .prop_map(|(limit, period_ms)| Algorithm::FixedWindow { limit, period_ms }),
+        (big.clone(), big.clone())
+            .prop_map(|(limit, period_ms)| Algorithm::SlidingWindow { limit, period_ms }),
+        (
+            prop_oneof![Just(MAX_LOG_ENTRIES), Just(MAX_LOG_ENTRIES + 1), 1u64..50],
+            big.clone()
+        )
+            .prop_map(|(limit, period_ms)| Algorithm::SlidingLog { limit, period_ms }),
+        (big.clone(), rate.clone()).prop_map(|(burst, rate)| Algorithm::Gcra { rate, burst }),
+        (big, rate).prop_map(|(burst, rate)| Algorithm::TokenBucket { rate, burst }),
+    ]
+}
+
+#[test]
+fn limits_at_their_bounds_decide_alike_and_past_them_are_refused() {
+    let fx = fixture();
+    let config = ProptestConfig {
+        cases: 64,
+        source_file: Some(file!()),
+        ..ProptestConfig::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let inputs = (bounded_algorithm(), 1u64..4, steps());
+    let result = runner.run(&inputs, |(algorithm, cost, steps)| {
+        let case = fx.case.fetch_add(1, Ordering::SeqCst);
+        let parameters = format!("{algorithm:?}");
+        let past_a_bound = parameters
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|n| n.parse::<u128>().ok())
+            .any(|n| n > u128::from(MAX_SCALED))
+            || matches!(algorithm, Algorithm::SlidingLog { limit, .. } if limit > MAX_LOG_ENTRIES);
+        let limit = match Limit::new("b", algorithm, cost.min(algorithm.capacity())) {
+            Ok(limit) => limit,
+            Err(refused) => {
+                // Refused for a bound, or for a product of in-range values that exact arithmetic cannot hold.
+                prop_assert!(
+                    past_a_bound || refused.to_string().contains("too large"),
+                    "{} refused: {}",
+                    parameters,
+                    refused
+                );
+                return Ok(());
+            }
+        };
+        prop_assert!(!past_a_bound, "{} accepted", parameters);
+        let memory = MemoryStore::new(10_000, Arc::new(ManualClock::new(0)));
+        let key = format!("bounds{case}");
+        let checks = [LimitCheck {
+            key: &key,
+            limit: &limit,
+        }];
+        let mut now: i64 = 1_700_000_000_000;
+        for (i, (delta, _)) in steps.into_iter().enumerate() {
+            now += delta;
+            let expected = memory.check_at(now, &checks);
+            let actual = fx
+                .runtime
+                .block_on(fx.store.check(&checks, Some(now)))
+                .expect("redis");
+            prop_assert_eq!(&actual, &expected, "step {} at {}", i, now);
         }
         Ok(())
     });

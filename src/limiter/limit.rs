@@ -12,6 +12,11 @@ pub use super::algorithms::leaky_bucket::LeakyMode;
 /// same integers, so both stores make identical decisions.
 pub const MAX_SCALED: u64 = 1 << 52;
 
+/// The most entries a `sliding_log` key may hold (its limit): each admitted unit of cost is one sorted-set member
+/// in Redis and one timestamp in the memory store, written and trimmed inside the call that admits it. Beyond,
+/// one call could keep Redis busy for seconds; `sliding_window` holds any limit in constant space.
+pub const MAX_LOG_ENTRIES: u64 = 100_000;
+
 /// `count` events per `period_ms` milliseconds; both are positive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rate {
@@ -92,6 +97,17 @@ pub enum LimitError {
         cost: u64,
         /// The limit's capacity.
         capacity: u64,
+    },
+    /// A `sliding_log` limit above [`MAX_LOG_ENTRIES`].
+    #[error(
+        "limit {limit} is too large for sliding_log, which keeps one entry per admitted request (at most \
+         {max}); use sliding_window, which holds any limit in constant space"
+    )]
+    LogTooLong {
+        /// The configured limit.
+        limit: u64,
+        /// The largest allowed.
+        max: u64,
     },
     /// The parameters are too large for exact arithmetic.
     #[error("{what} is too large: {value} exceeds {max} ({hint})")]
@@ -215,7 +231,19 @@ impl Algorithm {
                 _ => "burst",
             }));
         }
-        for (what, value, hint) in self.scaled_products() {
+        if let Algorithm::SlidingLog { limit, .. } = *self {
+            if limit > MAX_LOG_ENTRIES {
+                return Err(LimitError::LogTooLong {
+                    limit,
+                    max: MAX_LOG_ENTRIES,
+                });
+            }
+        }
+        let parameters = self
+            .parameters()
+            .into_iter()
+            .map(|(what, value)| (what, u128::from(value), "lower it"));
+        for (what, value, hint) in parameters.chain(self.scaled_products()) {
             if value > u128::from(MAX_SCALED) {
                 return Err(LimitError::TooLarge {
                     what,
@@ -226,6 +254,36 @@ impl Algorithm {
             }
         }
         Ok(())
+    }
+
+    /// Each parameter with its name: every one must be exact as a Lua number (a double) and in Redis's expiries,
+    /// or the stores would disagree (a fixed window's limit of 2^63 denied everything in Redis and admitted all in
+    /// memory; a period of 2^63 ms expired the key at once).
+    fn parameters(&self) -> Vec<(&'static str, u64)> {
+        match *self {
+            Algorithm::FixedWindow { limit, period_ms }
+            | Algorithm::SlidingWindow { limit, period_ms }
+            | Algorithm::SlidingLog { limit, period_ms } => {
+                vec![("limit", limit), ("period (in ms)", period_ms)]
+            }
+            Algorithm::TokenBucket { rate, burst } | Algorithm::Gcra { rate, burst } => vec![
+                ("burst", burst),
+                ("rate count", rate.count),
+                ("rate period (in ms)", rate.period_ms),
+            ],
+            Algorithm::LeakyBucket { rate, burst, mode } => {
+                let max_delay_ms = match mode {
+                    LeakyMode::Reject => 0,
+                    LeakyMode::Delay { max_delay_ms } => max_delay_ms,
+                };
+                vec![
+                    ("burst", burst),
+                    ("rate count", rate.count),
+                    ("rate period (in ms)", rate.period_ms),
+                    ("max_delay (in ms)", max_delay_ms),
+                ]
+            }
+        }
     }
 
     /// The largest integers each algorithm's arithmetic reaches, with what to call them and what to change in
@@ -387,6 +445,63 @@ mod tests {
             Limit::new("l", alg, 1),
             Err(LimitError::TooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn every_parameter_is_bounded_where_both_stores_carry_it_exactly() {
+        let huge = MAX_SCALED + 1;
+        let rate = |count, period_ms| Rate::new(count, period_ms).expect("positive");
+        for algorithm in [
+            Algorithm::FixedWindow {
+                limit: huge,
+                period_ms: 1_000,
+            },
+            Algorithm::FixedWindow {
+                limit: 10,
+                period_ms: huge,
+            },
+            Algorithm::FixedWindow {
+                limit: u64::MAX,
+                period_ms: u64::MAX,
+            },
+            Algorithm::Gcra {
+                rate: rate(1, huge),
+                burst: 1,
+            },
+            Algorithm::TokenBucket {
+                rate: rate(huge, 1_000),
+                burst: 1,
+            },
+            Algorithm::LeakyBucket {
+                rate: rate(1, 1_000),
+                burst: 1,
+                mode: LeakyMode::Delay { max_delay_ms: huge },
+            },
+        ] {
+            assert!(
+                matches!(
+                    Limit::new("l", algorithm, 1),
+                    Err(LimitError::TooLarge { .. })
+                ),
+                "{algorithm:?}"
+            );
+        }
+        let at_the_bound = Algorithm::FixedWindow {
+            limit: MAX_SCALED,
+            period_ms: MAX_SCALED,
+        };
+        assert!(Limit::new("l", at_the_bound, MAX_SCALED).is_ok());
+    }
+
+    #[test]
+    fn a_sliding_log_holds_at_most_its_bound_of_entries() {
+        let log = |limit| Algorithm::SlidingLog {
+            limit,
+            period_ms: 60_000,
+        };
+        assert!(Limit::new("l", log(MAX_LOG_ENTRIES), 1).is_ok());
+        let error = Limit::new("l", log(MAX_LOG_ENTRIES + 1), 1).expect_err("too long");
+        assert!(error.to_string().contains("use sliding_window"), "{error}");
     }
 
     #[test]

@@ -12,6 +12,8 @@ pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Outcome};
-pub use limit::{format_duration_ms, Algorithm, LeakyMode, Limit, LimitError, Rate, MAX_SCALED};
+pub use limit::{
+    format_duration_ms, Algorithm, LeakyMode, Limit, LimitError, Rate, MAX_LOG_ENTRIES, MAX_SCALED,
+};
 pub use rate_limiter::{Backend, OnError, RateLimiter, Readiness, Unavailable};
 pub use settings::{BackendKind, StoreSettings};
