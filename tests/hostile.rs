@@ -46,6 +46,10 @@ async fn oversized_request_head_gets_431() {
         format!("GET /api HTTP/1.1\r\nHost: a\r\nX-Big: {big}\r\nConnection: close\r\n\r\n");
     let response = raw(gateway.addr, request.as_bytes()).await;
     assert!(response.starts_with("HTTP/1.1 431"), "{response:.80}");
+    // Still incomplete when the read buffer was full: refused by the HTTP server, with the documented body.
+    let body = response.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    let body: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+    assert_eq!(body["error"], "header_too_large", "{response}");
     assert_eq!(upstream.hits(), 0);
 }
 
@@ -387,6 +391,13 @@ async fn conflicting_lengths_are_400_before_any_route() {
                 response.starts_with("HTTP/1.1 400"),
                 "{framing}: {response}"
             );
+            // With the JSON body of every other refusal, though the HTTP server refuses it before any route.
+            let body = response.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+            let body: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+            assert_eq!(body["error"], "bad_request", "{framing}: {response}");
+            assert!(response
+                .to_ascii_lowercase()
+                .contains("content-type: application/json"));
         }
     }
     assert_eq!(upstream.hits(), 0);

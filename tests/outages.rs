@@ -551,6 +551,66 @@ async fn an_outage_is_logged_once_in_redis_words_and_never_per_request() {
     assert!(!text.to_lowercase().contains("connection closed"), "{text}");
 }
 
+/// `tollgate_store_fallback`'s value in `admin`'s `/metrics`.
+async fn fallback_gauge(admin: &str) -> Option<f64> {
+    common::http_client::metrics_text(admin)
+        .await
+        .lines()
+        .find(|line| line.starts_with("tollgate_store_fallback "))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+}
+
+/// Waits until `/readyz` says `fallback_active: expected` and the gauge agrees (0 or 1), at most 10 s.
+async fn until_fallback(admin: &str, expected: bool) {
+    let mut last = (serde_json::Value::Null, None);
+    let agreed = eventually(Duration::from_secs(10), async || {
+        let (_, body) = readyz(admin).await;
+        let gauge = fallback_gauge(admin).await;
+        let agrees =
+            body["fallback_active"] == expected && gauge == Some(f64::from(u8::from(expected)));
+        last = (body, gauge);
+        agrees
+    })
+    .await;
+    assert!(
+        agreed.is_some(),
+        "fallback_active never {expected}: /readyz {}, gauge {:?}",
+        last.0,
+        last.1
+    );
+}
+
+#[tokio::test]
+async fn readiness_and_the_fallback_gauge_follow_the_store_without_any_request() {
+    let port = ReservedPort::new();
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let config = dir.path().join("gateway.yaml");
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nadmin:\n  listen: 127.0.0.1:0\n{}",
+        shared_yaml(&format!("redis://{}", port.addr()))
+    );
+    std::fs::write(&config, yaml).expect("write config");
+    // A process of its own: its metrics are the gateway's alone. No request is sent to it in this test.
+    let gateway = Tollgate::run(&config);
+    let admin = gateway.admin_url("");
+
+    // Started with Redis down: degraded, and the fallback said so, before any request found out.
+    until_readyz(std::slice::from_ref(&admin), "degraded", "refused").await;
+    until_fallback(&admin, true).await;
+
+    let mut redis = RedisServer::start_on(port);
+    until_readyz(std::slice::from_ref(&admin), "ready", "").await;
+    until_fallback(&admin, false).await;
+
+    // Redis goes away from an idle gateway: the watch finds out.
+    redis.kill();
+    until_readyz(std::slice::from_ref(&admin), "degraded", "").await;
+    until_fallback(&admin, true).await;
+    redis.restart();
+    until_readyz(std::slice::from_ref(&admin), "ready", "").await;
+    until_fallback(&admin, false).await;
+}
+
 // === Out of memory and eviction ===
 
 #[tokio::test]

@@ -369,8 +369,14 @@ impl Parsed {
 fn leaky_mode(issues: &mut Issues, at: &str, raw: &RawLimit) -> Option<LeakyMode> {
     match raw.mode.as_deref().map(str::trim) {
         None | Some("reject") => {
-            if raw.max_delay.is_some() && raw.mode.is_some() {
-                issues.add(format!("{at}.max_delay"), "only used with mode: delay");
+            // Not taken as `mode: delay` implied: whether requests are held is said in one place, `mode`, and a
+            // max_delay left behind when the mode was removed must not bring the holding back.
+            // Other algorithms say of max_delay that they do not take it.
+            if raw.max_delay.is_some() && raw.algorithm.trim() == "leaky_bucket" {
+                issues.add(
+                    format!("{at}.max_delay"),
+                    "only used with mode: delay (add mode: delay to hold requests up to it, or remove it)",
+                );
             }
             Some(LeakyMode::Reject)
         }

@@ -889,6 +889,15 @@ routes:
             )),
             [r#"routes[0].limits[0].mode: invalid mode "queue" (use reject or delay)"#]
         );
+        for mode in ["", "mode: reject\n"] {
+            assert_eq!(
+                problems(&with_limit(&format!(
+                    "algorithm: leaky_bucket\nrate: 1/s\nburst: 2\n{mode}max_delay: 2s"
+                ))),
+                ["routes[0].limits[0].max_delay: only used with mode: delay (add mode: delay to hold requests up to it, or remove it)"],
+                "{mode}"
+            );
+        }
         assert_eq!(
             problems(&with_limit("algorithm: sliding\nlimit: 1\nperiod: 1s")),
             [

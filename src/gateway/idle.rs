@@ -1,5 +1,6 @@
 //! An HTTP/1.1 connection's two clocks between requests: `keepalive_timeout` while it is idle, then
-//! `header_read_timeout` from the first byte of the next request head.
+//! `header_read_timeout` from the first byte of the next request head; and the JSON bodies of the refusals hyper
+//! writes itself while reading a head.
 //!
 //! hyper has one clock for both: its header read timer starts as soon as it waits for a head, so an idle
 //! keep-alive connection is closed after `header_read_timeout`. Load balancers keep idle connections to their
@@ -10,7 +11,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -23,11 +24,14 @@ pub(super) struct ConnectionClock {
     marks: Arc<Marks>,
 }
 
-/// The connection's stream, marking when the bytes of a head start to arrive.
+/// The connection's stream, marking when the bytes of a head start to arrive, and writing the gateway's JSON
+/// refusal in place of hyper's empty one.
 #[derive(Debug)]
 pub(super) struct MarkedStream<S> {
     inner: S,
     marks: Arc<Marks>,
+    /// A refusal being written instead of hyper's, and how much of it is written.
+    replacing: Option<(&'static [u8], usize)>,
 }
 
 /// When the connection started waiting for a head, and when that head's first byte came.
@@ -39,6 +43,9 @@ struct Marks {
     waiting_since: AtomicU64,
     /// Microseconds from `base` to the first byte read since then, plus one; 0 while none came.
     head_since: AtomicU64,
+    /// Sleeps handed to hyper and not dropped yet: hyper drops its sleep once it has parsed a head, so while one
+    /// lives, hyper is reading a head and whatever it writes is its own refusal of one.
+    reading_head: AtomicUsize,
     keepalive_timeout: Duration,
     header_read_timeout: Duration,
 }
@@ -62,6 +69,7 @@ impl ConnectionClock {
             base: Instant::now(),
             waiting_since: AtomicU64::new(0),
             head_since: AtomicU64::new(0),
+            reading_head: AtomicUsize::new(0),
             keepalive_timeout,
             header_read_timeout,
         });
@@ -72,6 +80,7 @@ impl ConnectionClock {
             MarkedStream {
                 inner: stream,
                 marks,
+                replacing: None,
             },
         )
     }
@@ -86,6 +95,7 @@ impl hyper::rt::Timer for ConnectionClock {
     /// replaced by the two clocks').
     fn sleep_until(&self, _deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
         self.marks.start_waiting();
+        self.marks.reading_head.fetch_add(1, Ordering::Relaxed);
         let deadline = self.marks.deadline();
         Box::pin(HeadDeadline {
             marks: self.marks.clone(),
@@ -147,6 +157,48 @@ impl Future for HeadDeadline {
 
 impl hyper::rt::Sleep for HeadDeadline {}
 
+impl Drop for HeadDeadline {
+    fn drop(&mut self) {
+        self.marks.reading_head.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+// === refusals ===
+
+/// hyper's own answers to a head it cannot take (`HTTP/1.1 400 Bad Request` or `431 Request Header Fields Too
+/// Large`, a head alone with an empty body), and the gateway's answers in their place, with the JSON bodies its
+/// other refusals have. hyper writes them before any service sees a request: conflicting `Content-Length`s or
+/// another malformed field or request line (400), a head still incomplete when the read buffer is full or with
+/// more fields than it parses (431).
+fn refusal_for(written: &[u8]) -> Option<&'static [u8]> {
+    const BAD_REQUEST: &[u8] = b"HTTP/1.1 400 Bad Request\r\n";
+    const TOO_LARGE: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\n";
+    // A head alone, as hyper writes it: short, with `content-length: 0` and nothing after its blank line.
+    let head_alone = written.len() < 512
+        && written.ends_with(b"\r\n\r\n")
+        && written
+            .windows(b"content-length: 0\r\n".len())
+            .any(|line| line.eq_ignore_ascii_case(b"content-length: 0\r\n"));
+    if !head_alone {
+        return None;
+    }
+    if written.starts_with(BAD_REQUEST) {
+        Some(concat!(
+            "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 115\r\n",
+            "connection: close\r\n\r\n",
+            r#"{"error":"bad_request","message":"the request head is malformed: conflicting lengths, a bad field or request line"}"#,
+        ).as_bytes())
+    } else if written.starts_with(TOO_LARGE) {
+        Some(concat!(
+            "HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n",
+            "content-length: 96\r\nconnection: close\r\n\r\n",
+            r#"{"error":"header_too_large","message":"the request head is larger than server.max_header_bytes"}"#,
+        ).as_bytes())
+    } else {
+        None
+    }
+}
+
 // === impl MarkedStream ===
 
 impl<S: AsyncRead + Unpin> AsyncRead for MarkedStream<S> {
@@ -164,12 +216,49 @@ impl<S: AsyncRead + Unpin> AsyncRead for MarkedStream<S> {
     }
 }
 
+impl<S: AsyncWrite + Unpin> MarkedStream<S> {
+    /// Writes the refusal in place of `written` (hyper's, whole in one write), then says `written` is written.
+    fn poll_replace(&mut self, cx: &mut Context<'_>, written: usize) -> Poll<io::Result<usize>> {
+        while let Some((refusal, done)) = self.replacing {
+            if done == refusal.len() {
+                self.replacing = None;
+                return Poll::Ready(Ok(written));
+            }
+            match Pin::new(&mut self.inner).poll_write(cx, &refusal[done..]) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(more)) => self.replacing = Some((refusal, done + more)),
+                Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(written))
+    }
+
+    /// Whether `buf` is hyper's refusal of a head: starts replacing it if so.
+    fn replaces(&mut self, buf: &[u8]) -> bool {
+        if self.replacing.is_some() {
+            return true;
+        }
+        if self.marks.reading_head.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let Some(refusal) = refusal_for(buf) else {
+            return false;
+        };
+        self.replacing = Some((refusal, 0));
+        true
+    }
+}
+
 impl<S: AsyncWrite + Unpin> AsyncWrite for MarkedStream<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if self.replaces(buf) {
+            return self.poll_replace(cx, buf.len());
+        }
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
@@ -178,6 +267,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for MarkedStream<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        // hyper's refusal is a head alone: one slice.
+        if let [only] = bufs {
+            if self.replaces(only) {
+                return self.poll_replace(cx, only.len());
+            }
+        }
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 
@@ -191,5 +286,45 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for MarkedStream<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_replace_hyper_s_empty_answers_with_their_json_bodies() {
+        for (hyper, status, error) in [
+            (
+                &b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\ndate: x\r\n\r\n"[..],
+                "400",
+                "bad_request",
+            ),
+            (
+                b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n\r\n",
+                "431",
+                "header_too_large",
+            ),
+        ] {
+            let refusal = std::str::from_utf8(refusal_for(hyper).expect("replaced")).expect("text");
+            let (head, body) = refusal.split_once("\r\n\r\n").expect("head and body");
+            assert!(head.starts_with(&format!("HTTP/1.1 {status} ")), "{head}");
+            assert!(
+                head.contains(&format!("content-length: {}\r\n", body.len())),
+                "{refusal}"
+            );
+            let json: serde_json::Value = serde_json::from_str(body).expect("JSON");
+            assert_eq!(json["error"], error);
+        }
+        // Anything with a body, or another status, is not hyper's refusal.
+        assert_eq!(
+            refusal_for(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 2\r\n\r\n{}"),
+            None
+        );
+        assert_eq!(
+            refusal_for(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"),
+            None
+        );
     }
 }

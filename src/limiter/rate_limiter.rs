@@ -19,6 +19,9 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(50);
 /// How long the first probe waits for the pool's first connection before it asks (and, failing, warns): a
 /// gateway starting next to a healthy Redis should not warn that it is not connected yet.
 const FIRST_CONNECTION_GRACE: Duration = Duration::from_secs(1);
+/// How often a Redis that answers is asked whether it still does, whatever the traffic: readiness and
+/// `tollgate_store_fallback` follow the store, so an idle instance reports an outage as a busy one does.
+const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What to do with a request when Redis fails or exceeds its time budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,6 +152,12 @@ impl RateLimiter {
                 on_error,
                 true,
             );
+            tokio::spawn(watch(
+                redis.clone(),
+                Arc::downgrade(&health),
+                timeout,
+                on_error,
+            ));
         }
         Self {
             backend,
@@ -374,6 +383,10 @@ impl Health {
     /// A call failed for `reason` (`None`: nothing new, e.g. the circuit is open), logged once per outage.
     fn failed(&self, reason: Option<String>, redis: &RedisStore, on_error: OnError) {
         self.ready.store(false, Ordering::Release);
+        // Requests are answered by `on_error` from now on, whether one came to find out or a probe did.
+        if !self.fallback_active.swap(true, Ordering::Relaxed) {
+            metrics::gauge!("tollgate_store_fallback").set(1.0);
+        }
         let Some(reason) = reason else {
             return;
         };
@@ -438,5 +451,31 @@ async fn probe(
         }
         drop(health);
         tokio::time::sleep(PROBE_INTERVAL).await;
+    }
+}
+
+/// Asks a Redis that answered whether it still does, every [`WATCH_INTERVAL`], with the probe's real limiter call;
+/// a failure counts as a request's would (the breaker, readiness, the fallback) and starts the probing that
+/// notices the return. Quiet while a probe runs or Redis is already known to fail. Ends with the limiter.
+async fn watch(redis: RedisStore, health: Weak<Health>, timeout: Duration, on_error: OnError) {
+    let budget = timeout.max(Duration::from_millis(250));
+    loop {
+        tokio::time::sleep(WATCH_INTERVAL).await;
+        let Some(watched) = health.upgrade() else {
+            return;
+        };
+        if !watched.ready.load(Ordering::Acquire) || watched.probing.load(Ordering::Acquire) {
+            continue;
+        }
+        drop(watched);
+        let result = redis.probe(budget).await;
+        let (Err(error), Some(watched)) = (result, health.upgrade()) else {
+            continue;
+        };
+        watched.breaker.record_failure();
+        watched.failed(redis.describe(&error), &redis, on_error);
+        if !watched.probing.swap(true, Ordering::AcqRel) {
+            spawn_probe(redis.clone(), health.clone(), timeout, on_error, false);
+        }
     }
 }
