@@ -111,6 +111,10 @@ fn describe() {
         "JWTs verified by signature (not served by the token cache), by result: ok or the refusal reason."
     );
     metrics::describe_counter!(
+        "tollgate_consumer_directory_resets_total",
+        "Times the consumer directory in Redis was found to have lost its data (flushed, an empty Redis, a restart without persistence)."
+    );
+    metrics::describe_counter!(
         "tollgate_jwks_fetches_total",
         "Fetches of jwks_url documents, by result: ok, or error (no answer, not a JWKS, no usable key)."
     );

@@ -280,3 +280,127 @@ async fn on_a_cluster_changes_and_keys_reach_the_other_instance() {
         "changes did not cross instances on the cluster"
     );
 }
+
+/// What a flush followed by `changes.len()` changes leaves, as one step (so that no check can fall between): the
+/// records `changes` (id, JSON), a counter at their number, and the new counter's lineage, as a writer sets it.
+fn flush_and_change(redis: &RedisServer, changes: &[(&str, &str)]) {
+    let script = String::from(
+        "redis.call('DEL', KEYS[1], KEYS[2], KEYS[3]) \
+         for i = 1, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end \
+         redis.call('SET', KEYS[2], #ARGV / 2) redis.call('SET', KEYS[3], 'f1u5h') return 1",
+    );
+    let mut args = vec![
+        "EVAL",
+        &script,
+        "3",
+        "tollgate:{consumers}",
+        "tollgate:{consumers}:version",
+        "tollgate:{consumers}:lineage",
+    ];
+    for (id, json) in changes {
+        args.push(id);
+        args.push(json);
+    }
+    assert_eq!(redis.cli(&args).as_deref(), Some("1"));
+}
+
+#[tokio::test]
+async fn a_flush_followed_by_as_many_changes_does_not_fool_the_change_counter() {
+    let redis = RedisServer::start();
+    let (one, other) = (directory(&redis.url()), directory(&redis.url()));
+    synced(&one).await;
+    synced(&other).await;
+    let (_, text) = one.add_key("acme").await.expect("key");
+    one.put("globex", plan("pro")).await.expect("put");
+    one.put("initech", plan("pro")).await.expect("put");
+    for directory in [&one, &other] {
+        let took = eventually(ONE_SECOND, async || directory.len() == 3).await;
+        assert!(took.is_some(), "three records everywhere");
+    }
+
+    // Flushed, then three changes: the counter is at 3 again, in another lineage.
+    flush_and_change(
+        &redis,
+        &[
+            ("hooli", r#"{"plan":"free"}"#),
+            ("umbrella", r#"{"plan":"free"}"#),
+            ("wonka", r#"{"plan":"free"}"#),
+        ],
+    );
+    for (name, directory) in [("one", &one), ("other", &other)] {
+        let took = eventually(ONE_SECOND, async || {
+            plan_of(directory, "hooli").is_some()
+                && directory.len() == 3
+                && directory.consumer_of_key(&digest(&text)).is_none()
+        })
+        .await;
+        assert!(
+            took.is_some(),
+            "{name} kept the flushed records and missed the new ones"
+        );
+        assert_eq!(directory.resets(), 1, "{name}");
+    }
+
+    // The same through the directory's own writes, flushed by hand in between: every instance follows.
+    redis.cli(&["FLUSHALL"]);
+    for id in ["alpha", "beta", "gamma"] {
+        one.put(id, plan("pro")).await.expect("put");
+    }
+    for (name, directory) in [("one", &one), ("other", &other)] {
+        let took = eventually(ONE_SECOND, async || {
+            ["alpha", "beta", "gamma"]
+                .iter()
+                .all(|id| plan_of(directory, id).is_some())
+                && directory.len() == 3
+        })
+        .await;
+        assert!(
+            took.is_some(),
+            "{name} did not follow the flush and the new records"
+        );
+        assert_eq!(directory.resets(), 2, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_directory_that_lost_its_data_is_noticed_at_once_and_counted_once() {
+    let redis = RedisServer::start();
+    let (one, other) = (directory(&redis.url()), directory(&redis.url()));
+    synced(&one).await;
+    synced(&other).await;
+    one.put("acme", plan("pro")).await.expect("put");
+    assert!(
+        eventually(ONE_SECOND, async || plan_of(&other, "acme").is_some())
+            .await
+            .is_some()
+    );
+    assert_eq!((one.resets(), other.resets()), (0, 0));
+
+    redis.cli(&["FLUSHALL"]);
+    for (name, directory) in [("one", &one), ("other", &other)] {
+        // Within one counter check (250 ms), with room for a loaded machine.
+        let took = eventually(ONE_SECOND, async || {
+            directory.is_empty() && directory.resets() == 1
+        })
+        .await;
+        assert!(took.is_some(), "{name} never noticed the flush");
+    }
+    // Counted once, not at every check that finds the directory empty.
+    for _ in 0..4 {
+        let counts = eventually(Duration::from_millis(300), async || {
+            one.resets() != 1 || other.resets() != 1
+        })
+        .await;
+        assert!(counts.is_none(), "a reset counted twice");
+    }
+    // An empty Redis that never had a directory is no loss.
+    let fresh = RedisServer::start();
+    let third = directory(&fresh.url());
+    synced(&third).await;
+    fresh.cli(&["FLUSHALL"]);
+    assert!(
+        eventually(Duration::from_millis(600), async || third.resets() > 0)
+            .await
+            .is_none()
+    );
+}

@@ -623,3 +623,135 @@ async fn overrides_are_bounded_as_config_values_are() {
     // A burst of 2^53 is beyond what both stores compute exactly, in the config as in an override.
     assert!(refused >= 1);
 }
+
+#[tokio::test]
+async fn a_flushed_directory_is_one_warning_a_count_and_is_reseeded_from_its_listing() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("gateway.yaml");
+    let config = format!(
+        "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0, token: {TOKEN} }}\n{}",
+        yaml(&redis_store(&redis))
+    );
+    std::fs::write(&path, config).expect("write config");
+    let mut command = Tollgate::command(&path);
+    command.env("RUST_LOG", "warn");
+    let tollgate = Tollgate::spawn(command);
+    let admin = format!("http://{}", tollgate.admin);
+    let http = client();
+    let through = |key: String| {
+        let url = tollgate.url("/api");
+        async move {
+            client()
+                .get(url)
+                .header("x-api-key", key)
+                .send()
+                .await
+                .expect("request")
+                .status()
+                .as_u16()
+        }
+    };
+    // Three consumers, one with a key; listed two to a page, whole, digests and no keys.
+    for id in ["acme", "globex", "initech"] {
+        let body = json!({"plan": "pro", "overrides": {"hourly": {"burst": 30}}});
+        let (status, _) = call(
+            http.put(format!("{admin}/consumers/{id}"))
+                .body(body.to_string()),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    let (_, issued) = call(http.post(format!("{admin}/consumers/globex/keys"))).await;
+    let key = issued["key"].as_str().expect("key").to_owned();
+    assert_eq!(through(key.clone()).await, 200);
+    let mut listed = Vec::new();
+    let mut after = String::new();
+    loop {
+        let (status, page) =
+            call(http.get(format!("{admin}/consumers?limit=2&after={after}"))).await;
+        assert_eq!(status, 200, "{page}");
+        assert_eq!(page["total"], 3, "{page}");
+        listed.extend(page["consumers"].as_array().expect("page").iter().cloned());
+        match page["next"].as_str() {
+            Some(next) => after = next.to_owned(),
+            None => break,
+        }
+    }
+    let ids: Vec<&str> = listed
+        .iter()
+        .map(|c| c["consumer"].as_str().expect("id"))
+        .collect();
+    assert_eq!(ids, ["acme", "globex", "initech"]);
+    let globex = &listed[1]["record"];
+    assert_eq!(
+        globex["keys"][0]["sha256"],
+        tollgate::consumers::digest_hex(&api_key_digest(&key))
+    );
+    let backup = serde_json::to_string(&listed).expect("json");
+    assert!(!backup.contains(&key[3..]), "a key itself is listed");
+
+    // Flushed: every runtime record is gone, said once at WARN and counted.
+    redis.cli(&["FLUSHALL"]);
+    let warned = || {
+        tollgate
+            .log()
+            .lines()
+            .filter(|line| line.contains("WARN") && line.contains("lost its data"))
+            .count()
+    };
+    let noticed = eventually(Duration::from_secs(2), async || warned() == 1).await;
+    assert!(noticed.is_some(), "one WARN line:\n{}", tollgate.log());
+    let metrics = common::http_client::metrics_text(&admin).await;
+    assert!(
+        metrics.contains("tollgate_consumer_directory_resets_total 1"),
+        "{metrics}"
+    );
+    assert_eq!(through(key.clone()).await, 401, "the flushed key");
+
+    // Re-seeded from the listing: the key identifies again, with nothing but its digest.
+    for consumer in &listed {
+        let id = consumer["consumer"].as_str().expect("id");
+        let (status, body) = call(
+            http.put(format!("{admin}/consumers/{id}/record"))
+                .body(consumer["record"].to_string()),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(through(key).await, 200);
+    let (_, page) = call(http.get(format!("{admin}/consumers"))).await;
+    assert_eq!(
+        page["consumers"].as_array().map(Vec::len),
+        Some(3),
+        "{page}"
+    );
+    assert_eq!(
+        page["consumers"][0]["record"]["overrides"]["hourly"]["burst"],
+        30
+    );
+    assert_eq!(warned(), 1, "re-seeding is no loss:\n{}", tollgate.log());
+    // A digest that is not one, or another consumer's, is refused.
+    let mut bad = globex.clone();
+    bad["keys"][0]["sha256"] = json!("beef");
+    let (status, body) = call(
+        http.put(format!("{admin}/consumers/globex/record"))
+            .body(bad.to_string()),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["error"]),
+        (400, &json!("invalid_keys")),
+        "{body}"
+    );
+    let (status, body) = call(
+        http.put(format!("{admin}/consumers/acme/record"))
+            .body(globex.to_string()),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["error"]),
+        (400, &json!("invalid_keys")),
+        "{body}"
+    );
+}

@@ -565,3 +565,30 @@ fn dockerfile_builder_stage_builds_from_its_copied_context() {
     );
     assert!(sources_built, "a cargo step runs on the copied src/");
 }
+
+#[test]
+fn compose_persists_the_consumer_directory_with_the_append_only_file_on_a_volume() {
+    let compose = compose();
+    let redis = service(&compose, "redis");
+    let command = strings(redis.get("command"));
+    let setting = |name: &str| {
+        command
+            .iter()
+            .position(|arg| arg == name)
+            .and_then(|i| command.get(i + 1))
+            .map(String::as_str)
+    };
+    assert_eq!(setting("--appendonly"), Some("yes"), "{command:?}");
+    let mounts = strings(redis.get("volumes"));
+    let volume = mounts
+        .iter()
+        .find_map(|mount| mount.strip_suffix(":/data"))
+        .unwrap_or_else(|| panic!("no volume on /data: {mounts:?}"));
+    assert!(
+        compose
+            .get("volumes")
+            .and_then(|volumes| volumes.get(volume))
+            .is_some(),
+        "the named volume {volume:?} is declared"
+    );
+}

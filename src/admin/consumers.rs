@@ -35,6 +35,17 @@ pub(super) struct PlanQuery {
     plan: Option<String>,
 }
 
+/// `GET /consumers?after=ID&limit=N`: a page of the listing.
+#[derive(Debug, Deserialize)]
+pub(super) struct PageQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+/// Records per page of `GET /consumers` unless `?limit=` says otherwise, and the most it may say.
+const PAGE: usize = 100;
+const MAX_PAGE: usize = 1_000;
+
 /// A record as the admin API shows it: keys by id and issue time, without their digests.
 #[derive(Debug, Serialize)]
 struct Shown<'a> {
@@ -181,6 +192,90 @@ pub(super) async fn reset_limit(
         "existed": existed,
         "store_key": store_key,
     })))
+}
+
+/// `GET /consumers?after=ID&limit=N`: every runtime record, whole (keys by id, digest and issue time, never the
+/// keys themselves), in order of consumer id, a page at a time: what an operator keeps to re-seed a directory
+/// that lost its data with `PUT /consumers/{id}/record`.
+pub(super) async fn list(
+    State(admin): State<Admin>,
+    Query(query): Query<PageQuery>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, AdminError> {
+    admin.authorize(&headers)?;
+    let consumers = admin.gateway.consumers().ok_or(AdminError::NoConsumers)?;
+    let directory = consumers.directory();
+    let limit = query.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE);
+    let page = directory.records(query.after.as_deref(), limit);
+    let next = (page.len() == limit)
+        .then(|| page.last().map(|(id, _)| id.to_string()))
+        .flatten();
+    let records: Vec<Value> = page
+        .iter()
+        .map(|(id, record)| json!({"consumer": &**id, "record": &**record}))
+        .collect();
+    Ok(Json(json!({
+        "consumers": records,
+        "total": directory.len(),
+        "next": next,
+        "synced": directory.synced(),
+        "resets": directory.resets(),
+    })))
+}
+
+/// `PUT /consumers/{id}/record`: replaces the consumer's whole record, keys included (their digests), as
+/// `GET /consumers` lists it: re-seeds a directory from that listing. The keys' texts are never needed.
+pub(super) async fn restore(
+    State(admin): State<Admin>,
+    Path(id): Path<String>,
+    Who(who): Who,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Value>, AdminError> {
+    let (consumers, directory) = admin.consumers(&headers, &id)?;
+    let record: ConsumerRecord = serde_json::from_slice(&body)
+        .map_err(|error| AdminError::BadRequest("invalid_body", error.to_string()))?;
+    consumers
+        .check_record(&record)
+        .map_err(|why| AdminError::BadRequest("invalid_settings", why))?;
+    check_keys(&record).map_err(|why| AdminError::BadRequest("invalid_keys", why))?;
+    for digest in record.key_digests() {
+        if let Some(owner) = directory.consumer_of_key(&digest).filter(|o| **o != *id) {
+            return Err(AdminError::BadRequest(
+                "invalid_keys",
+                format!("a key of this record is consumer {owner:?}'s"),
+            ));
+        }
+    }
+    let before = directory.restore(&id, record).await?;
+    let after = directory.consumer(&id);
+    audit(
+        &who,
+        "consumer.restore",
+        &id,
+        before.as_ref(),
+        after.as_deref(),
+    );
+    Ok(Json(json!({
+        "consumer": id,
+        "created": before.is_none(),
+        "settings": after.as_deref().map(shown),
+    })))
+}
+
+/// The keys of a record to restore: ids present and unique, digests 64 hex digits.
+fn check_keys(record: &ConsumerRecord) -> Result<(), String> {
+    for (i, key) in record.keys.iter().enumerate() {
+        if key.id.is_empty() || record.keys[..i].iter().any(|other| other.id == key.id) {
+            return Err(format!("keys[{i}].id: empty or repeated ({:?})", key.id));
+        }
+        if crate::consumers::parse_hex_digest(&key.sha256).is_none() {
+            return Err(format!(
+                "keys[{i}].sha256: not 64 hex digits (the key's SHA-256 as GET /consumers lists it)"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `DELETE /consumers/{id}`: removes the runtime settings and keys (back to the config and the credential).

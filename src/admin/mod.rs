@@ -13,7 +13,7 @@ use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -59,6 +59,8 @@ fn build(gateway: Arc<Gateway>, token: Option<String>, degraded_status: StatusCo
                 .put(consumers::put)
                 .delete(consumers::remove),
         )
+        .route("/consumers", get(consumers::list))
+        .route("/consumers/{id}/record", put(consumers::restore))
         .route(
             "/consumers/{id}/limits/{limit}",
             get(consumers::show_limit).delete(consumers::reset_limit),

@@ -5,6 +5,7 @@ mod record;
 mod redis;
 mod snapshot;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -49,6 +50,8 @@ pub enum DirectoryError {
 struct View {
     snapshot: ArcSwap<Snapshot>,
     replacing: parking_lot::Mutex<()>,
+    /// Times the store was found to have lost what had been read from it.
+    resets: AtomicU64,
 }
 
 /// Where changes are made.
@@ -116,6 +119,24 @@ impl Directory {
         self.view.snapshot.load().consumer_of_key(digest).cloned()
     }
 
+    /// The runtime records in order of consumer id, those after `after` (all when `None`), at most `limit`: a page
+    /// of the listing an operator keeps as a backup.
+    pub fn records(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Vec<(Arc<str>, Arc<ConsumerRecord>)> {
+        let snapshot = self.view.snapshot.load();
+        let mut page: Vec<_> = snapshot
+            .records()
+            .filter(|(id, _)| after.is_none_or(|after| &***id > after))
+            .map(|(id, record)| (Arc::clone(id), Arc::clone(record)))
+            .collect();
+        page.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        page.truncate(limit);
+        page
+    }
+
     /// How many consumers have runtime settings.
     pub fn len(&self) -> usize {
         self.view.snapshot.load().len()
@@ -133,6 +154,13 @@ impl Directory {
             Store::Memory => true,
             Store::Redis(_) => self.view.snapshot.load().version.is_some(),
         }
+    }
+
+    /// How many times the store was found to have lost the directory (flushed, replaced by an empty Redis,
+    /// restarted without persistence, or restored from an older save) since this directory started: each is
+    /// logged at WARN and counted in `tollgate_consumer_directory_resets_total`.
+    pub fn resets(&self) -> u64 {
+        self.view.resets.load(Ordering::Relaxed)
     }
 
     /// Sets `id`'s plan, overrides and blocked flag to `record`'s; the consumer's keys stay as they are (`record`'s
@@ -153,6 +181,19 @@ impl Directory {
                     (),
                 ))
             })
+            .await?;
+        Ok(before)
+    }
+
+    /// Replaces `id`'s whole record with `record`, keys included (their digests): re-seeds a directory from a
+    /// listing kept as a backup. Returns the record before, if any.
+    pub async fn restore(
+        &self,
+        id: &str,
+        record: ConsumerRecord,
+    ) -> Result<Option<ConsumerRecord>, DirectoryError> {
+        let (before, ()) = self
+            .change(id, true, |_| Ok((Some(record.clone()), ())))
             .await?;
         Ok(before)
     }
@@ -226,19 +267,30 @@ impl View {
     /// Puts `id`'s record as read at change `version` of the store (after change `change`, which was to this
     /// record) into the snapshot. False when the snapshot is not complete afterwards, and everything should be
     /// read again.
-    fn apply(&self, id: &str, record: Option<ConsumerRecord>, change: u64, version: u64) -> bool {
+    fn apply(
+        &self,
+        id: &str,
+        record: Option<ConsumerRecord>,
+        change: u64,
+        version: u64,
+        lineage: Option<&str>,
+    ) -> bool {
         let _replacing = self.replacing.lock();
         let current = self.snapshot.load_full();
-        if current.version.is_some_and(|applied| version <= applied) {
+        // Counts compare only within one lineage: after a flush the counter starts again, and its change 3 is not
+        // the change 3 this snapshot has.
+        let same_lineage = current.lineage.as_deref() == lineage;
+        if same_lineage && current.version.is_some_and(|applied| version <= applied) {
             // The snapshot is complete for a later moment already: it has this record as new or newer.
             return true;
         }
         let mut next = current.with(id, record);
         // Complete again only when the one change since the snapshot's moment is this one; otherwise another
         // record changed too, and its announcement may be lost.
-        let complete = current
-            .version
-            .is_some_and(|applied| change == applied + 1 && version == change);
+        let complete = same_lineage
+            && current
+                .version
+                .is_some_and(|applied| change == applied + 1 && version == change);
         next.version = if complete {
             Some(version)
         } else {
@@ -248,10 +300,16 @@ impl View {
         complete
     }
 
-    /// Replaces the snapshot with everything the store held at `version`.
-    fn replace_all(&self, snapshot: Snapshot) {
+    /// Replaces the snapshot with everything the store held at `version`; returns the snapshot replaced.
+    fn replace_all(&self, snapshot: Snapshot) -> Arc<Snapshot> {
         let _replacing = self.replacing.lock();
-        self.snapshot.store(Arc::new(snapshot));
+        self.snapshot.swap(Arc::new(snapshot))
+    }
+
+    /// The store lost what this view had read from it (see [`Directory::resets`]).
+    fn count_reset(&self) {
+        self.resets.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("tollgate_consumer_directory_resets_total").increment(1);
     }
 }
 
@@ -316,28 +374,28 @@ mod tests {
         let view = View::default();
         view.replace_all(Snapshot::from_records([], Some(4)));
         // Change 5 was to acme, and nothing changed since: complete at 5.
-        assert!(view.apply("acme", Some(pro()), 5, 5));
+        assert!(view.apply("acme", Some(pro()), 5, 5, None));
         assert_eq!(view.snapshot.load().version, Some(5));
         // Announced change 5 heard late, read at 6: applied, but change 6 (another record's?) is not in.
-        assert!(!view.apply("acme", None, 5, 6));
+        assert!(!view.apply("acme", None, 5, 6, None));
         assert!(view.snapshot.load().consumer("acme").is_none());
         assert_eq!(view.snapshot.load().version, Some(5));
         // Change 8 while the snapshot is at 5: 6 and 7 are missing.
-        assert!(!view.apply("globex", Some(pro()), 8, 8));
+        assert!(!view.apply("globex", Some(pro()), 8, 8, None));
         assert_eq!(view.snapshot.load().version, Some(5));
         // Read at or before the snapshot's moment: nothing to do.
         view.replace_all(Snapshot::from_records(
             [("acme".to_owned(), pro())],
             Some(9),
         ));
-        assert!(view.apply("acme", None, 9, 9));
+        assert!(view.apply("acme", None, 9, 9, None));
         assert!(view.snapshot.load().consumer("acme").is_some());
     }
 
     #[test]
     fn before_the_first_full_read_nothing_is_complete() {
         let view = View::default();
-        assert!(!view.apply("acme", Some(pro()), 1, 1));
+        assert!(!view.apply("acme", Some(pro()), 1, 1, None));
         assert!(view.snapshot.load().consumer("acme").is_some());
         assert_eq!(view.snapshot.load().version, None);
     }

@@ -96,6 +96,12 @@ impl KeyRecord {
     }
 }
 
+/// A fresh random lineage for the directory's change counter (see `scripts/write.lua`): 64 bits, so that two
+/// counters started at different times never share one.
+pub(super) fn lineage_token() -> Result<String, RandomError> {
+    Ok(hex(&random::<8>()?))
+}
+
 /// Lower-case hex.
 fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";

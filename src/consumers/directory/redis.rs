@@ -48,6 +48,9 @@ struct Redis {
     /// `<prefix>{consumers}:version`: counted up by each change, atomically with it. Both keys share one hash tag,
     /// so that on Redis Cluster the scripts that touch both run on one node.
     version: String,
+    /// `<prefix>{consumers}:lineage`: a random token set when the counter is created, so that a counter that
+    /// starts again (a flush, a new empty Redis) is never taken for the one an instance read, whatever it counts.
+    lineage: String,
     /// `<prefix>consumers:changed`: each change is announced there as `<version> <consumer id>`.
     channel: String,
     /// The hash slot of both keys on Redis Cluster (routes the scripts), `None` elsewhere.
@@ -61,8 +64,8 @@ struct Redis {
 
 /// What a compare-and-set write did.
 enum Written {
-    /// The change is in, counted as this version.
-    At(u64),
+    /// The change is in, counted as this version of this lineage.
+    At(u64, String),
     /// The record changed since it was read.
     Changed,
 }
@@ -92,6 +95,7 @@ impl RedisSync {
             client,
             slot: cluster.then(|| redis_keyslot(records.as_bytes())),
             version: format!("{records}:version"),
+            lineage: format!("{records}:lineage"),
             records,
             channel: format!("{prefix}consumers:changed"),
             read: Script::from_lua(READ_SCRIPT),
@@ -99,6 +103,8 @@ impl RedisSync {
             view,
             resync: Notify::new(),
         });
+        // Shown from the start, so that an alert on any increase has a series to watch.
+        metrics::counter!("tollgate_consumer_directory_resets_total").increment(0);
         let (stop, stopped) = watch::channel(());
         // Whatever was announced while disconnected went unheard, and the Redis may be another one (restarted
         // empty, failed over): read everything again on every connection.
@@ -130,7 +136,7 @@ impl RedisSync {
             let _ = tokio::time::timeout(CONNECT_WAIT, redis.client.wait_for_connect()).await;
         }
         for _ in 0..WRITE_ATTEMPTS {
-            let (_, stored) = redis.read_one(id, WRITE_TIMEOUT).await?;
+            let (_, _, stored) = redis.read_one(id, WRITE_TIMEOUT).await?;
             let before = match stored
                 .as_deref()
                 .map(serde_json::from_str::<ConsumerRecord>)
@@ -155,11 +161,12 @@ impl RedisSync {
                 None => String::new(),
             };
             match redis.write(id, stored.as_deref(), &json).await? {
-                Written::At(version) => {
-                    if !redis.view.apply(id, after, version, version) {
+                Written::At(version, lineage) => {
+                    let lineage = Some(lineage.as_str());
+                    if !redis.view.apply(id, after, version, version, lineage) {
                         redis.resync.notify_one();
                     }
-                    redis.announce(version, id).await;
+                    redis.announce(version, lineage, id).await;
                     return Ok((before, outcome));
                 }
                 Written::Changed => continue,
@@ -212,20 +219,14 @@ impl Redis {
         let _ = self.client.quit().await;
     }
 
-    /// Reads everything when the change counter is not the snapshot's.
+    /// Reads everything when the change counter (its count or its lineage) is not the snapshot's.
     async fn check(&self) -> Result<(), String> {
-        let options = Options {
-            fail_fast: true,
-            timeout: Some(READ_TIMEOUT),
-            ..Default::default()
-        };
-        let version: Option<u64> = self
-            .client
-            .with_options(&options)
-            .get(&self.version)
+        let reply = self
+            .eval(&self.read, &["head", ""], READ_TIMEOUT)
             .await
             .map_err(|error| plain_words(error.details()))?;
-        if self.view.snapshot.load().version == Some(version.unwrap_or(0)) {
+        let (version, _, lineage) = split_reply(reply)?;
+        if self.view.snapshot.load().is_at(version, lineage.as_deref()) {
             return Ok(());
         }
         self.read_all().await
@@ -238,7 +239,7 @@ impl Redis {
             .eval(&self.read, &["all", ""], READ_TIMEOUT)
             .await
             .map_err(|error| plain_words(error.details()))?;
-        let (version, records) = split_reply(reply)?;
+        let (version, records, lineage) = split_reply(reply)?;
         let fields = records.into_array();
         let mut parsed = Vec::with_capacity(fields.len() / 2);
         for pair in fields.chunks_exact(2) {
@@ -255,8 +256,18 @@ impl Redis {
             }
         }
         let count = parsed.len();
-        self.view
-            .replace_all(Snapshot::from_records(parsed, Some(version)));
+        let snapshot = Snapshot::from_records(parsed, Some(version)).in_lineage(lineage.as_deref());
+        let before = self.view.replace_all(snapshot);
+        if before.lost_by(version, lineage.as_deref()) {
+            self.view.count_reset();
+            tracing::warn!(
+                lost = before.len(),
+                consumers = count,
+                "the consumer directory in redis lost its data (flushed, an empty redis, or a restart without \
+                 persistence): runtime plans, overrides, blocks and keys are gone on every instance until \
+                 re-seeded (PUT /consumers/{{id}} with the records kept from GET /consumers)"
+            );
+        }
         tracing::debug!(
             consumers = count,
             version,
@@ -322,32 +333,36 @@ impl Redis {
 
     /// Re-reads the record an announcement (`<version> <consumer id>`) names, and applies it.
     async fn heard(&self, announcement: &str) {
-        let Some((change, id)) = announcement
-            .split_once(' ')
-            .and_then(|(version, id)| Some((version.parse::<u64>().ok()?, id)))
-        else {
+        let Some((change, announced_lineage, id)) = parse_announcement(announcement) else {
             tracing::debug!(announcement, "not a directory change announcement; ignored");
             return;
         };
-        if self
-            .view
-            .snapshot
-            .load()
-            .version
-            .is_some_and(|applied| change <= applied)
+        let current = self.view.snapshot.load();
+        if current.lineage.as_deref() == Some(announced_lineage)
+            && current.version.is_some_and(|applied| change <= applied)
         {
             // This instance's own change, or one a full read already brought.
             return;
         }
+        drop(current);
         let applied = match self.read_one(id, READ_TIMEOUT).await {
-            Ok((version, Some(json))) => match serde_json::from_str::<ConsumerRecord>(&json) {
-                Ok(record) => self.view.apply(id, Some(record), change, version),
-                Err(error) => {
-                    tracing::warn!(consumer = %id, %error, "a consumer's record in redis is not a record; ignored");
-                    self.view.apply(id, None, change, version)
+            Ok((version, lineage, Some(json))) => {
+                match serde_json::from_str::<ConsumerRecord>(&json) {
+                    Ok(record) => {
+                        self.view
+                            .apply(id, Some(record), change, version, lineage.as_deref())
+                    }
+                    Err(error) => {
+                        tracing::warn!(consumer = %id, %error, "a consumer's record in redis is not a record; ignored");
+                        self.view
+                            .apply(id, None, change, version, lineage.as_deref())
+                    }
                 }
-            },
-            Ok((version, None)) => self.view.apply(id, None, change, version),
+            }
+            Ok((version, lineage, None)) => {
+                self.view
+                    .apply(id, None, change, version, lineage.as_deref())
+            }
             // The counter checks will bring the change.
             Err(_) => false,
         };
@@ -356,18 +371,19 @@ impl Redis {
         }
     }
 
-    /// `id`'s record as stored (its JSON, `None` when there is none) and the change counter, read in one step.
+    /// The change counter, its lineage and `id`'s record as stored (its JSON, `None` when there is none), read in
+    /// one step.
     async fn read_one(
         &self,
         id: &str,
         timeout: Duration,
-    ) -> Result<(u64, Option<String>), DirectoryError> {
+    ) -> Result<(u64, Option<String>, Option<String>), DirectoryError> {
         let reply = self
             .eval(&self.read, &["one", id], timeout)
             .await
             .map_err(|error| self.unavailable(&error))?;
-        let (version, record) = split_reply(reply).map_err(DirectoryError::Unavailable)?;
-        Ok((version, record.as_string()))
+        let (version, record, lineage) = split_reply(reply).map_err(DirectoryError::Unavailable)?;
+        Ok((version, lineage, record.as_string()))
     }
 
     /// Writes `json` as `id`'s record (deletes it when empty) if the record stored is still `stored`.
@@ -381,26 +397,36 @@ impl Redis {
             None => ["absent", ""],
             Some(stored) => ["is", stored],
         };
+        let fresh = super::record::lineage_token()?;
         let reply = self
             .eval(
                 &self.write,
-                &[id, expect[0], expect[1], json],
+                &[id, expect[0], expect[1], json, &fresh],
                 WRITE_TIMEOUT,
             )
             .await
             .map_err(|error| self.unavailable(&error))?;
-        match reply.as_i64() {
-            Some(version) if version >= 0 => Ok(Written::At(version.unsigned_abs())),
-            Some(_) => Ok(Written::Changed),
-            None => Err(DirectoryError::Unavailable(format!(
+        if reply.as_i64().is_some() {
+            return Ok(Written::Changed);
+        }
+        let unexpected = || {
+            DirectoryError::Unavailable(format!(
                 "unexpected reply from the directory's write script: {reply:?}"
-            ))),
+            ))
+        };
+        let parts = reply.clone().into_array();
+        match parts.as_slice() {
+            [Value::Integer(version), lineage] if *version > 0 => {
+                let lineage = lineage.as_string().ok_or_else(unexpected)?;
+                Ok(Written::At(version.unsigned_abs(), lineage))
+            }
+            _ => Err(unexpected()),
         }
     }
 
     /// Tells every instance that change `version` was to `id`'s record. The change is made whatever happens here:
     /// an instance that does not hear of it reads it at its next counter check.
-    async fn announce(&self, version: u64, id: &str) {
+    async fn announce(&self, version: u64, lineage: Option<&str>, id: &str) {
         let options = Options {
             fail_fast: true,
             timeout: Some(WRITE_TIMEOUT),
@@ -409,7 +435,10 @@ impl Redis {
         let announced: Result<i64, _> = self
             .client
             .with_options(&options)
-            .publish(&self.channel, format!("{version} {id}"))
+            .publish(
+                &self.channel,
+                format!("{version}:{} {id}", lineage.unwrap_or_default()),
+            )
             .await;
         if let Err(error) = announced {
             tracing::warn!(%error, channel = %self.channel, "directory change not announced; other instances read it within a second");
@@ -424,11 +453,12 @@ impl Redis {
         args: &[&str],
         timeout: Duration,
     ) -> Result<Value, Error> {
-        let mut command: Vec<Value> = Vec::with_capacity(4 + args.len());
+        let mut command: Vec<Value> = Vec::with_capacity(5 + args.len());
         command.push(Value::from(script.sha1().clone()));
-        command.push(Value::Integer(2));
+        command.push(Value::Integer(3));
         command.push(Value::from(self.records.as_str()));
         command.push(Value::from(self.version.as_str()));
+        command.push(Value::from(self.lineage.as_str()));
         command.extend(args.iter().map(|arg| Value::from(*arg)));
         let client = self.client.with_options(&Options {
             fail_fast: true,
@@ -465,16 +495,24 @@ impl Redis {
     }
 }
 
-/// A read script's reply: the change counter and the records part.
-fn split_reply(reply: Value) -> Result<(u64, Value), String> {
+/// An announcement, `<version>:<lineage> <consumer id>`: the change, the lineage it counts in, the consumer.
+fn parse_announcement(announcement: &str) -> Option<(u64, &str, &str)> {
+    let (change, id) = announcement.split_once(' ')?;
+    let (version, lineage) = change.split_once(':')?;
+    Some((version.parse().ok()?, lineage, id))
+}
+
+/// A read script's reply: the change counter, the records part and the counter's lineage.
+fn split_reply(reply: Value) -> Result<(u64, Value, Option<String>), String> {
     let mut parts = reply.into_array().into_iter();
-    let (Some(version), Some(records)) = (parts.next(), parts.next()) else {
+    let (Some(version), Some(records), lineage) = (parts.next(), parts.next(), parts.next()) else {
         return Err("unexpected reply from the directory's read script".to_owned());
     };
+    let lineage = lineage.and_then(|lineage| lineage.as_string());
     let version = match &version {
         Value::Integer(number) => u64::try_from(*number).ok(),
         other => other.as_str().and_then(|text| text.parse().ok()),
     }
     .ok_or_else(|| format!("the directory's change counter is not a number: {version:?}"))?;
-    Ok((version, records))
+    Ok((version, records, lineage))
 }

@@ -18,6 +18,8 @@ pub(super) struct Snapshot {
     /// The store's change counter this snapshot is complete for: every change up to it is in, none missed.
     /// `None` before the first full read (and always for the in-process directory).
     pub(super) version: Option<u64>,
+    /// The lineage of the counter `version` counts in (see the scripts): `None` when the store has none yet.
+    pub(super) lineage: Option<Arc<str>>,
 }
 
 // === impl Snapshot ===
@@ -38,12 +40,38 @@ impl Snapshot {
         snapshot
     }
 
+    /// This snapshot, its counter's lineage `lineage`.
+    pub(super) fn in_lineage(mut self, lineage: Option<&str>) -> Self {
+        self.lineage = lineage.map(Arc::from);
+        self
+    }
+
+    /// Whether the store at change `version` of `lineage` is this snapshot's moment.
+    pub(super) fn is_at(&self, version: u64, lineage: Option<&str>) -> bool {
+        self.version == Some(version) && self.lineage.as_deref() == lineage
+    }
+
+    /// Whether a store now at change `version` of `lineage` lost what this snapshot read from it: its counter
+    /// started again (another lineage) or went back (a Redis restarted from an older save).
+    pub(super) fn lost_by(&self, version: u64, lineage: Option<&str>) -> bool {
+        let Some(had) = self.version.filter(|&had| had > 0) else {
+            // Never read, or read before any change: nothing to lose.
+            return false;
+        };
+        version < had || (self.lineage.is_some() && self.lineage.as_deref() != lineage)
+    }
+
     pub(super) fn consumer(&self, id: &str) -> Option<&Arc<ConsumerRecord>> {
         self.consumers.get(id)
     }
 
     pub(super) fn consumer_of_key(&self, digest: &[u8; 32]) -> Option<&Arc<str>> {
         self.keys.get(digest)
+    }
+
+    /// Every record, in no order.
+    pub(super) fn records(&self) -> impl Iterator<Item = (&Arc<str>, &Arc<ConsumerRecord>)> {
+        self.consumers.iter()
     }
 
     pub(super) fn len(&self) -> usize {

@@ -1,11 +1,17 @@
 #!lua flags=no-writes
 -- Reads the consumer directory together with its change counter, in one step so that the two agree.
--- KEYS[1]: the hash of records (field: consumer id, value: JSON); KEYS[2]: the change counter.
--- ARGV[1]: "all", or "one" with ARGV[2] the consumer id.
--- Returns {version, records}: version as a string ("0" when there is no counter: an empty or new Redis); records
--- the flat HGETALL reply for "all", the record's JSON (or false when none) for "one".
+-- KEYS[1]: the hash of records (field: consumer id, value: JSON); KEYS[2]: the change counter; KEYS[3]: the
+-- counter's lineage (a random token set when the counter was created: a counter that starts again, after a flush
+-- or on an empty Redis, has another one, so that no count can be taken for an earlier one's).
+-- ARGV[1]: "all", "head", or "one" with ARGV[2] the consumer id.
+-- Returns {version, records, lineage}: version as a string ("0" when there is no counter: an empty or new Redis);
+-- records the flat HGETALL reply for "all", the record's JSON (or false when none) for "one", false for "head";
+-- lineage the token, or false when there is none.
 local version = redis.call('GET', KEYS[2]) or '0'
+local lineage = redis.call('GET', KEYS[3])
 if ARGV[1] == 'all' then
-  return {version, redis.call('HGETALL', KEYS[1])}
+  return {version, redis.call('HGETALL', KEYS[1]), lineage}
+elseif ARGV[1] == 'head' then
+  return {version, false, lineage}
 end
-return {version, redis.call('HGET', KEYS[1], ARGV[2])}
+return {version, redis.call('HGET', KEYS[1], ARGV[2]), lineage}

@@ -2,10 +2,11 @@
 -- Changes one consumer's record if it is still what the writer read (compare and set), and counts the change.
 -- The line above declares the script's flags (none): Redis then checks for OOM before running it and refuses it
 -- whole, never writing the record without counting it.
--- KEYS[1]: the hash of records; KEYS[2]: the change counter.
+-- KEYS[1]: the hash of records; KEYS[2]: the change counter; KEYS[3]: the counter's lineage.
 -- ARGV[1]: the consumer id; ARGV[2]: "absent" or "is" (then ARGV[3] the JSON read); ARGV[4]: the new JSON, or ""
--- to delete the record.
--- Returns the new value of the counter, or -1 when the record changed since it was read (the writer reads again).
+-- to delete the record; ARGV[5]: a fresh random token, the lineage of a counter this change creates.
+-- Returns {the new value of the counter, its lineage}, or -1 when the record changed since it was read (the
+-- writer reads again).
 local current = redis.call('HGET', KEYS[1], ARGV[1])
 if ARGV[2] == 'absent' then
   if current then return -1 end
@@ -17,4 +18,11 @@ if ARGV[4] == '' then
 else
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
 end
-return redis.call('INCR', KEYS[2])
+local version = redis.call('INCR', KEYS[2])
+local lineage = redis.call('GET', KEYS[3])
+if version == 1 or not lineage then
+  -- A counter starting (again), or one written before lineages were: a new lineage.
+  lineage = ARGV[5]
+  redis.call('SET', KEYS[3], lineage)
+end
+return {version, lineage}
