@@ -620,8 +620,20 @@ async fn overrides_are_bounded_as_config_values_are() {
             assert!(detail.contains(limit), "{detail}");
         }
     }
-    // A burst of 2^53 is beyond what both stores compute exactly, in the config as in an override.
-    assert!(refused >= 1);
+    // A burst of 2^53 and a period of 99999999d are beyond what both stores carry exactly, in the config as in
+    // an override (the period once left a consumer refused for 8.6e12 s).
+    assert!(refused >= 2, "{refused}");
+    let body = json!({"plan": "pro", "overrides": {"daily": {"period": "99999999d"}}});
+    let (status, answer) = call(
+        http.put(format!("{admin}/consumers/acme"))
+            .body(body.to_string()),
+    )
+    .await;
+    assert_eq!(
+        (status, &answer["error"]),
+        (400, &json!("invalid_settings")),
+        "{answer}"
+    );
 }
 
 #[tokio::test]
