@@ -268,6 +268,113 @@ async fn cluster_store_checks_keys_in_three_slots_and_reloads_the_script_on_ever
     );
 }
 
+/// Requests whose limits live in two hash slots, all at once: each passes the dry runs while the narrow limit has
+/// room, then most commits on the narrow limit deny. What their commits took on the wide limit is given back
+/// before they are answered: the wide limit, of every algorithm, counts exactly the admitted requests, as one
+/// atomic call would. (Rates of one a day: nothing refills while the test runs.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_a_request_denied_by_one_slot_gives_back_what_another_slot_took() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::connect(&cluster.url(), 4, Duration::from_secs(2)).expect("connect");
+    assert!(store.wait_connected(Duration::from_secs(10)).await);
+    let day = 86_400_000;
+    let slow = Rate::new(1, day).expect("positive");
+    let wide_algorithms = [
+        Algorithm::SlidingLog {
+            limit: 1_000,
+            period_ms: day,
+        },
+        Algorithm::FixedWindow {
+            limit: 1_000,
+            period_ms: day,
+        },
+        Algorithm::SlidingWindow {
+            limit: 1_000,
+            period_ms: day,
+        },
+        Algorithm::TokenBucket {
+            rate: slow,
+            burst: 1_000,
+        },
+        Algorithm::Gcra {
+            rate: slow,
+            burst: 1_000,
+        },
+        Algorithm::LeakyBucket {
+            rate: slow,
+            burst: 1_000,
+            mode: LeakyMode::Reject,
+        },
+    ];
+    let narrow = Arc::new(
+        Limit::new(
+            "narrow",
+            Algorithm::SlidingLog {
+                limit: 5,
+                period_ms: day,
+            },
+            1,
+        )
+        .expect("valid"),
+    );
+    for (i, algorithm) in wide_algorithms.into_iter().enumerate() {
+        let wide = Arc::new(Limit::new("wide", algorithm, 1).expect("valid"));
+        let wide_key: &'static str = format!("t:wide:{{w{i}}}").leak();
+        let narrow_key: &'static str = format!("t:narrow:{{n{i}}}").leak();
+        assert_ne!(
+            redis_keyslot(wide_key.as_bytes()),
+            redis_keyslot(narrow_key.as_bytes())
+        );
+        let admitted = Arc::new(AtomicUsize::new(0));
+        for _round in 0..2 {
+            let mut requests = tokio::task::JoinSet::new();
+            for _ in 0..40 {
+                let (store, wide, narrow, admitted) = (
+                    store.clone(),
+                    wide.clone(),
+                    narrow.clone(),
+                    admitted.clone(),
+                );
+                requests.spawn(async move {
+                    let checks = [
+                        LimitCheck {
+                            key: wide_key,
+                            limit: &wide,
+                        },
+                        LimitCheck {
+                            key: narrow_key,
+                            limit: &narrow,
+                        },
+                    ];
+                    let outcome = store
+                        .check(&checks, None)
+                        .await
+                        .expect("decided by the cluster");
+                    if outcome.allowed {
+                        admitted.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+            }
+            while let Some(result) = requests.join_next().await {
+                result.expect("task");
+            }
+        }
+        let name = algorithm.name();
+        assert_eq!(admitted.load(Ordering::SeqCst), 5, "{name}");
+        let state = store
+            .peek(LimitCheck {
+                key: wide_key,
+                limit: &wide,
+            })
+            .await
+            .expect("peeked");
+        assert_eq!(
+            state.remaining, 995,
+            "{name}: the wide limit counts only the admitted requests"
+        );
+    }
+}
+
 /// Concurrent requests on a Cluster go out in batches split by hash slot: 20 requests for each of six tenants,
 /// whose keys live in different slots, all at once; each tenant gets exactly its limit, every decision from Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

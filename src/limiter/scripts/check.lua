@@ -15,8 +15,10 @@
 -- ARGV[2]  the requests, as one MessagePack array of integers (decoded in C by cmsgpack: parsing hundreds of
 --          arguments one by one in Lua cost more than deciding the requests). Per entry:
 --   mode   1 to commit (consume from every limit if all admit), 0 for a dry run that decides but consumes
---          nothing. Redis Cluster needs the dry run when a request's keys span several hash slots: every slot is
---          asked first, and committed only if all admit (see src/limiter/store/redis.rs).
+--          nothing, 2 to give back what a commit took. Redis Cluster needs the dry run when a request's keys span
+--          several hash slots: every slot is asked first, and committed only if all admit; should a slot's commit
+--          deny after all (another request took the room meanwhile), the slots that admitted give back what they
+--          took (see src/limiter/store/redis.rs).
 --   count  how many identical requests the entry stands for: 1, or a run of c > 1 consecutive committing
 --          requests of one client (see "runs" below; never with a sliding_log limit, and each limit has a key of
 --          its own),
@@ -26,7 +28,8 @@
 --          in a client's queue through a reconnection, or in Redis's through `CLIENT PAUSE` or a stall) must then
 --          change nothing, or a request answered 503 or by the fallback would still be counted. The gateway sends
 --          its deadline on Redis's clock as it last saw it, never later than the true one (see
---          src/limiter/store/redis_clock.rs),
+--          src/limiter/store/redis_clock.rs). For a give-back: the time its commit was decided, whose window it
+--          gives back to,
 --   then 8 integers per limit: the index of its key in KEYS, algorithm id, four parameters, cost, shadow (1:
 --          decided and reported, never enforced: it denies nothing, and consumes only when it admits):
 --   1 sliding_window  limit, period_ms
@@ -38,6 +41,7 @@
 --
 -- Returns, packed as one MessagePack array: now_ms, then per entry:
 --   an entry past its deadline: -1 alone (whatever its count): it was neither decided nor counted.
+--   a give-back: 1 alone.
 --   a single request: all_allowed, then per limit: allowed, remaining, wait_ms, reset_after_ms, where wait_ms is
 --     delay_ms when the limit admits and retry_after_ms when it denies (the other is 0; the limit's capacity the
 --     gateway knows). A committed admission reports the state after consuming; a denial, and any dry run, the
@@ -475,6 +479,59 @@ local function commit(k, alg, x, y, z, ttl, period, cost)
   end
 end
 
+-- Gives back `cost` of what a commit decided at `at` took from the limit on key k, on the same window: a window that
+-- has passed since holds nothing to give back, and no state goes below empty (or above full). Members of a
+-- sliding_log are the newest ones at `at`, so that the numbering at that millisecond stays unbroken (see `commit`).
+local function give_back(alg, k, p1, p2, p3, p4, cost, at)
+  if alg == 2 then -- sliding_log
+    local key, score = KEYS[k], format('%d', at)
+    local held = log_read('ZCOUNT', key, score, score)
+    local members = {}
+    for j = held, max(held - cost + 1, 1), -1 do
+      members[#members + 1] = score .. '-' .. format('%d', j)
+    end
+    if #members > 0 then
+      redis.call('ZREM', key, unpack(members))
+    end
+    return
+  end
+  local b = load(k, alg)
+  if alg == 1 then -- sliding_window
+    local period, start = p2, cache[b + 2]
+    local landed = at - at % period
+    if start == landed then
+      store(b, start, max((cache[b + 3] or 0) - cost, 0), cache[b + 4], start + 2 * period - now)
+    elseif start == landed + period then
+      store(b, start, cache[b + 3], max((cache[b + 4] or 0) - cost, 0), start + 2 * period - now)
+    end
+  elseif alg == 3 then -- token_bucket
+    local burst, per_ms, unit = p1, p2, p3
+    local capacity = burst * unit
+    local level = min(level_of(b, capacity, capacity, per_ms, true) + cost * unit, capacity)
+    local empty = capacity - level
+    store(b, level, now, nil, (empty + -empty % per_ms) / per_ms)
+  elseif alg == 4 then -- fixed_window
+    local period, start = p2, cache[b + 2]
+    if start == at - at % period then
+      store(b, start, max((cache[b + 3] or 0) - cost, 0), nil, start + period - now)
+    end
+  elseif alg == 5 then -- gcra
+    local ticks_per_ms, interval = p2, p3
+    local t = (now - GCRA_EPOCH_MS) * ticks_per_ms
+    local tat = cache[b + 2]
+    if tat then
+      tat = max(tat - interval * cost, t)
+      local ahead = tat - t
+      store(b, tat, nil, nil, (ahead + -ahead % ticks_per_ms) / ticks_per_ms)
+    end
+  else -- leaky_bucket
+    local burst, per_ms, unit, max_delay = p1, p2, p3, p4
+    local water = level_of(b, 0, burst * unit + max_delay * per_ms, per_ms, false)
+    water = max(water - cost * unit, 0)
+    store(b, water, now, nil, (water + -water % per_ms) / per_ms)
+  end
+end
+
 -- === runs ===
 --
 -- A run is c identical requests at one `now`, each deciding after the previous one consumed. Per limit, the
@@ -632,16 +689,27 @@ a = 1
 while a <= #input do
   local commit_mode = input[a] == 1
   local count, n, deadline = input[a + 1], input[a + 2], input[a + 3]
-  a = a + ENTRY_ARGS
-  if deadline > 0 and now >= deadline then
+  if input[a] == 2 then
+    -- A give-back: `deadline` is when its commit was decided.
+    a = a + ENTRY_ARGS
+    for i = 0, n - 1 do
+      give_back(input[a + 1], input[a], input[a + 2], input[a + 3], input[a + 4], input[a + 5], input[a + 6], deadline)
+      a = a + LIMIT_ARGS
+    end
+    r = r + 1
+    reply[r] = 1
+  elseif deadline > 0 and now >= deadline then
+    a = a + ENTRY_ARGS
     -- Its request was answered without Redis already: deciding it now would count what was never admitted.
     r = r + 1
     reply[r] = -1
     a = a + n * LIMIT_ARGS
   elseif count > 1 then
+    a = a + ENTRY_ARGS
     decide_run(a, n, count)
     a = a + n * LIMIT_ARGS
   else
+    a = a + ENTRY_ARGS
     local all_allowed = true
     local first = r
     r = r + 1

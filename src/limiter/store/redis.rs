@@ -213,7 +213,12 @@ impl RedisStore {
         let connection = &self.connection;
         if connection.topology == RedisTopology::Cluster {
             if let Some(groups) = slot_groups(checks) {
-                let across = connection.check_across_slots(checks, &groups, now_ms, Duration::ZERO);
+                let across = Arc::clone(connection).check_across_slots(
+                    checks,
+                    &groups,
+                    now_ms,
+                    Duration::ZERO,
+                );
                 return Box::pin(across).await;
             }
         }
@@ -236,7 +241,8 @@ impl RedisStore {
         if connection.topology == RedisTopology::Cluster {
             if let Some(groups) = slot_groups(checks) {
                 // Boxed, as are the rare paths of `check`.
-                let across = connection.check_across_slots(checks, &groups, None, budget);
+                let across =
+                    Arc::clone(connection).check_across_slots(checks, &groups, None, budget);
                 return Box::pin(tokio::time::timeout(budget, across))
                     .await
                     .unwrap_or(Err(StoreError::Timeout(budget)));
@@ -275,6 +281,7 @@ impl RedisStore {
                 Duration::ZERO,
             )
             .await?
+            .1
             .into_iter()
             .collect()
     }
@@ -392,6 +399,7 @@ impl RedisStore {
         );
         Box::pin(call)
             .await?
+            .1
             .pop()
             .map_or(Ok(()), |outcome| outcome.map(drop))
     }
@@ -457,40 +465,28 @@ impl Connection {
         now_ms: Option<i64>,
         timeout: Duration,
     ) -> Result<Outcome, StoreError> {
-        // Explicit times are a test's, and no timeout is no deadline.
-        let deadline = if now_ms.is_none() && !timeout.is_zero() {
-            self.clock.redis_ms(Instant::now() + timeout)
-        } else {
-            0
-        };
-        let mut outcomes = self
-            .run_script(
-                self.pool.next(),
-                self.slot_of(checks),
-                &[&request],
-                &[deadline],
-                now_ms,
-                timeout,
-            )
-            .await?;
-        outcomes
-            .pop()
-            .ok_or_else(|| StoreError::Reply("no outcome for the request".to_owned()))?
+        let deadline = self.deadline(now_ms, timeout);
+        self.run_encoded(self.slot_of(checks), &request, deadline, now_ms, timeout)
+            .await
+            .map(|(_, outcome)| outcome)
     }
 
     /// Checks limits whose keys live in several hash slots (so possibly on several Cluster nodes), which no
-    /// single script call may touch.
+    /// single script call may touch: all-or-nothing as one call would be.
     ///
-    /// First every slot is asked in a dry run, concurrently, which decides without consuming; only if every slot
-    /// admits are the committing calls sent, again one per slot and concurrently. A request denied by any slot
-    /// therefore consumes nothing, as on a single Redis.
+    /// First every slot is asked in a dry run, concurrently, which decides without consuming; a denial there
+    /// ends it. Only if every slot admits are the committing calls sent, again one per slot and concurrently.
+    /// Between the dry run and the commit another request may take the room a slot had: that slot's commit then
+    /// denies (each commit decides again, so no limit ever admits more than it allows), and the slots whose commit
+    /// admitted give back what they took, on the window they took it from, before the answer is given. A commit
+    /// that reaches Redis past the request's deadline counts nothing (see `run_script`), and one that failed is
+    /// given back by no one: a call whose fate is unknown is never undone, lest a give-back free what was not
+    /// taken.
     ///
-    /// What this cannot make atomic: between the dry run and the commit another request may consume from the
-    /// same keys. Each commit re-checks its limits, so no limit ever admits more than it allows; but in that race
-    /// one slot may deny the commit after another slot has committed, and the denied request then keeps what it
-    /// consumed from the slots that admitted it. Likewise when a commit call fails after another succeeded.
+    /// The commits and give-backs run in a task of their own, so that a request that stops waiting (its time ran
+    /// out) never leaves one slot's commit standing while another's denied.
     async fn check_across_slots(
-        &self,
+        self: Arc<Self>,
         checks: &[LimitCheck<'_>],
         groups: &[Vec<usize>],
         now_ms: Option<i64>,
@@ -500,23 +496,136 @@ impl Connection {
             .iter()
             .map(|group| group.iter().map(|&i| checks[i]).collect())
             .collect();
-        let run_all = |mode| {
-            join_all(subsets.iter().map(move |subset| {
-                self.run_one(subset, EncodedRequest::new(subset, mode), now_ms, timeout)
-            }))
-        };
-        let dry_runs = run_all(Mode::DryRun)
-            .await
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()?;
+        let deadline = self.deadline(now_ms, timeout);
+        let dry_runs = join_all(subsets.iter().map(|subset| {
+            let request = EncodedRequest::new(subset, Mode::DryRun);
+            let slot = self.slot_of(subset);
+            let connection = &self;
+            async move {
+                connection
+                    .run_encoded(slot, &request, deadline, now_ms, timeout)
+                    .await
+                    .map(|(_, outcome)| outcome)
+            }
+        }))
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
         if !dry_runs.iter().all(|outcome| outcome.allowed) {
             return merge(checks.len(), groups, dry_runs);
         }
-        let commits = run_all(Mode::Commit)
+        let commits: Vec<(Option<u16>, EncodedRequest)> = subsets
+            .iter()
+            .map(|subset| {
+                (
+                    self.slot_of(subset),
+                    EncodedRequest::new(subset, Mode::Commit),
+                )
+            })
+            .collect();
+        let (answer, decided) = tokio::sync::oneshot::channel();
+        let connection = Arc::clone(&self);
+        tokio::spawn(async move {
+            let results = connection
+                .commit_all_or_give_back(&commits, deadline, now_ms, timeout)
+                .await;
+            let _ = answer.send(results);
+        });
+        let commits = decided
             .await
+            .map_err(|_| StoreError::Reply("the commits' task ended unanswered".to_owned()))?
             .into_iter()
             .collect::<Result<Vec<_>, _>>()?;
         merge(checks.len(), groups, commits)
+    }
+
+    /// Commits every slot's share of one request, concurrently; unless all admitted, gives back what the
+    /// admitting ones took. Each slot's outcome (or why its call failed), in order.
+    async fn commit_all_or_give_back(
+        &self,
+        commits: &[(Option<u16>, EncodedRequest)],
+        deadline: u64,
+        now_ms: Option<i64>,
+        timeout: Duration,
+    ) -> Vec<Result<Outcome, StoreError>> {
+        let results =
+            join_all(commits.iter().map(|(slot, request)| {
+                self.run_encoded(*slot, request, deadline, now_ms, timeout)
+            }))
+            .await;
+        let all_admitted = results
+            .iter()
+            .all(|result| matches!(result, Ok((_, outcome)) if outcome.allowed));
+        if !all_admitted {
+            let give_backs = commits.iter().zip(&results).filter_map(|((slot, request), result)| {
+                let (at, outcome) = result.as_ref().ok().filter(|(_, o)| o.allowed)?;
+                let give_back = request.give_back(outcome.decisions.iter().map(|d| d.allowed));
+                let at = u64::try_from(*at).unwrap_or(0);
+                Some(async move {
+                    let given = self
+                        .run_encoded(*slot, &give_back, at, now_ms, GIVE_BACK_TIMEOUT)
+                        .await;
+                    if let Err(error) = given {
+                        tracing::warn!(
+                            %error,
+                            "a denied request's share on another hash slot could not be given back"
+                        );
+                    }
+                })
+            });
+            join_all(give_backs).await;
+        }
+        results
+            .into_iter()
+            .map(|result| {
+                result.map(|(_, outcome)| {
+                    if all_admitted {
+                        return outcome;
+                    }
+                    // Given back: the request is denied and consumed nothing.
+                    Outcome {
+                        allowed: false,
+                        ..outcome
+                    }
+                })
+            })
+            .collect()
+    }
+
+    /// The deadline, in Redis's ms, of a call that may take `timeout` from now (none for explicit times, a test's,
+    /// or without a timeout).
+    fn deadline(&self, now_ms: Option<i64>, timeout: Duration) -> u64 {
+        if now_ms.is_none() && !timeout.is_zero() {
+            self.clock.redis_ms(Instant::now() + timeout)
+        } else {
+            0
+        }
+    }
+
+    /// A script call of its own for one encoded request on `slot`: the time it was decided at (Redis's ms), and
+    /// its outcome.
+    async fn run_encoded(
+        &self,
+        slot: Option<u16>,
+        request: &EncodedRequest,
+        deadline: u64,
+        now_ms: Option<i64>,
+        timeout: Duration,
+    ) -> Result<(i64, Outcome), StoreError> {
+        let (decided_at, mut outcomes) = self
+            .run_script(
+                self.pool.next(),
+                slot,
+                &[request],
+                &[deadline],
+                now_ms,
+                timeout,
+            )
+            .await?;
+        let outcome = outcomes
+            .pop()
+            .ok_or_else(|| StoreError::Reply("no outcome for the request".to_owned()))??;
+        Ok((decided_at, outcome))
     }
 
     /// One script call for `requests`, whose keys must all hash to `slot` on Redis Cluster: an outcome per
@@ -536,16 +645,17 @@ impl Connection {
         deadlines: &[u64],
         now_ms: Option<i64>,
         timeout: Duration,
-    ) -> Result<Vec<Result<Outcome, StoreError>>, StoreError> {
+    ) -> Result<(i64, Vec<Result<Outcome, StoreError>>), StoreError> {
         let runs = script::runs(requests);
         let command = script::command(&self.sha, now_ms, requests, deadlines, &runs);
         let reply = self.evalsha(client, slot, command, timeout).await?;
         let received = Instant::now();
         let reply = script::unpack_reply(&reply)?;
-        if let (None, Some(&redis_now_ms)) = (now_ms, reply.first()) {
-            self.clock.observe(redis_now_ms, received);
+        let decided_at = reply.first().copied().unwrap_or_default();
+        if now_ms.is_none() {
+            self.clock.observe(decided_at, received);
         }
-        script::parse_reply(&reply, requests, &runs)
+        Ok((decided_at, script::parse_reply(&reply, requests, &runs)?))
     }
 
     /// Runs the script by hash, loading it first when Redis does not know it (restart, `SCRIPT FLUSH`, failover).
@@ -633,7 +743,7 @@ impl Connection {
             .run_script(self.pool.next(), slot, &requests, &deadlines, None, timeout)
             .await;
         match result {
-            Ok(outcomes) => {
+            Ok((_, outcomes)) => {
                 for (pending, outcome) in batch.into_iter().zip(outcomes) {
                     pending.answer(outcome);
                 }
@@ -669,6 +779,10 @@ impl RunBatch for Connection {
         }
     }
 }
+
+/// How long a give-back may take: it has no deadline (it must land whenever it can, once), but a stalled
+/// connection must not hold its task forever.
+const GIVE_BACK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Longest wait between two attempts to reconnect, in ms: Redis answering again must not wait for a long backoff
 /// (limiting is to be shared again within 300 ms of it), and an attempt that fails on loopback or a LAN costs one

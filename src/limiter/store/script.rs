@@ -41,6 +41,8 @@ pub(super) enum Mode {
     Commit,
     /// Only decide: consume nothing.
     DryRun,
+    /// Give back what a commit took, on the window it took it from (see [`EncodedRequest::give_back`]).
+    GiveBack,
 }
 
 /// One request's share of a script call, owned so that it can wait in the batch queue.
@@ -86,6 +88,27 @@ impl EncodedRequest {
             .collect();
         Self {
             mode,
+            keys: Bytes::from(keys),
+            key_ends,
+            limits,
+        }
+    }
+
+    /// What gives back what this request, committed, took from the limits `consumed` says (an admitted
+    /// request's decisions: a shadow limit that denied took nothing).
+    pub(super) fn give_back(&self, consumed: impl Iterator<Item = bool>) -> Self {
+        let mut keys = Vec::with_capacity(self.keys.len());
+        let mut key_ends = SmallVec::new();
+        let mut limits = Vec::with_capacity(self.limits.len());
+        for ((key, limit), consumed) in self.key_ranges().zip(&self.limits).zip(consumed) {
+            if consumed {
+                keys.extend_from_slice(&self.keys[key]);
+                key_ends.push(keys.len());
+                limits.push(*limit);
+            }
+        }
+        Self {
+            mode: Mode::GiveBack,
             keys: Bytes::from(keys),
             key_ends,
             limits,
@@ -146,7 +169,7 @@ pub(super) fn runs(requests: &[&EncodedRequest]) -> Vec<usize> {
 /// clock when `None`): every key once, the clock, and one entry per run packed as MessagePack.
 ///
 /// `deadlines` holds, per request, Redis's time in ms from which the script must leave it undecided (0: none): a
-/// run is given its earliest member's.
+/// run is given its earliest member's. A give-back's is instead the time its commit was decided at.
 pub(super) fn command(
     sha: &Value,
     now_ms: Option<i64>,
@@ -180,7 +203,14 @@ pub(super) fn command(
             .reduce(earliest)
             .unwrap_or(0);
         at += count;
-        put(&mut packed, u64::from(request.mode == Mode::Commit));
+        put(
+            &mut packed,
+            match request.mode {
+                Mode::DryRun => 0,
+                Mode::Commit => 1,
+                Mode::GiveBack => 2,
+            },
+        );
         put(&mut packed, count as u64);
         put(&mut packed, request.limits() as u64);
         put(&mut packed, deadline);
@@ -256,6 +286,14 @@ pub(super) fn parse_reply(
     for &count in runs {
         let request = requests.get(at).ok_or_else(wrong_length)?;
         at += count;
+        if request.mode == Mode::GiveBack {
+            rest.split_off_first().ok_or_else(wrong_length)?;
+            outcomes.push(Ok(Outcome {
+                allowed: true,
+                decisions: Vec::new(),
+            }));
+            continue;
+        }
         if rest.first() == Some(&PAST_DEADLINE) {
             rest = &rest[1..];
             outcomes.extend((0..count).map(|_| Err(StoreError::Late)));
