@@ -13,8 +13,6 @@ use crate::gateway::Gateway;
 pub struct Watcher {
     gateway: Arc<Gateway>,
     path: PathBuf,
-    /// The content last loaded (or found at start).
-    loaded: Option<Vec<u8>>,
     /// A different content seen by the last poll, waiting to be seen once more before it is loaded.
     settling: Option<Vec<u8>>,
 }
@@ -40,9 +38,27 @@ pub enum Polled {
 /// Routes, limits, upstreams and client-address settings change; `listen`, `admin`, `store` and `server` need a
 /// restart. The limiter and its counters are kept, so unchanged keys keep their state.
 pub fn reload(gateway: &Gateway, path: &Path) -> Result<(), ConfigError> {
-    let config = config::load(path).inspect_err(|_| count(false))?;
+    let content: Arc<[u8]> = std::fs::read(path)
+        .map_err(|error| ConfigError::read(path, error))
+        .inspect_err(|_| count(false))?
+        .into();
+    // The file watch compares with this: what SIGHUP loaded is not loaded again when the watch sees it.
+    gateway.set_loaded_file(Arc::clone(&content));
+    let config = parse(&content, path).inspect_err(|_| count(false))?;
     apply(gateway, &config, path);
     Ok(())
+}
+
+/// `content` (a config file's bytes) as a config.
+fn parse(content: &[u8], path: &Path) -> Result<Config, ConfigError> {
+    std::str::from_utf8(content)
+        .map_err(|e| {
+            ConfigError::read(
+                path,
+                std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            )
+        })
+        .and_then(|text| config::parse(text, path))
 }
 
 /// `tollgate_config_reloads_total{result="ok"|"error"}`: every reload tried, from SIGHUP or the file watch, so
@@ -73,11 +89,14 @@ pub async fn watch(gateway: Arc<Gateway>, path: PathBuf, interval: Duration) {
 impl Watcher {
     /// A watcher of `path` for `gateway`, which runs the config the file holds now.
     pub fn new(gateway: Arc<Gateway>, path: PathBuf) -> Self {
-        let loaded = std::fs::read(&path).ok();
+        if gateway.loaded_file().is_none() {
+            if let Ok(content) = std::fs::read(&path) {
+                gateway.set_loaded_file(content.into());
+            }
+        }
         Self {
             gateway,
             path,
-            loaded,
             settling: None,
         }
     }
@@ -89,7 +108,8 @@ impl Watcher {
             self.settling = None;
             return Polled::Unchanged;
         };
-        if self.loaded.as_ref() == Some(&current) {
+        // The content last loaded, by this watch or by SIGHUP.
+        if self.gateway.loaded_file().as_deref() == Some(current.as_slice()) {
             self.settling = None;
             return Polled::Unchanged;
         }
@@ -99,15 +119,8 @@ impl Watcher {
         }
         self.settling = None;
         // What is loaded is what was compared, not a third read that might catch another write.
-        let parsed = String::from_utf8(current.clone())
-            .map_err(|e| {
-                ConfigError::read(
-                    &self.path,
-                    std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-                )
-            })
-            .and_then(|text| config::parse(&text, &self.path));
-        self.loaded = Some(current);
+        let parsed = parse(&current, &self.path);
+        self.gateway.set_loaded_file(current.into());
         match parsed {
             Ok(config) if config.routes.is_empty() && !self.gateway.route_names().is_empty() => {
                 count(false);

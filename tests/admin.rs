@@ -305,3 +305,47 @@ async fn unknown_routes_limits_and_missing_keys_are_named() {
     let (status, body) = get_json(client.get(format!("{admin}/limits/demo/per-ip"))).await;
     assert_eq!((status, body["error"].as_str()), (400, Some("missing_key")));
 }
+
+#[tokio::test]
+async fn peek_at_an_ipv6_address_reports_the_network_it_is_counted_under() {
+    let yaml = format!("client_ip:\n  trusted_proxies: [127.0.0.1]\n{}", yaml(None));
+    let gateway = start_gateway(&yaml).await;
+    let admin = serve_admin(&gateway, Some(TOKEN)).await;
+    let client = client();
+    for n in 1..=2 {
+        let response = client
+            .get(gateway.url("/demo"))
+            .header("x-forwarded-for", format!("2001:db8:1:2::{n}"))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status(), 200);
+    }
+    // Another address of the same /64: the state of the network, two requests in.
+    let url = format!("{admin}/limits/demo/per-ip?key=2001:db8:1:2::99");
+    let (status, body) = get_json(client.get(&url).bearer_auth(TOKEN)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["key"], "2001:db8:1:2::99");
+    assert_eq!(body["counted_key"], "2001:db8:1:2::/64");
+    assert_eq!(
+        body["store_key"],
+        "tollgate:demo:per-ip:{2001:db8:1:2::/64}"
+    );
+    assert_eq!(body["remaining"], 1, "{body}");
+    let (_, body) = get_json(
+        client
+            .get(format!("{admin}/limits/demo/per-ip?key=::1"))
+            .bearer_auth(TOKEN),
+    )
+    .await;
+    assert_eq!(body["counted_key"], "::/64", "{body}");
+    // A reset through an address forgets its network.
+    let (status, body) = get_json(client.delete(&url).bearer_auth(TOKEN)).await;
+    assert_eq!(
+        (status, &body["existed"]),
+        (200, &Value::Bool(true)),
+        "{body}"
+    );
+    let (_, body) = get_json(client.get(&url).bearer_auth(TOKEN)).await;
+    assert_eq!(body["remaining"], 3, "{body}");
+}

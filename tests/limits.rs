@@ -461,7 +461,20 @@ routes:
                 .await
                 .expect("request");
             if response.status() == 429 {
-                assert!(response.headers().contains_key("retry-after"));
+                // The limit's fields agree with Retry-After: nothing left, full again no sooner than it admits.
+                let number = |name: &str| -> u64 {
+                    response.headers()[name]
+                        .to_str()
+                        .expect("text")
+                        .parse()
+                        .expect("a number")
+                };
+                let (retry_after, reset) = (number("retry-after"), number("x-ratelimit-reset"));
+                assert!(
+                    reset >= retry_after,
+                    "reset {reset} beside Retry-After {retry_after}"
+                );
+                assert_eq!(number("x-ratelimit-remaining"), 0);
             }
             statuses.push(response.status().as_u16());
         }

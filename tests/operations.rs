@@ -522,3 +522,31 @@ async fn an_emptied_config_file_is_a_warning_and_sighup_still_applies_it() {
     assert!(applied.is_some(), "SIGHUP applies the emptied file");
     assert_eq!(held(), 1, "logged once:\n{}", process.log());
 }
+
+#[tokio::test]
+async fn the_file_watch_does_not_load_again_what_a_sighup_just_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.yaml");
+    write(&path, &three_routes_yaml("v1"));
+    let gateway = start_gateway_with(tollgate::config::load(&path).unwrap()).await;
+    let mut watcher = Watcher::new(Arc::clone(&gateway.gateway), path.clone());
+    assert_eq!(watcher.poll().await, Polled::Unchanged);
+
+    // An edit, then SIGHUP before the watch has seen it settle: one reload, the SIGHUP's.
+    write_in_place(&path, &three_routes_yaml("v2"));
+    tollgate::reload::reload(&gateway.gateway, &path).expect("reload");
+    for _ in 0..3 {
+        assert_eq!(watcher.poll().await, Polled::Unchanged);
+    }
+    // The same once the watch had seen the edit settling.
+    write_in_place(&path, &three_routes_yaml("v3"));
+    assert_eq!(watcher.poll().await, Polled::Settling);
+    tollgate::reload::reload(&gateway.gateway, &path).expect("reload");
+    for _ in 0..3 {
+        assert_eq!(watcher.poll().await, Polled::Unchanged);
+    }
+    // A later edit is still the watch's to load.
+    write_in_place(&path, &three_routes_yaml("v4"));
+    assert_eq!(watcher.poll().await, Polled::Settling);
+    assert_eq!(watcher.poll().await, Polled::Reloaded);
+}

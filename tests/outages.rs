@@ -611,6 +611,38 @@ async fn readiness_and_the_fallback_gauge_follow_the_store_without_any_request()
     until_fallback(&admin, false).await;
 }
 
+#[tokio::test]
+async fn readiness_names_an_unresolvable_host_in_plain_words() {
+    let yaml = shared_yaml("redis://no-such-host.invalid:6379");
+    let config = common::config(&yaml);
+    let gateway = start_gateway_without_waiting(&yaml).await;
+    let admin = serve_admin(&gateway, config.admin.token.as_deref()).await;
+    let mut last = serde_json::Value::Null;
+    let named = eventually(Duration::from_secs(10), async || {
+        let (_, body) = readyz(&admin).await;
+        let reason = body["reason"].as_str().unwrap_or("").to_owned();
+        last = body;
+        !reason.is_empty()
+            && reason != "no limiter call has succeeded yet"
+            && reason != "not connected to redis"
+    })
+    .await;
+    assert!(named.is_some(), "{last}");
+    let reason = last["reason"].as_str().unwrap_or("");
+    println!("readiness reason: {reason}");
+    // The resolver's own sentence, not the Debug of an io::Error (`Custom { kind: ..., error: "..." }`).
+    assert!(
+        !reason.contains('{') && !reason.contains("kind:"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("no-such-host.invalid")
+            || reason.contains("lookup")
+            || reason.contains("resol"),
+        "{reason}"
+    );
+}
+
 // === Out of memory and eviction ===
 
 #[tokio::test]

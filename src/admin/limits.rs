@@ -8,6 +8,7 @@ use serde_json::json;
 
 use super::{Admin, AdminError};
 use crate::admission::LimitSettings;
+use crate::key::{push_client_key, KeyPart, KeySpec};
 
 #[derive(Debug, Deserialize)]
 pub(super) struct KeyQuery {
@@ -21,12 +22,14 @@ pub(super) async fn peek_limit(
     Query(query): Query<KeyQuery>,
     headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, AdminError> {
-    let (store_key, settings) = admin.locate(&headers, &route, &limit, query.key.as_deref())?;
+    let (store_key, settings, counted) =
+        admin.locate(&headers, &route, &limit, query.key.as_deref())?;
     let decision = admin.peek(&store_key, &settings.limit).await?;
     Ok(Json(json!({
         "route": route,
         "limit": limit,
         "key": query.key,
+        "counted_key": counted,
         "store_key": store_key,
         "algorithm": settings.limit.algorithm().name(),
         "capacity": decision.limit,
@@ -44,7 +47,7 @@ pub(super) async fn reset_limit(
     Query(query): Query<KeyQuery>,
     headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, AdminError> {
-    let (store_key, _) = admin.locate(&headers, &route, &limit, query.key.as_deref())?;
+    let (store_key, _, _) = admin.locate(&headers, &route, &limit, query.key.as_deref())?;
     let existed = admin
         .gateway
         .limiter()
@@ -58,14 +61,15 @@ pub(super) async fn reset_limit(
 }
 
 impl Admin {
-    /// Checks the token, then finds the limit and the store key for `key`.
+    /// Checks the token, then finds the limit, the key value requests with `key` are counted under (see
+    /// [`counted_value`]) and its store key.
     fn locate(
         &self,
         headers: &HeaderMap,
         route: &str,
         limit: &str,
         key: Option<&str>,
-    ) -> Result<(String, LimitSettings), AdminError> {
+    ) -> Result<(String, LimitSettings, String), AdminError> {
         self.authorize(headers)?;
         let key = key
             .filter(|k| !k.is_empty())
@@ -74,9 +78,44 @@ impl Admin {
             .gateway
             .limit_set(route)
             .ok_or_else(|| AdminError::UnknownRoute(route.to_owned()))?;
-        let (store_key, settings) = limits
-            .key_for(limit, key)
+        let settings = limits
+            .limits()
+            .iter()
+            .find(|s| s.limit.name() == limit)
             .ok_or_else(|| AdminError::UnknownLimit(limit.to_owned()))?;
-        Ok((store_key, settings.clone()))
+        let counted = counted_value(&settings.key, key, self.gateway.ipv6_prefix());
+        let (store_key, settings) = limits
+            .key_for(limit, &counted)
+            .ok_or_else(|| AdminError::UnknownLimit(limit.to_owned()))?;
+        Ok((store_key, settings.clone(), counted))
     }
+}
+
+/// The key value that requests `key` describes are counted under: a client address where the limit keys by `ip`
+/// (the whole value, or its part at the place of `ip` in a composite key, parts joined by `|`) is taken to what the
+/// gateway counts, an IPv6 address to its `client_ip.ipv6_prefix` network (`::1` → `::/64`). Anything else, and
+/// a network given as such, is the value as written.
+fn counted_value(spec: &KeySpec, key: &str, ipv6_prefix: u8) -> String {
+    let as_client = |text: &str, out: &mut String| match text.parse::<std::net::IpAddr>() {
+        Ok(ip) => push_client_key(out, ip, ipv6_prefix),
+        Err(_) => out.push_str(text),
+    };
+    let mut counted = String::with_capacity(key.len());
+    let parts = spec.parts();
+    let texts: Vec<&str> = key.split('|').collect();
+    if texts.len() == parts.len() {
+        for (i, (part, text)) in parts.iter().zip(texts).enumerate() {
+            if i > 0 {
+                counted.push('|');
+            }
+            match part {
+                KeyPart::Ip => as_client(text, &mut counted),
+                _ => counted.push_str(text),
+            }
+        }
+    } else {
+        // Fewer parts than the limit's: the value a request missing one is counted under (`missing: ip`).
+        as_client(key, &mut counted);
+    }
+    counted
 }

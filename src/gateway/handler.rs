@@ -31,6 +31,9 @@ pub struct Gateway {
     /// The consumers' runtime settings (design §10), made with the first config that has a `consumers:` block
     /// and kept across reloads, like the limiter.
     directory: parking_lot::Mutex<Option<Arc<Directory>>>,
+    /// The config file's content last loaded (applied or refused), by SIGHUP or the file watch: each knows what
+    /// the other loaded, so the watch does not load again what a SIGHUP just did.
+    loaded_file: parking_lot::Mutex<Option<Arc<[u8]>>>,
 }
 
 // === impl Gateway ===
@@ -46,6 +49,7 @@ impl Gateway {
             runtime: ArcSwap::from_pointee(Runtime::new(config, directory.as_ref())),
             limiter,
             directory: parking_lot::Mutex::new(directory),
+            loaded_file: parking_lot::Mutex::new(None),
         }
     }
 
@@ -59,6 +63,7 @@ impl Gateway {
             runtime: ArcSwap::from_pointee(Runtime::new(config, Some(&directory))),
             limiter,
             directory: parking_lot::Mutex::new(Some(directory)),
+            loaded_file: parking_lot::Mutex::new(None),
         }
     }
 
@@ -83,6 +88,21 @@ impl Gateway {
     pub fn route_names(&self) -> Vec<String> {
         let runtime = self.runtime.load();
         runtime.routes.iter().map(|r| r.name.clone()).collect()
+    }
+
+    /// The config file's content last loaded, by SIGHUP or the file watch (`None` before either looked).
+    pub fn loaded_file(&self) -> Option<Arc<[u8]>> {
+        self.loaded_file.lock().clone()
+    }
+
+    /// Records `content` as the config file's content last loaded, whether it was applied or refused.
+    pub fn set_loaded_file(&self, content: Arc<[u8]>) {
+        *self.loaded_file.lock() = Some(content);
+    }
+
+    /// The bits of an IPv6 client address that key it, in the running config (`client_ip.ipv6_prefix`).
+    pub fn ipv6_prefix(&self) -> u8 {
+        self.runtime.load().client_ip.ipv6_prefix()
     }
 
     /// The limits of the route named `route` in the running config.

@@ -326,13 +326,19 @@ fn refusal(
         .into_iter()
         .enumerate()
         .map(|(i, ev)| match refused.iter().find(|&&(r, _)| r == i) {
-            Some((_, no_room)) => Decision {
-                allowed: false,
-                remaining: 0,
-                retry_after_ms: (no_room.until_ms - now_ms).max(1) as u64,
-                delay_ms: 0,
-                ..ev.standing
-            },
+            Some((_, no_room)) => {
+                let retry_after_ms = (no_room.until_ms - now_ms).max(1) as u64;
+                Decision {
+                    allowed: false,
+                    remaining: 0,
+                    retry_after_ms,
+                    // Said as of a limit with nothing left: full again no sooner than it admits again (a fresh
+                    // key's standing state would say 0 beside a Retry-After of seconds).
+                    reset_after_ms: ev.standing.reset_after_ms.max(retry_after_ms),
+                    delay_ms: 0,
+                    ..ev.standing
+                }
+            }
             None => ev.standing,
         })
         .collect();

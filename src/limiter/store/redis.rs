@@ -971,8 +971,19 @@ impl Link {
 }
 
 /// An I/O error as fred words it (`Os { code: 111, kind: ConnectionRefused, message: "Connection refused" }`, the
-/// `Debug` of the system's error) in the system's words (`Connection refused (os error 111)`); others unchanged.
+/// `Debug` of the system's error) in the system's words (`Connection refused (os error 111)`), a resolver's
+/// (`Custom { kind: Uncategorized, error: "failed to lookup address information: ..." }`) in its own; others
+/// unchanged.
 pub(crate) fn plain_words(details: &str) -> String {
+    if let Some(custom) = details.strip_prefix("Custom {") {
+        if let Some(start) = custom.find("error: \"") {
+            let message = custom[start + 8..]
+                .trim_end()
+                .trim_end_matches('}')
+                .trim_end();
+            return message.trim_end_matches('"').replace("\\\"", "\"");
+        }
+    }
     let field = |name: &str| {
         let start = details.find(name)? + name.len();
         let rest = &details[start..];
@@ -1193,6 +1204,13 @@ mod tests {
         );
         let wrongpass = "WRONGPASS invalid username-password pair or user is disabled.";
         assert_eq!(plain_words(wrongpass), wrongpass);
+        // An unresolvable host, as `tokio::net::lookup_host` fails and fred words it.
+        assert_eq!(
+            plain_words(
+                r#"Custom { kind: Uncategorized, error: "failed to lookup address information: Name or service not known" }"#
+            ),
+            "failed to lookup address information: Name or service not known"
+        );
     }
 
     #[test]
