@@ -767,3 +767,100 @@ async fn a_flushed_directory_is_one_warning_a_count_and_is_reseeded_from_its_lis
         "{body}"
     );
 }
+
+#[tokio::test]
+async fn an_import_sets_many_consumers_on_every_instance_and_a_bad_line_sets_none() {
+    let redis = RedisServer::start();
+    let yaml = yaml(&redis_store(&redis));
+    let (one, other) = (start_gateway(&yaml).await, start_gateway(&yaml).await);
+    let (admin_one, admin_other) = (
+        serve_admin(&one, Some(TOKEN)).await,
+        serve_admin(&other, Some(TOKEN)).await,
+    );
+    let http = client();
+    let digest = tollgate::consumers::digest_hex(&api_key_digest("tg_imported"));
+    let mut body: String = (0..2500)
+        .map(|i| format!("{{\"consumer\":\"user-{i}\",\"record\":{{\"plan\":\"pro\"}}}}\n"))
+        .collect();
+    body.push_str(&format!(
+        "\n{{\"consumer\":\"keyed\",\"record\":{{\"plan\":\"free\",\"blocked\":false,\"keys\":[{{\"id\":\"k_1\",\"sha256\":\"{digest}\",\"created_ms\":1}}]}}}}\n"
+    ));
+    let (status, answer) = call(
+        http.post(format!("{admin_one}/consumers:import"))
+            .body(body),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["imported"], 2501);
+    for admin in [&admin_one, &admin_other] {
+        let seen = eventually(ONE_SECOND * 2, async || {
+            let (_, shown) = call(http.get(format!("{admin}/consumers/user-2499"))).await;
+            shown["settings"]["plan"] == "pro"
+        })
+        .await;
+        assert!(seen.is_some(), "{admin} did not read the import");
+    }
+    // The imported key identifies its consumer on the other instance too.
+    let identified = eventually(ONE_SECOND * 2, async || {
+        let response = http
+            .get(other.url("/api/x"))
+            .header("x-api-key", "tg_imported")
+            .send()
+            .await
+            .expect("request");
+        response.status() == 200
+    })
+    .await;
+    assert!(identified.is_some());
+
+    // One bad line anywhere: 400 naming it, and nothing of the body is set.
+    for (line, code) in [
+        (
+            r#"{"consumer":"x","record":{"plan":"gold"}}"#,
+            "invalid_settings",
+        ),
+        (
+            r#"{"consumer":"bad id","record":{"plan":"pro"}}"#,
+            "invalid_consumer_id",
+        ),
+        (
+            r#"{"consumer":"user-0","record":{"plan":"pro"}}"#,
+            "duplicate_consumer",
+        ),
+        (
+            r#"{"consumer":"x","record":{"keys":[{"id":"k","sha256":"nothex","created_ms":1}]}}"#,
+            "invalid_keys",
+        ),
+        (
+            &format!(
+                r#"{{"consumer":"x","record":{{"keys":[{{"id":"k","sha256":"{digest}","created_ms":1}}]}}}}"#
+            ),
+            "invalid_keys",
+        ),
+        (
+            r#"{"consumer":"x","record":{"plan":"pro"},"extra":1}"#,
+            "invalid_body",
+        ),
+    ] {
+        let body =
+            format!("{{\"consumer\":\"user-0\",\"record\":{{\"plan\":\"free\"}}}}\n{line}\n");
+        let (status, answer) = call(
+            http.post(format!("{admin_one}/consumers:import"))
+                .body(body),
+        )
+        .await;
+        assert_eq!(status, 400, "{line}: {answer}");
+        assert_eq!(answer["error"], code, "{line}: {answer}");
+        assert!(answer.to_string().contains("line 2"), "{line}: {answer}");
+    }
+    let (_, shown) = call(http.get(format!("{admin_one}/consumers/user-0"))).await;
+    assert_eq!(shown["settings"]["plan"], "pro");
+    // Without the token: 401.
+    let response = http
+        .post(format!("{admin_one}/consumers:import"))
+        .body("{\"consumer\":\"x\",\"record\":{}}\n")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 401);
+}

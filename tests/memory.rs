@@ -89,3 +89,59 @@ async fn a_route_holds_at_most_5_kb() {
     eprintln!("bytes per route at 1,000 routes: {per_route}");
     assert!(per_route <= 5 * 1024, "{per_route} bytes per route");
 }
+
+/// Allocations and bytes allocated by `changes` consumer changes on a directory of `size` consumers.
+async fn cost_of_changes(size: usize, changes: usize) -> (usize, usize) {
+    use tollgate::consumers::directory::{ConsumerRecord, Directory};
+    let record = |plan: &str| ConsumerRecord {
+        plan: Some(plan.to_owned()),
+        ..ConsumerRecord::default()
+    };
+    let directory = Directory::in_memory();
+    let records = (0..size)
+        .map(|i| (format!("user-{i}"), record("free")))
+        .collect();
+    directory.import(records).await.expect("import");
+    assert_eq!(directory.len(), size);
+    let before = ALLOCATOR.stats();
+    for i in 0..changes {
+        directory
+            .put(
+                &format!("user-{}", i * 7 % size),
+                record(&format!("plan-{i}")),
+            )
+            .await
+            .expect("put");
+    }
+    let after = ALLOCATOR.stats();
+    (
+        after.allocations - before.allocations,
+        after.bytes_allocated - before.bytes_allocated,
+    )
+}
+
+#[tokio::test]
+async fn a_consumer_change_costs_the_same_at_100k_consumers_as_at_one() {
+    let _serial = SERIAL.lock().await;
+    let changes = 100;
+    let (small_allocations, small_bytes) = cost_of_changes(1, changes).await;
+    let (large_allocations, large_bytes) = cost_of_changes(100_000, changes).await;
+    eprintln!(
+        "per change: {} allocations / {} bytes at 1 consumer, {} / {} at 100,000",
+        small_allocations / changes,
+        small_bytes / changes,
+        large_allocations / changes,
+        large_bytes / changes
+    );
+    // A copy of the directory per change would be 100,000 entries' worth (megabytes) each time; a persistent
+    // map copies only the few nodes on the changed entry's path.
+    assert!(
+        large_allocations <= small_allocations * 2,
+        "{large_allocations} allocations at 100,000 consumers, {small_allocations} at 1"
+    );
+    assert!(
+        large_bytes / changes <= 16 * 1024,
+        "{} bytes per change at 100,000 consumers",
+        large_bytes / changes
+    );
+}

@@ -28,6 +28,15 @@ pub(super) struct SettingsBody {
     blocked: bool,
 }
 
+/// One line of a `POST /consumers:import` body: a consumer and its whole record, keys included (as their
+/// SHA-256 digests), as `GET /consumers` lists them.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ImportLine {
+    consumer: String,
+    record: ConsumerRecord,
+}
+
 /// `GET /consumers/{id}?plan=NAME`: the plan whose limits to show when the consumer has no runtime plan (a
 /// token's claim, say; a static key's plan is found without it).
 #[derive(Debug, Deserialize)]
@@ -95,6 +104,73 @@ pub(super) async fn put(
         "created": before.is_none(),
         "settings": after.as_deref().map(shown),
     })))
+}
+
+/// `POST /consumers:import`: sets the whole records of many consumers at once, from a body of one JSON object per
+/// line (NDJSON), each `{"consumer":…,"record":…}` as `GET /consumers` lists them. Every line is checked as
+/// `PUT /consumers/{id}/record` checks its body before anything is set: one bad line is a 400 naming it, and
+/// nothing changes.
+pub(super) async fn import(
+    State(admin): State<Admin>,
+    Who(who): Who,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Value>, AdminError> {
+    admin.authorize(&headers)?;
+    let consumers = admin.gateway.consumers().ok_or(AdminError::NoConsumers)?;
+    let text = std::str::from_utf8(&body)
+        .map_err(|error| AdminError::BadRequest("invalid_body", error.to_string()))?;
+    let directory = consumers.directory();
+    let mut records = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut key_owners = std::collections::HashMap::new();
+    for (number, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let at = |code: &'static str, why: String| {
+            AdminError::BadRequest(code, format!("line {}: {why}", number + 1))
+        };
+        let ImportLine { consumer, record } =
+            serde_json::from_str(line).map_err(|error| at("invalid_body", error.to_string()))?;
+        consumer_id(&consumer).map_err(|why| at("invalid_consumer_id", why))?;
+        if !seen.insert(consumer.clone()) {
+            return Err(at(
+                "duplicate_consumer",
+                format!("consumer {consumer:?} is on an earlier line too"),
+            ));
+        }
+        consumers
+            .check_record(&record)
+            .map_err(|why| at("invalid_settings", why))?;
+        check_keys(&record).map_err(|why| at("invalid_keys", why))?;
+        for digest in record.key_digests() {
+            let held = directory
+                .consumer_of_key(&digest)
+                .filter(|o| **o != *consumer);
+            if let Some(owner) = held
+                .as_deref()
+                .or(key_owners.get(&digest).map(String::as_str))
+            {
+                return Err(at(
+                    "invalid_keys",
+                    format!("a key of this record is consumer {owner:?}'s"),
+                ));
+            }
+            key_owners.insert(digest, consumer.clone());
+        }
+        records.push((consumer, record));
+    }
+    let imported = directory.import(records).await?;
+    tracing::info!(
+        target: "tollgate::audit",
+        who,
+        what = "consumer.import",
+        consumers = imported,
+        "consumer settings imported through the admin API"
+    );
+    Ok(Json(json!({ "imported": imported })))
 }
 
 /// `GET /consumers/{id}`: the runtime settings, the keys (ids and issue times), and the state of each limit of

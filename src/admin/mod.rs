@@ -9,7 +9,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, FromRequestParts};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequestParts};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -39,6 +39,9 @@ pub fn router_for(gateway: Arc<Gateway>, settings: &AdminSettings) -> Router {
     build(gateway, settings.token.clone(), degraded)
 }
 
+/// The largest `POST /consumers:import` body: a million consumers with a key each is about 250 MB.
+const IMPORT_MAX_BYTES: usize = 1 << 30;
+
 fn build(gateway: Arc<Gateway>, token: Option<String>, degraded_status: StatusCode) -> Router {
     let state = Admin {
         gateway,
@@ -64,6 +67,10 @@ fn build(gateway: Arc<Gateway>, token: Option<String>, degraded_status: StatusCo
         .route(
             "/consumers/{id}/limits/{limit}",
             get(consumers::show_limit).delete(consumers::reset_limit),
+        )
+        .route(
+            "/consumers:import",
+            post(consumers::import).layer(DefaultBodyLimit::max(IMPORT_MAX_BYTES)),
         )
         .route("/consumers/{id}/keys", post(consumers::add_key))
         .route(

@@ -237,6 +237,26 @@ impl Directory {
         Ok(revoked)
     }
 
+    /// Sets the whole records (keys included) of many consumers at once: a bulk import, for loading a directory
+    /// from another system. In memory it builds one snapshot for the lot; on Redis it writes them in batches, each
+    /// counted as one change, and every instance (this one too) then reads the directory again. Returns how many
+    /// records were set. A failure on Redis may leave the batches before it written.
+    pub async fn import(
+        &self,
+        records: Vec<(String, ConsumerRecord)>,
+    ) -> Result<usize, DirectoryError> {
+        let count = records.len();
+        match &self.store {
+            Store::Memory => {
+                let _replacing = self.view.replacing.lock();
+                let next = self.view.snapshot.load().with_all(records);
+                self.view.snapshot.store(Arc::new(next));
+            }
+            Store::Redis(sync) => sync.import(records).await?,
+        }
+        Ok(count)
+    }
+
     /// Applies `edit` to `id`'s record where changes are made. With `replaces_unreadable`, a record that cannot
     /// be read counts as none (deleting must always be possible); otherwise it fails the change.
     async fn change<T>(

@@ -31,6 +31,10 @@ const WRITE_ATTEMPTS: usize = 8;
 
 const READ_SCRIPT: &str = include_str!("scripts/read.lua");
 const WRITE_SCRIPT: &str = include_str!("scripts/write.lua");
+const IMPORT_SCRIPT: &str = include_str!("scripts/import.lua");
+/// Records per call of the import script: large enough that a million take a thousand calls, small enough that
+/// one call holds Redis for a millisecond or so.
+const IMPORT_BATCH: usize = 1000;
 
 /// The Redis side of a directory: a client for reads and writes, a subscriber for announcements, and the task
 /// that keeps the view in step. The tasks end when this is dropped.
@@ -57,6 +61,7 @@ struct Redis {
     slot: Option<u16>,
     read: Script,
     write: Script,
+    import: Script,
     view: Arc<View>,
     /// Asks the sync task for a full read now.
     resync: Notify,
@@ -100,6 +105,7 @@ impl RedisSync {
             channel: format!("{prefix}consumers:changed"),
             read: Script::from_lua(READ_SCRIPT),
             write: Script::from_lua(WRITE_SCRIPT),
+            import: Script::from_lua(IMPORT_SCRIPT),
             view,
             resync: Notify::new(),
         });
@@ -173,6 +179,36 @@ impl RedisSync {
             }
         }
         Err(DirectoryError::Contended(id.to_owned()))
+    }
+
+    /// Writes `records` in batches of [`IMPORT_BATCH`], each counted as one change, then has the directory read
+    /// again; the other instances see the counter move at their next check and read it again too.
+    pub(super) async fn import(
+        &self,
+        records: Vec<(String, ConsumerRecord)>,
+    ) -> Result<(), DirectoryError> {
+        let redis = &self.redis;
+        if !redis.client.is_connected() {
+            let _ = tokio::time::timeout(CONNECT_WAIT, redis.client.wait_for_connect()).await;
+        }
+        for batch in records.chunks(IMPORT_BATCH) {
+            let mut args: Vec<String> = Vec::with_capacity(1 + batch.len() * 2);
+            args.push(super::record::lineage_token()?);
+            for (id, record) in batch {
+                args.push(id.clone());
+                args.push(
+                    serde_json::to_string(record)
+                        .map_err(|error| DirectoryError::Unavailable(error.to_string()))?,
+                );
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            redis
+                .eval(&redis.import, &args, WRITE_TIMEOUT)
+                .await
+                .map_err(|error| redis.unavailable(&error))?;
+        }
+        redis.resync.notify_one();
+        Ok(())
     }
 }
 
