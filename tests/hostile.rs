@@ -242,6 +242,103 @@ async fn hostile_key_values_are_digested_in_redis() {
     }
 }
 
+/// SHA-256 of `text`, in hex.
+fn sha256_hex(text: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
+#[tokio::test]
+async fn keys_made_from_credentials_are_digested_before_they_reach_the_store() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        r#"store:
+  backend: redis
+  url: {redis}
+  timeout: 500ms
+  on_error: deny
+upstreams:
+  backend:
+    targets: ["{upstream}"]
+consumers:
+  identify:
+    - api_key: {{ header: x-api-key }}
+  anonymous: {{ plan: anonymous }}
+  plans:
+    anonymous:
+      limits: [{{ name: by-key, key: [header:x-api-key], algorithm: sliding_log, limit: 100, period: 1h }}]
+routes:
+  - name: api
+    match: {{ path_prefix: /api }}
+    upstream: backend
+    consumers: off
+    limits:
+      - {{ name: by-auth, key: [header:authorization], missing: skip, algorithm: sliding_log, limit: 100, period: 1h }}
+      - {{ name: by-cookie, key: [ip, header:cookie], missing: skip, algorithm: sliding_log, limit: 100, period: 1h }}
+      - {{ name: by-api-key, key: [header:x-api-key], missing: skip, algorithm: sliding_log, limit: 100, period: 1h }}
+      - {{ name: by-tenant, key: [header:x-tenant], secret: true, missing: skip, algorithm: sliding_log, limit: 100, period: 1h }}
+      - {{ name: by-plain, key: [header:x-plain], missing: skip, algorithm: sliding_log, limit: 100, period: 1h }}
+"#,
+        redis = redis.url(),
+        upstream = upstream.url()
+    );
+    let gateway = start_gateway(&yaml).await;
+    let admin = common::serve_admin(&gateway, None).await;
+    let client = client();
+    let secrets = [
+        ("authorization", "Bearer short-token"),
+        ("cookie", "session=abc"),
+        ("x-api-key", "live-key-1"),
+        ("x-tenant", "tenant-secret"),
+    ];
+    let mut request = client.get(gateway.url("/api")).header("x-plain", "visible");
+    for (name, value) in secrets {
+        request = request.header(name, value);
+    }
+    assert_eq!(request.send().await.expect("request").status(), 200);
+
+    let keys = redis.cli(&["KEYS", "*"]).expect("KEYS");
+    for (_, value) in secrets {
+        assert!(!keys.contains(value), "{value:?} in a store key:\n{keys}");
+    }
+    // Not a secret: as it was sent.
+    assert!(keys.contains("tollgate:api:by-plain:{visible}"), "{keys}");
+    for (limit, value) in [
+        ("by-auth", "Bearer short-token".to_owned()),
+        ("by-cookie", "127.0.0.1|session=abc".to_owned()),
+        ("by-api-key", "live-key-1".to_owned()),
+        ("by-tenant", "tenant-secret".to_owned()),
+    ] {
+        let key = format!("tollgate:api:{limit}:{{{}}}", sha256_hex(&value));
+        assert!(keys.contains(&key), "{key} in\n{keys}");
+        // The admin API takes the value as written and finds its digest.
+        let url = format!("{admin}/limits/api/{limit}?key={}", urlencode(&value));
+        let body: serde_json::Value = serde_json::from_str(
+            &client
+                .get(&url)
+                .send()
+                .await
+                .expect("peek")
+                .text()
+                .await
+                .expect("body"),
+        )
+        .expect("JSON");
+        assert_eq!(body["store_key"], key.as_str(), "{body}");
+        assert_eq!(body["remaining"], 99, "{body}");
+    }
+    // The plan's limit keyed by the consumers' key header too, though the route does not identify callers.
+    assert!(!keys.contains("consumer:by-key:{live-key-1}"), "{keys}");
+}
+
+fn urlencode(text: &str) -> String {
+    form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}
+
 #[test]
 fn a_hundred_thousand_clients_stay_within_max_keys() {
     let clock = Arc::new(ManualClock::new(1_700_000_000_000));

@@ -94,7 +94,7 @@ impl Admin {
 /// The key value that requests `key` describes are counted under: a client address where the limit keys by `ip`
 /// (the whole value, or its part at the place of `ip` in a composite key, parts joined by `|`) is taken to what the
 /// gateway counts, an IPv6 address to its `client_ip.ipv6_prefix` network (`::1` → `::/64`). Anything else, and
-/// a network given as such, is the value as written.
+/// a network given as such, is the value as written; the whole is digested where the key is secret.
 fn counted_value(spec: &KeySpec, key: &str, ipv6_prefix: u8) -> String {
     let as_client = |text: &str, out: &mut String| match text.parse::<std::net::IpAddr>() {
         Ok(ip) => push_client_key(out, ip, ipv6_prefix),
@@ -117,5 +117,6 @@ fn counted_value(spec: &KeySpec, key: &str, ipv6_prefix: u8) -> String {
         // Fewer parts than the limit's: the value a request missing one is counted under (`missing: ip`).
         as_client(key, &mut counted);
     }
-    counted
+    // A credential is looked up by what the store holds of it, its digest.
+    spec.sealed(&counted)
 }

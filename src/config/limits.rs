@@ -80,7 +80,7 @@ pub(crate) fn limit_settings(
 ) -> Option<LimitSettings> {
     let before = issues.count();
     check_name(issues, &format!("{at}.name"), "limit", &raw.name);
-    let key = key_spec(issues, &format!("{at}.key"), raw);
+    let key = key_spec(issues, &format!("{at}.key"), raw).map(|key| key.secret(raw.secret));
     let limit = checked_limit(issues, at, raw, before)?;
     Some(LimitSettings { limit, key: key? })
 }
@@ -146,6 +146,7 @@ pub(crate) fn replaced(base: &Limit, change: Replaced<'_>) -> Result<Limit, Stri
         mode,
         max_delay,
         shadow: base.is_shadow(),
+        secret: false,
     };
     let mut issues = Issues::default();
     checked_limit(&mut issues, base.name(), &raw, 0).ok_or_else(|| issues.to_string())

@@ -318,6 +318,9 @@ pub(crate) struct RawLimit {
     pub mode: Option<String>,
     #[serde(default, deserialize_with = "optional_scalar_text")]
     pub max_delay: Option<String>,
+    /// The key is a credential (or made from one): its values are digested (`KeySpec::secret`).
+    #[serde(default)]
+    pub secret: bool,
     /// Decide, log and count, but never enforce.
     #[serde(default)]
     pub shadow: bool,

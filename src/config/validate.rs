@@ -14,6 +14,8 @@ use super::limits::limit_settings;
 use super::model::*;
 use super::raw::*;
 use super::units::parse_duration;
+use crate::consumers::{CredentialSource, IdentifierSettings};
+use crate::key::KeyPart;
 use crate::limiter::store::WhenFull;
 use crate::limiter::OnError;
 use crate::proxy::{TlsFiles, UpstreamTls};
@@ -110,6 +112,8 @@ pub(crate) fn validate(raw: RawConfig, source: &Path) -> Result<Config, Vec<Issu
     if issues.count() > 0 {
         return Err(issues.0);
     }
+    let (mut routes, mut consumers) = (routes, consumers);
+    secret_api_keys(&mut routes, consumers.as_mut());
     Ok(Config {
         source: source.to_owned(),
         listen,
@@ -121,6 +125,41 @@ pub(crate) fn validate(raw: RawConfig, source: &Path) -> Result<Config, Vec<Issu
         routes,
         consumers,
     })
+}
+
+/// Marks secret every limit keyed by where the consumers' API keys are sent (`key: header:x-api-key` beside
+/// `api_key: { header: x-api-key }`): those values are keys to an account, never to stand in a store key or a log.
+fn secret_api_keys(routes: &mut [RouteSettings], consumers: Option<&mut ConsumersSettings>) {
+    let Some(consumers) = consumers else {
+        return;
+    };
+    let sources: Vec<CredentialSource> = consumers
+        .identify
+        .iter()
+        .filter_map(|identifier| match identifier {
+            IdentifierSettings::ApiKey(source) => Some(source.clone()),
+            IdentifierSettings::Jwt(_) => None,
+        })
+        .collect();
+    let carries_a_key = |part: &KeyPart| {
+        sources.iter().any(|source| match (source, part) {
+            (CredentialSource::Header(header), KeyPart::Header(name)) => header == name,
+            (CredentialSource::Query(query), KeyPart::Query(name)) => query
+                .trim_end_matches("[]")
+                .eq_ignore_ascii_case(name.trim_end_matches("[]")),
+            _ => false,
+        })
+    };
+    let plan_limits = consumers
+        .plans
+        .iter_mut()
+        .flat_map(|plan| plan.limits.iter_mut());
+    let route_limits = routes.iter_mut().flat_map(|route| route.limits.iter_mut());
+    for settings in plan_limits.chain(route_limits) {
+        if settings.key.parts().iter().any(carries_a_key) {
+            settings.key = settings.key.clone().secret(true);
+        }
+    }
 }
 
 // === top-level sections ===

@@ -45,7 +45,17 @@ pub enum MissingKey {
 pub struct KeySpec {
     parts: Vec<KeyPart>,
     missing: MissingKey,
+    /// The value is a credential, or made from one: it is digested before it reaches a store key, a log line or
+    /// the admin API (see [`KeySpec::secret`]).
+    secret: bool,
 }
+
+/// Headers whose values are credentials wherever they are sent: a key made from one is always secret.
+const CREDENTIAL_HEADERS: [HeaderName; 3] = [
+    http::header::AUTHORIZATION,
+    http::header::PROXY_AUTHORIZATION,
+    http::header::COOKIE,
+];
 
 /// What the key of a request may be built from.
 #[derive(Debug, Clone, Copy)]
@@ -174,14 +184,45 @@ impl fmt::Display for KeyPart {
 // === impl KeySpec ===
 
 impl KeySpec {
-    /// A key made of `parts` (at least one), falling back as `missing` says when a part is absent.
+    /// A key made of `parts` (at least one), falling back as `missing` says when a part is absent. Secret when a
+    /// part is a credential header (`Authorization`, `Proxy-Authorization`, `Cookie`).
     pub fn new(parts: Vec<KeyPart>, missing: MissingKey) -> Self {
         let parts = if parts.is_empty() {
             vec![KeyPart::Ip]
         } else {
             parts
         };
-        Self { parts, missing }
+        let secret = parts
+            .iter()
+            .any(|part| matches!(part, KeyPart::Header(name) if CREDENTIAL_HEADERS.contains(name)));
+        Self {
+            parts,
+            missing,
+            secret,
+        }
+    }
+
+    /// This key, secret (`yes`) or as it was: a secret key's values are replaced by their SHA-256 (64 hex digits)
+    /// as they are built, so that a credential never stands in a store key, a log line or an admin answer. Set for
+    /// a limit's `secret: true` and for keys made from the consumers' API key header or parameter.
+    pub fn secret(mut self, yes: bool) -> Self {
+        self.secret |= yes;
+        self
+    }
+
+    /// Whether the key's values are digested (see [`secret`](Self::secret)).
+    pub fn is_secret(&self) -> bool {
+        self.secret
+    }
+
+    /// `value`, a key value as written by an operator (the admin API's `?key=`), as this key stores it: its digest
+    /// when the key is secret.
+    pub fn sealed(&self, value: &str) -> String {
+        let mut out = value.to_owned();
+        if self.secret {
+            digest_from(&mut out, 0);
+        }
+        out
     }
 
     /// The key parts.
@@ -205,6 +246,20 @@ impl KeySpec {
     /// Appends the key value of a request to `out`, as [`value`](Self::value) builds it but without a string of
     /// its own; false, with `out` as it was, when the limit does not apply.
     pub fn push_value(
+        &self,
+        facts: &RequestFacts<'_>,
+        out: &mut String,
+    ) -> Result<bool, AmbiguousKey> {
+        let start = out.len();
+        let applies = self.push_plain_value(facts, out)?;
+        if applies && self.secret {
+            digest_from(out, start);
+        }
+        Ok(applies)
+    }
+
+    /// [`push_value`](Self::push_value) before a secret value is digested.
+    fn push_plain_value(
         &self,
         facts: &RequestFacts<'_>,
         out: &mut String,
@@ -312,6 +367,19 @@ fn push_part(part: &KeyPart, facts: &RequestFacts<'_>, out: &mut String) -> Part
     };
     out.push_str(text);
     PartValue::Present
+}
+
+/// Replaces `out[start..]` by its SHA-256 in hex.
+#[cold]
+fn digest_from(out: &mut String, start: usize) {
+    use sha2::{Digest, Sha256};
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digest = Sha256::digest(&out.as_bytes()[start..]);
+    out.truncate(start);
+    for byte in digest {
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 0xf)]));
+    }
 }
 
 /// Appends the key of a client address: IPv4 as it is, IPv6 as its network of `ipv6_prefix` bits
