@@ -329,6 +329,7 @@ fuzz_target!(|input: Input| {
         route: &route,
         method,
         path: &input.path,
+        path_any_case: false,
         host: input.host.as_deref(),
         headers: &headers,
         query: input.query.as_deref(),

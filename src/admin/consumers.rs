@@ -542,6 +542,7 @@ fn key_value(settings: &crate::admission::LimitSettings, id: &str, plan: &str) -
         route: "",
         method: &Method::GET,
         path: "/",
+        path_any_case: false,
         host: None,
         headers: &headers,
         query: None,

@@ -91,6 +91,8 @@ pub struct ServerSettings {
     /// Whether request field names with `_` reach the upstream (default false: dropped, as nginx does), except
     /// the spellings that read as a field tollgate writes.
     pub underscores_in_headers: bool,
+    /// `escaped_slashes: keep`: `%2F` in a path is data, forwarded escaped, rather than refused (400, the default).
+    pub keep_escaped_slashes: bool,
 }
 
 /// One entry of `routes:`.

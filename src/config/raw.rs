@@ -106,6 +106,16 @@ pub(crate) struct RawServer {
     #[serde(deserialize_with = "scalar_text")]
     pub shutdown_grace: String,
     pub underscores_in_headers: bool,
+    pub escaped_slashes: RawEscapedSlashes,
+}
+
+/// `server.escaped_slashes`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawEscapedSlashes {
+    #[default]
+    Reject,
+    Keep,
 }
 
 /// One entry of `upstreams:`.
@@ -270,7 +280,9 @@ pub(crate) struct RawMatch {
     pub path: Option<String>,
     pub methods: Vec<String>,
     pub host: Option<String>,
+    /// Accepted for old configs: paths are matched without regard to case unless `case_sensitive`.
     pub case_insensitive: bool,
+    pub case_sensitive: bool,
 }
 
 /// `respond:` of a route.
@@ -388,6 +400,7 @@ impl Default for RawServer {
             max_header_bytes: 65_536,
             shutdown_grace: "30s".to_owned(),
             underscores_in_headers: false,
+            escaped_slashes: RawEscapedSlashes::Reject,
         }
     }
 }

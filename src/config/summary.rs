@@ -224,8 +224,8 @@ fn describe_match(route: &RouteSettings) -> String {
     if let Some(h) = &m.host {
         parts.push(format!("host {h}"));
     }
-    if m.case_insensitive {
-        parts.push("(any case)".to_owned());
+    if m.case_sensitive {
+        parts.push("(case-sensitive)".to_owned());
     }
     match route.consumers {
         ConsumerMode::Off => {}
@@ -322,10 +322,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_case_insensitive_route_says_so() {
-        let yaml = "store:\n  backend: memory\nroutes:\n  - name: api\n    match: { path_prefix: /api, case_insensitive: true }\n    respond: { status: 200 }\n";
+    fn a_case_sensitive_route_says_so() {
+        let yaml = "store:\n  backend: memory\nroutes:\n  - name: api\n    match: { path_prefix: /api, case_sensitive: true }\n    respond: { status: 200 }\n";
         let config = super::super::parse(yaml, std::path::Path::new("g.yaml")).unwrap();
-        assert_eq!(describe_match(&config.routes[0]), "/api* (any case)");
+        assert_eq!(describe_match(&config.routes[0]), "/api* (case-sensitive)");
     }
 
     #[test]

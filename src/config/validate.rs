@@ -327,6 +327,7 @@ fn server(issues: &mut Issues, raw: &RawServer) -> Option<ServerSettings> {
         max_header_bytes: max_header_bytes?,
         shutdown_grace: shutdown_grace?,
         underscores_in_headers: raw.underscores_in_headers,
+        keep_escaped_slashes: raw.escaped_slashes == RawEscapedSlashes::Keep,
     })
 }
 
@@ -564,6 +565,19 @@ fn route_match(issues: &mut Issues, at: &str, raw: &RawMatch) -> RouteMatch {
                 format_args!("must start with \"/\" (got {path:?})"),
             );
         }
+        if let Some(Err(error)) = value
+            .as_deref()
+            .filter(|p| p.starts_with('/'))
+            .map(crate::routing::normalize_path)
+        {
+            issues.add(format!("{at}.{field}"), format_args!("{error}"));
+        }
+    }
+    if raw.case_sensitive && raw.case_insensitive {
+        issues.add(
+            format!("{at}.case_sensitive"),
+            "contradicts case_insensitive: true (paths match in any case unless case_sensitive: true)",
+        );
     }
     let mut methods: Vec<Method> = Vec::new();
     for (i, text) in raw.methods.iter().enumerate() {
@@ -581,7 +595,7 @@ fn route_match(issues: &mut Issues, at: &str, raw: &RawMatch) -> RouteMatch {
         path: raw.path.clone(),
         methods,
         host,
-        case_insensitive: raw.case_insensitive,
+        case_sensitive: raw.case_sensitive,
     }
 }
 

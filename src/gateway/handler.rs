@@ -197,8 +197,8 @@ impl Gateway {
         }
 
         let admission = {
-            let key_path = route.key_path(&canonical.path);
-            let facts = key_facts(runtime, route, &request, &canonical, &key_path, client_ip);
+            let route_path = canonical.route_path();
+            let facts = key_facts(runtime, route, &request, &canonical, &route_path, client_ip);
             route.policy.admit(&self.limiter, &facts).await
         };
         if let Admission::Refused(refusal) = admission {
@@ -295,8 +295,8 @@ impl Gateway {
         };
         view.allowlisted = route.policy.is_exempt(client_ip);
         if !view.allowlisted {
-            let key_path = route.key_path(&canonical.path);
-            let facts = key_facts(&runtime, route, request, &canonical, &key_path, client_ip);
+            let route_path = canonical.route_path();
+            let facts = key_facts(&runtime, route, request, &canonical, &route_path, client_ip);
             view.keys = route
                 .policy
                 .keys(&facts)
@@ -312,15 +312,20 @@ fn read<'r, 'u, B>(
     request: &Request<B>,
     uri: &'u http::Uri,
 ) -> Result<(CanonicalRequest<'u>, Option<&'r Route>), Refusal> {
-    let canonical =
-        CanonicalRequest::new(request.method(), request.version(), uri, request.headers())?;
+    let canonical = CanonicalRequest::with_rules(
+        request.method(),
+        request.version(),
+        uri,
+        request.headers(),
+        runtime.path_rules,
+    )?;
     if request.method() == Method::CONNECT && !runtime.routes_connect {
         return Err(Refusal::ConnectNotRouted);
     }
     let route = runtime.route_for(&RequestTarget {
         method: request.method(),
         host: canonical.host.as_deref(),
-        path: &canonical.path,
+        path: &canonical.route_path(),
     });
     Ok((canonical, route))
 }
@@ -331,7 +336,7 @@ fn key_facts<'a, B>(
     route: &'a Route,
     request: &'a Request<B>,
     canonical: &'a CanonicalRequest<'_>,
-    key_path: &'a str,
+    route_path: &'a str,
     client_ip: IpAddr,
 ) -> RequestFacts<'a> {
     RequestFacts {
@@ -339,7 +344,8 @@ fn key_facts<'a, B>(
         ipv6_prefix: runtime.client_ip.ipv6_prefix(),
         route: &route.name,
         method: request.method(),
-        path: key_path,
+        path: route_path,
+        path_any_case: !route.matcher.is_case_sensitive(),
         host: canonical.host.as_deref(),
         headers: request.headers(),
         query: request.uri().query(),

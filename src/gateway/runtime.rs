@@ -9,7 +9,7 @@ use crate::consumers::directory::Directory;
 use crate::consumers::Consumers;
 use crate::key::ClientIpResolver;
 use crate::proxy::{ClientFieldRules, Upstream};
-use crate::routing::{Matcher, RequestTarget, RouteIndex};
+use crate::routing::{Matcher, PathRules, RequestTarget, RouteIndex};
 use crate::telemetry::RouteMetrics;
 
 /// A compiled configuration.
@@ -27,6 +27,8 @@ pub struct Runtime {
     pub(super) unmatched: RouteMetrics,
     /// The `consumers:` block, compiled, when the config has one.
     pub(super) consumers: Option<Arc<Consumers>>,
+    /// How paths are read (`server.escaped_slashes`).
+    pub(super) path_rules: PathRules,
     /// Which client fields are dropped as a request arrives (`Connection`'s, names with `_`).
     pub(super) client_fields: ClientFieldRules,
 }
@@ -50,19 +52,6 @@ pub(super) struct Route {
 pub(super) enum Action {
     Upstream(Arc<Upstream>),
     Respond(DirectResponse),
-}
-
-// === impl Route ===
-
-impl Route {
-    /// The path as the route's keys see it: a case-insensitive route counts `/API` and `/api` as one path.
-    pub(super) fn key_path<'p>(&self, path: &'p str) -> std::borrow::Cow<'p, str> {
-        if self.matcher.is_case_insensitive() {
-            std::borrow::Cow::Owned(path.to_ascii_lowercase())
-        } else {
-            std::borrow::Cow::Borrowed(path)
-        }
-    }
 }
 
 // === impl Runtime ===
@@ -143,6 +132,9 @@ impl Runtime {
         Self {
             routes,
             index,
+            path_rules: PathRules {
+                keep_escaped_slashes: config.server.keep_escaped_slashes,
+            },
             client_fields,
             client_ip: ClientIpResolver::new(config.client_ip.trusted_proxies.clone())
                 .with_ipv6_prefix(config.client_ip.ipv6_prefix)

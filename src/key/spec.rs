@@ -68,8 +68,11 @@ pub struct RequestFacts<'a> {
     pub route: &'a str,
     /// The request method.
     pub method: &'a Method,
-    /// The request path.
+    /// The request path, as routes match it (normalised, without `;` parameters).
     pub path: &'a str,
+    /// Whether the route matches paths in any case: a `path` part is then counted in lower case. A trailing `/` is
+    /// never counted (`/login/` is `/login` to routes).
+    pub path_any_case: bool,
     /// The request host without port, if any.
     pub host: Option<&'a str>,
     /// The request headers.
@@ -94,6 +97,7 @@ impl<'a> RequestFacts<'a> {
             route: "api",
             method: &Method::GET,
             path: "/",
+            path_any_case: false,
             host: None,
             headers,
             query,
@@ -316,7 +320,18 @@ fn push_part(part: &KeyPart, facts: &RequestFacts<'_>, out: &mut String) -> Part
         }
         KeyPart::Route => facts.route,
         KeyPart::Method => facts.method.as_str(),
-        KeyPart::Path => facts.path,
+        KeyPart::Path => {
+            let path = match facts.path.strip_suffix('/') {
+                Some(rest) if !rest.is_empty() => rest,
+                _ => facts.path,
+            };
+            if facts.path_any_case {
+                out.extend(path.chars().map(|c| c.to_ascii_lowercase()));
+            } else {
+                out.push_str(path);
+            }
+            return PartValue::Present;
+        }
         KeyPart::Host => match facts.host {
             Some(host) if !host.is_empty() => host,
             _ => return PartValue::Absent,

@@ -108,12 +108,14 @@ where
         Ok(canonical) => canonical,
         Err(refusal) => return Ok(refused(refusal)),
     };
+    let route_path = canonical.route_path();
     let facts = RequestFacts {
         client_ip,
         ipv6_prefix: shared.client_ip.ipv6_prefix(),
         route: shared.policy.limits().scope(),
         method: request.method(),
-        path: &canonical.path,
+        path: &route_path,
+        path_any_case: false,
         host: canonical.host.as_deref(),
         headers: request.headers(),
         query: request.uri().query(),

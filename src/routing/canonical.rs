@@ -7,7 +7,7 @@ use http::header::{HeaderMap, HeaderValue, HOST};
 use http::{Method, StatusCode, Uri, Version};
 use thiserror::Error;
 
-use super::path::{normalize_path, PathError};
+use super::path::{normalize_path_with, without_parameters, PathError, PathRules};
 
 /// The methods of RFC 9110 §9 and PATCH: a case variant of one of them (`post`) is refused, since routes and
 /// upstreams would each decide for themselves whether it is that method.
@@ -18,7 +18,8 @@ const STANDARD_METHODS: [&str; 9] = [
 /// One reading of a request, shared by everything that looks at it.
 #[derive(Debug, Clone)]
 pub struct CanonicalRequest<'a> {
-    /// The normalised path (see [`normalize_path`]): what routes match and what the upstream receives.
+    /// The normalised path (see [`normalize_path_with`]): what the upstream receives; routes match it without its
+    /// parameters ([`route_path`](Self::route_path)).
     pub path: Cow<'a, str>,
     /// The host the request is for, lower-cased, without port or trailing dot: the authority of an absolute-form
     /// target (or HTTP/2's `:authority`), else the `Host` field.
@@ -38,6 +39,18 @@ pub enum Refusal {
     /// A `%` that does not start two hex digits.
     #[error("the path has a malformed percent-encoding")]
     BadEscape,
+    /// `%2F` in the path (unless `server.escaped_slashes: keep`).
+    #[error("the path has an escaped slash (%2F)")]
+    EscapedSlash,
+    /// `\` or `%5C` in the path.
+    #[error("the path has a backslash")]
+    Backslash,
+    /// `%00` in the path.
+    #[error("the path has an escaped NUL (%00)")]
+    Nul,
+    /// Escapes in the path that are not UTF-8.
+    #[error("the path's escapes are not UTF-8")]
+    NotUtf8,
     /// HTTP/1.1 without `Host` (RFC 9112 §3.2).
     #[error("an HTTP/1.1 request needs exactly one Host field")]
     MissingHost,
@@ -71,7 +84,38 @@ impl<'a> CanonicalRequest<'a> {
         uri: &'a Uri,
         headers: &HeaderMap,
     ) -> Result<Self, Refusal> {
-        Self::read(method, version, uri, headers, version == Version::HTTP_11)
+        Self::read(
+            method,
+            version,
+            uri,
+            headers,
+            version == Version::HTTP_11,
+            PathRules::default(),
+        )
+    }
+
+    /// [`new`](Self::new) with the gateway's `rules` for paths.
+    pub fn with_rules(
+        method: &Method,
+        version: Version,
+        uri: &'a Uri,
+        headers: &HeaderMap,
+        rules: PathRules,
+    ) -> Result<Self, Refusal> {
+        Self::read(
+            method,
+            version,
+            uri,
+            headers,
+            version == Version::HTTP_11,
+            rules,
+        )
+    }
+
+    /// The path routes match and keys count: [`path`](Self::path) without the `;` parameters of its segments
+    /// (borrowed when it has none, as nearly every path has).
+    pub fn route_path(&self) -> Cow<'_, str> {
+        without_parameters(&self.path)
     }
 
     /// The canonical reading of a request that a server has already accepted, for the tower layer: the same as
@@ -83,7 +127,7 @@ impl<'a> CanonicalRequest<'a> {
         uri: &'a Uri,
         headers: &HeaderMap,
     ) -> Result<Self, Refusal> {
-        Self::read(method, version, uri, headers, false)
+        Self::read(method, version, uri, headers, false, PathRules::default())
     }
 
     fn read(
@@ -92,13 +136,18 @@ impl<'a> CanonicalRequest<'a> {
         uri: &'a Uri,
         headers: &HeaderMap,
         host_required: bool,
+        rules: PathRules,
     ) -> Result<Self, Refusal> {
         if is_case_variant(method) {
             return Err(Refusal::MethodCase);
         }
-        let path = normalize_path(uri.path()).map_err(|error| match error {
+        let path = normalize_path_with(uri.path(), rules).map_err(|error| match error {
             PathError::NotAPath => Refusal::NotAPath,
             PathError::BadEscape => Refusal::BadEscape,
+            PathError::EscapedSlash => Refusal::EscapedSlash,
+            PathError::Backslash => Refusal::Backslash,
+            PathError::Nul => Refusal::Nul,
+            PathError::NotUtf8 => Refusal::NotUtf8,
         })?;
         let (host, host_field) = canonical_host(version, uri, headers, host_required)?;
         Ok(Self {

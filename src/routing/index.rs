@@ -302,12 +302,12 @@ mod tests {
             any::<bool>(),
         )
             .prop_map(
-                |(prefix, exact, methods, host, case_insensitive)| RouteMatch {
+                |(prefix, exact, methods, host, case_sensitive)| RouteMatch {
                     path_prefix: prefix,
                     path: exact,
                     methods,
                     host: host.map(str::to_owned),
-                    case_insensitive,
+                    case_sensitive,
                 },
             )
     }

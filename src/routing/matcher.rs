@@ -2,31 +2,35 @@
 
 use http::Method;
 
+use super::path::normalize_path;
+
 /// What a route matches (its `match:` in the config). Every given condition must hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RouteMatch {
     /// Path prefix, matched on whole segments (`/api` takes `/api` and `/api/x`, not `/apix`).
     pub path_prefix: Option<String>,
-    /// Exact path.
+    /// Exact path (a trailing `/` aside).
     pub path: Option<String>,
     /// Allowed methods; empty means any.
     pub methods: Vec<Method>,
     /// Host, case-insensitive, without port; `*.example.com` matches any subdomain.
     pub host: Option<String>,
-    /// Paths compared without regard to ASCII case.
-    pub case_insensitive: bool,
+    /// Paths compared with regard to ASCII case (by default they are not).
+    pub case_sensitive: bool,
 }
 
 /// The compiled conditions of one route.
 #[derive(Debug, Clone)]
 pub struct Matcher {
+    /// Normalised, without a trailing `/` (`/` itself stays).
     path_prefix: Option<String>,
+    /// Normalised, without a trailing `/` (`/` itself stays).
     path: Option<String>,
     methods: Vec<Method>,
     host: Option<HostPattern>,
-    /// `case_insensitive: true`: paths compared without regard to ASCII case, for upstreams that serve `/API` as
-    /// `/api` (a case-sensitive route would let `/API` past its limits to them).
-    case_insensitive: bool,
+    /// `case_sensitive: true`: paths compared byte for byte. By default ASCII case is ignored, since many upstreams
+    /// serve `/API` as `/api`, and a case-sensitive route would let `/API` past its limits to them.
+    case_sensitive: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -43,7 +47,8 @@ pub struct RequestTarget<'a> {
     pub method: &'a Method,
     /// The host, lower-cased, without port.
     pub host: Option<&'a str>,
-    /// The normalised path (see [`normalize_path`](super::normalize_path)).
+    /// The normalised path without parameters (see
+    /// [`CanonicalRequest::route_path`](super::CanonicalRequest::route_path)).
     pub path: &'a str,
 }
 
@@ -52,15 +57,12 @@ pub struct RequestTarget<'a> {
 impl Matcher {
     /// Compiles a route's `match:`.
     pub fn new(spec: &RouteMatch) -> Self {
-        let prefix = spec.path_prefix.as_ref().map(|p| {
-            // `/api/` and `/api` mean the same subtree.
-            let trimmed = p.trim_end_matches('/');
-            if trimmed.is_empty() {
-                "/".to_owned()
-            } else {
-                trimmed.to_owned()
-            }
-        });
+        // The config's paths in the requests' spelling (`/café` as `/caf%C3%A9`), a trailing `/` aside: `/api/` and
+        // `/api` mean the same subtree.
+        let compile = |p: &String| {
+            let normal = normalize_path(p).map_or_else(|_| p.clone(), |n| n.into_owned());
+            without_trailing_slash(&normal).to_owned()
+        };
         let host = spec.host.as_ref().map(|h| {
             let h = h.to_ascii_lowercase();
             match h.strip_prefix('*') {
@@ -69,11 +71,11 @@ impl Matcher {
             }
         });
         Self {
-            path_prefix: prefix,
-            path: spec.path.clone(),
+            path_prefix: spec.path_prefix.as_ref().map(compile),
+            path: spec.path.as_ref().map(compile),
             methods: spec.methods.clone(),
             host,
-            case_insensitive: spec.case_insensitive,
+            case_sensitive: spec.case_sensitive,
         }
     }
 
@@ -83,9 +85,10 @@ impl Matcher {
         self.methods.contains(method)
     }
 
-    /// Whether paths are matched without regard to case.
-    pub fn is_case_insensitive(&self) -> bool {
-        self.case_insensitive
+    /// Whether paths are matched with regard to case (`case_sensitive: true`); otherwise a `path` key part
+    /// counts them in lower case.
+    pub fn is_case_sensitive(&self) -> bool {
+        self.case_sensitive
     }
 
     /// Whether every condition holds for `target`.
@@ -94,17 +97,18 @@ impl Matcher {
             return false;
         }
         if let Some(path) = &self.path {
-            let same = if self.case_insensitive {
-                target.path.eq_ignore_ascii_case(path)
+            let given = without_trailing_slash(target.path);
+            let same = if self.case_sensitive {
+                given == path
             } else {
-                target.path == path
+                given.eq_ignore_ascii_case(path)
             };
             if !same {
                 return false;
             }
         }
         if let Some(prefix) = &self.path_prefix {
-            if !prefix_matches(prefix, target.path, self.case_insensitive) {
+            if !prefix_matches(prefix, target.path, self.case_sensitive) {
                 return false;
             }
         }
@@ -134,18 +138,26 @@ impl Matcher {
     }
 }
 
-/// Prefixes match whole segments: `/api` takes `/api` and `/api/v1`, not `/apiary`.
-fn prefix_matches(prefix: &str, path: &str, case_insensitive: bool) -> bool {
+/// `path` without its trailing `/`, unless it is `/`.
+pub(crate) fn without_trailing_slash(path: &str) -> &str {
+    match path.strip_suffix('/') {
+        Some(rest) if !rest.is_empty() => rest,
+        _ => path,
+    }
+}
+
+/// Prefixes match whole segments: `/api` takes `/api`, `/api/` and `/api/v1`, not `/apiary`.
+fn prefix_matches(prefix: &str, path: &str, case_sensitive: bool) -> bool {
     if prefix == "/" {
         return true;
     }
     let Some(head) = path.get(..prefix.len()) else {
         return false;
     };
-    let same = if case_insensitive {
-        head.eq_ignore_ascii_case(prefix)
-    } else {
+    let same = if case_sensitive {
         head == prefix
+    } else {
+        head.eq_ignore_ascii_case(prefix)
     };
     let rest = &path[prefix.len()..];
     same && (rest.is_empty() || rest.starts_with('/'))
@@ -166,7 +178,7 @@ mod tests {
             path: path.map(str::to_owned),
             methods: methods.to_vec(),
             host: host.map(str::to_owned),
-            case_insensitive: false,
+            case_sensitive: false,
         })
     }
 
@@ -178,9 +190,9 @@ mod tests {
     fn prefix_matches_whole_segments() {
         let m = matcher(Some("/api"), None, &[], None);
         assert!(m.matches(&target(&Method::GET, None, "/api")));
+        assert!(m.matches(&target(&Method::GET, None, "/api/")));
         assert!(m.matches(&target(&Method::GET, None, "/api/v1/x")));
         assert!(!m.matches(&target(&Method::GET, None, "/apiary")));
-        assert!(!m.matches(&target(&Method::GET, None, "/API/x")));
         assert!(!m.matches(&target(&Method::GET, None, "/ap")));
         assert!(matcher(Some("/"), None, &[], None).matches(&target(
             &Method::GET,
@@ -190,24 +202,34 @@ mod tests {
     }
 
     #[test]
-    fn case_insensitive_routes_take_every_spelling() {
-        let m = Matcher::new(&RouteMatch {
-            path_prefix: Some("/api".into()),
-            case_insensitive: true,
-            ..RouteMatch::default()
-        });
+    fn paths_match_in_any_case_and_with_a_trailing_slash_unless_case_sensitive() {
+        let m = matcher(Some("/api"), None, &[], None);
         for path in ["/api", "/API/x", "/Api/v1"] {
             assert!(m.matches(&target(&Method::GET, None, path)), "{path}");
         }
         assert!(!m.matches(&target(&Method::GET, None, "/APIary")));
         // A multi-byte character where the prefix would end is no match, and no panic.
         assert!(!m.matches(&target(&Method::GET, None, "/ap\u{e9}")));
-        let exact = Matcher::new(&RouteMatch {
+        let exact = matcher(None, Some("/login/"), &[], None);
+        for path in ["/login", "/LOGIN", "/login/", "/Login/"] {
+            assert!(exact.matches(&target(&Method::POST, None, path)), "{path}");
+        }
+        assert!(!exact.matches(&target(&Method::POST, None, "/login/x")));
+        let strict = Matcher::new(&RouteMatch {
             path: Some("/login".into()),
-            case_insensitive: true,
+            case_sensitive: true,
             ..RouteMatch::default()
         });
-        assert!(exact.matches(&target(&Method::POST, None, "/LOGIN")));
+        assert!(strict.matches(&target(&Method::POST, None, "/login/")));
+        assert!(!strict.matches(&target(&Method::POST, None, "/LOGIN")));
+    }
+
+    #[test]
+    fn config_paths_are_read_in_the_requests_spelling() {
+        let m = matcher(Some("/caf\u{e9}"), None, &[], None);
+        assert!(m.matches(&target(&Method::GET, None, "/caf%C3%A9/x")));
+        let m = matcher(None, Some("/v1/items%3Apurge"), &[], None);
+        assert!(m.matches(&target(&Method::GET, None, "/v1/items:purge")));
     }
 
     #[test]

@@ -9,4 +9,4 @@ mod path;
 pub use canonical::{canonical_host, CanonicalRequest, Refusal};
 pub use index::RouteIndex;
 pub use matcher::{Matcher, RequestTarget, RouteMatch};
-pub use path::{normalize_path, PathError};
+pub use path::{normalize_path, normalize_path_with, without_parameters, PathError, PathRules};
