@@ -129,8 +129,13 @@ fn init_tracing(format: LogFormat) {
     // outage once, with its cause.
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,fred=error"));
+    // Colours only for a person at a terminal: a file or a pipe (journald, docker logs, a collector) would keep
+    // the escape codes as text. NO_COLOR (https://no-color.org), when set and not empty, turns them off anywhere.
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|value| !value.is_empty());
+    let colours = std::io::IsTerminal::is_terminal(&std::io::stderr()) && !no_color;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colours)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Pretty => builder.init(),

@@ -1,4 +1,4 @@
-//! Prometheus metrics: the process-wide recorder and the series of design §8, with buckets sized for a limiter
+//! Prometheus metrics: the process-wide recorder and the series of docs/operations.md, "Admin listener", with buckets sized for a limiter
 //! (sub-millisecond store calls) and for upstreams (milliseconds to seconds).
 
 use std::sync::OnceLock;

@@ -281,3 +281,44 @@ routes:
     assert_eq!(denied, 200);
     assert_eq!(upstream.hits(), 100);
 }
+
+#[test]
+fn pretty_logs_to_a_pipe_carry_no_colour_codes() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(
+        &dir,
+        "plain.yaml",
+        "listen: 127.0.0.1:0\nadmin:\n  listen: 127.0.0.1:0\nstore:\n  backend: memory\nroutes:\n  - name: r\n    match: { path_prefix: / }\n    respond: { status: 200 }\n",
+    );
+    for no_color in [None, Some("1")] {
+        let mut command = Command::new(BIN);
+        command
+            .args(["run", "--config"])
+            .arg(&config)
+            .env_remove("TOLLGATE_CONFIG")
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        match no_color {
+            Some(value) => command.env("NO_COLOR", value),
+            None => command.env_remove("NO_COLOR"),
+        };
+        let mut child = command.spawn().expect("spawn tollgate");
+        let stderr = child.stderr.take().expect("stderr");
+        let mut lines = Vec::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let listening = line.contains("tollgate listening");
+            lines.push(line);
+            if listening {
+                break;
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let text = lines.join("\n");
+        assert!(text.contains("tollgate listening"), "{text}");
+        // stderr is a pipe here, as under docker, systemd or a log shipper: no escape codes in the text.
+        assert!(!text.contains('\u{1b}'), "NO_COLOR={no_color:?}: {text:?}");
+    }
+}

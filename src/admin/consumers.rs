@@ -1,4 +1,4 @@
-//! The consumers' runtime settings (design §10): plan, per-limit overrides, blocked, API keys issued and revoked;
+//! The consumers' runtime settings (see docs/configuration.md, "Consumers and plans"): plan, per-limit overrides, blocked, API keys issued and revoked;
 //! each change logged as an audit line (target `tollgate::audit`) with who made it, the record before and after.
 
 use std::collections::BTreeMap;

@@ -10,7 +10,7 @@ use serde_json::json;
 use super::Admin;
 use crate::limiter::Backend;
 
-/// The truth about the store (design §8): `"status": "ready"` only once a limiter call has succeeded and while they
+/// The truth about the store (see docs/operations.md, "Admin listener"): `"status": "ready"` only once a limiter call has succeeded and while they
 /// keep succeeding; otherwise `"degraded"` with the `reason` (Redis's own words where it gave any) and the
 /// `on_error` policy that answers meanwhile (under `deny` limited requests then get 503). `warnings` name what puts
 /// limits at risk although calls succeed. 200 either way (the gateway still serves) unless

@@ -69,7 +69,7 @@ pub struct Verdict {
     replaced: Option<Replaced>,
 }
 
-/// Limits of a set replaced for one request (a consumer's overrides of its plan, design §10).
+/// Limits of a set replaced for one request (a consumer's overrides of its plan, docs/configuration.md, "Consumers and plans").
 #[derive(Debug, Clone)]
 pub struct Replaced {
     /// The index in the set of the first limit `limits` counts from.
@@ -137,7 +137,7 @@ impl LimitSet {
         set
     }
 
-    /// These limits and those of `plan` (design §10), checked together in one call. The plan's limits are
+    /// These limits and those of `plan` (see docs/configuration.md, "Consumers and plans"), checked together in one call. The plan's limits are
     /// advertised and reported as `<plan>.<limit>`, and keyed across routes as
     /// `<prefix>consumer:<limit>:{<value>}`, so every route a consumer calls draws on one state.
     pub fn with_plan(&self, plan: &Plan, key_prefix: &str) -> Self {

@@ -1,4 +1,4 @@
-//! Admission: the request path the gateway and the tower layer share (design §11). A [`Policy`] decides a request
+//! Admission: the request path the gateway and the tower layer share (see docs/development.md, "Layout"). A [`Policy`] decides a request
 //! from its key facts: allowlist, the caller and its plan, keys, one limiter call, the 429 / 503 / 401 / 403 / 400
 //! answers, delays, the fields of an admitted response and the consumer headers sent on.
 

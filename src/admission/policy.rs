@@ -29,7 +29,7 @@ pub struct Policy {
     consumers: Option<PolicyConsumers>,
 }
 
-/// How a route treats callers (design §10).
+/// How a route treats callers (see docs/configuration.md, "Consumers and plans").
 #[derive(Debug, Clone)]
 struct PolicyConsumers {
     mode: ConsumerMode,

@@ -1,5 +1,5 @@
 //! The answers admission gives itself, with a short JSON body: the refusals of requests that have no single
-//! reading (design §7). Shared by the gateway and the tower layer, which must refuse alike.
+//! reading (see the README's security model). Shared by the gateway and the tower layer, which must refuse alike.
 
 use axum::body::Body;
 use http::header::{self, HeaderValue};
@@ -9,7 +9,7 @@ use serde_json::json;
 use crate::consumers::CallerRefusal;
 use crate::routing::Refusal;
 
-/// The answer to a request refused before any limit was asked (design §7): 400 (405 for CONNECT) with a JSON body
+/// The answer to a request refused before any limit was asked (see the README's security model): 400 (405 for CONNECT) with a JSON body
 /// naming the reason. Shared by the gateway and the tower layer, which must refuse alike.
 pub fn refused(refusal: Refusal) -> Response<Body> {
     tracing::debug!(%refusal, "request refused");
@@ -30,7 +30,7 @@ pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> Res
     response
 }
 
-/// The answer to a caller refused before any limit was asked (design §10): 401 with `WWW-Authenticate` for a
+/// The answer to a caller refused before any limit was asked (see docs/configuration.md, "Consumers and plans"): 401 with `WWW-Authenticate` for a
 /// credential missing or not verified (RFC 6750's `invalid_token` for a bearer token), 403 for a blocked
 /// consumer, 400 for a credential sent twice. The body names the reason's class, never the credential.
 pub fn caller_refused(refusal: &CallerRefusal, challenges: &HeaderValue) -> Response<Body> {

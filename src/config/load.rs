@@ -156,7 +156,7 @@ mod tests {
     use crate::key::{KeyPart, MissingKey};
     use crate::limiter::{Algorithm, OnError, Rate};
 
-    /// The example of design.md §3, verbatim.
+    /// The example of docs/configuration.md, verbatim.
     const DESIGN_EXAMPLE: &str = r##"listen: 0.0.0.0:8080
 admin:
   listen: 127.0.0.1:9901            # health, metrics, admin API

@@ -34,7 +34,7 @@ pub struct Config {
     pub upstreams: Vec<UpstreamSettings>,
     /// Routes, in file order (first match wins).
     pub routes: Vec<RouteSettings>,
-    /// Consumers and plans (design §10), when the file has a `consumers:` block.
+    /// Consumers and plans (see docs/configuration.md, "Consumers and plans"), when the file has a `consumers:` block.
     pub consumers: Option<ConsumersSettings>,
 }
 

@@ -177,7 +177,7 @@ pub(crate) enum RawConsumerMode {
     Off,
 }
 
-/// The top-level `consumers:` block (design §10).
+/// The top-level `consumers:` block (see docs/configuration.md, "Consumers and plans").
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub(crate) struct RawConsumers {

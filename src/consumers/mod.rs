@@ -1,4 +1,4 @@
-//! Consumers and plans (design §10): who calls, on which plan, and how much each plan may take across every route
+//! Consumers and plans (see docs/configuration.md, "Consumers and plans"): who calls, on which plan, and how much each plan may take across every route
 //! and every gateway instance.
 
 mod api_key;

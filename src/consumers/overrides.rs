@@ -1,4 +1,4 @@
-//! Per-consumer overrides of a plan's limits (design §10): the parameters the admin API replaces for one consumer,
+//! Per-consumer overrides of a plan's limits (see docs/configuration.md, "Consumers and plans"): the parameters the admin API replaces for one consumer,
 //! checked against the limit's algorithm.
 
 use super::directory::LimitOverride;

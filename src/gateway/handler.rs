@@ -28,7 +28,7 @@ static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub struct Gateway {
     runtime: ArcSwap<Runtime>,
     limiter: Arc<RateLimiter>,
-    /// The consumers' runtime settings (design §10), made with the first config that has a `consumers:` block
+    /// The consumers' runtime settings (see docs/configuration.md, "Consumers and plans"), made with the first config that has a `consumers:` block
     /// and kept across reloads, like the limiter.
     directory: parking_lot::Mutex<Option<Arc<Directory>>>,
     /// The config file's content last loaded (applied or refused), by SIGHUP or the file watch: each knows what
@@ -170,7 +170,7 @@ impl Gateway {
 
     /// Routes, limits and answers one request; returns the matched route, if any, with the response.
     ///
-    /// Everything below reads the request through its canonical form (design §7): the route is matched on, the
+    /// Everything below reads the request through its canonical form (see the README's security model): the route is matched on, the
     /// keys are built from and the upstream receives the same method, host and path.
     async fn route_request<'r>(
         &self,
@@ -271,7 +271,7 @@ pub struct RequestView {
 impl Gateway {
     /// How the running config reads `request` from `peer`: its route, client, allowlist verdict and keys, by the
     /// same steps as the request path; or the refusal the request path answers it with. For tools and tests that
-    /// check that a request and the request forwarded for it read the same (design §7).
+    /// check that a request and the request forwarded for it read the same (see the README's security model).
     pub fn view<B>(&self, request: &Request<B>, peer: SocketAddr) -> Result<RequestView, Refusal> {
         let runtime = self.runtime.load();
         // The fields as the request path reads them: cleaned as they arrive.

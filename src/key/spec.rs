@@ -24,7 +24,7 @@ pub enum KeyPart {
     Header(HeaderName),
     /// The value of a query parameter (percent-decoded).
     Query(String),
-    /// The consumer id (design §10); absent for anonymous callers.
+    /// The consumer id (see docs/configuration.md, "Consumers and plans"); absent for anonymous callers.
     Consumer,
     /// The caller's plan name; absent when no plan applies.
     Plan,

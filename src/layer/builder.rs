@@ -236,7 +236,7 @@ impl Builder {
         self
     }
 
-    /// Identifies callers as `consumers` says (a config's `consumers:` block, design §10) and applies their plans'
+    /// Identifies callers as `consumers` says (a config's `consumers:` block, docs/configuration.md, "Consumers and plans") and applies their plans'
     /// limits with the layer's own, in one limiter call; `mode` as a route's `consumers:`. Copies of the forwarded
     /// consumer headers sent by clients are dropped before the inner service sees the request.
     pub fn consumers(mut self, consumers: ConsumersSettings, mode: ConsumerMode) -> Self {

@@ -97,7 +97,7 @@ where
 {
     let peer = peer_ip(&shared, &request);
     let client_ip = shared.client_ip.resolve(peer, request.headers());
-    // Keys see the request as the gateway does (design §7): `/a/../b` and `/b` share a key, and a request with no
+    // Keys see the request as the gateway does (see the README's security model): `/a/../b` and `/b` share a key, and a request with no
     // single reading (two Hosts, `post`, a bad escape) is refused as the gateway refuses it.
     let canonical = match CanonicalRequest::of_accepted(
         request.method(),

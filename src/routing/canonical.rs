@@ -1,4 +1,4 @@
-//! The canonical request (design §7): the one method, host and path that routing, keys, allowlists and forwarding
+//! The canonical request (see the README's security model): the one method, host and path that routing, keys, allowlists and forwarding
 //! all use, built once per request; and the refusals of requests that have no single reading.
 
 use std::borrow::Cow;
