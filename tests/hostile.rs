@@ -1124,3 +1124,40 @@ async fn escaped_slashes_backslashes_nul_and_invalid_utf8_are_refused() {
     assert_eq!(echoed(&body)["path"], "/files/a%2Fb");
     assert_eq!(get(keeping.addr, "GET", "/files/a%5Cb").await.0, 400);
 }
+
+#[tokio::test]
+async fn a_query_key_is_one_bucket_under_every_spelling_and_ambiguous_when_repeated() {
+    let upstream = Upstream::start().await;
+    let yaml =
+        inner_yaml(&upstream.url()).replace("key: [header:x-api-key]", "key: [\"query:tenant\"]");
+    let gateway = start_gateway(&yaml).await;
+    let at = |query: &str| {
+        format!("GET /keyed?{query} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+    };
+    for _ in 0..3 {
+        assert_eq!(send(gateway.addr, &at("tenant=t")).await.0, 200);
+    }
+    for spelling in [
+        "x=1;tenant=t",
+        "TENANT=t",
+        "tenant[]=t",
+        "%74enant=t",
+        "Tenant%5B%5D=t",
+    ] {
+        assert_eq!(
+            send(gateway.addr, &at(spelling)).await.0,
+            429,
+            "{spelling} is a fresh bucket"
+        );
+    }
+    for repeated in [
+        "tenant=u&TENANT=v",
+        "tenant=u;tenant=v",
+        "tenant=u&tenant[]=v",
+    ] {
+        let (status, body) = send(gateway.addr, &at(repeated)).await;
+        assert_eq!(status, 400, "{repeated}: {body}");
+        assert!(body.contains("\"ambiguous_key\""), "{body}");
+    }
+    assert_eq!(upstream.hits(), 3);
+}

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use sha2::{Digest, Sha256};
 
 use super::settings::CredentialSource;
-use crate::key::RequestFacts;
+use crate::key::{query_parameter, QueryParameter, RequestFacts};
 
 /// What a request holds where an API key is looked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,49 +73,15 @@ pub fn presented<'r>(source: &CredentialSource, facts: &RequestFacts<'r>) -> Pre
     }
 }
 
-/// The one value of the query parameter `name`, compared as decoded (`api%5Fkey` is `api_key`).
+/// The one value of the query parameter `name`, as limits read it ([`query_parameter`]): `api%5Fkey`, `API_KEY`,
+/// `api_key[]` and a `;` separator are all that parameter.
 fn query_value<'r>(query: Option<&'r str>, name: &str) -> Presented<'r> {
-    let Some(query) = query else {
-        return Presented::Absent;
-    };
-    let mut found = Presented::Absent;
-    for pair in query.split('&') {
-        let (raw_name, raw_value) = pair.split_once('=').unwrap_or((pair, ""));
-        if !decoded_eq(raw_name, name) {
-            continue;
-        }
-        if found != Presented::Absent {
-            return Presented::Ambiguous;
-        }
-        found = Presented::One(decoded(raw_value));
+    match query_parameter(query, name) {
+        QueryParameter::Absent => Presented::Absent,
+        QueryParameter::Ambiguous => Presented::Ambiguous,
+        QueryParameter::One(value) if value.is_empty() => Presented::Absent,
+        QueryParameter::One(value) => Presented::One(value),
     }
-    match found {
-        Presented::One(value) if value.is_empty() => Presented::Absent,
-        other => other,
-    }
-}
-
-/// A query value as its sender meant it: `%2B` is `+`, `+` a space.
-fn decoded(raw: &str) -> Cow<'_, str> {
-    if !raw.contains(['%', '+']) {
-        return Cow::Borrowed(raw);
-    }
-    let pair = format!("v={raw}");
-    form_urlencoded::parse(pair.as_bytes())
-        .next()
-        .map_or(Cow::Borrowed(""), |(_, value)| {
-            Cow::Owned(value.into_owned())
-        })
-}
-
-/// Whether a query parameter name as written decodes to `name`.
-fn decoded_eq(raw: &str, name: &str) -> bool {
-    if !raw.contains(['%', '+']) {
-        return raw == name;
-    }
-    form_urlencoded::parse(raw.as_bytes())
-        .next()
-        .is_some_and(|(decoded, _)| decoded == name)
 }
 
 #[cfg(test)]

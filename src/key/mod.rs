@@ -8,6 +8,7 @@ mod store_key;
 
 pub use client_ip::{believed_hops, ip_text, push_ip_text, ClientIpHeader, ClientIpResolver};
 pub use spec::{
-    push_client_key, AmbiguousKey, KeyPart, KeyPartError, KeySpec, MissingKey, RequestFacts,
+    push_client_key, query_parameter, AmbiguousKey, KeyPart, KeyPartError, KeySpec, MissingKey,
+    QueryParameter, RequestFacts,
 };
 pub use store_key::{key_head, key_with_head, seal_key, store_key, MAX_PLAIN_KEY_LEN};

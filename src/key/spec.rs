@@ -1,5 +1,6 @@
 //! Key specs: the parts a limit's key is built from, and the key value of one request.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::net::IpAddr;
 
@@ -362,17 +363,9 @@ fn push_part(part: &KeyPart, facts: &RequestFacts<'_>, out: &mut String) -> Part
             };
         }
         KeyPart::Query(name) => {
-            let mut values = facts.query.into_iter().flat_map(|query| {
-                form_urlencoded::parse(query.as_bytes())
-                    .filter(|(k, _)| k == name.as_str())
-                    .map(|(_, v)| v)
-            });
-            let value = values.next();
-            if values.next().is_some() {
-                return PartValue::Ambiguous;
-            }
-            return match value {
-                Some(v) if !v.is_empty() => {
+            return match query_parameter(facts.query, name) {
+                QueryParameter::Ambiguous => PartValue::Ambiguous,
+                QueryParameter::One(v) if !v.is_empty() => {
                     out.push_str(&v);
                     PartValue::Present
                 }
@@ -382,6 +375,74 @@ fn push_part(part: &KeyPart, facts: &RequestFacts<'_>, out: &mut String) -> Part
     };
     out.push_str(text);
     PartValue::Present
+}
+
+/// What a query holds of one parameter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueryParameter<'q> {
+    /// No parameter of that name.
+    Absent,
+    /// Exactly one, its value decoded (possibly empty).
+    One(Cow<'q, str>),
+    /// More than one, under any spelling of the name.
+    Ambiguous,
+}
+
+/// The parameter `name` of `query` as any upstream framework might read it, so that no spelling counts apart from
+/// the one counted: parameters are split on `&` and `;` (older CGI and Java servers split on both), names are
+/// decoded (`%6B` is `k`, `+` a space), compared without regard to ASCII case, and a trailing `[]` is ignored (PHP
+/// and Rails read `k[]=a` as `k`). More than one match is [`QueryParameter::Ambiguous`].
+pub fn query_parameter<'q>(query: Option<&'q str>, name: &str) -> QueryParameter<'q> {
+    let Some(query) = query else {
+        return QueryParameter::Absent;
+    };
+    let wanted = name.strip_suffix("[]").unwrap_or(name);
+    let mut found = QueryParameter::Absent;
+    for pair in query.split(['&', ';']) {
+        if pair.is_empty() {
+            continue;
+        }
+        let (raw_name, raw_value) = pair.split_once('=').unwrap_or((pair, ""));
+        let decoded_name = decode_component(raw_name);
+        let bare = decoded_name.strip_suffix("[]").unwrap_or(&decoded_name);
+        if !bare.eq_ignore_ascii_case(wanted) {
+            continue;
+        }
+        if found != QueryParameter::Absent {
+            return QueryParameter::Ambiguous;
+        }
+        found = QueryParameter::One(decode_component(raw_value));
+    }
+    found
+}
+
+/// A query component as its sender meant it (`application/x-www-form-urlencoded`): `+` is a space, `%XX` a byte;
+/// borrowed when there is nothing to decode.
+fn decode_component(raw: &str) -> Cow<'_, str> {
+    if !raw.contains(['%', '+']) {
+        return Cow::Borrowed(raw);
+    }
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |at: usize| bytes.get(at).and_then(|b| (*b as char).to_digit(16));
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                if let (Some(high), Some(low)) = (hex(i + 1), hex(i + 2)) {
+                    // Two hex digits: below 256.
+                    out.push(u8::try_from(high << 4 | low).unwrap_or_default());
+                    i += 3;
+                    continue;
+                }
+                out.push(b'%');
+            }
+            byte => out.push(byte),
+        }
+        i += 1;
+    }
+    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// Replaces `out[start..]` by its SHA-256 in hex.
@@ -491,5 +552,42 @@ mod tests {
         assert_eq!(key("2001:db8:1:2:bbbb::9", 128), "2001:db8:1:2:bbbb::9");
         assert_eq!(key("2001:db8::1", 1), "::/1");
         assert_eq!(key("192.0.2.7", 64), "192.0.2.7");
+    }
+
+    #[test]
+    fn a_query_parameter_is_read_under_every_spelling_of_its_name() {
+        fn one(query: &str) -> QueryParameter<'_> {
+            query_parameter(Some(query), "tenant")
+        }
+        for query in [
+            "tenant=a",
+            "x=1;tenant=a",
+            "TENANT=a",
+            "Tenant=a&x=1",
+            "tenant[]=a",
+            "%74enant=a",
+            "tenant%5B%5D=a",
+            "x=1&&tenant=a",
+        ] {
+            assert_eq!(
+                one(query),
+                QueryParameter::One(Cow::Borrowed("a")),
+                "{query}"
+            );
+        }
+        assert_eq!(
+            one("tenant=a%2Bb+c"),
+            QueryParameter::One(Cow::Borrowed("a+b c"))
+        );
+        for query in [
+            "tenant=a&TENANT=b",
+            "tenant=a;tenant=a",
+            "tenant=a&tenant[]=b",
+            "%54enant=b&tenant=a",
+        ] {
+            assert_eq!(one(query), QueryParameter::Ambiguous, "{query}");
+        }
+        assert_eq!(one("tenants=a&x=tenant"), QueryParameter::Absent);
+        assert_eq!(query_parameter(None, "tenant"), QueryParameter::Absent);
     }
 }
