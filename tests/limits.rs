@@ -6,7 +6,7 @@ mod common;
 use common::http_client::client;
 use common::redis::RedisServer;
 use common::upstream::Upstream;
-use common::{start_gateway, store_yaml, TestGateway};
+use common::{serve_admin, start_gateway, store_yaml, TestGateway};
 
 /// The two stores every test runs against.
 #[derive(Debug, Clone, Copy)]
@@ -354,6 +354,66 @@ async fn shadow_limits_are_decided_and_counted_but_never_enforced() {
                 .unwrap();
             assert_eq!(trial, "2", "a shadow limit consumes only what it admits");
         }
+    }
+}
+
+#[tokio::test]
+async fn a_request_held_by_a_delaying_limit_gives_its_place_back_when_its_client_leaves() {
+    // The meter holds the second request for an hour; the window counts every admitted request.
+    let limits = "      - name: meter
+        key: ip
+        algorithm: leaky_bucket
+        rate: 1/1h
+        burst: 1
+        mode: delay
+        max_delay: 1h
+      - name: counted
+        key: ip
+        algorithm: fixed_window
+        limit: 100
+        period: 1d
+";
+    for store in STORES {
+        let s = setup(store, "", limits).await;
+        let admin = serve_admin(&s.gateway, None).await;
+        let url = s.gateway.url("/api");
+        let first = client().get(&url).send().await.expect("first request");
+        assert_eq!(first.status(), 200, "{store:?}");
+        // Held: the client gives up after 300 ms, as nginx users expect the queue to move on without it.
+        let held = client()
+            .get(&url)
+            .timeout(std::time::Duration::from_millis(300))
+            .send()
+            .await;
+        assert!(held.is_err(), "{store:?}: the second request was not held");
+        let state = |limit: &'static str| {
+            let admin = admin.clone();
+            async move {
+                let body = client()
+                    .get(format!("{admin}/limits/api/{limit}?key=127.0.0.1"))
+                    .send()
+                    .await
+                    .expect("admin")
+                    .text()
+                    .await
+                    .expect("body");
+                serde_json::from_str::<serde_json::Value>(&body).expect("JSON")
+            }
+        };
+        // Given back on a task of its own once the request is dropped: the states read as after the first alone.
+        let given_back = common::eventually(std::time::Duration::from_secs(5), async || {
+            state("counted").await["remaining"] == 99
+        })
+        .await;
+        let counted = state("counted").await;
+        assert!(given_back.is_some(), "{store:?}: {counted}");
+        let meter = state("meter").await;
+        let reset = meter["reset_after_ms"].as_u64().expect("reset_after_ms");
+        assert!(
+            reset <= 3_600_000,
+            "{store:?}: the meter still holds two: {meter}"
+        );
+        assert_eq!(s.upstream.hits(), 1, "{store:?}");
     }
 }
 

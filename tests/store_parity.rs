@@ -136,6 +136,65 @@ fn redis_and_memory_decide_alike() {
     }
 }
 
+/// Admissions given back (a held request whose client left, a Cluster slot whose request another slot denied)
+/// leave both stores in the same state: each step either checks a request or gives back the last admitted one,
+/// on the window it was admitted in, possibly a while later.
+#[test]
+fn a_give_back_decides_alike_in_both_stores() {
+    let fx = fixture();
+    let config = ProptestConfig {
+        cases: 64,
+        source_file: Some(file!()),
+        ..ProptestConfig::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let inputs = (
+        algorithm(),
+        prop::collection::vec((steps(), any::<bool>()), 1..6),
+    );
+    let result = runner.run(&inputs, |(algorithm, rounds)| {
+        let case = fx.case.fetch_add(1, Ordering::SeqCst);
+        let memory = MemoryStore::new(10_000, Arc::new(ManualClock::new(0)));
+        let key = format!("give-back{case}");
+        let mut now: i64 = 1_700_000_000_000;
+        let mut last_admitted: Option<(i64, Limit)> = None;
+        for (steps, give_back) in rounds {
+            for (delta, cost) in steps {
+                now += delta;
+                let limit =
+                    Limit::new("g", algorithm, cost.min(algorithm.capacity())).expect("valid");
+                let checks = [LimitCheck {
+                    key: &key,
+                    limit: &limit,
+                }];
+                let expected = memory.check_at(now, &checks);
+                let actual = fx
+                    .runtime
+                    .block_on(fx.store.check(&checks, Some(now)))
+                    .expect("redis");
+                prop_assert_eq!(&actual, &expected, "at {}", now);
+                if expected.allowed {
+                    last_admitted = Some((now, limit));
+                }
+            }
+            if let (true, Some((at, limit))) = (give_back, last_admitted.take()) {
+                let checks = [LimitCheck {
+                    key: &key,
+                    limit: &limit,
+                }];
+                memory.give_back_at(now, at, &checks);
+                fx.runtime
+                    .block_on(fx.store.give_back(&checks, at, Some(now)))
+                    .expect("redis");
+            }
+        }
+        Ok(())
+    });
+    if let Err(failure) = result {
+        panic!("{failure}");
+    }
+}
+
 /// Parameters at and near the bounds both stores carry exactly (`MAX_SCALED`, `MAX_LOG_ENTRIES`): a value the
 /// limit accepts is decided alike by both stores, one past a bound is refused (by the config and the admin API
 /// alike, which both build limits through `Limit::new`).

@@ -15,7 +15,7 @@ use crate::config::PLAN_KEY_SCOPE;
 use crate::consumers::Plan;
 use crate::key::{key_head, key_with_head, seal_key, AmbiguousKey, KeySpec, RequestFacts};
 use crate::limiter::store::{LimitCheck, INLINE_LIMITS};
-use crate::limiter::{Decision, Limit, Outcome, RateLimiter, Unavailable};
+use crate::limiter::{DecidedBy, Decision, Limit, Outcome, RateLimiter, Unavailable};
 use crate::routing::Refusal;
 
 /// A limit and how it keys requests (one entry of a route's `limits:`).
@@ -67,6 +67,8 @@ pub struct Verdict {
     applied: SmallVec<[usize; INLINE_LIMITS]>,
     /// The limits replaced for this request, if any.
     replaced: Option<Replaced>,
+    /// Which store decided: where what the request took goes back if it must (see [`LimitSet::taken`]).
+    pub decided_by: DecidedBy,
 }
 
 /// Limits of a set replaced for one request (a consumer's overrides of its plan, docs/configuration.md, "Consumers and plans").
@@ -222,15 +224,32 @@ impl LimitSet {
                 limit: self.limit_at(index, replaced.as_ref()),
             })
             .collect();
-        let outcome = limiter.check(&checks).await?;
+        let (outcome, decided_by) = limiter.check_deciding(&checks).await?;
         drop(checks);
         let verdict = Verdict {
             outcome,
             applied: keys.ends.iter().map(|&(index, _)| index).collect(),
             replaced,
+            decided_by,
         };
         self.count_decisions(&verdict);
         Ok(verdict)
+    }
+
+    /// The store key and limit of every limit an admitted request took from (a shadow limit takes only when it
+    /// admits itself), owned: what a give-back needs once the request is gone.
+    pub fn taken(&self, facts: &RequestFacts<'_>, verdict: &Verdict) -> Vec<(String, Limit)> {
+        let Ok(keys) = self.request_keys(facts) else {
+            return Vec::new();
+        };
+        keys.iter()
+            .zip(&verdict.outcome.decisions)
+            .filter(|(_, decision)| verdict.outcome.allowed && decision.allowed)
+            .map(|((index, key), _)| {
+                let limit = self.limit_at(index, verdict.replaced.as_ref());
+                (key.to_owned(), limit.clone())
+            })
+            .collect()
     }
 
     /// The limit at `index`, or what replaces it.

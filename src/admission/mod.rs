@@ -3,6 +3,7 @@
 //! answers, delays, the fields of an admitted response and the consumer headers sent on.
 
 mod headers;
+mod held;
 mod limits;
 mod policy;
 mod responses;

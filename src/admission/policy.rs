@@ -4,12 +4,13 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use http::{HeaderMap, HeaderValue, Response};
 use ipnet::IpNet;
 
+use super::held::Held;
 use super::limits::{LimitSet, Replaced, Verdict};
 use super::responses;
 use crate::consumers::{Caller, CallerRefusal, ConsumerMode, Consumers};
@@ -175,7 +176,12 @@ impl Policy {
         }
         let delay_ms = limits.delay_ms(&verdict);
         if delay_ms > 0 {
+            // Held, as nginx's limit_req holds: a client that leaves meanwhile gives its place back, so the queue
+            // moves on without it.
+            let taken = limits.taken(facts, &verdict);
+            let held = Held::new(limiter.give_back(taken, verdict.decided_by, Instant::now()));
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            held.forwarded();
         }
         Admission::Admitted(Admitted { verdict, caller })
     }

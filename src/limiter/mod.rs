@@ -15,5 +15,5 @@ pub use decision::{Decision, Outcome};
 pub use limit::{
     format_duration_ms, Algorithm, LeakyMode, Limit, LimitError, Rate, MAX_LOG_ENTRIES, MAX_SCALED,
 };
-pub use rate_limiter::{Backend, OnError, RateLimiter, Readiness, Unavailable};
+pub use rate_limiter::{Backend, DecidedBy, OnError, RateLimiter, Readiness, Unavailable};
 pub use settings::{BackendKind, StoreSettings};

@@ -10,7 +10,7 @@ use thiserror::Error;
 use super::breaker::{CircuitBreaker, Tripped};
 use super::deny_cache::DenyCache;
 use super::store::{LimitCheck, MemoryStore, RedisStore, ResetNotice, StoreError};
-use super::{Clock, Decision, Outcome};
+use super::{Clock, Decision, Limit, Outcome};
 
 /// How often a probe asks a Redis that failed. Short: the connections reconnect at most 100 ms apart, and
 /// limiting is to be shared again within 300 ms of Redis answering; a probe while disconnected fails at once
@@ -32,6 +32,17 @@ pub enum OnError {
     Deny,
     /// Decide with the in-process store.
     Local,
+}
+
+/// Which store decided a request: where what it took must be given back, if it must.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecidedBy {
+    /// The configured store (Redis, or the memory store for `backend: memory`).
+    Store,
+    /// The in-process fallback (`on_error: local`), while Redis failed.
+    Fallback,
+    /// No store took anything: no limits, `on_error: allow`, or a denial remembered in-process.
+    Nobody,
 }
 
 /// The store behind a limiter.
@@ -177,19 +188,30 @@ impl RateLimiter {
     /// Redis out of service. When Redis fails, answers per the `on_error` policy: `Ok` with an empty outcome for
     /// `allow`, `Err(Unavailable)` for `deny`, the in-process decision for `local`.
     pub async fn check(&self, checks: &[LimitCheck<'_>]) -> Result<Outcome, Unavailable> {
+        self.check_deciding(checks)
+            .await
+            .map(|(outcome, _)| outcome)
+    }
+
+    /// [`check`](Self::check), also saying which store decided: where [`give_back`](Self::give_back) must go.
+    pub async fn check_deciding(
+        &self,
+        checks: &[LimitCheck<'_>],
+    ) -> Result<(Outcome, DecidedBy), Unavailable> {
         if checks.is_empty() {
-            return Ok(Outcome {
+            let outcome = Outcome {
                 allowed: true,
                 decisions: Vec::new(),
-            });
+            };
+            return Ok((outcome, DecidedBy::Nobody));
         }
         let redis = match &self.backend {
-            Backend::Memory => return Ok(self.local.check(checks)),
+            Backend::Memory => return Ok((self.local.check(checks), DecidedBy::Store)),
             Backend::Redis(redis) => redis,
         };
         let now = Instant::now();
         if let Some(outcome) = self.cached_denial(checks, now) {
-            return Ok(outcome);
+            return Ok((outcome, DecidedBy::Nobody));
         }
         if self.health.breaker.is_open() {
             return self.fall_back(checks, StoreError::CircuitOpen);
@@ -211,12 +233,46 @@ impl RateLimiter {
                         }
                     }
                 }
-                return Ok(outcome);
+                return Ok((outcome, DecidedBy::Store));
             }
             Err(error) => error,
         };
         self.failed(redis, &error);
         self.fall_back(checks, error)
+    }
+
+    /// Gives back what an admitted request took, to the store that decided it (`decided` is when the decision
+    /// came back): a request held by a `leaky_bucket` in delay mode whose client went away before it was
+    /// forwarded. `taken` holds the store key and limit of every limit that consumed. Runs on its own, off any
+    /// request; a failure is logged at debug and otherwise ignored (at worst the place stays taken, as it did
+    /// before give-backs existed).
+    pub fn give_back(
+        &self,
+        taken: Vec<(String, Limit)>,
+        decided_by: DecidedBy,
+        decided: Instant,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let redis = match (&self.backend, decided_by) {
+            (Backend::Redis(redis), DecidedBy::Store) => Some(redis.clone()),
+            _ => None,
+        };
+        let local =
+            (decided_by != DecidedBy::Nobody && redis.is_none()).then(|| Arc::clone(&self.local));
+        async move {
+            let checks: Vec<LimitCheck<'_>> = taken
+                .iter()
+                .map(|(key, limit)| LimitCheck { key, limit })
+                .collect();
+            if let Some(redis) = redis {
+                let at_ms = redis.redis_time_of(decided.into());
+                if let Err(error) = redis.give_back(&checks, at_ms, None).await {
+                    tracing::debug!(%error, "a held request's place could not be given back");
+                }
+            } else if let Some(local) = local {
+                let at_ms = local.now_ms() - decided.elapsed().as_millis() as i64;
+                local.give_back(at_ms, &checks);
+            }
+        }
     }
 
     /// Records a failed call: the breaker counts it, readiness says why, and a probe runs until Redis answers.
@@ -350,18 +406,21 @@ impl RateLimiter {
         &self,
         checks: &[LimitCheck<'_>],
         error: StoreError,
-    ) -> Result<Outcome, Unavailable> {
+    ) -> Result<(Outcome, DecidedBy), Unavailable> {
         // Logged by `failed`, once per outage and reason, never per request.
         if !self.health.fallback_active.swap(true, Ordering::Relaxed) {
             metrics::gauge!("tollgate_store_fallback").set(1.0);
         }
         match self.on_error {
-            OnError::Allow => Ok(Outcome {
-                allowed: true,
-                decisions: Vec::new(),
-            }),
+            OnError::Allow => {
+                let outcome = Outcome {
+                    allowed: true,
+                    decisions: Vec::new(),
+                };
+                Ok((outcome, DecidedBy::Nobody))
+            }
             OnError::Deny => Err(Unavailable(error)),
-            OnError::Local => Ok(self.local.check(checks)),
+            OnError::Local => Ok((self.local.check(checks), DecidedBy::Fallback)),
         }
     }
 }

@@ -5,11 +5,13 @@
 
 pub mod fixed_window;
 pub mod gcra;
+mod give_back;
 pub mod leaky_bucket;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
 
+pub use self::give_back::give_back;
 use super::{Algorithm, Decision, Outcome};
 
 /// The state one key holds, whichever algorithm it belongs to.

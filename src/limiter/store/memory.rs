@@ -245,6 +245,45 @@ impl MemoryStore {
         )
     }
 
+    /// This store's time, in ms: what [`give_back`](Self::give_back) takes an admission's time in.
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// Gives back, at the clock's time, what `checks` took when they were admitted at `at_ms` (see
+    /// [`algorithms::give_back`]).
+    pub fn give_back(&self, at_ms: i64, checks: &[LimitCheck<'_>]) {
+        self.give_back_at(self.clock.now_ms(), at_ms, checks);
+    }
+
+    /// [`give_back`](Self::give_back) at `now_ms`.
+    pub fn give_back_at(&self, now_ms: i64, at_ms: i64, checks: &[LimitCheck<'_>]) {
+        for check in checks {
+            let key = self.key_ref(check.key);
+            let mut shard = self.shards[key.shard()].lock();
+            let Some(entry) = shard
+                .entries
+                .get_mut(&key)
+                .filter(|e| e.expires_at_ms > now_ms)
+            else {
+                continue;
+            };
+            let limit = check.limit;
+            let given = algorithms::give_back(
+                limit.algorithm(),
+                Some(&entry.state),
+                now_ms,
+                at_ms,
+                limit.cost(),
+            );
+            if let Some((state, ttl_ms)) = given {
+                entry.state = state;
+                entry.expires_at_ms = now_ms + ttl_ms as i64;
+                entry.over_limit = false;
+            }
+        }
+    }
+
     /// The state of one limit for one key as it stands at the clock's time, consuming nothing.
     pub fn peek(&self, check: LimitCheck<'_>) -> Decision {
         let now_ms = self.clock.now_ms();

@@ -286,6 +286,44 @@ impl RedisStore {
             .collect()
     }
 
+    /// Redis's time, in ms, at `instant` of this process's clock, as the replies tell it (never later than the
+    /// true one): what [`give_back`](Self::give_back) takes an admission's time in.
+    pub fn redis_time_of(&self, instant: Instant) -> i64 {
+        self.connection.clock.redis_ms(instant) as i64
+    }
+
+    /// Gives back what `checks` took when they were admitted at `at_ms` (Redis's ms), on the window they took it
+    /// from, at Redis's time (or `now_ms`, a test's): a request held by a `leaky_bucket` in delay mode whose client
+    /// went away. One call per hash slot on Redis Cluster. A give-back is sent once and never retried: one whose
+    /// fate is unknown must not run twice.
+    pub async fn give_back(
+        &self,
+        checks: &[LimitCheck<'_>],
+        at_ms: i64,
+        now_ms: Option<i64>,
+    ) -> Result<(), StoreError> {
+        let connection = &self.connection;
+        let at = u64::try_from(at_ms).unwrap_or(0);
+        let groups = match slot_groups(checks) {
+            Some(groups) if connection.topology == RedisTopology::Cluster => groups,
+            _ => vec![(0..checks.len()).collect()],
+        };
+        let calls = groups.iter().map(|group| {
+            let subset: Vec<LimitCheck<'_>> = group.iter().map(|&i| checks[i]).collect();
+            let request = EncodedRequest::new(&subset, Mode::GiveBack);
+            let slot = connection.slot_of(&subset);
+            async move {
+                connection
+                    .run_encoded(slot, &request, at, now_ms, GIVE_BACK_TIMEOUT)
+                    .await
+            }
+        });
+        join_all(calls)
+            .await
+            .into_iter()
+            .try_for_each(|given| given.map(drop))
+    }
+
     /// The state of one limit for one key as it stands, consuming nothing (a dry run of the script).
     pub async fn peek(&self, check: LimitCheck<'_>) -> Result<Decision, StoreError> {
         let checks = [check];

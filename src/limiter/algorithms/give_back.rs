@@ -1,0 +1,206 @@
+//! Giving back what an admission took: a held request whose client went away, or one slot's commit of a request
+//! that another slot denied. Mirrors `give_back` in `scripts/check.lua` integer for integer.
+//!
+//! What was taken is given back on the window it was taken from (`at_ms`, when the admission was decided): a
+//! window that has passed since holds nothing of it. No state goes below empty or above full, so a give-back can
+//! never admit more than the limit would have without the admission.
+
+use super::fixed_window::FixedWindowState;
+use super::gcra::{GcraState, Ticks, EPOCH_MS};
+use super::sliding_window::WindowState;
+use super::token_bucket::BucketState;
+use super::{ceil_div, State};
+use crate::limiter::{Algorithm, LeakyMode};
+
+/// The state `state` becomes at `now_ms` once `cost` admitted at `at_ms` is given back, with how long it must be
+/// kept (ms); `None` when there is nothing to give back to (no state, another algorithm's, a window gone by).
+pub fn give_back(
+    algorithm: &Algorithm,
+    state: Option<&State>,
+    now_ms: i64,
+    at_ms: i64,
+    cost: u64,
+) -> Option<(State, u64)> {
+    let kept_until = |until_ms: i64| (until_ms - now_ms).max(1) as u64;
+    match (*algorithm, state?) {
+        (Algorithm::FixedWindow { period_ms, .. }, State::FixedWindow(s)) => {
+            let period = period_ms as i64;
+            (s.window_start_ms == at_ms - at_ms.rem_euclid(period)).then(|| {
+                let state = FixedWindowState {
+                    count: s.count.saturating_sub(cost),
+                    ..*s
+                };
+                (
+                    State::FixedWindow(state),
+                    kept_until(s.window_start_ms + period),
+                )
+            })
+        }
+        (Algorithm::SlidingWindow { period_ms, .. }, State::Window(s)) => {
+            let period = period_ms as i64;
+            let landed = at_ms - at_ms.rem_euclid(period);
+            let state = if s.window_start_ms == landed {
+                WindowState {
+                    current: s.current.saturating_sub(cost),
+                    ..*s
+                }
+            } else if s.window_start_ms == landed + period {
+                WindowState {
+                    previous: s.previous.saturating_sub(cost),
+                    ..*s
+                }
+            } else {
+                return None;
+            };
+            Some((
+                State::Window(state),
+                kept_until(s.window_start_ms + 2 * period),
+            ))
+        }
+        (Algorithm::SlidingLog { period_ms, .. }, State::Log(log)) => {
+            // Entries at `at_ms` are alike: any `cost` of them go (the script removes the highest-numbered members
+            // of that millisecond, which keeps its numbering unbroken).
+            let mut log = log.clone();
+            let mut to_remove = cost;
+            log.retain(|&t| {
+                let remove = t == at_ms && to_remove > 0;
+                to_remove -= u64::from(remove);
+                !remove
+            });
+            let ttl = log
+                .back()
+                .map_or(1, |&newest| kept_until(newest + period_ms as i64));
+            Some((State::Log(log), ttl))
+        }
+        (Algorithm::TokenBucket { rate, burst }, State::Bucket(s)) => {
+            let (unit, per_ms) = (rate.period_ms(), rate.count());
+            let capacity = burst * unit;
+            let elapsed = (now_ms - s.updated_ms).max(0) as u64;
+            let missing = capacity.saturating_sub(s.level);
+            let level = if elapsed.saturating_mul(per_ms) >= missing {
+                capacity
+            } else {
+                s.level + elapsed * per_ms
+            };
+            let level = (level + cost * unit).min(capacity);
+            let state = BucketState {
+                level,
+                updated_ms: now_ms,
+            };
+            Some((
+                State::Bucket(state),
+                ceil_div(capacity - level, per_ms).max(1),
+            ))
+        }
+        (Algorithm::Gcra { rate, .. }, State::Gcra(s)) => {
+            let Ticks {
+                ticks_per_ms,
+                interval,
+            } = Ticks::of(rate);
+            let now = (now_ms - EPOCH_MS) * ticks_per_ms as i64;
+            let tat = (s.tat - (interval * cost) as i64).max(now);
+            let ttl = ceil_div((tat - now) as u64, ticks_per_ms).max(1);
+            Some((State::Gcra(GcraState { tat }), ttl))
+        }
+        (Algorithm::LeakyBucket { rate, burst, mode }, State::Meter(s)) => {
+            let (unit, per_ms) = (rate.period_ms(), rate.count());
+            let max_delay_ms = match mode {
+                LeakyMode::Reject => 0,
+                LeakyMode::Delay { max_delay_ms } => max_delay_ms,
+            };
+            let most = burst * unit + max_delay_ms * per_ms;
+            let elapsed = (now_ms - s.updated_ms).max(0) as u64;
+            let water = s
+                .level
+                .min(most)
+                .saturating_sub(elapsed.saturating_mul(per_ms))
+                .saturating_sub(cost * unit);
+            let state = BucketState {
+                level: water,
+                updated_ms: now_ms,
+            };
+            Some((State::Meter(state), ceil_div(water, per_ms).max(1)))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::algorithms::evaluate;
+    use crate::limiter::Rate;
+
+    /// Admits `n` requests of cost 1 at `at`, gives one back at `now`: the state then decides as if only n - 1
+    /// had been admitted.
+    fn after_giving_one_back(algorithm: Algorithm, n: u64, at: i64, now: i64) -> (u64, u64) {
+        let mut state = None;
+        let mut fewer = None;
+        for i in 0..n {
+            let evaluation = evaluate(&algorithm, state.as_ref(), at, 1);
+            assert!(evaluation.admitted.allowed, "admission {i}");
+            if i + 1 < n {
+                fewer = Some(evaluation.next.clone());
+            }
+            state = Some(evaluation.next);
+        }
+        let (given, _) = give_back(&algorithm, state.as_ref(), now, at, 1).expect("given back");
+        let remaining =
+            |state: Option<&State>| evaluate(&algorithm, state, now, 1).standing.remaining;
+        (remaining(Some(&given)), remaining(fewer.as_ref()))
+    }
+
+    #[test]
+    fn a_give_back_leaves_the_state_one_admission_fewer_would_have() {
+        let rate = Rate::new(10, 60_000).expect("positive");
+        let at = EPOCH_MS + 1_000_000;
+        for algorithm in [
+            Algorithm::FixedWindow {
+                limit: 10,
+                period_ms: 60_000,
+            },
+            Algorithm::SlidingWindow {
+                limit: 10,
+                period_ms: 60_000,
+            },
+            Algorithm::SlidingLog {
+                limit: 10,
+                period_ms: 60_000,
+            },
+            Algorithm::TokenBucket { rate, burst: 10 },
+            Algorithm::Gcra { rate, burst: 10 },
+            Algorithm::LeakyBucket {
+                rate,
+                burst: 10,
+                mode: LeakyMode::Delay { max_delay_ms: 500 },
+            },
+        ] {
+            for later in [0, 7] {
+                let (given, fewer) = after_giving_one_back(algorithm, 4, at, at + later);
+                assert_eq!(given, fewer, "{algorithm:?} {later} ms later");
+            }
+        }
+    }
+
+    #[test]
+    fn nothing_is_given_back_to_a_window_gone_by_or_below_empty() {
+        let window = Algorithm::FixedWindow {
+            limit: 10,
+            period_ms: 1_000,
+        };
+        let state = State::FixedWindow(FixedWindowState {
+            window_start_ms: 2_000,
+            count: 1,
+        });
+        assert_eq!(give_back(&window, Some(&state), 2_500, 1_500, 1), None);
+        let (emptied, _) = give_back(&window, Some(&state), 2_500, 2_100, 5).expect("same window");
+        assert_eq!(
+            emptied,
+            State::FixedWindow(FixedWindowState {
+                window_start_ms: 2_000,
+                count: 0
+            })
+        );
+        assert_eq!(give_back(&window, None, 2_500, 2_100, 1), None);
+    }
+}
