@@ -856,3 +856,185 @@ async fn rediss_limits_over_tls_trusting_only_the_configured_ca() {
         Some("0")
     );
 }
+
+/// The id of the node at `port` and the ids and ports of the node owning `slot`, from `CLUSTER NODES`.
+fn slot_owner(cluster: &RedisCluster, slot: u16) -> (usize, String) {
+    let nodes = cluster
+        .cli(0, &["CLUSTER", "NODES"])
+        .expect("cluster nodes");
+    for line in nodes.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let owns = fields.iter().skip(8).any(|range| {
+            let (start, end) = range.split_once('-').unwrap_or((range, range));
+            match (start.parse::<u16>(), end.parse::<u16>()) {
+                (Ok(start), Ok(end)) => (start..=end).contains(&slot),
+                _ => false,
+            }
+        });
+        if owns {
+            let port: u16 = fields[1]
+                .split(['@', ':'])
+                .nth(1)
+                .and_then(|port| port.parse().ok())
+                .expect("node port");
+            let index = cluster
+                .ports
+                .iter()
+                .position(|&p| p == port)
+                .expect("a node of ours");
+            return (index, fields[0].to_owned());
+        }
+    }
+    panic!("no node owns slot {slot}:\n{nodes}");
+}
+
+fn node_id(cluster: &RedisCluster, index: usize) -> String {
+    cluster.cli(index, &["CLUSTER", "MYID"]).expect("node id")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_slot_migration_under_load_shares_limits_again_at_once_after_the_move() {
+    use tollgate::limiter::{Backend, OnError, RateLimiter, SystemClock};
+    let cluster = RedisCluster::start();
+    let store =
+        RedisStore::connect(&cluster.url(), 2, Duration::from_millis(200)).expect("connect");
+    assert!(store.wait_connected(Duration::from_secs(10)).await);
+    let limiter = Arc::new(RateLimiter::new(
+        Backend::Redis(store),
+        Duration::from_millis(200),
+        OnError::Deny,
+        1_000,
+        Arc::new(SystemClock),
+    ));
+    let limit = Limit::new(
+        "per-key",
+        Algorithm::FixedWindow {
+            limit: 1_000_000,
+            period_ms: 3_600_000,
+        },
+        1,
+    )
+    .expect("valid");
+    let key = "tollgate:migrate:per-key:{moving}";
+    let slot = redis_keyslot(key.as_bytes());
+    let (source, source_id) = slot_owner(&cluster, slot);
+    let target = (source + 1) % 3;
+    let target_id = node_id(&cluster, target);
+
+    // Load: one call after another, each result timed.
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (limiter, stop, limit) = (Arc::clone(&limiter), Arc::clone(&stop), limit.clone());
+        tokio::spawn(async move {
+            let mut results = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let check = LimitCheck { key, limit: &limit };
+                let ok = limiter.check(&[check]).await.is_ok_and(|o| o.allowed);
+                results.push((Instant::now(), ok, limiter.fallback_active()));
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            results
+        })
+    };
+    let run = |node: usize, args: Vec<String>| {
+        let port = cluster.ports[node];
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                common::redis::redis_cli(port, &[], &args)
+            })
+            .await
+            .expect("cli")
+        }
+    };
+    let strings = |args: &[&str]| args.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The three steps: both ends marked, the key moved, the slot handed over.
+    let slot_text = slot.to_string();
+    let importing = run(
+        target,
+        strings(&["CLUSTER", "SETSLOT", &slot_text, "IMPORTING", &source_id]),
+    )
+    .await;
+    assert_eq!(importing.as_deref(), Some("OK"));
+    let migrating = run(
+        source,
+        strings(&["CLUSTER", "SETSLOT", &slot_text, "MIGRATING", &target_id]),
+    )
+    .await;
+    assert_eq!(migrating.as_deref(), Some("OK"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let target_port = cluster.ports[target].to_string();
+    let migrated = run(
+        source,
+        strings(&[
+            "MIGRATE",
+            "127.0.0.1",
+            &target_port,
+            "",
+            "0",
+            "5000",
+            "KEYS",
+            key,
+        ]),
+    )
+    .await;
+    assert_eq!(migrated.as_deref(), Some("OK"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for node in [target, source, (source + 2) % 3] {
+        let handed = run(
+            node,
+            strings(&["CLUSTER", "SETSLOT", &slot_text, "NODE", &target_id]),
+        )
+        .await;
+        assert_eq!(handed.as_deref(), Some("OK"), "node {node}");
+    }
+    let moved = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let results = load.await.expect("load");
+
+    let failed: Vec<Duration> = results
+        .iter()
+        .filter(|(_, ok, _)| !ok)
+        .map(|(at, _, _)| at.saturating_duration_since(moved))
+        .collect();
+    let after = results
+        .iter()
+        .filter(|(at, _, _)| *at > moved + Duration::from_millis(300));
+    let failed_after = after.clone().filter(|(_, ok, _)| !ok).count();
+    assert!(after.clone().count() > 10, "load ran on after the move");
+    assert_eq!(
+        failed_after,
+        0,
+        "calls failed 300 ms after the move ({} failures in all, last {:?} after the move)",
+        failed.len(),
+        failed.last()
+    );
+    // Calls that met the moving slot were answered by on_error, and the fallback flag said so while they were;
+    // then readiness and the flag came back with the calls.
+    if !failed.is_empty() {
+        assert!(results.iter().any(|(_, _, fallback)| *fallback));
+    }
+    assert!(after.clone().all(|(_, _, fallback)| !fallback));
+    assert!(limiter.readiness().ready, "{:?}", limiter.readiness());
+    // Every admitted call was counted by the cluster, on the node that owns the slot now.
+    let admitted = results.iter().filter(|(_, ok, _)| *ok).count();
+    let stored = cluster
+        .cli(
+            target,
+            &[
+                "EVAL",
+                "return {struct.unpack('<Bdd', redis.call('GET', KEYS[1]))}",
+                "1",
+                key,
+            ],
+        )
+        .unwrap_or_default();
+    let count: Vec<&str> = stored.lines().collect();
+    assert_eq!(
+        count.get(2).copied(),
+        Some(admitted.to_string().as_str()),
+        "{stored}"
+    );
+}

@@ -851,6 +851,13 @@ pub(crate) fn client_builder(config: FredConfig) -> Builder {
             c.internal_command_timeout = Duration::from_secs(2);
             // The caller's timeout and fallback decide what happens to a request: never replay it later.
             c.max_command_attempts = 1;
+            // A Redis Cluster redirection fails the call (the request goes to `on_error`) instead of being
+            // followed by fred: a MOVED still makes fred read the slot map again first, so the next call goes to
+            // the slot's new node, but fred follows an ASK by writing ASKING on a connection other commands are
+            // pipelined on and reading the next reply as its answer, which shifted every later reply on that
+            // connection by one: every call on the moving slot timed out until a restart. Failing the few calls
+            // of a slot between its keys' MIGRATE and its SETSLOT NODE costs less.
+            c.max_redirections = 0;
             c.unresponsive = UnresponsiveConfig {
                 max_timeout: Some(Duration::from_secs(2)),
                 interval: Duration::from_millis(500),
