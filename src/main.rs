@@ -63,8 +63,14 @@ fn main() -> ExitCode {
     tollgate::consumers::jwt::use_ring_for_signatures();
     let cli = Cli::parse();
     init_tracing(cli.log_format);
-    let config = match config::load(&cli.config) {
-        Ok(config) => config,
+    let loaded_file;
+    // Read once: the file watch compares later contents with what was loaded here, not with what the file holds
+    // by the time it starts (a change made meanwhile would be missed for good).
+    let config = match config::load_with_text(&cli.config) {
+        Ok((config, text)) => {
+            loaded_file = text;
+            config
+        }
         Err(error) => {
             eprintln!("{error}");
             return ExitCode::from(EXIT_INVALID);
@@ -84,7 +90,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_FAILURE);
                 }
             };
-            runtime.block_on(run(config))
+            runtime.block_on(run(config, loaded_file))
         }
     }
 }
@@ -143,7 +149,8 @@ fn init_tracing(format: LogFormat) {
     }
 }
 
-async fn run(config: Config) -> ExitCode {
+/// Runs the gateway on `config`, loaded from `loaded_file` (the config file's text as read).
+async fn run(config: Config, loaded_file: String) -> ExitCode {
     tollgate::telemetry::prometheus();
     let limiter = match tollgate::limiter::RateLimiter::from_settings(&config.store) {
         Ok(limiter) => Arc::new(limiter),
@@ -194,6 +201,7 @@ async fn run(config: Config) -> ExitCode {
         .local_addr()
         .map_or(config.admin.listen, |a| a);
     let gateway = Arc::new(Gateway::new(&config, limiter.clone()));
+    gateway.set_loaded_file(loaded_file.into_bytes().into());
     let admin = tollgate::admin::router_for(gateway.clone(), &config.admin);
     tokio::spawn(async move {
         // With the client's address, which the audit lines of consumer changes name.

@@ -11,8 +11,13 @@ use super::validate::validate;
 
 /// Reads and validates the config file at `path`, taking `${VAR}` values from the process environment.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    load_with_text(path).map(|(config, _)| config)
+}
+
+/// [`load`], also returning the file's text as it was read: what a later reload compares the file with.
+pub fn load_with_text(path: &Path) -> Result<(Config, String), ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError::read(path, e))?;
-    parse(&text, path)
+    parse(&text, path).map(|config| (config, text))
 }
 
 /// Validates config `text`, taking `${VAR}` values from the process environment. `source` names the file in
