@@ -73,6 +73,32 @@ async fn forwards_method_path_query_body_and_forwarding_headers() {
 }
 
 #[tokio::test]
+async fn forwarded_host_fields_keep_the_port_the_client_asked_for() {
+    let upstream = Upstream::start().await;
+    let yaml =
+        yaml(&[upstream.url()], "5s").replace("routes:", "client_ip:\n  forwarded: true\nroutes:");
+    let gateway = start_gateway(&yaml).await;
+    let response = client()
+        .get(gateway.url("/api/x"))
+        .header("host", "shop.example.test:8443")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 200);
+    let echo = json(response).await;
+    let headers = &echo["headers"];
+    assert_eq!(
+        headers["x-forwarded-host"], "shop.example.test:8443",
+        "{headers}"
+    );
+    let forwarded = headers["forwarded"].as_str().unwrap_or("");
+    assert!(
+        forwarded.ends_with(";host=\"shop.example.test:8443\""),
+        "{forwarded}"
+    );
+}
+
+#[tokio::test]
 async fn an_upstream_that_does_not_pass_the_host_header_gets_its_own_host() {
     let first = Upstream::start().await;
     let second = Upstream::start().await;
@@ -481,4 +507,66 @@ async fn an_http_1_0_upstream_is_answered_to_clients_as_http_1_1_on_a_kept_conne
     assert_eq!(answer.matches("HTTP/1.1 200 OK").count(), 2, "{answer}");
     assert!(!answer.contains("HTTP/1.0"), "{answer}");
     assert!(answer.contains("via: 1.0 tollgate"), "{answer}");
+}
+
+#[tokio::test]
+async fn health_path_answers_readiness_on_the_main_listener_before_any_route() {
+    let upstream = Upstream::start().await;
+    let yaml = yaml(&[upstream.url()], "5s").replace(
+        "routes:",
+        "server:\n  health_path: /lb-health\nroutes:\n  - name: all\n    match: { path_prefix: / }\n    respond: { status: 418 }",
+    );
+    let gateway = start_gateway(&yaml).await;
+    let response = client()
+        .get(gateway.url("/lb-health"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 200);
+    let body = json(response).await;
+    assert_eq!(body["status"], "ready", "{body}");
+    assert_eq!(body["store"], "memory", "{body}");
+    // Anything else is routed as before.
+    let response = client()
+        .get(gateway.url("/lb-health/x"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 418);
+    assert_eq!(upstream.hits(), 0);
+}
+
+#[tokio::test]
+async fn bodies_over_max_body_bytes_are_413_declared_or_streamed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = Upstream::start().await;
+    let yaml =
+        yaml(&[upstream.url()], "5s").replace("routes:", "server:\n  max_body_bytes: 10\nroutes:");
+    let gateway = start_gateway(&yaml).await;
+    let send = |body: &'static str, path: &'static str| {
+        let url = gateway.url(path);
+        async move { client().post(url).body(body).send().await.expect("request") }
+    };
+    // Declared: refused before any route or upstream.
+    let response = send("12345678901", "/api/x").await;
+    assert_eq!(response.status(), 413);
+    let body = json(response).await;
+    assert_eq!(body["error"], "body_too_large", "{body}");
+    assert_eq!(upstream.hits(), 0);
+    assert_eq!(send("1234567890", "/api/x").await.status(), 200);
+    // Streamed (chunked, no length): cut off as it grows past the limit, on an upstream route and a direct one.
+    for path in ["/api/x", "/demo"] {
+        let mut stream = tokio::net::TcpStream::connect(gateway.addr)
+            .await
+            .expect("connect");
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+             8\r\n12345678\r\n8\r\n12345678\r\n0\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).await.expect("write");
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer).await;
+        assert!(answer.starts_with("HTTP/1.1 413"), "{path}: {answer}");
+        assert!(answer.contains("body_too_large"), "{path}: {answer}");
+    }
 }

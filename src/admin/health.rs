@@ -5,10 +5,8 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
-use serde_json::json;
 
 use super::Admin;
-use crate::limiter::Backend;
 
 /// The truth about the store (see docs/operations.md, "Admin listener"): `"status": "ready"` only once a limiter call has succeeded and while they
 /// keep succeeding; otherwise `"degraded"` with the `reason` (Redis's own words where it gave any) and the
@@ -16,29 +14,8 @@ use crate::limiter::Backend;
 /// limits at risk although calls succeed. 200 either way (the gateway still serves) unless
 /// `admin.readyz_degraded_status` says otherwise for degraded.
 pub(super) async fn readyz(State(admin): State<Admin>) -> impl IntoResponse {
-    let limiter = admin.gateway.limiter();
-    let store = match limiter.backend() {
-        Backend::Memory => "memory",
-        Backend::Redis(_) => "redis",
-    };
-    let readiness = limiter.readiness();
-    let mut body = json!({
-        "status": if readiness.ready { "ready" } else { "degraded" },
-        "store": store,
-        "fallback_active": limiter.fallback_active(),
-        "on_error": limiter.on_error().to_string(),
-    });
-    if let Some(reason) = readiness.reason {
-        body["reason"] = json!(reason);
-    }
-    if !readiness.warnings.is_empty() {
-        body["warnings"] = json!(readiness.warnings);
-    }
-    let status = if readiness.ready {
-        StatusCode::OK
-    } else {
-        admin.degraded_status
-    };
+    // The same answer as `server.health_path` on the main listener.
+    let (status, body) = crate::gateway::readiness(admin.gateway.limiter(), admin.degraded_status);
     (status, Json(body))
 }
 

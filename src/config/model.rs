@@ -84,6 +84,12 @@ pub struct ServerSettings {
     /// timeouts of the load balancers in front (60s for AWS's), so that the balancer, not tollgate, closes idle
     /// connections and never sends a request on one being closed.
     pub keepalive_timeout: Duration,
+    /// A path on the main listener answered as the admin listener's `/readyz` is, before any route: for load
+    /// balancers' health checks, which reach only the listener they balance.
+    pub health_path: Option<String>,
+    /// Largest request body accepted: 413 past it (a declared `Content-Length` at once, a streamed body when it
+    /// grows past it). None: no limit.
+    pub max_body_bytes: Option<u64>,
     /// Largest request head accepted (431 beyond), default 64 KiB.
     pub max_header_bytes: usize,
     /// Time in-flight requests get to finish on shutdown, default 30s.

@@ -7,7 +7,7 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use axum::body::Body;
 use http::header::{HeaderName, HeaderValue};
-use http::{Method, Request, Response};
+use http::{Method, Request, Response, Version};
 
 use super::responses;
 use super::runtime::{Action, Route, Runtime};
@@ -17,7 +17,7 @@ use crate::consumers::directory::Directory;
 use crate::consumers::Consumers;
 use crate::key::RequestFacts;
 use crate::limiter::RateLimiter;
-use crate::proxy::{ForwardedFacts, ProxyError};
+use crate::proxy::{ClientBodyError, ForwardedFacts, ProxyError};
 use crate::routing::{CanonicalRequest, Refusal, RequestTarget};
 
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -168,6 +168,33 @@ impl Gateway {
         response
     }
 
+    /// The answers given before any route: `server.health_path` (the store's readiness, as `/readyz`), and 413 for
+    /// a declared body over `server.max_body_bytes` (a streamed one is held to it as it is read).
+    #[inline]
+    fn answer_before_routing(
+        &self,
+        runtime: &Runtime,
+        request: &mut Request<Body>,
+    ) -> Option<Response<Body>> {
+        if let Some((path, degraded)) = &runtime.health {
+            if request.uri().path() == path {
+                let (status, body) = responses::readiness(&self.limiter, *degraded);
+                return Some(crate::admission::json_response(status, &body));
+            }
+        }
+        let max = runtime.max_body_bytes?;
+        let declared = request
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|length| length > max) {
+            return Some(responses::body_too_large(request.version()));
+        }
+        let body = std::mem::take(request.body_mut());
+        *request.body_mut() = Body::new(crate::proxy::LimitedBody::new(body, max));
+        None
+    }
+
     /// Routes, limits and answers one request; returns the matched route, if any, with the response.
     ///
     /// Everything below reads the request through its canonical form (see the README's security model): the route is matched on, the
@@ -179,6 +206,9 @@ impl Gateway {
         peer: SocketAddr,
         client_ip: IpAddr,
     ) -> (Option<&'r Route>, Response<Body>) {
+        if let Some(early) = self.answer_before_routing(runtime, &mut request) {
+            return (None, early);
+        }
         // The request goes upstream by value while its path is still needed: a clone of the target shares its
         // bytes, where an owned path would be a copy.
         let uri = request.uri().clone();
@@ -189,7 +219,6 @@ impl Gateway {
         let Some(route) = route else {
             return (None, responses::no_route(&canonical.path));
         };
-        let host = canonical.host.as_deref();
         if let Some(field) = &canonical.host_field {
             request
                 .headers_mut()
@@ -211,7 +240,10 @@ impl Gateway {
             Action::Respond(direct) => {
                 // Read first, so that malformed framing is 400 here as on an upstream route.
                 if let Some(reading) = crate::proxy::discard(request.into_body()) {
-                    if reading.await.is_err() {
+                    if let Err(error) = reading.await {
+                        if ClientBodyError::too_large(&error) {
+                            return (Some(route), responses::body_too_large(Version::HTTP_11));
+                        }
                         return (Some(route), responses::bad_body());
                     }
                 }
@@ -223,6 +255,14 @@ impl Gateway {
                 response
             }
             Action::Upstream(upstream) => {
+                // X-Forwarded-Host and Forwarded's host= say the authority the client asked for, port included
+                // (`shop.example:8443`), as the Host field now holds it: an upstream building its own URLs needs the
+                // port. Routing and keys use the host without it.
+                let authority = request.headers().get(http::header::HOST).cloned();
+                let host = authority
+                    .as_ref()
+                    .and_then(|value| value.to_str().ok())
+                    .or(canonical.host.as_deref());
                 let forwarded = ForwardedFacts {
                     peer: peer.ip(),
                     peer_trusted: runtime.client_ip.is_trusted(peer.ip()),
@@ -376,6 +416,9 @@ fn proxy_failure(route: &Route, error: &ProxyError) -> Response<Body> {
     if let ProxyError::ClientBody(_) = error {
         // The client's fault, not the upstream's: no warning, and not counted against the upstream.
         tracing::debug!(route = %route.name, %error, "request body failed");
+        if ClientBodyError::too_large(error) {
+            return responses::body_too_large(Version::HTTP_11);
+        }
         return responses::bad_body();
     }
     tracing::warn!(route = %route.name, %error, "upstream failed");

@@ -8,5 +8,6 @@ mod runtime;
 mod server;
 
 pub use handler::{Gateway, RequestView};
+pub use responses::readiness;
 pub use runtime::Runtime;
 pub use server::{serve, ServeError};

@@ -52,3 +52,49 @@ pub(super) fn gateway_timeout(route: &str) -> Response<Body> {
         &json!({"error": "upstream_timeout", "route": route}),
     )
 }
+
+/// 413 for a request body larger than `server.max_body_bytes`. The connection is closed after it (HTTP/1.x): the
+/// rest of the body is not read.
+pub(super) fn body_too_large(version: Version) -> Response<Body> {
+    let mut response = json_response(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        &json!({"error": "body_too_large", "message": "the request body is larger than server.max_body_bytes"}),
+    );
+    if version < Version::HTTP_2 {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// What the admin listener's `/readyz` answers, also on `server.health_path`: the store's readiness (see
+/// [`crate::limiter::RateLimiter::readiness`]), with `degraded_status` while it is not ready.
+pub fn readiness(
+    limiter: &crate::limiter::RateLimiter,
+    degraded_status: StatusCode,
+) -> (StatusCode, serde_json::Value) {
+    let store = match limiter.backend() {
+        crate::limiter::Backend::Memory => "memory",
+        crate::limiter::Backend::Redis(_) => "redis",
+    };
+    let readiness = limiter.readiness();
+    let mut body = json!({
+        "status": if readiness.ready { "ready" } else { "degraded" },
+        "store": store,
+        "fallback_active": limiter.fallback_active(),
+        "on_error": limiter.on_error().to_string(),
+    });
+    if let Some(reason) = readiness.reason {
+        body["reason"] = json!(reason);
+    }
+    if !readiness.warnings.is_empty() {
+        body["warnings"] = json!(readiness.warnings);
+    }
+    let status = if readiness.ready {
+        StatusCode::OK
+    } else {
+        degraded_status
+    };
+    (status, body)
+}

@@ -31,6 +31,11 @@ pub struct Runtime {
     pub(super) path_rules: PathRules,
     /// Which client fields are dropped as a request arrives (`Connection`'s, names with `_`).
     pub(super) client_fields: ClientFieldRules,
+    /// `server.health_path` and the status it answers while the store is not ready
+    /// (`admin.readyz_degraded_status`).
+    pub(super) health: Option<(String, http::StatusCode)>,
+    /// `server.max_body_bytes`.
+    pub(super) max_body_bytes: Option<u64>,
 }
 
 /// From this many routes on they are found through an index; below, testing each in turn costs less than
@@ -143,6 +148,12 @@ impl Runtime {
             routes_connect,
             unmatched: RouteMetrics::new("none"),
             consumers,
+            health: config.server.health_path.clone().map(|path| {
+                let degraded = http::StatusCode::from_u16(config.admin.readyz_degraded_status)
+                    .unwrap_or(http::StatusCode::OK);
+                (path, degraded)
+            }),
+            max_body_bytes: config.server.max_body_bytes,
         }
     }
 

@@ -24,8 +24,22 @@ pub type Discarding = Pin<Box<dyn Future<Output = Result<(), axum::Error>> + Sen
 /// The client's body could not be read: bad chunk size, fewer bytes than its `Content-Length`, connection closed
 /// or reset mid-body.
 #[derive(Debug, Error)]
-#[error("the client's request body: {0}")]
-pub struct ClientBodyError(#[source] hyper::Error);
+pub enum ClientBodyError {
+    /// Malformed, cut short, or the connection failed mid-body.
+    #[error("the client's request body: {0}")]
+    Read(#[source] hyper::Error),
+    /// Larger than `server.max_body_bytes` (413).
+    #[error("the client's request body is larger than server.max_body_bytes")]
+    TooLarge,
+}
+
+/// A request body held to `server.max_body_bytes`: the reading fails as the client's ([`ClientBodyError::TooLarge`])
+/// once more bytes came than that, so that the upstream request is cancelled and the client answered 413.
+#[derive(Debug)]
+pub struct LimitedBody {
+    inner: Body,
+    remaining: u64,
+}
 
 /// How much of a body a `respond` route reads before answering, and for how long, so that malformed framing is 400
 /// there too. Past either the rest is left unread and the server closes the connection after the answer, as it does
@@ -52,7 +66,7 @@ impl http_body::Body for ClientBody {
     ) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
         Pin::new(&mut self.0)
             .poll_frame(cx)
-            .map_err(ClientBodyError)
+            .map_err(ClientBodyError::Read)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -66,7 +80,57 @@ impl http_body::Body for ClientBody {
 
 // === impl ClientBodyError ===
 
+impl LimitedBody {
+    /// `body`, failing past `max` bytes.
+    pub fn new(body: Body, max: u64) -> Self {
+        Self {
+            inner: body,
+            remaining: max,
+        }
+    }
+}
+
+impl http_body::Body for LimitedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            let length = frame.data_ref().map_or(0, |data| data.len() as u64);
+            match self.remaining.checked_sub(length) {
+                Some(left) => self.remaining = left,
+                None => return Poll::Ready(Some(Err(axum::Error::new(ClientBodyError::TooLarge)))),
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 impl ClientBodyError {
+    /// Whether `error` (or an error it was caused by) is a body over `server.max_body_bytes`.
+    pub fn too_large(error: &(dyn std::error::Error + 'static)) -> bool {
+        let mut cause = Some(error);
+        while let Some(error) = cause {
+            if matches!(error.downcast_ref::<Self>(), Some(Self::TooLarge)) {
+                return true;
+            }
+            cause = error.source();
+        }
+        false
+    }
+
     /// Whether `error` (or an error it was caused by) is the client's body failing: a hyper client reports the body
     /// it was streaming as a cause several layers down.
     pub fn caused(error: &(dyn std::error::Error + 'static)) -> bool {

@@ -8,7 +8,7 @@ mod tls;
 mod upgrade;
 mod upstream;
 
-pub use body::{discard, ClientBody, ClientBodyError, Discarding};
+pub use body::{discard, ClientBody, ClientBodyError, Discarding, LimitedBody};
 pub use headers::{clean_client_fields, prepare_request, ClientFieldRules, ForwardedFacts, VIA};
 pub use tls::{TlsDialer, TlsFieldError, TlsFiles, UpstreamTls};
 pub use upstream::{ProxyError, Upstream, UpstreamSettings};
