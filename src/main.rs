@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use clap::{Parser, Subcommand, ValueEnum};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
@@ -203,6 +204,10 @@ async fn run(config: Config, loaded_file: String) -> ExitCode {
     let gateway = Arc::new(Gateway::new(&config, limiter.clone()));
     gateway.set_loaded_file(loaded_file.into_bytes().into());
     let admin = tollgate::admin::router_for(gateway.clone(), &config.admin);
+    // Descriptors held back for the admin listener: out of descriptors, health checks and metrics still answer.
+    let reserve = tollgate::gateway::Reserve::new(tollgate::gateway::ADMIN_RESERVE);
+    let admin_listener =
+        tollgate::gateway::AdminListener::new(admin_listener, reserve).tap_io(|_| {});
     tokio::spawn(async move {
         // With the client's address, which the audit lines of consumer changes name.
         let admin = admin.into_make_service_with_connect_info::<std::net::SocketAddr>();

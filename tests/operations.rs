@@ -550,3 +550,121 @@ async fn the_file_watch_does_not_load_again_what_a_sighup_just_loaded() {
     assert_eq!(watcher.poll().await, Polled::Settling);
     assert_eq!(watcher.poll().await, Polled::Reloaded);
 }
+
+/// Sends a GET for `/keep` on a new connection to `addr` and waits up to `within` for its answer; the connection,
+/// kept open, if answered.
+async fn answered_connection(
+    addr: std::net::SocketAddr,
+    within: Duration,
+) -> Option<tokio::net::TcpStream> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream
+        .write_all(b"GET /keep HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .ok()?;
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 1024];
+    let read = async {
+        while !answer.ends_with(b"kept") {
+            let n = stream.read(&mut buffer).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            answer.extend_from_slice(&buffer[..n]);
+        }
+        Some(())
+    };
+    tokio::time::timeout(within, read).await.ok()??;
+    Some(stream)
+}
+
+#[tokio::test]
+async fn out_of_descriptors_the_admin_listener_answers_and_the_main_one_backs_off_logging_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.yaml");
+    let yaml = three_routes_yaml("v1") + "server:\n  header_read_timeout: 10m\n";
+    write(&path, &yaml);
+    // A soft and hard limit of 64: nothing to raise, and few connections exhaust it.
+    let mut command = Command::new("prlimit");
+    command
+        .args(["--nofile=64:64", BIN, "run", "--config"])
+        .arg(&path)
+        .env("RUST_LOG", "warn")
+        .env_remove("TOKIO_WORKER_THREADS");
+    let process = Tollgate::spawn(command);
+    let listen = process.listen;
+
+    // Connections held open until one is left unanswered: the gateway has no descriptor left to accept it.
+    let mut held = Vec::new();
+    let waiting = loop {
+        let mut stream = tokio::net::TcpStream::connect(listen)
+            .await
+            .expect("connect");
+        stream
+            .write_all(b"GET /keep HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .expect("write");
+        let mut buffer = [0u8; 1024];
+        match tokio::time::timeout(Duration::from_millis(500), stream.read(&mut buffer)).await {
+            Ok(Ok(n)) if n > 0 => held.push(stream),
+            _ => break stream,
+        }
+        assert!(held.len() < 200, "the descriptors never ran out");
+    };
+    assert!(held.len() > 10, "{} connections", held.len());
+
+    // The admin listener answers, again and again, on the descriptors held back for it.
+    for i in 0..5 {
+        let health = tokio::time::timeout(
+            Duration::from_secs(2),
+            client().get(process.admin_url("/healthz")).send(),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("/healthz {i} timed out:\n{}", process.log()))
+        .expect("healthz");
+        assert_eq!(health.status(), 200);
+    }
+    // One line for the episode, however long it lasts (the accepts back off).
+    let lines = |needle: &str| {
+        process
+            .log()
+            .lines()
+            .filter(|line| line.contains(needle))
+            .count()
+    };
+    let logged = eventually(Duration::from_secs(5), async || {
+        lines("out of file descriptors") == 1
+    })
+    .await;
+    assert!(logged.is_some(), "{}", process.log());
+    let more = eventually(Duration::from_millis(1_500), async || {
+        lines("out of file descriptors") > 1
+    })
+    .await;
+    assert!(more.is_none(), "logged more than once:\n{}", process.log());
+
+    // Descriptors free again: the waiting connection is served, the episode's end is said once with its count.
+    drop(held);
+    let mut waiting = waiting;
+    let mut buffer = [0u8; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(5), waiting.read(&mut buffer))
+        .await
+        .expect("the waiting connection is served")
+        .expect("read");
+    assert!(n > 0);
+    let ended = eventually(Duration::from_secs(5), async || {
+        lines("accepting connections again") == 1
+    })
+    .await;
+    assert!(ended.is_some(), "{}", process.log());
+    let end = process
+        .log()
+        .lines()
+        .find(|line| line.contains("accepting connections again"))
+        .map(str::to_owned)
+        .expect("end line");
+    assert!(end.contains("failed="), "{end}");
+    assert!(answered_connection(listen, Duration::from_secs(2))
+        .await
+        .is_some());
+}

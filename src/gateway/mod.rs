@@ -1,5 +1,6 @@
 //! The gateway itself: per request, find the route, build the keys, ask the limiter, then forward or refuse.
 
+mod descriptors;
 mod drain;
 mod handler;
 mod idle;
@@ -7,6 +8,7 @@ mod responses;
 mod runtime;
 mod server;
 
+pub use descriptors::{AdminListener, Reserve, ADMIN_RESERVE};
 pub use handler::{Gateway, RequestView};
 pub use responses::readiness;
 pub use runtime::Runtime;

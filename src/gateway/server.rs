@@ -17,6 +17,7 @@ use hyper_util::server::conn::auto;
 use thiserror::Error;
 use tokio::net::{TcpListener, TcpStream};
 
+use super::descriptors::{connection_error, out_of_descriptors, Exhaustion};
 use super::drain::{Drain, DrainWatcher};
 use super::idle::ConnectionClock;
 use super::responses;
@@ -44,15 +45,34 @@ pub async fn serve(
     let drain = Drain::new();
     tokio::pin!(shutdown);
 
+    let mut exhausted: Option<Exhaustion> = None;
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
+                Ok(accepted) => {
+                    if let Some(episode) = exhausted.take() {
+                        episode.end();
+                    }
+                    accepted
+                }
                 Err(error) => {
-                    // Out of file descriptors and the like: keep serving the connections we have.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
+                    // Out of file descriptors: keep serving the connections we have, and back off (logged once
+                    // per episode) rather than spin on accepts that fail.
+                    let pause = if out_of_descriptors(&error) {
+                        match &mut exhausted {
+                            Some(episode) => episode.again(),
+                            None => exhausted.insert(Exhaustion::begin(&error)).pause(),
+                        }
+                    } else if connection_error(&error) {
+                        continue;
+                    } else {
+                        tracing::warn!(%error, "accept failed");
+                        Duration::from_millis(50)
+                    };
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => continue,
+                        () = &mut shutdown => break,
+                    }
                 }
             },
             () = &mut shutdown => break,
