@@ -864,3 +864,58 @@ async fn an_import_sets_many_consumers_on_every_instance_and_a_bad_line_sets_non
         .expect("request");
     assert_eq!(response.status(), 401);
 }
+
+#[tokio::test]
+async fn bodies_that_are_arrays_or_name_a_member_twice_and_dot_ids_are_refused() {
+    let gateway = start_gateway(&yaml("  backend: memory\n")).await;
+    let admin = serve_admin(&gateway, Some(TOKEN)).await;
+    let addr: std::net::SocketAddr = admin
+        .trim_start_matches("http://")
+        .parse()
+        .expect("admin address");
+    for (target, body, code) in [
+        ("/consumers/acme", r#"["pro", {}, false]"#, "invalid_body"),
+        (
+            "/consumers/acme",
+            r#"{"plan":"pro","plan":"free"}"#,
+            "invalid_body",
+        ),
+        (
+            "/consumers/acme",
+            r#"{"plan":"pro","overrides":{"hourly":{"burst":1},"hourly":{"burst":900}}}"#,
+            "invalid_body",
+        ),
+        (
+            "/consumers/acme/record",
+            r#"[null, {}, false, []]"#,
+            "invalid_body",
+        ),
+        ("/consumers/%2E", r#"{"plan":"pro"}"#, "invalid_consumer_id"),
+        (
+            "/consumers/%2e%2E",
+            r#"{"plan":"pro"}"#,
+            "invalid_consumer_id",
+        ),
+    ] {
+        // Written by hand: HTTP clients resolve `%2E` segments before sending.
+        let request = format!(
+            "PUT {target} HTTP/1.1\r\nHost: admin\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let response = common::http_client::raw(addr, request.as_bytes()).await;
+        assert!(
+            response.starts_with("HTTP/1.1 400"),
+            "{target} {body}: {response}"
+        );
+        assert!(
+            response.contains(&format!("\"{code}\"")),
+            "{target} {body}: {response}"
+        );
+    }
+    assert!(gateway
+        .gateway
+        .consumers()
+        .expect("consumers")
+        .directory()
+        .is_empty());
+}

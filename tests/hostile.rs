@@ -753,6 +753,7 @@ async fn the_host_routed_on_is_the_host_forwarded_and_there_is_exactly_one() {
         ("GET /v HTTP/1.1\r\nConnection: close\r\n\r\n", "no Host"),
         ("GET /v HTTP/1.1\r\nHost: a@limited.example\r\nConnection: close\r\n\r\n", "user info"),
         ("GET /v HTTP/1.1\r\nHost: limited.example:x\r\nConnection: close\r\n\r\n", "bad port"),
+        ("GET /v HTTP/1.1\r\nHost: [limited.example]\r\nConnection: close\r\n\r\n", "a name in brackets"),
     ] {
         let (status, body) = send(gateway.addr, request).await;
         assert_eq!(status, 400, "{why}: {body}");
@@ -830,6 +831,12 @@ async fn case_variant_methods_and_connect_are_refused() {
     )
     .await;
     assert_eq!(status, 405, "{body}");
+    let (status, body) = send(
+        gateway.addr,
+        "CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:443\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 405, "authority form: {body}");
     assert_eq!(upstream.hits(), 2);
 }
 

@@ -708,3 +708,57 @@ mod properties {
         }
     }
 }
+
+/// An HS256 token over `claims` written as given (so that a member can be named twice), signed with `secret` (at
+/// most 64 bytes) by HMAC-SHA256 written out (RFC 2104).
+fn hs256_raw(secret: &[u8], claims: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"HS256","typ":"JWT"}"#);
+    let message = format!("{header}.{}", URL_SAFE_NO_PAD.encode(claims));
+    let mut key = [0u8; 64];
+    key[..secret.len()].copy_from_slice(secret);
+    let inner: Vec<u8> = key
+        .iter()
+        .map(|b| b ^ 0x36)
+        .chain(message.bytes())
+        .collect();
+    let inner = Sha256::digest(&inner);
+    let outer: Vec<u8> = key.iter().map(|b| b ^ 0x5c).chain(inner).collect();
+    format!(
+        "{message}.{}",
+        URL_SAFE_NO_PAD.encode(Sha256::digest(&outer))
+    )
+}
+
+#[test]
+fn claims_with_a_member_named_twice_or_a_consumer_id_outside_the_admin_set_are_refused() {
+    let secret = b"a shared secret of at least 32 bytes".to_vec();
+    let verifier = JwtVerifier::new(settings(
+        vec![Algorithm::HS256],
+        JwtKeySource::Secret(secret.clone()),
+    ))
+    .expect("HS256 verifier");
+    let exp = now() + 600;
+    let written =
+        |sub: &str| format!(r#"{{{sub}"tier":"pro","iss":"{ISSUER}","aud":"api","exp":{exp}}}"#);
+    assert_eq!(
+        verifier.verify(&hs256_raw(&secret, &written(r#""sub":"acme","#))),
+        Ok(acme(exp))
+    );
+    for duplicated in [r#""sub":"acme","sub":"root","#, r#""sub":"acme","exp":1,"#] {
+        assert_eq!(
+            verifier.verify(&hs256_raw(&secret, &written(duplicated))),
+            Err(TokenRejection::Malformed),
+            "{duplicated}"
+        );
+    }
+    let key = EncodingKey::from_secret(&secret);
+    for sub in ["acme\r\nX-Consumer-Id: root", ".", "..", "a b", "caf\u{e9}"] {
+        let token = sign_as(Algorithm::HS256, None, &key, &claims(json!({"sub": sub})));
+        assert_eq!(
+            verifier.verify(&token),
+            Err(TokenRejection::InvalidConsumerId),
+            "{sub:?}"
+        );
+    }
+}

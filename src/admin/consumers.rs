@@ -79,7 +79,7 @@ pub(super) async fn put(
     body: Bytes,
 ) -> Result<Json<Value>, AdminError> {
     let (consumers, directory) = admin.consumers(&headers, &id)?;
-    let settings: SettingsBody = serde_json::from_slice(&body).map_err(|error| {
+    let settings: SettingsBody = strict_body(&body).map_err(|error| {
         let hint = if error.to_string().contains("`keys`") {
             " (keys are issued with POST /consumers/{id}/keys)"
         } else {
@@ -133,7 +133,7 @@ pub(super) async fn import(
             AdminError::BadRequest(code, format!("line {}: {why}", number + 1))
         };
         let ImportLine { consumer, record } =
-            serde_json::from_str(line).map_err(|error| at("invalid_body", error.to_string()))?;
+            strict_body(line.as_bytes()).map_err(|error| at("invalid_body", error))?;
         consumer_id(&consumer).map_err(|why| at("invalid_consumer_id", why))?;
         if !seen.insert(consumer.clone()) {
             return Err(at(
@@ -309,8 +309,8 @@ pub(super) async fn restore(
     body: Bytes,
 ) -> Result<Json<Value>, AdminError> {
     let (consumers, directory) = admin.consumers(&headers, &id)?;
-    let record: ConsumerRecord = serde_json::from_slice(&body)
-        .map_err(|error| AdminError::BadRequest("invalid_body", error.to_string()))?;
+    let record: ConsumerRecord =
+        strict_body(&body).map_err(|error| AdminError::BadRequest("invalid_body", error))?;
     consumers
         .check_record(&record)
         .map_err(|why| AdminError::BadRequest("invalid_settings", why))?;
@@ -411,6 +411,13 @@ pub(super) async fn revoke_key(
     let after = directory.consumer(&id);
     audit(&who, "key.revoke", &id, before.as_deref(), after.as_deref());
     Ok(Json(json!({"consumer": id, "id": key_id, "revoked": true})))
+}
+
+/// An admin body read as `T`: a JSON object in which no member is named twice, at any depth (see
+/// [`crate::consumers::json`]).
+fn strict_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+    let value = crate::consumers::json::object(body)?;
+    serde_json::from_value(value).map_err(|error| error.to_string())
 }
 
 impl Admin {

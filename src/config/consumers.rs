@@ -364,9 +364,10 @@ pub(crate) fn check_consumer_id(issues: &mut Issues, at: &str, id: &str) {
 /// Whether `id` may name a consumer; the message says why not.
 pub fn consumer_id(id: &str) -> Result<(), String> {
     let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '@' | '-');
-    if id.is_empty() || id.len() > 128 || !id.chars().all(allowed) {
+    // `.` and `..` would be path segments in the admin API's URLs, resolved away by clients and proxies.
+    if id.is_empty() || id.len() > 128 || !id.chars().all(allowed) || id == "." || id == ".." {
         return Err(format!(
-            "invalid consumer id {id:?} (1 to 128 of A-Z a-z 0-9 . _ : @ -)"
+            "invalid consumer id {id:?} (1 to 128 of A-Z a-z 0-9 . _ : @ -, not . or ..)"
         ));
     }
     Ok(())

@@ -5,6 +5,7 @@ mod api_key;
 pub mod directory;
 mod failures;
 mod identify;
+pub mod json;
 pub mod jwt;
 mod overrides;
 mod settings;

@@ -352,6 +352,10 @@ fn read<'r, 'u, B>(
     request: &Request<B>,
     uri: &'u http::Uri,
 ) -> Result<(CanonicalRequest<'u>, Option<&'r Route>), Refusal> {
+    // Before the target is read: `CONNECT host:port` has no path, and is 405 as any CONNECT no route names.
+    if request.method() == Method::CONNECT && !runtime.routes_connect {
+        return Err(Refusal::ConnectNotRouted);
+    }
     let canonical = CanonicalRequest::with_rules(
         request.method(),
         request.version(),
@@ -359,9 +363,6 @@ fn read<'r, 'u, B>(
         request.headers(),
         runtime.path_rules,
     )?;
-    if request.method() == Method::CONNECT && !runtime.routes_connect {
-        return Err(Refusal::ConnectNotRouted);
-    }
     let route = runtime.route_for(&RequestTarget {
         method: request.method(),
         host: canonical.host.as_deref(),

@@ -283,6 +283,13 @@ fn parse_authority(text: &str) -> Result<(String, String), Refusal> {
         .parse::<http::uri::Authority>()
         .map_err(|_| Refusal::BadHost)?;
     let raw_host = authority.host();
+    // Brackets hold an IPv6 address and nothing else (RFC 3986 §3.2.2): `[name]` is no host at all.
+    if let Some(inner) = raw_host.strip_prefix('[') {
+        let address = inner.strip_suffix(']').ok_or(Refusal::BadHost)?;
+        address
+            .parse::<std::net::Ipv6Addr>()
+            .map_err(|_| Refusal::BadHost)?;
+    }
     let mut host = raw_host.to_ascii_lowercase();
     if host.ends_with('.') && !host.starts_with('[') {
         host.pop();
@@ -391,6 +398,9 @@ mod tests {
             "a.example:",
             ":80",
             "[::1",
+            "[name]",
+            "[name]:80",
+            "[v1.x]",
             ".",
         ] {
             assert_eq!(host(v11, "/x", &[bad]), Err(Refusal::BadHost), "{bad:?}");

@@ -1,4 +1,4 @@
-//! Routing: the one canonical view of a request (§7 of the design), the path normalisation it rests on, the
+//! Routing: the one canonical view of a request (docs/responses.md), the path normalisation it rests on, the
 //! route matchers that take it (first match wins), and the index that finds the first among many routes.
 
 mod canonical;

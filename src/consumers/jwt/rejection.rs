@@ -35,6 +35,9 @@ pub enum TokenRejection {
     /// The consumer claim is absent, empty or not a string, or there is no `exp`.
     #[error("token lacks a required claim")]
     MissingClaim,
+    /// The consumer claim is not a valid consumer id (1 to 128 of `A-Z a-z 0-9 . _ : @ -`, not `.` or `..`).
+    #[error("token consumer claim is not a valid consumer id")]
+    InvalidConsumerId,
     /// The JWKS URL has not been fetched yet.
     #[error("token keys not available yet")]
     KeysUnavailable,
@@ -76,6 +79,7 @@ impl TokenRejection {
             Self::WrongIssuer => "wrong_issuer",
             Self::WrongAudience => "wrong_audience",
             Self::MissingClaim => "missing_claim",
+            Self::InvalidConsumerId => "invalid_consumer_id",
             Self::KeysUnavailable => "keys_unavailable",
         }
     }
@@ -103,6 +107,9 @@ impl TokenRejection {
             }
             Self::MissingClaim => {
                 r#"Bearer error="invalid_token", error_description="missing_claim""#
+            }
+            Self::InvalidConsumerId => {
+                r#"Bearer error="invalid_token", error_description="invalid_consumer_id""#
             }
             Self::KeysUnavailable => {
                 r#"Bearer error="invalid_token", error_description="keys_unavailable""#

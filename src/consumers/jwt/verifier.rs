@@ -12,6 +12,8 @@ use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, Validation};
 use parking_lot::Mutex;
 use serde_json::{Map, Value};
+
+use crate::consumers::json::Claims;
 use tokio::sync::Notify;
 
 use super::bearer;
@@ -263,8 +265,9 @@ impl Shared {
         // Without a `kid`, each key that fits is tried; a signature that fails one may verify with the next.
         for key in candidates {
             self.verifications.fetch_add(1, Ordering::Relaxed);
-            outcome = jsonwebtoken::decode::<Map<String, Value>>(token, key, validation)
-                .map(|data| data.claims)
+            // Claims with a member named twice are malformed: which `sub` would the upstream's parser read?
+            outcome = jsonwebtoken::decode::<Claims>(token, key, validation)
+                .map(|data| data.claims.0)
                 .map_err(|error| rejection(error.kind()));
             if outcome != Err(TokenRejection::BadSignature) {
                 break;
@@ -287,6 +290,11 @@ impl Shared {
             _ => None,
         };
         let consumer = string(&self.consumer_claim).ok_or(TokenRejection::MissingClaim)?;
+        // The id reaches store keys, logs and the consumer header: it obeys the admin API's character set, or a
+        // `sub` with CR LF would silently lose the header the upstream believes.
+        if crate::config::consumer_id(&consumer).is_err() {
+            return Err(TokenRejection::InvalidConsumerId);
+        }
         let plan = self.plan_claim.as_deref().and_then(string);
         // jsonwebtoken has checked `exp` is there and a non-negative number (an integer or not).
         let expires_at = match claims.get("exp") {
