@@ -245,6 +245,20 @@ async fn limits_api_requires_the_token_when_one_is_set() {
     let response = client.get(&url).send().await.unwrap();
     assert_eq!(response.status(), 401);
     assert_eq!(response.headers()["www-authenticate"], "Bearer");
+    // The body docs/operations.md shows, and /consumers needs the token too.
+    let body = response.text().await.unwrap();
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+        .unwrap();
+    assert!(
+        docs.contains(&format!("`401 {body}`")),
+        "{body} is not the documented body"
+    );
+    let consumers = client
+        .get(format!("{admin}/consumers/acme"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(consumers.status(), 401);
     assert_eq!(client.delete(&url).send().await.unwrap().status(), 401);
     assert_eq!(
         client

@@ -322,3 +322,66 @@ fn pretty_logs_to_a_pipe_carry_no_colour_codes() {
         assert!(!text.contains('\u{1b}'), "NO_COLOR={no_color:?}: {text:?}");
     }
 }
+
+/// The lines of docs/configuration.md's error example, as `tollgate check` prints them for the files it describes:
+/// the shipped gateway.yaml with the reported field's value written `1 minute`, and a file with `store:` misspelt
+/// on its second line.
+#[test]
+fn the_documented_error_examples_are_what_check_prints() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let docs =
+        std::fs::read_to_string(repo.join("docs/configuration.md")).expect("configuration.md");
+    let documented = |prefix: &str| -> String {
+        docs.lines()
+            .find(|line| line.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no line starting {prefix:?} in docs/configuration.md"))
+            .to_owned()
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+
+    let example = documented("gateway.yaml:");
+    let mut place = example.splitn(4, ':').skip(1);
+    let line: usize = place
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("a line number");
+    let column: usize = place.next().and_then(|n| n.parse().ok()).expect("a column");
+    let shipped = std::fs::read_to_string(repo.join("gateway.yaml")).expect("gateway.yaml");
+    let mut lines: Vec<String> = shipped.lines().map(str::to_owned).collect();
+    let field = &lines[line - 1][column - 1..];
+    let (name, _) = field
+        .split_once(':')
+        .expect("a field at the documented place");
+    // The value after `name: ` ends at a space, a comma, a brace or a comment.
+    let after = name.len() + 2;
+    let value_end = field[after..]
+        .find([' ', ',', '}', '#'])
+        .map_or(field.len(), |end| after + end);
+    let rewritten = format!(
+        "{}{name}: 1 minute{}",
+        &lines[line - 1][..column - 1],
+        &field[value_end..]
+    );
+    lines[line - 1] = rewritten;
+    std::fs::write(dir.path().join("gateway.yaml"), lines.join("\n") + "\n").expect("write");
+    let bad = "listen: 127.0.0.1:8080\nstroe:\n  backend: memory\n";
+    std::fs::write(dir.path().join("bad.yaml"), bad).expect("write");
+
+    for (file, expected) in [
+        ("gateway.yaml", example),
+        ("bad.yaml", documented("bad.yaml:")),
+    ] {
+        let output = Command::new(BIN)
+            .args(["check", "--config", file])
+            .current_dir(dir.path())
+            .env_remove("TOLLGATE_CONFIG")
+            .output()
+            .expect("run tollgate check");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.lines().any(|l| l == expected),
+            "documented:\n{expected}\nprinted:\n{stderr}"
+        );
+    }
+}
