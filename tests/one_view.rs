@@ -1,8 +1,10 @@
-//! One view of the request (design §7), as a property: for generated requests written every way a client can
-//! write them (case, percent-encoding, dot segments, duplicate and absent headers, absolute form, chains of
-//! proxies), the request the upstream receives, read back by tollgate's own routing and key extraction, gives the
-//! same route, the same keys and the same allowlist verdict as the request that was sent; and a request the
-//! gateway refuses is refused with the status its reading names.
+//! One view of the request, as a property: for generated requests written every way a client can write them
+//! (case, percent-encoding of every kind of character, UTF-8 and invalid UTF-8, dot segments, `;` parameters,
+//! trailing slashes, backslashes, query separators and parameter-name spellings, duplicate and absent headers,
+//! field names with `_`, `Connection` naming any field, absolute form, chains of proxies), the request the upstream
+//! receives, read back by tollgate's own routing and key extraction, gives the same route, the same keys and the
+//! same allowlist verdict as the request that was sent; and a request the gateway refuses is refused with the
+//! status its reading names.
 
 mod common;
 
@@ -136,8 +138,47 @@ impl Written {
 
 fn segment() -> impl Strategy<Value = &'static str> {
     prop::sample::select(vec![
-        "api", "API", "%61pi", "%41PI", "login", "internal", "keyed", "shout", "SHOUT", "x",
-        "%7Ex", "%2F", "%2f", ".", "..", "%2e", "%2E%2e", "", "v1",
+        "api",
+        "API",
+        "%61pi",
+        "%41PI",
+        "login",
+        "internal",
+        "keyed",
+        "shout",
+        "SHOUT",
+        "x",
+        "%7Ex",
+        "%2F",
+        "%2f",
+        ".",
+        "..",
+        "%2e",
+        "%2E%2e",
+        "",
+        "v1",
+        // Escapes of every kind of reserved character, UTF-8 and not, parameters, backslashes.
+        "items%3Apurge",
+        "items:purge",
+        "%21%24%26%27%28%29%2A%2B%2C%3B%3D%40",
+        "%3F%23%5B%5D",
+        "a|b",
+        "%7c",
+        "caf\u{e9}",
+        "caf%C3%A9",
+        "caf%c3%a9",
+        "%C3",
+        "caf%E9",
+        "%ED%A0%80",
+        "LOGIN",
+        "login;jsessionid=1",
+        "..;",
+        "..;x",
+        "x;y",
+        "%5C",
+        "a\\b",
+        "%00",
+        "%25",
     ])
 }
 
@@ -174,7 +215,17 @@ fn written() -> impl Strategy<Value = Written> {
         prop::collection::vec(segment(), 0..5),
         any::<bool>(),
         prop::collection::vec(
-            prop::sample::select(vec!["tenant=a", "tenant=b", "page=2", "Tenant=c"]),
+            prop::sample::select(vec![
+                "tenant=a",
+                "tenant=b",
+                "page=2",
+                "Tenant=c",
+                "x=1;tenant=a",
+                "TENANT=b",
+                "tenant[]=a",
+                "%74enant=b",
+                "tenant%5B%5D=c",
+            ]),
             0..3,
         ),
         prop::collection::vec(host, 0..3),
@@ -190,7 +241,23 @@ fn written() -> impl Strategy<Value = Written> {
         ),
         prop::option::weighted(0.2, address()),
         prop::collection::vec(prop::sample::select(vec!["k1", "k2", " k1 "]), 0..3),
-        0..3usize,
+        (
+            0..3usize,
+            // Fields a client adds to step around: names with `_`, and `Connection` naming any field.
+            prop::collection::vec(
+                prop::sample::select(vec![
+                    ("X_Api_Key", "k9"),
+                    ("X_Forwarded_For", "10.9.9.9"),
+                    ("X_Real_IP", "10.9.9.9"),
+                    ("Connection", "X-Api-Key"),
+                    ("Connection", "Host"),
+                    ("Connection", "X-Forwarded-For, Forwarded"),
+                    ("Connection", "X-Forwarded-Host, Via, X-Request-Id"),
+                    ("Connection", "keep-alive, x-real-ip"),
+                ]),
+                0..3,
+            ),
+        ),
     )
         .prop_map(
             |(
@@ -205,7 +272,7 @@ fn written() -> impl Strategy<Value = Written> {
                 forwarded,
                 real_ip,
                 keys,
-                through,
+                (through, extra),
             )| {
                 let mut path: String = segments.iter().map(|s| format!("/{s}")).collect();
                 if path.is_empty() || trailing {
@@ -217,6 +284,11 @@ fn written() -> impl Strategy<Value = Written> {
                 headers.extend(forwarded.map(|v| ("Forwarded", v)));
                 headers.extend(real_ip.map(|v| ("X-Real-IP", v.to_owned())));
                 headers.extend(keys.into_iter().map(|k| ("X-Api-Key", k.to_owned())));
+                headers.extend(
+                    extra
+                        .into_iter()
+                        .map(|(name, value)| (name, value.to_owned())),
+                );
                 Written {
                     method,
                     version,

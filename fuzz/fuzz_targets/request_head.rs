@@ -14,7 +14,7 @@ use tollgate::config;
 use tollgate::gateway::Gateway;
 use tollgate::key::ClientIpHeader;
 use tollgate::limiter::RateLimiter;
-use tollgate::proxy::{prepare_request, ForwardedFacts};
+use tollgate::proxy::{clean_client_fields, prepare_request, ClientFieldRules, ForwardedFacts};
 use tollgate::routing::{normalize_path, CanonicalRequest};
 
 /// Routes of every kind that reads the request: a path prefix keyed by address, keys on a header, a query
@@ -146,9 +146,22 @@ fuzz_target!(|data: &[u8]| {
     let Some((&which, head)) = data.split_first() else {
         return;
     };
-    let Some(request) = parse(head) else {
+    let Some(mut request) = parse(head) else {
         return;
     };
+    // As the request arrives: the fields its `Connection` names go (never `Host`), and so do names with `_`.
+    let hosts_before = request.headers().get_all(header::HOST).iter().count();
+    clean_client_fields(request.headers_mut(), &ClientFieldRules::default());
+    assert_eq!(
+        request.headers().get_all(header::HOST).iter().count(),
+        hosts_before,
+        "Connection removed Host"
+    );
+    assert!(
+        request.headers().keys().all(|name| !name.as_str().contains('_')),
+        "a name with _ survived: {:?}",
+        request.headers()
+    );
     // The low bits pick the peer; bit 2 asks for tollgate's own `Forwarded` element (`client_ip.forwarded`); bits
     // 3-4 the field believed from trusted proxies (`client_ip.header`).
     let peer = match which % 3 {
