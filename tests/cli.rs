@@ -141,6 +141,36 @@ fn check_prints_routes_and_limits_of_the_shipped_config() {
     }
 }
 
+/// The README shows `tollgate check`'s output for the shipped config: it is what the binary prints, byte for byte,
+/// run from the repository with none of the config's variables set.
+#[test]
+fn the_readme_check_output_is_what_check_prints() {
+    let repo = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{repo}/README.md")).expect("README.md");
+    let command = "$ ./target/release/tollgate check --config gateway.yaml\n";
+    let start = readme
+        .find(command)
+        .expect("the check example in README.md")
+        + command.len();
+    let documented = &readme[start..start + readme[start..].find("```").expect("end of block")];
+    let mut check = Command::new(BIN);
+    check
+        .args(["check", "--config", "gateway.yaml"])
+        .current_dir(repo);
+    for variable in [
+        "TOLLGATE_CONFIG",
+        "TOLLGATE_LISTEN",
+        "TOLLGATE_ADMIN_LISTEN",
+        "TOLLGATE_ADMIN_TOKEN",
+        "REDIS_URL",
+        "UPSTREAM_URL",
+    ] {
+        check.env_remove(variable);
+    }
+    let output = check.output().expect("run tollgate check");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), documented);
+}
+
 #[test]
 fn missing_config_file_exits_2_and_bad_arguments_exit_2() {
     let output = tollgate(&["check", "--config", "/nonexistent/tollgate.yaml"]);
@@ -382,6 +412,42 @@ fn the_documented_error_examples_are_what_check_prints() {
         assert!(
             stderr.lines().any(|l| l == expected),
             "documented:\n{expected}\nprinted:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn check_prints_server_client_ip_upstreams_token_and_route_answers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = r#"admin: { listen: 127.0.0.1:9901, token: s3cret }
+store: { backend: memory }
+server: { keepalive_timeout: 90s, health_path: /lb, max_body_bytes: 1024 }
+client_ip: { trusted_proxies: [10.0.0.0/8], header: forwarded }
+upstreams:
+  b: { targets: ["http://10.1.2.3:8000"], timeout: 2s, connect_timeout: 250ms, pass_host_header: false }
+routes:
+  - name: r
+    match: { path_prefix: /r }
+    upstream: b
+    deny_status: 503
+    headers: false
+    limits: [{ name: l, key: ip, algorithm: gcra, rate: 1/s, burst: 1 }]
+"#;
+    let path = write_config(&dir, "full.yaml", yaml);
+    let output = tollgate(&["check", "--config", path.to_str().expect("path")]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    for expected in [
+        "admin 127.0.0.1:9901 (token set)",
+        "server: header_read_timeout 10s   keepalive_timeout 90s",
+        "health_path /lb   max_body_bytes 1024",
+        "client_ip: trusted_proxies 10.0.0.0/8   header forwarded   ipv6_prefix 64",
+        "upstream b: http://10.1.2.3:8000/   timeout 2s   connect_timeout 250ms   own Host",
+        "upstream b (deny 503) (headers: false)",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
         );
     }
 }

@@ -23,11 +23,21 @@ pub fn render(config: &Config) -> String {
         ),
     };
     let _ = writeln!(out, "{}: valid", config.source.display());
+    let token = if config.admin.token.is_some() {
+        "token set"
+    } else {
+        "no token"
+    };
     let _ = writeln!(
         out,
-        "listen {}   admin {}   store {store}",
+        "listen {}   admin {} ({token})   store {store}",
         config.listen, config.admin.listen
     );
+    out.push_str(&server_line(config));
+    out.push_str(&client_ip_line(config));
+    for upstream in &config.upstreams {
+        out.push_str(&upstream_line(upstream));
+    }
     let _ = writeln!(out);
 
     let mut rows = vec![[
@@ -50,6 +60,89 @@ pub fn render(config: &Config) -> String {
         out.push_str(&consumers_summary(consumers, &config.routes));
     }
     out
+}
+
+/// `server:` as understood: its clocks and sizes, and what is set of the rest.
+fn server_line(config: &Config) -> String {
+    let server = &config.server;
+    let seconds = |d: std::time::Duration| format_duration_ms(d.as_millis() as u64);
+    let mut line = format!(
+        "server: header_read_timeout {}   keepalive_timeout {}   max_header_bytes {}   shutdown_grace {}",
+        seconds(server.header_read_timeout),
+        seconds(server.keepalive_timeout),
+        server.max_header_bytes,
+        seconds(server.shutdown_grace),
+    );
+    if let Some(path) = &server.health_path {
+        let _ = write!(line, "   health_path {path}");
+    }
+    if let Some(max) = server.max_body_bytes {
+        let _ = write!(line, "   max_body_bytes {max}");
+    }
+    if server.keep_escaped_slashes {
+        line.push_str("   escaped_slashes keep");
+    }
+    if server.underscores_in_headers {
+        line.push_str("   underscores_in_headers");
+    }
+    line.push('\n');
+    line
+}
+
+/// `client_ip:` as understood: whom X-Forwarded-For (or the field named) is believed from.
+fn client_ip_line(config: &Config) -> String {
+    let client_ip = &config.client_ip;
+    let trusted = if client_ip.trusted_proxies.is_empty() {
+        "none (the client is the TCP peer)".to_owned()
+    } else {
+        let nets: Vec<String> = client_ip
+            .trusted_proxies
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        nets.join(",")
+    };
+    let header = match client_ip.header {
+        crate::key::ClientIpHeader::XForwardedFor => "x-forwarded-for",
+        crate::key::ClientIpHeader::Forwarded => "forwarded",
+        crate::key::ClientIpHeader::XRealIp => "x-real-ip",
+    };
+    let forwarded = if client_ip.forwarded {
+        "   writes Forwarded"
+    } else {
+        ""
+    };
+    format!(
+        "client_ip: trusted_proxies {trusted}   header {header}   ipv6_prefix {}{forwarded}\n",
+        client_ip.ipv6_prefix
+    )
+}
+
+/// One upstream: its targets, clocks and TLS.
+fn upstream_line(upstream: &crate::proxy::UpstreamSettings) -> String {
+    let targets: Vec<String> = upstream.targets.iter().map(|t| t.to_string()).collect();
+    let mut line = format!(
+        "upstream {}: {}   timeout {}   connect_timeout {}",
+        upstream.name,
+        targets.join(", "),
+        format_duration_ms(upstream.timeout.as_millis() as u64),
+        format_duration_ms(upstream.connect_timeout.as_millis() as u64),
+    );
+    if !upstream.pass_host_header {
+        line.push_str("   own Host");
+    }
+    if let Some(tls) = &upstream.tls {
+        let files = tls.files();
+        let _ = match &files.ca_file {
+            Some(ca) => write!(line, "   tls ca_file {}", ca.display()),
+            None => write!(line, "   tls system roots"),
+        };
+        if let Some(cert) = &files.cert_file {
+            let _ = write!(line, ", client cert {}", cert.display());
+        }
+    }
+    line.push('\n');
+    line
 }
 
 /// The `consumers:` block: how callers are identified, then one row per plan limit with the routes it applies on.
@@ -162,10 +255,16 @@ fn consumers_summary(consumers: &ConsumersSettings, routes: &[RouteSettings]) ->
 }
 
 fn route_rows(route: &RouteSettings) -> Vec<[String; 8]> {
-    let action = match &route.action {
+    let mut action = match &route.action {
         RouteAction::Upstream(name) => format!("upstream {name}"),
         RouteAction::Respond(direct) => format!("respond {}", direct.status.as_u16()),
     };
+    if route.deny_status.as_u16() != 429 {
+        let _ = write!(action, " (deny {})", route.deny_status.as_u16());
+    }
+    if !route.headers {
+        action.push_str(" (headers: false)");
+    }
     let mut first = [
         route.name.clone(),
         describe_match(route),
@@ -335,20 +434,23 @@ mod tests {
         let text = render(&config);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "g.yaml: valid");
-        assert!(lines[3].starts_with("ROUTE  MATCH"), "{text}");
-        assert!(lines[4].starts_with("api    /api* GET"), "{text}");
+        // The header: listeners and store, server, client_ip (no upstreams here), then a blank line.
+        assert!(lines[2].starts_with("server: "), "{text}");
+        assert!(lines[3].starts_with("client_ip: "), "{text}");
+        assert!(lines[5].starts_with("ROUTE  MATCH"), "{text}");
+        assert!(lines[6].starts_with("api    /api* GET"), "{text}");
         assert!(
-            lines[4].contains("per-ip   sliding_window  100 per 1m"),
+            lines[6].contains("per-ip   sliding_window  100 per 1m"),
             "{text}"
         );
         assert!(
-            lines[5].contains(
+            lines[7].contains(
                 "per-key  gcra            rate 1000/h, burst 50  header:x-api-key (else skip)"
             ),
             "{text}"
         );
-        assert!(lines[6].starts_with("open   everything"), "{text}");
-        assert!(lines[6].ends_with("(none)"), "{text}");
+        assert!(lines[8].starts_with("open   everything"), "{text}");
+        assert!(lines[8].ends_with("(none)"), "{text}");
     }
 
     #[test]
