@@ -181,8 +181,10 @@ impl RedisSync {
         Err(DirectoryError::Contended(id.to_owned()))
     }
 
-    /// Writes `records` in batches of [`IMPORT_BATCH`], each counted as one change, then has the directory read
-    /// again; the other instances see the counter move at their next check and read it again too.
+    /// Writes `records` in batches of [`IMPORT_BATCH`], and counts them as one change with the last (or, when a
+    /// batch fails, with a call of its own for those written before it): counting each batch would have every
+    /// instance read the whole directory again after each. This instance then reads it again; the others see the
+    /// counter move at their next check and do too.
     pub(super) async fn import(
         &self,
         records: Vec<(String, ConsumerRecord)>,
@@ -191,22 +193,23 @@ impl RedisSync {
         if !redis.client.is_connected() {
             let _ = tokio::time::timeout(CONNECT_WAIT, redis.client.wait_for_connect()).await;
         }
-        for batch in records.chunks(IMPORT_BATCH) {
-            let mut args: Vec<String> = Vec::with_capacity(1 + batch.len() * 2);
-            args.push(super::record::lineage_token()?);
-            for (id, record) in batch {
-                args.push(id.clone());
-                args.push(
-                    serde_json::to_string(record)
-                        .map_err(|error| DirectoryError::Unavailable(error.to_string()))?,
-                );
-            }
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            redis
-                .eval(&redis.import, &args, WRITE_TIMEOUT)
-                .await
-                .map_err(|error| redis.unavailable(&error))?;
+        if records.is_empty() {
+            return Ok(());
         }
+        let batches = records.len().div_ceil(IMPORT_BATCH);
+        let mut written = Ok(());
+        for (number, batch) in records.chunks(IMPORT_BATCH).enumerate() {
+            let last = number + 1 == batches;
+            written = redis.import_batch(batch, last).await;
+            if written.is_err() {
+                break;
+            }
+        }
+        if written.is_err() {
+            // Whatever was written is counted, so that every instance reads it; the failure is still reported.
+            let _ = redis.import_batch(&[], true).await;
+        }
+        written?;
         redis.resync.notify_one();
         Ok(())
     }
@@ -458,6 +461,29 @@ impl Redis {
             }
             _ => Err(unexpected()),
         }
+    }
+
+    /// Writes one batch of an import; `count`s the import as a change when it is the last.
+    async fn import_batch(
+        &self,
+        batch: &[(String, ConsumerRecord)],
+        count: bool,
+    ) -> Result<(), DirectoryError> {
+        let mut args: Vec<String> = Vec::with_capacity(2 + batch.len() * 2);
+        args.push(if count { "count" } else { "hold" }.to_owned());
+        args.push(super::record::lineage_token()?);
+        for (id, record) in batch {
+            args.push(id.clone());
+            args.push(
+                serde_json::to_string(record)
+                    .map_err(|error| DirectoryError::Unavailable(error.to_string()))?,
+            );
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.eval(&self.import, &args, WRITE_TIMEOUT)
+            .await
+            .map_err(|error| self.unavailable(&error))?;
+        Ok(())
     }
 
     /// Tells every instance that change `version` was to `id`'s record. The change is made whatever happens here:

@@ -1,15 +1,21 @@
 #!lua
--- Sets many consumers' records at once (a bulk import), counted as one change.
+-- Sets many consumers' records at once (a batch of a bulk import); the import's last call counts it as one change.
 -- The line above declares the script's flags (none): Redis then checks for OOM before running it and refuses it
--- whole, never writing records without counting them.
+-- whole.
 -- KEYS[1]: the hash of records; KEYS[2]: the change counter; KEYS[3]: the counter's lineage.
--- ARGV[1]: a fresh random token, the lineage of a counter this change creates; then consumer id, record JSON,
--- consumer id, record JSON...
--- Returns the new value of the counter.
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+-- ARGV[1]: "count" to count the change (the last batch), anything else to leave it uncounted for now; ARGV[2]: a
+-- fresh random token, the lineage of a counter this change creates; then consumer id, record JSON, consumer id,
+-- record JSON...
+-- Returns the new value of the counter, or 0 when not counted.
+if #ARGV > 2 then
+  redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+end
+if ARGV[1] ~= 'count' then
+  return 0
+end
 local version = redis.call('INCR', KEYS[2])
 if version == 1 or not redis.call('GET', KEYS[3]) then
   -- A counter starting (again), or one written before lineages were: a new lineage, as write.lua does.
-  redis.call('SET', KEYS[3], ARGV[1])
+  redis.call('SET', KEYS[3], ARGV[2])
 end
 return version
