@@ -225,7 +225,8 @@ async fn run(config: Config, loaded_file: String) -> ExitCode {
 
     let listen = listener.local_addr().map_or(config.listen, |a| a);
     tracing::info!(%listen, admin = %admin_addr, routes = config.routes.len(), "tollgate listening");
-    match gateway::serve(listener, gateway, &config.server, shutdown_signal()).await {
+    let shutdown = shutdown_sequence(gateway.clone(), &config.server);
+    match gateway::serve(listener, gateway, &config.server, shutdown).await {
         Ok(()) => {
             tracing::info!("stopped");
             ExitCode::SUCCESS
@@ -233,6 +234,35 @@ async fn run(config: Config, loaded_file: String) -> ExitCode {
         Err(error) => {
             tracing::warn!(%error, "stopped before every request finished");
             ExitCode::SUCCESS
+        }
+    }
+}
+
+/// Completes when the listener must close: on SIGINT or SIGTERM readiness fails (`draining`), and the listener
+/// serves on for `server.shutdown_delay` so that balancers see the failed check first. A second signal ends the
+/// delay, and later the grace period, at once.
+fn shutdown_sequence(
+    gateway: Arc<Gateway>,
+    server: &tollgate::config::ServerSettings,
+) -> impl std::future::Future<Output = ()> {
+    let (delay, grace) = (server.shutdown_delay, server.shutdown_grace);
+    async move {
+        shutdown_signal().await;
+        gateway.shutdown().begin();
+        tracing::info!(
+            ?delay,
+            ?grace,
+            "draining: /readyz answers 503 draining; serving on for the delay, then closing the listener"
+        );
+        let cutter = gateway.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            tracing::warn!("second shutdown signal: ending the drain now");
+            cutter.shutdown().cut();
+        });
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = gateway.shutdown().cut_requested() => {}
         }
     }
 }

@@ -207,6 +207,95 @@ routes:
     );
 }
 
+/// A gateway process with a direct-response route `/hello`, an admin listener, and `server` settings.
+fn draining_gateway(dir: &tempfile::TempDir, server: &str) -> Tollgate {
+    let path = dir.path().join("gateway.yaml");
+    let yaml = format!(
+        r#"listen: 127.0.0.1:0
+admin:
+  listen: 127.0.0.1:0
+server:
+{server}
+routes:
+  - name: hello
+    match: {{ path_prefix: /hello }}
+    respond: {{ status: 200, body: "hello" }}
+"#
+    );
+    write(&path, &yaml);
+    spawn(&path, None)
+}
+
+/// `GET /readyz`: its status and JSON body.
+async fn readyz(process: &Tollgate) -> (u16, serde_json::Value) {
+    let response = client()
+        .get(process.admin_url("/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    let status = response.status().as_u16();
+    let body = response.text().await.expect("body");
+    (status, serde_json::from_str(&body).expect("JSON"))
+}
+
+#[tokio::test]
+async fn on_sigterm_readiness_fails_first_and_the_listener_serves_on_for_the_delay() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut process = draining_gateway(&dir, "  shutdown_delay: 3s\n  shutdown_grace: 5s");
+    let url = process.url("/hello");
+    assert_eq!(readyz(&process).await.0, 200);
+    // A keep-alive client, connected before the signal.
+    let kept = client();
+    assert_eq!(kept.get(&url).send().await.expect("before").status(), 200);
+
+    signal(&process, "-TERM");
+    let (status, body) = readyz(&process).await;
+    let draining = eventually(Duration::from_secs(2), async || {
+        readyz(&process).await.1["status"] == "draining"
+    })
+    .await;
+    assert!(draining.is_some(), "readyz: {status} {body}");
+    assert_eq!(readyz(&process).await.0, 503);
+    // Still served meanwhile, on the kept connection and on new ones, each answer telling HTTP/1 clients to go.
+    let served = kept.get(&url).send().await.expect("during the delay");
+    assert_eq!(served.status(), 200);
+    assert_eq!(served.headers()["connection"], "close");
+    let fresh = client().get(&url).send().await.expect("a new connection");
+    assert_eq!(fresh.status(), 200);
+    assert_eq!(fresh.headers()["connection"], "close");
+    assert!(
+        process.process.0.try_wait().expect("wait").is_none(),
+        "still running during the delay"
+    );
+
+    let mut status = None;
+    let exited = eventually(Duration::from_secs(15), async || {
+        status = process.process.0.try_wait().expect("wait");
+        status.is_some()
+    })
+    .await;
+    assert!(exited.is_some(), "tollgate did not exit after the delay");
+    assert_eq!(status.and_then(|s| s.code()), Some(0));
+}
+
+#[tokio::test]
+async fn a_second_sigterm_ends_the_drain_at_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut process = draining_gateway(&dir, "  shutdown_delay: 1h\n  shutdown_grace: 1h");
+    signal(&process, "-TERM");
+    let draining = eventually(Duration::from_secs(5), async || {
+        readyz(&process).await.1["status"] == "draining"
+    })
+    .await;
+    assert!(draining.is_some());
+    signal(&process, "-TERM");
+    let exited = eventually(Duration::from_secs(10), async || {
+        process.process.0.try_wait().expect("wait").is_some()
+    })
+    .await;
+    assert!(exited.is_some(), "an hour's delay was not cut short");
+}
+
 /// Three routes: `/version` answering `version`, `/keep` and `/new`; the file is cut at `/keep` or `/new` to
 /// make the half-written files of the test.
 fn three_routes_yaml(version: &str) -> String {

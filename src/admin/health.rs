@@ -13,9 +13,12 @@ use super::Admin;
 /// `on_error` policy that answers meanwhile (under `deny` limited requests then get 503). `warnings` name what puts
 /// limits at risk although calls succeed. 200 either way (the gateway still serves) unless
 /// `admin.readyz_degraded_status` says otherwise for degraded.
+///
+/// Once shutdown begins, `"status": "draining"` with 503, whatever the store and `readyz_degraded_status` say: a
+/// balancer must stop sending new requests before the listener closes.
 pub(super) async fn readyz(State(admin): State<Admin>) -> impl IntoResponse {
     // The same answer as `server.health_path` on the main listener.
-    let (status, body) = crate::gateway::readiness(admin.gateway.limiter(), admin.degraded_status);
+    let (status, body) = crate::gateway::readiness(&admin.gateway, admin.degraded_status);
     (status, Json(body))
 }
 

@@ -94,6 +94,9 @@ pub struct ServerSettings {
     pub max_header_bytes: usize,
     /// Time in-flight requests get to finish on shutdown, default 30s.
     pub shutdown_grace: Duration,
+    /// Time the listener keeps accepting and serving after a shutdown signal, while `/readyz` already fails
+    /// (`draining`), so that load balancers stop sending before it closes; default 0s.
+    pub shutdown_delay: Duration,
     /// Whether request field names with `_` reach the upstream (default false: dropped, as nginx does), except
     /// the spellings that read as a field tollgate writes.
     pub underscores_in_headers: bool,

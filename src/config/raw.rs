@@ -107,6 +107,8 @@ pub(crate) struct RawServer {
     pub max_header_bytes: u64,
     #[serde(deserialize_with = "scalar_text")]
     pub shutdown_grace: String,
+    #[serde(deserialize_with = "scalar_text")]
+    pub shutdown_delay: String,
     pub underscores_in_headers: bool,
     pub escaped_slashes: RawEscapedSlashes,
 }
@@ -403,6 +405,7 @@ impl Default for RawServer {
             max_body_bytes: None,
             max_header_bytes: 65_536,
             shutdown_grace: "30s".to_owned(),
+            shutdown_delay: "0s".to_owned(),
             underscores_in_headers: false,
             escaped_slashes: RawEscapedSlashes::Reject,
         }

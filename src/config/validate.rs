@@ -338,6 +338,8 @@ fn server(issues: &mut Issues, raw: &RawServer) -> Option<ServerSettings> {
     };
     // Zero grace is legitimate: stop at once.
     let shutdown_grace = duration(issues, "server.shutdown_grace", &raw.shutdown_grace);
+    // Zero too: readiness fails and the listener closes at once.
+    let shutdown_delay = duration(issues, "server.shutdown_delay", &raw.shutdown_delay);
     Some(ServerSettings {
         header_read_timeout: header_read_timeout?,
         keepalive_timeout: keepalive_timeout?,
@@ -345,6 +347,7 @@ fn server(issues: &mut Issues, raw: &RawServer) -> Option<ServerSettings> {
         max_body_bytes,
         max_header_bytes: max_header_bytes?,
         shutdown_grace: shutdown_grace?,
+        shutdown_delay: shutdown_delay?,
         underscores_in_headers: raw.underscores_in_headers,
         keep_escaped_slashes: raw.escaped_slashes == RawEscapedSlashes::Keep,
     })

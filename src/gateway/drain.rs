@@ -43,7 +43,7 @@ impl Drain {
     }
 
     /// Tells every watched connection to finish, then waits until all have.
-    pub(super) async fn shutdown(self) {
+    pub(super) async fn shutdown(&self) {
         let _ = self.signal.send(());
         self.signal.closed().await;
     }
@@ -98,7 +98,7 @@ mod tests {
             },
         ));
         assert_eq!(drain.open(), 1);
-        let shutdown = tokio::spawn(drain.shutdown());
+        let shutdown = tokio::spawn(async move { drain.shutdown().await });
         was_asked.await.expect("the connection was asked to finish");
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!shutdown.is_finished(), "shutdown waits for the connection");

@@ -6,11 +6,12 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use axum::body::Body;
-use http::header::{HeaderName, HeaderValue};
+use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Request, Response, Version};
 
 use super::responses;
 use super::runtime::{Action, Route, Runtime};
+use super::shutdown::Shutdown;
 use crate::admission::{refused, Admission, LimitSet};
 use crate::config::Config;
 use crate::consumers::directory::Directory;
@@ -34,6 +35,8 @@ pub struct Gateway {
     /// The config file's content last loaded (applied or refused), by SIGHUP or the file watch: each knows what
     /// the other loaded, so the watch does not load again what a SIGHUP just did.
     loaded_file: parking_lot::Mutex<Option<Arc<[u8]>>>,
+    /// Where the gateway stands in its shutdown (draining or not).
+    shutdown: Shutdown,
 }
 
 // === impl Gateway ===
@@ -50,7 +53,14 @@ impl Gateway {
             limiter,
             directory: parking_lot::Mutex::new(directory),
             loaded_file: parking_lot::Mutex::new(None),
+            shutdown: Shutdown::default(),
         }
+    }
+
+    /// Where the gateway stands in its shutdown: the signal handler begins draining through it, `/readyz`
+    /// reads it.
+    pub fn shutdown(&self) -> &Shutdown {
+        &self.shutdown
     }
 
     /// A gateway running `config` with `limiter`, whose consumers' runtime settings are `directory`'s.
@@ -64,6 +74,7 @@ impl Gateway {
             limiter,
             directory: parking_lot::Mutex::new(Some(directory)),
             loaded_file: parking_lot::Mutex::new(None),
+            shutdown: Shutdown::default(),
         }
     }
 
@@ -144,6 +155,7 @@ impl Gateway {
                 )
             });
         let client_ip = runtime.client_ip.resolve(peer.ip(), request.headers());
+        let http1 = request.version() <= Version::HTTP_11;
         let (route, mut response) = self.route_request(&runtime, request, peer, client_ip).await;
         let status = response.status();
         route
@@ -165,6 +177,12 @@ impl Gateway {
         response
             .headers_mut()
             .insert(X_REQUEST_ID.clone(), request_id);
+        // Draining: a keep-alive client is told to reconnect, by then to an instance the balancer still sends to.
+        if http1 && self.shutdown.is_draining() {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         response
     }
 
@@ -178,7 +196,7 @@ impl Gateway {
     ) -> Option<Response<Body>> {
         if let Some((path, degraded)) = &runtime.health {
             if request.uri().path() == path {
-                let (status, body) = responses::readiness(&self.limiter, *degraded);
+                let (status, body) = responses::readiness(self, *degraded);
                 return Some(crate::admission::json_response(status, &body));
             }
         }

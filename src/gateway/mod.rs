@@ -7,9 +7,11 @@ mod idle;
 mod responses;
 mod runtime;
 mod server;
+mod shutdown;
 
 pub use descriptors::{AdminListener, Reserve, ADMIN_RESERVE};
 pub use handler::{Gateway, RequestView};
 pub use responses::readiness;
 pub use runtime::Runtime;
 pub use server::{serve, ServeError};
+pub use shutdown::Shutdown;

@@ -69,11 +69,20 @@ pub(super) fn body_too_large(version: Version) -> Response<Body> {
 }
 
 /// What the admin listener's `/readyz` answers, also on `server.health_path`: the store's readiness (see
-/// [`crate::limiter::RateLimiter::readiness`]), with `degraded_status` while it is not ready.
+/// [`crate::limiter::RateLimiter::readiness`]), with `degraded_status` while it is not ready. Once shutdown
+/// begins, 503 `{"status":"draining"}` whatever the store says: a balancer must stop sending new requests before
+/// the listener closes.
 pub fn readiness(
-    limiter: &crate::limiter::RateLimiter,
+    gateway: &super::Gateway,
     degraded_status: StatusCode,
 ) -> (StatusCode, serde_json::Value) {
+    if gateway.shutdown().is_draining() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "draining"}),
+        );
+    }
+    let limiter = gateway.limiter();
     let store = match limiter.backend() {
         crate::limiter::Backend::Memory => "memory",
         crate::limiter::Backend::Redis(_) => "redis",

@@ -89,12 +89,27 @@ pub async fn serve(
     }
 
     drop(listener);
-    tracing::info!(grace = ?settings.shutdown_grace, "draining in-flight requests");
     let open = drain.open();
-    match tokio::time::timeout(settings.shutdown_grace, drain.shutdown()).await {
-        Ok(()) => Ok(()),
-        Err(_) => Err(ServeError::GraceExpired(open)),
+    tracing::info!(
+        connections = open,
+        grace = ?settings.shutdown_grace,
+        "listener closed: in-flight requests get the grace period"
+    );
+    let finished = tokio::select! {
+        finished = tokio::time::timeout(settings.shutdown_grace, drain.shutdown()) => finished.is_ok(),
+        () = gateway.shutdown().cut_requested() => false,
+    };
+    if finished {
+        tracing::info!(connections = open, "drained: every connection finished");
+        return Ok(());
     }
+    let cut = drain.open();
+    tracing::warn!(
+        finished = open - cut.min(open),
+        cut,
+        "drain ended with connections still open: they are cut"
+    );
+    Err(ServeError::GraceExpired(cut))
 }
 
 /// What `auto` connections end with.
