@@ -34,6 +34,9 @@
 //! [`key`] (client addresses and limiting keys), [`limiter`] (the algorithms and the Redis and in-process stores, without HTTP), [`config`],
 //! [`proxy`] and [`admin`].
 
+/// CIDR networks, as `trusted_proxies` and allowlists take them.
+pub use ipnet::IpNet;
+
 pub mod admin;
 pub mod admission;
 pub mod config;

@@ -5,8 +5,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// A config that could not be loaded.
-#[derive(Debug, Clone, thiserror::Error)]
+/// A config that could not be loaded. Its `Debug` is its `Display` (every problem, one a line), so that a
+/// `main() -> Result<(), Box<dyn Error>>` that returns it prints the located problems rather than a struct dump.
+#[derive(Clone, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
     #[error("{}: cannot read the config file: {source}", file.display())]
@@ -22,6 +23,12 @@ pub enum ConfigError {
         /// Every problem found, in file order.
         problems: Vec<Problem>,
     },
+}
+
+impl fmt::Debug for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
 }
 
 /// One thing wrong in a config file, displayed as `file:line:col: field.path: what is wrong`.
@@ -141,5 +148,16 @@ impl fmt::Display for Lines<'_> {
             write!(f, "{problem}")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod debug_tests {
+    #[test]
+    fn debug_reads_as_display_for_a_main_that_returns_it() {
+        let error = crate::config::parse("routes: 7\n", std::path::Path::new("g.yaml"))
+            .expect_err("routes must be a list");
+        assert_eq!(format!("{error:?}"), error.to_string());
+        assert!(format!("{error:?}").starts_with("g.yaml:1:"), "{error:?}");
     }
 }

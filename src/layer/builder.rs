@@ -216,16 +216,17 @@ impl Builder {
     }
 
     /// Peers (load balancers, proxies) whose `X-Forwarded-For` is believed when finding the client address; default
-    /// none.
-    pub fn trusted_proxies(mut self, proxies: impl IntoIterator<Item = IpNet>) -> Self {
-        self.trusted_proxies = proxies.into_iter().collect();
+    /// none. Networks or plain addresses, as the config's `client_ip.trusted_proxies` takes them:
+    /// `["10.0.0.0/8".parse::<IpNet>()?]` or `[IpAddr::from([10, 0, 0, 7])]` (a /32).
+    pub fn trusted_proxies<P: Into<IpNet>>(mut self, proxies: impl IntoIterator<Item = P>) -> Self {
+        self.trusted_proxies = proxies.into_iter().map(Into::into).collect();
         self
     }
 
     /// Client networks (CIDRs) exempt from the limits, as a route's `allow:`: their requests are passed on
     /// without asking the limiter, counted against nobody, and get no rate-limit fields.
-    pub fn allow(mut self, networks: impl IntoIterator<Item = IpNet>) -> Self {
-        self.allow = networks.into_iter().collect();
+    pub fn allow<N: Into<IpNet>>(mut self, networks: impl IntoIterator<Item = N>) -> Self {
+        self.allow = networks.into_iter().map(Into::into).collect();
         self
     }
 

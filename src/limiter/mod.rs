@@ -17,3 +17,5 @@ pub use limit::{
 };
 pub use rate_limiter::{Backend, DecidedBy, OnError, RateLimiter, Readiness, Unavailable};
 pub use settings::{BackendKind, StoreSettings};
+/// What a full in-process store does with a new key's request (`StoreSettings::when_full`).
+pub use store::WhenFull;

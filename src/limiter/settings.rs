@@ -36,6 +36,44 @@ pub struct StoreSettings {
     pub pool_size: usize,
 }
 
+// === impl StoreSettings ===
+
+impl StoreSettings {
+    /// Redis at `url` (`redis://`, `rediss://`, `redis-cluster://`, `redis-sentinel://`), every other setting at
+    /// its default: the in-process store answers while Redis fails (`on_error: local`).
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), tollgate::limiter::store::StoreError> {
+    /// use tollgate::limiter::{RateLimiter, StoreSettings};
+    ///
+    /// let limiter = RateLimiter::from_settings(&StoreSettings::redis("redis://127.0.0.1:6379"))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn redis(url: impl Into<String>) -> Self {
+        Self {
+            backend: BackendKind::Redis,
+            url: url.into(),
+            ..Self::default()
+        }
+    }
+}
+
+impl Default for StoreSettings {
+    /// The in-process store, with the config file's defaults.
+    fn default() -> Self {
+        Self {
+            backend: BackendKind::Memory,
+            url: "redis://127.0.0.1:6379".to_owned(),
+            timeout: Duration::from_millis(25),
+            on_error: OnError::Local,
+            key_prefix: "tollgate:".to_owned(),
+            max_keys: 1_000_000,
+            when_full: WhenFull::Deny,
+            pool_size: 4,
+        }
+    }
+}
+
 // === impl RateLimiter ===
 
 impl RateLimiter {
