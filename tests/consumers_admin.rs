@@ -42,8 +42,10 @@ routes:
     )
 }
 
+/// The suite's Redis store settings: a time budget a loaded machine keeps, and 503 rather than a silent
+/// in-process decision should it not (a request decided by the fallback is not counted in Redis).
 fn redis_store(redis: &RedisServer) -> String {
-    format!("  backend: redis\n  url: {}\n", redis.url())
+    common::store_yaml(Some(redis))
 }
 
 async fn call(request: reqwest::RequestBuilder) -> (u16, Value) {
