@@ -306,10 +306,29 @@ async fn requests_answered_during_a_client_pause_are_not_counted_when_it_ends() 
         })
         .await;
         assert!(back.is_some(), "{on_error}: redis never answered again");
-        assert_eq!(
-            counted(&redis, "tollgate:demo:per-ip:{127.0.0.1}"),
-            before,
-            "{on_error}: requests answered without redis were counted by it"
+        // The held calls changed nothing. What `local` admitted meanwhile is then carried into Redis, once (so
+        // that instances admit at most their number times the limit): counted exactly once, never twice.
+        let carried = if on_error == "local" {
+            during.len() as u64
+        } else {
+            0
+        };
+        let settled = eventually(Duration::from_secs(2), async || {
+            counted(&redis, "tollgate:demo:per-ip:{127.0.0.1}") == before + carried
+        })
+        .await;
+        assert!(
+            settled.is_some(),
+            "{on_error}: redis counted {} of {before} + {carried}",
+            counted(&redis, "tollgate:demo:per-ip:{127.0.0.1}")
+        );
+        let more = eventually(Duration::from_millis(500), async || {
+            counted(&redis, "tollgate:demo:per-ip:{127.0.0.1}") != before + carried
+        })
+        .await;
+        assert!(
+            more.is_none(),
+            "{on_error}: requests answered without redis were counted twice"
         );
     }
 }
@@ -767,4 +786,79 @@ async fn a_redis_that_refuses_config_get_is_used_all_the_same() {
     assert_shared_exactly(&pair.gateways, "t").await;
     let (_, body) = readyz(&pair.admins[0]).await;
     assert!(body.get("warnings").is_none(), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_local_fallbacks_admit_is_carried_into_redis_so_two_instances_admit_at_most_twice_the_limit(
+) {
+    use tollgate::limiter::{Backend, OnError, RateLimiter, SystemClock};
+    let redis = RedisServer::start();
+    let instance = || async {
+        let store =
+            RedisStore::connect(&redis.url(), 1, Duration::from_millis(100)).expect("connect");
+        assert!(store.wait_connected(Duration::from_secs(10)).await);
+        RateLimiter::new(
+            Backend::Redis(store),
+            Duration::from_millis(100),
+            OnError::Local,
+            1_000,
+            std::sync::Arc::new(SystemClock),
+        )
+    };
+    let instances = [instance().await, instance().await];
+    // Exact over any hour: whatever is admitted in this test is in one window.
+    let limit = Limit::new(
+        "per-key",
+        Algorithm::SlidingLog {
+            limit: 5,
+            period_ms: 3_600_000,
+        },
+        1,
+    )
+    .expect("valid");
+    let key = "tollgate:carry:per-key:{k}";
+    let check = [LimitCheck { key, limit: &limit }];
+    for limiter in &instances {
+        let ready = eventually(Duration::from_secs(5), async || limiter.readiness().ready).await;
+        assert!(ready.is_some(), "{:?}", limiter.readiness());
+    }
+
+    // Redis frozen: each instance's fallback admits its own 5.
+    redis.pause();
+    let mut admitted = 0;
+    for limiter in &instances {
+        for _ in 0..8 {
+            let outcome = limiter.check(&check).await.expect("decided locally");
+            admitted += usize::from(outcome.allowed);
+        }
+        assert!(limiter.fallback_active());
+    }
+    assert_eq!(admitted, 10, "5 by each fallback");
+
+    // Back: what the fallbacks took is counted in Redis, which admits nothing more in the window.
+    redis.resume();
+    let carried = eventually(Duration::from_secs(5), async || {
+        redis.cli(&["ZCARD", key]).as_deref() == Some("5")
+    })
+    .await;
+    assert!(
+        carried.is_some(),
+        "redis holds {:?}",
+        redis.cli(&["ZCARD", key])
+    );
+    for limiter in &instances {
+        let ready = eventually(Duration::from_secs(5), async || limiter.readiness().ready).await;
+        assert!(ready.is_some(), "{:?}", limiter.readiness());
+    }
+    for i in 0..10 {
+        let outcome = instances[i % 2]
+            .check(&check)
+            .await
+            .expect("decided by redis");
+        admitted += usize::from(outcome.allowed);
+    }
+    assert_eq!(
+        admitted, 10,
+        "at most 2 × the limit over the window, with two instances"
+    );
 }

@@ -2,6 +2,7 @@
 
 pub mod algorithms;
 mod breaker;
+mod carry_over;
 mod clock;
 mod decision;
 mod deny_cache;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use super::breaker::{CircuitBreaker, Tripped};
+use super::carry_over::FallbackLedger;
 use super::deny_cache::DenyCache;
 use super::store::{LimitCheck, MemoryStore, RedisStore, ResetNotice, StoreError};
 use super::{Clock, Decision, Limit, Outcome};
@@ -80,6 +81,8 @@ struct Health {
     probing: AtomicBool,
     /// The last failure's reason; `None` before any, and once Redis answers again.
     reason: Mutex<Option<String>>,
+    /// What `on_error: local` admitted, carried into Redis when it answers again.
+    ledger: FallbackLedger,
 }
 
 /// What `/readyz` says about the store.
@@ -152,6 +155,7 @@ impl RateLimiter {
             }
         }
         let health = Arc::new(Health::default());
+        health.ledger.set_local(Arc::clone(&local));
         if let Backend::Redis(redis) = &backend {
             // Readiness needs a first successful call, which should not wait for a first request (an
             // orchestrator waiting for readiness sends none).
@@ -420,7 +424,13 @@ impl RateLimiter {
                 Ok((outcome, DecidedBy::Nobody))
             }
             OnError::Deny => Err(Unavailable(error)),
-            OnError::Local => Ok((self.local.check(checks), DecidedBy::Fallback)),
+            OnError::Local => {
+                let outcome = self.local.check(checks);
+                if outcome.allowed {
+                    self.health.ledger.record(checks);
+                }
+                Ok((outcome, DecidedBy::Fallback))
+            }
         }
     }
 }
@@ -437,6 +447,7 @@ impl Health {
         self.ready.store(true, Ordering::Release);
         *self.reason() = None;
         redis.log_recovery();
+        self.ledger.carry(redis);
     }
 
     /// A call failed for `reason` (`None`: nothing new, e.g. the circuit is open), logged once per outage.
