@@ -427,6 +427,21 @@ async fn limits_a_plain_hyper_service() {
     assert_eq!(seen[1].0, 200);
     assert_eq!(seen[2].0, 429);
     assert!(seen[2].1.contains("\"rate_limited\""), "{}", seen[2].1);
+    // The refusal names the request as the gateway's does: the client's id, or one made for it.
+    let refused = client
+        .get(&url)
+        .header("x-request-id", "req-7")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.headers()["x-request-id"], "req-7");
+    let refused = client.get(&url).send().await.unwrap();
+    let made = refused.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(made.len(), 32, "{made}");
     server.abort();
 }
 

@@ -11,4 +11,4 @@ mod responses;
 pub use limits::{LimitSet, LimitSettings, NotChecked, Replaced, Verdict};
 pub use policy::{Admission, Admitted, Policy};
 pub(crate) use responses::json_response;
-pub use responses::{caller_refused, refused};
+pub use responses::{caller_refused, ensure_request_id, refused, X_REQUEST_ID};

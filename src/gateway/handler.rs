@@ -143,7 +143,7 @@ impl Gateway {
         // Before anything reads or writes a field: what `Connection` names is the client's own fields, never
         // tollgate's.
         crate::proxy::clean_client_fields(request.headers_mut(), &runtime.client_fields);
-        let request_id = ensure_request_id(request.headers_mut());
+        let request_id = crate::admission::ensure_request_id(request.headers_mut());
         // The request is gone (upstream) by the time the access line is written: keep what it needs, but only
         // when the line will be written (the clock read included).
         let logged =
@@ -411,24 +411,6 @@ fn key_facts<'a, B>(
         consumer: None,
         plan: None,
     }
-}
-
-/// The request's `x-request-id`, generated (128 random bits, hex) when the client sent none or an unusable one.
-fn ensure_request_id(headers: &mut http::HeaderMap) -> HeaderValue {
-    if let Some(id) = headers.get(&X_REQUEST_ID) {
-        if !id.is_empty() && id.len() <= 200 {
-            return id.clone();
-        }
-    }
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut id = [0u8; 32];
-    for (digits, byte) in id.chunks_exact_mut(2).zip(fastrand::u128(..).to_be_bytes()) {
-        digits[0] = HEX[usize::from(byte >> 4)];
-        digits[1] = HEX[usize::from(byte & 0xf)];
-    }
-    let value = HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("0"));
-    headers.insert(X_REQUEST_ID.clone(), value.clone());
-    value
 }
 
 fn proxy_failure(route: &Route, error: &ProxyError) -> Response<Body> {

@@ -95,6 +95,15 @@ where
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
+    // As the gateway: the client's request id, or one made now, goes to the inner service and on a refusal.
+    let mut request = request;
+    let request_id = crate::admission::ensure_request_id(request.headers_mut());
+    let with_id = |mut response: Response<Body>| {
+        response
+            .headers_mut()
+            .insert(crate::admission::X_REQUEST_ID.clone(), request_id.clone());
+        response
+    };
     let peer = peer_ip(&shared, &request);
     let client_ip = shared.client_ip.resolve(peer, request.headers());
     // Keys see the request as the gateway does (see the README's security model): `/a/../b` and `/b` share a key, and a request with no
@@ -106,7 +115,7 @@ where
         request.headers(),
     ) {
         Ok(canonical) => canonical,
-        Err(refusal) => return Ok(refused(refusal)),
+        Err(refusal) => return Ok(with_id(refused(refusal))),
     };
     let route_path = canonical.route_path();
     let facts = RequestFacts {
@@ -124,9 +133,8 @@ where
     };
     let admission = shared.policy.admit(&shared.limiter, &facts).await;
     if let Admission::Refused(refusal) = admission {
-        return Ok(refusal);
+        return Ok(with_id(refusal));
     }
-    let mut request = request;
     shared
         .policy
         .forward_caller(&admission, request.headers_mut());
