@@ -634,3 +634,55 @@ async fn a_raised_limit_applies_at_once_after_a_reload_on_every_instance() {
         }
     }
 }
+
+#[tokio::test]
+async fn one_route_flooding_the_memory_store_leaves_room_for_every_other() {
+    // 640 keys, at most 160 of one limit (a quarter): 2,000 keys over their limit on one route cannot take the
+    // room the other routes' new clients need.
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        r#"listen: 127.0.0.1:0
+store:
+  backend: memory
+  max_keys: 640
+upstreams:
+  backend:
+    targets: ["{}"]
+routes:
+  - name: flooded
+    match: {{ path_prefix: /flooded }}
+    upstream: backend
+    limits: [{{ name: per-key, key: [header:x-key], algorithm: sliding_log, limit: 1, period: 1m }}]
+  - name: other
+    match: {{ path_prefix: /other }}
+    upstream: backend
+    limits: [{{ name: per-key, key: [header:x-key], algorithm: sliding_log, limit: 100, period: 1m }}]
+"#,
+        upstream.url()
+    );
+    let gateway = start_gateway(&yaml).await;
+    let client = client();
+    for i in 0..2_000 {
+        let status = client
+            .get(gateway.url("/flooded"))
+            .header("x-key", format!("flood-{i}"))
+            .send()
+            .await
+            .expect("flood request")
+            .status();
+        assert!(status == 200 || status == 429, "{status}");
+    }
+    for i in 0..300 {
+        let status = client
+            .get(gateway.url("/other"))
+            .header("x-key", format!("client-{i}"))
+            .send()
+            .await
+            .expect("request")
+            .status();
+        assert_eq!(
+            status, 200,
+            "client-{i} found no room beside the flooded route"
+        );
+    }
+}

@@ -72,6 +72,7 @@ pub(crate) struct RawStore {
     pub max_keys: u64,
     pub when_full: RawWhenFull,
     pub pool_size: u64,
+    pub max_keys_per_limit: Option<u64>,
 }
 
 /// `client_ip:`
@@ -392,6 +393,7 @@ impl Default for RawStore {
             max_keys: 1_000_000,
             when_full: RawWhenFull::Deny,
             pool_size: 4,
+            max_keys_per_limit: None,
         }
     }
 }

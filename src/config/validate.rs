@@ -220,6 +220,11 @@ fn store(issues: &mut Issues, raw: &RawStore) -> Option<StoreSettings> {
     }
     let max_keys = positive_count(issues, "store.max_keys", raw.max_keys);
     let pool_size = positive_count(issues, "store.pool_size", raw.pool_size);
+    // One limit may not take the whole store: a quarter of it unless said otherwise.
+    let max_keys_per_limit = match raw.max_keys_per_limit {
+        Some(count) => positive_count(issues, "store.max_keys_per_limit", count),
+        None => max_keys.map(|keys| keys.div_ceil(4)),
+    };
     let on_error = match raw.on_error {
         RawOnError::Allow => OnError::Allow,
         RawOnError::Deny => OnError::Deny,
@@ -240,6 +245,7 @@ fn store(issues: &mut Issues, raw: &RawStore) -> Option<StoreSettings> {
             RawWhenFull::Allow => WhenFull::Allow,
         },
         pool_size: pool_size?,
+        max_keys_per_limit: max_keys_per_limit?,
     })
 }
 

@@ -34,6 +34,9 @@ pub struct StoreSettings {
     pub when_full: WhenFull,
     /// Redis connections, default 4.
     pub pool_size: usize,
+    /// Keys one limit may hold in the in-process store, default a quarter of `max_keys`: past it, that limit's
+    /// new keys are decided by `when_full` and the other limits go on unaffected.
+    pub max_keys_per_limit: usize,
 }
 
 // === impl StoreSettings ===
@@ -70,6 +73,7 @@ impl Default for StoreSettings {
             max_keys: 1_000_000,
             when_full: WhenFull::Deny,
             pool_size: 4,
+            max_keys_per_limit: 250_000,
         }
     }
 }
@@ -96,6 +100,9 @@ impl RateLimiter {
             Arc::new(SystemClock),
         );
         limiter.local().set_when_full(store.when_full);
+        limiter
+            .local()
+            .set_max_keys_per_limit(store.max_keys_per_limit);
         Ok(limiter)
     }
 }

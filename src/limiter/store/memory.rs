@@ -1,8 +1,9 @@
 //! The in-process store: the same algorithms over a sharded, bounded map, for one instance or as the fallback
 //! when Redis fails.
 
+use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use indexmap::{Equivalent, IndexMap};
@@ -35,6 +36,8 @@ pub struct MemoryStore {
     clock: Arc<dyn Clock>,
     /// [`WhenFull::Allow`]; an atomic so that the gateway can set it on the store its limiter made.
     allow_when_full: AtomicBool,
+    /// Keys one limit may hold in each shard (`store.max_keys_per_limit` over the shards); unbounded until set.
+    max_per_limit_shard: AtomicUsize,
     /// `tollgate_store_full_total`: requests a new key of which found no room.
     full: metrics::Counter,
 }
@@ -59,6 +62,8 @@ struct Shard {
     entries: IndexMap<StoredKey, Entry, StoredHash>,
     /// Where the next search for room starts (a clock hand).
     hand: usize,
+    /// How many keys each limit holds here, by the key's text before its `{` (`<prefix><route>:<limit>:`).
+    per_limit: HashMap<Box<str>, usize>,
 }
 
 /// A key held by a shard, with the hash it was stored under.
@@ -125,6 +130,7 @@ impl MemoryStore {
             max_per_shard: max_keys.div_ceil(SHARDS).max(1),
             clock,
             allow_when_full: AtomicBool::new(false),
+            max_per_limit_shard: AtomicUsize::new(usize::MAX),
             full: metrics::counter!("tollgate_store_full_total"),
         }
     }
@@ -133,6 +139,13 @@ impl MemoryStore {
     pub fn set_when_full(&self, when_full: WhenFull) {
         self.allow_when_full
             .store(when_full == WhenFull::Allow, Ordering::Relaxed);
+    }
+
+    /// Bounds the keys one limit may hold at about `max_keys` (each shard holds its share): past it, the limit's
+    /// new keys displace only its own keys, on the store's rules, or are decided by [`WhenFull`].
+    pub fn set_max_keys_per_limit(&self, max_keys: usize) {
+        self.max_per_limit_shard
+            .store(max_keys.div_ceil(SHARDS).max(1), Ordering::Relaxed);
     }
 
     /// What happens to a new key's request when the store is full and may displace no key.
@@ -206,8 +219,25 @@ impl MemoryStore {
                             && !refused.iter().any(|&(r, _)| r == j)
                     })
                     .count();
+                // Of those, the ones of the same limit count against its own bound.
+                let limit = limit_of(hashed.key.text);
+                let pending_in_limit = keys[..i]
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, k)| {
+                        k.shard == hashed.shard
+                            && k.found.is_none()
+                            && evaluations[j].admitted.allowed
+                            && limit_of(k.key.text) == limit
+                            && !refused.iter().any(|&(r, _)| r == j)
+                    })
+                    .count();
+                let max_per_limit = self.max_per_limit_shard.load(Ordering::Relaxed);
                 let shard = guard_for(&mut guards, hashed.shard);
-                if let Err(no_room) = shard.make_room_for(pending, now_ms, self.max_per_shard) {
+                let room = shard
+                    .make_room_in_limit(limit, pending_in_limit, now_ms, max_per_limit)
+                    .and_then(|()| shard.make_room_for(pending, now_ms, self.max_per_shard));
+                if let Err(no_room) = room {
                     refused.push((i, no_room));
                 }
             }
@@ -302,9 +332,11 @@ impl MemoryStore {
         let now_ms = self.clock.now_ms();
         let key = self.key_ref(key);
         let mut shard = self.shards[key.shard()].lock();
+        let Some(index) = shard.entries.get_index_of(&key) else {
+            return false;
+        };
         shard
-            .entries
-            .swap_remove(&key)
+            .remove_index(index)
             .is_some_and(|e| e.expires_at_ms > now_ms)
     }
 
@@ -326,7 +358,16 @@ impl MemoryStore {
             .map(|shard| {
                 let mut shard = shard.lock();
                 let before = shard.entries.len();
-                shard.entries.retain(|_, e| e.expires_at_ms > now_ms);
+                let Shard {
+                    entries, per_limit, ..
+                } = &mut *shard;
+                entries.retain(|key, e| {
+                    let keep = e.expires_at_ms > now_ms;
+                    if !keep {
+                        forget_one(per_limit, &key.text);
+                    }
+                    keep
+                });
                 before - shard.entries.len()
             })
             .sum()
@@ -351,6 +392,26 @@ impl MemoryStore {
             .into_iter()
             .map(|i| (i, self.shards[i].lock()))
             .collect()
+    }
+}
+
+/// Entries looked at for room in one limit's share of a shard: more than [`EVICTION_SAMPLE`], since only the
+/// limit's own count (a quarter of the shard, by default, when it is at its bound).
+const LIMIT_SAMPLE: usize = 64;
+
+/// The limit a store key belongs to: its text before the `{` of its value (`<prefix><route>:<limit>:`).
+fn limit_of(key: &str) -> &str {
+    key.find('{').map_or(key, |at| &key[..at])
+}
+
+/// Counts one key of `key`'s limit fewer.
+fn forget_one(per_limit: &mut HashMap<Box<str>, usize>, key: &str) {
+    let limit = limit_of(key);
+    if let Some(count) = per_limit.get_mut(limit) {
+        *count -= 1;
+        if *count == 0 {
+            per_limit.remove(limit);
+        }
     }
 }
 
@@ -424,11 +485,74 @@ impl Shard {
         if self.entries.len() >= max_entries {
             let _ = self.make_room(now_ms);
         }
+        let limit = limit_of(key.text);
+        match self.per_limit.get_mut(limit) {
+            Some(count) => *count += 1,
+            None => {
+                self.per_limit.insert(limit.into(), 1);
+            }
+        }
         let key = StoredKey {
             hash: key.hash,
             text: key.text.into(),
         };
         self.entries.insert(key, entry);
+    }
+
+    /// Removes the entry at `index`, keeping the count of its limit.
+    fn remove_index(&mut self, index: usize) -> Option<Entry> {
+        let (key, entry) = self.entries.swap_remove_index(index)?;
+        forget_one(&mut self.per_limit, &key.text);
+        Some(entry)
+    }
+
+    /// Makes room in `limit`'s share of the shard for one new key of it besides `pending` others: displaces its
+    /// own keys (back to full first, else the least recently used not over its limit) among the entries under the
+    /// clock hand, or says when one of them may next be displaced. Other limits' keys are never touched.
+    fn make_room_in_limit(
+        &mut self,
+        limit: &str,
+        pending: usize,
+        now_ms: i64,
+        max_in_limit: usize,
+    ) -> Result<(), NoRoom> {
+        while self.per_limit.get(limit).copied().unwrap_or(0) + pending >= max_in_limit {
+            let len = self.entries.len();
+            let start = self.hand % len.max(1);
+            let looked = LIMIT_SAMPLE.min(len);
+            let mut back_to_full = None;
+            let mut least_recent: Option<(usize, i64)> = None;
+            let mut until_ms = i64::MAX;
+            for step in 0..looked {
+                let index = (start + step) % len;
+                let (key, entry) = self.entries.get_index(index).expect("index below len");
+                if limit_of(&key.text) != limit {
+                    continue;
+                }
+                if entry.expires_at_ms <= now_ms {
+                    back_to_full = Some(index);
+                    break;
+                } else if !entry.over_limit {
+                    if least_recent.is_none_or(|(_, used)| entry.used_ms < used) {
+                        least_recent = Some((index, entry.used_ms));
+                    }
+                } else {
+                    until_ms = until_ms.min(entry.expires_at_ms);
+                }
+            }
+            self.hand = start + looked;
+            let index = back_to_full
+                .or(least_recent.map(|(index, _)| index))
+                .ok_or(NoRoom {
+                    until_ms: if until_ms == i64::MAX {
+                        now_ms + 1000
+                    } else {
+                        until_ms
+                    },
+                })?;
+            self.remove_index(index);
+        }
+        Ok(())
     }
 
     /// Makes room for one new key besides `pending` others: displaces keys until the shard holds fewer than
@@ -474,13 +598,13 @@ impl Shard {
         self.hand = start + looked;
         if full.is_empty() {
             let (index, _) = least_recent.ok_or(NoRoom { until_ms })?;
-            self.entries.swap_remove_index(index);
+            self.remove_index(index);
             return Ok(());
         }
         // Highest index first, so earlier swap_removes do not move the later ones.
         full.sort_unstable_by(|a, b| b.cmp(a));
         for index in full {
-            self.entries.swap_remove_index(index);
+            self.remove_index(index);
         }
         Ok(())
     }
@@ -803,5 +927,36 @@ mod tests {
         clock.advance(60_000);
         store.purge_expired();
         assert!(store.is_empty());
+    }
+
+    #[test]
+    fn one_limit_cannot_take_the_store_from_the_others() {
+        let clock = Arc::new(ManualClock::new(0));
+        let store = MemoryStore::new(4 * SHARDS, clock.clone());
+        store.set_max_keys_per_limit(SHARDS);
+        // Keys over their limit after one request: none may be displaced before its minute is up.
+        let greedy = log_limit("greedy", 1);
+        let mut refused = 0;
+        for i in 0..4 * SHARDS {
+            let key = format!("t:r:greedy:{{k{i}}}");
+            if !store.check(&[on(&key, &greedy)]).allowed {
+                refused += 1;
+            }
+        }
+        assert!(refused >= SHARDS, "{refused} greedy keys refused");
+        assert!(
+            store.len() <= SHARDS,
+            "{} keys held by one limit",
+            store.len()
+        );
+        // Every other limit goes on: its new keys find room beside the greedy limit's share.
+        let other = log_limit("other", 100);
+        for i in 0..8 * SHARDS {
+            let key = format!("t:r:other:{{k{i}}}");
+            assert!(store.check(&[on(&key, &other)]).allowed, "{key}");
+        }
+        // Once a greedy key is back to full, the greedy limit's new keys have room again.
+        clock.advance(61_000);
+        assert!(store.check(&[on("t:r:greedy:{late}", &greedy)]).allowed);
     }
 }
