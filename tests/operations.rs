@@ -241,7 +241,8 @@ async fn readyz(process: &Tollgate) -> (u16, serde_json::Value) {
 #[tokio::test]
 async fn on_sigterm_readiness_fails_first_and_the_listener_serves_on_for_the_delay() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut process = draining_gateway(&dir, "  shutdown_delay: 3s\n  shutdown_grace: 5s");
+    // A delay a loaded machine cannot outrun between the signal and the checks below.
+    let mut process = draining_gateway(&dir, "  shutdown_delay: 10s\n  shutdown_grace: 5s");
     let url = process.url("/hello");
     assert_eq!(readyz(&process).await.0, 200);
     // A keep-alive client, connected before the signal.
@@ -269,7 +270,7 @@ async fn on_sigterm_readiness_fails_first_and_the_listener_serves_on_for_the_del
     );
 
     let mut status = None;
-    let exited = eventually(Duration::from_secs(15), async || {
+    let exited = eventually(Duration::from_secs(30), async || {
         status = process.process.0.try_wait().expect("wait");
         status.is_some()
     })
