@@ -11,9 +11,8 @@
 //! waits in the queue is dropped unsent. Either way it learns at once that it timed out, and falls back.
 //!
 //! One call at a time: Redis runs scripts one after another anyway, so a second call in flight only splits the
-//! waiting requests into smaller batches, each paying the script's fixed cost (measured on loopback with 64
-//! connections: 20,700 req/s with one call in flight, 12,000 with four). Over a network the batch grows with the
-//! round trip instead: 128 requests per 0.5 ms round trip is 256,000 requests/s for one gateway.
+//! waiting requests into smaller batches, each paying the script's fixed cost (BENCHMARKS.md has the figures). Over
+//! a network the batch grows with the round trip instead: up to `MAX_BATCH` requests per round trip.
 
 use std::sync::Arc;
 use std::time::Duration;
