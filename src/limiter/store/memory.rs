@@ -520,34 +520,25 @@ impl Shard {
             let len = self.entries.len();
             let start = self.hand % len.max(1);
             let looked = LIMIT_SAMPLE.min(len);
-            let mut back_to_full = None;
-            let mut least_recent: Option<(usize, i64)> = None;
-            let mut until_ms = i64::MAX;
+            let mut sample = Sample::new();
             for step in 0..looked {
                 let index = (start + step) % len;
                 let (key, entry) = self.entries.get_index(index).expect("index below len");
-                if limit_of(&key.text) != limit {
-                    continue;
-                }
-                if entry.expires_at_ms <= now_ms {
-                    back_to_full = Some(index);
-                    break;
-                } else if !entry.over_limit {
-                    if least_recent.is_none_or(|(_, used)| entry.used_ms < used) {
-                        least_recent = Some((index, entry.used_ms));
-                    }
-                } else {
-                    until_ms = until_ms.min(entry.expires_at_ms);
+                if limit_of(&key.text) == limit {
+                    sample.consider(index, entry, now_ms);
                 }
             }
             self.hand = start + looked;
-            let index = back_to_full
-                .or(least_recent.map(|(index, _)| index))
+            let index = sample
+                .full
+                .first()
+                .copied()
+                .or(sample.least_recent.map(|(index, _)| index))
                 .ok_or(NoRoom {
-                    until_ms: if until_ms == i64::MAX {
+                    until_ms: if sample.until_ms == i64::MAX {
                         now_ms + 1000
                     } else {
-                        until_ms
+                        sample.until_ms
                     },
                 })?;
             self.remove_index(index);
@@ -577,25 +568,19 @@ impl Shard {
         if len == 0 {
             return Ok(());
         }
-        let mut full: SmallVec<[usize; EVICTION_SAMPLE]> = SmallVec::new();
-        let mut least_recent: Option<(usize, i64)> = None;
-        let mut until_ms = i64::MAX;
+        let mut sample = Sample::new();
         let start = self.hand % len;
         let looked = EVICTION_SAMPLE.min(len);
         for step in 0..looked {
             let index = (start + step) % len;
-            let entry = &self.entries[index];
-            if entry.expires_at_ms <= now_ms {
-                full.push(index);
-            } else if !entry.over_limit {
-                if least_recent.is_none_or(|(_, used)| entry.used_ms < used) {
-                    least_recent = Some((index, entry.used_ms));
-                }
-            } else {
-                until_ms = until_ms.min(entry.expires_at_ms);
-            }
+            sample.consider(index, &self.entries[index], now_ms);
         }
         self.hand = start + looked;
+        let Sample {
+            mut full,
+            least_recent,
+            until_ms,
+        } = sample;
         if full.is_empty() {
             let (index, _) = least_recent.ok_or(NoRoom { until_ms })?;
             self.remove_index(index);
@@ -607,6 +592,44 @@ impl Shard {
             self.remove_index(index);
         }
         Ok(())
+    }
+}
+
+/// What a look at the entries under the clock hand found, as displacing sees them.
+struct Sample {
+    /// Entries back to full (forgetting them changes no decision), in the order looked at.
+    full: SmallVec<[usize; EVICTION_SAMPLE]>,
+    /// The least recently used entry not over its limit, and when it was used.
+    least_recent: Option<(usize, i64)>,
+    /// The earliest time an entry over its limit is back to full (`i64::MAX`: none seen).
+    until_ms: i64,
+}
+
+// === impl Sample ===
+
+impl Sample {
+    fn new() -> Self {
+        Self {
+            full: SmallVec::new(),
+            least_recent: None,
+            until_ms: i64::MAX,
+        }
+    }
+
+    /// Files the entry at `index`: back to full, a candidate by recency, or over its limit until it expires.
+    fn consider(&mut self, index: usize, entry: &Entry, now_ms: i64) {
+        if entry.expires_at_ms <= now_ms {
+            self.full.push(index);
+        } else if !entry.over_limit {
+            if self
+                .least_recent
+                .is_none_or(|(_, used)| entry.used_ms < used)
+            {
+                self.least_recent = Some((index, entry.used_ms));
+            }
+        } else {
+            self.until_ms = self.until_ms.min(entry.expires_at_ms);
+        }
     }
 }
 
