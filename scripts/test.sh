@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# Runs the whole test suite. Installs redis-server (Debian package) first when it is missing: the tests start
-# real Redis servers and a real Redis Cluster on loopback.
+# Runs the whole test suite. Installs what the tests run for real (Debian packages) first when it is missing:
+# redis-server and redis-tools (real Redis servers and a real Redis Cluster on loopback) and haproxy (a real load
+# balancer in front of two gateways for the rolling restart tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+missing=()
 if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
-  echo "tollgate tests: installing redis-server and redis-tools with apt-get" >&2
+  missing+=(redis-server redis-tools)
+fi
+# Debian installs haproxy in /usr/sbin, which a non-root PATH may lack; the tests look there too.
+if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then
+  missing+=(haproxy)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "tollgate tests: installing ${missing[*]} with apt-get" >&2
   sudo=""
   if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server redis-tools >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 cargo test "$@"
