@@ -1168,3 +1168,113 @@ async fn a_query_key_is_one_bucket_under_every_spelling_and_ambiguous_when_repea
     }
     assert_eq!(upstream.hits(), 3);
 }
+
+// === HTTP/2 (h2c) under the same clocks as HTTP/1.1 (design §7) ===
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// One HTTP/2 frame on `stream_id`.
+fn h2_frame(kind: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
+    let length = u32::try_from(payload.len()).expect("a short payload");
+    let mut frame = length.to_be_bytes()[1..].to_vec();
+    frame.extend([kind, flags]);
+    frame.extend(stream_id.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// The header block of `GET /api` with `:authority: a`, as literals without indexing (each block stands alone).
+const GET_API_BLOCK: &[u8] = &[
+    0x82, 0x86, 0x04, 0x04, b'/', b'a', b'p', b'i', 0x01, 0x01, b'a',
+];
+const HEADERS: u8 = 0x1;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+
+/// Reads frames from `stream` (acknowledging the server's settings) until the response HEADERS of `stream_id`:
+/// their `:status` is the first byte of the block (an indexed static entry: 0x88 is 200).
+async fn h2_response_status(stream: &mut TcpStream, stream_id: u32) -> u8 {
+    loop {
+        let mut header = [0u8; 9];
+        stream.read_exact(&mut header).await.expect("a frame");
+        let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        let mut payload = vec![0u8; length];
+        stream.read_exact(&mut payload).await.expect("a payload");
+        let id = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff;
+        match header[3] {
+            0x4 if header[4] & 0x1 == 0 => {
+                stream
+                    .write_all(&h2_frame(0x4, 0x1, 0, &[]))
+                    .await
+                    .expect("ack");
+            }
+            HEADERS if id == stream_id => return payload[0],
+            _ => {}
+        }
+    }
+}
+
+/// Waits up to 5 s for the gateway to close `stream`, reading (and dropping) what it sends meanwhile.
+async fn closed_within_5s(stream: &mut TcpStream) -> bool {
+    let mut sink = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut sink))
+        .await
+        .is_ok()
+}
+
+#[tokio::test]
+async fn h2c_connection_that_never_finishes_its_opening_is_cut_off_after_header_read_timeout() {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&yaml(&upstream.url(), "")).await;
+    let settings = h2_frame(0x4, 0, 0, &[]);
+    let mut preface_settings_half_headers = [H2_PREFACE, &settings].concat();
+    // A HEADERS frame without END_HEADERS, and no CONTINUATION ever.
+    preface_settings_half_headers.extend(h2_frame(HEADERS, END_STREAM, 1, &GET_API_BLOCK[..4]));
+    let openings: [(&str, &[u8]); 4] = [
+        ("one byte", b"P"),
+        ("the preface alone", H2_PREFACE),
+        ("preface and settings", &[H2_PREFACE, &settings].concat()),
+        ("an unfinished header block", &preface_settings_half_headers),
+    ];
+    for (what, opening) in openings {
+        let mut stream = TcpStream::connect(gateway.addr).await.expect("connect");
+        stream.write_all(opening).await.expect("write");
+        assert!(
+            closed_within_5s(&mut stream).await,
+            "{what}: still open after 5 s (header_read_timeout 500 ms)"
+        );
+    }
+    assert_eq!(upstream.hits(), 0);
+}
+
+#[tokio::test]
+async fn h2c_header_block_left_unfinished_after_requests_is_cut_off_but_a_quiet_connection_is_not()
+{
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&yaml(&upstream.url(), "")).await;
+    let mut stream = TcpStream::connect(gateway.addr).await.expect("connect");
+    let mut opening = [H2_PREFACE, &h2_frame(0x4, 0, 0, &[])].concat();
+    opening.extend(h2_frame(
+        HEADERS,
+        END_STREAM | END_HEADERS,
+        1,
+        GET_API_BLOCK,
+    ));
+    stream.write_all(&opening).await.expect("write");
+    assert_eq!(h2_response_status(&mut stream, 1).await, 0x88, "200");
+
+    // Quiet between requests for longer than header_read_timeout (500 ms): still served.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let second = h2_frame(HEADERS, END_STREAM | END_HEADERS, 3, GET_API_BLOCK);
+    stream.write_all(&second).await.expect("write");
+    assert_eq!(h2_response_status(&mut stream, 3).await, 0x88, "200");
+
+    // Half a header block: the connection is closed after header_read_timeout.
+    let half = h2_frame(HEADERS, END_STREAM, 5, &GET_API_BLOCK[..4]);
+    stream.write_all(&half).await.expect("write");
+    assert!(
+        closed_within_5s(&mut stream).await,
+        "an unfinished header block kept open for 5 s"
+    );
+    assert_eq!(upstream.hits(), 2);
+}

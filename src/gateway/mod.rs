@@ -2,6 +2,7 @@
 
 mod descriptors;
 mod drain;
+mod h2_clock;
 mod handler;
 mod idle;
 mod responses;

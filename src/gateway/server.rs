@@ -19,6 +19,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::descriptors::{connection_error, out_of_descriptors, Exhaustion};
 use super::drain::{Drain, DrainWatcher};
+use super::h2_clock::HeaderClock;
 use super::idle::ConnectionClock;
 use super::responses;
 use super::Gateway;
@@ -196,6 +197,7 @@ async fn serve_connection(
     watcher: DrainWatcher,
     header_read_timeout: Duration,
 ) {
+    let accepted = std::time::Instant::now();
     let opening = sniff(&stream, header_read_timeout).await;
     let max_header_bytes = builders.max_header_bytes;
     let service = service_fn(move |request: hyper::Request<Incoming>| {
@@ -230,7 +232,10 @@ async fn serve_connection(
                 .await
                 .map_err(BoxError::from)
         }
-        Opening::MaybeHttp2 => serve_auto(&builders.auto, stream, service, watcher).await,
+        Opening::MaybeHttp2 => {
+            let stream = HeaderClock::new(stream, accepted, header_read_timeout);
+            serve_auto(&builders.auto, stream, service, watcher).await
+        }
         Opening::Nothing => {
             tracing::debug!(%peer, "connection closed before sending a request");
             return;
@@ -266,12 +271,12 @@ fn head_bytes<B>(request: &hyper::Request<B>) -> usize {
     })
 }
 
-/// Serves a connection that opened with (part of) the HTTP/2 preface. Boxed and out of line, so that its poll stays
-/// out of the HTTP/1 connections' one.
+/// Serves a connection that opened with (part of) the HTTP/2 preface, under its header clock. Boxed and out of line,
+/// so that its poll stays out of the HTTP/1 connections' one.
 #[inline(never)]
 fn serve_auto<S>(
     builder: &auto::Builder<TokioExecutor>,
-    stream: TcpStream,
+    stream: HeaderClock<TcpStream>,
     service: S,
     watcher: DrainWatcher,
 ) -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>

@@ -1,0 +1,312 @@
+//! An HTTP/2 connection's header clock: `header_read_timeout` bounds its opening (preface, settings and first request
+//! head) and each later header block, as it bounds an HTTP/1.1 request head.
+//!
+//! hyper's HTTP/2 server has no such timer: a connection that sent one byte, the preface alone, or a HEADERS frame
+//! without END_HEADERS is kept for as long as the client likes. The stream handed to hyper follows the frames the
+//! client sends (their 9-byte headers; payloads are only counted) and fails its pending read with `TimedOut` once the
+//! deadline that applies has passed, which ends the connection. While a header block is open HTTP/2 lets the client
+//! send nothing else on the connection (only its CONTINUATION frames), so closing the connection costs no other
+//! stream anything it could still have had.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// The client connection preface every HTTP/2 connection opens with.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// Frame types and the flag that matter here.
+const HEADERS: u8 = 0x1;
+const CONTINUATION: u8 = 0x9;
+const END_HEADERS: u8 = 0x4;
+
+/// A connection's stream under the header clock.
+#[derive(Debug)]
+pub(super) struct HeaderClock<S> {
+    inner: S,
+    frames: Frames,
+    header_read_timeout: Duration,
+    /// The sleep polled while a deadline applies and a read is pending; made at the first such wait.
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// Where the client's bytes are in the frame sequence, and what it has sent so far.
+#[derive(Debug)]
+struct Frames {
+    reading: Reading,
+    /// When the connection was accepted: its opening is bounded from here.
+    accepted: Instant,
+    /// Whether a first header block has been read whole: the connection's opening is over.
+    opened: bool,
+    /// When the header block being read began (its HEADERS frame's header), while one is.
+    block_since: Option<Instant>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Reading {
+    /// This many bytes of the preface so far.
+    Preface(usize),
+    /// A frame header, this much of it so far.
+    FrameHeader { bytes: [u8; 9], filled: usize },
+    /// A frame's payload, this much of it left; whether its end completes a header block.
+    Payload { left: usize, ends_block: bool },
+    /// Not the preface after all: an HTTP/1.1 connection, under HTTP/1.1's own clocks.
+    NotHttp2,
+}
+
+// === impl HeaderClock ===
+
+impl<S> HeaderClock<S> {
+    /// Watches `stream`, a connection accepted at `accepted` whose opening looked like HTTP/2's.
+    pub(super) fn new(stream: S, accepted: Instant, header_read_timeout: Duration) -> Self {
+        Self {
+            inner: stream,
+            frames: Frames {
+                reading: Reading::Preface(0),
+                accepted,
+                opened: false,
+                block_since: None,
+            },
+            header_read_timeout,
+            sleep: None,
+        }
+    }
+
+    /// Whether the deadline that applies now has passed, registering for a wake-up at it if not.
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(since) = self.frames.clock_since() else {
+            return false;
+        };
+        let deadline = tokio::time::Instant::from_std(since + self.header_read_timeout);
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if sleep.deadline() != deadline {
+            sleep.as_mut().reset(deadline);
+        }
+        sleep.as_mut().poll(cx).is_ready()
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for HeaderClock<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                self.frames.read(&buf.filled()[before..]);
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending if self.expired(cx) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "HTTP/2 opening or header block not finished within server.header_read_timeout",
+            ))),
+            other => other,
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for HeaderClock<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+// === impl Frames ===
+
+impl Frames {
+    /// Where the clock that applies now started: the accept until the opening is over, then the open header block's
+    /// first frame; none between header blocks (the request bodies have their own clock) or for HTTP/1.1.
+    fn clock_since(&self) -> Option<Instant> {
+        match self.reading {
+            Reading::NotHttp2 => None,
+            _ if !self.opened => Some(self.accepted),
+            _ => self.block_since,
+        }
+    }
+
+    /// Follows `bytes`, the next the client sent.
+    fn read(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            match &mut self.reading {
+                Reading::NotHttp2 => return,
+                Reading::Preface(matched) => {
+                    let take = bytes.len().min(PREFACE.len() - *matched);
+                    if bytes[..take] != PREFACE[*matched..*matched + take] {
+                        self.reading = Reading::NotHttp2;
+                        return;
+                    }
+                    *matched += take;
+                    if *matched == PREFACE.len() {
+                        self.reading = Reading::FrameHeader {
+                            bytes: [0; 9],
+                            filled: 0,
+                        };
+                    }
+                    bytes = &bytes[take..];
+                }
+                Reading::FrameHeader {
+                    bytes: header,
+                    filled,
+                } => {
+                    let take = bytes.len().min(9 - *filled);
+                    header[*filled..*filled + take].copy_from_slice(&bytes[..take]);
+                    *filled += take;
+                    bytes = &bytes[take..];
+                    if *filled == 9 {
+                        let header = *header;
+                        self.frame(&header);
+                    }
+                }
+                Reading::Payload { left, ends_block } => {
+                    let take = bytes.len().min(*left);
+                    *left -= take;
+                    bytes = &bytes[take..];
+                    if *left == 0 {
+                        let ends_block = *ends_block;
+                        self.payload_read(ends_block);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A frame's header, read whole.
+    fn frame(&mut self, header: &[u8; 9]) {
+        let length =
+            usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+        let (kind, flags) = (header[3], header[4]);
+        if kind == HEADERS {
+            self.block_since = Some(Instant::now());
+        }
+        let ends_block = (kind == HEADERS || kind == CONTINUATION) && flags & END_HEADERS != 0;
+        self.reading = Reading::Payload {
+            left: length,
+            ends_block,
+        };
+        if length == 0 {
+            self.payload_read(ends_block);
+        }
+    }
+
+    /// A frame's payload, read whole.
+    fn payload_read(&mut self, ends_block: bool) {
+        if ends_block {
+            self.opened = true;
+            self.block_since = None;
+        }
+        self.reading = Reading::FrameHeader {
+            bytes: [0; 9],
+            filled: 0,
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
+        let length = payload.len();
+        let mut bytes = vec![
+            (length >> 16) as u8,
+            (length >> 8) as u8,
+            length as u8,
+            kind,
+            flags,
+            0,
+            0,
+            0,
+            1,
+        ];
+        bytes.extend_from_slice(payload);
+        bytes
+    }
+
+    fn frames() -> Frames {
+        Frames {
+            reading: Reading::Preface(0),
+            accepted: Instant::now(),
+            opened: false,
+            block_since: None,
+        }
+    }
+
+    #[test]
+    fn the_opening_is_timed_until_a_first_header_block_is_read_whole_however_the_bytes_come() {
+        let mut stream = PREFACE.to_vec();
+        stream.extend(frame(0x4, 0, &[0; 6]));
+        stream.extend(frame(HEADERS, 0x1, &[0x82, 0x86]));
+        stream.extend(frame(CONTINUATION, END_HEADERS, &[0x84]));
+        let end = stream.len();
+        stream.extend(frame(0x0, 0x1, b"body"));
+        for step in [1, 2, 5, 9, 100] {
+            let mut frames = frames();
+            for (at, chunk) in stream.chunks(step).enumerate() {
+                frames.read(chunk);
+                let read = (at + 1) * step;
+                if read < end {
+                    assert_eq!(frames.clock_since(), Some(frames.accepted), "{step} {read}");
+                }
+            }
+            assert_eq!(frames.clock_since(), None, "{step}");
+        }
+    }
+
+    #[test]
+    fn a_later_header_block_is_timed_from_its_headers_frame_until_end_headers() {
+        let mut frames = frames();
+        frames.read(PREFACE);
+        frames.read(&frame(HEADERS, END_HEADERS, &[0x82]));
+        assert_eq!(frames.clock_since(), None);
+        frames.read(&frame(HEADERS, 0, &[0x82]));
+        assert!(frames.clock_since().is_some());
+        frames.read(&frame(CONTINUATION, 0, &[0x86]));
+        assert!(frames.clock_since().is_some());
+        frames.read(&frame(CONTINUATION, END_HEADERS, &[]));
+        assert_eq!(frames.clock_since(), None);
+        // A HEADERS frame with END_HEADERS whose payload has not all come is still being read.
+        let whole = frame(HEADERS, END_HEADERS, &[0x82, 0x86, 0x84]);
+        frames.read(&whole[..10]);
+        assert!(frames.clock_since().is_some());
+        frames.read(&whole[10..]);
+        assert_eq!(frames.clock_since(), None);
+    }
+
+    #[test]
+    fn an_opening_that_is_not_the_preface_is_left_to_http1() {
+        let mut frames = frames();
+        frames.read(b"PRI * HTTP/1.1\r\n");
+        assert_eq!(frames.clock_since(), None);
+    }
+}
