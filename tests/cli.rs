@@ -421,7 +421,7 @@ fn check_prints_server_client_ip_upstreams_token_and_route_answers() {
     let dir = tempfile::tempdir().expect("tempdir");
     let yaml = r#"admin: { listen: 127.0.0.1:9901, token: s3cret }
 store: { backend: memory }
-server: { keepalive_timeout: 90s, health_path: /lb, max_body_bytes: 1024 }
+server: { keepalive_timeout: 90s, health_path: /lb, max_body_bytes: 1024, shutdown_delay: 5s }
 client_ip: { trusted_proxies: [10.0.0.0/8], header: forwarded }
 upstreams:
   b: { targets: ["http://10.1.2.3:8000"], timeout: 2s, connect_timeout: 250ms, pass_host_header: false }
@@ -440,7 +440,7 @@ routes:
     for expected in [
         "admin 127.0.0.1:9901 (token set)",
         "server: header_read_timeout 10s   keepalive_timeout 90s",
-        "health_path /lb   max_body_bytes 1024",
+        "shutdown_delay 5s   shutdown_grace 30s   health_path /lb   max_body_bytes 1024",
         "client_ip: trusted_proxies 10.0.0.0/8   header forwarded   ipv6_prefix 64",
         "upstream b: http://10.1.2.3:8000/   timeout 2s   connect_timeout 250ms   own Host",
         "upstream b (deny 503) (headers: false)",

@@ -65,12 +65,18 @@ pub fn render(config: &Config) -> String {
 /// `server:` as understood: its clocks and sizes, and what is set of the rest.
 fn server_line(config: &Config) -> String {
     let server = &config.server;
-    let seconds = |d: std::time::Duration| format_duration_ms(d.as_millis() as u64);
+    // `0s` as the config says it (a delay of none), not `0ms`.
+    let seconds = |d: std::time::Duration| match d.as_millis() {
+        0 => "0s".to_owned(),
+        ms => format_duration_ms(ms as u64),
+    };
     let mut line = format!(
-        "server: header_read_timeout {}   keepalive_timeout {}   max_header_bytes {}   shutdown_grace {}",
+        "server: header_read_timeout {}   keepalive_timeout {}   max_header_bytes {}   shutdown_delay {}   \
+         shutdown_grace {}",
         seconds(server.header_read_timeout),
         seconds(server.keepalive_timeout),
         server.max_header_bytes,
+        seconds(server.shutdown_delay),
         seconds(server.shutdown_grace),
     );
     if let Some(path) = &server.health_path {
