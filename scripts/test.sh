@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite. Installs what the tests run for real (Debian packages) first when it is missing:
 # redis-server and redis-tools (real Redis servers and a real Redis Cluster on loopback) and haproxy (a real load
-# balancer in front of two gateways for the rolling restart tests).
+# balancer in front of two gateways for the rolling restart tests), and curl (the README's tour, run as written).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +12,9 @@ fi
 # Debian installs haproxy in /usr/sbin, which a non-root PATH may lack; the tests look there too.
 if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then
   missing+=(haproxy)
+fi
+if ! command -v curl >/dev/null 2>&1; then
+  missing+=(curl)
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "tollgate tests: installing ${missing[*]} with apt-get" >&2
