@@ -439,7 +439,7 @@ routes:
     assert_eq!(output.status.code(), Some(0), "{stdout}");
     for expected in [
         "admin 127.0.0.1:9901 (token set)",
-        "server: header_read_timeout 10s   keepalive_timeout 90s",
+        "server: header_read_timeout 10s   keepalive_timeout 90s   body_read_timeout 30s",
         "shutdown_delay 5s   shutdown_grace 30s   health_path /lb   max_body_bytes 1024",
         "client_ip: trusted_proxies 10.0.0.0/8   header forwarded   ipv6_prefix 64",
         "upstream b: http://10.1.2.3:8000/   timeout 2s   connect_timeout 250ms   own Host",

@@ -1278,3 +1278,184 @@ async fn h2c_header_block_left_unfinished_after_requests_is_cut_off_but_a_quiet_
     );
     assert_eq!(upstream.hits(), 2);
 }
+
+// === server.body_read_timeout: a stalled body is 408 and its upstream request is cancelled ===
+
+/// An upstream on raw TCP that reads request heads and never answers: it counts the requests whose head came and
+/// the connections still open (each closed by the gateway once it gives its request up).
+struct HangingUpstream {
+    addr: std::net::SocketAddr,
+    heads: Arc<std::sync::atomic::AtomicUsize>,
+    open: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl HangingUpstream {
+    async fn start() -> Self {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let heads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (seen, still_open) = (heads.clone(), open.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let (seen, still_open) = (seen.clone(), still_open.clone());
+                still_open.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut read = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    let mut head_seen = false;
+                    // Until the gateway closes the connection: a clean end or a reset.
+                    while let Ok(count @ 1..) = stream.read(&mut chunk).await {
+                        read.extend_from_slice(&chunk[..count]);
+                        if !head_seen && read.windows(4).any(|w| w == b"\r\n\r\n") {
+                            head_seen = true;
+                            seen.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    still_open.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        Self {
+            addr,
+            heads,
+            open,
+            task,
+        }
+    }
+
+    fn heads(&self) -> usize {
+        self.heads.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn open(&self) -> usize {
+        self.open.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for HangingUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A request body that sends its first piece and then nothing, never ending.
+struct StalledBody {
+    sent: bool,
+}
+
+impl http_body::Body for StalledBody {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        if self.sent {
+            return std::task::Poll::Pending;
+        }
+        self.sent = true;
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(bytes::Bytes::from_static(
+            b"first piece",
+        )))))
+    }
+}
+
+fn stalling_yaml(upstream: std::net::SocketAddr) -> String {
+    format!(
+        r#"server:
+  body_read_timeout: 500ms
+upstreams:
+  backend:
+    targets: ["http://{upstream}"]
+    timeout: 60s
+routes:
+  - name: up
+    match: {{ path_prefix: /up }}
+    upstream: backend
+"#
+    )
+}
+
+#[tokio::test]
+async fn a_stalled_request_body_is_408_and_its_upstream_request_is_cancelled_over_http1() {
+    let upstream = HangingUpstream::start().await;
+    let gateway = start_gateway(&stalling_yaml(upstream.addr)).await;
+    let request = b"POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\nfirst piece";
+    let mut stream = TcpStream::connect(gateway.addr).await.expect("connect");
+    stream.write_all(request).await.expect("write");
+    let response = tokio::time::timeout(Duration::from_secs(5), read_response(&mut stream))
+        .await
+        .expect("an answer within 5 s (body_read_timeout 500 ms)");
+    assert!(response.starts_with("HTTP/1.1 408"), "{response}");
+    let body: serde_json::Value =
+        serde_json::from_str(response.split_once("\r\n\r\n").expect("a body").1).expect("JSON");
+    assert_eq!(body["error"], "body_timeout", "{response}");
+    assert_eq!(
+        upstream.heads(),
+        1,
+        "the request went upstream before its body stalled"
+    );
+    let cancelled = common::eventually(Duration::from_secs(5), async || upstream.open() == 0).await;
+    assert!(cancelled.is_some(), "the upstream request is still open");
+}
+
+#[tokio::test]
+async fn stalled_request_bodies_on_one_h2c_connection_are_408_and_their_upstream_requests_are_cancelled(
+) {
+    use http_body_util::BodyExt;
+    const STREAMS: usize = 50;
+    let upstream = HangingUpstream::start().await;
+    let gateway = start_gateway(&stalling_yaml(upstream.addr)).await;
+    let stream = TcpStream::connect(gateway.addr).await.expect("connect");
+    let (sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("h2c handshake");
+    tokio::spawn(connection);
+    let url = gateway.url("/up");
+    let requests = (0..STREAMS).map(|_| {
+        let (mut sender, url) = (sender.clone(), url.clone());
+        async move {
+            let request = http::Request::post(url)
+                .body(StalledBody { sent: false })
+                .expect("request");
+            let response = sender.send_request(request).await.expect("an answer");
+            let status = response.status();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .expect("a body")
+                .to_bytes();
+            (
+                status,
+                serde_json::from_slice::<serde_json::Value>(&body).expect("JSON"),
+            )
+        }
+    });
+    let answers = tokio::time::timeout(
+        Duration::from_secs(10),
+        futures_util::future::join_all(requests),
+    )
+    .await
+    .expect("every stream answered within 10 s (body_read_timeout 500 ms)");
+    for (status, body) in answers {
+        assert_eq!(status, 408, "{body}");
+        assert_eq!(body["error"], "body_timeout");
+    }
+    assert_eq!(upstream.heads(), STREAMS, "each request went upstream");
+    let cancelled = common::eventually(Duration::from_secs(5), async || upstream.open() == 0).await;
+    assert!(
+        cancelled.is_some(),
+        "{} upstream requests still open",
+        upstream.open()
+    );
+}

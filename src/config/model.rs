@@ -84,6 +84,9 @@ pub struct ServerSettings {
     /// timeouts of the load balancers in front (60s for AWS's), so that the balancer, not tollgate, closes idle
     /// connections and never sends a request on one being closed.
     pub keepalive_timeout: Duration,
+    /// Time a request body may go without a new piece (HTTP/1.1 and HTTP/2), default 30s: then 408 and the
+    /// upstream request is cancelled.
+    pub body_read_timeout: Duration,
     /// A path on the main listener answered as the admin listener's `/readyz` is, before any route: for load
     /// balancers' health checks, which reach only the listener they balance.
     pub health_path: Option<String>,

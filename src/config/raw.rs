@@ -103,6 +103,8 @@ pub(crate) struct RawServer {
     pub header_read_timeout: String,
     #[serde(deserialize_with = "scalar_text")]
     pub keepalive_timeout: String,
+    #[serde(deserialize_with = "scalar_text")]
+    pub body_read_timeout: String,
     pub health_path: Option<String>,
     pub max_body_bytes: Option<u64>,
     pub max_header_bytes: u64,
@@ -403,6 +405,7 @@ impl Default for RawServer {
         RawServer {
             header_read_timeout: "10s".to_owned(),
             keepalive_timeout: "75s".to_owned(),
+            body_read_timeout: "30s".to_owned(),
             health_path: None,
             max_body_bytes: None,
             max_header_bytes: 65_536,

@@ -71,10 +71,11 @@ fn server_line(config: &Config) -> String {
         ms => format_duration_ms(ms as u64),
     };
     let mut line = format!(
-        "server: header_read_timeout {}   keepalive_timeout {}   max_header_bytes {}   shutdown_delay {}   \
-         shutdown_grace {}",
+        "server: header_read_timeout {}   keepalive_timeout {}   body_read_timeout {}   max_header_bytes {}   \
+         shutdown_delay {}   shutdown_grace {}",
         seconds(server.header_read_timeout),
         seconds(server.keepalive_timeout),
+        seconds(server.body_read_timeout),
         server.max_header_bytes,
         seconds(server.shutdown_delay),
         seconds(server.shutdown_grace),

@@ -324,6 +324,8 @@ fn server(issues: &mut Issues, raw: &RawServer) -> Option<ServerSettings> {
     );
     let keepalive_timeout =
         positive_duration(issues, "server.keepalive_timeout", &raw.keepalive_timeout);
+    let body_read_timeout =
+        positive_duration(issues, "server.body_read_timeout", &raw.body_read_timeout);
     let max_header_bytes = positive_count(issues, "server.max_header_bytes", raw.max_header_bytes);
     let health_path = raw.health_path.as_deref().map(str::trim);
     if health_path.is_some_and(|path| !path.starts_with('/') || path.contains(['?', '#', ' '])) {
@@ -349,6 +351,7 @@ fn server(issues: &mut Issues, raw: &RawServer) -> Option<ServerSettings> {
     Some(ServerSettings {
         header_read_timeout: header_read_timeout?,
         keepalive_timeout: keepalive_timeout?,
+        body_read_timeout: body_read_timeout?,
         health_path: health_path.map(str::to_owned),
         max_body_bytes,
         max_header_bytes: max_header_bytes?,

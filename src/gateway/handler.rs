@@ -18,7 +18,7 @@ use crate::consumers::directory::Directory;
 use crate::consumers::Consumers;
 use crate::key::RequestFacts;
 use crate::limiter::RateLimiter;
-use crate::proxy::{ClientBodyError, ForwardedFacts, ProxyError};
+use crate::proxy::{ForwardedFacts, ProxyError};
 use crate::routing::{CanonicalRequest, Refusal, RequestTarget};
 
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -259,10 +259,7 @@ impl Gateway {
                 // Read first, so that malformed framing is 400 here as on an upstream route.
                 if let Some(reading) = crate::proxy::discard(request.into_body()) {
                     if let Err(error) = reading.await {
-                        if ClientBodyError::too_large(&error) {
-                            return (Some(route), responses::body_too_large(Version::HTTP_11));
-                        }
-                        return (Some(route), responses::bad_body());
+                        return (Some(route), responses::client_body_failed(&error));
                     }
                 }
                 let mut response = Response::new(Body::from(direct.body.clone()));
@@ -417,10 +414,7 @@ fn proxy_failure(route: &Route, error: &ProxyError) -> Response<Body> {
     if let ProxyError::ClientBody(_) = error {
         // The client's fault, not the upstream's: no warning, and not counted against the upstream.
         tracing::debug!(route = %route.name, %error, "request body failed");
-        if ClientBodyError::too_large(error) {
-            return responses::body_too_large(Version::HTTP_11);
-        }
-        return responses::bad_body();
+        return responses::client_body_failed(error);
     }
     tracing::warn!(route = %route.name, %error, "upstream failed");
     match error {

@@ -5,6 +5,7 @@ use http::{header, HeaderValue, Response, StatusCode, Version};
 use serde_json::json;
 
 use crate::admission::json_response;
+use crate::proxy::ClientBodyError;
 
 /// 404 when no route matches.
 pub(super) fn no_route(path: &str) -> Response<Body> {
@@ -20,6 +21,26 @@ pub(super) fn bad_body() -> Response<Body> {
         StatusCode::BAD_REQUEST,
         &json!({"error": "bad_request", "message": "the request body is malformed or incomplete"}),
     )
+}
+
+/// The answer to a request whose body failed as the client's: 413 past `server.max_body_bytes`, 408 when it stalled
+/// for `server.body_read_timeout`, else 400. The connection is closed after the first two (HTTP/1.x): the rest of
+/// the body is not read.
+pub(super) fn client_body_failed(error: &(dyn std::error::Error + 'static)) -> Response<Body> {
+    match ClientBodyError::find(error) {
+        Some(ClientBodyError::TooLarge) => body_too_large(Version::HTTP_11),
+        Some(ClientBodyError::Stalled) => {
+            let mut response = json_response(
+                StatusCode::REQUEST_TIMEOUT,
+                &json!({"error": "body_timeout", "message": "no part of the request body came for server.body_read_timeout"}),
+            );
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            response
+        }
+        _ => bad_body(),
+    }
 }
 
 /// 431 for a request head larger than `server.max_header_bytes`. The connection is closed after it (HTTP/1.x): the

@@ -126,6 +126,8 @@ struct Builders {
     /// `server.keepalive_timeout` and `server.header_read_timeout`, for each HTTP/1.1 connection's clock.
     keepalive_timeout: Duration,
     header_read_timeout: Duration,
+    /// `server.body_read_timeout`, for each request body.
+    body_read_timeout: Duration,
     /// For connections whose first bytes are not the HTTP/2 preface: nearly all of them. Its timer is each
     /// connection's own clock (`idle`).
     http1: http1::Builder,
@@ -152,6 +154,7 @@ impl Builders {
             max_header_bytes: settings.max_header_bytes,
             keepalive_timeout: settings.keepalive_timeout,
             header_read_timeout: settings.header_read_timeout,
+            body_read_timeout: settings.body_read_timeout,
             http1,
             auto,
         }
@@ -199,7 +202,8 @@ async fn serve_connection(
 ) {
     let accepted = std::time::Instant::now();
     let opening = sniff(&stream, header_read_timeout).await;
-    let max_header_bytes = builders.max_header_bytes;
+    let (max_header_bytes, body_read_timeout) =
+        (builders.max_header_bytes, builders.body_read_timeout);
     let service = service_fn(move |request: hyper::Request<Incoming>| {
         // No gateway for a head over the limit. Nothing else is captured for it: the future is moved into the
         // connection once per request, and each byte more in it is copied every time.
@@ -210,7 +214,7 @@ async fn serve_connection(
                 return Ok(responses::head_too_large(request.version()));
             };
             // The body's errors are marked as the client's, so that they are never taken for an upstream failure.
-            let request = request.map(|body| Body::new(ClientBody::new(body)));
+            let request = request.map(|body| Body::new(ClientBody::new(body, body_read_timeout)));
             Ok::<_, Infallible>(gateway.handle(request, peer).await)
         }
     });

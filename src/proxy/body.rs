@@ -13,10 +13,19 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use thiserror::Error;
 
-/// The body of a request as the gateway received it. Wrapping costs nothing per request: the server boxes the body
-/// into an axum `Body` once either way, and only an error is changed.
+/// The body of a request as the gateway received it, held to `server.body_read_timeout`: a wait for its next piece
+/// that lasts longer fails it as the client's ([`ClientBodyError::Stalled`]), so that the upstream request is
+/// cancelled and the client answered 408. The server boxes the body into an axum `Body` once either way; the clock
+/// costs nothing until a read finds nothing ready.
 #[derive(Debug)]
-pub struct ClientBody(Incoming);
+pub struct ClientBody {
+    incoming: Incoming,
+    read_timeout: Duration,
+    /// The sleep for the current wait; made at the body's first wait.
+    stall: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Whether `stall` is set for the current wait (false again once a piece came).
+    waiting: bool,
+}
 
 /// The reading of a body that nobody will use (see [`discard`]).
 pub type Discarding = Pin<Box<dyn Future<Output = Result<(), axum::Error>> + Send>>;
@@ -31,6 +40,9 @@ pub enum ClientBodyError {
     /// Larger than `server.max_body_bytes` (413).
     #[error("the client's request body is larger than server.max_body_bytes")]
     TooLarge,
+    /// No piece of it came for `server.body_read_timeout` (408).
+    #[error("the client's request body stalled for server.body_read_timeout")]
+    Stalled,
 }
 
 /// A request body held to `server.max_body_bytes`: the reading fails as the client's ([`ClientBodyError::TooLarge`])
@@ -50,9 +62,29 @@ const DISCARD_WITHIN: Duration = Duration::from_secs(5);
 // === impl ClientBody ===
 
 impl ClientBody {
-    /// The body of a request served from `incoming`.
-    pub fn new(incoming: Incoming) -> Self {
-        Self(incoming)
+    /// The body of a request served from `incoming`, failing when its next piece takes longer than `read_timeout`.
+    pub fn new(incoming: Incoming, read_timeout: Duration) -> Self {
+        Self {
+            incoming,
+            read_timeout,
+            stall: None,
+            waiting: false,
+        }
+    }
+
+    /// Whether the current wait for a piece has lasted `read_timeout`; starts its clock if it is new.
+    fn stalled(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.waiting {
+            self.waiting = true;
+            let deadline = tokio::time::Instant::now() + self.read_timeout;
+            match &mut self.stall {
+                Some(sleep) => sleep.as_mut().reset(deadline),
+                None => self.stall = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+        }
+        self.stall
+            .as_mut()
+            .is_some_and(|sleep| sleep.as_mut().poll(cx).is_ready())
     }
 }
 
@@ -64,17 +96,22 @@ impl http_body::Body for ClientBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
-        Pin::new(&mut self.0)
-            .poll_frame(cx)
-            .map_err(ClientBodyError::Read)
+        match Pin::new(&mut self.incoming).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                self.waiting = false;
+                Poll::Ready(frame.map(|frame| frame.map_err(ClientBodyError::Read)))
+            }
+            Poll::Pending if self.stalled(cx) => Poll::Ready(Some(Err(ClientBodyError::Stalled))),
+            Poll::Pending => Poll::Pending,
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.0.is_end_stream()
+        self.incoming.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.0.size_hint()
+        self.incoming.size_hint()
     }
 }
 
@@ -119,16 +156,22 @@ impl http_body::Body for LimitedBody {
 }
 
 impl ClientBodyError {
-    /// Whether `error` (or an error it was caused by) is a body over `server.max_body_bytes`.
-    pub fn too_large(error: &(dyn std::error::Error + 'static)) -> bool {
+    /// The client body error `error` is or was caused by, if any: a hyper client reports the body it was streaming
+    /// as a cause several layers down.
+    pub fn find<'e>(error: &'e (dyn std::error::Error + 'static)) -> Option<&'e Self> {
         let mut cause = Some(error);
         while let Some(error) = cause {
-            if matches!(error.downcast_ref::<Self>(), Some(Self::TooLarge)) {
-                return true;
+            if let Some(found) = error.downcast_ref::<Self>() {
+                return Some(found);
             }
             cause = error.source();
         }
-        false
+        None
+    }
+
+    /// Whether `error` (or an error it was caused by) is a body over `server.max_body_bytes`.
+    pub fn too_large(error: &(dyn std::error::Error + 'static)) -> bool {
+        matches!(Self::find(error), Some(Self::TooLarge))
     }
 
     /// Whether `error` (or an error it was caused by) is the client's body failing: a hyper client reports the body
