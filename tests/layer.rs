@@ -27,7 +27,7 @@ use common::redis::RedisServer;
 use tollgate::admission::LimitSettings;
 use tollgate::config::parse_rate;
 use tollgate::key::{KeyPart, KeySpec, MissingKey};
-use tollgate::layer::{LayerError, RateLimitLayer};
+use tollgate::layer::{ClientIpHeader, LayerError, RateLimitLayer};
 use tollgate::limiter::store::RedisStore;
 use tollgate::limiter::{
     Algorithm, Backend, LeakyMode, Limit, ManualClock, OnError, Rate, RateLimiter,
@@ -846,4 +846,63 @@ async fn the_gateway_and_the_layer_answer_a_request_sequence_alike() {
         statuses,
         [200, 200, 429, 200, 200, 429, 200, 400, 200, 200, 200, 429, 401]
     );
+}
+
+#[tokio::test]
+async fn the_layer_believes_only_the_client_ip_header_it_is_told_from_trusted_proxies() {
+    // From code: a trusted proxy that writes Forwarded, and passes the client's own X-Forwarded-For through.
+    let (limiter, _clock) = manual_limiter();
+    let layer = RateLimitLayer::builder()
+        .limiter(limiter)
+        .scope("api")
+        .limit_by("per-ip", ["ip"], sliding_window(1))
+        .trusted_proxies([std::net::IpAddr::from([127, 0, 0, 1])])
+        .client_ip_header(ClientIpHeader::Forwarded)
+        .build()
+        .unwrap();
+    let app = serve(layer, Peer::ConnectInfo).await;
+    let first = [
+        ("forwarded", "for=203.0.113.1"),
+        ("x-forwarded-for", "198.51.100.1"),
+    ];
+    assert_eq!(app.hammer(1, &first).await, [200]);
+    // Another X-Forwarded-For (or X-Real-IP) is the same client: only Forwarded names it.
+    let spoofed = [
+        ("forwarded", "for=203.0.113.1"),
+        ("x-forwarded-for", "198.51.100.2"),
+        ("x-real-ip", "198.51.100.3"),
+    ];
+    assert_eq!(app.hammer(1, &spoofed).await, [429]);
+    assert_eq!(
+        app.hammer(1, &[("forwarded", "for=203.0.113.2")]).await,
+        [200]
+    );
+
+    // From a config route: client_ip.header comes with trusted_proxies.
+    let config = common::config(
+        r#"
+store: { backend: memory }
+client_ip: { trusted_proxies: [127.0.0.1/32], header: x-real-ip }
+routes:
+  - name: api
+    match: { path_prefix: /api }
+    respond: { status: 200 }
+    limits: [ { name: per-ip, key: ip, algorithm: sliding_window, limit: 1, period: 1m } ]
+"#,
+    );
+    let (limiter, _clock) = manual_limiter();
+    let layer = RateLimitLayer::from_route(&config, "api")
+        .unwrap()
+        .limiter(limiter)
+        .build()
+        .unwrap();
+    let app = serve(layer, Peer::ConnectInfo).await;
+    assert_eq!(app.hammer(1, &[("x-real-ip", "203.0.113.1")]).await, [200]);
+    let spoofed = [
+        ("x-real-ip", "203.0.113.1"),
+        ("x-forwarded-for", "198.51.100.2"),
+        ("forwarded", "for=198.51.100.3"),
+    ];
+    assert_eq!(app.hammer(1, &spoofed).await, [429]);
+    assert_eq!(app.hammer(1, &[("x-real-ip", "203.0.113.2")]).await, [200]);
 }

@@ -13,7 +13,7 @@ use crate::admission::{LimitSet, Policy};
 use crate::config::Config;
 use crate::consumers::directory::Directory;
 use crate::consumers::{ConsumerMode, Consumers, ConsumersSettings};
-use crate::key::{ClientIpResolver, KeyPart, KeyPartError, KeySpec, MissingKey};
+use crate::key::{ClientIpHeader, ClientIpResolver, KeyPart, KeyPartError, KeySpec, MissingKey};
 use crate::limiter::{Algorithm, Backend, Limit, LimitError, OnError, RateLimiter, SystemClock};
 
 /// The bound of the in-process store made by [`Builder::memory_store`], the gateway's `store.max_keys` default.
@@ -35,6 +35,8 @@ pub struct Builder {
     deny_status: StatusCode,
     headers: bool,
     trusted_proxies: Vec<IpNet>,
+    /// The one field believed from `trusted_proxies`.
+    client_ip_header: ClientIpHeader,
     ipv6_prefix: u8,
     /// Client networks exempt from the limits.
     allow: Vec<IpNet>,
@@ -118,6 +120,7 @@ impl Builder {
             deny_status: StatusCode::TOO_MANY_REQUESTS,
             headers: true,
             trusted_proxies: Vec::new(),
+            client_ip_header: ClientIpHeader::default(),
             ipv6_prefix: 64,
             allow: Vec::new(),
             consumers: None,
@@ -127,7 +130,8 @@ impl Builder {
     }
 
     /// A builder holding what `route` of `config` says: its name as the scope, its limits, `deny_status`,
-    /// `headers` and `allow`, and the config's `store.key_prefix` and `client_ip.trusted_proxies`.
+    /// `headers` and `allow`, and the config's `store.key_prefix` and `client_ip` (`trusted_proxies`, `header`,
+    /// `ipv6_prefix`).
     pub(super) fn from_route(config: &Config, route: &str) -> Result<Self, LayerError> {
         let settings = config
             .routes
@@ -141,6 +145,7 @@ impl Builder {
             deny_status: settings.deny_status,
             headers: settings.headers,
             trusted_proxies: config.client_ip.trusted_proxies.clone(),
+            client_ip_header: config.client_ip.header,
             ipv6_prefix: config.client_ip.ipv6_prefix,
             allow: settings.allow.clone(),
             consumers: config
@@ -215,11 +220,20 @@ impl Builder {
         self
     }
 
-    /// Peers (load balancers, proxies) whose `X-Forwarded-For` is believed when finding the client address; default
-    /// none. Networks or plain addresses, as the config's `client_ip.trusted_proxies` takes them:
+    /// Peers (load balancers, proxies) whose client-address field ([`Builder::client_ip_header`], `X-Forwarded-For`
+    /// by default) is believed when finding the client address; default none. Networks or plain addresses, as the config's `client_ip.trusted_proxies` takes them:
     /// `["10.0.0.0/8".parse::<IpNet>()?]` or `[IpAddr::from([10, 0, 0, 7])]` (a /32).
     pub fn trusted_proxies<P: Into<IpNet>>(mut self, proxies: impl IntoIterator<Item = P>) -> Self {
         self.trusted_proxies = proxies.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The one field trusted proxies write the client address in, as the config's `client_ip.header`: default
+    /// [`ClientIpHeader::XForwardedFor`], or `Forwarded` (its `for=`) or `X-Real-IP`. Only it is believed, and only
+    /// from [`Builder::trusted_proxies`]: a proxy that writes one field passes the others through from the client
+    /// untouched, so believing them would let a client name its own address.
+    pub fn client_ip_header(mut self, header: ClientIpHeader) -> Self {
+        self.client_ip_header = header;
         self
     }
 
@@ -292,7 +306,9 @@ impl Builder {
         Ok(RateLimitLayer::new(
             limiter,
             policy,
-            ClientIpResolver::new(self.trusted_proxies).with_ipv6_prefix(self.ipv6_prefix),
+            ClientIpResolver::new(self.trusted_proxies)
+                .with_header(self.client_ip_header)
+                .with_ipv6_prefix(self.ipv6_prefix),
         ))
     }
 }

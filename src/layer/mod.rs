@@ -10,3 +10,5 @@ pub use self::builder::{memory_limiter, Builder, LayerError, DEFAULT_MAX_KEYS};
 pub use self::future::ResponseFuture;
 pub use self::rate_limit::RateLimitLayer;
 pub use self::service::RateLimit;
+/// The field [`Builder::client_ip_header`] believes from trusted proxies.
+pub use crate::key::ClientIpHeader;
