@@ -225,6 +225,18 @@ fn store(issues: &mut Issues, raw: &RawStore) -> Option<StoreSettings> {
         Some(count) => positive_count(issues, "store.max_keys_per_limit", count),
         None => max_keys.map(|keys| keys.div_ceil(4)),
     };
+    // A share larger than the store is a share of nothing: a mistake (often max_keys lowered alone), not a wish.
+    if let (Some(per_limit), Some(total)) = (max_keys_per_limit, max_keys) {
+        if per_limit > total {
+            issues.add(
+                "store.max_keys_per_limit",
+                format!(
+                    "must be at most store.max_keys ({total}), got {per_limit}: it is one limit's share of the \
+                     store (equal to max_keys lets one limit fill it)"
+                ),
+            );
+        }
+    }
     let on_error = match raw.on_error {
         RawOnError::Allow => OnError::Allow,
         RawOnError::Deny => OnError::Deny,
@@ -931,6 +943,22 @@ routes:
                 "t.yaml:10:9: routes[0].limits[0].period: invalid duration \"1.5s\" (use 250ms, 1s, 1m, 1h, 1d)",
             )
         );
+    }
+
+    #[test]
+    fn a_per_limit_key_share_larger_than_the_store_is_a_located_error() {
+        let text = "store:\n  backend: memory\n  max_keys: 1000\n  max_keys_per_limit: 1001\nroutes:\n  - name: r\n    respond: {}\n";
+        assert_eq!(
+            parse(text).unwrap_err().to_string(),
+            "t.yaml:4:3: store.max_keys_per_limit: must be at most store.max_keys (1000), got 1001: it is one \
+             limit's share of the store (equal to max_keys lets one limit fill it)"
+        );
+        // Equal is the whole store; the default is a quarter of whatever max_keys is.
+        let equal = text.replace("1001", "1000");
+        assert_eq!(parse(&equal).unwrap().store.max_keys_per_limit, 1000);
+        let default =
+            "store:\n  backend: memory\n  max_keys: 10\nroutes:\n  - name: r\n    respond: {}\n";
+        assert_eq!(parse(default).unwrap().store.max_keys_per_limit, 3);
     }
 
     #[test]
