@@ -14,14 +14,28 @@ share limits again). For every fault the table gives:
 - failed beyond policy: any answer but 200 or 429, or no answer at all;
 - over-admitted: after recovery, 40 requests on one key alternate between the two gateways against a `sliding_log`
   limit of 20 per hour; every admission past 20 is over-admitted (limits not shared);
+- counted late: requests answered without Redis that Redis counted all the same. Each loop also sends, on every
+  turn, a request on a fresh key of a `sliding_log` route (limit 1000 per hour); once the fault is over (and the
+  fallback's admissions carried into Redis), each of those keys' sorted sets is read: a key whose request was
+  answered 503 must hold nothing, and no key may hold more than its one request (a check Redis ran after the
+  gateway had answered without it, then counted again when the fallback's admissions were carried over). Must be
+  0: with `allow`, a late count looks like an ordinary one and is not seen;
+- worst 10 s: the most requests admitted on one key, by both gateways together, within any 10 s (the loops send
+  it on every turn, against a `sliding_log` limit of 50 per 10 s); first over the windows that start when the
+  fault does or later, then over all of them. With the local fallback each instance limits on its own while Redis
+  is away, and what it admitted is carried into Redis when it is back, so from the outage's start two instances
+  admit at most twice the limit (100) in any window; a window that also holds the moments before the outage can
+  hold what Redis admitted then, up to one limit more (150). 50 whenever the limit stayed shared;
 - shared again after: from the moment Redis answers again (or the fault is undone) to the first probe that shows
   the limit shared: a new key admitted by one gateway and refused by the other (limit 1). Probes run every 10 ms,
   so the figure is good to about that. "no outage" means the fault never stopped the limit being shared (the
   gateways kept deciding through Redis), so there was nothing to recover from; the fault is undone all the same.
 
-Faults: Redis not up when the gateways start; Redis restarted with its data; Redis replaced by an empty instance;
+Faults: Redis not up when the gateways start; Redis paused (`CLIENT PAUSE WRITE`: checks wait in Redis past their
+deadline, then run); Redis frozen (SIGSTOP: the same, below Redis); Redis restarted with its data; Redis replaced by an empty instance;
 the password changed under the gateways (connections killed) then changed back; Redis out of memory
-(`maxmemory` below what it holds, `noeviction`) then given memory again. Only loopback addresses are used, and
+(`maxmemory` below what it holds, `noeviction`) then given memory again; Redis down for 12 s, longer than the
+window route's period, with the load running 10 s on after it. Only loopback addresses are used, and
 every loop is bounded in count and time.
 """
 
@@ -29,6 +43,7 @@ import argparse
 import http.client
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -41,6 +56,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "chaos-pass"
 EXACT_LIMIT = 20
+# The window route's limit per 10 s, and the window itself: two instances admit at most twice it over any window.
+WINDOW_LIMIT = 50
+WINDOW_S = 10.0
 RECOVERY_BOUND_S = 10.0
 
 
@@ -113,6 +131,14 @@ routes:
     match: {{ path_prefix: /probe }}
     respond: {{ status: 200, body: "ok" }}
     limits: [{{ name: once, key: ["header:x-key"], algorithm: sliding_log, limit: 1, period: 1h }}]
+  - name: ledger
+    match: {{ path_prefix: /ledger }}
+    respond: {{ status: 200, body: "ok" }}
+    limits: [{{ name: n, key: ["header:x-key"], algorithm: sliding_log, limit: 1000, period: 1h }}]
+  - name: window
+    match: {{ path_prefix: /window }}
+    respond: {{ status: 200, body: "ok" }}
+    limits: [{{ name: n, key: ["header:x-key"], algorithm: sliding_log, limit: {WINDOW_LIMIT}, period: 10s }}]
   - name: exact
     match: {{ path_prefix: /exact }}
     respond: {{ status: 200, body: "ok" }}
@@ -169,6 +195,12 @@ class Tally:
         self.total = 0
         self.beyond_policy = 0
         self.recovered_at: float | None = None
+        # (key, status) of each request on a fresh key of the ledger route
+        self.ledger: list[tuple[str, int]] = []
+        # when each request on the window route's one key was admitted
+        self.window_admissions: list[float] = []
+        self.window_key = uuid.uuid4().hex
+        self.broken_at: float | None = None
 
     def add(self, status: int) -> None:
         with self.lock:
@@ -179,6 +211,55 @@ class Tally:
                 return
             self.beyond_policy += 1
 
+    def add_window(self, status: int) -> None:
+        self.add(status)
+        if status == 200:
+            with self.lock:
+                self.window_admissions.append(time.monotonic())
+
+    def worst_window(self, since: float = 0.0) -> int:
+        """The most admissions on the window route's key within any WINDOW_S that starts at `since` or later."""
+        times = sorted(at for at in self.window_admissions if at >= since)
+        worst, start = 0, 0
+        for end, at in enumerate(times):
+            while at - times[start] >= WINDOW_S:
+                start += 1
+            worst = max(worst, end - start + 1)
+        return worst
+
+    def worst_windows(self) -> str:
+        """The worst window from the outage's start on, then the worst of all (with what Redis admitted before)."""
+        if self.broken_at is None:
+            return f"{self.worst_window()}"
+        return f"{self.worst_window(self.broken_at)} / {self.worst_window()}"
+
+    def add_ledger(self, key: str, status: int) -> None:
+        self.add(status)
+        with self.lock:
+            self.ledger.append((key, status))
+
+
+def counted_late(redis: Redis, tally: Tally) -> int:
+    """The ledger's requests Redis counted though the gateway answered without it (503), or counted twice.
+    Read after the fault is undone and the fallback's admissions are carried over (a second is plenty)."""
+    time.sleep(1.5)
+    names = redis.cli("--scan", "--pattern", "chaos:ledger:*").split()
+    replies = subprocess.run(
+        ["redis-cli", "-p", str(redis.port), "--no-auth-warning", "-a", PASSWORD],
+        input="".join(f"ZCARD {name}\n" for name in names), capture_output=True, text=True, timeout=60,
+    ).stdout.split()
+    sizes = {}
+    for name, size in zip(names, replies):
+        key = name[name.rfind("{") + 1:name.rfind("}")]
+        sizes[key] = int(size) if size.isdigit() else 0
+    late = 0
+    for key, status in tally.ledger:
+        held = sizes.get(key, 0)
+        late += held > (0 if status == 503 else 1)
+    if tally.ledger and not any(sizes.get(key, 0) for key, status in tally.ledger if status == 200):
+        sys.exit("chaos: none of the ledger's admitted requests is in Redis: the key layout changed?")
+    return late
+
 
 def steady_load(gateways: list[Gateway], tally: Tally, stop: threading.Event) -> list[threading.Thread]:
     """One loop per gateway, about 200 requests a second each, until `stop` (bounded by 120 s anyway)."""
@@ -187,6 +268,9 @@ def steady_load(gateways: list[Gateway], tally: Tally, stop: threading.Event) ->
         deadline = time.monotonic() + 120
         while not stop.is_set() and time.monotonic() < deadline:
             tally.add(gateway.get("/steady", "steady"))
+            key = uuid.uuid4().hex
+            tally.add_ledger(key, gateway.get("/ledger", key))
+            tally.add_window(gateway.get("/window", tally.window_key))
             time.sleep(0.005)
 
     threads = [threading.Thread(target=loop, args=(g,), daemon=True) for g in gateways]
@@ -258,8 +342,20 @@ def password_fix(redis: Redis) -> None:
     redis.cli("CONFIG", "SET", "requirepass", PASSWORD, password="changed")
 
 
+def freeze(redis: Redis, signal_number: int) -> None:
+    assert redis.process is not None
+    os.kill(redis.process.pid, signal_number)
+
+
 FAULTS = {
+    "paused": ("Redis paused (CLIENT PAUSE WRITE)",
+               lambda redis: redis.cli("CLIENT", "PAUSE", "30000", "WRITE"),
+               lambda redis: redis.cli("CLIENT", "UNPAUSE")),
+    "frozen": ("Redis frozen (SIGSTOP), then resumed",
+               lambda redis: freeze(redis, signal.SIGSTOP),
+               lambda redis: freeze(redis, signal.SIGCONT)),
     "restart": ("Redis restarted (data kept)", restart_break, Redis.start),
+    "long": ("Redis down 12 s (restarted, data kept)", restart_break, Redis.start, 12.0),
     "replaced": ("Redis replaced by an empty instance", replaced_break, Redis.start),
     "password": ("password changed, then fixed", password_break, password_fix),
     "oom": ("Redis out of memory, then given memory",
@@ -269,13 +365,15 @@ FAULTS = {
 
 
 def apply(fault, redis: Redis, gateways: list[Gateway], tally: Tally) -> float:
-    """Breaks Redis, waits for the gateways to notice, leaves it broken 1 s, then fixes it; returns when fixed.
-    Fixed even when the gateways never noticed (`NoOutage`), so that the next fault starts from a whole Redis."""
-    _, breaks, fix = fault
+    """Breaks Redis, waits for the gateways to notice, leaves it broken 1 s (or the fault's own time), then fixes
+    it; returns when fixed. Fixed even when the gateways never noticed (`NoOutage`), so that the next fault starts
+    from a whole Redis."""
+    _, breaks, fix, *broken_for = fault
+    tally.broken_at = time.monotonic()
     breaks(redis)
     try:
         wait_for_outage(gateways, tally)
-        time.sleep(1)
+        time.sleep(broken_for[0] if broken_for else 1)
     finally:
         fix(redis)
     return time.monotonic()
@@ -313,7 +411,7 @@ def main() -> None:
         for thread in threads:
             thread.join()
         if args.only in (None, "late-start"):
-            rows.append(("Redis not up when the gateways start", tally, over, recovery))
+            rows.append(("Redis not up when the gateways start", tally, over, counted_late(redis, tally), recovery))
 
         for name, fault in FAULTS.items():
             if args.only not in (None, name):
@@ -329,24 +427,27 @@ def main() -> None:
             except NoOutage:
                 recovery = "no outage"
             over = over_admitted(gateways, tally)
+            if len(fault) > 3:
+                time.sleep(WINDOW_S)  # a long outage: the windows that straddle its end, too
             stop.set()
             for thread in threads:
                 thread.join()
-            rows.append((label, tally, over, recovery))
+            rows.append((label, tally, over, counted_late(redis, tally), recovery))
     finally:
         for gateway in gateways:
             gateway.stop()
         redis.stop()
 
-    print(f"{'fault':<42} {'requests':>9} {'failed beyond policy':>21} {'over-admitted':>14} {'shared again after':>19}")
-    for label, tally, over, recovery in rows:
+    print(f"{'fault':<42} {'requests':>9} {'failed beyond policy':>21} {'over-admitted':>14} {'counted late':>13}"
+          f" {'worst 10 s':>11} {'shared again after':>19}")
+    for label, tally, over, late, recovery in rows:
         if isinstance(recovery, str):
             after = recovery
         elif recovery is None:
             after = f"> {RECOVERY_BOUND_S:.0f} s"
         else:
             after = f"{recovery * 1000:.0f} ms"
-        print(f"{label:<42} {tally.total:>9} {tally.beyond_policy:>21} {over:>14} {after:>19}")
+        print(f"{label:<42} {tally.total:>9} {tally.beyond_policy:>21} {over:>14} {late:>13} {tally.worst_windows():>11} {after:>19}")
     print(f"(logs and configs in {folder})")
 
 

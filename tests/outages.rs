@@ -862,3 +862,73 @@ async fn what_local_fallbacks_admit_is_carried_into_redis_so_two_instances_admit
         "at most 2 × the limit over the window, with two instances"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_the_fallback_filled_is_carried_before_redis_decides_on_it_again() {
+    use tollgate::limiter::{Backend, OnError, RateLimiter, SystemClock};
+    let redis = RedisServer::start();
+    let store = RedisStore::connect(&redis.url(), 1, Duration::from_millis(100)).expect("connect");
+    assert!(store.wait_connected(Duration::from_secs(10)).await);
+    let limiter = RateLimiter::new(
+        Backend::Redis(store),
+        Duration::from_millis(100),
+        OnError::Local,
+        100_000,
+        std::sync::Arc::new(SystemClock),
+    );
+    let limit = Limit::new(
+        "per-key",
+        Algorithm::SlidingLog {
+            limit: 5,
+            period_ms: 3_600_000,
+        },
+        1,
+    )
+    .expect("valid");
+    let ready = eventually(Duration::from_secs(5), async || limiter.readiness().ready).await;
+    assert!(ready.is_some(), "{:?}", limiter.readiness());
+
+    // Redis frozen: the fallback fills the hot key, and admits once on each of thousands of others, which the
+    // carry works through in its own order once Redis is back.
+    redis.pause();
+    let hot = "tollgate:carry:per-key:{hot}";
+    for _ in 0..5 {
+        let outcome = limiter
+            .check(&[LimitCheck {
+                key: hot,
+                limit: &limit,
+            }])
+            .await
+            .expect("decided locally");
+        assert!(outcome.allowed);
+    }
+    for i in 0..3_000 {
+        let key = format!("tollgate:carry:per-key:{{k{i}}}");
+        let outcome = limiter
+            .check(&[LimitCheck {
+                key: &key,
+                limit: &limit,
+            }])
+            .await
+            .expect("decided locally");
+        assert!(outcome.allowed && limiter.fallback_active());
+    }
+
+    // Back: the first request Redis decides on the hot key finds the fallback's five already counted there,
+    // whatever the carry's order.
+    redis.resume();
+    let back = eventually(Duration::from_secs(5), async || limiter.readiness().ready).await;
+    assert!(back.is_some(), "{:?}", limiter.readiness());
+    let outcome = limiter
+        .check(&[LimitCheck {
+            key: hot,
+            limit: &limit,
+        }])
+        .await
+        .expect("decided by redis");
+    assert!(
+        !outcome.allowed,
+        "redis admitted on a key before counting what the fallback admitted there"
+    );
+    assert_eq!(redis.cli(&["ZCARD", hot]).as_deref(), Some("5"));
+}

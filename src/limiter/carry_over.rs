@@ -2,9 +2,11 @@
 //! N instances admit at most N × a limit over any window, not that plus a full limit more from Redis.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use futures_util::stream::{self, StreamExt};
 use parking_lot::Mutex;
 
 use super::store::{LimitCheck, MemoryStore, RedisStore};
@@ -15,13 +17,26 @@ use super::Limit;
 const MAX_KEYS: usize = 100_000;
 /// How long one carrying call may wait for Redis.
 const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+/// Keys carried at once: their calls share script calls in the batcher, as live requests do.
+const CONCURRENT_KEYS: usize = 64;
 
 /// The keys the fallback admitted requests on since Redis last answered, with their limits.
 #[derive(Debug, Default)]
 pub(super) struct FallbackLedger {
     keys: Mutex<HashMap<Box<str>, Limit>>,
+    /// Keys Redis answers for again whose fallback admissions are not carried yet.
+    pending: Arc<Pending>,
     /// The fallback store, whose state says how much each key took.
     local: OnceLock<Arc<MemoryStore>>,
+}
+
+/// The keys of a carry under way: taken out one by one, by the carrying task or by the first request that needs
+/// one, so each is carried once and before Redis decides anything more on it.
+#[derive(Debug, Default)]
+struct Pending {
+    keys: Mutex<HashMap<Box<str>, Limit>>,
+    /// Whether `keys` may hold any: one relaxed load on the request path when no carry is under way.
+    any: AtomicBool,
 }
 
 impl FallbackLedger {
@@ -45,7 +60,7 @@ impl FallbackLedger {
     }
 
     /// Redis answers again: carries into it, in a task of its own, what the fallback took from each key it
-    /// admitted on.
+    /// admitted on. Requests on those keys meanwhile carry theirs first (`carry_first`).
     pub(super) fn carry(&self, redis: &RedisStore) {
         let keys = std::mem::take(&mut *self.keys.lock());
         let Some(local) = self.local.get() else {
@@ -54,42 +69,165 @@ impl FallbackLedger {
         if keys.is_empty() {
             return;
         }
-        tokio::spawn(carry_over(redis.clone(), Arc::clone(local), keys));
+        let order: Vec<Box<str>> = {
+            let mut pending = self.pending.keys.lock();
+            if pending.len() + keys.len() > MAX_KEYS {
+                return;
+            }
+            pending.extend(keys);
+            self.pending.any.store(true, Ordering::Release);
+            // With what an earlier carry left when Redis failed again.
+            pending.keys().cloned().collect()
+        };
+        tokio::spawn(carry_over(
+            redis.clone(),
+            Arc::clone(local),
+            Arc::clone(&self.pending),
+            order,
+        ));
+    }
+
+    /// Whether a carry is under way (or was cut short by Redis failing again): requests then `carry_first`.
+    pub(super) fn carrying(&self) -> bool {
+        self.pending.any.load(Ordering::Relaxed)
+    }
+
+    /// Before Redis decides `checks`, carries what the fallback admitted on their keys, if that is still to do:
+    /// so that Redis never admits on a key before it counts what the fallback admitted there. Within `budget` (the
+    /// store's timeout): past it, the request goes on and what was left of its keys' carry is dropped.
+    pub(super) async fn carry_first(
+        &self,
+        redis: &RedisStore,
+        checks: &[LimitCheck<'_>],
+        budget: Duration,
+    ) {
+        let Some(local) = self.local.get() else {
+            return;
+        };
+        let carry = async {
+            for check in checks {
+                let limit = self.pending.keys.lock().remove(check.key);
+                if let Some(limit) = limit {
+                    if carry_key(redis, local, check.key, &limit).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        };
+        let _ = tokio::time::timeout(budget, carry).await;
     }
 }
 
 /// For each key, what the fallback's state says was taken and not yet given back by time (the capacity less what
-/// remains: a window's count, a bucket's spent tokens), consumed again in Redis one request's cost at a time until
-/// Redis refuses (the key is then at its limit there too). Consumed now rather than when it was admitted, so a key
-/// may be held a little longer than it would have been: never more admitted.
-async fn carry_over(redis: RedisStore, local: Arc<MemoryStore>, keys: HashMap<Box<str>, Limit>) {
-    let (mut carried, mut full) = (0u64, 0usize);
-    for (key, limit) in &keys {
-        let check = LimitCheck { key, limit };
-        let standing = local.peek(check);
-        let taken = standing.limit.saturating_sub(standing.remaining);
-        for _ in 0..taken.div_ceil(limit.cost()) {
-            match tokio::time::timeout(CALL_TIMEOUT, redis.check(&[check], None)).await {
-                Ok(Ok(outcome)) if outcome.allowed => carried += 1,
-                Ok(Ok(_)) => {
-                    full += 1;
-                    break;
-                }
-                // Redis failed again: the next recovery carries what the fallback takes from now on.
-                Ok(Err(_)) | Err(_) => {
-                    tracing::debug!(
-                        carried,
-                        "carrying the fallback's admissions into redis stopped: redis failed"
-                    );
-                    return;
-                }
+/// remains: a window's count, a bucket's spent tokens), consumed again in Redis: at once when it all fits, else one
+/// request's cost at a time until Redis refuses (the key is then at its limit there too). Consumed now rather than
+/// when it was admitted, so a key may be held a little longer than it would have been: never more admitted. Keys
+/// are carried [`CONCURRENT_KEYS`] at a time, so that live traffic, decided by Redis again, finds what the fallback
+/// took already there within a few calls rather than after thousands of them.
+async fn carry_over(
+    redis: RedisStore,
+    local: Arc<MemoryStore>,
+    pending: Arc<Pending>,
+    order: Vec<Box<str>>,
+) {
+    let (mut carried, mut full, count) = (0u64, 0usize, order.len());
+    let mut carrying = stream::iter(order)
+        .filter_map(|key| {
+            // A request on the key may have carried it already.
+            let limit = pending.keys.lock().remove(&key);
+            std::future::ready(limit.map(|limit| (key, limit)))
+        })
+        .map(|(key, limit)| {
+            let (redis, local) = (redis.clone(), Arc::clone(&local));
+            async move { carry_key(&redis, &local, &key, &limit).await }
+        })
+        .buffer_unordered(CONCURRENT_KEYS);
+    while let Some(result) = carrying.next().await {
+        match result {
+            Ok(Carried { requests, at_limit }) => {
+                carried += requests;
+                full += usize::from(at_limit);
+            }
+            // Redis failed again: the next recovery carries what the fallback takes from now on.
+            Err(()) => {
+                tracing::debug!(
+                    carried,
+                    "carrying the fallback's admissions into redis stopped: redis failed"
+                );
+                return;
             }
         }
     }
+    {
+        let keys = pending.keys.lock();
+        if keys.is_empty() {
+            pending.any.store(false, Ordering::Relaxed);
+        }
+    }
     tracing::info!(
-        keys = keys.len(),
+        keys = count,
         requests = carried,
         at_limit = full,
         "what the fallback admitted during the outage is counted in redis"
     );
+}
+
+/// What carrying one key consumed in Redis.
+struct Carried {
+    /// Requests' costs consumed.
+    requests: u64,
+    /// Redis refused before all was carried: the key is at its limit there.
+    at_limit: bool,
+}
+
+async fn carry_key(
+    redis: &RedisStore,
+    local: &MemoryStore,
+    key: &str,
+    limit: &Limit,
+) -> Result<Carried, ()> {
+    let standing = local.peek(LimitCheck { key, limit });
+    let taken = standing.limit.saturating_sub(standing.remaining);
+    let requests = taken.div_ceil(limit.cost());
+    if requests == 0 {
+        return Ok(Carried {
+            requests: 0,
+            at_limit: false,
+        });
+    }
+    // All of it in one call when it fits (a key Redis holds nothing of, the common case after an outage).
+    let whole = Limit::new(
+        limit.name(),
+        *limit.algorithm(),
+        requests.saturating_mul(limit.cost()),
+    );
+    if let (true, Ok(whole)) = (requests > 1, whole) {
+        if consume(redis, key, &whole).await? {
+            return Ok(Carried {
+                requests,
+                at_limit: false,
+            });
+        }
+    }
+    for carried in 0..requests {
+        if !consume(redis, key, limit).await? {
+            return Ok(Carried {
+                requests: carried,
+                at_limit: true,
+            });
+        }
+    }
+    Ok(Carried {
+        requests,
+        at_limit: false,
+    })
+}
+
+/// One check of `limit` on `key` in Redis: whether it was admitted, or `Err` when Redis failed.
+async fn consume(redis: &RedisStore, key: &str, limit: &Limit) -> Result<bool, ()> {
+    let check = [LimitCheck { key, limit }];
+    match tokio::time::timeout(CALL_TIMEOUT, redis.check(&check, None)).await {
+        Ok(Ok(outcome)) => Ok(outcome.allowed),
+        Ok(Err(_)) | Err(_) => Err(()),
+    }
 }

@@ -220,6 +220,12 @@ impl RateLimiter {
         if self.health.breaker.is_open() {
             return self.fall_back(checks, StoreError::CircuitOpen);
         }
+        if self.health.ledger.carrying() {
+            self.health
+                .ledger
+                .carry_first(redis, checks, self.timeout)
+                .await;
+        }
         // The store keeps to the time budget itself, without a timer per request (see `batcher`).
         let result = redis.check_within(checks, self.timeout).await;
         self.store_duration.record(now.elapsed().as_secs_f64());
