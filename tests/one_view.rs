@@ -3,8 +3,9 @@
 //! trailing slashes, backslashes, query separators and parameter-name spellings, duplicate and absent headers,
 //! field names with `_`, `Connection` naming any field, absolute form, chains of proxies), the request the upstream
 //! receives, read back by tollgate's own routing and key extraction, gives the same route, the same keys and the
-//! same allowlist verdict as the request that was sent; and a request the gateway refuses is refused with the
-//! status its reading names.
+//! same allowlist verdict as the request that was sent, the upstream is told (`X-Consumer-Id`, `X-Consumer-Plan`)
+//! the consumer and plan tollgate counted, whatever spelling of the credential or forged copy of those fields came;
+//! and a request the gateway refuses is refused with the status its reading names.
 
 mod common;
 
@@ -19,11 +20,26 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 /// Routes of every kind a limit can be evaded on, each limit high enough that nothing is refused for volume; the
 /// `everything` limit keys on every part there is.
+/// Consumers by an API key in a header or the query; each plan's limit is named after the plan, so that a store key
+/// says which plan (and, keyed by consumer, which consumer) a request was counted against.
 fn yaml(upstream: &str, trusted: &str, forwarded: bool) -> String {
     format!(
         r#"client_ip:
   trusted_proxies: [{trusted}]
   forwarded: {forwarded}
+consumers:
+  identify:
+    - api_key: {{ header: x-client-key }}
+    - api_key: {{ query: api_key }}
+  keys:
+    - {{ key: alice-key, consumer: alice, plan: pro }}
+    - {{ key: bob-key, consumer: bob, plan: free }}
+  anonymous: {{ plan: anonymous }}
+  forward: {{ consumer: X-Consumer-Id, plan: X-Consumer-Plan }}
+  plans:
+    anonymous: {{ limits: [{{ name: anonymous-hourly, key: ip, algorithm: sliding_window, limit: 1000000, period: 1h }}] }}
+    free: {{ limits: [{{ name: free-hourly, key: consumer, algorithm: sliding_window, limit: 1000000, period: 1h }}] }}
+    pro: {{ limits: [{{ name: pro-hourly, key: consumer, algorithm: sliding_window, limit: 1000000, period: 1h }}] }}
 upstreams:
   backend:
     targets: ["{upstream}"]
@@ -225,6 +241,12 @@ fn written() -> impl Strategy<Value = Written> {
                 "tenant[]=a",
                 "%74enant=b",
                 "tenant%5B%5D=c",
+                // The consumers' query credential, under every spelling of its name.
+                "api_key=bob-key",
+                "API_KEY=alice-key",
+                "api_key[]=bob-key",
+                "%61pi_key=alice-key",
+                "x=1;api_key=bob-key",
             ]),
             0..3,
         ),
@@ -254,6 +276,23 @@ fn written() -> impl Strategy<Value = Written> {
                     ("Connection", "X-Forwarded-For, Forwarded"),
                     ("Connection", "X-Forwarded-Host, Via, X-Request-Id"),
                     ("Connection", "keep-alive, x-real-ip"),
+                    // Forged consumer fields, in every spelling, and a Connection naming the real ones.
+                    ("X-Consumer-Id", "mallory"),
+                    ("x-consumer-id", "alice"),
+                    ("X_Consumer_Id", "mallory"),
+                    ("X-Consumer-Plan", "pro"),
+                    ("X_Consumer_Plan", "enterprise"),
+                    ("Connection", "X-Consumer-Id, X-Consumer-Plan"),
+                ]),
+                0..3,
+            ),
+            // The consumers' header credential, spelled any way, sometimes twice.
+            prop::collection::vec(
+                prop::sample::select(vec![
+                    ("X-Client-Key", "alice-key"),
+                    ("x-client-key", "bob-key"),
+                    ("X-CLIENT-KEY", " alice-key "),
+                    ("X_Client_Key", "bob-key"),
                 ]),
                 0..3,
             ),
@@ -272,7 +311,7 @@ fn written() -> impl Strategy<Value = Written> {
                 forwarded,
                 real_ip,
                 keys,
-                (through, extra),
+                (through, extra, credentials),
             )| {
                 let mut path: String = segments.iter().map(|s| format!("/{s}")).collect();
                 if path.is_empty() || trailing {
@@ -287,6 +326,7 @@ fn written() -> impl Strategy<Value = Written> {
                 headers.extend(
                     extra
                         .into_iter()
+                        .chain(credentials)
                         .map(|(name, value)| (name, value.to_owned())),
                 );
                 Written {
@@ -324,6 +364,26 @@ fn received(echo: &serde_json::Value) -> Request<()> {
         }
     }
     request
+}
+
+/// The plan and consumer a request read as `view` is counted against, from its plan limit's store key
+/// (`tollgate:consumer:<plan>-hourly:{<value>}`, the value the consumer id when the limit is keyed by consumer);
+/// none for a request counted against no plan (allowlisted).
+fn counted_caller(view: &tollgate::gateway::RequestView) -> (Option<String>, Option<String>) {
+    let Some(key) = view
+        .keys
+        .iter()
+        .find_map(|key| key.strip_prefix("tollgate:consumer:"))
+    else {
+        return (None, None);
+    };
+    let (limit, value) = key.split_once(":{").expect("a plan key");
+    let plan = limit
+        .strip_suffix("-hourly")
+        .expect("a plan limit")
+        .to_owned();
+    let consumer = (plan != "anonymous").then(|| value.trim_end_matches('}').to_owned());
+    (consumer, Some(plan))
 }
 
 /// Sends `written` and checks the property for it.
@@ -369,6 +429,17 @@ async fn check(
     let body = response.split_once("\r\n\r\n").map_or("", |(_, body)| body);
     let echo: serde_json::Value =
         serde_json::from_str(body).map_err(|e| TestCaseError::fail(format!("{e}: {body}")))?;
+    // The consumer and plan the upstream is told are those counted: one field line each, never the client's own.
+    let (consumer, plan) = counted_caller(&sent_view);
+    let told = |name: &str| echo["headers"][name].as_str().map(str::to_owned);
+    prop_assert_eq!(
+        (told("x-consumer-id"), told("x-consumer-plan")),
+        (consumer, plan),
+        "{:?} read as {:?} was forwarded with {}",
+        written,
+        sent_view,
+        &echo["headers"]
+    );
     // The next hop is another tollgate with the same routes, trusting the gateway (on loopback) as a proxy.
     let forwarded = received(&echo);
     let received_view = next_hop.gateway.view(&forwarded, peer).map_err(|refusal| {
