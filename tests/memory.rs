@@ -145,3 +145,51 @@ async fn a_consumer_change_costs_the_same_at_100k_consumers_as_at_one() {
         large_bytes / changes
     );
 }
+
+/// Bytes allocated (not net: every copy counts) while `f` runs.
+fn bytes_allocated_by(f: impl FnOnce()) -> usize {
+    let before = ALLOCATOR.stats().bytes_allocated;
+    f();
+    ALLOCATOR.stats().bytes_allocated - before
+}
+
+#[tokio::test]
+async fn a_sliding_log_check_copies_a_chunk_or_two_not_the_whole_log() {
+    use std::sync::Arc;
+    use tollgate::limiter::store::{LimitCheck, MemoryStore};
+    use tollgate::limiter::{Algorithm, Limit, ManualClock};
+    let _serial = SERIAL.lock().await;
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let store = MemoryStore::new(1_000, clock.clone());
+    let log = |cost| {
+        let algorithm = Algorithm::SlidingLog {
+            limit: 100_000,
+            period_ms: 3_600_000,
+        };
+        Limit::new("log", algorithm, cost).expect("valid")
+    };
+    let (bulk, one) = (log(1_000), log(1));
+    let key = "tollgate:r:log:{k}";
+    // 99,000 entries (792 KB of timestamps), a few milliseconds apart.
+    for _ in 0..99 {
+        clock.advance(3);
+        let outcome = store.check(&[LimitCheck { key, limit: &bulk }]);
+        assert!(outcome.allowed);
+    }
+    clock.advance(3);
+    let admitted = bytes_allocated_by(|| {
+        assert!(store.check(&[LimitCheck { key, limit: &one }]).allowed);
+    });
+    let denied = bytes_allocated_by(|| {
+        assert!(!store.check(&[LimitCheck { key, limit: &bulk }]).allowed);
+    });
+    // Copying the log would allocate its 792 KB each time.
+    assert!(
+        admitted < 16 * 1024,
+        "an admitted check allocated {admitted} bytes"
+    );
+    assert!(
+        denied < 16 * 1024,
+        "a denied check allocated {denied} bytes"
+    );
+}

@@ -1,13 +1,15 @@
 //! `sliding_log`: the exact algorithm. Keeps the timestamp of every admitted unit of cost for one period, so at
 //! most `limit` are admitted in any interval of `period` milliseconds.
 
-use std::collections::VecDeque;
+use imbl::Vector;
 
 use super::Evaluation;
 use crate::limiter::Decision;
 
-/// Timestamps (ms) of admitted units of cost, oldest first, none older than one period.
-pub type LogState = VecDeque<i64>;
+/// Timestamps (ms) of admitted units of cost, oldest first, none older than one period. A persistent vector: an
+/// evaluation starts from the stored log in O(1) and its changes at both ends copy a chunk or two, not the whole
+/// log (up to 100,000 entries), which the store keeps if the request is admitted.
+pub type LogState = Vector<i64>;
 
 /// Evaluates a request of `cost` at `now_ms`.
 ///
