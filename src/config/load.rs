@@ -2,16 +2,72 @@
 
 use std::path::Path;
 
+use serde::de::DeserializeOwned;
+
+use super::consumers::consumers;
 use super::error::{ConfigError, Problem};
 use super::interpolate::{interpolate, Interpolated};
 use super::locate::{Locator, Position};
-use super::model::Config;
-use super::raw::RawConfig;
-use super::validate::validate;
+use super::model::{Config, ConsumersSettings};
+use super::raw::{RawConfig, RawConsumers};
+use super::validate::{secret_api_keys, validate, Issues, Reader};
 
 /// Reads and validates the config file at `path`, taking `${VAR}` values from the process environment.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
     load_with_text(path).map(|(config, _)| config)
+}
+
+/// Reads the config file at `path` for tower layers ([`crate::layer::RateLimitLayer::from_route`]): as [`load`]
+/// does, except that a route may have neither `upstream` nor `respond` (the layer limits whatever it wraps; such a
+/// route's action is [`RouteAction::LimitsOnly`](super::RouteAction::LimitsOnly)).
+pub fn load_for_layers(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::read(path, e))?;
+    parse_for_layers(&text, path)
+}
+
+/// [`load_for_layers`] for a config's text; `source` names the file in messages.
+pub fn parse_for_layers(text: &str, source: &Path) -> Result<Config, ConfigError> {
+    parse_as(
+        text,
+        source,
+        &|name| std::env::var(name).ok(),
+        Reader::Layers,
+    )
+}
+
+/// Validates a `consumers:` block written on its own (what goes under `consumers:` in a config file, not indented
+/// under it), taking `${VAR}` values from the process environment. Problems are located in `text` as a config
+/// file's are, `source` naming it, with field paths from the block (`plans.free.limits[0].rate`).
+pub(crate) fn parse_consumers(text: &str, source: &Path) -> Result<ConsumersSettings, ConfigError> {
+    let env = |name: &str| std::env::var(name).ok();
+    let interpolated = interpolated(text, source, &env)?;
+    let located = Located {
+        source,
+        locator: Locator::new(&interpolated.text),
+        interpolated: &interpolated,
+    };
+    let raw: RawConsumers = deserialize(&located)?;
+    // Relative file names (`jwks_file`) are relative to the file's folder, as in a config file.
+    let folder = source.parent().unwrap_or(Path::new(""));
+    let mut issues = Issues::default();
+    let mut settings = consumers(&mut issues, &raw, folder);
+    if let Some(settings) = settings.as_mut() {
+        secret_api_keys(&mut [], Some(settings));
+    }
+    let problems: Vec<Problem> = issues
+        .into_vec()
+        .into_iter()
+        .map(|issue| {
+            // The block's own paths, without the `consumers` it would sit under in a config file.
+            let path = issue.path.strip_prefix("consumers").unwrap_or(&issue.path);
+            let path = path.strip_prefix('.').unwrap_or(path);
+            located.problem(path, issue.message)
+        })
+        .collect();
+    match settings {
+        Some(settings) if problems.is_empty() => Ok(settings),
+        _ => Err(ConfigError::invalid(problems)),
+    }
 }
 
 /// [`load`], also returning the file's text as it was read: what a later reload compares the file with.
@@ -32,23 +88,41 @@ pub fn parse_with_env(
     source: &Path,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<Config, ConfigError> {
-    let interpolated = interpolate(text, &env).map_err(|errors| {
-        let problems = errors
-            .into_iter()
-            .map(|e| Problem::new(source, (e.position.line, e.position.column), "", e.message))
-            .collect();
-        ConfigError::invalid(problems)
-    })?;
+    parse_as(text, source, &env, Reader::Gateway)
+}
+
+fn parse_as(
+    text: &str,
+    source: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+    reader: Reader,
+) -> Result<Config, ConfigError> {
+    let interpolated = interpolated(text, source, env)?;
     let located = Located {
         source,
         locator: Locator::new(&interpolated.text),
         interpolated: &interpolated,
     };
-    let raw = deserialize(&located)?;
-    validate(raw, source).map_err(|issues| {
+    let raw: RawConfig = deserialize(&located)?;
+    validate(raw, source, reader).map_err(|issues| {
         let problems = issues
             .into_iter()
             .map(|issue| located.problem(&issue.path, issue.message))
+            .collect();
+        ConfigError::invalid(problems)
+    })
+}
+
+/// `text` with its `${VAR}`s replaced, or every variable that could not be.
+fn interpolated(
+    text: &str,
+    source: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Interpolated, ConfigError> {
+    interpolate(text, env).map_err(|errors| {
+        let problems = errors
+            .into_iter()
+            .map(|e| Problem::new(source, (e.position.line, e.position.column), "", e.message))
             .collect();
         ConfigError::invalid(problems)
     })
@@ -75,7 +149,7 @@ impl Located<'_> {
 }
 
 /// The serde stage: syntax and structure (unknown keys, wrong types). Serde stops at its first error.
-fn deserialize(located: &Located<'_>) -> Result<RawConfig, ConfigError> {
+fn deserialize<T: DeserializeOwned>(located: &Located<'_>) -> Result<T, ConfigError> {
     let deserializer = serde_yaml::Deserializer::from_str(&located.interpolated.text);
     serde_path_to_error::deserialize(deserializer).map_err(|err| {
         let path = match err.path().to_string() {
@@ -439,5 +513,43 @@ routes:                             # first match wins, in file order
             "did not find x, while parsing"
         );
         assert_eq!(strip_positions("look at this"), "look at this");
+    }
+
+    #[test]
+    fn a_route_without_upstream_or_respond_is_limits_only_for_layers_and_an_error_for_the_gateway()
+    {
+        let text = "routes:\n  - name: api\n    limits:\n      - { name: per-ip, key: ip, algorithm: sliding_window, limit: 5, period: 1s }\n";
+        let config = parse_for_layers(text, Path::new("l.yaml")).unwrap();
+        assert!(matches!(config.routes[0].action, RouteAction::LimitsOnly));
+        assert_eq!(config.routes[0].limits.len(), 1);
+        let error = parse(text, Path::new("g.yaml")).unwrap_err().to_string();
+        assert!(
+            error.starts_with(
+                "g.yaml:2:5: routes[0]: needs upstream (forward to an upstream) or respond"
+            ) && error.contains("config::load_for_layers"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_consumers_block_on_its_own_is_checked_and_located_as_in_a_file() {
+        let text = "identify:\n  - api_key: { header: x-api-key }\nanonymous: { plan: gold }\nplans:\n  free:\n    limits:\n      - { name: h, key: [header:x-api-key], algorithm: gcra, rate: 10/1s, burst: 0 }\n";
+        let error = parse_consumers(text, Path::new("c.yaml")).unwrap_err();
+        let lines: Vec<String> = error.problems().iter().map(ToString::to_string).collect();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(
+            lines[0].starts_with("c.yaml:3:14: anonymous.plan: unknown plan \"gold\""),
+            "{lines:?}"
+        );
+        assert_eq!(
+            lines[1],
+            "c.yaml:7:75: plans.free.limits[0].burst: must be greater than 0"
+        );
+
+        let fixed = text.replace("gold", "free").replace("burst: 0", "burst: 5");
+        let settings = parse_consumers(&fixed, Path::new("c.yaml")).unwrap();
+        assert_eq!(settings.plans[0].limits.len(), 1);
+        // A plan limit keyed by where the API keys are sent keeps them out of store keys, as in a file.
+        assert!(settings.plans[0].limits[0].key.is_secret());
     }
 }

@@ -15,7 +15,8 @@ mod validate;
 pub use consumers::{consumer_id, PLAN_KEY_SCOPE};
 pub use error::{ConfigError, Problem};
 pub(crate) use limits::{replaced, Replaced};
-pub use load::{load, load_with_text, parse, parse_with_env};
+pub(crate) use load::parse_consumers;
+pub use load::{load, load_for_layers, load_with_text, parse, parse_for_layers, parse_with_env};
 pub use model::*;
 pub use units::{parse_duration, parse_rate, UnitError};
 

@@ -135,6 +135,9 @@ pub enum RouteAction {
     Upstream(String),
     /// Answer directly.
     Respond(DirectResponse),
+    /// Neither: a route of a file read for tower layers ([`load_for_layers`](super::load_for_layers)), which limit
+    /// whatever service they wrap. The gateway serves no such route.
+    LimitsOnly,
 }
 
 /// `respond:` of a route.

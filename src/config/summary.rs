@@ -265,6 +265,7 @@ fn route_rows(route: &RouteSettings) -> Vec<[String; 8]> {
     let mut action = match &route.action {
         RouteAction::Upstream(name) => format!("upstream {name}"),
         RouteAction::Respond(direct) => format!("respond {}", direct.status.as_u16()),
+        RouteAction::LimitsOnly => "limits only".to_owned(),
     };
     if route.deny_status.as_u16() != 429 {
         let _ = write!(action, " (deny {})", route.deny_status.as_u16());

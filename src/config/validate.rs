@@ -70,6 +70,10 @@ impl Issues {
     pub(crate) fn count(&self) -> usize {
         self.0.len()
     }
+
+    pub(crate) fn into_vec(self) -> Vec<Issue> {
+        self.0
+    }
 }
 
 impl fmt::Display for Issues {
@@ -83,8 +87,21 @@ impl fmt::Display for Issues {
     }
 }
 
+/// Who reads a config file, which decides what a route needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reader {
+    /// The gateway: every route forwards or answers.
+    Gateway,
+    /// Tower layers: a route may be limits only, since the layer limits whatever service it wraps.
+    Layers,
+}
+
 /// Validates a whole file. `source` is recorded in the config for messages and reloads.
-pub(crate) fn validate(raw: RawConfig, source: &Path) -> Result<Config, Vec<Issue>> {
+pub(crate) fn validate(
+    raw: RawConfig,
+    source: &Path,
+    reader: Reader,
+) -> Result<Config, Vec<Issue>> {
     let mut issues = Issues::default();
     let listen = socket_addr(&mut issues, "listen", &raw.listen);
     let admin = admin(&mut issues, &raw.admin);
@@ -103,6 +120,7 @@ pub(crate) fn validate(raw: RawConfig, source: &Path) -> Result<Config, Vec<Issu
         &raw.routes,
         &raw.upstreams,
         raw.consumers.is_some(),
+        reader,
     );
     let (Some(listen), Some(admin), Some(store), Some(client_ip), Some(server)) =
         (listen, admin, store, client_ip, server)
@@ -129,7 +147,10 @@ pub(crate) fn validate(raw: RawConfig, source: &Path) -> Result<Config, Vec<Issu
 
 /// Marks secret every limit keyed by where the consumers' API keys are sent (`key: header:x-api-key` beside
 /// `api_key: { header: x-api-key }`): those values are keys to an account, never to stand in a store key or a log.
-fn secret_api_keys(routes: &mut [RouteSettings], consumers: Option<&mut ConsumersSettings>) {
+pub(crate) fn secret_api_keys(
+    routes: &mut [RouteSettings],
+    consumers: Option<&mut ConsumersSettings>,
+) {
     let Some(consumers) = consumers else {
         return;
     };
@@ -506,6 +527,7 @@ fn routes(
     raw: &[RawRoute],
     upstreams: &Ordered<RawUpstream>,
     has_consumers: bool,
+    reader: Reader,
 ) -> Vec<RouteSettings> {
     unique_names(
         issues,
@@ -523,6 +545,7 @@ fn routes(
                 route,
                 upstreams,
                 has_consumers,
+                reader,
             )
         })
         .collect()
@@ -534,12 +557,13 @@ fn route_settings(
     raw: &RawRoute,
     upstreams: &Ordered<RawUpstream>,
     has_consumers: bool,
+    reader: Reader,
 ) -> Option<RouteSettings> {
     let before = issues.count();
     check_name(issues, &format!("{at}.name"), "route", &raw.name);
     let consumers = route_consumers(issues, at, raw, has_consumers);
     let matcher = route_match(issues, &format!("{at}.match"), &raw.matcher);
-    let action = route_action(issues, at, raw, upstreams);
+    let action = route_action(issues, at, raw, upstreams, reader);
     unique_names(
         issues,
         "limit",
@@ -674,8 +698,10 @@ fn route_action(
     at: &str,
     raw: &RawRoute,
     upstreams: &Ordered<RawUpstream>,
+    reader: Reader,
 ) -> Option<RouteAction> {
     match (&raw.upstream, &raw.respond) {
+        (None, None) if reader == Reader::Layers => Some(RouteAction::LimitsOnly),
         (Some(_), Some(_)) => {
             issues.add(
                 at,
@@ -686,7 +712,7 @@ fn route_action(
         (None, None) => {
             issues.add(
                 at,
-                "needs upstream (forward to an upstream) or respond (answer directly)",
+                "needs upstream (forward to an upstream) or respond (answer directly); a file for tower layers only is read with config::load_for_layers",
             );
             None
         }

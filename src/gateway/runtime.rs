@@ -88,6 +88,8 @@ impl Runtime {
                         Action::Upstream(upstreams.get(name.as_str())?.clone())
                     }
                     RouteAction::Respond(direct) => Action::Respond(direct.clone()),
+                    // A file for layers only: nothing to serve.
+                    RouteAction::LimitsOnly => return None,
                 };
                 let mut policy = Policy::new(
                     LimitSet::new(

@@ -59,7 +59,8 @@ impl RateLimitLayer {
 
     /// A builder holding what the route named `route` of a gateway config says: its limits (named as in the file),
     /// `deny_status`, `headers` and `allow`, with the config's `store.key_prefix` and `client_ip.trusted_proxies`. The
-    /// route's `match:` and its `upstream` / `respond` are not used: the layer limits whatever it wraps.
+    /// route's `match:` and its `upstream` / `respond` are not used: the layer limits whatever it wraps, and a file
+    /// read with [`config::load_for_layers`](crate::config::load_for_layers) (or `parse_for_layers`) needs neither.
     ///
     /// The store is still to be chosen, usually [`RateLimiter::from_settings`] with the config's `store:`,
     /// shared between the layers of one config:
@@ -75,11 +76,10 @@ impl RateLimitLayer {
     /// store: { backend: memory }
     /// routes:
     ///   - name: api
-    ///     respond: { status: 200 }
     ///     limits:
     ///       - { name: per-ip, key: ip, algorithm: sliding_window, limit: 100, period: 1m }
     /// "#;
-    /// let config = tollgate::config::parse(yaml, Path::new("inline.yaml"))?;
+    /// let config = tollgate::config::parse_for_layers(yaml, Path::new("inline.yaml"))?;
     /// let limiter = Arc::new(tollgate::limiter::RateLimiter::from_settings(&config.store)?);
     /// let layer = RateLimitLayer::from_route(&config, "api")?.limiter(limiter).build()?;
     /// assert_eq!(layer.scope(), "api");
