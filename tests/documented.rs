@@ -344,3 +344,46 @@ async fn the_readme_tour_prints_what_the_readme_shows() {
         run("curl -s localhost:9901/readyz", &gateway)
     );
 }
+
+/// Every Rust block of docs/library.md is an example program shown as it is: the line that introduces the block
+/// links `examples/NAME.rs`, and the block is that file, byte for byte. The examples are compiled with the tests,
+/// so the page's code cannot rot; a snippet that is not an example fails here.
+#[test]
+fn the_library_page_shows_each_example_program_as_it_is() {
+    let repo = Path::new(REPO);
+    let page = std::fs::read_to_string(repo.join("docs/library.md")).expect("docs/library.md");
+    let mut shown = Vec::new();
+    let mut rest = page.as_str();
+    while let Some(start) = rest.find("```rust\n") {
+        let before = rest[..start].trim_end();
+        let introduction = before.lines().last().unwrap_or("");
+        let body = &rest[start + "```rust\n".len()..];
+        let end = body.find("\n```").expect("the block's end") + 1;
+        let name = introduction
+            .split("(../examples/")
+            .nth(1)
+            .and_then(|link| link.split_once(')'))
+            .map(|(file, _)| file)
+            .unwrap_or_else(|| {
+                panic!("a Rust block of docs/library.md not introduced by a link to its example: {introduction:?}")
+            });
+        let file = std::fs::read_to_string(repo.join("examples").join(name))
+            .unwrap_or_else(|e| panic!("examples/{name}: {e}"));
+        assert!(
+            body[..end] == file,
+            "docs/library.md shows examples/{name} otherwise than it is: copy the file into the page"
+        );
+        shown.push(name.to_owned());
+        rest = &body[end..];
+    }
+    for example in [
+        "ip_limits_redis.rs",
+        "api_key_plans.rs",
+        "layers_from_config.rs",
+    ] {
+        assert!(
+            shown.iter().any(|name| name == example),
+            "{example} is not shown: {shown:?}"
+        );
+    }
+}
