@@ -297,6 +297,225 @@ async fn a_second_sigterm_ends_the_drain_at_once() {
     assert!(exited.is_some(), "an hour's delay was not cut short");
 }
 
+/// A gateway process proxying `/api` to `upstream` (whose `/slow` answers after 3 s), with `server` settings.
+fn proxying_gateway(dir: &tempfile::TempDir, server: &str, upstream: &Upstream) -> Tollgate {
+    let path = dir.path().join("gateway.yaml");
+    let yaml = format!(
+        r#"listen: 127.0.0.1:0
+admin:
+  listen: 127.0.0.1:0
+server:
+{server}
+upstreams:
+  backend:
+    targets: ["{upstream}"]
+routes:
+  - name: api
+    match: {{ path_prefix: /api }}
+    upstream: backend
+"#,
+        upstream = upstream.url()
+    );
+    write(&path, &yaml);
+    spawn(&path, None)
+}
+
+/// Waits at most `within` for `process` to exit; its exit code.
+async fn exit_code(process: &mut Tollgate, within: Duration) -> Option<i32> {
+    let mut status = None;
+    let exited = eventually(within, async || {
+        status = process.process.0.try_wait().expect("wait");
+        status.is_some()
+    })
+    .await;
+    assert!(
+        exited.is_some(),
+        "tollgate did not exit:\n{}",
+        process.log()
+    );
+    status.and_then(|s| s.code())
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_when_the_listener_closes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut process = draining_gateway(&dir, "  shutdown_delay: 0s\n  shutdown_grace: 1h");
+    let mut kept = tokio::net::TcpStream::connect(process.listen)
+        .await
+        .expect("connect");
+    kept.write_all(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .expect("write");
+    let mut answer = [0u8; 1024];
+    let read = kept.read(&mut answer).await.expect("read");
+    let head = String::from_utf8_lossy(&answer[..read]).into_owned();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        !head.to_ascii_lowercase().contains("connection: close"),
+        "{head}"
+    );
+
+    // Idle between requests when the drain begins: closed with the listener, and nothing holds the exit for the
+    // hour of grace.
+    signal(&process, "-TERM");
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), kept.read_to_end(&mut rest)).await;
+    assert!(
+        matches!(closed, Ok(Ok(_))),
+        "the idle connection was not closed: {closed:?}"
+    );
+    assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+    assert_eq!(
+        exit_code(&mut process, Duration::from_secs(10)).await,
+        Some(0)
+    );
+    assert!(
+        process.log().contains("drained: every connection finished"),
+        "{}",
+        process.log()
+    );
+}
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const H2_DATA: u8 = 0x0;
+const H2_HEADERS: u8 = 0x1;
+const H2_SETTINGS: u8 = 0x4;
+const H2_PING: u8 = 0x6;
+const H2_GOAWAY: u8 = 0x7;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+const ACK: u8 = 0x1;
+
+/// One HTTP/2 frame on `stream_id`.
+fn h2_frame(kind: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
+    let length = u32::try_from(payload.len()).expect("a short payload");
+    let mut frame = length.to_be_bytes()[1..].to_vec();
+    frame.extend([kind, flags]);
+    frame.extend(stream_id.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// Reads the next HTTP/2 frame: its type, flags, stream and payload; `None` once the server closed.
+async fn read_h2_frame(stream: &mut tokio::net::TcpStream) -> Option<(u8, u8, u32, Vec<u8>)> {
+    let mut header = [0u8; 9];
+    stream.read_exact(&mut header).await.ok()?;
+    let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+    let mut payload = vec![0u8; length];
+    stream.read_exact(&mut payload).await.ok()?;
+    let id = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff;
+    Some((header[3], header[4], id, payload))
+}
+
+#[tokio::test]
+async fn on_sigterm_an_h2c_connection_gets_goaway_and_its_stream_in_flight_completes() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut process = proxying_gateway(
+        &dir,
+        "  shutdown_delay: 0s\n  shutdown_grace: 30s",
+        &upstream,
+    );
+    // h2c with prior knowledge, frame by frame: `GET /api/slow` (answered after 3 s) on stream 1. The header block
+    // is HPACK without indexing or Huffman: :method GET, :scheme http, :path, :authority a.
+    let path = b"/api/slow";
+    let mut block = vec![0x82, 0x86, 0x04, path.len() as u8];
+    block.extend_from_slice(path);
+    block.extend([0x01, 0x01, b'a']);
+    let mut h2 = tokio::net::TcpStream::connect(process.listen)
+        .await
+        .expect("connect");
+    let mut opening = [H2_PREFACE, &h2_frame(H2_SETTINGS, 0, 0, &[])].concat();
+    opening.extend(h2_frame(H2_HEADERS, END_STREAM | END_HEADERS, 1, &block));
+    h2.write_all(&opening).await.expect("write");
+    let reached = eventually(Duration::from_secs(5), async || upstream.hits() > 0).await;
+    assert!(
+        reached.is_some(),
+        "the slow request never reached the upstream"
+    );
+
+    signal(&process, "-TERM");
+    // What the server sends from now on, in order: a GOAWAY (NO_ERROR) before the stream's answer ends.
+    let mut events = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some((kind, flags, id, payload)) = read_h2_frame(&mut h2).await {
+            match kind {
+                H2_SETTINGS if flags & ACK == 0 => {
+                    let ack = h2_frame(H2_SETTINGS, ACK, 0, &[]);
+                    h2.write_all(&ack).await.expect("settings ack");
+                }
+                H2_PING if flags & ACK == 0 => {
+                    let ack = h2_frame(H2_PING, ACK, 0, &payload);
+                    h2.write_all(&ack).await.expect("ping ack");
+                }
+                H2_GOAWAY => {
+                    let error =
+                        u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]);
+                    events.push(format!("goaway {error}"));
+                }
+                H2_HEADERS if id == 1 => events.push(format!("headers {:#x}", payload[0])),
+                H2_DATA if id == 1 && flags & END_STREAM != 0 => events.push("end".to_owned()),
+                _ => {}
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the connection stayed open: {events:?}");
+    let goaway = events.iter().position(|e| e == "goaway 0");
+    let answered = events.iter().position(|e| e == "headers 0x88");
+    let ended = events.iter().position(|e| e == "end");
+    assert!(
+        goaway.is_some() && answered.is_some() && ended.is_some(),
+        "GOAWAY, then 200 and the stream's end: {events:?}"
+    );
+    assert!(
+        goaway < ended,
+        "GOAWAY came only after the stream: {events:?}"
+    );
+    assert_eq!(
+        exit_code(&mut process, Duration::from_secs(10)).await,
+        Some(0)
+    );
+    assert!(
+        process.log().contains("drained: every connection finished"),
+        "{}",
+        process.log()
+    );
+}
+
+#[tokio::test]
+async fn a_request_still_running_when_the_grace_period_ends_is_cut_and_the_log_counts_it() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    // The upstream answers /slow after 3 s; the grace period ends long before.
+    let mut process = proxying_gateway(
+        &dir,
+        "  shutdown_delay: 0s\n  shutdown_grace: 500ms",
+        &upstream,
+    );
+    let url = process.url("/api/slow");
+    let in_flight = tokio::spawn(async move { client().get(url).send().await?.text().await });
+    let reached = eventually(Duration::from_secs(5), async || upstream.hits() > 0).await;
+    assert!(
+        reached.is_some(),
+        "the slow request never reached the upstream"
+    );
+
+    signal(&process, "-TERM");
+    assert_eq!(
+        exit_code(&mut process, Duration::from_secs(10)).await,
+        Some(0)
+    );
+    let answer = in_flight.await.expect("task");
+    assert!(answer.is_err(), "the request was not cut: {answer:?}");
+    let log = process.log();
+    let cut = log
+        .lines()
+        .find(|line| line.contains("drain ended with connections still open"))
+        .unwrap_or_else(|| panic!("no line for the cut:\n{log}"));
+    assert!(cut.contains("finished=0") && cut.contains("cut=1"), "{cut}");
+}
+
 /// Three routes: `/version` answering `version`, `/keep` and `/new`; the file is cut at `/keep` or `/new` to
 /// make the half-written files of the test.
 fn three_routes_yaml(version: &str) -> String {
