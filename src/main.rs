@@ -223,9 +223,11 @@ async fn run(config: Config, loaded_file: String) -> ExitCode {
         CONFIG_POLL_INTERVAL,
     ));
 
+    // Signals are watched before the line that says the gateway listens: a SIGTERM sent as soon as it listens
+    // must begin the drain, not end the process by the signal's default action.
+    let shutdown = shutdown_sequence(gateway.clone(), &config.server);
     let listen = listener.local_addr().map_or(config.listen, |a| a);
     tracing::info!(%listen, admin = %admin_addr, routes = config.routes.len(), "tollgate listening");
-    let shutdown = shutdown_sequence(gateway.clone(), &config.server);
     match gateway::serve(listener, gateway, &config.server, shutdown).await {
         Ok(()) => {
             tracing::info!("stopped");
@@ -240,14 +242,15 @@ async fn run(config: Config, loaded_file: String) -> ExitCode {
 
 /// Completes when the listener must close: on SIGINT or SIGTERM readiness fails (`draining`), and the listener
 /// serves on for `server.shutdown_delay` so that balancers see the failed check first. A second signal ends the
-/// delay, and later the grace period, at once.
+/// delay, and later the grace period, at once. The signals are watched from this call on.
 fn shutdown_sequence(
     gateway: Arc<Gateway>,
     server: &tollgate::config::ServerSettings,
 ) -> impl std::future::Future<Output = ()> {
     let (delay, grace) = (server.shutdown_delay, server.shutdown_grace);
+    let mut signals = ShutdownSignals::watch();
     async move {
-        shutdown_signal().await;
+        signals.recv().await;
         gateway.shutdown().begin();
         tracing::info!(
             ?delay,
@@ -255,8 +258,9 @@ fn shutdown_sequence(
             "draining: /readyz answers 503 draining; serving on for the delay, then closing the listener"
         );
         let cutter = gateway.clone();
+        // The same watch: a second signal sent before this task first runs is not lost.
         tokio::spawn(async move {
-            shutdown_signal().await;
+            signals.recv().await;
             tracing::warn!("second shutdown signal: ending the drain now");
             cutter.shutdown().cut();
         });
@@ -267,28 +271,48 @@ fn shutdown_sequence(
     }
 }
 
-/// Completes on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
+/// SIGINT and SIGTERM, watched from the moment this is made: from then on neither ends the process by its default
+/// action, and one that comes before [`ShutdownSignals::recv`] is awaited is not lost.
+struct ShutdownSignals {
     #[cfg(unix)]
-    {
-        let mut terminate =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(signal) => signal,
-                Err(error) => {
-                    tracing::warn!(%error, "cannot watch SIGTERM");
-                    let _ = interrupt.await;
-                    return;
+    unix: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl ShutdownSignals {
+    fn watch() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let unix = match (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) {
+                (Ok(interrupt), Ok(terminate)) => Some((interrupt, terminate)),
+                (Err(error), _) | (_, Err(error)) => {
+                    tracing::warn!(%error, "cannot watch SIGINT and SIGTERM; watching Ctrl-C alone");
+                    None
                 }
             };
-        tokio::select! {
-            _ = interrupt => {}
-            _ = terminate.recv() => {}
+            Self { unix }
         }
+        #[cfg(not(unix))]
+        Self {}
     }
-    #[cfg(not(unix))]
-    let _ = interrupt.await;
-    tracing::info!("shutdown requested");
+
+    /// Completes on the next SIGINT or SIGTERM.
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        if let Some((interrupt, terminate)) = &mut self.unix {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
+            tracing::info!("shutdown requested");
+            return;
+        }
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutdown requested");
+    }
 }
 
 /// Reloads the config on SIGHUP; a config that fails validation is logged and the running one stays.

@@ -97,6 +97,8 @@ pub async fn serve(
         "listener closed: in-flight requests get the grace period"
     );
     let finished = tokio::select! {
+        // The connections first: a cut (a second signal) with none left open cuts nothing.
+        biased;
         finished = tokio::time::timeout(settings.shutdown_grace, drain.shutdown()) => finished.is_ok(),
         () = gateway.shutdown().cut_requested() => false,
     };
