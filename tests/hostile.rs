@@ -1279,6 +1279,86 @@ async fn h2c_header_block_left_unfinished_after_requests_is_cut_off_but_a_quiet_
     assert_eq!(upstream.hits(), 2);
 }
 
+/// Reads frames from `stream` until the gateway closes it, answering its PINGs if `pong`: whether a GOAWAY came
+/// first.
+async fn h2_goaway_then_close(stream: &mut TcpStream, pong: bool) -> bool {
+    let mut goaway = false;
+    loop {
+        let mut header = [0u8; 9];
+        if stream.read_exact(&mut header).await.is_err() {
+            return goaway;
+        }
+        let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        let mut payload = vec![0u8; length];
+        if stream.read_exact(&mut payload).await.is_err() {
+            return goaway;
+        }
+        goaway |= header[3] == 0x7;
+        if pong && header[3] == 0x6 && header[4] & 0x1 == 0 {
+            let _ = stream.write_all(&h2_frame(0x6, 0x1, 0, &payload)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn h2c_connection_idle_for_keepalive_timeout_is_sent_goaway_and_closed_but_not_while_a_request_is_in_flight(
+) {
+    let upstream = Upstream::start().await;
+    let gateway = start_gateway(&yaml(&upstream.url(), "  keepalive_timeout: 2s\n")).await;
+    let mut stream = TcpStream::connect(gateway.addr).await.expect("connect");
+    let mut opening = [H2_PREFACE, &h2_frame(0x4, 0, 0, &[])].concat();
+    opening.extend(h2_frame(
+        HEADERS,
+        END_STREAM | END_HEADERS,
+        1,
+        GET_API_BLOCK,
+    ));
+    stream.write_all(&opening).await.expect("write");
+    assert_eq!(h2_response_status(&mut stream, 1).await, 0x88, "200");
+
+    // The upstream takes 3 s to answer /slow: longer than keepalive_timeout, and the connection waits for it.
+    let slow: &[u8] = &[
+        0x82, 0x86, 0x04, 0x09, b'/', b'a', b'p', b'i', b'/', b's', b'l', b'o', b'w', 0x01, 0x01,
+        b'a',
+    ];
+    stream
+        .write_all(&h2_frame(HEADERS, END_STREAM | END_HEADERS, 3, slow))
+        .await
+        .expect("write");
+    assert_eq!(
+        h2_response_status(&mut stream, 3).await,
+        0x88,
+        "200 after 3 s"
+    );
+
+    // Then idle: GOAWAY and the close after keepalive_timeout (2 s), not before.
+    let idle = Instant::now();
+    let goaway = tokio::time::timeout(
+        Duration::from_secs(10),
+        h2_goaway_then_close(&mut stream, true),
+    )
+    .await
+    .expect("an idle connection closed within 10 s");
+    assert!(goaway, "closed without GOAWAY");
+    assert!(
+        idle.elapsed() >= Duration::from_millis(1_800),
+        "closed {:?} after its last answer, before keepalive_timeout",
+        idle.elapsed()
+    );
+    assert_eq!(upstream.hits(), 2);
+
+    // A client that never answers the GOAWAY's PING (which the graceful close waits for) is cut off too.
+    let mut stream = TcpStream::connect(gateway.addr).await.expect("connect");
+    stream.write_all(&opening).await.expect("write");
+    let closed = tokio::time::timeout(
+        Duration::from_secs(10),
+        h2_goaway_then_close(&mut stream, false),
+    )
+    .await
+    .expect("a client ignoring the close's PING still closed within 10 s");
+    assert!(closed, "closed without GOAWAY");
+}
+
 // === server.body_read_timeout: a stalled body is 408 and its upstream request is cancelled ===
 
 /// An upstream on raw TCP that reads request heads and never answers: it counts the requests whose head came and

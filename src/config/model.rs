@@ -80,7 +80,8 @@ pub struct ServerSettings {
     /// Time a client has to send its request head, from the head's first byte (and a new connection's first
     /// bytes), default 10s.
     pub header_read_timeout: Duration,
-    /// Time an HTTP/1.1 connection may stay idle between requests, default 75s (as nginx): longer than the idle
+    /// Time a connection may stay idle between requests (HTTP/2: with no request in flight), default 75s (as nginx):
+    /// longer than the idle
     /// timeouts of the load balancers in front (60s for AWS's), so that the balancer, not tollgate, closes idle
     /// connections and never sends a request on one being closed.
     pub keepalive_timeout: Duration,

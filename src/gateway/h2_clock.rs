@@ -1,19 +1,25 @@
-//! An HTTP/2 connection's header clock: `header_read_timeout` bounds its opening (preface, settings and first request
-//! head) and each later header block, as it bounds an HTTP/1.1 request head.
+//! An HTTP/2 connection's clocks, as HTTP/1.1 has them: `header_read_timeout` bounds its opening (preface, settings
+//! and first request head) and each later header block; `keepalive_timeout` bounds the time it stays open with no
+//! request in flight.
 //!
-//! hyper's HTTP/2 server has no such timer: a connection that sent one byte, the preface alone, or a HEADERS frame
-//! without END_HEADERS is kept for as long as the client likes. The stream handed to hyper follows the frames the
-//! client sends (their 9-byte headers; payloads are only counted) and fails its pending read with `TimedOut` once the
-//! deadline that applies has passed, which ends the connection. While a header block is open HTTP/2 lets the client
-//! send nothing else on the connection (only its CONTINUATION frames), so closing the connection costs no other
-//! stream anything it could still have had.
+//! hyper's HTTP/2 server has neither: a connection that sent one byte, the preface alone, or a HEADERS frame without
+//! END_HEADERS is kept for as long as the client likes, and so is one that made a request and went quiet. The stream
+//! handed to hyper follows the frames the client sends (their 9-byte headers; payloads are only counted) and fails its
+//! pending read with `TimedOut` once the header deadline that applies has passed, which ends the connection. While a
+//! header block is open HTTP/2 lets the client send nothing else on the connection (only its CONTINUATION frames), so
+//! closing the connection costs no other stream anything it could still have had. An idle connection is closed
+//! gracefully instead (GOAWAY), so that a client whose next request crosses the close knows it was not processed.
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// The client connection preface every HTTP/2 connection opens with.
@@ -55,6 +61,40 @@ enum Reading {
     Payload { left: usize, ends_block: bool },
     /// Not the preface after all: an HTTP/1.1 connection, under HTTP/1.1's own clocks.
     NotHttp2,
+}
+
+/// What a connection has in flight, shared by its requests and the future serving it.
+#[derive(Debug)]
+pub(super) struct Activity {
+    /// The instant `idle_since` counts from, on tokio's clock as the sleeps are.
+    base: tokio::time::Instant,
+    /// Requests whose answer is not finished: from the service's call to the end (or drop) of the response body.
+    in_flight: AtomicUsize,
+    /// Microseconds from `base` to when `in_flight` last fell to zero.
+    idle_since: AtomicU64,
+}
+
+/// One request in flight; dropped with its response body (or with the call, if that is given up).
+#[derive(Debug)]
+pub(super) struct InFlight(Arc<Activity>);
+
+/// A response body holding its request's place in [`Activity`] until it ends or is dropped.
+#[derive(Debug)]
+pub(super) struct Tracked<B> {
+    inner: B,
+    _in_flight: InFlight,
+}
+
+/// A connection future closed gracefully (`close`, hyper's `graceful_shutdown`) once it has had no request in flight
+/// for `keepalive_timeout`, and dropped if, closing, it stays so for another `keepalive_timeout`: HTTP/2's graceful
+/// close waits for the client to answer a PING, which a client holding connections open need never do.
+pub(super) struct IdleClosing<C> {
+    connection: Pin<Box<C>>,
+    close: fn(Pin<&mut C>),
+    activity: Arc<Activity>,
+    keepalive_timeout: Duration,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    closing: bool,
 }
 
 // === impl HeaderClock ===
@@ -232,6 +272,164 @@ impl Frames {
     }
 }
 
+// === impl Activity ===
+
+impl Activity {
+    /// A connection's activity, idle from now.
+    pub(super) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            base: tokio::time::Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(0),
+        })
+    }
+
+    /// A request begins.
+    pub(super) fn begin(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(self.clone())
+    }
+
+    /// Counts the connection idle from now (if nothing is in flight).
+    fn restart_idle(&self) {
+        let now = u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX / 2);
+        self.idle_since.fetch_max(now, Ordering::Release);
+    }
+
+    /// When the connection will have been idle for `keepalive_timeout`, if nothing is in flight now.
+    fn idle_deadline(&self, keepalive_timeout: Duration) -> Option<tokio::time::Instant> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let since = Duration::from_micros(self.idle_since.load(Ordering::Acquire));
+        Some(self.base + since + keepalive_timeout)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        // Written by every request's end, before its count falls: whoever sees the count at zero sees the time the
+        // last request ended (or a moment later), never an older one.
+        self.0.restart_idle();
+        self.0.in_flight.fetch_sub(1, Ordering::Release);
+    }
+}
+
+// === impl Tracked ===
+
+impl<B> Tracked<B> {
+    pub(super) fn new(inner: B, in_flight: InFlight) -> Self {
+        Self {
+            inner,
+            _in_flight: in_flight,
+        }
+    }
+}
+
+impl<B: http_body::Body<Data = Bytes> + Unpin> http_body::Body for Tracked<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+// === impl IdleClosing ===
+
+impl<C: Future> IdleClosing<C> {
+    /// Serves `connection`, closing it with `close` after `keepalive_timeout` without a request in flight.
+    pub(super) fn new(
+        connection: C,
+        close: fn(Pin<&mut C>),
+        activity: Arc<Activity>,
+        keepalive_timeout: Duration,
+    ) -> Self {
+        let first = tokio::time::Instant::now() + keepalive_timeout;
+        Self {
+            connection: Box::pin(connection),
+            close,
+            activity,
+            keepalive_timeout,
+            sleep: Box::pin(tokio::time::sleep_until(first)),
+            closing: false,
+        }
+    }
+
+    /// Asks the connection to finish what it serves and close (shutdown's drain, or idleness).
+    pub(super) fn graceful_shutdown(mut self: Pin<&mut Self>) {
+        if !self.closing {
+            self.closing = true;
+            (self.close)(self.connection.as_mut());
+            // Idle from here: a close that has nothing to finish and does not end is cut a keepalive_timeout later.
+            self.activity.restart_idle();
+        }
+    }
+
+    /// Whether the connection has been idle for `keepalive_timeout`; if not, the sleep wakes the task when it may
+    /// have been (or, while requests are in flight, a `keepalive_timeout` later, to look again).
+    fn idle(&mut self, cx: &mut Context<'_>) -> bool {
+        loop {
+            match self.activity.idle_deadline(self.keepalive_timeout) {
+                Some(deadline) => {
+                    if deadline <= tokio::time::Instant::now() {
+                        return true;
+                    }
+                    if self.sleep.deadline() != deadline {
+                        self.sleep.as_mut().reset(deadline);
+                    }
+                }
+                None if self.sleep.is_elapsed() => {
+                    let later = tokio::time::Instant::now() + self.keepalive_timeout;
+                    self.sleep.as_mut().reset(later);
+                }
+                None => {}
+            }
+            if self.sleep.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+        }
+    }
+}
+
+impl<C, E> Future for IdleClosing<C>
+where
+    C: Future<Output = Result<(), E>>,
+{
+    type Output = Result<(), E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), E>> {
+        if let Poll::Ready(output) = self.connection.as_mut().poll(cx) {
+            return Poll::Ready(output);
+        }
+        if !self.idle(cx) {
+            return Poll::Pending;
+        }
+        if self.closing {
+            // Closing, and idle all along since: dropping the connection closes it.
+            return Poll::Ready(Ok(()));
+        }
+        self.as_mut().graceful_shutdown();
+        if let Poll::Ready(output) = self.connection.as_mut().poll(cx) {
+            return Poll::Ready(output);
+        }
+        // Wakes the task at the cut's deadline.
+        let _ = self.idle(cx);
+        Poll::Pending
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,5 +506,55 @@ mod tests {
         let mut frames = frames();
         frames.read(b"PRI * HTTP/1.1\r\n");
         assert_eq!(frames.clock_since(), None);
+    }
+
+    /// A connection that never ends by itself; `close` marks it closing.
+    struct Endless {
+        closed: Arc<AtomicUsize>,
+    }
+
+    impl Future for Endless {
+        type Output = Result<(), ()>;
+
+        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), ()>> {
+            Poll::Pending
+        }
+    }
+
+    fn close(connection: Pin<&mut Endless>) {
+        connection.closed.fetch_add(1, Ordering::SeqCst);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_is_closed_after_keepalive_and_cut_if_it_stays_but_not_while_a_request_is_in_flight(
+    ) {
+        let closed = Arc::new(AtomicUsize::new(0));
+        let activity = Activity::new();
+        let request = activity.begin();
+        let connection = IdleClosing::new(
+            Endless {
+                closed: closed.clone(),
+            },
+            close,
+            activity.clone(),
+            Duration::from_secs(10),
+        );
+        let served = tokio::spawn(connection);
+        // A request in flight for three keepalive periods: nothing happens.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(closed.load(Ordering::SeqCst), 0);
+        assert!(!served.is_finished());
+        // Its answer ends; 10 s later the close is asked for, once.
+        drop(request);
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        assert_eq!(closed.load(Ordering::SeqCst), 0);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(closed.load(Ordering::SeqCst), 1);
+        assert!(!served.is_finished());
+        // Still open, idle, 10 s later: cut.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(served.is_finished());
+        assert_eq!(served.await.expect("served"), Ok(()));
+        assert_eq!(closed.load(Ordering::SeqCst), 1);
     }
 }

@@ -19,7 +19,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::descriptors::{connection_error, out_of_descriptors, Exhaustion};
 use super::drain::{Drain, DrainWatcher};
-use super::h2_clock::HeaderClock;
+use super::h2_clock::{Activity, HeaderClock, IdleClosing, Tracked};
 use super::idle::ConnectionClock;
 use super::responses;
 use super::Gateway;
@@ -240,7 +240,7 @@ async fn serve_connection(
         }
         Opening::MaybeHttp2 => {
             let stream = HeaderClock::new(stream, accepted, header_read_timeout);
-            serve_auto(&builders.auto, stream, service, watcher).await
+            serve_auto(&builders, stream, service, watcher).await
         }
         Opening::Nothing => {
             tracing::debug!(%peer, "connection closed before sending a request");
@@ -277,11 +277,12 @@ fn head_bytes<B>(request: &hyper::Request<B>) -> usize {
     })
 }
 
-/// Serves a connection that opened with (part of) the HTTP/2 preface, under its header clock. Boxed and out of line,
-/// so that its poll stays out of the HTTP/1 connections' one.
+/// Serves a connection that opened with (part of) the HTTP/2 preface, under its header clock, closed gracefully once
+/// it has had no request in flight for `keepalive_timeout`. Boxed and out of line, so that its poll stays out of the
+/// HTTP/1 connections' one.
 #[inline(never)]
 fn serve_auto<S>(
-    builder: &auto::Builder<TokioExecutor>,
+    builders: &Builders,
     stream: HeaderClock<TcpStream>,
     service: S,
     watcher: DrainWatcher,
@@ -295,8 +296,27 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
-    let connection = builder
-        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+    let activity = Activity::new();
+    let tracked = {
+        let activity = activity.clone();
+        service_fn(move |request| {
+            let in_flight = activity.begin();
+            let call = service.call(request);
+            async move {
+                call.await
+                    .map(|response| response.map(|body| Tracked::new(body, in_flight)))
+            }
+        })
+    };
+    let connection = builders
+        .auto
+        .serve_connection_with_upgrades(TokioIo::new(stream), tracked)
         .into_owned();
-    Box::pin(watcher.watch(connection, auto::UpgradeableConnection::graceful_shutdown))
+    let connection = IdleClosing::new(
+        connection,
+        auto::UpgradeableConnection::graceful_shutdown,
+        activity,
+        builders.keepalive_timeout,
+    );
+    Box::pin(watcher.watch(connection, IdleClosing::graceful_shutdown))
 }
