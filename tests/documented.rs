@@ -387,3 +387,519 @@ fn the_library_page_shows_each_example_program_as_it_is() {
         );
     }
 }
+
+// === docs/responses.md, "One reading of every request" ===
+
+/// How the test sends one request of a row of the table of refusals.
+enum Send {
+    /// HTTP/1.1 bytes to the gateway, whose answer is read.
+    Gateway(Vec<u8>),
+    /// HTTP/1.1 bytes to the admin listener.
+    Admin(Vec<u8>),
+    /// HTTP/2 (h2c) bytes to the gateway: the preface, SETTINGS, then a request on stream 1, whose answer is read.
+    Http2(Vec<u8>),
+    /// HTTP/1.1 bytes to the gateway, then the end of the client's writing, whose answer is read.
+    HalfClosed(Vec<u8>),
+    /// Bytes to the gateway after which it must close the connection.
+    Closed(Vec<u8>),
+}
+
+/// The requests the test sends for one row, named by the row's first cell as docs/responses.md writes it, and the
+/// backticked words of that cell that name things (settings, fields) rather than show bytes the requests carry.
+struct Row {
+    request: &'static str,
+    /// Whether the upstream may see a request of the row (a body found malformed as it is streamed).
+    reaches_upstream: bool,
+    names: &'static [&'static str],
+    cases: Vec<(&'static str, Send)>,
+}
+
+/// `GET {target}` on the gateway, with `extra` header lines.
+fn get(target: &str, extra: &str) -> Send {
+    Send::Gateway(format!("GET {target} HTTP/1.1\r\nHost: gw\r\n{extra}\r\n").into_bytes())
+}
+
+/// One HTTP/2 frame on `stream_id`.
+fn h2_frame(kind: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
+    let length = u32::try_from(payload.len()).expect("a short payload");
+    let mut frame = length.to_be_bytes()[1..].to_vec();
+    frame.extend([kind, flags]);
+    frame.extend(stream_id.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// The header block of `GET /api` with `:authority: a`, as HPACK literals without indexing.
+const GET_API_BLOCK: &[u8] = &[
+    0x82, 0x86, 0x04, 0x04, b'/', b'a', b'p', b'i', 0x01, 0x01, b'a',
+];
+
+/// The preface and an empty SETTINGS frame.
+fn h2_opening() -> Vec<u8> {
+    [H2_PREFACE, &h2_frame(0x4, 0, 0, &[])].concat()
+}
+
+/// A JWT over `claims` written as given (a member may be named twice), signed with `key`.
+fn token(key: &common::jwt::SigningKey, claims: &str) -> String {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
+    let header = format!(r#"{{"alg":"RS256","typ":"JWT","kid":"{}"}}"#, key.kid);
+    let message = format!(
+        "{}.{}",
+        URL_SAFE_NO_PAD.encode(header),
+        URL_SAFE_NO_PAD.encode(claims)
+    );
+    let signature =
+        jsonwebtoken::crypto::sign(message.as_bytes(), &key.key, key.alg).expect("sign");
+    format!("{message}.{signature}")
+}
+
+/// The rows of the table as this test reads them: each documented item sent.
+fn refusal_rows(jwt: &common::jwt::SigningKey) -> Vec<Row> {
+    let exp = common::jwt::now() + 600;
+    let bearer = |claims: String| format!("authorization: Bearer {}\r\n", token(jwt, &claims));
+    let put = |path: &str, body: &str| {
+        Send::Admin(
+            format!(
+                "PUT {path} HTTP/1.1\r\nHost: admin\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .into_bytes(),
+        )
+    };
+    let mut authority_and_host = GET_API_BLOCK.to_vec();
+    // `host: b`: a literal without indexing, its name the static table's entry 38.
+    authority_and_host.extend([0x0f, 0x17, 0x01, b'b']);
+    let mut unfinished = h2_opening();
+    unfinished.extend(h2_frame(0x1, 0x1, 1, &GET_API_BLOCK[..4]));
+    let mut h2_answered = h2_opening();
+    h2_answered.extend(h2_frame(0x1, 0x1 | 0x4, 1, GET_API_BLOCK));
+    let mut later_unfinished = h2_opening();
+    later_unfinished.extend(h2_frame(0x1, 0x1 | 0x4, 1, GET_API_BLOCK));
+    later_unfinished.extend(h2_frame(0x1, 0x1, 3, &GET_API_BLOCK[..4]));
+    vec![
+        Row {
+            reaches_upstream: false,
+            request: "HTTP/1.1 without `Host`, more than one `Host`, an invalid `Host` (user info, bad port, a name in brackets `[name]`), HTTP/2 `:authority` and `Host` naming different hosts",
+            names: &[":authority"],
+            cases: vec![
+                ("no Host", Send::Gateway(b"GET /api HTTP/1.1\r\n\r\n".to_vec())),
+                ("two Hosts", Send::Gateway(b"GET /api HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n".to_vec())),
+                ("user info", Send::Gateway(b"GET /api HTTP/1.1\r\nHost: user@a\r\n\r\n".to_vec())),
+                ("bad port", Send::Gateway(b"GET /api HTTP/1.1\r\nHost: a:99999\r\n\r\n".to_vec())),
+                ("[name]", Send::Gateway(b"GET /api HTTP/1.1\r\nHost: [name]\r\n\r\n".to_vec())),
+                ("HTTP/2 :authority a, host b", Send::Http2(h2_frame(0x1, 0x1 | 0x4, 1, &authority_and_host))),
+            ],
+        },
+        Row {
+            reaches_upstream: false,
+            request: "a case variant of a standard method (`post /login`)",
+            names: &[],
+            cases: vec![("post /login", Send::Gateway(b"post /login HTTP/1.1\r\nHost: gw\r\n\r\n".to_vec()))],
+        },
+        Row {
+            reaches_upstream: false,
+            request: "`CONNECT` (`CONNECT host:port` included), unless a route names it in `methods`",
+            names: &["CONNECT host:port", "methods"],
+            cases: vec![
+                ("CONNECT /api", Send::Gateway(b"CONNECT /api HTTP/1.1\r\nHost: gw\r\n\r\n".to_vec())),
+                (
+                    "CONNECT example.com:443",
+                    Send::Gateway(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n".to_vec()),
+                ),
+            ],
+        },
+        Row {
+            reaches_upstream: false,
+            request: "a JWT whose consumer claim is not a valid consumer id (1 to 128 of `A-Z a-z 0-9 . _ : @ -`, not `.` or `..`), or whose claims name a member twice",
+            names: &["A-Z a-z 0-9 . _ : @ -", ".", ".."],
+            cases: vec![
+                (".", get("/api", &bearer(format!(r#"{{"sub":".","exp":{exp}}}"#)))),
+                ("..", get("/api", &bearer(format!(r#"{{"sub":"..","exp":{exp}}}"#)))),
+                ("a space", get("/api", &bearer(format!(r#"{{"sub":"a b","exp":{exp}}}"#)))),
+                ("129 characters", get("/api", &bearer(format!(r#"{{"sub":"{}","exp":{exp}}}"#, "a".repeat(129))))),
+                ("sub twice", get("/api", &bearer(format!(r#"{{"sub":"acme","sub":"root","exp":{exp}}}"#)))),
+            ],
+        },
+        Row {
+            reaches_upstream: false,
+            request: "an admin body that names a member twice or is not a JSON object, an admin consumer id `.` or `..`",
+            names: &[],
+            cases: vec![
+                ("plan twice", put("/consumers/acme", r#"{"plan":"free","plan":"pro"}"#)),
+                ("an array", put("/consumers/acme", "[]")),
+                ("a string", put("/consumers/acme", r#""free""#)),
+                (".", put("/consumers/.", r#"{"plan":"free"}"#)),
+                ("..", put("/consumers/..", r#"{"plan":"free"}"#)),
+            ],
+        },
+        Row {
+            reaches_upstream: false,
+            request: "a path with a malformed escape (`/a%zz`), or a target that is not a path (`OPTIONS *`)",
+            names: &[],
+            cases: vec![
+                ("/a%zz", get("/a%zz", "")),
+                ("OPTIONS *", Send::Gateway(b"OPTIONS * HTTP/1.1\r\nHost: gw\r\n\r\n".to_vec())),
+            ],
+        },
+        Row {
+            reaches_upstream: false,
+            request: "a path with `%2F` (unless `server.escaped_slashes: keep`), `%5C`, `\\`, `%00`, or escapes that are not UTF-8",
+            names: &["server.escaped_slashes: keep"],
+            cases: vec![
+                ("%2F", get("/api/a%2Fb", "")),
+                ("%5C", get("/api/a%5Cb", "")),
+                ("\\", get("/api/a\\b", "")),
+                ("%00", get("/api/a%00b", "")),
+                ("not UTF-8", get("/api/a%C3%28", "")),
+            ],
+        },
+        Row {
+            reaches_upstream: false,
+            request: "a key header or query parameter, or a credential, sent twice (a query name under any spelling: `k`, `K`, `k[]`, `%6B`, after `&` or `;`)",
+            names: &[],
+            cases: vec![
+                ("key header", get("/api", "x-key: 1\r\nx-key: 2\r\n")),
+                ("k", get("/api?k=1&k=2", "")),
+                ("K", get("/api?k=1&K=2", "")),
+                ("k[]", get("/api?k=1&k[]=2", "")),
+                ("%6B", get("/api?k=1&%6B=2", "")),
+                (";", get("/api?k=1;k=2", "")),
+                ("api key", get("/api", "x-api-key: one\r\nx-api-key: two\r\n")),
+                ("bearer", get("/api", "authorization: Bearer a\r\nauthorization: Bearer b\r\n")),
+            ],
+        },
+        Row {
+            reaches_upstream: true,
+            request: "malformed framing: two different `Content-Length`s; a bad chunk size or a body cut short, found as the body is streamed (the upstream may have had the head)",
+            names: &[],
+            cases: vec![
+                (
+                    "chunk size zz",
+                    Send::Gateway(b"POST /api HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n".to_vec()),
+                ),
+                (
+                    "Content-Length 3 and 4",
+                    Send::Gateway(b"POST /api HTTP/1.1\r\nHost: gw\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd".to_vec()),
+                ),
+                (
+                    "10 bytes announced, 3 sent",
+                    Send::HalfClosed(b"POST /api HTTP/1.1\r\nHost: gw\r\nContent-Length: 10\r\n\r\nabc".to_vec()),
+                ),
+            ],
+        },
+        Row {
+            reaches_upstream: false,
+            request: "a head over `server.max_header_bytes`, however its bytes arrive",
+            names: &["server.max_header_bytes"],
+            cases: vec![("a 20 KiB field", get("/api", &format!("x-big: {}\r\n", "a".repeat(20_000))))],
+        },
+        Row {
+            reaches_upstream: false,
+            request: "a head that does not arrive within `server.header_read_timeout` of its first byte",
+            names: &["server.header_read_timeout"],
+            cases: vec![("half a head", Send::Closed(b"GET /api HTTP/1.1\r\nHo".to_vec()))],
+        },
+        Row {
+            reaches_upstream: false,
+            request: "HTTP/2: an opening (preface, SETTINGS, first request's headers) not finished within `server.header_read_timeout` of the accept, or a later header block (HEADERS without END_HEADERS) not finished within it",
+            names: &["server.header_read_timeout"],
+            cases: vec![
+                ("the preface alone", Send::Closed(H2_PREFACE.to_vec())),
+                ("preface and SETTINGS", Send::Closed(h2_opening())),
+                ("the first HEADERS without END_HEADERS", Send::Closed(unfinished)),
+                ("a later HEADERS without END_HEADERS", Send::Closed(later_unfinished)),
+            ],
+        },
+        Row {
+            reaches_upstream: false,
+            request: "a keep-alive connection idle for `server.keepalive_timeout` (75s); over HTTP/2, no request in flight for that long",
+            names: &["server.keepalive_timeout"],
+            cases: vec![
+                (
+                    "idle after a request",
+                    Send::Closed(b"GET /open HTTP/1.1\r\nHost: gw\r\n\r\n".to_vec()),
+                ),
+                ("HTTP/2, idle after a request", Send::Closed(h2_answered)),
+            ],
+        },
+    ]
+}
+
+/// Sends `bytes` (then ends the writing side when `half_close`) and reads one HTTP/1.1 response: its head and the
+/// body its `content-length` announces, without waiting for the connection to close.
+async fn exchange(addr: std::net::SocketAddr, bytes: &[u8], half_close: bool) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(bytes).await.expect("write");
+    if half_close {
+        stream.shutdown().await.expect("shutdown");
+    }
+    let mut response = Vec::new();
+    let mut buffer = [0u8; 4096];
+    let read = async {
+        loop {
+            let text = String::from_utf8_lossy(&response);
+            if let Some(end) = text.find("\r\n\r\n") {
+                let length = text[..end]
+                    .lines()
+                    .find_map(|line| {
+                        let (name, value) = line.split_once(':')?;
+                        name.eq_ignore_ascii_case("content-length")
+                            .then(|| value.trim().parse::<usize>().ok())?
+                    })
+                    .unwrap_or(0);
+                if response.len() >= end + 4 + length {
+                    break;
+                }
+            }
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => response.extend_from_slice(&buffer[..n]),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
+    String::from_utf8_lossy(&response).into_owned()
+}
+
+/// The status and the body's `error` and `reason` of an HTTP/1.1 answer.
+fn answer(response: &str) -> (String, Value) {
+    let status = response.split(' ').nth(1).unwrap_or("").to_owned();
+    let body = response.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// Sends HTTP/2 `request` frames after the opening and reads stream 1's answer: its status (the `:status` is an
+/// indexed static entry, 0x8c for 400) and its body.
+async fn h2_answer(addr: std::net::SocketAddr, request: &[u8]) -> (String, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(&[h2_opening(), request.to_vec()].concat())
+        .await
+        .expect("write");
+    let (mut status, mut body) = (String::new(), Vec::new());
+    loop {
+        let mut header = [0u8; 9];
+        stream.read_exact(&mut header).await.expect("a frame");
+        let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        let mut payload = vec![0u8; length];
+        stream.read_exact(&mut payload).await.expect("a payload");
+        let id = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff;
+        match (header[3], id) {
+            (0x4, 0) if header[4] & 0x1 == 0 => {
+                stream
+                    .write_all(&h2_frame(0x4, 0x1, 0, &[]))
+                    .await
+                    .expect("ack");
+            }
+            (0x1, 1) => {
+                let code = [(0x88, "200"), (0x8c, "400"), (0x8d, "404"), (0x8e, "500")]
+                    .iter()
+                    .find(|(byte, _)| payload.first() == Some(byte))
+                    .map_or("?", |(_, code)| code);
+                status = code.to_owned();
+                if header[4] & 0x1 != 0 {
+                    break;
+                }
+            }
+            (0x0, 1) => {
+                body.extend(payload);
+                if header[4] & 0x1 != 0 {
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+/// Whether the gateway closes the connection after `bytes` within 5 s (its clocks run 1 s here).
+async fn closes(addr: std::net::SocketAddr, bytes: &[u8]) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(bytes).await.expect("write");
+    let mut sink = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut sink))
+        .await
+        .is_ok()
+}
+
+/// The backticked words of a table cell outside parentheses, and those inside.
+fn backticked(cell: &str) -> (Vec<String>, Vec<String>) {
+    let (mut outside, mut inside) = (Vec::new(), Vec::new());
+    let mut depth = 0;
+    let mut parts = cell.split('`');
+    while let Some(text) = parts.next() {
+        depth += text.matches('(').count();
+        depth -= text.matches(')').count().min(depth);
+        if let Some(word) = parts.next() {
+            if depth > 0 {
+                inside.push(word.to_owned());
+            } else {
+                outside.push(word.to_owned());
+            }
+        }
+    }
+    (outside, inside)
+}
+
+/// docs/responses.md's table of refusals, row by row: each request the row describes is sent to a gateway (and
+/// its admin listener), and answers with the row's status and one of its body `error`s (and `reason`s); every
+/// documented `error` and `reason` is answered by some request, every backticked example of the row is in the
+/// bytes sent (or is a setting the row names), and a "connection closed" row closes the connection. A row the
+/// test does not know, or a row it knows that the page lost, fails.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_refusal_in_the_responses_page_is_what_the_gateway_answers() {
+    let page = std::fs::read_to_string(Path::new(REPO).join("docs/responses.md"))
+        .expect("docs/responses.md");
+    let section = section(&page, "## One reading of every request");
+    let documented: Vec<Vec<String>> = section
+        .lines()
+        .filter(|line| line.starts_with("| ") && !line.starts_with("| request |"))
+        .map(|line| {
+            // Cells split on ` | `: a `\|` inside a cell is not a separator.
+            line.trim_matches('|')
+                .split(" | ")
+                .map(|cell| cell.trim().to_owned())
+                .collect()
+        })
+        .collect();
+    assert!(documented.len() >= 10, "the table: {documented:?}");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let jwt = common::jwt::rsa_key("k1");
+    let jwks = dir.path().join("jwks.json");
+    std::fs::write(&jwks, common::jwt::jwks(&[&jwt])).expect("write the JWKS");
+    let upstream = common::upstream::Upstream::start().await;
+    let yaml = format!(
+        r#"store: {{ backend: memory }}
+server: {{ header_read_timeout: 1s, keepalive_timeout: 1s, max_header_bytes: 16384 }}
+upstreams:
+  backend: {{ targets: ["{upstream}"] }}
+consumers:
+  identify:
+    - api_key: {{ header: x-api-key }}
+    - jwt: {{ algorithms: [RS256], jwks_file: "{jwks}" }}
+  plans:
+    free: {{ limits: [] }}
+    pro: {{ limits: [] }}
+routes:
+  - name: open
+    match: {{ path: /open }}
+    respond: {{ status: 200 }}
+    consumers: off
+  - name: api
+    match: {{ path_prefix: /api }}
+    upstream: backend
+    limits:
+      - {{ name: per-key, key: [header:x-key], missing: skip, algorithm: sliding_window, limit: 100, period: 1m }}
+      - {{ name: per-k, key: [query:k], missing: skip, algorithm: sliding_window, limit: 100, period: 1m }}
+"#,
+        upstream = upstream.url(),
+        jwks = jwks.display()
+    );
+    let gateway = common::start_gateway(&yaml).await;
+    let admin = common::serve_admin(&gateway, None).await;
+    let admin: std::net::SocketAddr = admin
+        .trim_start_matches("http://")
+        .parse()
+        .expect("admin address");
+
+    let rows = refusal_rows(&jwt);
+    for row in &rows {
+        assert!(
+            documented.iter().any(|cells| cells[0] == row.request),
+            "docs/responses.md lost this row, or wrote it otherwise:\n{}",
+            row.request
+        );
+    }
+    for cells in &documented {
+        let [request, status, errors] = &cells[..] else {
+            panic!("a row of three cells: {cells:?}");
+        };
+        let row = rows.iter().find(|row| row.request == request).unwrap_or_else(|| {
+            panic!("a row of docs/responses.md this test does not send: write its requests in refusal_rows\n{request}")
+        });
+        let sent: Vec<u8> = row
+            .cases
+            .iter()
+            .flat_map(|(_, send)| match send {
+                Send::Gateway(bytes)
+                | Send::Admin(bytes)
+                | Send::Http2(bytes)
+                | Send::HalfClosed(bytes)
+                | Send::Closed(bytes) => bytes.clone(),
+            })
+            .collect();
+        let sent = String::from_utf8_lossy(&sent);
+        let (examples, in_parentheses) = backticked(request);
+        for example in examples.iter().chain(&in_parentheses) {
+            assert!(
+                sent.contains(example.as_str()) || row.names.contains(&example.as_str()),
+                "`{example}` of the row is in no request the test sends:\n{request}"
+            );
+        }
+        if status.starts_with("connection closed") {
+            for (what, send) in &row.cases {
+                let Send::Closed(bytes) = send else {
+                    panic!("{what}: a closed-connection row sends Send::Closed");
+                };
+                assert!(
+                    closes(gateway.addr, bytes).await,
+                    "{what}: still open after 5 s\n{request}"
+                );
+            }
+            continue;
+        }
+        let hits = upstream.hits();
+        let (allowed_errors, allowed_reasons) = backticked(errors);
+        let (mut seen_errors, mut seen_reasons) = (Vec::new(), Vec::new());
+        for (what, send) in &row.cases {
+            let (got_status, body) = match send {
+                Send::Gateway(bytes) => answer(&exchange(gateway.addr, bytes, false).await),
+                Send::HalfClosed(bytes) => answer(&exchange(gateway.addr, bytes, true).await),
+                Send::Admin(bytes) => answer(&exchange(admin, bytes, false).await),
+                Send::Http2(bytes) => h2_answer(gateway.addr, bytes).await,
+                Send::Closed(_) => panic!("{what}: only a closed-connection row closes"),
+            };
+            let error = body["error"].as_str().unwrap_or("").to_owned();
+            let reason = body["reason"].as_str().map(str::to_owned);
+            assert!(
+                &got_status == status && allowed_errors.contains(&error),
+                "{what}: {got_status} {body}; the page says {status} {errors}\n{request}"
+            );
+            if !allowed_reasons.is_empty() {
+                let reason = reason.unwrap_or_default();
+                assert!(
+                    allowed_reasons.contains(&reason),
+                    "{what}: reason {reason:?}; the page says {errors}"
+                );
+                seen_reasons.push(reason);
+            }
+            seen_errors.push(error);
+        }
+        assert!(
+            row.reaches_upstream || upstream.hits() == hits,
+            "a refused request reached the upstream:\n{request}"
+        );
+        for documented in allowed_errors.iter().chain(&allowed_reasons) {
+            assert!(
+                seen_errors.contains(documented) || seen_reasons.contains(documented),
+                "no request of the row is answered `{documented}`:\n{request}"
+            );
+        }
+    }
+    // The row's "(75s)" is the default.
+    let default = common::config("").server.keepalive_timeout;
+    assert!(
+        section.contains(&format!(
+            "`server.keepalive_timeout` ({}s)",
+            default.as_secs()
+        )),
+        "keepalive_timeout's default is {default:?}"
+    );
+}
