@@ -70,7 +70,7 @@ pub(super) struct Activity {
     base: tokio::time::Instant,
     /// Requests whose answer is not finished: from the service's call to the end (or drop) of the response body.
     in_flight: AtomicUsize,
-    /// Microseconds from `base` to when `in_flight` last fell to zero.
+    /// Microseconds from `base` to when `in_flight` last fell to zero, or the graceful close began.
     idle_since: AtomicU64,
 }
 
