@@ -40,6 +40,7 @@ every loop is bounded in count and time.
 """
 
 import argparse
+import binascii
 import http.client
 import os
 import shutil
@@ -59,7 +60,12 @@ EXACT_LIMIT = 20
 # The window route's limit per 10 s, and the window itself: two instances admit at most twice it over any window.
 WINDOW_LIMIT = 50
 WINDOW_S = 10.0
+# On a Cluster: key values found in the moved slot, and how many of them the ledger leaves to the probes.
+POOL_SIZE = 700
+POOL_RESERVE = 150
 RECOVERY_BOUND_S = 10.0
+# Limits are shared again within this of Redis answering again (the gateway's promise).
+RECOVERY_PROMISE_S = 0.3
 
 
 def free_port() -> int:
@@ -96,6 +102,12 @@ class Redis:
         )
         return out.stdout.strip()
 
+    def url(self) -> str:
+        return f"redis://:{PASSWORD}@127.0.0.1:{self.port}"
+
+    def ledger_sizes(self) -> dict[str, int]:
+        return ledger_sizes_on(self.port)
+
     def stop(self, save: bool = False) -> None:
         if self.process is None:
             return
@@ -106,10 +118,131 @@ class Redis:
         self.process = None
 
 
+def ledger_sizes_on(port: int) -> dict[str, int]:
+    """The number of entries of each ledger key one Redis server holds, by key value."""
+    names = subprocess.run(
+        ["redis-cli", "-p", str(port), "--no-auth-warning", "-a", PASSWORD, "--scan", "--pattern", "chaos:ledger:*"],
+        capture_output=True, text=True, timeout=60,
+    ).stdout.split()
+    replies = subprocess.run(
+        ["redis-cli", "-p", str(port), "--no-auth-warning", "-a", PASSWORD],
+        input="".join(f"ZCARD {name}\n" for name in names), capture_output=True, text=True, timeout=60,
+    ).stdout.split()
+    sizes = {}
+    for name, size in zip(names, replies):
+        sizes[name[name.rfind("{") + 1:name.rfind("}")]] = int(size) if size.isdigit() else 0
+    return sizes
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (10,000 above) is free too."""
+    for _ in range(1000):
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    sys.exit("chaos: no free port pair for a cluster node")
+
+
+def key_slot(value: str) -> int:
+    """The Redis Cluster hash slot of a key whose hash tag is `value` (CRC16-XMODEM, as Redis computes it)."""
+    return binascii.crc_hqx(value.encode(), 0) % 16384
+
+
+class Cluster:
+    """Three Redis Cluster masters on loopback ports, password-protected, with a slot that can be moved."""
+
+    def __init__(self, folder: Path):
+        self.ports = [cluster_port() for _ in range(3)]
+        self.processes = []
+        for port in self.ports:
+            data = folder / f"cluster-{port}"
+            data.mkdir(parents=True)
+            self.processes.append(subprocess.Popen(
+                ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
+                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--requirepass", PASSWORD,
+                 "--masterauth", PASSWORD, "--save", "", "--appendonly", "no"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ))
+        for port in self.ports:
+            deadline = time.monotonic() + 10
+            while self.cli(port, "PING") != "PONG":
+                if time.monotonic() > deadline:
+                    sys.exit("chaos: a cluster node did not start")
+                time.sleep(0.01)
+        created = subprocess.run(
+            ["redis-cli", "--no-auth-warning", "-a", PASSWORD, "--cluster", "create",
+             *[f"127.0.0.1:{port}" for port in self.ports], "--cluster-replicas", "0", "--cluster-yes"],
+            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        )
+        if created.returncode != 0:
+            sys.exit(f"chaos: redis-cli --cluster create failed: {created.stdout}{created.stderr}")
+        deadline = time.monotonic() + 30
+        while not all("cluster_state:ok" in self.cli(port, "CLUSTER", "INFO") for port in self.ports):
+            if time.monotonic() > deadline:
+                sys.exit("chaos: the cluster never reached cluster_state:ok")
+            time.sleep(0.05)
+
+    @staticmethod
+    def cli(port: int, *args: str) -> str:
+        out = subprocess.run(
+            ["redis-cli", "-p", str(port), "--no-auth-warning", "-a", PASSWORD, *args],
+            capture_output=True, text=True, timeout=10,
+        )
+        return out.stdout.strip()
+
+    def url(self) -> str:
+        seeds = "&".join(f"node=127.0.0.1:{port}" for port in self.ports[1:])
+        return f"redis-cluster://:{PASSWORD}@127.0.0.1:{self.ports[0]}?{seeds}"
+
+    def ledger_sizes(self) -> dict[str, int]:
+        sizes = {}
+        for port in self.ports:
+            sizes.update(ledger_sizes_on(port))
+        return sizes
+
+    def owner(self, slot: int) -> int:
+        """The index of the node that serves `slot`."""
+        for line in self.cli(self.ports[0], "CLUSTER", "NODES").splitlines():
+            fields = line.split()
+            for ranges in fields[8:]:
+                low, _, high = ranges.partition("-")
+                if low.isdigit() and int(low) <= slot <= int(high or low):
+                    return self.ports.index(int(fields[1].split(":")[1].split("@")[0]))
+        sys.exit(f"chaos: no node serves slot {slot}")
+
+    def migrate(self, slot: int) -> None:
+        """Moves `slot` to the next node in its three steps, under the running load: both ends marked, the keys
+        moved, the slot handed over on every node."""
+        source = self.owner(slot)
+        target = (source + 1) % 3
+        source_id = self.cli(self.ports[source], "CLUSTER", "MYID")
+        target_id = self.cli(self.ports[target], "CLUSTER", "MYID")
+        self.cli(self.ports[target], "CLUSTER", "SETSLOT", str(slot), "IMPORTING", source_id)
+        self.cli(self.ports[source], "CLUSTER", "SETSLOT", str(slot), "MIGRATING", target_id)
+        time.sleep(0.3)
+        while keys := self.cli(self.ports[source], "CLUSTER", "GETKEYSINSLOT", str(slot), "1000").split():
+            self.cli(self.ports[source], "MIGRATE", "127.0.0.1", str(self.ports[target]), "", "0", "5000",
+                     "AUTH", PASSWORD, "KEYS", *keys)
+        time.sleep(0.3)
+        for node in (target, source, (source + 2) % 3):
+            self.cli(self.ports[node], "CLUSTER", "SETSLOT", str(slot), "NODE", target_id)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.kill()
+            process.wait()
+
+
 class Gateway:
     """A tollgate process with routes for the steady load, the probes and the exactness check."""
 
-    def __init__(self, binary: Path, folder: Path, name: str, redis_port: int, on_error: str):
+    def __init__(self, binary: Path, folder: Path, name: str, redis_url: str, on_error: str):
         self.port = free_port()
         admin = free_port()
         config = folder / f"{name}.yaml"
@@ -118,7 +251,7 @@ admin:
   listen: 127.0.0.1:{admin}
 store:
   backend: redis
-  url: redis://:{PASSWORD}@127.0.0.1:{redis_port}
+  url: {redis_url}
   timeout: 50ms
   on_error: {on_error}
   key_prefix: "chaos:"
@@ -187,19 +320,24 @@ routes:
 
 class Tally:
     """Answers counted by status, shared by the threads of one fault. 200 and 429 are always within policy; 503
-    (`on_error: deny`) is within it only until the gateways share limits again (`recovered_at`): the time they
-    take to see Redis whole is the recovery column's, and a 503 after it is a failure."""
+    (`on_error: deny`) is within it only until the gateways share limits again (`recovered_at`), or the bound
+    the gateway promises for that after the fault is undone (`fixed_at` + RECOVERY_PROMISE_S), whichever is later:
+    the time they take to see Redis whole is the recovery column's, and a 503 after both is a failure. (A probe
+    can find the limit shared while a request one gateway sent a moment before is still on its way.)"""
 
-    def __init__(self):
+    def __init__(self, pool: list[str] | None = None):
+        # Key values in the slot being moved (on a Cluster), taken once each; see `fresh`.
+        self.pool = pool
         self.lock = threading.Lock()
         self.total = 0
         self.beyond_policy = 0
         self.recovered_at: float | None = None
+        self.fixed_at: float | None = None
         # (key, status) of each request on a fresh key of the ledger route
         self.ledger: list[tuple[str, int]] = []
         # when each request on the window route's one key was admitted
         self.window_admissions: list[float] = []
-        self.window_key = uuid.uuid4().hex
+        self.window_key = self.fresh()
         self.broken_at: float | None = None
 
     def add(self, status: int) -> None:
@@ -207,9 +345,16 @@ class Tally:
             self.total += 1
             if status in (200, 429):
                 return
-            if status == 503 and self.recovered_at is None:
+            if status == 503 and (self.recovered_at is None
+                                  or time.monotonic() < (self.fixed_at or 0) + RECOVERY_PROMISE_S):
                 return
             self.beyond_policy += 1
+
+    def fresh(self, reserve: int = 0) -> str:
+        """A key value no request has used yet: from the pool while it holds more than `reserve`."""
+        if self.pool is not None and len(self.pool) > reserve:
+            return self.pool.pop()
+        return uuid.uuid4().hex
 
     def add_window(self, status: int) -> None:
         self.add(status)
@@ -239,19 +384,11 @@ class Tally:
             self.ledger.append((key, status))
 
 
-def counted_late(redis: Redis, tally: Tally) -> int:
+def counted_late(redis: "Redis | Cluster", tally: Tally) -> int:
     """The ledger's requests Redis counted though the gateway answered without it (503), or counted twice.
     Read after the fault is undone and the fallback's admissions are carried over (a second is plenty)."""
     time.sleep(1.5)
-    names = redis.cli("--scan", "--pattern", "chaos:ledger:*").split()
-    replies = subprocess.run(
-        ["redis-cli", "-p", str(redis.port), "--no-auth-warning", "-a", PASSWORD],
-        input="".join(f"ZCARD {name}\n" for name in names), capture_output=True, text=True, timeout=60,
-    ).stdout.split()
-    sizes = {}
-    for name, size in zip(names, replies):
-        key = name[name.rfind("{") + 1:name.rfind("}")]
-        sizes[key] = int(size) if size.isdigit() else 0
+    sizes = redis.ledger_sizes()
     late = 0
     for key, status in tally.ledger:
         held = sizes.get(key, 0)
@@ -268,7 +405,7 @@ def steady_load(gateways: list[Gateway], tally: Tally, stop: threading.Event) ->
         deadline = time.monotonic() + 120
         while not stop.is_set() and time.monotonic() < deadline:
             tally.add(gateway.get("/steady", "steady"))
-            key = uuid.uuid4().hex
+            key = tally.fresh(reserve=POOL_RESERVE)
             tally.add_ledger(key, gateway.get("/ledger", key))
             tally.add_window(gateway.get("/window", tally.window_key))
             time.sleep(0.005)
@@ -281,7 +418,7 @@ def steady_load(gateways: list[Gateway], tally: Tally, stop: threading.Event) ->
 
 def shared(gateways: list[Gateway], tally: Tally) -> bool:
     """Whether a new key admitted by the first gateway is refused by the second (limit 1)."""
-    key = uuid.uuid4().hex
+    key = tally.fresh()
     first = gateways[0].get("/probe", key)
     second = gateways[1].get("/probe", key)
     tally.add(first)
@@ -290,6 +427,7 @@ def shared(gateways: list[Gateway], tally: Tally) -> bool:
 
 
 def time_to_shared(gateways: list[Gateway], tally: Tally, since: float) -> float | None:
+    tally.fixed_at = since
     while time.monotonic() - since < RECOVERY_BOUND_S:
         if shared(gateways, tally):
             tally.recovered_at = time.monotonic()
@@ -299,7 +437,7 @@ def time_to_shared(gateways: list[Gateway], tally: Tally, since: float) -> float
 
 
 def over_admitted(gateways: list[Gateway], tally: Tally) -> int:
-    key = uuid.uuid4().hex
+    key = tally.fresh()
     admitted = 0
     for i in range(2 * EXACT_LIMIT):
         status = gateways[i % 2].get("/exact", key)
@@ -379,10 +517,52 @@ def apply(fault, redis: Redis, gateways: list[Gateway], tally: Tally) -> float:
     return time.monotonic()
 
 
+def slot_migration(binary: Path, folder: Path, on_error: str):
+    """Two gateways on a three-node Cluster; under the load, the slot of every key the probes, the exactness
+    check, the window and (while the pool lasts) the ledger use is moved to another node. "Shared again after"
+    runs from the hand-over's end."""
+    cluster = Cluster(folder / "cluster")
+    gateways: list[Gateway] = []
+    try:
+        slot = key_slot("moving")
+        pool, n = [], 0
+        while len(pool) < POOL_SIZE:
+            value = f"m{n}"
+            n += 1
+            if key_slot(value) == slot:
+                pool.append(value)
+        if int(Cluster.cli(cluster.ports[0], "CLUSTER", "KEYSLOT", "{" + pool[0] + "}")) != slot:
+            sys.exit("chaos: the hash slot computed here is not Redis's")
+        gateways = [Gateway(binary, folder, f"cluster-gateway{i}", cluster.url(), on_error) for i in (1, 2)]
+        tally = Tally(pool)
+        deadline = time.monotonic() + 10
+        while not shared(gateways, tally):
+            if time.monotonic() > deadline:
+                sys.exit("chaos: the gateways never shared limits on the cluster")
+            time.sleep(0.05)
+        tally = Tally(tally.pool)
+        stop = threading.Event()
+        threads = steady_load(gateways, tally, stop)
+        time.sleep(0.5)
+        tally.broken_at = time.monotonic()
+        cluster.migrate(slot)
+        since = time.monotonic()
+        recovery = time_to_shared(gateways, tally, since)
+        over = over_admitted(gateways, tally)
+        stop.set()
+        for thread in threads:
+            thread.join()
+        return ("Cluster slot migration (3 steps)", tally, over, counted_late(cluster, tally), recovery)
+    finally:
+        for gateway in gateways:
+            gateway.stop()
+        cluster.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--binary", type=Path, default=ROOT / "target/release/tollgate")
-    parser.add_argument("--only", choices=["late-start", *FAULTS])
+    parser.add_argument("--only", choices=["late-start", *FAULTS, "migration"])
     parser.add_argument("--on-error", choices=["local", "deny", "allow"], default="local",
                         help="the gateways' store.on_error (default local)")
     args = parser.parse_args()
@@ -397,9 +577,11 @@ def main() -> None:
     rows = []
     gateways: list[Gateway] = []
     try:
+        if args.only == "migration":
+            raise NoOutage  # the standalone Redis's faults are not asked for
         # Redis not up when the gateways start: they must connect once it is, however late.
         tally = Tally()
-        gateways = [Gateway(args.binary, folder, f"gateway{i}", redis.port, args.on_error) for i in (1, 2)]
+        gateways = [Gateway(args.binary, folder, f"gateway{i}", redis.url(), args.on_error) for i in (1, 2)]
         stop = threading.Event()
         threads = steady_load(gateways, tally, stop)
         time.sleep(2)
@@ -433,10 +615,14 @@ def main() -> None:
             for thread in threads:
                 thread.join()
             rows.append((label, tally, over, counted_late(redis, tally), recovery))
+    except NoOutage:
+        pass
     finally:
         for gateway in gateways:
             gateway.stop()
         redis.stop()
+    if args.only in (None, "migration"):
+        rows.append(slot_migration(args.binary, folder, args.on_error))
 
     print(f"{'fault':<42} {'requests':>9} {'failed beyond policy':>21} {'over-admitted':>14} {'counted late':>13}"
           f" {'worst 10 s':>11} {'shared again after':>19}")

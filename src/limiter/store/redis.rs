@@ -96,11 +96,63 @@ struct Link {
 }
 
 /// An outage as logged: when it began and the reasons already told, each once.
+///
+/// Outages that follow each other closely are one episode in the log: a reason told in the last
+/// [`QUIET_AFTER_RECOVERY`] is not told again, and an outage that told nothing ends without a line. A Cluster slot
+/// on the move fails the calls on that slot while the others succeed, which would otherwise log a failure and a
+/// recovery per request.
 #[derive(Debug, Default)]
 struct OutageLog {
     since: Option<std::time::Instant>,
     logged: Vec<String>,
+    /// Whether the outage under way has logged a line (so its end gets one).
+    told: bool,
+    /// When the last outage ended.
+    recovered: Option<std::time::Instant>,
 }
+
+/// How a failure is told in the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Told {
+    /// The first line of an outage.
+    First,
+    /// Another reason during the same outage.
+    Still,
+}
+
+impl OutageLog {
+    /// A call failed for `reason` at `now`: the line to log, if any.
+    fn failure(&mut self, reason: &str, now: std::time::Instant) -> Option<Told> {
+        let first = self.since.is_none();
+        if first {
+            self.since = Some(now);
+            let episode_over = self
+                .recovered
+                .is_none_or(|at| now.saturating_duration_since(at) >= QUIET_AFTER_RECOVERY);
+            if episode_over {
+                self.logged.clear();
+            }
+        }
+        if self.logged.iter().any(|logged| logged == reason)
+            || self.logged.len() >= MAX_LOGGED_REASONS
+        {
+            return None;
+        }
+        self.logged.push(reason.to_owned());
+        self.told = true;
+        Some(if first { Told::First } else { Told::Still })
+    }
+
+    /// Calls succeed again at `now`: how long the outage lasted, if it was told (its end is then told too).
+    fn recovery(&mut self, now: std::time::Instant) -> Option<std::time::Duration> {
+        let since = self.since.take()?;
+        self.recovered = Some(now);
+        std::mem::take(&mut self.told).then(|| now.saturating_duration_since(since))
+    }
+}
+
+/// How long after an outage's end its reasons stay told.
+const QUIET_AFTER_RECOVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -916,34 +968,20 @@ impl Link {
     /// Logs `reason` at WARN unless this outage logged it already; the outage's first line also says
     /// `consequence` (what requests get meanwhile), when given.
     fn log_failure(&self, reason: &str, consequence: &str) {
-        let mut outage = self.log();
-        let first = outage.since.is_none();
-        if first {
-            outage.since = Some(std::time::Instant::now());
+        let told = self.log().failure(reason, std::time::Instant::now());
+        match (told, consequence.is_empty()) {
+            (None, _) => {}
+            (Some(Told::First), true) => tracing::warn!("redis failed: {reason}"),
+            (Some(Told::First), false) => tracing::warn!("redis failed: {reason}; {consequence}"),
+            (Some(Told::Still), _) => tracing::warn!("redis still failing: {reason}"),
         }
-        if outage.logged.iter().any(|logged| logged == reason)
-            || outage.logged.len() >= MAX_LOGGED_REASONS
-        {
-            return;
-        }
-        match (first, consequence.is_empty()) {
-            (true, true) => tracing::warn!("redis failed: {reason}"),
-            (true, false) => tracing::warn!("redis failed: {reason}; {consequence}"),
-            (false, _) => tracing::warn!("redis still failing: {reason}"),
-        }
-        outage.logged.push(reason.to_owned());
     }
 
     /// Ends the outage under way, if any, with one line.
     fn log_recovery(&self) {
-        let mut outage = self.log();
-        if let Some(since) = outage.since.take() {
-            tracing::info!(
-                "redis answers again after {:.1?}: limiting is shared again",
-                since.elapsed()
-            );
+        if let Some(lasted) = self.log().recovery(std::time::Instant::now()) {
+            tracing::info!("redis answers again after {lasted:.1?}: limiting is shared again");
         }
-        outage.logged.clear();
     }
 
     fn log(&self) -> std::sync::MutexGuard<'_, OutageLog> {
@@ -1162,6 +1200,35 @@ async fn join_all<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn outages_that_follow_each_other_closely_are_told_once() {
+        use std::time::{Duration, Instant};
+        let mut log = OutageLog::default();
+        let start = Instant::now();
+        let at = |ms| start + Duration::from_millis(ms);
+        // A slot on the move: a failure, a success, a failure... every few milliseconds for a second.
+        let mut lines = Vec::new();
+        for i in 0..100 {
+            lines.extend(
+                log.failure("Too many redirections.", at(i * 10))
+                    .map(|t| format!("{t:?}")),
+            );
+            lines.extend(log.recovery(at(i * 10 + 5)).map(|_| "recovered".to_owned()));
+        }
+        assert_eq!(lines, ["First", "recovered"]);
+        // Another reason within the quiet time is told, with its end.
+        assert_eq!(log.failure("OOM", at(2_000)), Some(Told::First));
+        assert_eq!(log.failure("OOM", at(2_001)), None);
+        assert_eq!(log.failure("READONLY", at(2_002)), Some(Told::Still));
+        assert!(log.recovery(at(2_100)).is_some());
+        // Past it, a new outage with an old reason is told again.
+        assert_eq!(
+            log.failure("Too many redirections.", at(12_200)),
+            Some(Told::First)
+        );
+        assert_eq!(log.recovery(at(12_300)), Some(Duration::from_millis(100)));
+    }
+
     use super::*;
     use crate::limiter::{Algorithm, Limit};
 
