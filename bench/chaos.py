@@ -51,6 +51,9 @@ import sys
 import tempfile
 import threading
 import time
+import json
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -62,6 +65,8 @@ WINDOW_LIMIT = 50
 WINDOW_S = 10.0
 # On a Cluster: key values found in the moved slot, and how many of them the ledger leaves to the probes.
 POOL_SIZE = 700
+# Runtime consumers in the directory-flush measurement.
+CONSUMERS = 200
 POOL_RESERVE = 150
 RECOVERY_BOUND_S = 10.0
 # Limits are shared again within this of Redis answering again (the gateway's promise).
@@ -242,20 +247,23 @@ class Cluster:
 class Gateway:
     """A tollgate process with routes for the steady load, the probes and the exactness check."""
 
-    def __init__(self, binary: Path, folder: Path, name: str, redis_url: str, on_error: str):
+    def __init__(self, binary: Path, folder: Path, name: str, redis_url: str | None, on_error: str,
+                 extra: str = "", wrapper: list[str] | None = None):
         self.port = free_port()
-        admin = free_port()
+        self.admin = admin = free_port()
         config = folder / f"{name}.yaml"
+        store = (f"  backend: redis\n  url: {redis_url}\n  timeout: 50ms\n  on_error: {on_error}\n"
+                 '  key_prefix: "chaos:"') if redis_url else "  backend: memory"
         config.write_text(f"""listen: 127.0.0.1:{self.port}
 admin:
   listen: 127.0.0.1:{admin}
+  token: {ADMIN_TOKEN}
 store:
-  backend: redis
-  url: {redis_url}
-  timeout: 50ms
-  on_error: {on_error}
-  key_prefix: "chaos:"
-routes:
+{store}
+{extra}routes:
+  - name: api
+    match: {{ path_prefix: /api }}
+    respond: {{ status: 200, body: "ok" }}
   - name: steady
     match: {{ path_prefix: /steady }}
     respond: {{ status: 200, body: "ok" }}
@@ -277,9 +285,10 @@ routes:
     respond: {{ status: 200, body: "ok" }}
     limits: [{{ name: n, key: ["header:x-key"], algorithm: sliding_log, limit: {EXACT_LIMIT}, period: 1h }}]
 """)
-        self.log = open(folder / f"{name}.log", "w")
+        self.log_path = folder / f"{name}.log"
+        self.log = open(self.log_path, "w")
         self.process = subprocess.Popen(
-            [str(binary), "--config", str(config)], stdout=self.log, stderr=subprocess.STDOUT,
+            [*(wrapper or []), str(binary), "--config", str(config)], stdout=self.log, stderr=subprocess.STDOUT,
             env=dict(os.environ, RUST_LOG="warn"),
         )
         deadline = time.monotonic() + 20
@@ -293,14 +302,17 @@ routes:
                 time.sleep(0.02)
         self.local = threading.local()
 
-    def get(self, path: str, key: str) -> int:
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def get(self, path: str, key: str, header: str = "x-key") -> int:
         """One request on this thread's keep-alive connection; the status, or 0 when none came."""
         connection = getattr(self.local, "connection", None)
         if connection is None:
             connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
             self.local.connection = connection
         try:
-            connection.request("GET", path, headers={"x-key": key})
+            connection.request("GET", path, headers={header: key})
             response = connection.getresponse()
             response.read()
             return response.status
@@ -559,10 +571,173 @@ def slot_migration(binary: Path, folder: Path, on_error: str):
         cluster.stop()
 
 
+ADMIN_TOKEN = "chaos-admin-token"
+
+
+def admin_call(port: int, method: str, path: str, body=None) -> tuple[int, dict]:
+    """One admin API call with the token; the status and the JSON body (empty when none)."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"authorization": f"Bearer {ADMIN_TOKEN}", "content-type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            status, text = response.status, response.read()
+    except urllib.error.HTTPError as error:
+        status, text = error.code, error.read()
+    return status, json.loads(text) if text.strip() else {}
+
+
+def metric(port: int, name: str) -> float:
+    """A metric's value on one admin listener, 0 when absent."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def directory_flush(binary: Path, folder: Path) -> list[tuple[str, str]]:
+    """Two gateways share a runtime consumer directory of CONSUMERS consumers, each with an API key, under a steady
+    load of their keys; Redis is flushed; once both notice, the directory is re-seeded from its listing (taken
+    before, as a backup would be), as docs/operations.md says."""
+    redis = Redis(free_port(), folder / "directory-redis")
+    redis.start()
+    gateways: list[Gateway] = []
+    try:
+        consumers = """consumers:
+  identify:
+    - api_key: { header: x-api-key }
+  plans:
+    pro:
+      limits: [{ name: hourly, key: consumer, algorithm: gcra, rate: 100000/1h, burst: 1000 }]
+"""
+        gateways = [Gateway(binary, folder, f"directory-gateway{i}", redis.url(), "deny", extra=consumers)
+                    for i in (1, 2)]
+        keys = []
+        for i in range(CONSUMERS):
+            status, _ = admin_call(gateways[0].admin, "PUT", f"/consumers/c{i}", {"plan": "pro"})
+            assert status == 200, status
+            status, issued = admin_call(gateways[0].admin, "POST", f"/consumers/c{i}/keys")
+            assert status == 201, (status, issued)
+            keys.append(issued["key"])
+        listing, after = [], ""
+        while True:
+            status, page = admin_call(gateways[0].admin, "GET", f"/consumers?limit=100&after={after}")
+            assert status == 200, page
+            listing += page["consumers"]
+            if not page.get("next"):
+                break
+            after = page["next"]
+
+        def admitted_everywhere() -> bool:
+            return all(g.get("/api", key, header="x-api-key") == 200 for g in gateways for key in keys[::10])
+
+        deadline = time.monotonic() + 10
+        while not admitted_everywhere():
+            if time.monotonic() > deadline:
+                sys.exit("chaos: the consumers' keys were never admitted on both gateways")
+            time.sleep(0.05)
+        flushed = time.monotonic()
+        redis.cli("FLUSHALL")
+        noticed = {}
+        while len(noticed) < 2 and time.monotonic() - flushed < RECOVERY_BOUND_S:
+            for i, gateway in enumerate(gateways):
+                if i not in noticed and metric(gateway.admin, "tollgate_consumer_directory_resets_total") >= 1:
+                    noticed[i] = time.monotonic() - flushed
+            time.sleep(0.005)
+        refused = sum(g.get("/api", key, header="x-api-key") == 401 for g in gateways for key in keys[::10])
+        seeding = time.monotonic()
+        for consumer in listing:
+            status, body = admin_call(gateways[1].admin, "PUT", f"/consumers/{consumer['consumer']}/record",
+                                      consumer["record"])
+            assert status == 200, body
+        seeded = time.monotonic()
+        while not admitted_everywhere() and time.monotonic() - seeded < RECOVERY_BOUND_S:
+            time.sleep(0.01)
+        back = time.monotonic() - seeded
+        warned = [sum("lost its data" in line and "WARN" in line for line in g.log_text().splitlines())
+                  for g in gateways]
+        slowest = max(noticed.values()) if len(noticed) == 2 else None
+        return [
+            ("consumers, each with a key", f"{CONSUMERS}"),
+            ("flush noticed by both instances after",
+             f"{slowest * 1000:.0f} ms" if slowest is not None else f"> {RECOVERY_BOUND_S:.0f} s"),
+            ("keys refused once noticed (sampled)", f"{refused} of {2 * len(keys[::10])}"),
+            ("re-seeded from the listing in", f"{(seeded - seeding) * 1000:.0f} ms"),
+            ("every key admitted on both after the re-seed", f"{back * 1000:.0f} ms"),
+            ("WARN lines per instance", " / ".join(map(str, warned))),
+        ]
+    finally:
+        for gateway in gateways:
+            gateway.stop()
+        redis.stop()
+
+
+def descriptors(binary: Path, folder: Path) -> list[tuple[str, str]]:
+    """One gateway with 64 descriptors (`prlimit --nofile=64:64`): idle connections are opened until one is left
+    unanswered; meanwhile the admin listener is asked for /healthz; then the connections are closed."""
+    if shutil.which("prlimit") is None:
+        return [("descriptors exhausted", "prlimit not found")]
+    gateway = Gateway(binary, folder, "descriptors", None, "deny", wrapper=["prlimit", "--nofile=64:64"],
+                      extra="server:\n  header_read_timeout: 10m\n  keepalive_timeout: 10m\n")
+    held = []
+    try:
+        waiting = None
+        while len(held) < 200:
+            stream = socket.create_connection(("127.0.0.1", gateway.port), timeout=5)
+            stream.sendall(b"GET /steady HTTP/1.1\r\nHost: t\r\nx-key: k\r\n\r\n")
+            stream.settimeout(0.5)
+            try:
+                answered = len(stream.recv(1024)) > 0
+            except OSError:
+                answered = False
+            if not answered:
+                waiting = stream
+                break
+            held.append(stream)
+        if waiting is None:
+            return [("descriptors exhausted", "never ran out")]
+        exhausted = time.monotonic()
+        answered = 0
+        for _ in range(40):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{gateway.admin}/healthz", timeout=2) as response:
+                    answered += response.status == 200
+            except OSError:
+                pass
+            time.sleep(0.05)
+        lasted = time.monotonic() - exhausted
+        for stream in held:
+            stream.close()
+        freed = time.monotonic()
+        waiting.settimeout(5)
+        try:
+            served = len(waiting.recv(1024)) > 0
+        except OSError:
+            served = False
+        served_after = time.monotonic() - freed
+        time.sleep(0.5)
+        log = gateway.log_text()
+        return [
+            ("connections the gateway held before it ran out", f"{len(held)}"),
+            (f"admin /healthz answered during {lasted:.1f} s out of descriptors", f"{answered} of 40"),
+            ("log lines for the episode (start, end)",
+             f"{log.count('out of file descriptors')}, {log.count('accepting connections again')}"),
+            ("the waiting connection served after they were freed",
+             f"{served_after * 1000:.0f} ms" if served else "never"),
+        ]
+    finally:
+        for stream in held:
+            stream.close()
+        gateway.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--binary", type=Path, default=ROOT / "target/release/tollgate")
-    parser.add_argument("--only", choices=["late-start", *FAULTS, "migration"])
+    parser.add_argument("--only", choices=["late-start", *FAULTS, "migration", "directory", "descriptors"])
     parser.add_argument("--on-error", choices=["local", "deny", "allow"], default="local",
                         help="the gateways' store.on_error (default local)")
     args = parser.parse_args()
@@ -577,7 +752,7 @@ def main() -> None:
     rows = []
     gateways: list[Gateway] = []
     try:
-        if args.only == "migration":
+        if args.only in ("migration", "directory", "descriptors"):
             raise NoOutage  # the standalone Redis's faults are not asked for
         # Redis not up when the gateways start: they must connect once it is, however late.
         tally = Tally()
@@ -623,9 +798,16 @@ def main() -> None:
         redis.stop()
     if args.only in (None, "migration"):
         rows.append(slot_migration(args.binary, folder, args.on_error))
+    figures = []
+    if args.only in (None, "directory"):
+        figures.append(("Consumer directory flushed, then re-seeded from its listing",
+                        directory_flush(args.binary, folder)))
+    if args.only in (None, "descriptors"):
+        figures.append(("Out of file descriptors", descriptors(args.binary, folder)))
 
-    print(f"{'fault':<42} {'requests':>9} {'failed beyond policy':>21} {'over-admitted':>14} {'counted late':>13}"
-          f" {'worst 10 s':>11} {'shared again after':>19}")
+    if rows:
+        print(f"{'fault':<42} {'requests':>9} {'failed beyond policy':>21} {'over-admitted':>14} {'counted late':>13}"
+              f" {'worst 10 s':>11} {'shared again after':>19}")
     for label, tally, over, late, recovery in rows:
         if isinstance(recovery, str):
             after = recovery
@@ -634,6 +816,10 @@ def main() -> None:
         else:
             after = f"{recovery * 1000:.0f} ms"
         print(f"{label:<42} {tally.total:>9} {tally.beyond_policy:>21} {over:>14} {late:>13} {tally.worst_windows():>11} {after:>19}")
+    for title, lines in figures:
+        print(f"\n{title}")
+        for what, figure in lines:
+            print(f"  {what:<62} {figure:>14}")
     print(f"(logs and configs in {folder})")
 
 
