@@ -590,6 +590,15 @@ fn refusal_rows(jwt: &common::jwt::SigningKey) -> Vec<Row> {
             ],
         },
         Row {
+            reaches_upstream: true,
+            request: "a request body that sends nothing more for `server.body_read_timeout` (30s), HTTP/1.1 or HTTP/2 (its upstream request is cancelled)",
+            names: &["server.body_read_timeout"],
+            cases: vec![(
+                "10 bytes announced, 3 sent",
+                Send::Gateway(b"POST /api HTTP/1.1\r\nHost: gw\r\nContent-Length: 10\r\n\r\nabc".to_vec()),
+            )],
+        },
+        Row {
             reaches_upstream: false,
             request: "a head over `server.max_header_bytes`, however its bytes arrive",
             names: &["server.max_header_bytes"],
@@ -777,7 +786,7 @@ async fn every_refusal_in_the_responses_page_is_what_the_gateway_answers() {
     let upstream = common::upstream::Upstream::start().await;
     let yaml = format!(
         r#"store: {{ backend: memory }}
-server: {{ header_read_timeout: 1s, keepalive_timeout: 1s, max_header_bytes: 16384 }}
+server: {{ header_read_timeout: 1s, keepalive_timeout: 1s, body_read_timeout: 1s, max_header_bytes: 16384 }}
 upstreams:
   backend: {{ targets: ["{upstream}"] }}
 consumers:
@@ -893,13 +902,15 @@ routes:
             );
         }
     }
-    // The row's "(75s)" is the default.
-    let default = common::config("").server.keepalive_timeout;
-    assert!(
-        section.contains(&format!(
-            "`server.keepalive_timeout` ({}s)",
-            default.as_secs()
-        )),
-        "keepalive_timeout's default is {default:?}"
-    );
+    // The rows' "(75s)" and "(30s)" are the defaults.
+    let defaults = common::config("").server;
+    for (name, default) in [
+        ("keepalive_timeout", defaults.keepalive_timeout),
+        ("body_read_timeout", defaults.body_read_timeout),
+    ] {
+        assert!(
+            section.contains(&format!("`server.{name}` ({}s)", default.as_secs())),
+            "{name}'s default is {default:?}"
+        );
+    }
 }
