@@ -13,6 +13,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::{any, get};
 use axum::{Json, Router};
+use common::binary::Tollgate;
 use common::pki::{Issued, TestCa};
 use common::upstream::serve_tls;
 use common::{eventually, serve_admin, start_gateway};
@@ -535,4 +536,106 @@ routes:
     assert_eq!(next_text(&mut socket).await, "over tls");
     socket.close(None).await.expect("close");
     assert_eq!(upstream.handshakes(), 1);
+}
+
+/// Opens a WebSocket to `path` on the gateway listening at `addr`, with a real client library; reads the upstream's
+/// first message (the handshake's fields).
+async fn open_at(addr: SocketAddr, path: &str) -> WebSocketStream<TcpStream> {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let request = format!("ws://{addr}{path}")
+        .into_client_request()
+        .expect("request");
+    let (mut socket, response) = tokio_tungstenite::client_async(request, stream)
+        .await
+        .expect("the handshake passes the gateway");
+    assert_eq!(response.status(), 101);
+    next_text(&mut socket).await;
+    socket
+}
+
+/// Sends `text` through `socket` and expects it echoed.
+async fn echoed_through(socket: &mut WebSocketStream<TcpStream>, text: &str) {
+    socket.send(Message::text(text)).await.expect("send");
+    assert_eq!(next_text(socket).await, text);
+}
+
+#[tokio::test]
+async fn on_sigterm_open_websockets_get_the_grace_period_then_the_rest_are_cut() {
+    let upstream = WebSocketUpstream::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("gateway.yaml");
+    let yaml = format!(
+        r#"listen: 127.0.0.1:0
+admin:
+  listen: 127.0.0.1:0
+server:
+  shutdown_delay: 0s
+  shutdown_grace: 5s
+upstreams:
+  ws:
+    targets: ["http://{}"]
+routes:
+  - name: api
+    match: {{ path_prefix: /api }}
+    upstream: ws
+"#,
+        upstream.addr
+    );
+    std::fs::write(&path, yaml).expect("write config");
+    let mut command = Tollgate::command(&path);
+    command.env("RUST_LOG", "warn");
+    let mut process = Tollgate::spawn(command);
+    let mut cut = open_at(process.listen, "/api/ws").await;
+    let mut closed = open_at(process.listen, "/api/ws").await;
+
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &process.pid().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+    let readyz = process.admin_url("/readyz");
+    let draining = eventually(Duration::from_secs(5), async || {
+        match common::http_client::client().get(&readyz).send().await {
+            Ok(response) => response.status() == 503,
+            // Gone already: the tunnels were not waited for.
+            Err(_) => true,
+        }
+    })
+    .await;
+    assert!(draining.is_some(), "the drain never began");
+
+    // The listener is closed, but both tunnels carry messages within the grace period; one closes by itself.
+    echoed_through(&mut cut, "still open while draining").await;
+    echoed_through(&mut closed, "this one too").await;
+    closed.close(None).await.expect("close");
+    while let Ok(Some(Ok(_))) = tokio::time::timeout(Duration::from_secs(5), closed.next()).await {}
+    drop(closed);
+
+    // The other is cut when the grace period ends, and the process exits 0 saying so.
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(Ok(_)) = cut.next().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the tunnel outlived the grace period");
+    let mut exit = None;
+    let exited = eventually(Duration::from_secs(10), async || {
+        exit = process.process.0.try_wait().expect("wait");
+        exit.is_some()
+    })
+    .await;
+    assert!(
+        exited.is_some(),
+        "tollgate did not exit:\n{}",
+        process.log()
+    );
+    assert_eq!(exit.and_then(|s| s.code()), Some(0));
+    let log = process.log();
+    let line = log
+        .lines()
+        .find(|line| line.contains("drain ended with connections still open"))
+        .unwrap_or_else(|| panic!("no line for the cut:\n{log}"));
+    assert!(
+        line.contains("finished=1") && line.contains("cut=1"),
+        "{line}"
+    );
 }

@@ -11,4 +11,5 @@ mod upstream;
 pub use body::{discard, ClientBody, ClientBodyError, Discarding, LimitedBody};
 pub use headers::{clean_client_fields, prepare_request, ClientFieldRules, ForwardedFacts, VIA};
 pub use tls::{TlsDialer, TlsFieldError, TlsFiles, UpstreamTls};
+pub(crate) use upgrade::TunnelHold;
 pub use upstream::{ProxyError, Upstream, UpstreamSettings};

@@ -39,9 +39,31 @@ pub(super) fn keep_upgrade_fields(headers: &mut HeaderMap, protocol: HeaderValue
     headers.insert(header::UPGRADE, protocol);
 }
 
+/// What a WebSocket tunnel holds for as long as it is open. The server puts one in each handshake request it
+/// serves, so that its drain waits for the tunnel, which outlives the HTTP connection it came from, as it waits for
+/// a connection: within the grace period, then the tunnel is cut.
+#[derive(Debug, Clone)]
+pub(crate) struct TunnelHold {
+    /// Counted by the server's drain for as long as it lives; never read.
+    _held: tokio::sync::watch::Receiver<()>,
+}
+
+impl TunnelHold {
+    pub(crate) fn new(held: tokio::sync::watch::Receiver<()>) -> Self {
+        Self { _held: held }
+    }
+}
+
 /// Copies bytes both ways between the client's and the upstream's upgraded connections until either side closes.
-/// Spawned as its own task: the handshake's response is already on its way back when the two sides switch.
-pub(super) async fn splice(client: OnUpgrade, upstream: OnUpgrade, upstream_name: String) {
+/// Spawned as its own task: the handshake's response is already on its way back when the two sides switch. `hold`
+/// is dropped with the tunnel.
+pub(super) async fn splice(
+    client: OnUpgrade,
+    upstream: OnUpgrade,
+    upstream_name: String,
+    hold: Option<TunnelHold>,
+) {
+    let _hold = hold;
     let (client, upstream) = match tokio::try_join!(client, upstream) {
         Ok(both) => both,
         Err(error) => {

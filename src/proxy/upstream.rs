@@ -204,6 +204,7 @@ impl Upstream {
     ) -> Pin<Box<dyn Future<Output = Result<Response<Body>, ProxyError>> + Send + 'a>> {
         Box::pin(async move {
             let client_side = hyper::upgrade::on(&mut request);
+            let hold = request.extensions_mut().remove::<upgrade::TunnelHold>();
             upgrade::keep_upgrade_fields(request.headers_mut(), protocol.clone());
             let sent = tokio::time::timeout(self.timeout, target.pool.send_upgrade(request)).await;
             let mut response = self.answered(sent)?;
@@ -218,6 +219,7 @@ impl Upstream {
                     client_side,
                     upstream_side,
                     self.name.clone(),
+                    hold,
                 ));
             }
             Ok(Response::from_parts(parts, Body::new(body)))
