@@ -475,6 +475,11 @@ fn refusal_rows(jwt: &common::jwt::SigningKey) -> Vec<Row> {
     unfinished.extend(h2_frame(0x1, 0x1, 1, &GET_API_BLOCK[..4]));
     let mut h2_answered = h2_opening();
     h2_answered.extend(h2_frame(0x1, 0x1 | 0x4, 1, GET_API_BLOCK));
+    // `POST /api` with a first piece of its body, and no more.
+    let mut post_block = GET_API_BLOCK.to_vec();
+    post_block[0] = 0x83;
+    let mut h2_stalled = h2_frame(0x1, 0x4, 1, &post_block);
+    h2_stalled.extend(h2_frame(0x0, 0, 1, b"abc"));
     let mut later_unfinished = h2_opening();
     later_unfinished.extend(h2_frame(0x1, 0x1 | 0x4, 1, GET_API_BLOCK));
     later_unfinished.extend(h2_frame(0x1, 0x1, 3, &GET_API_BLOCK[..4]));
@@ -593,10 +598,13 @@ fn refusal_rows(jwt: &common::jwt::SigningKey) -> Vec<Row> {
             reaches_upstream: true,
             request: "a request body that sends nothing more for `server.body_read_timeout` (30s), HTTP/1.1 or HTTP/2 (its upstream request is cancelled)",
             names: &["server.body_read_timeout"],
-            cases: vec![(
-                "10 bytes announced, 3 sent",
-                Send::Gateway(b"POST /api HTTP/1.1\r\nHost: gw\r\nContent-Length: 10\r\n\r\nabc".to_vec()),
-            )],
+            cases: vec![
+                (
+                    "10 bytes announced, 3 sent",
+                    Send::Gateway(b"POST /api HTTP/1.1\r\nHost: gw\r\nContent-Length: 10\r\n\r\nabc".to_vec()),
+                ),
+                ("HTTP/2, a DATA frame and no end", Send::Http2(h2_stalled)),
+            ],
         },
         Row {
             reaches_upstream: false,
@@ -705,11 +713,22 @@ async fn h2_answer(addr: std::net::SocketAddr, request: &[u8]) -> (String, Value
                     .expect("ack");
             }
             (0x1, 1) => {
-                let code = [(0x88, "200"), (0x8c, "400"), (0x8d, "404"), (0x8e, "500")]
+                let indexed = [(0x88, "200"), (0x8c, "400"), (0x8d, "404"), (0x8e, "500")]
                     .iter()
                     .find(|(byte, _)| payload.first() == Some(byte))
-                    .map_or("?", |(_, code)| code);
-                status = code.to_owned();
+                    .map(|(_, code)| (*code).to_owned());
+                // Another status is a literal on the name `:status` (static entry 8), with or without indexing, its
+                // digits as they are or Huffman-coded (the encoder's choice: 408 comes coded).
+                let literal = match payload.as_slice() {
+                    [0x48 | 0x08, 0x03, a, b, c, ..] => {
+                        Some(String::from_utf8_lossy(&[*a, *b, *c]).into_owned())
+                    }
+                    [0x48 | 0x08, 0x83, 0x68, 0x0f, 0x7f, ..] => Some("408".to_owned()),
+                    _ => None,
+                };
+                status = indexed
+                    .or(literal)
+                    .unwrap_or_else(|| format!("? {payload:02x?}"));
                 if header[4] & 0x1 != 0 {
                     break;
                 }
