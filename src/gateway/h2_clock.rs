@@ -501,6 +501,56 @@ mod tests {
         assert_eq!(frames.clock_since(), None);
     }
 
+    /// Generated frames: HEADERS, CONTINUATION and other kinds, with or without END_HEADERS, short payloads.
+    fn generated_frames() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        prop::collection::vec(
+            (
+                prop::sample::select(vec![0x0u8, HEADERS, 0x4, 0x6, 0x8, CONTINUATION]),
+                prop::sample::select(vec![0u8, END_HEADERS, 0x1, 0x1 | END_HEADERS]),
+                prop::collection::vec(any::<u8>(), 0..40),
+            ),
+            0..8,
+        )
+        .prop_map(|frames| {
+            let mut bytes = PREFACE.to_vec();
+            for (kind, flags, payload) in frames {
+                bytes.extend(frame(kind, flags, &payload));
+            }
+            bytes
+        })
+    }
+
+    proptest::proptest! {
+        /// The clock's reading of a connection does not depend on how its bytes are split into reads.
+        #[test]
+        fn the_frames_read_alike_however_the_bytes_are_split(
+            bytes in generated_frames(),
+            cuts in proptest::collection::vec(1usize..64, 1..64),
+        ) {
+            let mut whole = frames();
+            whole.read(&bytes);
+            let mut split = frames();
+            let (mut at, mut cut) = (0, cuts.iter().cycle());
+            while at < bytes.len() {
+                let end = (at + cut.next().copied().unwrap_or(1)).min(bytes.len());
+                split.read(&bytes[at..end]);
+                at = end;
+            }
+            proptest::prop_assert_eq!(whole.opened, split.opened);
+            proptest::prop_assert_eq!(whole.block_since.is_some(), split.block_since.is_some());
+        }
+
+        /// Any bytes at all are followed without a panic.
+        #[test]
+        fn any_bytes_are_followed(tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+            let mut frames = frames();
+            frames.read(PREFACE);
+            frames.read(&tail);
+            let _ = frames.clock_since();
+        }
+    }
+
     #[test]
     fn an_opening_that_is_not_the_preface_is_left_to_http1() {
         let mut frames = frames();
