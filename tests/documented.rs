@@ -933,3 +933,45 @@ routes:
         );
     }
 }
+
+/// Every series the program registers (a `"tollgate_..."` name in its source) is a row of docs/operations.md's
+/// table of metrics, and every row is a series the program registers.
+#[test]
+fn the_metrics_table_lists_every_series_the_program_has() {
+    fn sources(dir: &Path, into: &mut String) {
+        for entry in std::fs::read_dir(dir).expect("read src").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                sources(&path, into);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                into.push_str(&std::fs::read_to_string(&path).expect("read a source"));
+            }
+        }
+    }
+    let mut source = String::new();
+    sources(&Path::new(REPO).join("src"), &mut source);
+    let mut registered: Vec<&str> = source
+        .split("\"tollgate_")
+        .skip(1)
+        .filter_map(|rest| {
+            let name = &rest[..rest.find('"')?];
+            name.bytes()
+                .all(|b| b.is_ascii_lowercase() || b == b'_')
+                .then_some(name)
+        })
+        .collect();
+    registered.sort_unstable();
+    registered.dedup();
+    let page =
+        std::fs::read_to_string(Path::new(REPO).join("docs/operations.md")).expect("operations.md");
+    let mut documented: Vec<&str> = section(&page, "## Metrics")
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `tollgate_")?.split('`').next())
+        .collect();
+    documented.sort_unstable();
+    assert!(registered.len() >= 10, "{registered:?}");
+    assert_eq!(
+        documented, registered,
+        "docs/operations.md's metrics table against the source"
+    );
+}

@@ -304,7 +304,7 @@ impl Redis {
                 consumers = count,
                 "the consumer directory in redis lost its data (flushed, an empty redis, or a restart without \
                  persistence): runtime plans, overrides, blocks and keys are gone on every instance until \
-                 re-seeded (PUT /consumers/{{id}} with the records kept from GET /consumers)"
+                 re-seeded (PUT /consumers/{{id}}/record with the records kept from GET /consumers)"
             );
         }
         tracing::debug!(
