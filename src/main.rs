@@ -255,6 +255,7 @@ fn shutdown_sequence(
         tracing::info!(
             ?delay,
             ?grace,
+            connections = gateway.shutdown().open_connections(),
             "draining: /readyz answers 503 draining; serving on for the delay, then closing the listener"
         );
         let cutter = gateway.clone();

@@ -277,6 +277,18 @@ async fn on_sigterm_readiness_fails_first_and_the_listener_serves_on_for_the_del
     .await;
     assert!(exited.is_some(), "tollgate did not exit after the delay");
     assert_eq!(status.and_then(|s| s.code()), Some(0));
+    // The drain's first line names its delay, its grace and the connections open then: the kept one.
+    let log = process.log();
+    let began = log
+        .lines()
+        .find(|line| line.contains("draining: /readyz answers 503 draining"))
+        .unwrap_or_else(|| panic!("no line for the drain's start:\n{log}"));
+    assert!(
+        began.contains("delay=10s")
+            && began.contains("grace=5s")
+            && began.contains("connections=1"),
+        "{began}"
+    );
 }
 
 #[tokio::test]

@@ -44,6 +44,11 @@ impl Drain {
         }
     }
 
+    /// What counts the connections being served (their number is its receivers'), for [`super::Shutdown`].
+    pub(super) fn counter(&self) -> watch::Sender<()> {
+        self.signal.clone()
+    }
+
     /// Connections still being served.
     pub(super) fn open(&self) -> usize {
         self.signal.receiver_count()

@@ -45,6 +45,7 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let builders = Arc::new(Builders::new(settings));
     let drain = Drain::new();
+    gateway.shutdown().count(&drain);
     tokio::pin!(shutdown);
 
     let mut exhausted: Option<Exhaustion> = None;

@@ -4,7 +4,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
+
+use super::drain::Drain;
 
 /// Where the gateway stands in its shutdown.
 #[derive(Debug, Default)]
@@ -12,6 +14,8 @@ pub struct Shutdown {
     draining: AtomicBool,
     cut: AtomicBool,
     cut_notify: Notify,
+    /// The connections each server of this gateway watches, counted for the log line that begins the drain.
+    servers: parking_lot::Mutex<Vec<watch::Sender<()>>>,
 }
 
 // === impl Shutdown ===
@@ -30,6 +34,20 @@ impl Shutdown {
     /// Whether the gateway is draining.
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Counts the connections `drain` watches in [`open_connections`](Self::open_connections).
+    pub(super) fn count(&self, drain: &Drain) {
+        self.servers.lock().push(drain.counter());
+    }
+
+    /// The connections open now on every server of this gateway, WebSocket tunnels included.
+    pub fn open_connections(&self) -> usize {
+        self.servers
+            .lock()
+            .iter()
+            .map(watch::Sender::receiver_count)
+            .sum()
     }
 
     /// Ends the waits at once (a second signal): the delay, then the grace period.
