@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::binary::{Tollgate, BIN};
-use common::http_client::client;
+use common::http_client::{client, metrics_text};
 use common::upstream::Upstream;
 use common::{eventually, start_gateway_with};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -245,6 +245,8 @@ async fn on_sigterm_readiness_fails_first_and_the_listener_serves_on_for_the_del
     let mut process = draining_gateway(&dir, "  shutdown_delay: 10s\n  shutdown_grace: 5s");
     let url = process.url("/hello");
     assert_eq!(readyz(&process).await.0, 200);
+    let admin = process.admin_url("");
+    assert!(!metrics_text(&admin).await.contains("tollgate_draining"));
     // A keep-alive client, connected before the signal.
     let kept = client();
     assert_eq!(kept.get(&url).send().await.expect("before").status(), 200);
@@ -257,6 +259,11 @@ async fn on_sigterm_readiness_fails_first_and_the_listener_serves_on_for_the_del
     .await;
     assert!(draining.is_some(), "readyz: {status} {body}");
     assert_eq!(readyz(&process).await.0, 503);
+    let metrics = metrics_text(&admin).await;
+    assert!(
+        metrics.lines().any(|line| line == "tollgate_draining 1"),
+        "{metrics}"
+    );
     // Still served meanwhile, on the kept connection and on new ones, each answer telling HTTP/1 clients to go.
     let served = kept.get(&url).send().await.expect("during the delay");
     assert_eq!(served.status(), 200);
@@ -524,6 +531,103 @@ async fn a_request_still_running_when_the_grace_period_ends_is_cut_and_the_log_c
     );
     let answer = in_flight.await.expect("task");
     assert!(answer.is_err(), "the request was not cut: {answer:?}");
+    let log = process.log();
+    let cut = log
+        .lines()
+        .find(|line| line.contains("drain ended with connections still open"))
+        .unwrap_or_else(|| panic!("no line for the cut:\n{log}"));
+    assert!(cut.contains("finished=0") && cut.contains("cut=1"), "{cut}");
+}
+
+/// An upstream that answers every request with a chunked body that never ends: `tick\n` every 100 ms, until the
+/// connection goes.
+async fn endless_stream_upstream() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let start = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+                if stream.write_all(start).await.is_err() {
+                    return;
+                }
+                while stream.write_all(b"5\r\ntick\n\r\n").await.is_ok() {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_streamed_answer_flows_through_the_grace_period_then_is_cut() {
+    let upstream = endless_stream_upstream().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("gateway.yaml");
+    let yaml = format!(
+        r#"listen: 127.0.0.1:0
+admin:
+  listen: 127.0.0.1:0
+server:
+  shutdown_delay: 0s
+  shutdown_grace: 2s
+upstreams:
+  backend:
+    targets: ["http://{upstream}"]
+routes:
+  - name: api
+    match: {{ path_prefix: /api }}
+    upstream: backend
+"#
+    );
+    write(&path, &yaml);
+    let mut process = spawn(&path, None);
+    let mut response = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client")
+        .get(process.url("/api/stream"))
+        .send()
+        .await
+        .expect("the stream's head");
+    assert_eq!(response.status(), 200);
+    assert!(response.chunk().await.expect("a chunk").is_some());
+
+    signal(&process, "-TERM");
+    // The answer goes on flowing once the listener has closed, until the grace period ends and it is cut: never a
+    // clean end of the body.
+    let mut after_signal = 0;
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match response.chunk().await {
+                Ok(Some(_)) => after_signal += 1,
+                ended => return ended,
+            }
+        }
+    })
+    .await
+    .expect("the stream outlived the grace period");
+    assert!(ended.is_err(), "the body ended cleanly: {ended:?}");
+    assert!(
+        after_signal >= 3,
+        "{after_signal} chunks after the signal:\n{}",
+        process.log()
+    );
+    assert_eq!(
+        exit_code(&mut process, Duration::from_secs(10)).await,
+        Some(0)
+    );
     let log = process.log();
     let cut = log
         .lines()
