@@ -975,3 +975,245 @@ fn the_metrics_table_lists_every_series_the_program_has() {
         "docs/operations.md's metrics table against the source"
     );
 }
+
+// === docs/responses.md, "The gateway's own answers" ===
+
+/// A response read back: status, fields (names in lower case) and the body as JSON.
+struct Answer {
+    status: String,
+    fields: Vec<(String, String)>,
+    body: Value,
+}
+
+fn parse_answer(text: &str) -> Answer {
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|line| line.split(' ').nth(1))
+        .unwrap_or("")
+        .to_owned();
+    let fields = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.to_ascii_lowercase(), value.trim().to_owned()))
+        .collect();
+    Answer {
+        status,
+        fields,
+        body: serde_json::from_str(body).unwrap_or(Value::Null),
+    }
+}
+
+/// A gateway on the memory store (or Redis at `store`) for `routes`, with `consumers` and `server` settings.
+async fn gateway_for(
+    store: &str,
+    server: &str,
+    consumers: &str,
+    routes: &str,
+) -> common::TestGateway {
+    let yaml = format!("store: {store}\nserver: {server}\n{consumers}\nroutes:\n{routes}");
+    common::start_gateway_without_waiting(&yaml).await
+}
+
+/// Each row of docs/responses.md's table of the gateway's own answers, provoked: the status, the body (a `...`
+/// standing for any text, `N` for any number) and the fields the row names (`with `Name: value``; a name alone
+/// for any value) are what the gateway answers, and every answer is JSON. A row the test cannot provoke fails.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_gateways_own_answers_are_as_the_responses_page_shows() {
+    let page = std::fs::read_to_string(Path::new(REPO).join("docs/responses.md"))
+        .expect("docs/responses.md");
+    let table = section(&page, "## The gateway's own answers");
+    let rows: Vec<&str> = table
+        .lines()
+        .filter(|line| {
+            line.starts_with("| ") && line.as_bytes().get(2).is_some_and(u8::is_ascii_digit)
+        })
+        .collect();
+    assert!(rows.len() >= 12, "the table: {rows:?}");
+
+    let upstream = common::upstream::Upstream::start().await;
+    let closed = ReservedPort::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let jwt = common::jwt::rsa_key("k1");
+    let jwks = dir.path().join("jwks.json");
+    std::fs::write(&jwks, common::jwt::jwks(&[&jwt])).expect("write the JWKS");
+
+    let api_keys = r#"consumers:
+  identify: [{ api_key: { header: x-api-key } }]
+  keys: [{ key: blocked-key, consumer: blocky }]
+  failed_credentials: { limit: 2, period: 1m }"#;
+    let main = gateway_for(
+        "{ backend: memory }",
+        "{ max_body_bytes: 10, body_read_timeout: 1s, max_header_bytes: 16384 }",
+        api_keys,
+        &format!(
+            r#"  - name: required
+    match: {{ path: /required }}
+    respond: {{ status: 200 }}
+    consumers: required
+  - name: open
+    match: {{ path_prefix: /open }}
+    upstream: backend
+    limits:
+      - {{ name: per-k, key: [query:k], missing: skip, algorithm: sliding_window, limit: 100, period: 1m }}
+upstreams:
+  backend: {{ targets: ["{}"] }}
+"#,
+            upstream.url()
+        ),
+    )
+    .await;
+    let admin = common::serve_admin(&main, None).await;
+    let blocked = common::http_client::client()
+        .put(format!("{admin}/consumers/blocky"))
+        .body(r#"{"blocked":true}"#)
+        .send()
+        .await
+        .expect("block a consumer");
+    assert_eq!(blocked.status(), 200);
+    let tokens = gateway_for(
+        "{ backend: memory }",
+        "{}",
+        &format!(
+            "consumers:\n  identify: [{{ jwt: {{ algorithms: [RS256], jwks_file: \"{}\" }} }}]",
+            jwks.display()
+        ),
+        "  - { name: required, match: { path: /required }, respond: { status: 200 }, consumers: required }\n",
+    )
+    .await;
+    let api = |target: String| {
+        format!("  - name: api\n    match: {{ path_prefix: / }}\n    upstream: backend\n    limits: [{{ name: l, key: ip, algorithm: sliding_window, limit: 100, period: 1m }}]\nupstreams:\n  backend: {{ targets: [\"{target}\"], timeout: 1s }}\n")
+    };
+    let deny = gateway_for(
+        &format!(
+            "{{ backend: redis, url: \"redis://{}\", on_error: deny }}",
+            closed.addr()
+        ),
+        "{}",
+        "",
+        &api(upstream.url()),
+    )
+    .await;
+    let unreachable = gateway_for(
+        "{ backend: memory }",
+        "{}",
+        "",
+        &api(format!("http://{}", closed.addr())),
+    )
+    .await;
+    let slow = gateway_for("{ backend: memory }", "{}", "", &api(upstream.url())).await;
+
+    let get = |target: &str, extra: &str| {
+        format!("GET {target} HTTP/1.1\r\nHost: gw\r\n{extra}\r\n").into_bytes()
+    };
+    let expired = token(
+        &jwt,
+        &format!(r#"{{"sub":"acme","exp":{}}}"#, common::jwt::now() - 3600),
+    );
+    let mut checked = Vec::new();
+    for row in rows {
+        let cells: Vec<&str> = row.trim_matches('|').split(" | ").map(str::trim).collect();
+        let (status, body) = (cells[0], cells[1]);
+        let documented_body = body.split('`').nth(1).expect("a body in backticks");
+        let documented: Value =
+            serde_json::from_str(&documented_body.replace(":N}", ":0}")).expect("the body is JSON");
+        let error = documented["error"].as_str().unwrap_or("");
+        let reason = documented["reason"].as_str().unwrap_or("");
+        let exchange_with = |addr, bytes: Vec<u8>, half_close| async move {
+            parse_answer(&exchange(addr, &bytes, half_close).await)
+        };
+        let got = match (status, error, reason) {
+            ("404", "no_route", _) => exchange_with(main.addr, get("/nowhere", ""), false).await,
+            ("400", "bad_request", _) => exchange_with(main.addr, get("/open/a%zz", ""), false).await,
+            ("405", "method_not_allowed", _) => {
+                exchange_with(main.addr, b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n".to_vec(), false).await
+            }
+            ("400", "ambiguous_key", _) => exchange_with(main.addr, get("/open?k=1&k=2", ""), false).await,
+            ("401", _, "credential_required") => {
+                // The JWT challenge the row names in parentheses.
+                let bearer = exchange_with(tokens.addr, get("/required", ""), false).await;
+                let challenge = r#"Bearer realm="tollgate""#;
+                assert!(body.contains(challenge), "{body}");
+                assert!(
+                    bearer.fields.iter().any(|(n, v)| n == "www-authenticate" && v == challenge),
+                    "{:?}",
+                    bearer.fields
+                );
+                exchange_with(main.addr, get("/required", ""), false).await
+            }
+            ("401", _, "unknown_key") => {
+                let challenge = r#"Bearer realm="tollgate", error="invalid_token", error_description="expired""#;
+                assert!(body.contains(&format!("`{challenge}`")), "{body}");
+                let refused = exchange_with(
+                    tokens.addr,
+                    get("/required", &format!("authorization: Bearer {expired}\r\n")),
+                    false,
+                )
+                .await;
+                assert_eq!(refused.status, "401");
+                assert_eq!(refused.body["reason"], "expired");
+                assert!(
+                    refused.fields.iter().any(|(n, v)| n == "www-authenticate" && v == challenge),
+                    "{:?}",
+                    refused.fields
+                );
+                exchange_with(main.addr, get("/required", "x-api-key: nope\r\n"), false).await
+            }
+            ("403", _, "consumer_blocked") => {
+                exchange_with(main.addr, get("/required", "x-api-key: blocked-key\r\n"), false).await
+            }
+            ("429", "too_many_failed_credentials", _) => {
+                let mut answer = None;
+                for i in 0..5 {
+                    let got = exchange_with(main.addr, get("/open", &format!("x-api-key: bad-{i}\r\n")), false).await;
+                    if got.status == "429" {
+                        answer = Some(got);
+                        break;
+                    }
+                }
+                answer.expect("429 after the failed credentials' limit")
+            }
+            ("413", "body_too_large", _) => {
+                exchange_with(main.addr, b"POST /open HTTP/1.1\r\nHost: gw\r\nContent-Length: 20\r\n\r\n01234567890123456789".to_vec(), false).await
+            }
+            ("408", "body_timeout", _) => {
+                exchange_with(main.addr, b"POST /open HTTP/1.1\r\nHost: gw\r\nContent-Length: 5\r\n\r\nab".to_vec(), false).await
+            }
+            ("431", "header_too_large", _) => {
+                exchange_with(main.addr, get("/open", &format!("x-big: {}\r\n", "a".repeat(20_000))), false).await
+            }
+            ("503", "limiter_unavailable", _) => exchange_with(deny.addr, get("/x", ""), false).await,
+            ("502", "upstream_unreachable", _) => exchange_with(unreachable.addr, get("/x", ""), false).await,
+            ("504", "upstream_timeout", _) => exchange_with(slow.addr, get("/x/slow", ""), false).await,
+            other => panic!("a row of the gateway's own answers this test does not provoke: {other:?}\n{row}"),
+        };
+        assert!(
+            got.status == status && json_matches(&documented, &got.body, ""),
+            "{status} {documented}: the gateway answered {} {}",
+            got.status,
+            got.body
+        );
+        let field = |name: &str| {
+            got.fields
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(
+            field("content-type").as_deref(),
+            Some("application/json"),
+            "{row}"
+        );
+        // "with `Name: value`" (the first such field of the row) or "with `Name`".
+        if let Some((_, rest)) = body.split_once(" with `") {
+            let named = rest.split('`').next().unwrap_or("");
+            let got_value = field(named.split(':').next().unwrap_or(named));
+            match named.split_once(": ") {
+                Some((_, value)) => assert_eq!(got_value.as_deref(), Some(value), "{row}"),
+                None => assert!(got_value.is_some(), "no {named}: {row}"),
+            }
+        }
+        checked.push(format!("{status} {error}"));
+    }
+    assert!(checked.len() >= 12, "{checked:?}");
+}
