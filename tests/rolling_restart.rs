@@ -409,9 +409,10 @@ impl Haproxy {
 }
 
 /// The documented haproxy configuration, on `port` and `gateways`: each gateway a server checked every 200 ms
-/// (down at the first failed check, up after two good ones), no retries and no redispatch, so that any request
-/// sent to a gateway that cannot serve it fails. `check` and `connections` make the documented variant (the admin
-/// listener's `/readyz`, a new connection per request); the log and two answer headers are the test's own.
+/// (down after two failed checks, so that one slow check on a loaded machine is not enough; up after two good
+/// ones), no retries and no redispatch, so that any request sent to a gateway that cannot serve it fails. `check`
+/// and `connections` make the documented variant (the admin listener's `/readyz`, a new connection per request);
+/// the log and two answer headers are the test's own.
 fn config(
     port: u16,
     gateways: &[(&str, &Tollgate)],
