@@ -1063,6 +1063,14 @@ upstreams:
         ),
     )
     .await;
+    // Failed credentials counted apart, so that the rows may come in any order.
+    let failing = gateway_for(
+        "{ backend: memory }",
+        "{}",
+        api_keys,
+        "  - { name: open, match: { path_prefix: /open }, respond: { status: 200 } }\n",
+    )
+    .await;
     let admin = common::serve_admin(&main, None).await;
     let blocked = common::http_client::client()
         .put(format!("{admin}/consumers/blocky"))
@@ -1165,7 +1173,7 @@ upstreams:
             ("429", "too_many_failed_credentials", _) => {
                 let mut answer = None;
                 for i in 0..5 {
-                    let got = exchange_with(main.addr, get("/open", &format!("x-api-key: bad-{i}\r\n")), false).await;
+                    let got = exchange_with(failing.addr, get("/open", &format!("x-api-key: bad-{i}\r\n")), false).await;
                     if got.status == "429" {
                         answer = Some(got);
                         break;
