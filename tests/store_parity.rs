@@ -477,6 +477,44 @@ fn a_key_written_by_another_algorithm_starts_afresh() {
 }
 
 #[test]
+fn a_token_bucket_an_earlier_build_wrote_is_read_as_it_stands_and_then_keeps_its_capacity() {
+    // 0.2.0 wrote a bucket as its id, its level and the ms of its update (17 bytes); the capacity it was computed
+    // under is kept since (25 bytes), so that a burst raised later gives its room at once.
+    let fx = fixture();
+    let now: i64 = 1_700_000_000_000;
+    let rate = Rate::new(1, 60_000).expect("rate");
+    let check = |burst: u64| {
+        let limit = Limit::new("l", Algorithm::TokenBucket { rate, burst }, 1).expect("valid");
+        fx.runtime
+            .block_on(fx.store.check(
+                &[LimitCheck {
+                    key: "legacy:bucket",
+                    limit: &limit,
+                }],
+                Some(now),
+            ))
+            .expect("decided")
+    };
+    // Two tokens of four left (120,000 scaled units).
+    fx.redis.cli(&[
+        "EVAL",
+        "redis.call('SET', KEYS[1], struct.pack('<Bdd', 3, 120000, ARGV[1]))",
+        "1",
+        "legacy:bucket",
+        &now.to_string(),
+    ]);
+    let outcome = check(4);
+    assert!(outcome.allowed);
+    assert_eq!(outcome.decisions[0].remaining, 1, "read as it stands");
+    let length = fx.redis.cli(&["STRLEN", "legacy:bucket"]);
+    assert_eq!(length.as_deref(), Some("25"), "rewritten with its capacity");
+    // The burst raised from 4 to 10: the six new tokens are there at once (one left + 6, less this request).
+    let outcome = check(10);
+    assert!(outcome.allowed);
+    assert_eq!(outcome.decisions[0].remaining, 6);
+}
+
+#[test]
 fn a_counter_written_as_text_by_an_earlier_build_is_read_and_rewritten_binary() {
     // Earlier builds wrote counters as text (gcra's TAT still is); an upgrade must keep every client's state. Each key below says "2 of 4 used",
     // so the next request leaves 1 (a fresh key would leave 3).

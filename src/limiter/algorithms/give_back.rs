@@ -75,17 +75,19 @@ pub fn give_back(
         (Algorithm::TokenBucket { rate, burst }, State::Bucket(s)) => {
             let (unit, per_ms) = (rate.period_ms(), rate.count());
             let capacity = burst * unit;
+            let stored = s.level_under(capacity);
             let elapsed = (now_ms - s.updated_ms).max(0) as u64;
-            let missing = capacity.saturating_sub(s.level);
+            let missing = capacity.saturating_sub(stored);
             let level = if elapsed.saturating_mul(per_ms) >= missing {
                 capacity
             } else {
-                s.level + elapsed * per_ms
+                stored + elapsed * per_ms
             };
             let level = (level + cost * unit).min(capacity);
             let state = BucketState {
                 level,
                 updated_ms: now_ms,
+                capacity,
             };
             Some((
                 State::Bucket(state),
@@ -118,6 +120,7 @@ pub fn give_back(
             let state = BucketState {
                 level: water,
                 updated_ms: now_ms,
+                capacity: 0,
             };
             Some((State::Meter(state), ceil_div(water, per_ms).max(1)))
         }

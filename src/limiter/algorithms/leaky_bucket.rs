@@ -78,6 +78,7 @@ pub fn evaluate(
             next: BucketState {
                 level: after,
                 updated_ms: now_ms,
+                capacity: 0,
             },
             ttl_ms: reset,
         };
@@ -93,6 +94,7 @@ pub fn evaluate(
         next: BucketState {
             level: water,
             updated_ms: now_ms,
+            capacity: 0,
         },
         ttl_ms: standing.reset_after_ms,
     }

@@ -14,6 +14,21 @@ pub struct BucketState {
     pub level: u64,
     /// When `level` was computed.
     pub updated_ms: i64,
+    /// `token_bucket`: the capacity (scaled) `level` was computed under, so that a burst raised since gives its
+    /// new room at once (the bucket keeps the tokens it lacks). 0 when unknown: a `leaky_bucket`'s meter, or a
+    /// bucket an earlier build wrote.
+    pub capacity: u64,
+}
+
+impl BucketState {
+    /// The level under `capacity`: raised by what a larger burst added since it was written.
+    pub(super) fn level_under(&self, capacity: u64) -> u64 {
+        if self.capacity != 0 && self.capacity < capacity {
+            self.level + (capacity - self.capacity)
+        } else {
+            self.level
+        }
+    }
 }
 
 /// Evaluates a request of `cost` at `now_ms`.
@@ -30,13 +45,14 @@ pub fn evaluate(
     let level = match state {
         None => capacity,
         Some(s) => {
+            let stored = s.level_under(capacity);
             let elapsed = (now_ms - s.updated_ms).max(0) as u64;
-            let missing = capacity.saturating_sub(s.level);
+            let missing = capacity.saturating_sub(stored);
             // Compared, not added, so a long idle time cannot overflow.
             if elapsed.saturating_mul(per_ms) >= missing {
                 capacity
             } else {
-                s.level + elapsed * per_ms
+                stored + elapsed * per_ms
             }
         }
     };
@@ -65,6 +81,7 @@ pub fn evaluate(
             next: BucketState {
                 level: after,
                 updated_ms: now_ms,
+                capacity,
             },
             ttl_ms: reset,
         };
@@ -84,6 +101,7 @@ pub fn evaluate(
         next: BucketState {
             level,
             updated_ms: now_ms,
+            capacity,
         },
         ttl_ms: standing_reset,
     }

@@ -94,7 +94,8 @@ end
 -- little-endian doubles (exact below 2^53), so that a counter written by another algorithm is never read as this
 -- one's, and decoding creates no strings:
 --   1 sliding_window  window start ms, current count, previous count
---   3 token_bucket    level in scaled units, ms of the last update
+--   3 token_bucket    level in scaled units, ms of the last update, the capacity it was computed under (scaled;
+--                     absent in a bucket an earlier build wrote)
 --   4 fixed_window    window start ms, count
 --   6 leaky_bucket    water in scaled units, ms of the last update
 -- (A sliding_log key is a sorted set, worked on in Redis itself.)
@@ -145,7 +146,8 @@ local function write_back(k, forget)
   local alg = cache[b + 1]
   if cache[b + 5] then
     local value
-    if alg == 1 then -- sliding_window
+    -- sliding_window, and a token_bucket with its capacity: three integers
+    if alg == 1 or (alg == 3 and cache[b + 4]) then
       value = spack('<Bddd', alg, cache[b + 2], cache[b + 3], cache[b + 4])
     elseif alg == 5 then -- gcra
       value = format('%d', cache[b + 2])
@@ -205,6 +207,9 @@ local function load(k, alg)
     x = tonumber(value) or false
   elseif value then
     local fields = alg == 1 and 3 or 2 -- sliding_window
+    if alg == 3 and #value == 25 then -- token_bucket with its capacity (without: an earlier build's)
+      fields = 3
+    end
     if #value == 1 + 8 * fields and string.byte(value) == alg then
       if fields == 3 then
         _, x, y, z = sunpack('<Bddd', value)
@@ -263,6 +268,16 @@ local function level_of(b, empty_level, capacity, per_ms, filling)
     return 0
   end
   return stored - elapsed * per_ms
+end
+
+-- A token bucket written under a smaller burst than today's gets the new room at once: it keeps the tokens it
+-- lacks, not the tokens it has. (Under a smaller one, level_of caps it.) Its state's third integer is the capacity
+-- it was written under; a bucket an earlier build wrote has none and is read as it stands.
+local function raise_to(b, capacity)
+  local stored, was = cache[b + 2], cache[b + 4]
+  if stored and was and was < capacity then
+    cache[b + 2], cache[b + 4] = stored + capacity - was, capacity
+  end
 end
 
 -- Runs `command` on a sliding_log key. A key holding a counter (the limit's algorithm was changed in the config) is
@@ -363,7 +378,9 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
   elseif alg == 3 then -- token_bucket
     local burst, per_ms, unit = p1, p2, p3
     local capacity = burst * unit
-    local level = level_of(load(k, 3), capacity, capacity, per_ms, true)
+    local b = load(k, 3)
+    raise_to(b, capacity)
+    local level = level_of(b, capacity, capacity, per_ms, true)
     local need = cost * unit
     local standing = (level - level % unit) / unit
     local empty = capacity - level
@@ -372,7 +389,7 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
       local after = level - need
       empty = capacity - after
       local reset = (empty + -empty % per_ms) / per_ms
-      return true, (after - after % unit) / unit, reset, standing, standing_reset, 0, 0, after, now, nil,
+      return true, (after - after % unit) / unit, reset, standing, standing_reset, 0, 0, after, now, capacity,
         reset
     end
     return false, 0, 0, standing, standing_reset, ceil((need - level) / per_ms), 0
@@ -507,9 +524,10 @@ local function give_back(alg, k, p1, p2, p3, p4, cost, at)
   elseif alg == 3 then -- token_bucket
     local burst, per_ms, unit = p1, p2, p3
     local capacity = burst * unit
+    raise_to(b, capacity)
     local level = min(level_of(b, capacity, capacity, per_ms, true) + cost * unit, capacity)
     local empty = capacity - level
-    store(b, level, now, nil, (empty + -empty % per_ms) / per_ms)
+    store(b, level, now, capacity, (empty + -empty % per_ms) / per_ms)
   elseif alg == 4 then -- fixed_window
     local period, start = p2, cache[b + 2]
     if start == at - at % period then
@@ -559,11 +577,12 @@ local function span(alg, k, p1, p2, p3, p4, cost, take)
     local burst, per_ms, unit = p1, p2, p3
     local capacity = burst * unit
     local b = load(k, 3)
+    raise_to(b, capacity)
     local level = level_of(b, capacity, capacity, per_ms, true)
     if take then
       local after = level - take * cost * unit
       local empty = capacity - after
-      store(b, after, now, nil, (empty + -empty % per_ms) / per_ms)
+      store(b, after, now, capacity, (empty + -empty % per_ms) / per_ms)
     end
     local per = cost * unit
     return (level - level % per) / per

@@ -392,10 +392,12 @@ fn state_before_run(algorithm: &Algorithm, f: &[i64]) -> Result<Option<State>, S
         Algorithm::TokenBucket { .. } => State::Bucket(BucketState {
             level: count(f[1]),
             updated_ms: f[2],
+            capacity: count(f[3]),
         }),
         Algorithm::LeakyBucket { .. } => State::Meter(BucketState {
             level: count(f[1]),
             updated_ms: f[2],
+            capacity: 0,
         }),
         Algorithm::Gcra { .. } => State::Gcra(GcraState { tat: f[1] }),
         Algorithm::SlidingLog { .. } => {
