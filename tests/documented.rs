@@ -1225,3 +1225,63 @@ upstreams:
     }
     assert!(checked.len() >= 12, "{checked:?}");
 }
+
+// === Config examples ===
+
+/// Every YAML example in README.md and docs/ is a config the gateway accepts, as `tollgate check` would read it
+/// (`${TOLLGATE_ADMIN_TOKEN}` set, other variables at their defaults). A route's `limits:` shown alone is read
+/// inside a route; an example may name an upstream or a file it does not show (those problems alone are
+/// forgiven). A key renamed in the program, or misspelt in the docs, fails here.
+#[test]
+fn every_config_example_in_the_docs_is_accepted() {
+    let repo = Path::new(REPO);
+    let mut pages = vec![repo.join("README.md")];
+    let mut docs: Vec<_> = std::fs::read_dir(repo.join("docs"))
+        .expect("docs/")
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    pages.extend(docs);
+    let mut checked = 0;
+    for page in pages {
+        let text = std::fs::read_to_string(&page).expect("a page");
+        let mut rest = text.as_str();
+        while let Some(start) = rest.find("```yaml\n") {
+            let line = text.len() - rest.len() + start;
+            let line = text[..line].lines().count() + 1;
+            let body = &rest[start + "```yaml\n".len()..];
+            let end = body.find("```").expect("the block's end");
+            let example = &body[..end];
+            rest = &body[end..];
+            let text = if example.starts_with("    limits:") {
+                format!("routes:\n  - name: r\n    respond: {{}}\n{example}")
+            } else {
+                example.to_owned()
+            };
+            let env = |name: &str| (name == "TOLLGATE_ADMIN_TOKEN").then(|| "a-token".to_owned());
+            let shown = page.strip_prefix(repo).unwrap_or(&page);
+            // Problems read `docs/page.md:LINE+row:column`: the block starts at LINE.
+            let name = format!("{}:{line}+", shown.display());
+            if let Err(error) = tollgate::config::parse_with_env(&text, Path::new(&name), env) {
+                let unforgiven: Vec<String> = error
+                    .problems()
+                    .iter()
+                    .map(ToString::to_string)
+                    .filter(|problem| {
+                        !(problem.contains("unknown upstream")
+                            && problem.contains("no upstreams are defined"))
+                            && !problem.contains("cannot read")
+                    })
+                    .collect();
+                assert!(
+                    unforgiven.is_empty() && !error.problems().is_empty(),
+                    "the example at {name} is refused:\n{error}"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "only {checked} YAML examples found");
+}
