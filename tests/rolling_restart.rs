@@ -1,9 +1,11 @@
-//! Rolling restarts behind a real haproxy: two gateways, health checks on readiness, no retries, steady load, one
-//! gateway sent SIGTERM: no request fails and the other gateway serves them all once the first has gone.
+//! Rolling restarts behind a real haproxy: two gateways, health checks on readiness, no retries, steady load; one
+//! gateway is sent SIGTERM and replaced by a new one, then the other: no request fails, and each gateway serves
+//! nothing once it has gone.
 
 mod common;
 
 use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,18 +41,19 @@ enum Connections {
 }
 
 #[tokio::test]
-async fn a_gateway_sent_sigterm_behind_haproxy_fails_no_request() {
+async fn a_rolling_restart_behind_haproxy_fails_no_request() {
     rolling_restart(Check::AdminReadyz, Connections::New).await;
 }
 
 #[tokio::test]
-async fn keep_alive_connections_through_haproxy_fail_no_request_across_a_restart() {
+async fn keep_alive_connections_through_haproxy_fail_no_request_across_a_rolling_restart() {
     rolling_restart(Check::HealthPath, Connections::Reused).await;
 }
 
-/// Two gateways (`a`, `b`) behind haproxy under steady load from four clients; `a` is sent SIGTERM mid-load. Every
-/// request must succeed, before, during and after `a`'s drain, and `b` must serve every request started once `a`
-/// has exited.
+/// Two gateways (`a`, `b`) behind haproxy under steady load from four clients, and a third server line (`c`) on
+/// reserved ports where nothing listens yet: the new instance. `a` is sent SIGTERM mid-load; once it has exited,
+/// `c` starts, and once haproxy sends to it, `b` is sent SIGTERM. Every request must succeed, before, during and
+/// after each drain, and no gateway may serve a request started after it exited.
 async fn rolling_restart(check: Check, connections: Connections) {
     let Some(haproxy) = haproxy_binary() else {
         eprintln!(
@@ -61,9 +64,21 @@ async fn rolling_restart(check: Check, connections: Connections) {
     };
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut a = gateway(&dir, "a", &upstream);
-    let b = gateway(&dir, "b", &upstream);
-    let balancer = Haproxy::start(&haproxy, &dir, &[("a", &a), ("b", &b)], check, connections);
+    let mut a = gateway(&dir, "a", &upstream, None);
+    let mut b = gateway(&dir, "b", &upstream, None);
+    // The new instance's ports are held until it binds them (a bound socket that does not listen: connections are
+    // refused, and no other test takes them).
+    let (c_listen, c_admin) = (ReservedPort::new(), ReservedPort::new());
+    let servers = [
+        Server::of("a", &a),
+        Server::of("b", &b),
+        Server {
+            name: "c",
+            listen: c_listen.addr(),
+            admin: c_admin.addr(),
+        },
+    ];
+    let balancer = Haproxy::start(&haproxy, &dir, &servers, check, connections);
     let client = reqwest::Client::builder()
         .no_proxy()
         .timeout(Duration::from_secs(10))
@@ -74,7 +89,12 @@ async fn rolling_restart(check: Check, connections: Connections) {
         .build()
         .expect("client");
     let url = format!("http://{}/api/rolling", balancer.addr());
-    // Both gateways up in haproxy's eyes before the load starts.
+    // Before the load: haproxy has found c down, and sends to both a and b.
+    let c_down = eventually(Duration::from_secs(20), async || {
+        balancer.log().contains("gateways/c is DOWN")
+    })
+    .await;
+    assert!(c_down.is_some(), "c never marked down:\n{}", balancer.log());
     let mut seen = Vec::new();
     let both = eventually(Duration::from_secs(20), async || {
         if let Ok(served) = served_by(&client, &url).await {
@@ -95,34 +115,45 @@ async fn rolling_restart(check: Check, connections: Connections) {
     let warmed = eventually(Duration::from_secs(20), async || load.served() >= 40).await;
     assert!(warmed.is_some(), "no steady load through haproxy");
 
-    let signalled = Instant::now();
-    kill("-TERM", &a);
-    let mut status = None;
-    let exited = eventually(Duration::from_secs(60), async || {
-        status = a.process.0.try_wait().expect("wait");
-        status.is_some()
+    // a goes, c comes.
+    let a_signalled = Instant::now();
+    let a_gone = drained(&mut a).await;
+    let c = gateway(
+        &dir,
+        "c",
+        &upstream,
+        Some((c_listen.addr(), c_admin.addr())),
+    );
+    let c_serves = eventually(Duration::from_secs(20), async || {
+        load.served_by_since("c", a_gone) >= 20
     })
     .await;
-    let gone = Instant::now();
-    assert!(exited.is_some(), "gateway a did not exit after SIGTERM");
-    assert_eq!(status.and_then(|s| s.code()), Some(0), "a's exit status");
-    // The load goes on through a's exit and a while after, on b alone.
+    assert!(
+        c_serves.is_some(),
+        "haproxy never sent to c:\n{}",
+        balancer.log()
+    );
+
+    // Then b goes; the load goes on through its exit and a while after, on c alone.
+    let b_signalled = Instant::now();
+    let b_gone = drained(&mut b).await;
     let after = eventually(Duration::from_secs(30), async || {
-        load.served_since(gone) >= 100
+        load.served_since(b_gone) >= 100
     })
     .await;
     let outcomes = load.stop().await;
-    assert!(after.is_some(), "the load stalled after a exited");
+    assert!(after.is_some(), "the load stalled after b exited");
 
     let failed: Vec<_> = outcomes.iter().filter(|o| o.served_by.is_err()).collect();
     assert!(
         failed.is_empty(),
-        "{} of {} requests failed, the first: {:?}\n--- haproxy:\n{}\n--- a:\n{}",
+        "{} of {} requests failed, the first: {:?}\n--- haproxy:\n{}\n--- a:\n{}\n--- b:\n{}",
         failed.len(),
         outcomes.len(),
         failed.first().map(|o| &o.served_by),
         balancer.log(),
-        a.log()
+        a.log(),
+        b.log()
     );
     let by = |server: &str, when: &dyn Fn(Instant) -> bool| {
         outcomes
@@ -131,20 +162,25 @@ async fn rolling_restart(check: Check, connections: Connections) {
             .count()
     };
     assert!(
-        by("a", &|started| started < signalled) > 0,
-        "a served nothing before the signal"
+        by("a", &|started| started < a_signalled) > 0,
+        "a served nothing before its signal"
     );
     assert_eq!(
-        by("a", &|started| started > gone),
+        by("a", &|started| started > a_gone),
         0,
         "a served requests after it exited"
     );
+    assert_eq!(
+        by("b", &|started| started > b_gone),
+        0,
+        "b served requests after it exited"
+    );
     assert!(
-        by("b", &|started| started > gone) >= 100,
-        "b took over the load"
+        by("c", &|started| started > b_gone) >= 100,
+        "c took over the load"
     );
     if connections == Connections::Reused {
-        // haproxy's connections were reused: to a while it drained, and to b across a's restart.
+        // haproxy's connections were reused: to a while it drained, and to b across a's exit and c's start.
         let ports = |server: &str, when: &dyn Fn(Instant) -> bool| {
             outcomes
                 .iter()
@@ -157,28 +193,73 @@ async fn rolling_restart(check: Check, connections: Connections) {
             ports("a", &|_| true).len() < by("a", &|_| true),
             "no connection to a served two requests"
         );
-        let before = ports("b", &|started| started < signalled);
-        let after = ports("b", &|started| started > gone);
+        let before = ports("b", &|started| started < a_signalled);
+        let after = ports("b", &|started| started > a_gone && started < b_signalled);
         assert!(
             before.intersection(&after).next().is_some(),
-            "no connection to b served requests both before the signal and after a exited ({before:?}, {after:?})"
+            "no connection to b served requests both before a's signal and after a exited ({before:?}, {after:?})"
         );
     }
-    let log = a.log();
-    assert!(
-        log.contains("drained: every connection finished"),
-        "a cut connections at the end of its drain:\n{log}"
-    );
+    for (name, gateway) in [("a", &a), ("b", &b)] {
+        let log = gateway.log();
+        assert!(
+            log.contains("drained: every connection finished"),
+            "{name} cut connections at the end of its drain:\n{log}"
+        );
+    }
+    drop(c);
+}
+
+/// Sends SIGTERM to `gateway` and waits for it to exit 0; when it was seen gone.
+async fn drained(gateway: &mut Tollgate) -> Instant {
+    kill("-TERM", gateway);
+    let mut status = None;
+    let exited = eventually(Duration::from_secs(60), async || {
+        status = gateway.process.0.try_wait().expect("wait");
+        status.is_some()
+    })
+    .await;
+    let gone = Instant::now();
+    assert!(exited.is_some(), "a gateway did not exit after SIGTERM");
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "exit status");
+    gone
+}
+
+/// One server line of haproxy's backend: a gateway's name, the address balanced to and its admin listener.
+struct Server {
+    name: &'static str,
+    listen: SocketAddr,
+    admin: SocketAddr,
+}
+
+impl Server {
+    fn of(name: &'static str, gateway: &Tollgate) -> Self {
+        Self {
+            name,
+            listen: gateway.listen,
+            admin: gateway.admin,
+        }
+    }
 }
 
 /// A gateway process proxying `/api` to `upstream`, with the `server` settings docs/operations.md gives next to its
 /// haproxy configuration (`/health` as `server.health_path`, a drain long enough for haproxy's checks to see it).
-fn gateway(dir: &tempfile::TempDir, name: &str, upstream: &Upstream) -> Tollgate {
+/// The listener and admin addresses are the system's choice, or `addresses`.
+fn gateway(
+    dir: &tempfile::TempDir,
+    name: &str,
+    upstream: &Upstream,
+    addresses: Option<(SocketAddr, SocketAddr)>,
+) -> Tollgate {
     let path = dir.path().join(format!("{name}.yaml"));
+    let (listen, admin) = addresses.map_or_else(
+        || ("127.0.0.1:0".to_owned(), "127.0.0.1:0".to_owned()),
+        |(listen, admin)| (listen.to_string(), admin.to_string()),
+    );
     let yaml = format!(
-        r#"listen: 127.0.0.1:0
+        r#"listen: {listen}
 admin:
-  listen: 127.0.0.1:0
+  listen: {admin}
 store:
   backend: memory
 {server}upstreams:
@@ -312,6 +393,15 @@ impl Load {
         self.outcomes.lock().expect("outcomes").len()
     }
 
+    /// Requests started after `since` and answered by `server` so far.
+    fn served_by_since(&self, server: &str, since: Instant) -> usize {
+        let outcomes = self.outcomes.lock().expect("outcomes");
+        outcomes
+            .iter()
+            .filter(|o| o.started > since && o.server() == Some(server))
+            .count()
+    }
+
     /// Requests started after `since` and answered so far.
     fn served_since(&self, since: Instant) -> usize {
         let outcomes = self.outcomes.lock().expect("outcomes");
@@ -349,13 +439,13 @@ impl Haproxy {
     fn start(
         binary: &Path,
         dir: &tempfile::TempDir,
-        gateways: &[(&str, &Tollgate)],
+        servers: &[Server],
         check: Check,
         connections: Connections,
     ) -> Self {
         let port = ReservedPort::new();
         let path = dir.path().join("haproxy.cfg");
-        std::fs::write(&path, config(port.port, gateways, check, connections))
+        std::fs::write(&path, config(port.port, servers, check, connections))
             .expect("write haproxy.cfg");
         let mut child = Command::new(binary)
             .arg("-db")
@@ -398,7 +488,7 @@ impl Haproxy {
         }
     }
 
-    fn addr(&self) -> std::net::SocketAddr {
+    fn addr(&self) -> SocketAddr {
         self.port.addr()
     }
 
@@ -408,29 +498,27 @@ impl Haproxy {
     }
 }
 
-/// The documented haproxy configuration, on `port` and `gateways`: each gateway a server checked every 200 ms
-/// (down after two failed checks, so that one slow check on a loaded machine is not enough; up after two good
-/// ones), no retries and no redispatch, so that any request sent to a gateway that cannot serve it fails. `check`
-/// and `connections` make the documented variant (the admin listener's `/readyz`, a new connection per request);
-/// the log and two answer headers are the test's own.
-fn config(
-    port: u16,
-    gateways: &[(&str, &Tollgate)],
-    check: Check,
-    connections: Connections,
-) -> String {
+/// The documented haproxy configuration, on `port` and `servers` (the documented lines replaced by one per
+/// server): each gateway a server checked every 200 ms (down after two failed checks, so that one slow check on a
+/// loaded machine is not enough; up after two good ones), no retries and no redispatch, so that any request sent to
+/// a gateway that cannot serve it fails. `check` and `connections` make the documented variant (the admin
+/// listener's `/readyz`, a new connection per request); the log and two answer headers are the test's own.
+fn config(port: u16, servers: &[Server], check: Check, connections: Connections) -> String {
     let mut config = swap(
         &documented().0,
         "    bind :80\n",
         &format!("    bind 127.0.0.1:{port}\n"),
     );
     config.truncate(config.find("    server a ").expect("server lines"));
-    for (name, gateway) in gateways {
+    for server in servers {
         let port = match check {
-            Check::AdminReadyz => format!(" port {}", gateway.admin.port()),
+            Check::AdminReadyz => format!(" port {}", server.admin.port()),
             Check::HealthPath => String::new(),
         };
-        config.push_str(&format!("    server {name} {}{port}\n", gateway.listen));
+        config.push_str(&format!(
+            "    server {} {}{port}\n",
+            server.name, server.listen
+        ));
     }
     if let Check::AdminReadyz = check {
         config = swap(
