@@ -921,3 +921,48 @@ async fn bodies_that_are_arrays_or_name_a_member_twice_and_dot_ids_are_refused()
         .directory()
         .is_empty());
 }
+
+#[tokio::test]
+async fn a_directory_larger_than_a_page_is_read_whole_a_page_per_call() {
+    let redis = RedisServer::start();
+    let yaml = yaml(&redis_store(&redis));
+    let one = start_gateway(&yaml).await;
+    let admin_one = serve_admin(&one, Some(TOKEN)).await;
+    let http = client();
+    let body: String = (0..25_000)
+        .map(|i| format!("{{\"consumer\":\"user-{i}\",\"record\":{{\"plan\":\"pro\"}}}}\n"))
+        .collect();
+    let (status, answer) = call(
+        http.post(format!("{admin_one}/consumers:import"))
+            .body(body),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+
+    // An instance that starts now reads the 25,000 records in pages (a page is about 10,000), never in one call.
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    let other = start_gateway(&yaml).await;
+    let admin_other = serve_admin(&other, Some(TOKEN)).await;
+    let read = eventually(ONE_SECOND * 5, async || {
+        let (_, page) = call(http.get(format!("{admin_other}/consumers?limit=1"))).await;
+        page["total"] == 25_000
+    })
+    .await;
+    assert!(
+        read.is_some(),
+        "the other instance did not read every record"
+    );
+    for id in ["user-0", "user-12345", "user-24999"] {
+        let (_, shown) = call(http.get(format!("{admin_other}/consumers/{id}"))).await;
+        assert_eq!(shown["settings"]["plan"], "pro", "{id}: {shown}");
+    }
+    let stats = redis.cli(&["INFO", "commandstats"]).unwrap_or_default();
+    let scans = stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_hscan:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(scans >= 3, "{scans} HSCAN calls:\n{stats}");
+    assert!(!stats.contains("cmdstat_hgetall"), "{stats}");
+}

@@ -22,6 +22,8 @@ use crate::limiter::store::{client_builder, plain_words};
 const CHECK_EVERY: Duration = Duration::from_millis(250);
 /// How long a read of the directory may take before it counts as failed (the next check tries again).
 const READ_TIMEOUT: Duration = Duration::from_secs(1);
+/// Records asked for per page of a full read (a hint to HSCAN): a page of a few MB, read in milliseconds.
+const PAGE_FIELDS: &str = "10000";
 /// How long a change may wait for Redis before the admin call fails.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a change waits for a connection that is not up before failing.
@@ -271,29 +273,59 @@ impl Redis {
         self.read_all().await
     }
 
-    /// Replaces the snapshot with every record and the change counter, read in one step. A record that is not
-    /// a record is left out, with a warning.
+    /// Replaces the snapshot with every record, read a page per call, and the change counter as the first page
+    /// found it. A record that is not a record is left out, with a warning. A change made while the pages are read
+    /// is in them or not, but it is announced, and counted past the snapshot's counter, so it is applied (or the
+    /// whole read again) as any change is.
     async fn read_all(&self) -> Result<(), String> {
-        let reply = self
-            .eval(&self.read, &["all", ""], READ_TIMEOUT)
-            .await
-            .map_err(|error| plain_words(error.details()))?;
-        let (version, records, lineage) = split_reply(reply)?;
-        let fields = records.into_array();
-        let mut parsed = Vec::with_capacity(fields.len() / 2);
-        for pair in fields.chunks_exact(2) {
-            let (Some(id), Some(json)) = (pair[0].as_string(), pair[1].as_string()) else {
-                continue;
+        let mut cursor = "0".to_owned();
+        let mut start: Option<(u64, Option<String>)> = None;
+        let mut parsed = Vec::new();
+        loop {
+            let reply = self
+                .eval(&self.read, &["page", &cursor, PAGE_FIELDS], READ_TIMEOUT)
+                .await
+                .map_err(|error| plain_words(error.details()))?;
+            let (version, page, lineage) = split_reply(reply)?;
+            if let Some((first, first_lineage)) = &start {
+                if *first_lineage != lineage || version < *first {
+                    // Flushed or replaced while being read: what was read may be of two directories.
+                    return Err("the consumer directory was replaced while being read".to_owned());
+                }
+            } else {
+                start = Some((version, lineage));
+            }
+            let mut page = page.into_array().into_iter();
+            let (Some(next), Some(fields)) = (page.next(), page.next()) else {
+                return Err("unexpected page from the directory's read script".to_owned());
             };
-            match serde_json::from_str::<ConsumerRecord>(&json) {
-                Ok(record) => parsed.push((id, record)),
-                Err(error) => tracing::warn!(
-                    consumer = %id,
-                    %error,
-                    "a consumer's record in redis is not a record; ignored until replaced or deleted"
-                ),
+            for pair in fields.into_array().chunks_exact(2) {
+                let (Some(id), Some(json)) = (pair[0].as_string(), pair[1].as_string()) else {
+                    continue;
+                };
+                match serde_json::from_str::<ConsumerRecord>(&json) {
+                    Ok(record) => parsed.push((id, record)),
+                    Err(error) => tracing::warn!(
+                        consumer = %id,
+                        %error,
+                        "a consumer's record in redis is not a record; ignored until replaced or deleted"
+                    ),
+                }
+            }
+            cursor = next
+                .as_string()
+                .ok_or("unexpected cursor from the directory's read script")?;
+            if cursor == "0" {
+                break;
             }
         }
+        let Some((version, lineage)) = start else {
+            return Err("the directory's read script answered no page".to_owned());
+        };
+        // HSCAN may return a field twice (the hash grew while it was scanned): the last one read stands.
+        let mut seen = std::collections::HashSet::with_capacity(parsed.len());
+        parsed.reverse();
+        parsed.retain(|(id, _)| seen.insert(id.clone()));
         let count = parsed.len();
         let snapshot = Snapshot::from_records(parsed, Some(version)).in_lineage(lineage.as_deref());
         let before = self.view.replace_all(snapshot);

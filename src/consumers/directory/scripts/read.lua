@@ -3,14 +3,16 @@
 -- KEYS[1]: the hash of records (field: consumer id, value: JSON); KEYS[2]: the change counter; KEYS[3]: the
 -- counter's lineage (a random token set when the counter was created: a counter that starts again, after a flush
 -- or on an empty Redis, has another one, so that no count can be taken for an earlier one's).
--- ARGV[1]: "all", "head", or "one" with ARGV[2] the consumer id.
+-- ARGV[1]: "page" with ARGV[2] the HSCAN cursor ("0" to start) and ARGV[3] the fields to ask for, "head", or
+-- "one" with ARGV[2] the consumer id.
 -- Returns {version, records, lineage}: version as a string ("0" when there is no counter: an empty or new Redis);
--- records the flat HGETALL reply for "all", the record's JSON (or false when none) for "one", false for "head";
--- lineage the token, or false when there is none.
+-- records the HSCAN reply for "page" ({next cursor, flat fields and values}), the record's JSON (or false when
+-- none) for "one", false for "head"; lineage the token, or false when there is none. A directory is read a page
+-- per call, so that a large one (a million consumers) never holds Redis for long.
 local version = redis.call('GET', KEYS[2]) or '0'
 local lineage = redis.call('GET', KEYS[3])
-if ARGV[1] == 'all' then
-  return {version, redis.call('HGETALL', KEYS[1]), lineage}
+if ARGV[1] == 'page' then
+  return {version, redis.call('HSCAN', KEYS[1], ARGV[2], 'COUNT', ARGV[3]), lineage}
 elseif ARGV[1] == 'head' then
   return {version, false, lineage}
 end
