@@ -1285,3 +1285,150 @@ fn every_config_example_in_the_docs_is_accepted() {
     }
     assert!(checked >= 10, "only {checked} YAML examples found");
 }
+
+// === docs/operations.md, the admin API's worked examples ===
+
+/// `pattern` with `*` standing for any text matches the whole of `text`.
+fn glob(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    // The classic two-pointer match with backtracking to the last `*`.
+    let (mut i, mut j, mut star, mut mark) = (0, 0, None, 0);
+    while j < t.len() {
+        if i < p.len() && p[i] == '*' {
+            star = Some(i);
+            mark = j;
+            i += 1;
+        } else if i < p.len() && p[i] == t[j] {
+            i += 1;
+            j += 1;
+        } else if let Some(s) = star {
+            i = s + 1;
+            mark += 1;
+            j = mark;
+        } else {
+            return false;
+        }
+    }
+    p[i..].iter().all(|&c| c == '*')
+}
+
+/// What the docs show as a command's output, as a [`glob`] pattern: `…` (what the docs leave out), numbers and
+/// hex digests (times, counts, ids, keys) stand for any text.
+fn output_pattern(shown: &str) -> String {
+    let shown = shown.replace("…(64 hex digits)", "…").replace('…', "*");
+    let mut pattern = String::new();
+    let mut chars = shown.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() {
+            let mut run = c.to_string();
+            while let Some(&next) = chars.peek().filter(|n| n.is_ascii_hexdigit()) {
+                run.push(next);
+                chars.next();
+            }
+            pattern.push('*');
+        } else {
+            pattern.push(c);
+        }
+    }
+    pattern
+}
+
+/// The first two console blocks of docs/operations.md (reading and resetting a key; a consumer's settings and
+/// keys), run as written against the binary with the shipped gateway.yaml (its admin token and Redis given
+/// through the variables it reads, 127.0.0.1 trusted as a proxy so that the example's client, 203.0.113.7, has
+/// made requests first): each command prints what the page shows, up to times, counts, ids and what the page
+/// elides with `…`. An id the page shows (`k_3f9a1c2b`) stands, in later commands, for the one printed.
+#[test]
+fn the_admin_api_examples_print_what_operations_md_shows() {
+    let page =
+        std::fs::read_to_string(Path::new(REPO).join("docs/operations.md")).expect("operations.md");
+    let blocks: Vec<&str> = page
+        .split("```console\n")
+        .skip(1)
+        .take(2)
+        .map(|rest| &rest[..rest.find("```").expect("the block's end")])
+        .collect();
+
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shipped =
+        std::fs::read_to_string(Path::new(REPO).join("gateway.yaml")).expect("gateway.yaml");
+    let trusting = shipped.replace("trusted_proxies: []", "trusted_proxies: [127.0.0.1]");
+    assert_ne!(trusting, shipped, "gateway.yaml's trusted_proxies line");
+    let config = dir.path().join("gateway.yaml");
+    std::fs::write(&config, trusting).expect("write the config");
+    let mut command = Command::new(BIN);
+    command
+        .arg("--config")
+        .arg(&config)
+        .env("TOLLGATE_LISTEN", "127.0.0.1:0")
+        .env("TOLLGATE_ADMIN_LISTEN", "127.0.0.1:0")
+        .env("TOLLGATE_ADMIN_TOKEN", "an-admin-token")
+        .env("REDIS_URL", redis.url())
+        .env("UPSTREAM_URL", "http://127.0.0.1:9")
+        .env_remove("TOLLGATE_CONFIG");
+    let gateway = Tollgate::spawn(command);
+    for _ in 0..3 {
+        run(
+            "curl -s -o /dev/null -H 'x-forwarded-for: 203.0.113.7' localhost:8080/api/x",
+            &gateway,
+        )
+        .expect("a request from the example's client");
+    }
+
+    let mut renamed: Vec<(String, String)> = Vec::new();
+    let mut checked = 0;
+    for block in blocks {
+        // Commands start with `$ ` and go on over lines ending in `\` or `|`; the rest is their output, a long
+        // JSON document wrapped onto lines that begin with a space.
+        let mut steps: Vec<(String, String)> = Vec::new();
+        let mut continued = false;
+        for line in block.lines() {
+            if let Some(command) = line.strip_prefix("$ ") {
+                steps.push((command.to_owned(), String::new()));
+            } else if continued {
+                let step = steps.last_mut().expect("a command");
+                step.0.push('\n');
+                step.0.push_str(line);
+            } else {
+                let step = steps.last_mut().expect("a command before its output");
+                step.1.push_str(line.strip_prefix(' ').unwrap_or(line));
+            }
+            continued = line.ends_with('\\') || line.ends_with('|');
+        }
+        // The shell has the token the gateway was given, as the operator's would.
+        let mut env = "TOLLGATE_ADMIN_TOKEN=an-admin-token; ".to_owned();
+        for (command, shown) in steps {
+            let mut command = command.clone();
+            for (shown_id, printed_id) in &renamed {
+                command = command.replace(shown_id.as_str(), printed_id);
+            }
+            if command.starts_with("H=") {
+                // A variable for the commands after it.
+                env.push_str(&format!("{command}; "));
+                continue;
+            }
+            let printed =
+                run(&format!("{env}{command}"), &gateway).unwrap_or_else(|e| panic!("{e}"));
+            let printed = printed.trim_end();
+            assert!(
+                glob(&output_pattern(&shown), printed),
+                "`{command}` printed:\n{printed}\ndocs/operations.md shows:\n{shown}"
+            );
+            if let (Some(shown_id), Some(printed_id)) = (
+                shown
+                    .split("\"id\":\"")
+                    .nth(1)
+                    .and_then(|s| s.split('"').next()),
+                printed
+                    .split("\"id\":\"")
+                    .nth(1)
+                    .and_then(|s| s.split('"').next()),
+            ) {
+                renamed.push((shown_id.to_owned(), printed_id.to_owned()));
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 7, "only {checked} commands found");
+}
