@@ -38,6 +38,9 @@ enum Connections {
     New,
     /// Clients keep theirs to haproxy, and haproxy reuses its idle connections to the gateways for any request.
     Reused,
+    /// As `Reused`, with haproxy speaking HTTP/2 to the gateways (h2c, `proto h2`): many requests on one connection
+    /// at once, and GOAWAY when a gateway's listener closes.
+    Http2,
 }
 
 #[tokio::test]
@@ -48,6 +51,11 @@ async fn a_rolling_restart_behind_haproxy_fails_no_request() {
 #[tokio::test]
 async fn keep_alive_connections_through_haproxy_fail_no_request_across_a_rolling_restart() {
     rolling_restart(Check::HealthPath, Connections::Reused).await;
+}
+
+#[tokio::test]
+async fn http2_from_haproxy_to_the_gateways_fails_no_request_across_a_rolling_restart() {
+    rolling_restart(Check::HealthPath, Connections::Http2).await;
 }
 
 /// Two gateways (`a`, `b`) behind haproxy under steady load from four clients, and a third server line (`c`) on
@@ -84,7 +92,7 @@ async fn rolling_restart(check: Check, connections: Connections) {
         .timeout(Duration::from_secs(10))
         .pool_max_idle_per_host(match connections {
             Connections::New => 0,
-            Connections::Reused => 16,
+            Connections::Reused | Connections::Http2 => 16,
         })
         .build()
         .expect("client");
@@ -179,7 +187,7 @@ async fn rolling_restart(check: Check, connections: Connections) {
         by("c", &|started| started > b_gone) >= 100,
         "c took over the load"
     );
-    if connections == Connections::Reused {
+    if connections != Connections::New {
         // haproxy's connections were reused: to a while it drained, and to b across a's exit and c's start.
         let ports = |server: &str, when: &dyn Fn(Instant) -> bool| {
             outcomes
@@ -200,6 +208,15 @@ async fn rolling_restart(check: Check, connections: Connections) {
             "no connection to b served requests both before a's signal and after a exited ({before:?}, {after:?})"
         );
     }
+    let via = match connections {
+        Connections::Http2 => "2 tollgate",
+        Connections::New | Connections::Reused => "1.1 tollgate",
+    };
+    let other = outcomes
+        .iter()
+        .filter_map(|o| o.served_by.as_ref().ok())
+        .find(|s| s.via != via);
+    assert!(other.is_none(), "not over {via}: {other:?}");
     for (name, gateway) in [("a", &a), ("b", &b)] {
         let log = gateway.log();
         assert!(
@@ -331,14 +348,20 @@ async fn served_by(client: &reqwest::Client, url: &str) -> Result<Served, String
     if status != 200 {
         return Err(format!("{status} from {server}: {body}"));
     }
-    Ok(Served { server, port })
+    // The upstream echoes the request it received: its `Via` names the protocol haproxy spoke to the gateway.
+    let echoed: serde_json::Value =
+        serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
+    let via = echoed["headers"]["via"].as_str().unwrap_or("-").to_owned();
+    Ok(Served { server, port, via })
 }
 
-/// Which gateway served a request, on which of haproxy's connections to it.
+/// Which gateway served a request, on which of haproxy's connections to it, and over which protocol (the `Via`
+/// the gateway wrote: `1.1 tollgate` or `2 tollgate`).
 #[derive(Debug, Clone, PartialEq)]
 struct Served {
     server: String,
     port: u16,
+    via: String,
 }
 
 /// One request of the load.
@@ -515,8 +538,12 @@ fn config(port: u16, servers: &[Server], check: Check, connections: Connections)
             Check::AdminReadyz => format!(" port {}", server.admin.port()),
             Check::HealthPath => String::new(),
         };
+        let proto = match connections {
+            Connections::Http2 => " proto h2",
+            Connections::New | Connections::Reused => "",
+        };
         config.push_str(&format!(
-            "    server {} {}{port}\n",
+            "    server {} {}{port}{proto}\n",
             server.name, server.listen
         ));
     }
