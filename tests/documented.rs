@@ -1,7 +1,9 @@
-//! The docs' promises read out of the markdown and checked against the program: the README's tour run as its
-//! commands are written (curl against the binary running the shipped gateway.yaml, with a real Redis and a real
-//! upstream), and every row of docs/responses.md's table of refusals sent to a gateway. Editing the docs without
-//! the program, or the program without the docs, fails here.
+//! The docs' promises read out of the markdown and checked against the program: the README's tour and
+//! docs/operations.md's admin API examples run as their commands are written (curl against the binary running the
+//! shipped gateway.yaml, with a real Redis), every row of docs/responses.md's tables of refusals and of the
+//! gateway's own answers provoked, the metrics table against the series the source registers, every YAML example
+//! read as a config, and docs/library.md's programs against examples/. Editing the docs without the program, or
+//! the program without the docs, fails here.
 
 mod common;
 
@@ -1320,9 +1322,8 @@ fn output_pattern(shown: &str) -> String {
     let mut chars = shown.chars().peekable();
     while let Some(c) = chars.next() {
         if c.is_ascii_digit() {
-            let mut run = c.to_string();
-            while let Some(&next) = chars.peek().filter(|n| n.is_ascii_hexdigit()) {
-                run.push(next);
+            // The whole run of digits and hex letters: a number, a digest, the rest of an id.
+            while chars.peek().is_some_and(char::is_ascii_hexdigit) {
                 chars.next();
             }
             pattern.push('*');
