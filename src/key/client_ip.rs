@@ -63,7 +63,7 @@ impl ClientIpResolver {
         self
     }
 
-    /// How many bits of an IPv6 client address key it (see [`RequestFacts::ipv6_prefix`]).
+    /// How many bits of an IPv6 client address key it (see [`RequestFacts::ipv6_prefix`](super::RequestFacts::ipv6_prefix)).
     pub fn ipv6_prefix(&self) -> u8 {
         self.ipv6_prefix
     }

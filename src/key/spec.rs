@@ -11,7 +11,7 @@ use super::client_ip::push_ip_text;
 /// One component of a limiting key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyPart {
-    /// The client's address (see [`ClientIpResolver`]).
+    /// The client's address (see [`ClientIpResolver`](super::ClientIpResolver)).
     Ip,
     /// The route's name: one shared bucket for every client of the route.
     Route,
@@ -242,7 +242,7 @@ impl KeySpec {
 
     /// The key value of a request, or `Ok(None)` when the limit does not apply to it (`missing: skip`).
     ///
-    /// Parts are joined with `|`. The value is not yet safe for a store key: see [`store_key`].
+    /// Parts are joined with `|`. The value is not yet safe for a store key: see [`store_key`](super::store_key()).
     pub fn value(&self, facts: &RequestFacts<'_>) -> Result<Option<String>, AmbiguousKey> {
         let mut value = String::new();
         Ok(self.push_value(facts, &mut value)?.then_some(value))

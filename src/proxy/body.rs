@@ -188,7 +188,7 @@ impl ClientBodyError {
     }
 }
 
-/// Reads a request body that nobody will use (at most [`DISCARD_LIMIT`] bytes, for at most [`DISCARD_WITHIN`]):
+/// Reads a request body that nobody will use (up to a bound in bytes and one in time):
 /// `None` for a request without a body, else a future giving `Err` when the client's framing is malformed or the
 /// body is cut short. Boxed and out of line: a body for a route that answers itself is rare, and its reading
 /// future inlined into the request's would make that future larger, and so every request's moves of it longer.

@@ -86,7 +86,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
 pub struct ClientFieldRules {
     /// `server.underscores_in_headers`: keep field names with `_` (except the protected spellings).
     pub keep_underscores: bool,
-    /// Names that tollgate writes or reads identity from, beyond the fixed ones ([`PROTECTED`]): the consumer
+    /// Names that tollgate writes or reads identity from, beyond the fixed ones (those tollgate writes for the upstream): the consumer
     /// headers. A name with `_` that reads as one of them with `_` as `-` is always dropped.
     pub protected: Vec<HeaderName>,
 }

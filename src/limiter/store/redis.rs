@@ -227,7 +227,7 @@ impl RedisStore {
         }
     }
 
-    /// Announces resets on `channel` instead of [`DEFAULT_RESET_CHANNEL`]: the gateway uses
+    /// Announces resets on `channel` instead of `tollgate:resets`: the gateway uses
     /// `<key_prefix>resets`, so that deployments sharing one Redis under different prefixes keep apart.
     #[must_use]
     pub fn with_reset_channel(mut self, channel: &str) -> Self {

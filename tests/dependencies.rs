@@ -1,0 +1,114 @@
+//! Every crate Cargo.toml names is used: each `[dependencies]` crate is named as a path (`name::`) in src/, each
+//! `[dev-dependencies]` crate in src/, tests/, benches/ or examples/. An unused crate only costs build time and
+//! review, and nothing else would ever say it has become unused.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// The crate names (as code spells them: `-` read as `_`) of one `[section]` of Cargo.toml.
+fn crates_of(manifest: &str, section: &str) -> Vec<String> {
+    let header = format!("[{section}]");
+    let mut names = Vec::new();
+    let mut inside = false;
+    for line in manifest.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            inside = line == header;
+            continue;
+        }
+        if !inside || line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((name, _)) = line.split_once('=') else {
+            panic!("a line of {header} that names no crate: {line}");
+        };
+        names.push(name.trim().replace('-', "_"));
+    }
+    names
+}
+
+/// The Rust files under `dir`, at any depth.
+fn rust_files(dir: &Path, files: &mut Vec<PathBuf>) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries {
+        let path = entry.expect("a readable directory entry").path();
+        if path.is_dir() {
+            rust_files(&path, files);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            files.push(path);
+        }
+    }
+}
+
+/// The code of the Rust files under `dirs`, comment lines left out (a crate named in a comment is not used).
+fn code_under(dirs: &[&str]) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in dirs {
+        rust_files(&root.join(dir), &mut files);
+    }
+    assert!(!files.is_empty(), "no Rust files under {dirs:?}");
+    let mut code = String::new();
+    for file in files {
+        let text = fs::read_to_string(&file).expect("a readable source file");
+        for line in text
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("//"))
+        {
+            code.push_str(line);
+            code.push('\n');
+        }
+    }
+    code
+}
+
+/// Whether `code` names the crate as the start of a path: `name::`, not `other_name::`.
+fn names_crate(code: &str, name: &str) -> bool {
+    let path = format!("{name}::");
+    code.match_indices(&path).any(|(at, _)| {
+        code[..at]
+            .chars()
+            .next_back()
+            .is_none_or(|before| !(before.is_alphanumeric() || before == '_'))
+    })
+}
+
+fn unused(section: &str, dirs: &[&str]) -> Vec<String> {
+    let manifest = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+        .expect("Cargo.toml is readable");
+    let crates = crates_of(&manifest, section);
+    assert!(crates.len() > 5, "[{section}] read as {crates:?}");
+    let code = code_under(dirs);
+    crates
+        .into_iter()
+        .filter(|name| !names_crate(&code, name))
+        .collect()
+}
+
+#[test]
+fn every_dependency_is_used_by_the_library_or_the_binary() {
+    let unused = unused("dependencies", &["src"]);
+    assert!(
+        unused.is_empty(),
+        "[dependencies] nothing under src/ uses: {unused:?}"
+    );
+}
+
+#[test]
+fn every_dev_dependency_is_used_by_a_test_bench_or_example() {
+    let unused = unused("dev-dependencies", &["src", "tests", "benches", "examples"]);
+    assert!(
+        unused.is_empty(),
+        "[dev-dependencies] nothing uses: {unused:?}"
+    );
+}
+
+#[test]
+fn a_crate_is_named_only_as_the_start_of_a_path() {
+    assert!(names_crate("use bytes::Bytes;", "bytes"));
+    assert!(names_crate("let x = ::bytes::Bytes::new();", "bytes"));
+    assert!(!names_crate("use my_bytes::Bytes;", "bytes"));
+    assert!(!names_crate("let bytes = 1;", "bytes"));
+}
