@@ -706,6 +706,50 @@ async fn redis_store_is_shared_between_apps_with_the_gateway_key_layout() {
     );
 }
 
+/// A layer's own limit keyed by the header the consumers' API keys are sent in keys by the key's digest, as the
+/// gateway's limits do: the key never stands in a store key.
+#[tokio::test]
+async fn a_layer_limit_keyed_by_the_consumers_key_header_stores_its_digest() {
+    use sha2::{Digest, Sha256};
+    let redis = RedisServer::start();
+    let limiter = redis_limiter(&redis.url(), Duration::from_millis(500)).await;
+    let Backend::Redis(store) = limiter.backend() else {
+        unreachable!("a redis limiter");
+    };
+    assert!(store.wait_connected(Duration::from_secs(5)).await);
+    let consumers = tollgate::consumers::ConsumersSettings::from_yaml(
+        "identify: [{ api_key: { header: x-api-key } }]\nkeys: [{ key: live-key-1, consumer: c, plan: p }]\nplans:\n  p: { limits: [] }\n",
+        Path::new("consumers.yaml"),
+    )
+    .unwrap();
+    let layer = RateLimitLayer::builder()
+        .limiter(limiter)
+        .scope("api")
+        .consumers(consumers, tollgate::consumers::ConsumerMode::Optional)
+        .limit_by("by-key", ["header:x-api-key"], sliding_window(10))
+        .build()
+        .unwrap();
+    let app = serve(layer, Peer::ConnectInfo).await;
+    assert_eq!(
+        app.hammer(1, &[("x-api-key", "live-key-1")]).await,
+        statuses(1, 0)
+    );
+    let keys = redis.cli(&["KEYS", "*"]).expect("KEYS");
+    let digest = hex(&Sha256::digest(b"live-key-1"));
+    assert!(
+        !keys.contains("live-key-1"),
+        "the key in a store key:\n{keys}"
+    );
+    assert!(
+        keys.contains(&format!("tollgate:api:by-key:{{{digest}}}")),
+        "{keys}"
+    );
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 #[tokio::test]
 async fn store_failure_with_on_error_deny_answers_503() {
     // Nothing listens there (held, not listening): every check fails and the policy refuses.

@@ -19,5 +19,6 @@ pub(crate) use load::parse_consumers;
 pub use load::{load, load_for_layers, load_with_text, parse, parse_for_layers, parse_with_env};
 pub use model::*;
 pub use units::{parse_duration, parse_rate, UnitError};
+pub(crate) use validate::{mark_credential_keys, secret_api_keys};
 
 pub use crate::limiter::format_duration_ms;

@@ -283,8 +283,16 @@ impl Builder {
         if self.limits.is_empty() && !has_plans {
             return Err(LayerError::NoLimits { scope });
         }
+        let mut own = self.limits;
+        let mut consumers = self.consumers;
+        if let Some((settings, _)) = consumers.as_mut() {
+            // As a config file's limits and plans: one keyed by where the consumers' API keys are sent keys by
+            // their digest, so that no key stands in a store key.
+            crate::config::mark_credential_keys(own.iter_mut(), settings);
+            crate::config::secret_api_keys(&mut [], Some(settings));
+        }
         let mut names = HashSet::new();
-        for settings in &self.limits {
+        for settings in &own {
             let name = settings.limit.name();
             if name.is_empty() {
                 return Err(LayerError::MissingName("limit"));
@@ -296,9 +304,9 @@ impl Builder {
                 });
             }
         }
-        let limits = LimitSet::new(&scope, &self.key_prefix, self.limits, self.deny_status);
+        let limits = LimitSet::new(&scope, &self.key_prefix, own, self.deny_status);
         let mut policy = Policy::new(limits, self.allow, self.headers);
-        if let Some((settings, mode)) = &self.consumers {
+        if let Some((settings, mode)) = &consumers {
             let directory = self.directory.unwrap_or_else(Directory::in_memory);
             let consumers = Arc::new(Consumers::new(settings, &self.key_prefix, directory));
             policy = policy.with_consumers(*mode, consumers, &self.key_prefix);
