@@ -1,4 +1,7 @@
-//! The gateway's own answers (no route, rate limited, store or upstream failure), each with a short JSON body.
+//! The answers only the gateway gives, each with a short JSON body: no route (404), a request head or body it will
+//! not read (400, 408, 413, 431), an upstream unreachable or late (502, 504), and readiness (`/readyz`, also on
+//! `server.health_path`). The refusals the tower layer gives too (rate limited, limiter unavailable, the caller's
+//! 401 / 403, requests without a single reading) are admission's: `crate::admission` and its `responses` module.
 
 use axum::body::Body;
 use http::{header, HeaderValue, Response, StatusCode, Version};

@@ -267,7 +267,7 @@ async fn serve_connection(
 /// arrives whole in one read is parsed; this holds the limit against every parsed head, however it arrived (and
 /// against HTTP/2's too, whose own limit counts differently). A handful of additions per field, out of line: inlined
 /// into the connection's poll it grew that frame, and the request future's copy into the connection took glibc's
-/// slower path (300 instructions more per request under bench/gateway_cost.py).
+/// slower path (the cost per request: BENCHMARKS.md).
 #[inline(never)]
 fn head_bytes<B>(request: &hyper::Request<B>) -> usize {
     let uri = request.uri();

@@ -154,8 +154,8 @@ impl ConnectionPool {
     /// idempotent method (GET, HEAD, OPTIONS, PUT, DELETE) without a body. A target that closes idle connections,
     /// or closes after each response without saying so, closes some just as a request is written on them.
     ///
-    /// Sending again needs a copy of the request made before it is sent, which costs 3.5% of a proxied request
-    /// (bench/gateway_cost.py), so a copy is made only where a close is possible: on a connection's first reuse
+    /// Sending again needs a copy of the request made before it is sent, a visible share of a proxied request's
+    /// cost (BENCHMARKS.md), so a copy is made only where a close is possible: on a connection's first reuse
     /// (a target closing after every response), after 100 ms idle (a target's idle timeout), and on every reuse
     /// once a target has closed a reused connection under a request. A busy pool to a well-behaved target makes
     /// none.
