@@ -1,0 +1,275 @@
+//! The `routes:` section: names, matches, the action (upstream or respond), limits, allowlists, consumers.
+
+use http::{HeaderName, HeaderValue, Method, StatusCode};
+
+use super::checks::{check_name, networks, unique_names};
+use super::file::Reader;
+use super::issues::Issues;
+use crate::config::consumers::PLAN_KEY_SCOPE;
+use crate::config::limits::limit_settings;
+use crate::config::model::*;
+use crate::config::raw::*;
+
+/// Methods a route may name. Extension methods are refused: a misspelt `GTE` would otherwise match nothing, silently.
+const METHODS: [&str; 9] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE",
+];
+
+pub(super) fn routes(
+    issues: &mut Issues,
+    raw: &[RawRoute],
+    upstreams: &Ordered<RawUpstream>,
+    has_consumers: bool,
+    reader: Reader,
+) -> Vec<RouteSettings> {
+    unique_names(
+        issues,
+        "route",
+        raw.iter()
+            .enumerate()
+            .map(|(i, r)| (format!("routes[{i}]"), r.name.as_str())),
+    );
+    raw.iter()
+        .enumerate()
+        .filter_map(|(i, route)| {
+            route_settings(
+                issues,
+                &format!("routes[{i}]"),
+                route,
+                upstreams,
+                has_consumers,
+                reader,
+            )
+        })
+        .collect()
+}
+
+fn route_settings(
+    issues: &mut Issues,
+    at: &str,
+    raw: &RawRoute,
+    upstreams: &Ordered<RawUpstream>,
+    has_consumers: bool,
+    reader: Reader,
+) -> Option<RouteSettings> {
+    let before = issues.count();
+    check_name(issues, &format!("{at}.name"), "route", &raw.name);
+    let consumers = route_consumers(issues, at, raw, has_consumers);
+    let matcher = route_match(issues, &format!("{at}.match"), &raw.matcher);
+    let action = route_action(issues, at, raw, upstreams, reader);
+    unique_names(
+        issues,
+        "limit",
+        raw.limits
+            .iter()
+            .enumerate()
+            .map(|(j, l)| (format!("{at}.limits[{j}]"), l.name.as_str())),
+    );
+    let limits: Vec<LimitSettings> = raw
+        .limits
+        .iter()
+        .enumerate()
+        .filter_map(|(j, l)| limit_settings(issues, &format!("{at}.limits[{j}]"), l))
+        .collect();
+    let deny_status = deny_status(issues, &format!("{at}.deny_status"), raw.deny_status);
+    let allow = networks(issues, &format!("{at}.allow"), &raw.allow);
+    if issues.count() != before {
+        return None;
+    }
+    Some(RouteSettings {
+        name: raw.name.clone(),
+        matcher,
+        action: action?,
+        limits,
+        deny_status: deny_status?,
+        headers: raw.headers,
+        allow: allow?,
+        consumers,
+    })
+}
+
+/// `consumers:` of a route: `optional` by default when the file has a `consumers:` block, `off` otherwise.
+fn route_consumers(
+    issues: &mut Issues,
+    at: &str,
+    raw: &RawRoute,
+    has_consumers: bool,
+) -> ConsumerMode {
+    if has_consumers && raw.name == PLAN_KEY_SCOPE {
+        issues.add(
+            format!("{at}.name"),
+            format_args!(
+                "the route name {PLAN_KEY_SCOPE:?} is taken by plan limits' store keys when a consumers: block exists"
+            ),
+        );
+    }
+    match (raw.consumers, has_consumers) {
+        (None, false) | (Some(RawConsumerMode::Off), _) => ConsumerMode::Off,
+        (None, true) | (Some(RawConsumerMode::Optional), true) => ConsumerMode::Optional,
+        (Some(RawConsumerMode::Required), true) => ConsumerMode::Required,
+        (Some(_), false) => {
+            issues.add(
+                format!("{at}.consumers"),
+                "needs a top-level consumers: block saying how requests name their consumer",
+            );
+            ConsumerMode::Off
+        }
+    }
+}
+
+fn route_match(issues: &mut Issues, at: &str, raw: &RawMatch) -> RouteMatch {
+    for (field, value) in [("path_prefix", &raw.path_prefix), ("path", &raw.path)] {
+        if let Some(path) = value.as_deref().filter(|p| !p.starts_with('/')) {
+            issues.add(
+                format!("{at}.{field}"),
+                format_args!("must start with \"/\" (got {path:?})"),
+            );
+        }
+        if let Some(Err(error)) = value
+            .as_deref()
+            .filter(|p| p.starts_with('/'))
+            .map(crate::routing::normalize_path)
+        {
+            issues.add(format!("{at}.{field}"), format_args!("{error}"));
+        }
+    }
+    if raw.case_sensitive && raw.case_insensitive {
+        issues.add(
+            format!("{at}.case_sensitive"),
+            "contradicts case_insensitive: true (paths match in any case unless case_sensitive: true)",
+        );
+    }
+    let mut methods: Vec<Method> = Vec::new();
+    for (i, text) in raw.methods.iter().enumerate() {
+        let method = issues.check(format!("{at}.methods[{i}]"), method(text));
+        if let Some(method) = method.filter(|m| !methods.contains(m)) {
+            methods.push(method);
+        }
+    }
+    let host = raw.host.as_deref().and_then(|host| {
+        let host = host.trim().to_ascii_lowercase();
+        issues.check(format!("{at}.host"), host_pattern(&host).map(|()| host))
+    });
+    RouteMatch {
+        path_prefix: raw.path_prefix.clone(),
+        path: raw.path.clone(),
+        methods,
+        host,
+        case_sensitive: raw.case_sensitive,
+    }
+}
+
+fn method(text: &str) -> Result<Method, String> {
+    let upper = text.trim().to_ascii_uppercase();
+    if !METHODS.contains(&upper.as_str()) {
+        return Err(format!(
+            "unknown HTTP method {text:?} (use {})",
+            METHODS.join(", ")
+        ));
+    }
+    Method::from_bytes(upper.as_bytes()).map_err(|e| e.to_string())
+}
+
+/// A host name without scheme or port, optionally `*.` followed by a domain.
+fn host_pattern(host: &str) -> Result<(), String> {
+    let name = host.strip_prefix("*.").unwrap_or(host);
+    let valid = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid host {host:?} (write a host name without scheme or port, e.g. api.example.com or *.example.com)"
+        ))
+    }
+}
+
+fn route_action(
+    issues: &mut Issues,
+    at: &str,
+    raw: &RawRoute,
+    upstreams: &Ordered<RawUpstream>,
+    reader: Reader,
+) -> Option<RouteAction> {
+    match (&raw.upstream, &raw.respond) {
+        (None, None) if reader == Reader::Layers => Some(RouteAction::LimitsOnly),
+        (Some(_), Some(_)) => {
+            issues.add(
+                at,
+                "has both upstream and respond (a route either forwards or answers: keep one)",
+            );
+            None
+        }
+        (None, None) => {
+            issues.add(
+                at,
+                "needs upstream (forward to an upstream) or respond (answer directly); a file for tower layers only is read with config::load_for_layers",
+            );
+            None
+        }
+        (Some(name), None) => {
+            if upstreams.0.iter().any(|(known, _)| known == name) {
+                return Some(RouteAction::Upstream(name.clone()));
+            }
+            let defined: Vec<&str> = upstreams.0.iter().map(|(n, _)| n.as_str()).collect();
+            let hint = if defined.is_empty() {
+                "no upstreams are defined".to_owned()
+            } else {
+                format!("defined: {}", defined.join(", "))
+            };
+            issues.add(
+                format!("{at}.upstream"),
+                format_args!("unknown upstream {name:?} ({hint})"),
+            );
+            None
+        }
+        (None, Some(respond)) => {
+            direct_response(issues, &format!("{at}.respond"), respond).map(RouteAction::Respond)
+        }
+    }
+}
+
+fn direct_response(issues: &mut Issues, at: &str, raw: &RawRespond) -> Option<DirectResponse> {
+    // `StatusCode` takes up to 999; HTTP defines classes only up to 5xx, and clients may reject the rest.
+    let status = StatusCode::from_u16(raw.status)
+        .ok()
+        .filter(|_| raw.status <= 599)
+        .ok_or_else(|| format!("invalid status {} (use 100 to 599)", raw.status));
+    let status = issues.check(format!("{at}.status"), status);
+    let before = issues.count();
+    let headers: Vec<(HeaderName, HeaderValue)> = raw
+        .headers
+        .0
+        .iter()
+        .filter_map(|(name, value)| {
+            let header = response_header(name, value);
+            issues.check(format!("{at}.headers.{name}"), header)
+        })
+        .collect();
+    if issues.count() != before {
+        return None;
+    }
+    Some(DirectResponse {
+        status: status?,
+        body: raw.body.clone(),
+        headers,
+    })
+}
+
+fn response_header(name: &str, value: &str) -> Result<(HeaderName, HeaderValue), String> {
+    let name = HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("invalid header name {name:?}"))?;
+    let value = HeaderValue::from_str(value)
+        .map_err(|_| format!("invalid value for header {name} (no control characters)"))?;
+    Ok((name, value))
+}
+
+fn deny_status(issues: &mut Issues, at: &str, code: u16) -> Option<StatusCode> {
+    let status = StatusCode::from_u16(code)
+        .ok()
+        .filter(|s| s.is_client_error() || s.is_server_error())
+        .ok_or_else(|| format!("must be a 4xx or 5xx status (got {code})"));
+    issues.check(at, status)
+}

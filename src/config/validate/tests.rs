@@ -1,0 +1,339 @@
+//! The validation's promises, through `crate::config`'s parsing: every problem reported at once, located.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::config::{parse_with_env, BackendKind, Config, ConfigError};
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    parse_with_env(text, Path::new("t.yaml"), |_| None)
+}
+
+/// `path: message` of every problem, in file order.
+fn problems(text: &str) -> Vec<String> {
+    match parse(text) {
+        Ok(_) => panic!("expected problems in:\n{text}"),
+        Err(err) => err
+            .problems()
+            .iter()
+            .map(|p| format!("{}: {}", p.path(), p.message()))
+            .collect(),
+    }
+}
+
+/// A valid route around one limit written by the test.
+fn with_limit(limit: &str) -> String {
+    format!(
+        "routes:\n  - name: r\n    respond: {{ status: 204 }}\n    limits:\n      - name: l\n{}",
+        limit
+            .lines()
+            .map(|line| format!("        {line}\n"))
+            .collect::<String>()
+    )
+}
+
+#[test]
+fn an_empty_file_is_all_defaults() {
+    let config = parse("").unwrap();
+    assert_eq!(config.listen, "0.0.0.0:8080".parse().unwrap());
+    assert_eq!(config.admin.listen, "127.0.0.1:9901".parse().unwrap());
+    assert_eq!(config.store.backend, BackendKind::Memory);
+    assert_eq!(config.store.url, "redis://127.0.0.1:6379");
+    assert_eq!(config.store.timeout, Duration::from_millis(25));
+    assert_eq!(config.server.max_header_bytes, 65_536);
+    assert_eq!(config.server.shutdown_grace, Duration::from_secs(30));
+    assert!(config.routes.is_empty());
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let text = r#"listen: localhost:8080
+client_ip:
+  trusted_proxies: [10.0.0.0/8, 192.168.1.300, "::1"]
+upstreams:
+  api:
+    targets: ["ftp://api.internal:21", "http://ok:80"]
+  empty: {}
+  secure:
+    targets: ["https://api.internal"]
+    tls: { ca_file: missing-ca.pem, cert_file: client.pem }
+routes:
+  - name: api
+    match: { path: api, methods: [get, FETCH] }
+    upstream: nowhere
+    deny_status: 200
+  - name: api
+    upstream: api
+    respond: { status: 200 }
+  - name: "bad name"
+    respond: { status: 700, headers: { "x bad": v } }
+    limits:
+      - name: a
+        key: [ip, cookie:session]
+        algorithm: sliding_window
+        limit: 10
+        rate: 10/s
+      - name: a
+        algorithm: token_bucket
+        rate: 10/0s
+        burst: 0
+"#;
+    assert_eq!(
+        problems(text),
+        [
+            r#"listen: invalid address "localhost:8080" (use IP:PORT, e.g. 0.0.0.0:8080)"#,
+            r#"client_ip.trusted_proxies[1]: invalid CIDR "192.168.1.300" (use a network like 10.0.0.0/8 or an address like 10.0.0.1)"#,
+            r#"upstreams.api.targets[0]: invalid upstream URL "ftp://api.internal:21" (use http://host:port[/path] or https://...)"#,
+            r#"upstreams.empty.targets: needs at least one target (e.g. targets: ["http://127.0.0.1:3000"])"#,
+            r#"upstreams.secure.tls.ca_file: cannot read missing-ca.pem: No such file or directory (os error 2)"#,
+            r#"routes[0].match.path: must start with "/" (got "api")"#,
+            r#"routes[0].match.methods[1]: unknown HTTP method "FETCH" (use GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, CONNECT, TRACE)"#,
+            r#"routes[0].upstream: unknown upstream "nowhere" (defined: api, empty, secure)"#,
+            r#"routes[0].deny_status: must be a 4xx or 5xx status (got 200)"#,
+            r#"routes[1].name: duplicate route name "api" (first used at routes[0])"#,
+            r#"routes[1]: has both upstream and respond (a route either forwards or answers: keep one)"#,
+            r#"routes[2].name: route name "bad name" may only contain letters, digits, '_', '.' and '-' (it becomes part of Redis keys)"#,
+            r#"routes[2].respond.status: invalid status 700 (use 100 to 599)"#,
+            r#"routes[2].respond.headers.x bad: invalid header name "x bad""#,
+            // A missing field is placed on its limit, which starts before the key.
+            r#"routes[2].limits[0].period: required by sliding_window (it takes limit and period)"#,
+            r#"routes[2].limits[0].key[1]: unknown key part "cookie:session" (use ip, route, method, path, host, header:NAME, query:NAME, consumer, plan)"#,
+            r#"routes[2].limits[0].rate: rate is not used by sliding_window (it takes limit and period)"#,
+            r#"routes[2].limits[1].name: duplicate limit name "a" (first used at routes[2].limits[0])"#,
+            r#"routes[2].limits[1].rate: invalid rate "10/0s": rate period must be greater than 0"#,
+            r#"routes[2].limits[1].burst: must be greater than 0"#,
+        ]
+    );
+}
+
+#[test]
+fn problems_are_printed_with_file_line_and_column() {
+    let text = "store:\n  timeout: 0s\nroutes:\n  - name: r\n    respond: {}\n    limits:\n      - name: l\n        algorithm: sliding_log\n        limit: 5\n        period: 1.5s\n";
+    assert_eq!(
+            parse(text).unwrap_err().to_string(),
+            concat!(
+                "t.yaml:2:3: store.timeout: must be greater than 0 (got \"0s\")\n",
+                "t.yaml:10:9: routes[0].limits[0].period: invalid duration \"1.5s\" (use 250ms, 1s, 1m, 1h, 1d)",
+            )
+        );
+}
+
+#[test]
+fn a_per_limit_key_share_larger_than_the_store_is_a_located_error() {
+    let text = "store:\n  backend: memory\n  max_keys: 1000\n  max_keys_per_limit: 1001\nroutes:\n  - name: r\n    respond: {}\n";
+    assert_eq!(
+            parse(text).unwrap_err().to_string(),
+            "t.yaml:4:3: store.max_keys_per_limit: must be at most store.max_keys (1000), got 1001: it is one \
+             limit's share of the store (equal to max_keys lets one limit fill it)"
+        );
+    // Equal is the whole store; the default is a quarter of whatever max_keys is.
+    let equal = text.replace("1001", "1000");
+    assert_eq!(parse(&equal).unwrap().store.max_keys_per_limit, 1000);
+    let default =
+        "store:\n  backend: memory\n  max_keys: 10\nroutes:\n  - name: r\n    respond: {}\n";
+    assert_eq!(parse(default).unwrap().store.max_keys_per_limit, 3);
+}
+
+#[test]
+fn zero_periods_and_costs_are_refused() {
+    assert_eq!(
+        problems(&with_limit(
+            "algorithm: sliding_window\nlimit: 0\nperiod: 0s\ncost: 0"
+        )),
+        [
+            "routes[0].limits[0].limit: must be greater than 0",
+            r#"routes[0].limits[0].period: must be greater than 0 (got "0s")"#,
+            "routes[0].limits[0].cost: must be greater than 0",
+        ]
+    );
+}
+
+#[test]
+fn limit_construction_errors_are_reported_on_the_limit() {
+    assert_eq!(
+            problems(&with_limit(
+                "algorithm: token_bucket\nrate: 1/s\nburst: 2\ncost: 3"
+            )),
+            ["routes[0].limits[0]: cost 3 is larger than the capacity 2: no request could ever be admitted"]
+        );
+}
+
+#[test]
+fn unknown_algorithms_and_bad_leaky_modes_are_named() {
+    assert_eq!(
+            problems(&with_limit(
+                "algorithm: leaky_bucket\nrate: 1/s\nburst: 2\nmode: delay"
+            )),
+            [
+                "routes[0].limits[0].max_delay: required by mode: delay (the longest a request may be held)"
+            ]
+        );
+    assert_eq!(
+        problems(&with_limit(
+            "algorithm: leaky_bucket\nrate: 1/s\nburst: 2\nmode: queue"
+        )),
+        [r#"routes[0].limits[0].mode: invalid mode "queue" (use reject or delay)"#]
+    );
+    for mode in ["", "mode: reject\n"] {
+        assert_eq!(
+                problems(&with_limit(&format!(
+                    "algorithm: leaky_bucket\nrate: 1/s\nburst: 2\n{mode}max_delay: 2s"
+                ))),
+                ["routes[0].limits[0].max_delay: only used with mode: delay (add mode: delay to hold requests up to it, or remove it)"],
+                "{mode}"
+            );
+    }
+    assert_eq!(
+        problems(&with_limit("algorithm: sliding\nlimit: 1\nperiod: 1s")),
+        [
+            r#"routes[0].limits[0].algorithm: unknown algorithm "sliding" (use sliding_window, sliding_log, token_bucket, fixed_window, gcra, leaky_bucket)"#
+        ]
+    );
+    assert_eq!(
+            problems(&with_limit("limit: 1\nperiod: 1s")),
+            ["routes[0].limits[0].algorithm: a limit needs an algorithm (use sliding_window, sliding_log, token_bucket, fixed_window, gcra, leaky_bucket)"]
+        );
+    assert_eq!(
+            problems(&with_limit("algorithm: token_bucket\nrate: 1/s\nburst: 2\nmax_delay: 1s")),
+            ["routes[0].limits[0].max_delay: max_delay is not used by token_bucket (it takes rate and burst)"]
+        );
+}
+
+#[test]
+fn key_lists_and_missing_policy() {
+    let config = parse(&with_limit(
+            "key: [route, \"query:tenant\"]\nmissing: skip\nalgorithm: sliding_log\nlimit: 3\nperiod: 1s",
+        ))
+        .unwrap();
+    let key = &config.routes[0].limits[0].key;
+    assert_eq!(key.to_string(), "route+query:tenant");
+    assert_eq!(key.missing(), crate::key::MissingKey::Skip);
+    assert_eq!(
+            problems(&with_limit("key: []\nalgorithm: sliding_log\nlimit: 3\nperiod: 1s")),
+            ["routes[0].limits[0].key: needs at least one part (use ip, route, method, path, host, header:NAME, query:NAME, consumer, plan)"]
+        );
+}
+
+#[test]
+fn admin_token_is_required_off_loopback() {
+    assert_eq!(
+        parse("admin:\n  listen: 0.0.0.0:9901\n")
+            .unwrap_err()
+            .to_string(),
+        "t.yaml:1:1: admin.token: required when admin.listen is not a loopback address"
+    );
+    assert_eq!(
+        problems("admin:\n  listen: 0.0.0.0:9901\n  token: \"\"\n"),
+        ["admin.token: required when admin.listen is not a loopback address"]
+    );
+    let open = parse("admin:\n  listen: 0.0.0.0:9901\n  token: s3cret\n").unwrap();
+    assert_eq!(open.admin.token.as_deref(), Some("s3cret"));
+    let local = parse("admin:\n  listen: \"[::1]:9901\"\n  token: \"\"\n").unwrap();
+    assert_eq!(local.admin.token, None);
+}
+
+#[test]
+fn admin_token_with_surrounding_whitespace_is_a_located_error() {
+    for token in [
+        "\" s3cret\"",
+        "\"s3cret \"",
+        "\"s3cret\\n\"",
+        "\"\\ts3cret\"",
+    ] {
+        assert_eq!(
+                parse(&format!("admin:\n  listen: 127.0.0.1:9901\n  token: {token}\n"))
+                    .unwrap_err()
+                    .to_string(),
+                "t.yaml:3:3: admin.token: has leading or trailing whitespace, which no client can send: remove it",
+                "{token}"
+            );
+    }
+    let inner = parse("admin:\n  listen: 127.0.0.1:9901\n  token: \"s3 cret\"\n").unwrap();
+    assert_eq!(inner.admin.token.as_deref(), Some("s3 cret"));
+}
+
+#[test]
+fn redis_url_is_checked_only_for_the_redis_backend() {
+    assert_eq!(
+        problems("store:\n  backend: redis\n  url: http://cache:6379\n"),
+        [
+            r#"store.url: invalid Redis URL "http://cache:6379" (use redis://, redis-cluster:// or redis-sentinel://, or rediss… for TLS)"#
+        ]
+    );
+    for url in [
+        "redis://127.0.0.1:6379",
+        "rediss://cache:6380/1",
+        "redis-cluster://a:7000?node=b:7001",
+        "redis-sentinel://s:26379/0?sentinelServiceName=main",
+    ] {
+        let text = format!("store:\n  backend: redis\n  url: \"{url}\"\n");
+        assert!(parse(&text).is_ok(), "{url}: {:?}", parse(&text).err());
+    }
+    assert!(parse("store:\n  backend: memory\n  url: nonsense\n").is_ok());
+}
+
+#[test]
+fn when_full_defaults_to_deny_and_names_a_wrong_value() {
+    use crate::limiter::store::WhenFull;
+    assert_eq!(parse("").unwrap().store.when_full, WhenFull::Deny);
+    let allow = parse("store:\n  when_full: allow\n").unwrap();
+    assert_eq!(allow.store.when_full, WhenFull::Allow);
+    let error = parse("store:\n  when_full: maybe\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("t.yaml:2:") && error.contains("when_full"),
+        "{error}"
+    );
+}
+
+#[test]
+fn trusted_proxies_take_networks_and_plain_addresses() {
+    let config =
+        parse("client_ip:\n  trusted_proxies: [10.1.2.3/8, 192.0.2.7, \"2001:db8::1\"]\n").unwrap();
+    let nets: Vec<String> = config
+        .client_ip
+        .trusted_proxies
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(nets, ["10.0.0.0/8", "192.0.2.7/32", "2001:db8::1/128"]);
+}
+
+#[test]
+fn route_details_are_normalised() {
+    let text = "upstreams:\n  b: { targets: [\"http://10.0.0.2:8080/base\"], timeout: 2s, connect_timeout: 250ms }\n  a: { targets: [\"http://10.0.0.1\"] }\nroutes:\n  - name: r.1\n    match: { host: \"*.Example.COM\", methods: [get, Post, GET] }\n    upstream: a\n    headers: false\n    deny_status: 503\n  - name: r_2\n    respond: { status: 404, body: gone, headers: { content-type: text/plain, x-b: \"1\" } }\n";
+    let config = parse(text).unwrap();
+    let upstreams: Vec<&str> = config.upstreams.iter().map(|u| u.name.as_str()).collect();
+    assert_eq!(upstreams, ["b", "a"]);
+    assert_eq!(
+        config.upstreams[0].connect_timeout,
+        Duration::from_millis(250)
+    );
+    assert_eq!(config.upstreams[0].targets[0].path(), "/base");
+    let route = &config.routes[0];
+    assert_eq!(route.matcher.host.as_deref(), Some("*.example.com"));
+    assert_eq!(
+        route.matcher.methods,
+        [http::Method::GET, http::Method::POST]
+    );
+    assert!(!route.headers);
+    assert_eq!(route.deny_status, http::StatusCode::SERVICE_UNAVAILABLE);
+    let crate::config::RouteAction::Respond(response) = &config.routes[1].action else {
+        panic!("r_2 answers directly");
+    };
+    let headers: Vec<(&str, &str)> = response
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
+        .collect();
+    assert_eq!(headers, [("content-type", "text/plain"), ("x-b", "1")]);
+}
+
+#[test]
+fn durations_written_as_numbers_get_the_duration_message() {
+    assert_eq!(
+        problems("server:\n  header_read_timeout: 30\n  shutdown_grace: 0s\n"),
+        [r#"server.header_read_timeout: invalid duration "30" (use 250ms, 1s, 1m, 1h, 1d)"#]
+    );
+}
