@@ -1,0 +1,124 @@
+//! The pool's state and its idle connections: newest first out, the surplus and the expired closed, a reaper task.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use http::Uri;
+use hyper_util::client::legacy::connect::HttpConnector;
+
+use super::connect::Connection;
+use super::send::PoolSettings;
+use crate::proxy::tls::TlsDialer;
+
+#[derive(Debug)]
+pub(super) struct Shared {
+    /// `http[s]://host:port` of the target, what the connector dials.
+    pub(super) address: Uri,
+    pub(super) connector: HttpConnector,
+    /// For `https` targets: the handshake after the TCP connection, bounded by `connect_timeout`.
+    pub(super) tls: Option<TlsDialer>,
+    pub(super) connect_timeout: Duration,
+    pub(super) settings: PoolSettings,
+    /// Idle connections, the most recently used at the back.
+    pub(super) idle: Mutex<VecDeque<IdleConnection>>,
+    pub(super) reaper_started: AtomicBool,
+    /// A reused connection has closed under a request: the target closes connections without saying so, and
+    /// every request on a reused connection is ready to be sent again.
+    pub(super) closes_unannounced: AtomicBool,
+}
+
+#[derive(Debug)]
+pub(super) struct IdleConnection {
+    connection: Connection,
+    since: Instant,
+}
+
+// === impl Shared ===
+
+impl Shared {
+    pub(super) fn lock_idle(&self) -> MutexGuard<'_, VecDeque<IdleConnection>> {
+        // The queue stays consistent even if a holder panicked: every operation on it is a single push or pop.
+        self.idle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The most recently used idle connection that is still open, if any, and how long it was idle.
+    pub(super) fn checkout(&self) -> Option<(Connection, Duration)> {
+        let mut idle = self.lock_idle();
+        while let Some(connection) = idle.pop_back() {
+            let idle_for = connection.since.elapsed();
+            if idle_for >= self.settings.idle_timeout {
+                // Everything before it has been idle even longer.
+                let expired = std::mem::take(&mut *idle);
+                drop(idle);
+                drop(expired);
+                return None;
+            }
+            if !connection.connection.sender.is_closed() {
+                return Some((connection.connection, idle_for));
+            }
+        }
+        None
+    }
+
+    pub(super) fn checkin(self: &Arc<Self>, mut connection: Connection) {
+        if connection.sender.is_closed() {
+            return;
+        }
+        connection.served = connection.served.saturating_add(1);
+        let surplus = {
+            let mut idle = self.lock_idle();
+            idle.push_back(IdleConnection {
+                connection,
+                since: Instant::now(),
+            });
+            (idle.len() > self.settings.max_idle).then(|| idle.pop_front())
+        };
+        drop(surplus);
+        if !self.reaper_started.load(Ordering::Relaxed) {
+            self.start_reaper();
+        }
+    }
+
+    /// Closes the connections idle past the timeout, oldest first.
+    fn evict_expired(&self) {
+        let mut expired = Vec::new();
+        {
+            let mut idle = self.lock_idle();
+            while idle.front().is_some_and(|connection| {
+                connection.since.elapsed() >= self.settings.idle_timeout
+                    || connection.connection.sender.is_closed()
+            }) {
+                expired.extend(idle.pop_front());
+            }
+        }
+        drop(expired);
+    }
+
+    /// Once per pool, a task that closes expired idle connections even when no request comes to find them. It
+    /// holds the pool weakly, so it ends with the pool (a reload builds new ones).
+    fn start_reaper(self: &Arc<Self>) {
+        if self.reaper_started.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool: Weak<Self> = Arc::downgrade(self);
+        let period = (self.settings.idle_timeout / 2).max(Duration::from_millis(10));
+        runtime.spawn(async move {
+            let mut ticks = tokio::time::interval(period);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                match pool.upgrade() {
+                    Some(pool) => pool.evict_expired(),
+                    None => return,
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,257 @@
+//! The pool against a raw HTTP/1.1 upstream on loopback that counts its connections.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{Request, Response, Uri};
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::connect::HttpConnector;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::{ConnectionPool, PoolSettings, SendError};
+
+/// What the test upstream does after writing a response.
+#[derive(Clone, Copy)]
+enum Then {
+    KeepOpen,
+    Close,
+}
+
+/// A keep-alive HTTP/1.1 server on loopback answering each request head with a fixed reply, counting the
+/// connections it accepted and the ones the client closed.
+struct RawUpstream {
+    address: Uri,
+    accepted: Arc<AtomicUsize>,
+    closed_by_client: Arc<AtomicUsize>,
+}
+
+impl RawUpstream {
+    async fn start(reply: fn(&str) -> (&'static [u8], Then)) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = format!("http://{}", listener.local_addr().expect("address"))
+            .parse()
+            .expect("uri");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let closed_by_client = Arc::new(AtomicUsize::new(0));
+        let (counted, closed) = (accepted.clone(), closed_by_client.clone());
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(serve(stream, reply, closed.clone()));
+            }
+        });
+        Self {
+            address,
+            accepted,
+            closed_by_client,
+        }
+    }
+
+    fn pool(&self, settings: PoolSettings) -> ConnectionPool {
+        ConnectionPool::new(
+            self.address.clone(),
+            HttpConnector::new(),
+            None,
+            Duration::from_secs(1),
+            settings,
+        )
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
+    fn closed_by_client(&self) -> usize {
+        self.closed_by_client.load(Ordering::SeqCst)
+    }
+}
+
+async fn serve(
+    mut stream: TcpStream,
+    reply: fn(&str) -> (&'static [u8], Then),
+    closed_by_client: Arc<AtomicUsize>,
+) {
+    let mut pending = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        let head_end = loop {
+            if let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                break end + 4;
+            }
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => {
+                    closed_by_client.fetch_add(1, Ordering::SeqCst);
+                    return;
+                }
+                Ok(n) => pending.extend_from_slice(&buffer[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&pending[..head_end]).into_owned();
+        pending.drain(..head_end);
+        let (bytes, then) = reply(&head);
+        if stream.write_all(bytes).await.is_err() {
+            return;
+        }
+        if let Then::Close = then {
+            return;
+        }
+    }
+}
+
+const SETTINGS: PoolSettings = PoolSettings {
+    max_idle: 16,
+    idle_timeout: Duration::from_secs(60),
+};
+
+fn request(method: &str) -> Request<Body> {
+    Request::builder()
+        .method(method)
+        .uri("/x")
+        .header(http::header::HOST, "upstream.test")
+        .body(Body::empty())
+        .expect("request")
+}
+
+async fn read_all(response: Response<Body>) -> Bytes {
+    response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes()
+}
+
+const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+
+/// An upstream answering `ok` on keep-alive connections, and a pool to it.
+async fn keep_alive_pool(max_idle: usize, idle_timeout: Duration) -> (RawUpstream, ConnectionPool) {
+    let upstream = RawUpstream::start(|_| (OK, Then::KeepOpen)).await;
+    let pool = upstream.pool(PoolSettings {
+        max_idle,
+        idle_timeout,
+    });
+    (upstream, pool)
+}
+
+#[tokio::test]
+async fn sequential_requests_reuse_one_connection() {
+    let upstream = RawUpstream::start(|_| (OK, Then::KeepOpen)).await;
+    let pool = upstream.pool(SETTINGS);
+    for _ in 0..5 {
+        let response = pool.send(request("GET")).await.expect("response");
+        assert_eq!(read_all(response).await, "ok");
+    }
+    assert_eq!(upstream.accepted(), 1);
+    assert_eq!(pool.idle_count(), 1);
+}
+
+#[tokio::test]
+async fn bodiless_responses_give_their_connection_back_unpolled() {
+    let upstream = RawUpstream::start(|head| {
+        if head.starts_with("HEAD") {
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n",
+                Then::KeepOpen,
+            )
+        } else {
+            (b"HTTP/1.1 204 No Content\r\n\r\n", Then::KeepOpen)
+        }
+    })
+    .await;
+    let pool = upstream.pool(SETTINGS);
+    for method in ["HEAD", "GET", "HEAD"] {
+        // Dropped without a poll, as the server does with a body that has ended before it starts.
+        drop(pool.send(request(method)).await.expect("response"));
+    }
+    assert_eq!(upstream.accepted(), 1);
+    assert_eq!(pool.idle_count(), 1);
+}
+
+#[tokio::test]
+async fn a_body_dropped_half_read_takes_its_connection_with_it() {
+    let upstream = RawUpstream::start(|_| {
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf",
+            Then::KeepOpen,
+        )
+    })
+    .await;
+    let pool = upstream.pool(SETTINGS);
+    let response = pool.send(request("GET")).await.expect("response");
+    let mut body = response.into_body();
+    let first = body.frame().await.expect("a frame").expect("data");
+    assert_eq!(first.into_data().expect("data frame"), "half");
+    drop(body);
+    assert_eq!(pool.idle_count(), 0);
+    let _next = pool.send(request("GET")).await.expect("response");
+    assert_eq!(upstream.accepted(), 2);
+}
+
+#[tokio::test]
+async fn a_connection_the_target_closed_while_idle_is_not_used() {
+    // No `Connection: close`: the target just drops the connection after answering, as on its idle timeout.
+    let upstream = RawUpstream::start(|_| (OK, Then::Close)).await;
+    let pool = upstream.pool(SETTINGS);
+    for _ in 0..3 {
+        let response = pool.send(request("GET")).await.expect("response");
+        assert_eq!(read_all(response).await, "ok");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(upstream.accepted(), 3);
+}
+
+#[tokio::test]
+async fn idle_connections_are_closed_after_the_idle_timeout() {
+    let (upstream, pool) = keep_alive_pool(16, Duration::from_millis(100)).await;
+    read_all(pool.send(request("GET")).await.expect("response")).await;
+    assert_eq!(pool.idle_count(), 1);
+    // No further request comes to find it expired: the reaper closes it.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(pool.idle_count(), 0);
+    assert_eq!(upstream.closed_by_client(), 1);
+}
+
+#[tokio::test]
+async fn at_most_max_idle_connections_are_kept() {
+    let (upstream, pool) = keep_alive_pool(2, Duration::from_secs(60)).await;
+    // Four responses held at once need four connections.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(pool.send(request("GET")).await.expect("response"));
+    }
+    assert_eq!(upstream.accepted(), 4);
+    for response in held {
+        read_all(response).await;
+    }
+    assert_eq!(pool.idle_count(), 2);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(upstream.closed_by_client(), 2);
+}
+
+#[tokio::test]
+async fn an_https_target_without_tls_settings_is_never_sent_plain_text() {
+    let upstream = RawUpstream::start(|_| (OK, Then::KeepOpen)).await;
+    let https: Uri = format!(
+        "https://{}",
+        upstream.address.authority().expect("authority")
+    )
+    .parse()
+    .expect("uri");
+    let mut connector = HttpConnector::new();
+    connector.enforce_http(false);
+    let pool = ConnectionPool::new(https, connector, None, Duration::from_secs(1), SETTINGS);
+    let refused = pool.send(request("GET")).await;
+    assert!(matches!(refused, Err(SendError::Tls(_))), "{refused:?}");
+    // The TCP connection was made, then closed without a byte sent (the server saw no request head).
+    for _ in 0..100 {
+        if upstream.closed_by_client() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!((upstream.accepted(), upstream.closed_by_client()), (1, 1));
+}
