@@ -11,9 +11,10 @@ use smallvec::SmallVec;
 
 use super::headers;
 use super::responses::{json_response, refused};
-use crate::config::PLAN_KEY_SCOPE;
 use crate::consumers::Plan;
-use crate::key::{key_head, key_with_head, seal_key, AmbiguousKey, KeySpec, RequestFacts};
+use crate::key::{
+    key_head, key_with_head, seal_key, AmbiguousKey, KeySpec, RequestFacts, PLAN_KEY_SCOPE,
+};
 use crate::limiter::store::{LimitCheck, INLINE_LIMITS};
 use crate::limiter::{DecidedBy, Decision, Limit, Outcome, RateLimiter, Unavailable};
 use crate::routing::Refusal;

@@ -10,16 +10,13 @@ use super::limits::limit_settings;
 use super::raw::{
     RawAnonymous, RawConsumers, RawCredentialSource, RawIdentifier, RawJwt, RawPlan, RawStaticKey,
 };
-use super::units::parse_duration;
 use super::validate::{check_name, unique_names, Issues};
 use crate::consumers::jwt::{JwtKeySource, JwtSettings, JwtVerifier, DEFAULT_JWKS_REFRESH};
 use crate::consumers::{
-    api_key_digest, parse_digest, Anonymous, ConsumersSettings, CredentialSource, FailureLimit,
-    FailureSettings, ForwardHeaders, IdentifierSettings, Plan, StaticKey,
+    api_key_digest, consumer_id, parse_digest, Anonymous, ConsumersSettings, CredentialSource,
+    FailureLimit, FailureSettings, ForwardHeaders, IdentifierSettings, Plan, StaticKey,
 };
-
-/// The route name plan limits' store keys use in its place (`<prefix>consumer:<limit>:{<consumer>}`).
-pub const PLAN_KEY_SCOPE: &str = "consumer";
+use crate::limiter::parse_duration;
 
 /// Validates `consumers:`; relative file names (`jwks_file`) are relative to `folder`.
 pub(crate) fn consumers(
@@ -359,18 +356,6 @@ pub(crate) fn check_consumer_id(issues: &mut Issues, at: &str, id: &str) {
     if let Err(message) = consumer_id(id) {
         issues.add(at, message);
     }
-}
-
-/// Whether `id` may name a consumer; the message says why not.
-pub fn consumer_id(id: &str) -> Result<(), String> {
-    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '@' | '-');
-    // `.` and `..` would be path segments in the admin API's URLs, resolved away by clients and proxies.
-    if id.is_empty() || id.len() > 128 || !id.chars().all(allowed) || id == "." || id == ".." {
-        return Err(format!(
-            "invalid consumer id {id:?} (1 to 128 of A-Z a-z 0-9 . _ : @ -, not . or ..)"
-        ));
-    }
-    Ok(())
 }
 
 fn header_name(issues: &mut Issues, at: &str, name: Option<&str>) -> Option<HeaderName> {

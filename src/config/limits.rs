@@ -2,10 +2,11 @@
 
 use super::model::LimitSettings;
 use super::raw::{KeyParts, RawLimit, RawMissing};
-use super::units::{parse_duration_ms, parse_rate};
 use super::validate::{check_name, Issues};
 use crate::key::{KeyPart, KeySpec, MissingKey};
-use crate::limiter::{format_duration_ms, Algorithm, LeakyMode, Limit, Rate};
+use crate::limiter::{
+    format_duration_ms, parse_duration_ms, parse_rate, Algorithm, LeakyMode, Limit, Rate,
+};
 
 /// Every algorithm the file may name, with the parameters it takes, in the order users read them.
 const ALGORITHMS: [AlgorithmSpec; 6] = [

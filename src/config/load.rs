@@ -38,7 +38,7 @@ pub fn parse_for_layers(text: &str, source: &Path) -> Result<Config, ConfigError
 /// Validates a `consumers:` block written on its own (what goes under `consumers:` in a config file, not indented
 /// under it), taking `${VAR}` values from the process environment. Problems are located in `text` as a config
 /// file's are, `source` naming it, with field paths from the block (`plans.free.limits[0].rate`).
-pub(crate) fn parse_consumers(text: &str, source: &Path) -> Result<ConsumersSettings, ConfigError> {
+fn parse_consumers(text: &str, source: &Path) -> Result<ConsumersSettings, ConfigError> {
     let env = |name: &str| std::env::var(name).ok();
     let interpolated = interpolated(text, source, &env)?;
     let located = Located {
@@ -67,6 +67,47 @@ pub(crate) fn parse_consumers(text: &str, source: &Path) -> Result<ConsumersSett
     match settings {
         Some(settings) if problems.is_empty() => Ok(settings),
         _ => Err(ConfigError::invalid(problems)),
+    }
+}
+
+// `ConsumersSettings::from_yaml` is written here, beside the loader it calls, so that the consumers module, below
+// config, does not reach up into it.
+impl ConsumersSettings {
+    /// A `consumers:` block on its own, for a tower layer's [`Builder::consumers`](crate::layer::Builder::consumers)
+    /// without a whole config file: the text is what goes under `consumers:` in a config file (`identify:`,
+    /// `keys:`, `plans:`...), with `${VAR}`s from the environment. It is checked as a config file's block is, and
+    /// its problems are located the same way, in `source` (the name the messages give the text), e.g.
+    /// `consumers.yaml:7:47: plans.free.limits[0].rate: ...`.
+    ///
+    /// ```
+    /// use std::path::Path;
+    ///
+    /// use tollgate::consumers::ConsumersSettings;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let consumers = ConsumersSettings::from_yaml(
+    ///     r#"
+    /// identify:
+    ///   - api_key: { header: x-api-key }
+    /// keys:
+    ///   - { key: "sha256:9f8cfdb17116bf0e2a44e071454f25594cb9b8737bf331e6a2f0b30550572f29", consumer: demo, plan: free }
+    /// plans:
+    ///   free:
+    ///     limits:
+    ///       - { name: hourly, key: consumer, algorithm: gcra, rate: 1000/1h, burst: 20 }
+    /// "#,
+    ///     Path::new("consumers.yaml"),
+    /// )?;
+    /// assert_eq!(consumers.plans.len(), 1);
+    ///
+    /// let error = ConsumersSettings::from_yaml("plans:\n  free:\n    limits: 7\n", Path::new("c.yaml"))
+    ///     .expect_err("limits is a list");
+    /// assert!(error.to_string().starts_with("c.yaml:3:13: plans.free.limits: "), "{error}");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn from_yaml(text: &str, source: &Path) -> Result<Self, ConfigError> {
+        parse_consumers(text, source)
     }
 }
 

@@ -43,7 +43,7 @@ impl FailureLimit {
         };
         Ok(Self {
             limit: Limit::new("failed_credentials", algorithm, 1)?,
-            key_head: key_head(key_prefix, crate::config::PLAN_KEY_SCOPE, "!failed"),
+            key_head: key_head(key_prefix, crate::key::PLAN_KEY_SCOPE, "!failed"),
             blocked: parking_lot::Mutex::default(),
         })
     }

@@ -14,8 +14,7 @@ use super::settings::{
     Anonymous, ConsumerMode, ConsumersSettings, CredentialSource, ForwardHeaders,
     IdentifierSettings, Plan,
 };
-use crate::config::PLAN_KEY_SCOPE;
-use crate::key::RequestFacts;
+use crate::key::{RequestFacts, PLAN_KEY_SCOPE};
 use crate::limiter::Limit;
 
 /// The compiled `consumers:` block, shared by every route of a config: identifiers, static keys and plans.

@@ -17,6 +17,6 @@ pub use failures::{FailureLimit, FailureSettings};
 pub use identify::{Caller, CallerRefusal, Consumers};
 pub use overrides::overridden;
 pub use settings::{
-    Anonymous, ConsumerMode, ConsumersSettings, CredentialSource, ForwardHeaders,
+    consumer_id, Anonymous, ConsumerMode, ConsumersSettings, CredentialSource, ForwardHeaders,
     IdentifierSettings, Plan, StaticKey,
 };

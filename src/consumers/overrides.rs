@@ -46,7 +46,7 @@ pub fn overridden(base: &Limit, change: &LimitOverride) -> Result<Limit, String>
 mod tests {
     use super::*;
 
-    use crate::config::parse_rate;
+    use crate::limiter::parse_rate;
 
     fn gcra() -> Limit {
         let rate = parse_rate("100/1h").expect("rate");

@@ -1,13 +1,10 @@
 //! The validated `consumers:` block: how requests name their consumer, the static keys, the plans.
 
-use std::path::Path;
-
 use http::HeaderName;
 
 use super::failures::FailureSettings;
 use super::jwt::JwtSettings;
 use crate::admission::LimitSettings;
-use crate::config::ConfigError;
 
 /// The whole `consumers:` block, validated.
 #[derive(Debug, Clone)]
@@ -97,43 +94,14 @@ pub struct Plan {
     pub limits: Vec<LimitSettings>,
 }
 
-// === impl ConsumersSettings ===
-
-impl ConsumersSettings {
-    /// A `consumers:` block on its own, for a tower layer's [`Builder::consumers`](crate::layer::Builder::consumers)
-    /// without a whole config file: the text is what goes under `consumers:` in a config file (`identify:`,
-    /// `keys:`, `plans:`...), with `${VAR}`s from the environment. It is checked as a config file's block is, and
-    /// its problems are located the same way, in `source` (the name the messages give the text), e.g.
-    /// `consumers.yaml:7:47: plans.free.limits[0].rate: ...`.
-    ///
-    /// ```
-    /// use std::path::Path;
-    ///
-    /// use tollgate::consumers::ConsumersSettings;
-    ///
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let consumers = ConsumersSettings::from_yaml(
-    ///     r#"
-    /// identify:
-    ///   - api_key: { header: x-api-key }
-    /// keys:
-    ///   - { key: "sha256:9f8cfdb17116bf0e2a44e071454f25594cb9b8737bf331e6a2f0b30550572f29", consumer: demo, plan: free }
-    /// plans:
-    ///   free:
-    ///     limits:
-    ///       - { name: hourly, key: consumer, algorithm: gcra, rate: 1000/1h, burst: 20 }
-    /// "#,
-    ///     Path::new("consumers.yaml"),
-    /// )?;
-    /// assert_eq!(consumers.plans.len(), 1);
-    ///
-    /// let error = ConsumersSettings::from_yaml("plans:\n  free:\n    limits: 7\n", Path::new("c.yaml"))
-    ///     .expect_err("limits is a list");
-    /// assert!(error.to_string().starts_with("c.yaml:3:13: plans.free.limits: "), "{error}");
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn from_yaml(text: &str, source: &Path) -> Result<Self, ConfigError> {
-        crate::config::parse_consumers(text, source)
+/// Whether `id` may name a consumer; the message says why not.
+pub fn consumer_id(id: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '@' | '-');
+    // `.` and `..` would be path segments in the admin API's URLs, resolved away by clients and proxies.
+    if id.is_empty() || id.len() > 128 || !id.chars().all(allowed) || id == "." || id == ".." {
+        return Err(format!(
+            "invalid consumer id {id:?} (1 to 128 of A-Z a-z 0-9 . _ : @ -, not . or ..)"
+        ));
     }
+    Ok(())
 }

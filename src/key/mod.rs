@@ -11,4 +11,6 @@ pub use spec::{
     push_client_key, query_parameter, AmbiguousKey, KeyPart, KeyPartError, KeySpec, MissingKey,
     QueryParameter, RequestFacts,
 };
-pub use store_key::{key_head, key_with_head, seal_key, store_key, MAX_PLAIN_KEY_LEN};
+pub use store_key::{
+    key_head, key_with_head, seal_key, store_key, MAX_PLAIN_KEY_LEN, PLAN_KEY_SCOPE,
+};

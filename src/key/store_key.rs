@@ -3,6 +3,10 @@
 
 use sha2::{Digest, Sha256};
 
+/// The route name plan limits' store keys use in its place (`<prefix>consumer:<limit>:{<consumer>}`), shared by
+/// every route; a consumer's failed credentials are counted under it too.
+pub const PLAN_KEY_SCOPE: &str = "consumer";
+
 /// Key values longer than this are replaced by their digest, so clients cannot grow store keys.
 pub const MAX_PLAIN_KEY_LEN: usize = 64;
 

@@ -10,6 +10,7 @@ mod limit;
 mod rate_limiter;
 mod settings;
 pub mod store;
+mod units;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Outcome};
@@ -20,3 +21,5 @@ pub use rate_limiter::{Backend, DecidedBy, OnError, RateLimiter, Readiness, Unav
 pub use settings::{BackendKind, StoreSettings};
 /// What a full in-process store does with a new key's request (`StoreSettings::when_full`).
 pub use store::WhenFull;
+pub(crate) use units::parse_duration_ms;
+pub use units::{parse_duration, parse_rate, UnitError};

@@ -7,7 +7,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::issues::Issues;
-use crate::config::units::parse_duration;
+use crate::limiter::parse_duration;
 
 /// A list of CIDRs (or plain addresses) at `at`; `None` if any is invalid.
 pub(super) fn networks(issues: &mut Issues, at: &str, texts: &[String]) -> Option<Vec<IpNet>> {

@@ -5,10 +5,10 @@ use http::{HeaderName, HeaderValue, Method, StatusCode};
 use super::checks::{check_name, networks, unique_names};
 use super::file::Reader;
 use super::issues::Issues;
-use crate::config::consumers::PLAN_KEY_SCOPE;
 use crate::config::limits::limit_settings;
 use crate::config::model::*;
 use crate::config::raw::*;
+use crate::key::PLAN_KEY_SCOPE;
 
 /// Methods a route may name. Extension methods are refused: a misspelt `GTE` would otherwise match nothing, silently.
 const METHODS: [&str; 9] = [

@@ -292,7 +292,7 @@ impl Shared {
         let consumer = string(&self.consumer_claim).ok_or(TokenRejection::MissingClaim)?;
         // The id reaches store keys, logs and the consumer header: it obeys the admin API's character set, or a
         // `sub` with CR LF would silently lose the header the upstream believes.
-        if crate::config::consumer_id(&consumer).is_err() {
+        if crate::consumers::consumer_id(&consumer).is_err() {
             return Err(TokenRejection::InvalidConsumerId);
         }
         let plan = self.plan_claim.as_deref().and_then(string);

@@ -1,8 +1,9 @@
-//! Durations (`250ms`, `1s`, `1m30s`) and rates (`10/s`, `30/1m`) as the config file writes them.
+//! Durations (`250ms`, `1s`, `1m30s`) and rates (`10/s`, `30/1m`) as the config file (and code building limits)
+//! writes them.
 
 use std::time::Duration;
 
-use crate::limiter::{LimitError, Rate};
+use super::{LimitError, Rate};
 
 /// Units from the largest down, so that combined durations are written largest first (`1h30m`, not `30m1h`).
 const UNITS: [(&str, u64); 5] = [
