@@ -18,13 +18,7 @@ pub(super) struct Drain {
 #[derive(Debug)]
 pub(super) struct DrainWatcher {
     signal: watch::Receiver<()>,
-    holds: TunnelHolds,
 }
-
-/// Makes the holds of the WebSocket tunnels a connection hands its upgraded requests to: the server waits for those
-/// too, since a tunnel outlives the connection.
-#[derive(Debug, Clone)]
-pub(super) struct TunnelHolds(watch::Sender<()>);
 
 // === impl Drain ===
 
@@ -40,8 +34,13 @@ impl Drain {
     pub(super) fn watcher(&self) -> DrainWatcher {
         DrainWatcher {
             signal: self.signal.subscribe(),
-            holds: TunnelHolds(self.signal.clone()),
         }
+    }
+
+    /// A hold for a WebSocket tunnel, which the server waits for as for a connection until it is dropped: a tunnel
+    /// outlives the connection it came from.
+    pub(super) fn tunnel_hold(signal: &watch::Sender<()>) -> crate::proxy::TunnelHold {
+        crate::proxy::TunnelHold::new(signal.subscribe())
     }
 
     /// What counts the connections being served (their number is its receivers'), for [`super::Shutdown`].
@@ -64,11 +63,6 @@ impl Drain {
 // === impl DrainWatcher ===
 
 impl DrainWatcher {
-    /// What makes holds for this connection's WebSocket tunnels.
-    pub(super) fn tunnel_holds(&self) -> TunnelHolds {
-        self.holds.clone()
-    }
-
     /// Runs `connection` to its end; if shutdown begins first, `start_draining` asks it to finish the request in
     /// flight and close (hyper's `graceful_shutdown`), and it is run to that end.
     pub(super) async fn watch<C: Future>(
@@ -88,15 +82,6 @@ impl DrainWatcher {
         // Held until here: the server waits for the last watcher to go.
         drop(self);
         output
-    }
-}
-
-// === impl TunnelHolds ===
-
-impl TunnelHolds {
-    /// A hold the server waits for, as for a connection, until it is dropped.
-    pub(super) fn hold(&self) -> crate::proxy::TunnelHold {
-        crate::proxy::TunnelHold::new(self.0.subscribe())
     }
 }
 
@@ -140,7 +125,7 @@ mod tests {
     async fn a_tunnel_s_hold_outlives_its_connection_and_shutdown_waits_for_it() {
         let drain = Drain::new();
         let watcher = drain.watcher();
-        let hold = watcher.tunnel_holds().hold();
+        let hold = Drain::tunnel_hold(&drain.counter());
         // The connection ends at the upgrade; its tunnel goes on.
         watcher.watch(async {}, |_| {}).await;
         assert_eq!(drain.open(), 1, "the tunnel counts as open");

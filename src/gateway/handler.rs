@@ -136,10 +136,28 @@ impl Gateway {
         &self.limiter
     }
 
+    /// A request that may open a WebSocket tunnel (hyper marks it for an upgrade) carries a hold on the server's
+    /// drain, which the tunnel keeps for as long as it is open: it outlives the HTTP connection the drain watched,
+    /// and gets the grace period too.
+    #[cold]
+    #[inline(never)]
+    fn hold_tunnel(&self, request: &mut Request<Body>) {
+        if let Some(hold) = self.shutdown.tunnel_hold() {
+            request.extensions_mut().insert(hold);
+        }
+    }
+
     /// Answers one request from `peer`: with an `x-request-id` (generated when absent, passed upstream and
     /// returned), counted in `tollgate_requests_total` and written to the access log.
     pub async fn handle(&self, mut request: Request<Body>, peer: SocketAddr) -> Response<Body> {
         let runtime = self.runtime.load_full();
+        if request
+            .extensions()
+            .get::<hyper::upgrade::OnUpgrade>()
+            .is_some()
+        {
+            self.hold_tunnel(&mut request);
+        }
         // Before anything reads or writes a field: what `Connection` names is the client's own fields, never
         // tollgate's.
         crate::proxy::clean_client_fields(request.headers_mut(), &runtime.client_fields);

@@ -12,7 +12,6 @@ use axum::body::Body;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use thiserror::Error;
@@ -208,13 +207,10 @@ async fn serve_connection(
     let opening = sniff(&stream, header_read_timeout).await;
     let (max_header_bytes, body_read_timeout) =
         (builders.max_header_bytes, builders.body_read_timeout);
-    let holds = watcher.tunnel_holds();
-    let service = service_fn(move |mut request: hyper::Request<Incoming>| {
-        // A WebSocket handshake (hyper marks every request with `Upgrade`): its tunnel outlives this connection and
-        // holds the drain open itself, within the grace period.
-        if request.extensions().get::<OnUpgrade>().is_some() {
-            request.extensions_mut().insert(holds.hold());
-        }
+    // Nothing in this closure but what every request needs: the future it returns is built in place in the
+    // connection only while the closure stays this small (a WebSocket handshake's drain hold is taken in
+    // `Gateway::handle`; here it made every request copy its future once more).
+    let service = service_fn(move |request: hyper::Request<Incoming>| {
         // No gateway for a head over the limit. Nothing else is captured for it: the future is moved into the
         // connection once per request, and each byte more in it is copied every time.
         let gateway = (head_bytes(&request) <= max_header_bytes).then(|| gateway.clone());

@@ -41,6 +41,12 @@ impl Shutdown {
         self.servers.lock().push(drain.counter());
     }
 
+    /// A hold for a WebSocket tunnel being opened, which the first server's drain waits for until it is dropped
+    /// (`None` when no server runs: the gateway serves through another front, tests or a layer).
+    pub(crate) fn tunnel_hold(&self) -> Option<crate::proxy::TunnelHold> {
+        self.servers.lock().first().map(Drain::tunnel_hold)
+    }
+
     /// The connections open now on every server of this gateway, WebSocket tunnels included.
     pub fn open_connections(&self) -> usize {
         self.servers
