@@ -13,20 +13,12 @@ use super::headers;
 use super::responses::{json_response, refused};
 use crate::consumers::Plan;
 use crate::key::{
-    key_head, key_with_head, seal_key, AmbiguousKey, KeySpec, RequestFacts, PLAN_KEY_SCOPE,
+    key_head, key_with_head, seal_key, AmbiguousKey, KeySpec, LimitSettings, RequestFacts,
+    PLAN_KEY_SCOPE,
 };
 use crate::limiter::store::{LimitCheck, INLINE_LIMITS};
 use crate::limiter::{DecidedBy, Decision, Limit, Outcome, RateLimiter, Unavailable};
 use crate::routing::Refusal;
-
-/// A limit and how it keys requests (one entry of a route's `limits:`).
-#[derive(Debug, Clone)]
-pub struct LimitSettings {
-    /// The validated limit (name, algorithm, cost).
-    pub limit: Limit,
-    /// How the limit keys requests.
-    pub key: KeySpec,
-}
 
 /// The limits of one scope (a route), applied together: a request is admitted only if all admit it.
 #[derive(Debug, Clone)]

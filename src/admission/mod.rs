@@ -8,7 +8,9 @@ mod limits;
 mod policy;
 mod responses;
 
-pub use limits::{LimitSet, LimitSettings, NotChecked, Replaced, Verdict};
+/// A limit with its key spec, as admission takes it (the key module's type, named here too).
+pub use crate::key::LimitSettings;
+pub use limits::{LimitSet, NotChecked, Replaced, Verdict};
 pub use policy::{Admission, Admitted, Policy};
 pub(crate) use responses::json_response;
 pub use responses::{caller_refused, ensure_request_id, refused, X_REQUEST_ID};

@@ -8,9 +8,9 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use ipnet::IpNet;
 
 // Domain types the config builds but does not own; named here too, as the config's parts.
-pub use crate::admission::LimitSettings;
 pub use crate::consumers::{ConsumerMode, ConsumersSettings};
 pub use crate::key::ClientIpHeader;
+pub use crate::key::LimitSettings;
 pub use crate::limiter::{BackendKind, StoreSettings};
 pub use crate::proxy::UpstreamSettings;
 pub use crate::routing::RouteMatch;

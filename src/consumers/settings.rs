@@ -4,7 +4,7 @@ use http::HeaderName;
 
 use super::failures::FailureSettings;
 use super::jwt::JwtSettings;
-use crate::admission::LimitSettings;
+use crate::key::LimitSettings;
 
 /// The whole `consumers:` block, validated.
 #[derive(Debug, Clone)]

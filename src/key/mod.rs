@@ -3,10 +3,12 @@
 //! state.
 
 mod client_ip;
+mod limit;
 mod spec;
 mod store_key;
 
 pub use client_ip::{believed_hops, ip_text, push_ip_text, ClientIpHeader, ClientIpResolver};
+pub use limit::LimitSettings;
 pub use spec::{
     push_client_key, query_parameter, AmbiguousKey, KeyPart, KeyPartError, KeySpec, MissingKey,
     QueryParameter, RequestFacts,
