@@ -867,11 +867,13 @@ async fn what_local_fallbacks_admit_is_carried_into_redis_so_two_instances_admit
 async fn a_key_the_fallback_filled_is_carried_before_redis_decides_on_it_again() {
     use tollgate::limiter::{Backend, OnError, RateLimiter, SystemClock};
     let redis = RedisServer::start();
-    let store = RedisStore::connect(&redis.url(), 1, Duration::from_millis(100)).expect("connect");
+    let store =
+        RedisStore::connect(&redis.url(), 1, Duration::from_millis(1_000)).expect("connect");
     assert!(store.wait_connected(Duration::from_secs(10)).await);
+    // A budget the carry keeps on a loaded machine: within it, the request waits for its key's carry.
     let limiter = RateLimiter::new(
         Backend::Redis(store),
-        Duration::from_millis(100),
+        Duration::from_millis(1_000),
         OnError::Local,
         100_000,
         std::sync::Arc::new(SystemClock),

@@ -30,13 +30,43 @@ pub(super) struct FallbackLedger {
     local: OnceLock<Arc<MemoryStore>>,
 }
 
-/// The keys of a carry under way: taken out one by one, by the carrying task or by the first request that needs
-/// one, so each is carried once and before Redis decides anything more on it.
+/// The keys of a carry under way, each carried once, by the carrying task or by the first request that needs it,
+/// and before Redis decides anything more on it.
 #[derive(Debug, Default)]
 struct Pending {
-    keys: Mutex<HashMap<Box<str>, Limit>>,
+    keys: Mutex<HashMap<Box<str>, Slot>>,
     /// Whether `keys` may hold any: one relaxed load on the request path when no carry is under way.
     any: AtomicBool,
+}
+
+/// One key's carry: its limit until it is taken to be carried. The lock is held for the whole carry, so that a
+/// request on the key waits for a carry under way rather than running past it.
+type Slot = Arc<tokio::sync::Mutex<Option<Limit>>>;
+
+impl Pending {
+    /// Carries `key` if nobody has yet, or waits for the carry under way; then forgets it. `Err` when Redis failed.
+    async fn carry(
+        &self,
+        redis: &RedisStore,
+        local: &MemoryStore,
+        key: &str,
+    ) -> Result<Carried, ()> {
+        let slot = self.keys.lock().get(key).cloned();
+        let Some(slot) = slot else {
+            return Ok(Carried::NOTHING);
+        };
+        let mut limit = slot.lock().await;
+        let result = match limit.take() {
+            Some(taken) => carry_key(redis, local, key, &taken).await,
+            None => Ok(Carried::NOTHING),
+        };
+        drop(limit);
+        let mut keys = self.keys.lock();
+        if keys.get(key).is_some_and(|held| Arc::ptr_eq(held, &slot)) {
+            keys.remove(key);
+        }
+        result
+    }
 }
 
 impl FallbackLedger {
@@ -74,7 +104,12 @@ impl FallbackLedger {
             if pending.len() + keys.len() > MAX_KEYS {
                 return;
             }
-            pending.extend(keys);
+            for (key, limit) in keys {
+                // A key an earlier carry left (Redis failed again) keeps its slot.
+                pending
+                    .entry(key)
+                    .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(Some(limit))));
+            }
             self.pending.any.store(true, Ordering::Release);
             // With what an earlier carry left when Redis failed again.
             pending.keys().cloned().collect()
@@ -106,11 +141,8 @@ impl FallbackLedger {
         };
         let carry = async {
             for check in checks {
-                let limit = self.pending.keys.lock().remove(check.key);
-                if let Some(limit) = limit {
-                    if carry_key(redis, local, check.key, &limit).await.is_err() {
-                        return;
-                    }
+                if self.pending.carry(redis, local, check.key).await.is_err() {
+                    return;
                 }
             }
         };
@@ -132,14 +164,10 @@ async fn carry_over(
 ) {
     let (mut carried, mut full, count) = (0u64, 0usize, order.len());
     let mut carrying = stream::iter(order)
-        .filter_map(|key| {
-            // A request on the key may have carried it already.
-            let limit = pending.keys.lock().remove(&key);
-            std::future::ready(limit.map(|limit| (key, limit)))
-        })
-        .map(|(key, limit)| {
-            let (redis, local) = (redis.clone(), Arc::clone(&local));
-            async move { carry_key(&redis, &local, &key, &limit).await }
+        .map(|key| {
+            let (redis, local, pending) = (redis.clone(), Arc::clone(&local), Arc::clone(&pending));
+            // A request on the key may have carried it already: then nothing.
+            async move { pending.carry(&redis, &local, &key).await }
         })
         .buffer_unordered(CONCURRENT_KEYS);
     while let Some(result) = carrying.next().await {
@@ -173,11 +201,20 @@ async fn carry_over(
 }
 
 /// What carrying one key consumed in Redis.
+#[derive(Debug, Clone, Copy)]
 struct Carried {
     /// Requests' costs consumed.
     requests: u64,
     /// Redis refused before all was carried: the key is at its limit there.
     at_limit: bool,
+}
+
+impl Carried {
+    /// Nothing to carry, or carried by someone else.
+    const NOTHING: Self = Self {
+        requests: 0,
+        at_limit: false,
+    };
 }
 
 async fn carry_key(

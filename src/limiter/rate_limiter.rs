@@ -446,6 +446,8 @@ impl RateLimiter {
 impl Health {
     /// A call succeeded.
     fn recovered(&self, redis: &RedisStore) {
+        // First: from here on requests go to Redis again, and each must find its key's carry pending.
+        self.ledger.carry(redis);
         self.breaker.record_success();
         if self.fallback_active.swap(false, Ordering::Relaxed) {
             metrics::gauge!("tollgate_store_fallback").set(0.0);
@@ -453,7 +455,6 @@ impl Health {
         self.ready.store(true, Ordering::Release);
         *self.reason() = None;
         redis.log_recovery();
-        self.ledger.carry(redis);
     }
 
     /// A call failed for `reason` (`None`: nothing new, e.g. the circuit is open), logged once per outage.
