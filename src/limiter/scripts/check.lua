@@ -379,7 +379,10 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     local burst, per_ms, unit = p1, p2, p3
     local capacity = burst * unit
     local b = load(k, 3)
-    raise_to(b, capacity)
+    local stored, was = cache[b + 2], cache[b + 4]
+    if stored and was and was < capacity then -- raise_to, inline on the path that admits
+      cache[b + 2], cache[b + 4] = stored + capacity - was, capacity
+    end
     local level = level_of(b, capacity, capacity, per_ms, true)
     local need = cost * unit
     local standing = (level - level % unit) / unit
