@@ -13,7 +13,7 @@ use common::redis::RedisServer;
 use tollgate::consumers::api_key_digest as digest;
 use tollgate::consumers::directory::{ConsumerRecord, Directory, DirectoryError};
 
-/// How long a change may take to reach another instance (design §10).
+/// How long a change may take to reach another instance (docs/operations.md, "Consumers at runtime").
 const ONE_SECOND: Duration = Duration::from_secs(1);
 
 /// A directory on the Redis at `url` under the default key prefix (`tollgate:`).

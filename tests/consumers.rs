@@ -1,4 +1,4 @@
-//! Consumers and plans (design §10) end to end: API keys naming consumers, plan limits shared across routes and
+//! Consumers and plans end to end: API keys naming consumers, plan limits shared across routes and
 //! gateway instances, the anonymous plan, 401 / 400 refusals and the forwarded consumer headers; against a real
 //! Redis shared by two gateways and against the in-process store, which must decide alike.
 

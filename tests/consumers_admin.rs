@@ -1,4 +1,4 @@
-//! The consumers' admin API (design §10): settings and keys set through one gateway's admin listener reach
+//! The consumers' admin API: settings and keys set through one gateway's admin listener reach
 //! another's within a second, requests that name unknown plans, limits or bad overrides are refused with the
 //! name, a key is shown once and only its digest is kept, changes need the token, fail with 503 while Redis is
 //! down, and each is an audit line naming who made it.

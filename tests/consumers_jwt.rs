@@ -1,4 +1,4 @@
-//! JWT consumers through the gateway (design §10): tokens signed by keys of a JWKS served on 127.0.0.1 name their
+//! JWT consumers through the gateway: tokens signed by keys of a JWKS served on 127.0.0.1 name their
 //! consumer and plan; a plan's limits hold across two gateways on one Redis and on the in-process store alike; each
 //! kind of bad token is 401 before any limit is asked; a runtime plan goes ahead of the token's claim.
 

@@ -381,7 +381,7 @@ fn admin_on_a_public_address_without_token_refuses_to_start() {
     assert!(stderr.contains("admin.token"), "{stderr}");
 }
 
-// === Refusals of malformed framing, oversize heads and wrong admin tokens (design §7, §8) ===
+// === Refusals of malformed framing, oversize heads and wrong admin tokens ===
 
 /// A gateway with an upstream route `framing` at `/up` and a `respond` route `here` at `/here`, both unlimited.
 fn framing_yaml(upstream: &str, max_header_bytes: usize) -> String {
@@ -577,7 +577,7 @@ async fn admin_token_of_another_length_or_with_the_right_prefix_is_401() {
     assert_eq!(response.status(), 200);
 }
 
-// === one view of the request (design §7) ===
+// === one view of the request ===
 //
 // An "inner" gateway trusting 127.0.0.1 as a proxy, with the routes a login-protecting deployment has, and a
 // "front" gateway trusting nobody that proxies everything to it. The upstream echoes what it received.
@@ -1169,7 +1169,7 @@ async fn a_query_key_is_one_bucket_under_every_spelling_and_ambiguous_when_repea
     assert_eq!(upstream.hits(), 3);
 }
 
-// === HTTP/2 (h2c) under the same clocks as HTTP/1.1 (design §7) ===
+// === HTTP/2 (h2c) under the same clocks as HTTP/1.1 ===
 
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
