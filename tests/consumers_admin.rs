@@ -697,6 +697,14 @@ async fn a_flushed_directory_is_one_warning_a_count_and_is_reseeded_from_its_lis
         .map(|c| c["consumer"].as_str().expect("id"))
         .collect();
     assert_eq!(ids, ["acme", "globex", "initech"]);
+    // A last page that is full says no more follow.
+    let (_, whole) = call(http.get(format!("{admin}/consumers?limit=3"))).await;
+    assert_eq!(
+        whole["consumers"].as_array().map(Vec::len),
+        Some(3),
+        "{whole}"
+    );
+    assert!(whole["next"].is_null(), "{whole}");
     let globex = &listed[1]["record"];
     assert_eq!(
         globex["keys"][0]["sha256"],

@@ -282,9 +282,13 @@ pub(super) async fn list(
     let consumers = admin.gateway.consumers().ok_or(AdminError::NoConsumers)?;
     let directory = consumers.directory();
     let limit = query.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE);
-    let page = directory.records(query.after.as_deref(), limit);
-    let next = (page.len() == limit)
-        .then(|| page.last().map(|(id, _)| id.to_string()))
+    // One more than the page, to know whether another follows: a last page that is full says so with no `next`.
+    let mut page = directory.records(query.after.as_deref(), limit + 1);
+    let next = (page.len() > limit)
+        .then(|| {
+            page.truncate(limit);
+            page.last().map(|(id, _)| id.to_string())
+        })
         .flatten();
     let records: Vec<Value> = page
         .iter()
