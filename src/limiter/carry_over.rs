@@ -227,10 +227,7 @@ async fn carry_key(
     let taken = standing.limit.saturating_sub(standing.remaining);
     let requests = taken.div_ceil(limit.cost());
     if requests == 0 {
-        return Ok(Carried {
-            requests: 0,
-            at_limit: false,
-        });
+        return Ok(Carried::NOTHING);
     }
     // All of it in one call when it fits (a key Redis holds nothing of, the common case after an outage).
     let whole = Limit::new(

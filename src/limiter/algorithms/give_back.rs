@@ -75,15 +75,7 @@ pub fn give_back(
         (Algorithm::TokenBucket { rate, burst }, State::Bucket(s)) => {
             let (unit, per_ms) = (rate.period_ms(), rate.count());
             let capacity = burst * unit;
-            let stored = s.level_under(capacity);
-            let elapsed = (now_ms - s.updated_ms).max(0) as u64;
-            let missing = capacity.saturating_sub(stored);
-            let level = if elapsed.saturating_mul(per_ms) >= missing {
-                capacity
-            } else {
-                stored + elapsed * per_ms
-            };
-            let level = (level + cost * unit).min(capacity);
+            let level = (s.refilled(capacity, per_ms, now_ms) + cost * unit).min(capacity);
             let state = BucketState {
                 level,
                 updated_ms: now_ms,

@@ -22,11 +22,23 @@ pub struct BucketState {
 
 impl BucketState {
     /// The level under `capacity`: raised by what a larger burst added since it was written.
-    pub(super) fn level_under(&self, capacity: u64) -> u64 {
+    fn level_under(&self, capacity: u64) -> u64 {
         if self.capacity != 0 && self.capacity < capacity {
             self.level + (capacity - self.capacity)
         } else {
             self.level
+        }
+    }
+
+    /// The level at `now_ms` of a bucket of `capacity` refilled `per_ms` units each millisecond.
+    pub(super) fn refilled(&self, capacity: u64, per_ms: u64, now_ms: i64) -> u64 {
+        let stored = self.level_under(capacity);
+        let elapsed = (now_ms - self.updated_ms).max(0) as u64;
+        // Compared, not added, so a long idle time cannot overflow.
+        if elapsed.saturating_mul(per_ms) >= capacity.saturating_sub(stored) {
+            capacity
+        } else {
+            stored + elapsed * per_ms
         }
     }
 }
@@ -42,20 +54,7 @@ pub fn evaluate(
     let unit = rate.period_ms();
     let per_ms = rate.count();
     let capacity = burst * unit;
-    let level = match state {
-        None => capacity,
-        Some(s) => {
-            let stored = s.level_under(capacity);
-            let elapsed = (now_ms - s.updated_ms).max(0) as u64;
-            let missing = capacity.saturating_sub(stored);
-            // Compared, not added, so a long idle time cannot overflow.
-            if elapsed.saturating_mul(per_ms) >= missing {
-                capacity
-            } else {
-                stored + elapsed * per_ms
-            }
-        }
-    };
+    let level = state.map_or(capacity, |s| s.refilled(capacity, per_ms, now_ms));
     let need = cost * unit;
     let standing_reset = ceil_div(capacity - level, per_ms);
 
