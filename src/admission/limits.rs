@@ -3,14 +3,11 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
-use http::header::{self, HeaderMap, HeaderValue};
-use http::{Response, StatusCode};
-use serde_json::json;
+use http::header::{HeaderMap, HeaderValue};
+use http::StatusCode;
 use smallvec::SmallVec;
 
 use super::headers;
-use super::responses::{json_response, refused};
 use crate::consumers::Plan;
 use crate::key::{
     key_head, key_with_head, seal_key, AmbiguousKey, KeySpec, LimitSettings, RequestFacts,
@@ -18,7 +15,6 @@ use crate::key::{
 };
 use crate::limiter::store::{LimitCheck, INLINE_LIMITS};
 use crate::limiter::{DecidedBy, Decision, Limit, Outcome, RateLimiter, Unavailable};
-use crate::routing::Refusal;
 
 /// The limits of one scope (a route), applied together: a request is admitted only if all admit it.
 #[derive(Debug, Clone)]
@@ -322,9 +318,14 @@ impl LimitSet {
         }
     }
 
-    /// The answer to a denied request: `deny_status` (429 by default) with `Retry-After`, the rate-limit fields
-    /// and a JSON body naming the limit.
-    pub fn refusal(&self, verdict: &Verdict) -> Response<Body> {
+    /// The status a denied request is answered with (`deny_status`, 429 by default).
+    pub fn deny_status(&self) -> StatusCode {
+        self.deny_status
+    }
+
+    /// What a refusal names of a denied request: the limit that explains it, and how long until it would be
+    /// admitted (the longest wait among the enforced limits that denied it).
+    pub fn denial(&self, verdict: &Verdict) -> (&str, u64) {
         let limit = self
             .most_restrictive(verdict)
             .map_or("", |i| self.name_of(verdict, i));
@@ -334,42 +335,7 @@ impl LimitSet {
             .map(|d| d.retry_after_ms)
             .max()
             .unwrap_or(0);
-        tracing::debug!(scope = %self.scope, limit, retry_after_ms, "rate limited");
-        let body = json!({
-            "error": "rate_limited",
-            "route": self.scope,
-            "limit": limit,
-            "retry_after_ms": retry_after_ms,
-        });
-        let mut response = json_response(self.deny_status, &body);
-        // At least 1: `Retry-After: 0` would invite an immediate retry that is still refused.
-        let seconds = retry_after_ms.div_ceil(1000).max(1);
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-        self.decorate(response.headers_mut(), verdict);
-        response
-    }
-
-    /// The answer to a request the limiter did not decide: 400 for an ambiguous key, 503 when the store failed
-    /// and the policy is `on_error: deny`.
-    pub fn not_checked(&self, error: &NotChecked) -> Response<Body> {
-        match error {
-            NotChecked::Ambiguous(_) => refused(Refusal::AmbiguousKey),
-            NotChecked::Unavailable(unavailable) => self.unavailable(unavailable),
-        }
-    }
-
-    /// The answer when the store failed and the policy is `on_error: deny`.
-    pub fn unavailable(&self, error: &Unavailable) -> Response<Body> {
-        // The limiter logs the outage, once per reason: a line per refused request would flood the log.
-        tracing::debug!(scope = %self.scope, %error, "refusing: limiter unavailable");
-        let body = json!({"error": "limiter_unavailable", "route": self.scope});
-        let mut response = json_response(StatusCode::SERVICE_UNAVAILABLE, &body);
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        response
+        (limit, retry_after_ms)
     }
 
     /// Adds `X-RateLimit-*`, `RateLimit-Policy` and `RateLimit` describing `verdict`.

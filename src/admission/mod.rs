@@ -1,16 +1,24 @@
-//! Admission: the request path the gateway and the tower layer share (see docs/development.md, "Layout"). A [`Policy`] decides a request
-//! from its key facts: allowlist, the caller and its plan, keys, one limiter call, the 429 / 503 / 401 / 403 / 400
-//! answers, delays, the fields of an admitted response and the consumer headers sent on.
+//! Admission: the request path the gateway and the tower layer share (see docs/development.md, "Layout"). A [`Policy`]
+//! runs a request from its reading to its answer ([`Policy::serve`]): allowlist, the caller and its plan, keys, one
+//! limiter call, refusals as typed values ([`Refusal`], answered in one place), delays, the consumer headers sent on,
+//! the fields of an admitted response and the work kept for after the answer ([`AnswerGuard`]).
 
+mod after_answer;
 mod headers;
 mod held;
 mod limits;
 mod policy;
+mod refusal;
 mod responses;
+mod serve;
 
 /// A limit with its key spec, as admission takes it (the key module's type, named here too).
 pub use crate::key::LimitSettings;
+#[cfg(test)]
+pub(crate) use after_answer::recording;
+pub use after_answer::{AfterAnswer, AnswerGuard, Ending, GuardedBody};
 pub use limits::{LimitSet, NotChecked, Replaced, Verdict};
 pub use policy::{Admission, Admitted, Policy};
+pub use refusal::Refusal;
 pub(crate) use responses::json_response;
-pub use responses::{caller_refused, ensure_request_id, refused, X_REQUEST_ID};
+pub use responses::{answer, ensure_request_id, X_REQUEST_ID};

@@ -6,13 +6,13 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
-use http::{HeaderMap, HeaderValue, Response};
+use http::{HeaderMap, HeaderValue};
 use ipnet::IpNet;
 
+use super::after_answer::{AfterAnswer, AnswerGuard};
 use super::held::Held;
-use super::limits::{LimitSet, Replaced, Verdict};
-use super::responses;
+use super::limits::{LimitSet, NotChecked, Replaced, Verdict};
+use super::refusal::Refusal;
 use crate::consumers::{Caller, CallerRefusal, ConsumerMode, Consumers};
 use crate::key::{AmbiguousKey, RequestFacts};
 use crate::limiter::RateLimiter;
@@ -28,6 +28,19 @@ pub struct Policy {
     headers: bool,
     /// Consumers and plans, when the config has a `consumers:` block.
     consumers: Option<PolicyConsumers>,
+    /// What makes the work an admitted request keeps for after its answer, when its limits keep any: none today
+    /// outside tests (costs settled after the answer and concurrency slots will).
+    after_answer: Option<AfterAnswerMaker>,
+}
+
+/// Makes the [`AfterAnswer`] work of one admitted request.
+#[derive(Clone)]
+struct AfterAnswerMaker(Arc<dyn Fn() -> Box<dyn AfterAnswer> + Send + Sync>);
+
+impl std::fmt::Debug for AfterAnswerMaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AfterAnswerMaker")
+    }
 }
 
 /// How a route treats callers (see docs/configuration.md, "Consumers and plans").
@@ -47,6 +60,8 @@ pub struct Admitted {
     /// The identified caller, on a route that identifies callers. Boxed: an admission is held while the request
     /// is forwarded, and routes without consumers should not carry room for one.
     pub caller: Option<Box<Caller>>,
+    /// What runs once the answer ends, when the request's limits keep anything for after it.
+    pub after: Option<AnswerGuard>,
 }
 
 /// What admission decided for one request.
@@ -54,9 +69,8 @@ pub struct Admitted {
 pub enum Admission {
     /// The client is on the allowlist: no limit was asked, nothing was counted, and the response carries no fields.
     Exempt,
-    /// Refused: the answer to send instead of the request's (429 or `deny_status`, 503 when the store failed and
-    /// the policy is to refuse, 400 for an ambiguous key).
-    Refused(Response<Body>),
+    /// Refused, and why: the entry point answers it ([`answer`](super::answer) for HTTP).
+    Refused(Refusal),
     /// Admitted, once any delay a `leaky_bucket` in delay mode asked for has passed.
     Admitted(Admitted),
 }
@@ -72,7 +86,19 @@ impl Policy {
             allow,
             headers,
             consumers: None,
+            after_answer: None,
         }
+    }
+
+    /// The same policy making `work` for every admitted request, to run when its answer ends. For the tests of
+    /// the seam; the capabilities that keep work for after the answer make theirs from their limits.
+    #[cfg(test)]
+    pub(crate) fn with_after_answer(
+        mut self,
+        work: impl Fn() -> Box<dyn AfterAnswer> + Send + Sync + 'static,
+    ) -> Self {
+        self.after_answer = Some(AfterAnswerMaker(Arc::new(work)));
+        self
     }
 
     /// The same policy identifying callers as `mode` says, with the plans of `consumers` (stores keys under
@@ -128,7 +154,7 @@ impl Policy {
                     .and_then(|f| f.blocked_for(facts.client_ip, facts.ipv6_prefix))
                     .filter(|_| consumers.presents_credential(facts))
                 {
-                    return Admission::Refused(responses::too_many_failed_credentials(wait));
+                    return Admission::Refused(Refusal::TooManyFailedCredentials { wait });
                 }
                 match consumers.identify(facts, policy.mode) {
                     Ok(caller) => Some(Box::new(caller)),
@@ -143,13 +169,15 @@ impl Policy {
                                 facts.ipv6_prefix,
                             ));
                             if let Some(wait) = counted.await {
-                                return Admission::Refused(responses::too_many_failed_credentials(
+                                return Admission::Refused(Refusal::TooManyFailedCredentials {
                                     wait,
-                                ));
+                                });
                             }
                         }
-                        let challenges = consumers.challenges();
-                        return Admission::Refused(responses::caller_refused(&refusal, challenges));
+                        return Admission::Refused(match refusal {
+                            CallerRefusal::Ambiguous => Refusal::AmbiguousKey,
+                            refusal => Refusal::Caller(refusal),
+                        });
                     }
                 }
             }
@@ -169,10 +197,14 @@ impl Policy {
         };
         let verdict = match limits.check_replacing(limiter, facts, replaced).await {
             Ok(verdict) => verdict,
-            Err(error) => return Admission::Refused(limits.not_checked(&error)),
+            Err(NotChecked::Ambiguous(_)) => return Admission::Refused(Refusal::AmbiguousKey),
+            Err(NotChecked::Unavailable(error)) => {
+                return Admission::Refused(Refusal::Unavailable(error))
+            }
         };
         if !verdict.outcome.allowed {
-            return Admission::Refused(limits.refusal(&verdict));
+            let plan = caller.as_deref().and_then(|caller| caller.plan);
+            return Admission::Refused(Refusal::RateLimited { verdict, plan });
         }
         let delay_ms = limits.delay_ms(&verdict);
         if delay_ms > 0 {
@@ -183,7 +215,15 @@ impl Policy {
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
             held.forwarded();
         }
-        Admission::Admitted(Admitted { verdict, caller })
+        let after = self
+            .after_answer
+            .as_ref()
+            .map(|make| AnswerGuard::new((make.0)()));
+        Admission::Admitted(Admitted {
+            verdict,
+            caller,
+            after,
+        })
     }
 
     /// The store keys a request would be counted under, its caller identified, without asking the limiter: none
@@ -203,9 +243,9 @@ impl Policy {
     }
 
     /// Adds the rate-limit fields of an admitted request to its response's `headers`, unless the policy says not
-    /// to; an exempt request's response gets none.
-    pub fn decorate(&self, admission: &Admission, headers: &mut HeaderMap) {
-        if let (true, Admission::Admitted(admitted)) = (self.headers, admission) {
+    /// to; an exempt request (`None`) gets none.
+    pub(super) fn decorate(&self, admitted: Option<&Admitted>, headers: &mut HeaderMap) {
+        if let (true, Some(admitted)) = (self.headers, admitted) {
             self.limits_for(admitted.caller.as_deref())
                 .decorate(headers, &admitted.verdict);
         }
@@ -213,7 +253,7 @@ impl Policy {
 
     /// Sets the forwarded consumer headers (`consumers.forward`) on the request going upstream: the identified
     /// caller's, and never a client's own copies, whatever the route and the decision.
-    pub fn forward_caller(&self, admission: &Admission, headers: &mut HeaderMap) {
+    pub(super) fn forward_caller(&self, admitted: Option<&Admitted>, headers: &mut HeaderMap) {
         let Some(policy) = &self.consumers else {
             return;
         };
@@ -221,11 +261,7 @@ impl Policy {
         for name in [&forward.consumer, &forward.plan].into_iter().flatten() {
             headers.remove(name);
         }
-        let Admission::Admitted(Admitted {
-            caller: Some(caller),
-            ..
-        }) = admission
-        else {
+        let Some(caller) = admitted.and_then(|admitted| admitted.caller.as_deref()) else {
             return;
         };
         let values = [
@@ -249,11 +285,21 @@ impl Policy {
 
     /// The limits that apply to a caller: the route's, and its plan's.
     fn limits_for(&self, caller: Option<&Caller>) -> &LimitSet {
-        let plan_limits = self.consumers.as_ref().and_then(|policy| {
-            let plan = caller?.plan?;
-            policy.with_plan.get(plan)
-        });
+        self.limits_for_plan(caller.and_then(|caller| caller.plan))
+    }
+
+    /// The limits checked for a caller on `plan`: the route's, and the plan's.
+    pub(super) fn limits_for_plan(&self, plan: Option<usize>) -> &LimitSet {
+        let plan_limits = self
+            .consumers
+            .as_ref()
+            .and_then(|policy| policy.with_plan.get(plan?));
         plan_limits.unwrap_or(&self.limits)
+    }
+
+    /// `WWW-Authenticate` of the 401 this policy gives, on a route with consumers.
+    pub(super) fn challenges(&self) -> Option<&HeaderValue> {
+        Some(self.consumers.as_ref()?.consumers.challenges())
     }
 
     /// `facts` with the caller's consumer id and plan name, for the key parts that use them.

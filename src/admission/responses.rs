@@ -1,17 +1,104 @@
-//! The answers admission gives itself, with a short JSON body: the refusals of requests that have no single
-//! reading (see the README's security model). Shared by the gateway and the tower layer, which must refuse alike.
+//! Every refusal as an HTTP answer, with a short JSON body naming the reason: the one place a [`Refusal`] becomes a
+//! response, for the gateway and the tower layer alike (which must refuse alike).
+
+use std::time::Duration;
 
 use axum::body::Body;
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 use serde_json::json;
 
+use super::limits::{LimitSet, Verdict};
+use super::policy::Policy;
+use super::refusal::Refusal;
 use crate::consumers::CallerRefusal;
-use crate::routing::Refusal;
+use crate::limiter::Unavailable;
+use crate::routing;
 
-/// The answer to a request refused before any limit was asked (see the README's security model): 400 (405 for CONNECT) with a JSON body
-/// naming the reason. Shared by the gateway and the tower layer, which must refuse alike.
-pub fn refused(refusal: Refusal) -> Response<Body> {
+/// The `WWW-Authenticate` of a 401 given where no consumers are configured (none is, in practice: only routes
+/// that identify callers refuse them).
+static DEFAULT_CHALLENGE: HeaderValue = HeaderValue::from_static("ApiKey realm=\"tollgate\"");
+
+/// The HTTP answer to `refusal`. `policy` is the one that refused it (a route's, the layer's); a request refused
+/// before any route has none.
+pub fn answer(refusal: Refusal, policy: Option<&Policy>) -> Response<Body> {
+    match refusal {
+        Refusal::Unreadable(refusal) => unreadable(refusal),
+        Refusal::NoRoute { path } => no_route(&path),
+        Refusal::AmbiguousKey => unreadable(routing::Refusal::AmbiguousKey),
+        Refusal::Caller(refusal) => caller_refused(
+            &refusal,
+            policy
+                .and_then(Policy::challenges)
+                .unwrap_or(&DEFAULT_CHALLENGE),
+        ),
+        Refusal::TooManyFailedCredentials { wait } => too_many_failed_credentials(wait),
+        Refusal::RateLimited { verdict, plan } => match policy {
+            Some(policy) => rate_limited(policy.limits_for_plan(plan), &verdict),
+            None => rate_limited_unexplained(),
+        },
+        Refusal::Unavailable(error) => {
+            unavailable(policy.map_or("", |p| p.limits().scope()), &error)
+        }
+    }
+}
+
+/// 404 when no route matches.
+fn no_route(path: &str) -> Response<Body> {
+    json_response(
+        StatusCode::NOT_FOUND,
+        &json!({"error": "no_route", "path": path}),
+    )
+}
+
+/// The answer to a denied request: `deny_status` (429 by default) with `Retry-After`, the rate-limit fields and a
+/// JSON body naming the limit.
+fn rate_limited(limits: &LimitSet, verdict: &Verdict) -> Response<Body> {
+    let (limit, retry_after_ms) = limits.denial(verdict);
+    tracing::debug!(scope = %limits.scope(), limit, retry_after_ms, "rate limited");
+    let body = json!({
+        "error": "rate_limited",
+        "route": limits.scope(),
+        "limit": limit,
+        "retry_after_ms": retry_after_ms,
+    });
+    let mut response = json_response(limits.deny_status(), &body);
+    // At least 1: `Retry-After: 0` would invite an immediate retry that is still refused.
+    let seconds = retry_after_ms.div_ceil(1000).max(1);
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    limits.decorate(response.headers_mut(), verdict);
+    response
+}
+
+/// A denial whose limits are not at hand: 429 with `Retry-After: 1` and no fields.
+fn rate_limited_unexplained() -> Response<Body> {
+    let mut response = json_response(
+        StatusCode::TOO_MANY_REQUESTS,
+        &json!({"error": "rate_limited"}),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+/// The answer when the store failed and the policy is `on_error: deny`: 503 with `Retry-After: 1`.
+fn unavailable(scope: &str, error: &Unavailable) -> Response<Body> {
+    // The limiter logs the outage, once per reason: a line per refused request would flood the log.
+    tracing::debug!(scope, %error, "refusing: limiter unavailable");
+    let body = json!({"error": "limiter_unavailable", "route": scope});
+    let mut response = json_response(StatusCode::SERVICE_UNAVAILABLE, &body);
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+/// The answer to a request refused before any limit was asked (see the README's security model): 400 (405 for
+/// CONNECT) with a JSON body naming the reason.
+fn unreadable(refusal: routing::Refusal) -> Response<Body> {
     tracing::debug!(%refusal, "request refused");
     json_response(
         refusal.status(),
@@ -33,7 +120,7 @@ pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> Res
 /// The answer to a caller refused before any limit was asked (see docs/configuration.md, "Consumers and plans"): 401 with `WWW-Authenticate` for a
 /// credential missing or not verified (RFC 6750's `invalid_token` for a bearer token), 403 for a blocked
 /// consumer, 400 for a credential sent twice. The body names the reason's class, never the credential.
-pub fn caller_refused(refusal: &CallerRefusal, challenges: &HeaderValue) -> Response<Body> {
+fn caller_refused(refusal: &CallerRefusal, challenges: &HeaderValue) -> Response<Body> {
     tracing::debug!(%refusal, "caller refused");
     let (status, body, challenge) = match refusal {
         CallerRefusal::Missing => (
@@ -59,7 +146,7 @@ pub fn caller_refused(refusal: &CallerRefusal, challenges: &HeaderValue) -> Resp
             json!({"error": "forbidden", "reason": "consumer_blocked"}),
             None,
         ),
-        CallerRefusal::Ambiguous => return refused(Refusal::AmbiguousKey),
+        CallerRefusal::Ambiguous => return unreadable(routing::Refusal::AmbiguousKey),
     };
     let mut response = json_response(status, &body);
     if let Some(challenge) = challenge {
@@ -72,7 +159,7 @@ pub fn caller_refused(refusal: &CallerRefusal, challenges: &HeaderValue) -> Resp
 
 /// The answer to a request from an address past `consumers.failed_credentials`: 429 with `Retry-After`, its
 /// credential not checked.
-pub fn too_many_failed_credentials(wait: std::time::Duration) -> Response<Body> {
+fn too_many_failed_credentials(wait: Duration) -> Response<Body> {
     let retry_after_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
     tracing::debug!(retry_after_ms, "credentials refused: too many failed");
     let body = json!({"error": "too_many_failed_credentials", "retry_after_ms": retry_after_ms});

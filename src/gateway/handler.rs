@@ -12,14 +12,14 @@ use http::{Method, Request, Response, Version};
 use super::responses;
 use super::runtime::{Action, Route, Runtime};
 use super::shutdown::Shutdown;
-use crate::admission::{refused, Admission, LimitSet};
+use crate::admission::{answer, LimitSet, Refusal};
 use crate::config::Config;
 use crate::consumers::directory::Directory;
 use crate::consumers::Consumers;
-use crate::key::RequestFacts;
+use crate::key::RequestReading;
 use crate::limiter::RateLimiter;
 use crate::proxy::{ForwardedFacts, ProxyError};
-use crate::routing::{CanonicalRequest, Refusal, RequestTarget};
+use crate::routing::{self, CanonicalRequest, RequestTarget};
 
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -55,6 +55,25 @@ impl Gateway {
             loaded_file: parking_lot::Mutex::new(None),
             shutdown: Shutdown::default(),
         }
+    }
+
+    /// A gateway running `config` with `limiter` whose routes make `work` for every admitted request, to run when
+    /// its answer ends (the seam's tests).
+    #[cfg(test)]
+    pub(crate) fn with_after_answer(
+        config: &Config,
+        limiter: Arc<RateLimiter>,
+        work: impl Fn() -> Box<dyn crate::admission::AfterAnswer> + Send + Sync + 'static,
+    ) -> Self {
+        let work = Arc::new(work);
+        let mut runtime = Runtime::new(config, None);
+        for route in &mut runtime.routes {
+            let work = Arc::clone(&work);
+            route.policy = route.policy.clone().with_after_answer(move || work());
+        }
+        let gateway = Self::new(config, limiter);
+        gateway.runtime.store(Arc::new(runtime));
+        gateway
     }
 
     /// Where the gateway stands in its shutdown: the signal handler begins draining through it, `/readyz`
@@ -250,34 +269,45 @@ impl Gateway {
         let uri = request.uri().clone();
         let (canonical, route) = match read(runtime, &request, &uri) {
             Ok(reading) => reading,
-            Err(refusal) => return (None, refused(refusal)),
+            Err(refusal) => return (None, answer(refusal.into(), None)),
         };
         let Some(route) = route else {
-            return (None, responses::no_route(&canonical.path));
+            let path = canonical.path.into_owned();
+            return (None, answer(Refusal::NoRoute { path }, None));
         };
         if let Some(field) = &canonical.host_field {
             request
                 .headers_mut()
                 .insert(http::header::HOST, field.clone());
         }
-
-        let admission = {
-            let route_path = canonical.route_path();
-            let facts = key_facts(runtime, route, &request, &canonical, &route_path, client_ip);
-            route.policy.admit(&self.limiter, &facts).await
-        };
-        if let Admission::Refused(refusal) = admission {
-            return (Some(route), refusal);
-        }
-        route
+        let route_path = canonical.route_path();
+        let reading = reading_of(runtime, route, &canonical, &route_path, &uri, client_ip);
+        let forward = |request| self.act(runtime, route, request, &canonical, peer);
+        let served = route
             .policy
-            .forward_caller(&admission, request.headers_mut());
-        let mut response = match &route.action {
+            .serve(&self.limiter, reading, request, forward)
+            .await;
+        // A failure's answer (an upstream unreachable, a client body that broke) is the gateway's own: it carries
+        // no rate-limit fields.
+        (Some(route), served.unwrap_or_else(|failure| failure))
+    }
+
+    /// Does what `route` does with an admitted `request`: answers it directly, or forwards it upstream. `Err` is
+    /// the answer to a failure (the client's body, the upstream).
+    async fn act(
+        &self,
+        runtime: &Runtime,
+        route: &Route,
+        request: Request<Body>,
+        canonical: &CanonicalRequest<'_>,
+        peer: SocketAddr,
+    ) -> Result<Response<Body>, Response<Body>> {
+        match &route.action {
             Action::Respond(direct) => {
                 // Read first, so that malformed framing is 400 here as on an upstream route.
                 if let Some(reading) = crate::proxy::discard(request.into_body()) {
                     if let Err(error) = reading.await {
-                        return (Some(route), responses::client_body_failed(&error));
+                        return Err(responses::client_body_failed(&error));
                     }
                 }
                 let mut response = Response::new(Body::from(direct.body.clone()));
@@ -285,7 +315,7 @@ impl Gateway {
                 for (name, value) in &direct.headers {
                     response.headers_mut().append(name.clone(), value.clone());
                 }
-                response
+                Ok(response)
             }
             Action::Upstream(upstream) => {
                 // X-Forwarded-Host and Forwarded's host= say the authority the client asked for, port included
@@ -309,14 +339,9 @@ impl Gateway {
                 if !matches!(result, Err(ProxyError::ClientBody(_))) {
                     route.metrics.record_upstream(started.elapsed());
                 }
-                match result {
-                    Ok(response) => response,
-                    Err(error) => return (Some(route), proxy_failure(route, &error)),
-                }
+                result.map_err(|error| proxy_failure(route, &error))
             }
-        };
-        route.policy.decorate(&admission, response.headers_mut());
-        (Some(route), response)
+        }
     }
 }
 
@@ -345,7 +370,11 @@ impl Gateway {
     /// How the running config reads `request` from `peer`: its route, client, allowlist verdict and keys, by the
     /// same steps as the request path; or the refusal the request path answers it with. For tools and tests that
     /// check that a request and the request forwarded for it read the same (see the README's security model).
-    pub fn view<B>(&self, request: &Request<B>, peer: SocketAddr) -> Result<RequestView, Refusal> {
+    pub fn view<B>(
+        &self,
+        request: &Request<B>,
+        peer: SocketAddr,
+    ) -> Result<RequestView, routing::Refusal> {
         let runtime = self.runtime.load();
         // The fields as the request path reads them: cleaned as they arrive.
         let mut cleaned = Request::new(());
@@ -369,11 +398,19 @@ impl Gateway {
         view.allowlisted = route.policy.is_exempt(client_ip);
         if !view.allowlisted {
             let route_path = canonical.route_path();
-            let facts = key_facts(&runtime, route, request, &canonical, &route_path, client_ip);
+            let reading = reading_of(
+                &runtime,
+                route,
+                &canonical,
+                &route_path,
+                request.uri(),
+                client_ip,
+            );
+            let facts = reading.facts(request.method(), request.headers());
             view.keys = route
                 .policy
                 .keys(&facts)
-                .map_err(|_| Refusal::AmbiguousKey)?;
+                .map_err(|_| routing::Refusal::AmbiguousKey)?;
         }
         Ok(view)
     }
@@ -384,10 +421,10 @@ fn read<'r, 'u, B>(
     runtime: &'r Runtime,
     request: &Request<B>,
     uri: &'u http::Uri,
-) -> Result<(CanonicalRequest<'u>, Option<&'r Route>), Refusal> {
+) -> Result<(CanonicalRequest<'u>, Option<&'r Route>), routing::Refusal> {
     // Before the target is read: `CONNECT host:port` has no path, and is 405 as any CONNECT no route names.
     if request.method() == Method::CONNECT && !runtime.routes_connect {
-        return Err(Refusal::ConnectNotRouted);
+        return Err(routing::Refusal::ConnectNotRouted);
     }
     let canonical = CanonicalRequest::with_rules(
         request.method(),
@@ -404,27 +441,23 @@ fn read<'r, 'u, B>(
     Ok((canonical, route))
 }
 
-/// What the keys of `route`'s limits are built from.
-fn key_facts<'a, B>(
+/// What the keys of `route`'s limits are built from, besides the request's method and fields.
+fn reading_of<'a>(
     runtime: &Runtime,
     route: &'a Route,
-    request: &'a Request<B>,
     canonical: &'a CanonicalRequest<'_>,
     route_path: &'a str,
+    uri: &'a http::Uri,
     client_ip: IpAddr,
-) -> RequestFacts<'a> {
-    RequestFacts {
+) -> RequestReading<'a> {
+    RequestReading {
         client_ip,
         ipv6_prefix: runtime.client_ip.ipv6_prefix(),
         route: &route.name,
-        method: request.method(),
         path: route_path,
         path_any_case: !route.matcher.is_case_sensitive(),
         host: canonical.host.as_deref(),
-        headers: request.headers(),
-        query: request.uri().query(),
-        consumer: None,
-        plan: None,
+        query: uri.query(),
     }
 }
 

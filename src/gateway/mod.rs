@@ -9,6 +9,8 @@ mod responses;
 mod runtime;
 mod server;
 mod shutdown;
+#[cfg(test)]
+mod tests;
 
 pub use descriptors::{AdminListener, Reserve, ADMIN_RESERVE};
 pub use handler::{Gateway, RequestView};

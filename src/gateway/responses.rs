@@ -1,7 +1,7 @@
-//! The answers only the gateway gives, each with a short JSON body: no route (404), a request head or body it will
-//! not read (400, 408, 413, 431), an upstream unreachable or late (502, 504), and readiness (`/readyz`, also on
-//! `server.health_path`). The refusals the tower layer gives too (rate limited, limiter unavailable, the caller's
-//! 401 / 403, requests without a single reading) are admission's: `crate::admission` and its `responses` module.
+//! The answers only the gateway gives, each with a short JSON body: a request head or body it will not read (400,
+//! 408, 413, 431), an upstream unreachable or late (502, 504), and readiness (`/readyz`, also on
+//! `server.health_path`). Refusals (no route, rate limited, limiter unavailable, the caller's 401 / 403, requests
+//! without a single reading) are admission's typed values, answered by `crate::admission::answer`.
 
 use axum::body::Body;
 use http::{header, HeaderValue, Response, StatusCode, Version};
@@ -9,14 +9,6 @@ use serde_json::json;
 
 use crate::admission::json_response;
 use crate::proxy::ClientBodyError;
-
-/// 404 when no route matches.
-pub(super) fn no_route(path: &str) -> Response<Body> {
-    json_response(
-        StatusCode::NOT_FOUND,
-        &json!({"error": "no_route", "path": path}),
-    )
-}
 
 /// 400 for a request body that cannot be read: malformed chunked framing, or cut short by the client.
 pub(super) fn bad_body() -> Response<Body> {

@@ -11,7 +11,7 @@ pub use client_ip::{believed_hops, ip_text, push_ip_text, ClientIpHeader, Client
 pub use limit::LimitSettings;
 pub use spec::{
     push_client_key, query_parameter, AmbiguousKey, KeyPart, KeyPartError, KeySpec, MissingKey,
-    QueryParameter, RequestFacts,
+    QueryParameter, RequestFacts, RequestReading,
 };
 pub use store_key::{
     key_head, key_with_head, seal_key, store_key, MAX_PLAIN_KEY_LEN, PLAN_KEY_SCOPE,

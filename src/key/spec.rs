@@ -86,6 +86,49 @@ pub struct RequestFacts<'a> {
     pub plan: Option<&'a str>,
 }
 
+/// What an entry point read of a request before admission, all but what the request itself holds (its method and
+/// fields): with those, the request's [`RequestFacts`]. Borrowed from the entry point's reading (the route, the
+/// canonical path), never from the request, so that the request can be handed on once admitted.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestReading<'a> {
+    /// The client address, already resolved through trusted proxies.
+    pub client_ip: IpAddr,
+    /// The bits of an IPv6 client address that key it (`client_ip.ipv6_prefix`).
+    pub ipv6_prefix: u8,
+    /// The matched route's name (the layer's scope).
+    pub route: &'a str,
+    /// The request path, as routes match it (normalised, without `;` parameters).
+    pub path: &'a str,
+    /// Whether the route matches paths in any case.
+    pub path_any_case: bool,
+    /// The request host without port, if any.
+    pub host: Option<&'a str>,
+    /// The raw query string, if any.
+    pub query: Option<&'a str>,
+}
+
+impl<'a> RequestReading<'a> {
+    /// The facts of the request this reading is of, whose method and fields are `method` and `headers`.
+    pub fn facts<'f>(&self, method: &'f Method, headers: &'f HeaderMap) -> RequestFacts<'f>
+    where
+        'a: 'f,
+    {
+        RequestFacts {
+            client_ip: self.client_ip,
+            ipv6_prefix: self.ipv6_prefix,
+            route: self.route,
+            method,
+            path: self.path,
+            path_any_case: self.path_any_case,
+            host: self.host,
+            headers,
+            query: self.query,
+            consumer: None,
+            plan: None,
+        }
+    }
+}
+
 // === impl RequestFacts ===
 
 #[cfg(test)]

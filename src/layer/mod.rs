@@ -5,6 +5,8 @@ mod builder;
 mod future;
 mod rate_limit;
 mod service;
+#[cfg(test)]
+mod tests;
 
 pub use self::builder::{memory_limiter, Builder, LayerError, DEFAULT_MAX_KEYS};
 pub use self::future::ResponseFuture;

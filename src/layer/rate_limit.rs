@@ -105,6 +105,20 @@ impl RateLimitLayer {
         }
     }
 
+    /// The same layer making `work` for every admitted request, to run when its answer ends (the seam's tests).
+    #[cfg(test)]
+    pub(crate) fn with_after_answer(
+        &self,
+        work: impl Fn() -> Box<dyn crate::admission::AfterAnswer> + Send + Sync + 'static,
+    ) -> Self {
+        let policy = self.shared.policy.clone().with_after_answer(work);
+        Self::new(
+            Arc::clone(&self.shared.limiter),
+            policy,
+            self.shared.client_ip.clone(),
+        )
+    }
+
     /// The scope's name.
     pub fn scope(&self) -> &str {
         self.shared.policy.limits().scope()

@@ -14,8 +14,8 @@ use tower::{Service, ServiceExt};
 
 use super::future::ResponseFuture;
 use super::rate_limit::{RateLimitLayer, Shared};
-use crate::admission::{refused, Admission};
-use crate::key::RequestFacts;
+use crate::admission::{answer, X_REQUEST_ID};
+use crate::key::RequestReading;
 use crate::routing::CanonicalRequest;
 
 /// The client address assumed when a request carries no `ConnectInfo<SocketAddr>` (see the module docs).
@@ -106,42 +106,41 @@ where
     };
     let peer = peer_ip(&shared, &request);
     let client_ip = shared.client_ip.resolve(peer, request.headers());
-    // Keys see the request as the gateway does (see the README's security model): `/a/../b` and `/b` share a key, and a request with no
-    // single reading (two Hosts, `post`, a bad escape) is refused as the gateway refuses it.
+    // Keys see the request as the gateway does (see the README's security model): `/a/../b` and `/b` share a key,
+    // and a request with no single reading (two Hosts, `post`, a bad escape) is refused as the gateway refuses it.
+    // The target is cloned (its bytes shared) so that the reading outlives the request handed on.
+    let uri = request.uri().clone();
     let canonical = match CanonicalRequest::of_accepted(
         request.method(),
         request.version(),
-        request.uri(),
+        &uri,
         request.headers(),
     ) {
         Ok(canonical) => canonical,
-        Err(refusal) => return Ok(with_id(refused(refusal))),
+        Err(refusal) => return Ok(with_id(answer(refusal.into(), None))),
     };
     let route_path = canonical.route_path();
-    let facts = RequestFacts {
+    let reading = RequestReading {
         client_ip,
         ipv6_prefix: shared.client_ip.ipv6_prefix(),
         route: shared.policy.limits().scope(),
-        method: request.method(),
         path: &route_path,
         path_any_case: false,
         host: canonical.host.as_deref(),
-        headers: request.headers(),
-        query: request.uri().query(),
-        consumer: None,
-        plan: None,
+        query: uri.query(),
     };
-    let admission = shared.policy.admit(&shared.limiter, &facts).await;
-    if let Admission::Refused(refusal) = admission {
-        return Ok(with_id(refusal));
-    }
-    shared
+    let served = shared
         .policy
-        .forward_caller(&admission, request.headers_mut());
-    let response = inner.oneshot(request).await?;
-    let mut response = response.map(Body::new);
-    shared.policy.decorate(&admission, response.headers_mut());
-    Ok(response)
+        .serve(&shared.limiter, reading, request, |request| {
+            inner.oneshot(request)
+        })
+        .await?;
+    // A refusal carries the request id; an admitted request's response is the inner service's own.
+    Ok(if served.headers().contains_key(&X_REQUEST_ID) {
+        served
+    } else {
+        with_id(served)
+    })
 }
 
 /// The peer address from axum's `ConnectInfo`, or [`UNKNOWN_PEER`], warning once per layer.

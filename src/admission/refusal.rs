@@ -1,0 +1,50 @@
+//! Why a request is not forwarded, as a typed value: the entry points turn it into their own answer (an HTTP
+//! response through [`answer`](super::answer), a gRPC status for a rate limit service), so that what is refused
+//! and why is decided once, and how it is said is decided per protocol.
+
+use std::time::Duration;
+
+use crate::consumers::CallerRefusal;
+use crate::limiter::Unavailable;
+
+use super::limits::Verdict;
+
+/// Why a request is refused.
+#[derive(Debug)]
+pub enum Refusal {
+    /// The request has no single reading (two `Host` fields, a malformed escape, CONNECT where no route names it):
+    /// refused before any route or limit.
+    Unreadable(crate::routing::Refusal),
+    /// No route takes the request; `path` is its canonical path.
+    NoRoute {
+        /// The canonical path, as routes match it.
+        path: String,
+    },
+    /// The caller is not identified (a credential missing, not verified, sent twice) or is blocked.
+    Caller(CallerRefusal),
+    /// The client's address is past `consumers.failed_credentials`: its credential is refused unchecked.
+    TooManyFailedCredentials {
+        /// How long until a credential from the address is checked again.
+        wait: Duration,
+    },
+    /// A key part occurs more than once in the request: refused rather than counted on a guess.
+    AmbiguousKey,
+    /// A limit denied the request.
+    RateLimited {
+        /// What the limiter said of every limit that applied.
+        verdict: Verdict,
+        /// The caller's plan, whose limits were checked with the route's ([`None`] for the route's alone).
+        plan: Option<usize>,
+    },
+    /// The store failed and the policy is `on_error: deny`.
+    Unavailable(Unavailable),
+}
+
+impl From<crate::routing::Refusal> for Refusal {
+    fn from(refusal: crate::routing::Refusal) -> Self {
+        match refusal {
+            crate::routing::Refusal::AmbiguousKey => Refusal::AmbiguousKey,
+            refusal => Refusal::Unreadable(refusal),
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! One request through admission, from its reading to its answer, as every entry point runs it: decide, answer a
+//! refusal, send on the caller's headers (never a client's copies), forward, add the rate-limit fields, and hand the
+//! answer the work kept for after it. Entry points supply only how to forward, so none can skip a step.
+
+use std::future::Future;
+
+use axum::body::Body;
+use axum::BoxError;
+use bytes::Bytes;
+use http::{Request, Response};
+
+use super::after_answer::{Ending, GuardedBody};
+use super::policy::{Admission, Policy};
+use super::responses::answer;
+use crate::key::RequestReading;
+use crate::limiter::RateLimiter;
+
+// === impl Policy ===
+
+impl Policy {
+    /// Runs `request`, which `reading` describes, through this policy with `limiter`: a refusal is answered here;
+    /// an admitted (or allowlisted) request is passed to `forward`, and its response comes back with the rate-limit
+    /// fields and, when its limits keep work for after the answer, a body that runs that work when it ends. An
+    /// error from `forward` is returned as it is (its answer is the entry point's), after the work kept for the
+    /// answer has been told the upstream failed.
+    pub async fn serve<B, R, E, F, Fut>(
+        &self,
+        limiter: &RateLimiter,
+        reading: RequestReading<'_>,
+        mut request: Request<B>,
+        forward: F,
+    ) -> Result<Response<Body>, E>
+    where
+        F: FnOnce(Request<B>) -> Fut,
+        Fut: Future<Output = Result<Response<R>, E>>,
+        R: http_body::Body<Data = Bytes> + Send + 'static,
+        R::Error: Into<BoxError>,
+    {
+        let admission = {
+            let facts = reading.facts(request.method(), request.headers());
+            self.admit(limiter, &facts).await
+        };
+        let mut admitted = match admission {
+            Admission::Refused(refusal) => return Ok(answer(refusal, Some(self))),
+            Admission::Exempt => None,
+            Admission::Admitted(admitted) => Some(admitted),
+        };
+        self.forward_caller(admitted.as_ref(), request.headers_mut());
+        let mut after = admitted.as_mut().and_then(|admitted| admitted.after.take());
+        let mut response = match forward(request).await {
+            Ok(response) => response,
+            Err(error) => {
+                if let Some(after) = &mut after {
+                    after.end(Ending::Failed);
+                }
+                return Err(error);
+            }
+        };
+        self.decorate(admitted.as_ref(), response.headers_mut());
+        Ok(match after {
+            None => response.map(Body::new),
+            Some(mut after) => {
+                after.status(response.status());
+                response.map(|body| Body::new(GuardedBody::new(body, after)))
+            }
+        })
+    }
+}
