@@ -15,7 +15,7 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 
 use tollgate::admission::LimitSettings;
-use tollgate::admission::{LimitSet, Verdict};
+use tollgate::admission::{Checked, LimitSet};
 use tollgate::key::{store_key, ClientIpResolver, KeyPart, KeySpec, MissingKey, RequestFacts};
 use tollgate::limiter::store::{LimitCheck, MemoryStore};
 use tollgate::limiter::{
@@ -441,13 +441,13 @@ fn enforcement(c: &mut Criterion) {
     check("limit_set_check_memory_three_limits_no_recorder");
     let _ = tollgate::telemetry::prometheus();
     check("limit_set_check_memory_three_limits_prometheus");
-    let verdict: Verdict = runtime
+    let checked: Checked = runtime
         .block_on(set.check(&limiter, &facts))
         .expect("memory limiter always decides");
     group.bench_function("decorate_three_limits", |b| {
         b.iter_batched_ref(
             HeaderMap::new,
-            |response| set.decorate(response, black_box(&verdict)),
+            |response| set.decorate(response, black_box(&checked)),
             BatchSize::SmallInput,
         )
     });

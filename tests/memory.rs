@@ -38,10 +38,10 @@ fn bytes_held_by_routes(routes: usize) -> i64 {
     let yaml = routes_yaml(routes);
     let before = live_bytes();
     let config = common::config(&yaml);
-    let runtime = tollgate::gateway::Runtime::new(&config, None);
+    let compiled = tollgate::gateway::CompiledConfig::new(&config, None);
     drop(config);
     let held = live_bytes() - before;
-    drop(runtime);
+    drop(compiled);
     held
 }
 

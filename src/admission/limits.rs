@@ -47,9 +47,9 @@ struct DecisionCounters {
     shadow_denied: metrics::Counter,
 }
 
-/// What the limiter said about one request.
+/// A request's limits, checked: the limiter's [`Outcome`] and which limits of the set it covers.
 #[derive(Debug, Clone)]
-pub struct Verdict {
+pub struct Checked {
     /// The combined decision; `decisions[i]` belongs to `limits[applied[i]]`.
     pub outcome: Outcome,
     /// Indices of the limits that applied (a `missing: skip` limit may not).
@@ -194,7 +194,7 @@ impl LimitSet {
         &self,
         limiter: &RateLimiter,
         facts: &RequestFacts<'_>,
-    ) -> Result<Verdict, NotChecked> {
+    ) -> Result<Checked, NotChecked> {
         self.check_replacing(limiter, facts, None).await
     }
 
@@ -204,7 +204,7 @@ impl LimitSet {
         limiter: &RateLimiter,
         facts: &RequestFacts<'_>,
         replaced: Option<Replaced>,
-    ) -> Result<Verdict, NotChecked> {
+    ) -> Result<Checked, NotChecked> {
         let keys = self.request_keys(facts)?;
         let checks: SmallVec<[LimitCheck<'_>; INLINE_LIMITS]> = keys
             .iter()
@@ -215,27 +215,27 @@ impl LimitSet {
             .collect();
         let (outcome, decided_by) = limiter.check_deciding(&checks).await?;
         drop(checks);
-        let verdict = Verdict {
+        let checked = Checked {
             outcome,
             applied: keys.ends.iter().map(|&(index, _)| index).collect(),
             replaced,
             decided_by,
         };
-        self.count_decisions(&verdict);
-        Ok(verdict)
+        self.count_decisions(&checked);
+        Ok(checked)
     }
 
     /// The store key and limit of every limit an admitted request took from (a shadow limit takes only when it
     /// admits itself), owned: what a give-back needs once the request is gone.
-    pub fn taken(&self, facts: &RequestFacts<'_>, verdict: &Verdict) -> Vec<(String, Limit)> {
+    pub fn taken(&self, facts: &RequestFacts<'_>, checked: &Checked) -> Vec<(String, Limit)> {
         let Ok(keys) = self.request_keys(facts) else {
             return Vec::new();
         };
         keys.iter()
-            .zip(&verdict.outcome.decisions)
-            .filter(|(_, decision)| verdict.outcome.allowed && decision.allowed)
+            .zip(&checked.outcome.decisions)
+            .filter(|(_, decision)| checked.outcome.allowed && decision.allowed)
             .map(|((index, key), _)| {
-                let limit = self.limit_at(index, verdict.replaced.as_ref());
+                let limit = self.limit_at(index, checked.replaced.as_ref());
                 (key.to_owned(), limit.clone())
             })
             .collect()
@@ -294,17 +294,17 @@ impl LimitSet {
     /// `tollgate_decisions_total`: every limit of an admitted request counts as allowed; of a denied request
     /// only the denying limits count (the others consumed nothing and decided nothing).
     /// A shadow limit that denies counts as `shadow_denied` (and is logged), whatever the request's fate.
-    fn count_decisions(&self, verdict: &Verdict) {
-        for (i, decision) in verdict.outcome.decisions.iter().enumerate() {
-            let Some(counters) = verdict.applied.get(i).and_then(|&l| self.decisions.get(l)) else {
+    fn count_decisions(&self, checked: &Checked) {
+        for (i, decision) in checked.outcome.decisions.iter().enumerate() {
+            let Some(counters) = checked.applied.get(i).and_then(|&l| self.decisions.get(l)) else {
                 continue;
             };
-            let shadow = self.is_shadow(verdict, i);
-            let counter = match (shadow, verdict.outcome.allowed, decision.allowed) {
+            let shadow = self.is_shadow(checked, i);
+            let counter = match (shadow, checked.outcome.allowed, decision.allowed) {
                 (true, _, false) => {
                     tracing::info!(
                         scope = %self.scope,
-                        limit = self.name_of(verdict, i),
+                        limit = self.name_of(checked, i),
                         retry_after_ms = decision.retry_after_ms,
                         "shadow limit would deny"
                     );
@@ -325,12 +325,12 @@ impl LimitSet {
 
     /// What a refusal names of a denied request: the limit that explains it, and how long until it would be
     /// admitted (the longest wait among the enforced limits that denied it).
-    pub fn denial(&self, verdict: &Verdict) -> (&str, u64) {
+    pub fn denial(&self, checked: &Checked) -> (&str, u64) {
         let limit = self
-            .most_restrictive(verdict)
-            .map_or("", |i| self.name_of(verdict, i));
+            .most_restrictive(checked)
+            .map_or("", |i| self.name_of(checked, i));
         let retry_after_ms = self
-            .enforced(verdict)
+            .enforced(checked)
             .filter(|d| !d.allowed)
             .map(|d| d.retry_after_ms)
             .max()
@@ -338,22 +338,22 @@ impl LimitSet {
         (limit, retry_after_ms)
     }
 
-    /// Adds `X-RateLimit-*`, `RateLimit-Policy` and `RateLimit` describing `verdict`.
-    pub fn decorate(&self, headers: &mut HeaderMap, verdict: &Verdict) {
-        let Some(index) = self.most_restrictive(verdict) else {
+    /// Adds `X-RateLimit-*`, `RateLimit-Policy` and `RateLimit` describing `checked`.
+    pub fn decorate(&self, headers: &mut HeaderMap, checked: &Checked) {
+        let Some(index) = self.most_restrictive(checked) else {
             return;
         };
-        let Some(&limit) = verdict.applied.get(index) else {
+        let Some(&limit) = checked.applied.get(index) else {
             return;
         };
-        if let Some(replaced) = &verdict.replaced {
+        if let Some(replaced) = &checked.replaced {
             // A consumer's own parameters: rendered for its request (rare: a few consumers have overrides).
             let limits = (0..self.limits.len()).map(|i| self.limit_at(i, Some(replaced)));
             let advertised = headers::Advertised::new(self.limit_at(limit, Some(replaced)));
             headers::apply(
                 headers,
                 headers::policy(limits).as_ref(),
-                &verdict.outcome.decisions[index],
+                &checked.outcome.decisions[index],
                 &advertised,
             );
             return;
@@ -364,47 +364,47 @@ impl LimitSet {
         headers::apply(
             headers,
             self.policy.as_ref(),
-            &verdict.outcome.decisions[index],
+            &checked.outcome.decisions[index],
             advertised,
         );
     }
 
     /// The decision that explains the outcome among those of the enforced limits: what clients are told about.
-    fn most_restrictive(&self, verdict: &Verdict) -> Option<usize> {
-        verdict
+    fn most_restrictive(&self, checked: &Checked) -> Option<usize> {
+        checked
             .outcome
-            .most_restrictive_among(|i| !self.is_shadow(verdict, i))
+            .most_restrictive_among(|i| !self.is_shadow(checked, i))
     }
 
     /// The decisions of the enforced limits.
-    fn enforced<'v>(&'v self, verdict: &'v Verdict) -> impl Iterator<Item = &'v Decision> + 'v {
-        verdict
+    fn enforced<'v>(&'v self, checked: &'v Checked) -> impl Iterator<Item = &'v Decision> + 'v {
+        checked
             .outcome
             .decisions
             .iter()
             .enumerate()
-            .filter(|&(i, _)| !self.is_shadow(verdict, i))
+            .filter(|&(i, _)| !self.is_shadow(checked, i))
             .map(|(_, decision)| decision)
     }
 
     /// How long an admitted request must be held (`leaky_bucket` in delay mode); shadow limits hold nothing.
-    pub fn delay_ms(&self, verdict: &Verdict) -> u64 {
-        self.enforced(verdict)
+    pub fn delay_ms(&self, checked: &Checked) -> u64 {
+        self.enforced(checked)
             .map(|d| d.delay_ms)
             .max()
             .unwrap_or(0)
     }
 
-    fn is_shadow(&self, verdict: &Verdict, decision: usize) -> bool {
-        verdict
+    fn is_shadow(&self, checked: &Checked, decision: usize) -> bool {
+        checked
             .applied
             .get(decision)
             .and_then(|&index| self.limits.get(index))
             .is_some_and(|settings| settings.limit.is_shadow())
     }
 
-    fn name_of(&self, verdict: &Verdict, decision: usize) -> &str {
-        verdict
+    fn name_of(&self, checked: &Checked, decision: usize) -> &str {
+        checked
             .applied
             .get(decision)
             .and_then(|&index| self.limits.get(index))
@@ -523,8 +523,8 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("x-api-key", HeaderValue::from_static("k1"));
         let facts = facts_of(&headers);
-        let verdict = limits.check(&limiter, &facts).await.expect("decided");
-        assert!(verdict.outcome.allowed);
+        let checked = limits.check(&limiter, &facts).await.expect("decided");
+        assert!(checked.outcome.allowed);
 
         for (limit, value) in [
             ("per-ip", "192.0.2.7"),
@@ -537,7 +537,7 @@ mod tests {
         }
 
         let mut response = HeaderMap::new();
-        limits.decorate(&mut response, &verdict);
+        limits.decorate(&mut response, &checked);
         // The token bucket has 2 of 3 left: fewer than the others.
         assert_eq!(response["x-ratelimit-limit"], "3");
         assert_eq!(response["x-ratelimit-remaining"], "2");

@@ -17,7 +17,7 @@ pub use crate::key::LimitSettings;
 #[cfg(test)]
 pub(crate) use after_answer::recording;
 pub use after_answer::{AfterAnswer, AnswerGuard, Ending, GuardedBody};
-pub use limits::{LimitSet, NotChecked, Replaced, Verdict};
+pub use limits::{Checked, LimitSet, NotChecked, Replaced};
 pub use policy::{Admission, Admitted, Policy};
 pub use refusal::Refusal;
 pub(crate) use responses::json_response;

@@ -11,7 +11,7 @@ use ipnet::IpNet;
 
 use super::after_answer::{AfterAnswer, AnswerGuard};
 use super::held::Held;
-use super::limits::{LimitSet, NotChecked, Replaced, Verdict};
+use super::limits::{Checked, LimitSet, NotChecked, Replaced};
 use super::refusal::Refusal;
 use crate::consumers::{Caller, CallerRefusal, ConsumerMode, Consumers};
 use crate::key::{AmbiguousKey, RequestFacts};
@@ -56,7 +56,7 @@ struct PolicyConsumers {
 #[derive(Debug)]
 pub struct Admitted {
     /// The limiter's answer.
-    pub verdict: Verdict,
+    pub checked: Checked,
     /// The identified caller, on a route that identifies callers. Boxed: an admission is held while the request
     /// is forwarded, and routes without consumers should not carry room for one.
     pub caller: Option<Box<Caller>>,
@@ -195,23 +195,23 @@ impl Policy {
                 (&identified, replaced)
             }
         };
-        let verdict = match limits.check_replacing(limiter, facts, replaced).await {
-            Ok(verdict) => verdict,
+        let checked = match limits.check_replacing(limiter, facts, replaced).await {
+            Ok(checked) => checked,
             Err(NotChecked::Ambiguous(_)) => return Admission::Refused(Refusal::AmbiguousKey),
             Err(NotChecked::Unavailable(error)) => {
                 return Admission::Refused(Refusal::Unavailable(error))
             }
         };
-        if !verdict.outcome.allowed {
+        if !checked.outcome.allowed {
             let plan = caller.as_deref().and_then(|caller| caller.plan);
-            return Admission::Refused(Refusal::RateLimited { verdict, plan });
+            return Admission::Refused(Refusal::RateLimited { checked, plan });
         }
-        let delay_ms = limits.delay_ms(&verdict);
+        let delay_ms = limits.delay_ms(&checked);
         if delay_ms > 0 {
             // Held, as nginx's limit_req holds: a client that leaves meanwhile gives its place back, so the queue
             // moves on without it.
-            let taken = limits.taken(facts, &verdict);
-            let held = Held::new(limiter.give_back(taken, verdict.decided_by, Instant::now()));
+            let taken = limits.taken(facts, &checked);
+            let held = Held::new(limiter.give_back(taken, checked.decided_by, Instant::now()));
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
             held.forwarded();
         }
@@ -220,7 +220,7 @@ impl Policy {
             .as_ref()
             .map(|make| AnswerGuard::new((make.0)()));
         Admission::Admitted(Admitted {
-            verdict,
+            checked,
             caller,
             after,
         })
@@ -247,7 +247,7 @@ impl Policy {
     pub(super) fn decorate(&self, admitted: Option<&Admitted>, headers: &mut HeaderMap) {
         if let (true, Some(admitted)) = (self.headers, admitted) {
             self.limits_for(admitted.caller.as_deref())
-                .decorate(headers, &admitted.verdict);
+                .decorate(headers, &admitted.checked);
         }
     }
 

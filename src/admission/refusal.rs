@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::consumers::CallerRefusal;
 use crate::limiter::Unavailable;
 
-use super::limits::Verdict;
+use super::limits::Checked;
 
 /// Why a request is refused.
 #[derive(Debug)]
@@ -32,7 +32,7 @@ pub enum Refusal {
     /// A limit denied the request.
     RateLimited {
         /// What the limiter said of every limit that applied.
-        verdict: Verdict,
+        checked: Checked,
         /// The caller's plan, whose limits were checked with the route's ([`None`] for the route's alone).
         plan: Option<usize>,
     },

@@ -8,7 +8,7 @@ use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 use serde_json::json;
 
-use super::limits::{LimitSet, Verdict};
+use super::limits::{Checked, LimitSet};
 use super::policy::Policy;
 use super::refusal::Refusal;
 use crate::consumers::CallerRefusal;
@@ -33,8 +33,8 @@ pub fn answer(refusal: Refusal, policy: Option<&Policy>) -> Response<Body> {
                 .unwrap_or(&DEFAULT_CHALLENGE),
         ),
         Refusal::TooManyFailedCredentials { wait } => too_many_failed_credentials(wait),
-        Refusal::RateLimited { verdict, plan } => match policy {
-            Some(policy) => rate_limited(policy.limits_for_plan(plan), &verdict),
+        Refusal::RateLimited { checked, plan } => match policy {
+            Some(policy) => rate_limited(policy.limits_for_plan(plan), &checked),
             None => rate_limited_unexplained(),
         },
         Refusal::Unavailable(error) => {
@@ -53,8 +53,8 @@ fn no_route(path: &str) -> Response<Body> {
 
 /// The answer to a denied request: `deny_status` (429 by default) with `Retry-After`, the rate-limit fields and a
 /// JSON body naming the limit.
-fn rate_limited(limits: &LimitSet, verdict: &Verdict) -> Response<Body> {
-    let (limit, retry_after_ms) = limits.denial(verdict);
+fn rate_limited(limits: &LimitSet, checked: &Checked) -> Response<Body> {
+    let (limit, retry_after_ms) = limits.denial(checked);
     tracing::debug!(scope = %limits.scope(), limit, retry_after_ms, "rate limited");
     let body = json!({
         "error": "rate_limited",
@@ -68,7 +68,7 @@ fn rate_limited(limits: &LimitSet, verdict: &Verdict) -> Response<Body> {
     response
         .headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-    limits.decorate(response.headers_mut(), verdict);
+    limits.decorate(response.headers_mut(), checked);
     response
 }
 

@@ -9,8 +9,8 @@ use axum::body::Body;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Request, Response, Version};
 
+use super::compiled::{Action, CompiledConfig, Route};
 use super::responses;
-use super::runtime::{Action, Route, Runtime};
 use super::shutdown::Shutdown;
 use crate::admission::{answer, LimitSet, Refusal};
 use crate::config::Config;
@@ -27,7 +27,7 @@ static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// counters survive them).
 #[derive(Debug)]
 pub struct Gateway {
-    runtime: ArcSwap<Runtime>,
+    compiled: ArcSwap<CompiledConfig>,
     limiter: Arc<RateLimiter>,
     /// The consumers' runtime settings (see docs/configuration.md, "Consumers and plans"), made with the first config that has a `consumers:` block
     /// and kept across reloads, like the limiter.
@@ -49,7 +49,7 @@ impl Gateway {
             .as_ref()
             .map(|_| directory_on(&config.store));
         Self {
-            runtime: ArcSwap::from_pointee(Runtime::new(config, directory.as_ref())),
+            compiled: ArcSwap::from_pointee(CompiledConfig::new(config, directory.as_ref())),
             limiter,
             directory: parking_lot::Mutex::new(directory),
             loaded_file: parking_lot::Mutex::new(None),
@@ -66,13 +66,13 @@ impl Gateway {
         work: impl Fn() -> Box<dyn crate::admission::AfterAnswer> + Send + Sync + 'static,
     ) -> Self {
         let work = Arc::new(work);
-        let mut runtime = Runtime::new(config, None);
-        for route in &mut runtime.routes {
+        let mut compiled = CompiledConfig::new(config, None);
+        for route in &mut compiled.routes {
             let work = Arc::clone(&work);
             route.policy = route.policy.clone().with_after_answer(move || work());
         }
         let gateway = Self::new(config, limiter);
-        gateway.runtime.store(Arc::new(runtime));
+        gateway.compiled.store(Arc::new(compiled));
         gateway
     }
 
@@ -89,7 +89,7 @@ impl Gateway {
         directory: Arc<Directory>,
     ) -> Self {
         Self {
-            runtime: ArcSwap::from_pointee(Runtime::new(config, Some(&directory))),
+            compiled: ArcSwap::from_pointee(CompiledConfig::new(config, Some(&directory))),
             limiter,
             directory: parking_lot::Mutex::new(Some(directory)),
             loaded_file: parking_lot::Mutex::new(None),
@@ -100,8 +100,8 @@ impl Gateway {
     /// Replaces the running config; requests in flight finish with the old one.
     pub fn reload(&self, config: &Config) {
         let directory = self.directory_for(config);
-        self.runtime
-            .store(Arc::new(Runtime::new(config, directory.as_ref())));
+        self.compiled
+            .store(Arc::new(CompiledConfig::new(config, directory.as_ref())));
     }
 
     /// The consumer directory, made on the store of the first config that needs one: in Redis when the store
@@ -116,8 +116,8 @@ impl Gateway {
 
     /// The names of the running config's routes, in order.
     pub fn route_names(&self) -> Vec<String> {
-        let runtime = self.runtime.load();
-        runtime.routes.iter().map(|r| r.name.clone()).collect()
+        let compiled = self.compiled.load();
+        compiled.routes.iter().map(|r| r.name.clone()).collect()
     }
 
     /// The config file's content last loaded, by SIGHUP or the file watch (`None` before either looked).
@@ -132,13 +132,13 @@ impl Gateway {
 
     /// The bits of an IPv6 client address that key it, in the running config (`client_ip.ipv6_prefix`).
     pub fn ipv6_prefix(&self) -> u8 {
-        self.runtime.load().client_ip.ipv6_prefix()
+        self.compiled.load().client_ip.ipv6_prefix()
     }
 
     /// The limits of the route named `route` in the running config.
     pub fn limit_set(&self, route: &str) -> Option<LimitSet> {
-        let runtime = self.runtime.load();
-        runtime
+        let compiled = self.compiled.load();
+        compiled
             .routes
             .iter()
             .find(|r| r.name == route)
@@ -147,7 +147,7 @@ impl Gateway {
 
     /// The running config's consumers and plans, if it has a `consumers:` block.
     pub fn consumers(&self) -> Option<Arc<Consumers>> {
-        self.runtime.load().consumers.clone()
+        self.compiled.load().consumers.clone()
     }
 
     /// The limiter.
@@ -169,7 +169,7 @@ impl Gateway {
     /// Answers one request from `peer`: with an `x-request-id` (generated when absent, passed upstream and
     /// returned), counted in `tollgate_requests_total` and written to the access log.
     pub async fn handle(&self, mut request: Request<Body>, peer: SocketAddr) -> Response<Body> {
-        let runtime = self.runtime.load_full();
+        let compiled = self.compiled.load_full();
         if request
             .extensions()
             .get::<hyper::upgrade::OnUpgrade>()
@@ -179,7 +179,7 @@ impl Gateway {
         }
         // Before anything reads or writes a field: what `Connection` names is the client's own fields, never
         // tollgate's.
-        crate::proxy::clean_client_fields(request.headers_mut(), &runtime.client_fields);
+        crate::proxy::clean_client_fields(request.headers_mut(), &compiled.client_fields);
         let request_id = crate::admission::ensure_request_id(request.headers_mut());
         // The request is gone (upstream) by the time the access line is written: keep what it needs, but only
         // when the line will be written (the clock read included).
@@ -191,12 +191,14 @@ impl Gateway {
                     request.uri().path().to_owned(),
                 )
             });
-        let client_ip = runtime.client_ip.resolve(peer.ip(), request.headers());
+        let client_ip = compiled.client_ip.resolve(peer.ip(), request.headers());
         let http1 = request.version() <= Version::HTTP_11;
-        let (route, mut response) = self.route_request(&runtime, request, peer, client_ip).await;
+        let (route, mut response) = self
+            .route_request(&compiled, request, peer, client_ip)
+            .await;
         let status = response.status();
         route
-            .map_or(&runtime.unmatched, |r| &r.metrics)
+            .map_or(&compiled.unmatched, |r| &r.metrics)
             .count_request(status);
         if let Some((started, method, path)) = logged {
             tracing::info!(
@@ -228,16 +230,16 @@ impl Gateway {
     #[inline]
     fn answer_before_routing(
         &self,
-        runtime: &Runtime,
+        compiled: &CompiledConfig,
         request: &mut Request<Body>,
     ) -> Option<Response<Body>> {
-        if let Some((path, degraded)) = &runtime.health {
+        if let Some((path, degraded)) = &compiled.health {
             if request.uri().path() == path {
                 let (status, body) = responses::readiness(self, *degraded);
                 return Some(crate::admission::json_response(status, &body));
             }
         }
-        let max = runtime.max_body_bytes?;
+        let max = compiled.max_body_bytes?;
         let declared = request
             .headers()
             .get(http::header::CONTENT_LENGTH)
@@ -256,18 +258,18 @@ impl Gateway {
     /// keys are built from and the upstream receives the same method, host and path.
     async fn route_request<'r>(
         &self,
-        runtime: &'r Runtime,
+        compiled: &'r CompiledConfig,
         mut request: Request<Body>,
         peer: SocketAddr,
         client_ip: IpAddr,
     ) -> (Option<&'r Route>, Response<Body>) {
-        if let Some(early) = self.answer_before_routing(runtime, &mut request) {
+        if let Some(early) = self.answer_before_routing(compiled, &mut request) {
             return (None, early);
         }
         // The request goes upstream by value while its path is still needed: a clone of the target shares its
         // bytes, where an owned path would be a copy.
         let uri = request.uri().clone();
-        let (canonical, route) = match read(runtime, &request, &uri) {
+        let (canonical, route) = match read(compiled, &request, &uri) {
             Ok(reading) => reading,
             Err(refusal) => return (None, answer(refusal.into(), None)),
         };
@@ -281,8 +283,8 @@ impl Gateway {
                 .insert(http::header::HOST, field.clone());
         }
         let route_path = canonical.route_path();
-        let reading = reading_of(runtime, route, &canonical, &route_path, &uri, client_ip);
-        let forward = |request| self.act(runtime, route, request, &canonical, peer);
+        let reading = reading_of(compiled, route, &canonical, &route_path, &uri, client_ip);
+        let forward = |request| self.act(compiled, route, request, &canonical, peer);
         let served = route
             .policy
             .serve(&self.limiter, reading, request, forward)
@@ -296,7 +298,7 @@ impl Gateway {
     /// the answer to a failure (the client's body, the upstream).
     async fn act(
         &self,
-        runtime: &Runtime,
+        compiled: &CompiledConfig,
         route: &Route,
         request: Request<Body>,
         canonical: &CanonicalRequest<'_>,
@@ -328,11 +330,11 @@ impl Gateway {
                     .or(canonical.host.as_deref());
                 let forwarded = ForwardedFacts {
                     peer: peer.ip(),
-                    peer_trusted: runtime.client_ip.is_trusted(peer.ip()),
-                    believed: runtime.client_ip.header(),
+                    peer_trusted: compiled.client_ip.is_trusted(peer.ip()),
+                    believed: compiled.client_ip.header(),
                     host,
                     version: request.version(),
-                    write_forwarded: runtime.write_forwarded,
+                    write_forwarded: compiled.write_forwarded,
                 };
                 let started = Instant::now();
                 let result = upstream.forward(request, &canonical.path, &forwarded).await;
@@ -375,17 +377,17 @@ impl Gateway {
         request: &Request<B>,
         peer: SocketAddr,
     ) -> Result<RequestView, routing::Refusal> {
-        let runtime = self.runtime.load();
+        let compiled = self.compiled.load();
         // The fields as the request path reads them: cleaned as they arrive.
         let mut cleaned = Request::new(());
         *cleaned.method_mut() = request.method().clone();
         *cleaned.uri_mut() = request.uri().clone();
         *cleaned.version_mut() = request.version();
         *cleaned.headers_mut() = request.headers().clone();
-        crate::proxy::clean_client_fields(cleaned.headers_mut(), &runtime.client_fields);
+        crate::proxy::clean_client_fields(cleaned.headers_mut(), &compiled.client_fields);
         let request = &cleaned;
-        let client_ip = runtime.client_ip.resolve(peer.ip(), request.headers());
-        let (canonical, route) = read(&runtime, request, request.uri())?;
+        let client_ip = compiled.client_ip.resolve(peer.ip(), request.headers());
+        let (canonical, route) = read(&compiled, request, request.uri())?;
         let mut view = RequestView {
             route: route.map(|r| r.name.clone()),
             client_ip,
@@ -399,7 +401,7 @@ impl Gateway {
         if !view.allowlisted {
             let route_path = canonical.route_path();
             let reading = reading_of(
-                &runtime,
+                &compiled,
                 route,
                 &canonical,
                 &route_path,
@@ -418,12 +420,12 @@ impl Gateway {
 
 /// The first steps of every request: its canonical form and the route that takes it, or why it is refused.
 fn read<'r, 'u, B>(
-    runtime: &'r Runtime,
+    compiled: &'r CompiledConfig,
     request: &Request<B>,
     uri: &'u http::Uri,
 ) -> Result<(CanonicalRequest<'u>, Option<&'r Route>), routing::Refusal> {
     // Before the target is read: `CONNECT host:port` has no path, and is 405 as any CONNECT no route names.
-    if request.method() == Method::CONNECT && !runtime.routes_connect {
+    if request.method() == Method::CONNECT && !compiled.routes_connect {
         return Err(routing::Refusal::ConnectNotRouted);
     }
     let canonical = CanonicalRequest::with_rules(
@@ -431,9 +433,9 @@ fn read<'r, 'u, B>(
         request.version(),
         uri,
         request.headers(),
-        runtime.path_rules,
+        compiled.path_rules,
     )?;
-    let route = runtime.route_for(&RequestTarget {
+    let route = compiled.route_for(&RequestTarget {
         method: request.method(),
         host: canonical.host.as_deref(),
         path: &canonical.route_path(),
@@ -443,7 +445,7 @@ fn read<'r, 'u, B>(
 
 /// What the keys of `route`'s limits are built from, besides the request's method and fields.
 fn reading_of<'a>(
-    runtime: &Runtime,
+    compiled: &CompiledConfig,
     route: &'a Route,
     canonical: &'a CanonicalRequest<'_>,
     route_path: &'a str,
@@ -452,7 +454,7 @@ fn reading_of<'a>(
 ) -> RequestReading<'a> {
     RequestReading {
         client_ip,
-        ipv6_prefix: runtime.client_ip.ipv6_prefix(),
+        ipv6_prefix: compiled.client_ip.ipv6_prefix(),
         route: &route.name,
         path: route_path,
         path_any_case: !route.matcher.is_case_sensitive(),

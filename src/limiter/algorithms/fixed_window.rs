@@ -1,6 +1,6 @@
 //! `fixed_window`: a counter per aligned window (`now − now mod period`), reset when the window ends.
 
-use super::Evaluation;
+use super::Transition;
 use crate::limiter::Decision;
 
 /// The count of the window starting at `window_start_ms`.
@@ -22,7 +22,7 @@ pub fn evaluate(
     state: Option<&FixedWindowState>,
     now_ms: i64,
     cost: u64,
-) -> Evaluation<FixedWindowState> {
+) -> Transition<FixedWindowState> {
     let window_start = now_ms - now_ms.rem_euclid(period_ms as i64);
     let left = period_ms - (now_ms - window_start) as u64;
     let count = match state {
@@ -39,7 +39,7 @@ pub fn evaluate(
             reset_after_ms: left,
             delay_ms: 0,
         };
-        return Evaluation {
+        return Transition {
             admitted,
             standing: Decision {
                 remaining: limit - count,
@@ -62,7 +62,7 @@ pub fn evaluate(
         reset_after_ms: standing_reset,
         delay_ms: 0,
     };
-    Evaluation {
+    Transition {
         admitted: denied,
         standing: denied,
         next: FixedWindowState {

@@ -1,7 +1,7 @@
 //! `gcra`: the generic cell rate algorithm with redis-cell's `CL.THROTTLE` semantics. `burst: B, rate: N/P`
 //! behaves as `CL.THROTTLE key B-1 N P`: a fresh key admits B requests at once, then one every P/N.
 
-use super::{ceil_div, Evaluation};
+use super::{ceil_div, Transition};
 use crate::limiter::{Decision, Rate};
 
 /// GCRA time is counted in ticks of `1/ticks_per_ms` ms since this epoch (2025-01-01T00:00:00Z), so that the
@@ -49,7 +49,7 @@ pub fn evaluate(
     state: Option<&GcraState>,
     now_ms: i64,
     cost: u64,
-) -> Evaluation<GcraState> {
+) -> Transition<GcraState> {
     let Ticks {
         ticks_per_ms,
         interval,
@@ -82,7 +82,7 @@ pub fn evaluate(
             reset_after_ms: to_ms(ttl),
             ..standing
         };
-        return Evaluation {
+        return Transition {
             admitted,
             standing,
             next: GcraState { tat: new_tat },
@@ -94,7 +94,7 @@ pub fn evaluate(
         retry_after_ms: to_ms(allow_at - now),
         ..standing
     };
-    Evaluation {
+    Transition {
         admitted: denied,
         standing: denied,
         next: GcraState { tat },

@@ -3,7 +3,7 @@
 //! `nodelay`), unless that is more than `max_delay` away.
 
 use super::token_bucket::BucketState;
-use super::{ceil_div, Evaluation};
+use super::{ceil_div, Transition};
 use crate::limiter::{Decision, Rate};
 
 /// What happens to a request that does not fit the meter now.
@@ -31,7 +31,7 @@ pub fn evaluate(
     state: Option<&BucketState>,
     now_ms: i64,
     cost: u64,
-) -> Evaluation<BucketState> {
+) -> Transition<BucketState> {
     let unit = rate.period_ms();
     let per_ms = rate.count();
     let capacity = burst * unit;
@@ -72,7 +72,7 @@ pub fn evaluate(
             delay_ms: wait,
             ..standing
         };
-        return Evaluation {
+        return Transition {
             admitted,
             standing,
             next: BucketState {
@@ -88,7 +88,7 @@ pub fn evaluate(
         retry_after_ms: wait - max_delay_ms,
         ..standing
     };
-    Evaluation {
+    Transition {
         admitted: denied,
         standing: denied,
         next: BucketState {

@@ -33,7 +33,7 @@ pub enum State {
 
 /// What an algorithm says about one request, before the store decides whether to commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Evaluation<S> {
+pub struct Transition<S> {
     /// The decision if the request is admitted by every limit (state consumed).
     pub admitted: Decision,
     /// The decision if the request is denied by any limit (nothing consumed). Equal to `admitted` when this
@@ -51,7 +51,7 @@ pub fn evaluate(
     state: Option<&State>,
     now_ms: i64,
     cost: u64,
-) -> Evaluation<State> {
+) -> Transition<State> {
     match *algorithm {
         Algorithm::FixedWindow { limit, period_ms } => {
             let state = state.and_then(|s| match s {
@@ -98,22 +98,22 @@ pub fn evaluate(
     }
 }
 
-/// The outcome of one request from the evaluations of its limits, in order: admitted only if every limit admits,
+/// The outcome of one request from the transitions of its limits, in order: admitted only if every limit admits,
 /// except that a limit in shadow mode (`is_shadow(i)`) never denies; it consumes only when it admits itself. A
 /// denied request consumes from no limit. `commit(i, next, ttl_ms)` stores the state of every limit that consumes.
 ///
 /// The one place the rule lives: the memory store applies it to its map, the Redis store to the runs of identical
 /// requests it replays (see `store/script.rs`), and `scripts/check.lua` mirrors it.
-pub fn settle(
-    evaluations: Vec<Evaluation<State>>,
+pub fn combine(
+    transitions: Vec<Transition<State>>,
     is_shadow: impl Fn(usize) -> bool,
     mut commit: impl FnMut(usize, State, u64),
 ) -> Outcome {
-    let allowed = evaluations
+    let allowed = transitions
         .iter()
         .enumerate()
         .all(|(i, e)| e.admitted.allowed || is_shadow(i));
-    let decisions = evaluations
+    let decisions = transitions
         .into_iter()
         .enumerate()
         .map(|(i, ev)| {
@@ -127,9 +127,9 @@ pub fn settle(
     Outcome { allowed, decisions }
 }
 
-impl<S> Evaluation<S> {
-    fn map<T>(self, f: impl FnOnce(S) -> T) -> Evaluation<T> {
-        Evaluation {
+impl<S> Transition<S> {
+    fn map<T>(self, f: impl FnOnce(S) -> T) -> Transition<T> {
+        Transition {
             admitted: self.admitted,
             standing: self.standing,
             next: f(self.next),

@@ -3,7 +3,7 @@
 
 use imbl::Vector;
 
-use super::Evaluation;
+use super::Transition;
 use crate::limiter::Decision;
 
 /// Timestamps (ms) of admitted units of cost, oldest first, none older than one period. A persistent vector: an
@@ -21,7 +21,7 @@ pub fn evaluate(
     state: Option<&LogState>,
     now_ms: i64,
     cost: u64,
-) -> Evaluation<LogState> {
+) -> Transition<LogState> {
     let period = period_ms as i64;
     let mut log: LogState = state.cloned().unwrap_or_default();
     let now = log.back().map_or(now_ms, |&newest| now_ms.max(newest));
@@ -49,7 +49,7 @@ pub fn evaluate(
             ..admitted
         };
         log.extend(std::iter::repeat_n(now, cost as usize));
-        return Evaluation {
+        return Transition {
             admitted,
             standing,
             next: log,
@@ -71,7 +71,7 @@ pub fn evaluate(
         reset_after_ms: standing_reset,
         delay_ms: 0,
     };
-    Evaluation {
+    Transition {
         admitted: denied,
         standing: denied,
         next: log,

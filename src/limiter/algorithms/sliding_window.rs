@@ -1,7 +1,7 @@
 //! `sliding_window`: counts of the current and previous aligned windows, the previous one weighted by how much of
 //! it still overlaps the sliding interval (Cloudflare's approximation). O(1) memory per key.
 
-use super::Evaluation;
+use super::Transition;
 use crate::limiter::Decision;
 
 /// Counts for the window starting at `window_start_ms` and the one before it.
@@ -25,7 +25,7 @@ pub fn evaluate(
     state: Option<&WindowState>,
     now_ms: i64,
     cost: u64,
-) -> Evaluation<WindowState> {
+) -> Transition<WindowState> {
     let p = period_ms as i64;
     let window_start = now_ms - now_ms.rem_euclid(p);
     let elapsed = (now_ms - window_start) as u64;
@@ -65,7 +65,7 @@ pub fn evaluate(
             current: current + cost,
             previous,
         };
-        return Evaluation {
+        return Transition {
             admitted,
             standing,
             next,
@@ -89,7 +89,7 @@ pub fn evaluate(
         reset_after_ms: standing_reset,
         delay_ms: 0,
     };
-    Evaluation {
+    Transition {
         admitted: denied,
         standing: denied,
         next: WindowState {

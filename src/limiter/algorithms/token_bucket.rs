@@ -1,6 +1,6 @@
 //! `token_bucket`: `burst` tokens refilled continuously at `rate`, with fractional refill kept exactly.
 
-use super::{ceil_div, Evaluation};
+use super::{ceil_div, Transition};
 use crate::limiter::{Decision, Rate};
 
 /// The bucket's level and when it was last updated.
@@ -50,7 +50,7 @@ pub fn evaluate(
     state: Option<&BucketState>,
     now_ms: i64,
     cost: u64,
-) -> Evaluation<BucketState> {
+) -> Transition<BucketState> {
     let unit = rate.period_ms();
     let per_ms = rate.count();
     let capacity = burst * unit;
@@ -74,7 +74,7 @@ pub fn evaluate(
             reset_after_ms: standing_reset,
             ..admitted
         };
-        return Evaluation {
+        return Transition {
             admitted,
             standing,
             next: BucketState {
@@ -94,7 +94,7 @@ pub fn evaluate(
         reset_after_ms: standing_reset,
         delay_ms: 0,
     };
-    Evaluation {
+    Transition {
         admitted: denied,
         standing: denied,
         next: BucketState {

@@ -359,13 +359,13 @@ fn replay_run(
         .collect::<Result<Vec<_>, _>>()?;
     let limits = &request.limits;
     for _ in 0..count {
-        let evaluations = limits
+        let transitions = limits
             .iter()
             .zip(&states)
             .map(|(l, state)| algorithms::evaluate(&l.algorithm, state.as_ref(), now_ms, l.cost))
             .collect();
-        outcomes.push(Ok(algorithms::settle(
-            evaluations,
+        outcomes.push(Ok(algorithms::combine(
+            transitions,
             |i| limits[i].shadow,
             |i, next, _| states[i] = Some(next),
         )));

@@ -16,7 +16,7 @@ use smallvec::SmallVec;
 use self::keys::KeyRef;
 use self::shard::{forget_one, limit_of, Entry, NoRoom, Shard};
 use super::{LimitCheck, INLINE_LIMITS};
-use crate::limiter::algorithms::{self, Evaluation, State};
+use crate::limiter::algorithms::{self, State, Transition};
 use crate::limiter::{Clock, Decision, Outcome};
 
 /// The shards are numbered by this many bits of a key's hash.
@@ -125,7 +125,7 @@ impl MemoryStore {
             })
             .collect();
         let mut guards = self.lock_shards(keys.iter().map(|k| k.shard));
-        let evaluations: Vec<Evaluation<State>> = checks
+        let transitions: Vec<Transition<State>> = checks
             .iter()
             .zip(keys.iter_mut())
             .map(|(check, hashed)| {
@@ -146,14 +146,14 @@ impl MemoryStore {
         // Room for the new keys is made before anything is committed, so that a request refused for want of it
         // consumes nothing anywhere.
         let mut refused: SmallVec<[(usize, NoRoom); INLINE_LIMITS]> = SmallVec::new();
-        let admitted = evaluations
+        let admitted = transitions
             .iter()
             .enumerate()
             .all(|(i, e)| e.admitted.allowed || checks[i].limit.is_shadow());
         if admitted {
             for i in 0..keys.len() {
                 let hashed = &keys[i];
-                if hashed.found.is_some() || !evaluations[i].admitted.allowed {
+                if hashed.found.is_some() || !transitions[i].admitted.allowed {
                     continue;
                 }
                 // Earlier new keys of this request in the same shard, not yet inserted, need their room too.
@@ -163,7 +163,7 @@ impl MemoryStore {
                     .filter(|&(j, k)| {
                         k.shard == hashed.shard
                             && k.found.is_none()
-                            && evaluations[j].admitted.allowed
+                            && transitions[j].admitted.allowed
                             && !refused.iter().any(|&(r, _)| r == j)
                     })
                     .count();
@@ -175,7 +175,7 @@ impl MemoryStore {
                     .filter(|&(j, k)| {
                         k.shard == hashed.shard
                             && k.found.is_none()
-                            && evaluations[j].admitted.allowed
+                            && transitions[j].admitted.allowed
                             && limit_of(k.key.text) == limit
                             && !refused.iter().any(|&(r, _)| r == j)
                     })
@@ -194,17 +194,17 @@ impl MemoryStore {
             self.full.increment(1);
             let enforced = refused.iter().any(|&(i, _)| !checks[i].limit.is_shadow());
             if enforced && self.when_full() == WhenFull::Deny {
-                return refusal(evaluations, &refused, now_ms);
+                return refusal(transitions, &refused, now_ms);
             }
         }
-        let over_limit: SmallVec<[bool; INLINE_LIMITS]> = evaluations
+        let over_limit: SmallVec<[bool; INLINE_LIMITS]> = transitions
             .iter()
             .zip(checks)
             .map(|(e, c)| e.admitted.remaining < c.limit.cost())
             .collect();
 
-        algorithms::settle(
-            evaluations,
+        algorithms::combine(
+            transitions,
             |i| checks[i].limit.is_shadow(),
             |i, state, ttl_ms| {
                 if refused.iter().any(|&(r, _)| r == i) {
@@ -346,11 +346,11 @@ impl MemoryStore {
 /// The answer to a request refused because a new key of it found no room: the refused limits deny until the
 /// earliest time a key they could displace frees up; nothing was consumed.
 fn refusal(
-    evaluations: Vec<Evaluation<State>>,
+    transitions: Vec<Transition<State>>,
     refused: &[(usize, NoRoom)],
     now_ms: i64,
 ) -> Outcome {
-    let decisions = evaluations
+    let decisions = transitions
         .into_iter()
         .enumerate()
         .map(|(i, ev)| match refused.iter().find(|&&(r, _)| r == i) {

@@ -14,7 +14,7 @@ use crate::telemetry::RouteMetrics;
 
 /// A compiled configuration.
 #[derive(Debug)]
-pub struct Runtime {
+pub struct CompiledConfig {
     pub(super) routes: Vec<Route>,
     /// From [`INDEXED_ROUTES`] routes on, the index that finds a request's route among the few that could take it.
     index: Option<RouteIndex>,
@@ -59,9 +59,9 @@ pub(super) enum Action {
     Respond(DirectResponse),
 }
 
-// === impl Runtime ===
+// === impl CompiledConfig ===
 
-impl Runtime {
+impl CompiledConfig {
     /// Compiles a validated config; `directory` holds the consumers' runtime settings when it has a `consumers:`
     /// block.
     pub fn new(config: &Config, directory: Option<&Arc<Directory>>) -> Self {
