@@ -1,5 +1,5 @@
 //! Giving back what an admission took: a held request whose client went away, or one slot's commit of a request
-//! that another slot denied. Mirrors `give_back` in `scripts/check.lua` integer for integer.
+//! that another slot denied. Mirrors `give_back` in `scripts/check/3-algorithms.lua` integer for integer.
 //!
 //! What was taken is given back on the window it was taken from (`at_ms`, when the admission was decided): a
 //! window that has passed since holds nothing of it. No state goes below empty or above full, so a give-back can

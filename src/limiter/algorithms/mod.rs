@@ -1,7 +1,7 @@
 //! The algorithms as pure functions of (state, now, cost): no I/O, no clock, no HTTP.
 //!
-//! Each function mirrors a section of `scripts/check.lua` integer for integer, so that the memory store and the
-//! Redis store make the same decision for the same sequence of timestamps.
+//! Each function mirrors a section of the Redis script (`scripts/check/`) integer for integer, so that the memory
+//! store and the Redis store make the same decision for the same sequence of timestamps.
 
 pub mod fixed_window;
 pub mod gcra;
@@ -103,7 +103,7 @@ pub fn evaluate(
 /// denied request consumes from no limit. `commit(i, next, ttl_ms)` stores the state of every limit that consumes.
 ///
 /// The one place the rule lives: the memory store applies it to its map, the Redis store to the runs of identical
-/// requests it replays (see `store/script.rs`), and `scripts/check.lua` mirrors it.
+/// requests it replays (see `store/script/`), and the Redis script (`scripts/check/`) mirrors it.
 pub fn combine(
     transitions: Vec<Transition<State>>,
     is_shadow: impl Fn(usize) -> bool,
