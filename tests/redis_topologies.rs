@@ -893,7 +893,7 @@ fn node_id(cluster: &RedisCluster, index: usize) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_slot_migration_under_load_shares_limits_again_at_once_after_the_move() {
+async fn cluster_slot_migration_under_load_keeps_limits_shared_through_the_move() {
     use tollgate::limiter::{Backend, OnError, RateLimiter, SystemClock};
     let cluster = RedisCluster::start();
     let store =
@@ -994,29 +994,28 @@ async fn cluster_slot_migration_under_load_shares_limits_again_at_once_after_the
     stop.store(true, Ordering::Relaxed);
     let results = load.await.expect("load");
 
+    // No call met the move: one on a key already moved while the slot migrated was sent where the key went
+    // (ASK), and one after the hand-over to the slot's new owner (MOVED); the fallback never ran.
     let failed: Vec<Duration> = results
         .iter()
         .filter(|(_, ok, _)| !ok)
         .map(|(at, _, _)| at.saturating_duration_since(moved))
         .collect();
-    let after = results
-        .iter()
-        .filter(|(at, _, _)| *at > moved + Duration::from_millis(300));
-    let failed_after = after.clone().filter(|(_, ok, _)| !ok).count();
-    assert!(after.clone().count() > 10, "load ran on after the move");
-    assert_eq!(
-        failed_after,
-        0,
-        "calls failed 300 ms after the move ({} failures in all, last {:?} after the move)",
+    assert!(
+        results
+            .iter()
+            .filter(|(at, _, _)| *at > moved + Duration::from_millis(300))
+            .count()
+            > 10,
+        "load ran on after the move"
+    );
+    assert!(
+        failed.is_empty(),
+        "{} calls failed, the last {:?} after the hand-over",
         failed.len(),
         failed.last()
     );
-    // Calls that met the moving slot were answered by on_error, and the fallback flag said so while they were;
-    // then readiness and the flag came back with the calls.
-    if !failed.is_empty() {
-        assert!(results.iter().any(|(_, _, fallback)| *fallback));
-    }
-    assert!(after.clone().all(|(_, _, fallback)| !fallback));
+    assert!(results.iter().all(|(_, _, fallback)| !fallback));
     assert!(limiter.readiness().ready, "{:?}", limiter.readiness());
     // Every admitted call was counted by the cluster, on the node that owns the slot now.
     let admitted = results.iter().filter(|(_, ok, _)| *ok).count();
@@ -1037,4 +1036,221 @@ async fn cluster_slot_migration_under_load_shares_limits_again_at_once_after_the
         Some(admitted.to_string().as_str()),
         "{stored}"
     );
+}
+
+/// A key whose hash tag is not `tag`'s but whose slot is: two clients on one slot, so that one's keys can be moved
+/// before the other's.
+fn another_key_in_the_slot_of(tag: &str, prefix: &str) -> String {
+    let slot = redis_keyslot(tag.as_bytes());
+    (0u32..)
+        .map(|i| format!("other-{i}"))
+        .find(|other| redis_keyslot(other.as_bytes()) == slot)
+        .map(|other| format!("{prefix}{{{other}}}"))
+        .expect("every slot has keys")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_checks_on_keys_already_migrated_are_decided_by_redis_while_the_slot_migrates() {
+    use tollgate::limiter::{Backend, DecidedBy, OnError, RateLimiter, SystemClock};
+    let cluster = RedisCluster::start();
+    // Two instances sharing the cluster, each refusing (503) what Redis does not decide.
+    let mut limiters = Vec::new();
+    for _ in 0..2 {
+        let store =
+            RedisStore::connect(&cluster.url(), 2, Duration::from_millis(500)).expect("connect");
+        assert!(store.wait_connected(Duration::from_secs(10)).await);
+        limiters.push(Arc::new(RateLimiter::new(
+            Backend::Redis(store),
+            Duration::from_millis(500),
+            OnError::Deny,
+            1_000,
+            Arc::new(SystemClock),
+        )));
+    }
+    let limit = Limit::new(
+        "l",
+        Algorithm::FixedWindow {
+            limit: 1_000_000,
+            period_ms: 3_600_000,
+        },
+        1,
+    )
+    .expect("valid");
+    // Three requests on one slot: one limit of a client whose keys move first, two limits of that client (a
+    // script call on two keys), and one limit of another client whose key moves last.
+    let moved = "tollgate:mig:one:{moved}";
+    let pair = ["tollgate:mig:p1:{moved}", "tollgate:mig:p2:{moved}"];
+    let staying = another_key_in_the_slot_of("moved", "tollgate:mig:one:");
+    let slot = redis_keyslot(moved.as_bytes());
+    assert_eq!(redis_keyslot(staying.as_bytes()), slot);
+    let (source, source_id) = slot_owner(&cluster, slot);
+    let target = (source + 1) % 3;
+    let target_id = node_id(&cluster, target);
+
+    // Phases of the move, as the load sees them: 0 before the first MIGRATE, 1 while `moved`'s keys are on the
+    // new node and `staying`'s on the old, 2 once the slot is handed over.
+    let phase = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = Vec::new();
+    for limiter in &limiters {
+        let (limiter, stop, phase, limit) = (
+            Arc::clone(limiter),
+            Arc::clone(&stop),
+            Arc::clone(&phase),
+            limit.clone(),
+        );
+        let staying = staying.clone();
+        loads.push(tokio::spawn(async move {
+            // (phase, which request, decided by Redis and admitted, fallback flag)
+            let mut results: Vec<(usize, usize, bool, bool)> = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let at = phase.load(Ordering::SeqCst);
+                let one = [LimitCheck {
+                    key: moved,
+                    limit: &limit,
+                }];
+                let two = pair.map(|key| LimitCheck { key, limit: &limit });
+                let other = [LimitCheck {
+                    key: &staying,
+                    limit: &limit,
+                }];
+                // Together, so that they share script calls.
+                let decided = tokio::join!(
+                    limiter.check_deciding(&one),
+                    limiter.check_deciding(&two),
+                    limiter.check_deciding(&other)
+                );
+                for (which, decision) in [decided.0, decided.1, decided.2].into_iter().enumerate() {
+                    let by_redis = matches!(decision, Ok((o, DecidedBy::Store)) if o.allowed);
+                    results.push((at, which, by_redis, limiter.fallback_active()));
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            results
+        }));
+    }
+    let run = |node: usize, args: Vec<String>| {
+        let port = cluster.ports[node];
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                common::redis::redis_cli(port, &[], &args)
+            })
+            .await
+            .expect("cli")
+        }
+    };
+    let strings = |args: &[&str]| args.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
+    let slot_text = slot.to_string();
+    let target_port = cluster.ports[target].to_string();
+    let migrate = |keys: &[&str]| {
+        let mut args = strings(&[
+            "MIGRATE",
+            "127.0.0.1",
+            &target_port,
+            "",
+            "0",
+            "5000",
+            "KEYS",
+        ]);
+        args.extend(keys.iter().map(|k| (*k).to_owned()));
+        run(source, args)
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Step 1: both ends marked.
+    let importing = run(
+        target,
+        strings(&["CLUSTER", "SETSLOT", &slot_text, "IMPORTING", &source_id]),
+    )
+    .await;
+    assert_eq!(importing.as_deref(), Some("OK"));
+    let migrating = run(
+        source,
+        strings(&["CLUSTER", "SETSLOT", &slot_text, "MIGRATING", &target_id]),
+    )
+    .await;
+    assert_eq!(migrating.as_deref(), Some("OK"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Step 2: one client's keys moved, the other's not yet; then theirs too.
+    assert_eq!(
+        migrate(&[moved, pair[0], pair[1]]).await.as_deref(),
+        Some("OK")
+    );
+    phase.store(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    phase.store(2, Ordering::SeqCst);
+    assert_eq!(migrate(&[&staying]).await.as_deref(), Some("OK"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Step 3: the slot handed over.
+    for node in [target, source, (source + 2) % 3] {
+        let handed = run(
+            node,
+            strings(&["CLUSTER", "SETSLOT", &slot_text, "NODE", &target_id]),
+        )
+        .await;
+        assert_eq!(handed.as_deref(), Some("OK"), "node {node}");
+    }
+    phase.store(3, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut results = Vec::new();
+    for load in loads {
+        results.extend(load.await.expect("load"));
+    }
+
+    // Redis decided every request, the moved keys' while the slot was still migrating, and no fallback ran.
+    let moved_while_migrating = results
+        .iter()
+        .filter(|(phase, which, _, _)| *phase == 1 && *which < 2)
+        .count();
+    assert!(
+        moved_while_migrating > 20,
+        "{moved_while_migrating} checks on the moved keys"
+    );
+    let refused: Vec<_> = results
+        .iter()
+        .filter(|(_, _, by_redis, _)| !by_redis)
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "{} of {} checks not decided by redis (phase, request): {:?}",
+        refused.len(),
+        results.len(),
+        refused
+            .iter()
+            .map(|(p, w, _, _)| (p, w))
+            .take(20)
+            .collect::<Vec<_>>()
+    );
+    assert!(results.iter().all(|(_, _, _, fallback)| !fallback));
+    for limiter in &limiters {
+        assert!(limiter.readiness().ready, "{:?}", limiter.readiness());
+    }
+    // Each admission counted once, by the node that owns the slot now, across both instances.
+    let stored = |key: &str| {
+        cluster
+            .cli(
+                target,
+                &[
+                    "EVAL",
+                    "return {struct.unpack('<Bdd', redis.call('GET', KEYS[1]))}",
+                    "1",
+                    key,
+                ],
+            )
+            .unwrap_or_default()
+            .lines()
+            .nth(2)
+            .map(str::to_owned)
+    };
+    let admitted = |which: usize| results.iter().filter(|(_, w, _, _)| *w == which).count();
+    let expected = [
+        (moved, admitted(0)),
+        (pair[0], admitted(1)),
+        (pair[1], admitted(1)),
+        (staying.as_str(), admitted(2)),
+    ];
+    for (key, admitted) in expected {
+        assert_eq!(stored(key), Some(admitted.to_string()), "{key}");
+    }
 }

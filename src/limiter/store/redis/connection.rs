@@ -12,6 +12,7 @@ use fred::types::CustomCommand;
 use tokio::time::Instant;
 
 use super::cluster::join_all;
+use super::migration::{self, Migrations};
 use super::outage::Link;
 use super::RedisTopology;
 use crate::limiter::store::batcher::{Pending, RunBatch};
@@ -35,6 +36,8 @@ pub(super) struct Connection {
     pub(super) link: Arc<Link>,
     /// Redis's time as the replies tell it, for the deadlines the script keeps.
     pub(super) clock: RedisClock,
+    /// Where the Cluster slots being migrated go, for the calls Redis redirects there.
+    pub(super) migrations: Migrations,
 }
 
 // === impl Connection ===
@@ -65,7 +68,8 @@ impl Connection {
     }
 
     /// A script call of its own for one encoded request on `slot`: the time it was decided at (Redis's ms), and
-    /// its outcome.
+    /// its outcome. Sent again while Redis answers that its keys are split between the two nodes of a slot being
+    /// migrated (see [`migration::Unstable`]).
     pub(super) async fn run_encoded(
         &self,
         slot: Option<u16>,
@@ -74,7 +78,8 @@ impl Connection {
         now_ms: Option<i64>,
         timeout: Duration,
     ) -> Result<(i64, Outcome), StoreError> {
-        let (decided_at, mut outcomes) = self
+        let mut unstable = migration::Unstable::new(timeout);
+        let mut result = self
             .run_script(
                 self.pool.next(),
                 slot,
@@ -83,7 +88,20 @@ impl Connection {
                 now_ms,
                 timeout,
             )
-            .await?;
+            .await;
+        while let Some(left) = unstable.again(&result).await {
+            result = self
+                .run_script(
+                    self.pool.next(),
+                    slot,
+                    &[request],
+                    &[deadline],
+                    now_ms,
+                    left,
+                )
+                .await;
+        }
+        let (decided_at, mut outcomes) = result?;
         let outcome = outcomes
             .pop()
             .ok_or_else(|| StoreError::Reply("no outcome for the request".to_owned()))??;
@@ -120,10 +138,8 @@ impl Connection {
         Ok((decided_at, script::parse_reply(&reply, requests, &runs)?))
     }
 
-    /// Runs the script by hash, loading it first when Redis does not know it (restart, `SCRIPT FLUSH`, failover).
-    /// On Redis Cluster the load goes to every primary.
-    ///
-    /// A call that fails because its connection is down is tried once more on a connection of the pool that is up.
+    /// Runs the script by hash on the node owning `slot`; on Redis Cluster, a call that Redis redirected because
+    /// its slot is on the move is followed there (see [`follow_migration`](Self::follow_migration)).
     async fn evalsha(
         &self,
         client: &Client,
@@ -131,7 +147,31 @@ impl Connection {
         command: Vec<Value>,
         timeout: Duration,
     ) -> Result<Value, StoreError> {
-        let result = Box::pin(eval_on(client, slot, command.clone(), timeout)).await;
+        let started = Instant::now();
+        let result = Box::pin(self.evalsha_on_owner(client, slot, &command, timeout)).await;
+        match (slot, &result) {
+            (Some(slot), Err(StoreError::Redis(error)))
+                if self.topology == RedisTopology::Cluster && migration::redirected(error) =>
+            {
+                let deadline = (!timeout.is_zero()).then(|| started + timeout);
+                Box::pin(self.follow_migration(client, slot, command, result, deadline)).await
+            }
+            _ => result,
+        }
+    }
+
+    /// Runs the script by hash, loading it first when Redis does not know it (restart, `SCRIPT FLUSH`, failover).
+    /// On Redis Cluster the load goes to every primary.
+    ///
+    /// A call that fails because its connection is down is tried once more on a connection of the pool that is up.
+    pub(super) async fn evalsha_on_owner(
+        &self,
+        client: &Client,
+        slot: Option<u16>,
+        command: &[Value],
+        timeout: Duration,
+    ) -> Result<Value, StoreError> {
+        let result = Box::pin(eval_on(client, slot, command.to_vec(), timeout)).await;
         let (client, result) = match result {
             // This connection is down or still reconnecting (each of the pool reconnects on its own schedule):
             // another may be up already.
@@ -142,7 +182,7 @@ impl Connection {
                 }
                 (
                     other,
-                    Box::pin(eval_on(other, slot, command.clone(), timeout)).await,
+                    Box::pin(eval_on(other, slot, command.to_vec(), timeout)).await,
                 )
             }
             other => (client, other),
@@ -150,7 +190,7 @@ impl Connection {
         match result {
             Err(error) if error.details().starts_with("NOSCRIPT") => {
                 Box::pin(self.script.load(client)).await?;
-                Ok(Box::pin(eval_on(client, slot, command, timeout)).await?)
+                Ok(Box::pin(eval_on(client, slot, command.to_vec(), timeout)).await?)
             }
             Err(error) if error.details().contains("READONLY") => {
                 self.reconnect_to_primary("redis refused a write (READONLY)");
@@ -205,15 +245,29 @@ impl Connection {
             .run_script(self.pool.next(), slot, &requests, &deadlines, None, timeout)
             .await;
         match result {
-            Ok((_, outcomes)) => {
-                for (pending, outcome) in batch.into_iter().zip(outcomes) {
-                    pending.answer(outcome);
-                }
+            // Requests on keys on both nodes of a slot being migrated: each set of keys goes on its own.
+            Err(StoreError::Redis(error)) if migration::unstable(&error) => {
+                self.run_split(batch, deadline).await;
             }
-            Err(error) => {
-                for pending in batch {
-                    pending.answer(Err(error.clone()));
-                }
+            result => answer_all(batch, result),
+        }
+    }
+}
+
+/// Answers each request of `batch` with its outcome, or all with the call's failure.
+pub(super) fn answer_all(
+    batch: Vec<Pending>,
+    result: Result<(i64, Vec<Result<Outcome, StoreError>>), StoreError>,
+) {
+    match result {
+        Ok((_, outcomes)) => {
+            for (pending, outcome) in batch.into_iter().zip(outcomes) {
+                pending.answer(outcome);
+            }
+        }
+        Err(error) => {
+            for pending in batch {
+                pending.answer(Err(error.clone()));
             }
         }
     }
@@ -271,12 +325,12 @@ pub(crate) fn client_builder(config: FredConfig) -> Builder {
             c.internal_command_timeout = Duration::from_secs(2);
             // The caller's timeout and fallback decide what happens to a request: never replay it later.
             c.max_command_attempts = 1;
-            // A Redis Cluster redirection fails the call (the request goes to `on_error`) instead of being
-            // followed by fred: a MOVED still makes fred read the slot map again first, so the next call goes to
-            // the slot's new node, but fred follows an ASK by writing ASKING on a connection other commands are
-            // pipelined on and reading the next reply as its answer, which shifted every later reply on that
-            // connection by one: every call on the moving slot timed out until a restart. Failing the few calls
-            // of a slot between its keys' MIGRATE and its SETSLOT NODE costs less.
+            // A Redis Cluster redirection fails the call back to us instead of being followed by fred (a MOVED
+            // still makes fred read the slot map again first): fred follows an ASK by writing ASKING on a
+            // connection other commands are pipelined on and reading the next reply as its answer, which shifted
+            // every later reply on that connection by one, so that every call on the moving slot timed out until
+            // a restart. The store follows redirections itself (`migration.rs`), with ASKING and the call in one
+            // pipeline.
             c.max_redirections = 0;
             c.unresponsive = UnresponsiveConfig {
                 max_timeout: Some(Duration::from_secs(2)),

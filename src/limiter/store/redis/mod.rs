@@ -4,6 +4,7 @@
 
 mod cluster;
 mod connection;
+mod migration;
 mod outage;
 mod resets;
 
@@ -99,6 +100,7 @@ impl RedisStore {
             reconnecting: Arc::new(AtomicBool::new(false)),
             link,
             clock: RedisClock::default(),
+            migrations: migration::Migrations::default(),
         });
         if topology == RedisTopology::Sentinel {
             let weak = Arc::downgrade(&connection);

@@ -122,6 +122,11 @@ impl EncodedRequest {
         }
     }
 
+    /// Whether `other` has the same keys, in the same order.
+    pub(super) fn same_keys(&self, other: &Self) -> bool {
+        self.keys == other.keys && self.key_ends == other.key_ends
+    }
+
     /// How many limits (and keys) the request has.
     pub(super) fn limits(&self) -> usize {
         self.key_ends.len()
