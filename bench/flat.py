@@ -365,7 +365,8 @@ def connections_row(binary, work, quick):
                     if not chunk:
                         break
                     data += chunk
-            time.sleep(1.0)
+            # Idle past the second after which a connection rests without hyper's buffers (docs/operations.md).
+            time.sleep(2.5)
             after = gateway.rss()
         finally:
             for s in sockets:

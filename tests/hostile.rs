@@ -143,23 +143,76 @@ async fn idle_keep_alive_connection_outlives_the_head_timeout_and_closes_after_k
 async fn head_begun_after_idle_time_has_header_read_timeout_from_its_first_byte() {
     let upstream = Upstream::start().await;
     let gateway = start_gateway(&yaml(&upstream.url(), "  keepalive_timeout: 30s\n")).await;
-    let mut stream = TcpStream::connect(gateway.addr).await.unwrap();
-    stream
-        .write_all(b"GET /api/one HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
-    assert!(read_response(&mut stream).await.starts_with("HTTP/1.1 200"));
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Idle for less than the second after which a connection rests with its socket alone, then for more.
+    for (idle, hits) in [(800, 1), (1_500, 2)] {
+        let mut stream = TcpStream::connect(gateway.addr).await.unwrap();
+        stream
+            .write_all(b"GET /api/one HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(read_response(&mut stream).await.starts_with("HTTP/1.1 200"));
+        tokio::time::sleep(Duration::from_millis(idle)).await;
 
-    // Half a head, never finished: cut off after header_read_timeout (500 ms), not keepalive_timeout (30 s).
+        // Half a head, never finished: cut off after header_read_timeout (500 ms), not keepalive_timeout (30 s).
+        stream
+            .write_all(b"GET /api/two HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let mut rest = Vec::new();
+        let read =
+            tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await;
+        assert!(
+            read.is_ok(),
+            "idle {idle} ms: half a head kept open for 10 s"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "idle {idle} ms: closed after {:?}",
+            started.elapsed()
+        );
+        assert_eq!(upstream.hits(), hits);
+    }
+}
+
+#[tokio::test]
+async fn a_pipelined_head_begun_before_the_connection_rests_is_served_whole_after() {
+    let upstream = Upstream::start().await;
+    let server = "  keepalive_timeout: 30s\n";
+    let gateway = start_gateway(
+        &yaml(&upstream.url(), server)
+            .replace("header_read_timeout: 500ms", "header_read_timeout: 5s"),
+    )
+    .await;
+    let mut stream = TcpStream::connect(gateway.addr).await.unwrap();
+    // The second head's first bytes come with the first request, and are read with it.
     stream
-        .write_all(b"GET /api/two HTTP/1.1\r\n")
+        .write_all(b"GET /api/one HTTP/1.1\r\nHost: a\r\n\r\nGET /api/two HT")
         .await
         .unwrap();
-    let mut rest = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await;
-    assert!(read.is_ok(), "half a head kept open for 10 s");
-    assert_eq!(upstream.hits(), 1);
+    let first = read_response(&mut stream).await;
+    assert!(first.contains(r#""path":"/api/one""#), "{first}");
+    // Past the second after which the connection rests: the bytes read and not parsed go to the next hyper
+    // connection. The rest of the head, with a third request pipelined after it.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    stream
+        .write_all(b"TP/1.1\r\nHost: a\r\n\r\nGET /api/three HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    // Both answers, however the reads split them.
+    let mut answers = String::new();
+    let mut chunk = [0u8; 4096];
+    while !(answers.contains(r#""path":"/api/two""#) && answers.contains(r#""path":"/api/three""#))
+    {
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut chunk))
+            .await
+            .expect("both answers within 5 s")
+            .expect("read");
+        assert!(read > 0, "closed after {answers}");
+        answers.push_str(&String::from_utf8_lossy(&chunk[..read]));
+    }
+    assert_eq!(answers.matches("HTTP/1.1 200 OK").count(), 2, "{answers}");
+    assert_eq!(upstream.hits(), 3);
 }
 
 #[tokio::test]

@@ -193,3 +193,97 @@ async fn a_sliding_log_check_copies_a_chunk_or_two_not_the_whole_log() {
         "a denied check allocated {denied} bytes"
     );
 }
+
+/// Reads one response with a `content-length` body from `stream` (blocking), whole.
+fn read_response(stream: &mut std::net::TcpStream) {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = bytes.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&bytes[..end]).to_ascii_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length:"))
+                .and_then(|value| value.trim().parse().ok())
+                .expect("a content-length");
+            if bytes.len() >= end + 4 + length {
+                assert!(head.starts_with("http/1.1 200"), "{head}");
+                return;
+            }
+        }
+        let read = stream.read(&mut chunk).expect("read a response");
+        assert!(read > 0, "connection closed mid-response");
+        bytes.extend_from_slice(&chunk[..read]);
+    }
+}
+
+/// `count` keep-alive connections to `addr`, each having made one proxied request and read its answer whole.
+async fn idle_connections(addr: std::net::SocketAddr, count: usize) -> Vec<std::net::TcpStream> {
+    // Blocking sockets, on a thread of their own: the client side allocates nothing the count would see.
+    tokio::task::spawn_blocking(move || {
+        let mut streams = Vec::with_capacity(count);
+        for _ in 0..count {
+            use std::io::Write;
+            let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+            stream
+                .write_all(b"GET /idle HTTP/1.1\r\nHost: a\r\n\r\n")
+                .expect("send a request");
+            read_response(&mut stream);
+            streams.push(stream);
+        }
+        streams
+    })
+    .await
+    .expect("clients")
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_holds_at_most_8_kb() {
+    let _serial = SERIAL.lock().await;
+    let upstream = common::upstream::Upstream::start().await;
+    let gateway = common::start_gateway(&format!(
+        "store:\n  backend: memory\nupstreams:\n  backend:\n    targets: [\"{}\"]\nroutes:\n  - name: all\n    match: {{ path_prefix: / }}\n    upstream: backend\n",
+        upstream.url()
+    ))
+    .await;
+    // A first connection and request set up what every later one shares (the route's metrics, the upstream
+    // connection in the pool); it is closed before counting.
+    drop(idle_connections(gateway.addr, 1).await);
+    common::eventually(Duration::from_secs(5), async || {
+        gateway.gateway.shutdown().open_connections() == 0
+    })
+    .await
+    .expect("the first connection closed");
+    let count = 1_000;
+    let baseline = live_bytes();
+    let streams = idle_connections(gateway.addr, count).await;
+    let per_connection = || (live_bytes() - baseline) / count as i64;
+    // Released a moment after its last answer: a connection busy with back-to-back requests keeps its buffers.
+    let rested = common::eventually(Duration::from_secs(10), async || {
+        per_connection() <= 8 * 1024
+    })
+    .await;
+    eprintln!(
+        "live bytes per idle keep-alive connection at {count}: {} (after {rested:?})",
+        per_connection()
+    );
+    assert!(
+        rested.is_some(),
+        "{} bytes per idle connection",
+        per_connection()
+    );
+    assert_eq!(gateway.gateway.shutdown().open_connections(), count);
+    // Every connection that rested serves its next request.
+    tokio::task::spawn_blocking(move || {
+        for mut stream in streams {
+            use std::io::Write;
+            stream
+                .write_all(b"GET /again HTTP/1.1\r\nHost: a\r\n\r\n")
+                .expect("send a second request");
+            read_response(&mut stream);
+        }
+    })
+    .await
+    .expect("second requests");
+}

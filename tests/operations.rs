@@ -363,31 +363,42 @@ async fn exit_code(process: &mut Tollgate, within: Duration) -> Option<i32> {
 async fn an_idle_keep_alive_connection_is_closed_when_the_listener_closes() {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut process = draining_gateway(&dir, "  shutdown_delay: 0s\n  shutdown_grace: 1h");
-    let mut kept = tokio::net::TcpStream::connect(process.listen)
-        .await
-        .expect("connect");
-    kept.write_all(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .expect("write");
-    let mut answer = [0u8; 1024];
-    let read = kept.read(&mut answer).await.expect("read");
-    let head = String::from_utf8_lossy(&answer[..read]).into_owned();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    assert!(
-        !head.to_ascii_lowercase().contains("connection: close"),
-        "{head}"
-    );
+    let answered = async || {
+        let mut kept = tokio::net::TcpStream::connect(process.listen)
+            .await
+            .expect("connect");
+        kept.write_all(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .expect("write");
+        let mut answer = [0u8; 1024];
+        let read = kept.read(&mut answer).await.expect("read");
+        let head = String::from_utf8_lossy(&answer[..read]).into_owned();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(
+            !head.to_ascii_lowercase().contains("connection: close"),
+            "{head}"
+        );
+        kept
+    };
+    // One idle for longer than the second after which a connection rests with its socket alone, one just
+    // answered.
+    let rested = answered().await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let kept = answered().await;
 
     // Idle between requests when the drain begins: closed with the listener, and nothing holds the exit for the
     // hour of grace.
     signal(&process, "-TERM");
-    let mut rest = Vec::new();
-    let closed = tokio::time::timeout(Duration::from_secs(10), kept.read_to_end(&mut rest)).await;
-    assert!(
-        matches!(closed, Ok(Ok(_))),
-        "the idle connection was not closed: {closed:?}"
-    );
-    assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+    for mut idle in [rested, kept] {
+        let mut rest = Vec::new();
+        let closed =
+            tokio::time::timeout(Duration::from_secs(10), idle.read_to_end(&mut rest)).await;
+        assert!(
+            matches!(closed, Ok(Ok(_))),
+            "the idle connection was not closed: {closed:?}"
+        );
+        assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+    }
     assert_eq!(
         exit_code(&mut process, Duration::from_secs(10)).await,
         Some(0)

@@ -507,6 +507,40 @@ async fn a_frame_sent_with_the_handshake_is_not_lost() {
 }
 
 #[tokio::test]
+async fn a_keep_alive_connection_that_rested_between_requests_upgrades() {
+    let upstream = WebSocketUpstream::start().await;
+    let gateway = gateway_for(&upstream, "").await;
+    let (head, mut stream) =
+        raw_head(gateway.addr, "GET /api/plain HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let length: usize = head
+        .to_ascii_lowercase()
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .and_then(|value| value.trim().parse().ok())
+        .expect("a content-length");
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).await.expect("the body");
+    // Idle past the second after which a connection rests with its socket alone (docs/operations.md): the
+    // handshake comes to a new hyper connection, which hands the socket to the tunnel.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let request = format!("ws://{}/api/ws", gateway.addr)
+        .into_client_request()
+        .expect("request");
+    let (mut socket, response) = tokio_tungstenite::client_async(request, stream)
+        .await
+        .expect("the handshake passes the gateway");
+    assert_eq!(response.status(), 101);
+    next_text(&mut socket).await;
+    socket
+        .send(Message::text("after a rest"))
+        .await
+        .expect("send");
+    assert_eq!(next_text(&mut socket).await, "after a rest");
+    assert_eq!(upstream.handshakes(), 1);
+}
+
+#[tokio::test]
 async fn a_websocket_reaches_an_https_upstream_over_tls() {
     let dir = tempfile::tempdir().expect("temp dir");
     let ca = TestCa::new(dir.path(), "upstream");

@@ -1,6 +1,7 @@
 //! An HTTP/1.1 connection's two clocks between requests: `keepalive_timeout` while it is idle, then
-//! `header_read_timeout` from the first byte of the next request head; and the JSON bodies of the refusals hyper
-//! writes itself while reading a head.
+//! `header_read_timeout` from the first byte of the next request head; when an idle connection rests (its hyper
+//! connection is put aside, see `http1.rs`); and the JSON bodies of the refusals hyper writes itself while reading a
+//! head.
 //!
 //! hyper has one clock for both: its header read timer starts as soon as it waits for a head, so an idle
 //! keep-alive connection is closed after `header_read_timeout`. Load balancers keep idle connections to their
@@ -11,12 +12,18 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
+use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// How long a connection waits for its next request with hyper's connection (and its 16 KB of buffers) before it
+/// rests with the socket alone. Back-to-back requests come sooner and pay nothing for resting; a connection that
+/// rests pays for a new hyper connection (a few allocations) when its next request comes.
+pub(super) const REST_AFTER: Duration = Duration::from_secs(1);
 
 /// The clock of one HTTP/1.1 connection, handed to hyper as its `Timer`.
 #[derive(Debug, Clone)]
@@ -24,14 +31,16 @@ pub(super) struct ConnectionClock {
     marks: Arc<Marks>,
 }
 
-/// The connection's stream, marking when the bytes of a head start to arrive, and writing the gateway's JSON
-/// refusal in place of hyper's empty one.
+/// The connection's stream, marking when the bytes of a head start to arrive, writing the gateway's JSON
+/// refusal in place of hyper's empty one, and reading first the bytes a hyper connection put aside had read.
 #[derive(Debug)]
 pub(super) struct MarkedStream<S> {
     inner: S,
     marks: Arc<Marks>,
     /// A refusal being written instead of hyper's, and how much of it is written.
     replacing: Option<(&'static [u8], usize)>,
+    /// Bytes read by the hyper connection put aside and not parsed by it (the start of a pipelined request).
+    rewound: Bytes,
 }
 
 /// When the connection started waiting for a head, and when that head's first byte came.
@@ -46,6 +55,12 @@ struct Marks {
     /// Sleeps handed to hyper and not dropped yet: hyper drops its sleep once it has parsed a head, so while one
     /// lives, hyper is reading a head and whatever it writes is its own refusal of one.
     reading_head: AtomicUsize,
+    /// Set when the connection has waited `REST_AFTER` for a head without a byte of it: time to rest.
+    rest_due: AtomicBool,
+    /// Set while hyper's connection is closed to be put aside: its shutdown of the stream is not done.
+    setting_aside: AtomicBool,
+    /// Set when a hyper connection takes over from a rest: its wait for a head goes on from the rest's.
+    resumed: AtomicBool,
     keepalive_timeout: Duration,
     header_read_timeout: Duration,
 }
@@ -70,6 +85,9 @@ impl ConnectionClock {
             waiting_since: AtomicU64::new(0),
             head_since: AtomicU64::new(0),
             reading_head: AtomicUsize::new(0),
+            rest_due: AtomicBool::new(false),
+            setting_aside: AtomicBool::new(false),
+            resumed: AtomicBool::new(false),
             keepalive_timeout,
             header_read_timeout,
         });
@@ -81,8 +99,38 @@ impl ConnectionClock {
                 inner: stream,
                 marks,
                 replacing: None,
+                rewound: Bytes::new(),
             },
         )
+    }
+
+    /// Whether the connection has waited `REST_AFTER` for a head with nothing of it come: hyper is between
+    /// requests, and its connection can be put aside.
+    pub(super) fn rest_due(&self) -> bool {
+        self.marks.rest_due.load(Ordering::Relaxed)
+    }
+
+    /// Whether hyper's connection is being closed to be put aside.
+    pub(super) fn setting_aside(&self) -> bool {
+        self.marks.setting_aside.load(Ordering::Relaxed)
+    }
+
+    /// Starts (or ends) putting hyper's connection aside: until it ends, the stream ignores hyper's shutdown.
+    pub(super) fn set_aside(&self, setting_aside: bool) {
+        self.marks
+            .setting_aside
+            .store(setting_aside, Ordering::Relaxed);
+    }
+
+    /// When a resting connection closes: `keepalive_timeout` after it began to wait for a head.
+    pub(super) fn rest_deadline(&self) -> Instant {
+        self.marks.deadline()
+    }
+
+    /// A new hyper connection takes over from a rest: the wait for a head goes on, not from now.
+    pub(super) fn resume(&self) {
+        self.marks.rest_due.store(false, Ordering::Relaxed);
+        self.marks.resumed.store(true, Ordering::Relaxed);
     }
 }
 
@@ -92,14 +140,15 @@ impl hyper::rt::Timer for ConnectionClock {
     }
 
     /// Called when hyper starts waiting for a request head (its deadline, `header_read_timeout` from now, is
-    /// replaced by the two clocks').
+    /// replaced by the two clocks', and the time to rest comes first).
     fn sleep_until(&self, _deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
         self.marks.start_waiting();
         self.marks.reading_head.fetch_add(1, Ordering::Relaxed);
-        let deadline = self.marks.deadline();
+        // Made to wake when its first poll will want it to: a reset there would cost every request.
+        let (wake, _) = self.marks.next_wake();
         Box::pin(HeadDeadline {
             marks: self.marks.clone(),
-            sleep: Box::pin(tokio::time::sleep_until(deadline.into())),
+            sleep: Box::pin(tokio::time::sleep_until(wake.into())),
         })
     }
 }
@@ -112,9 +161,13 @@ impl Marks {
     }
 
     fn start_waiting(&self) {
-        self.waiting_since
-            .store(self.micros_since_base(Instant::now()), Ordering::Relaxed);
+        // After a rest the wait began before it, and nothing of a head had come then.
+        if !self.resumed.swap(false, Ordering::Relaxed) {
+            self.waiting_since
+                .store(self.micros_since_base(Instant::now()), Ordering::Relaxed);
+        }
         self.head_since.store(0, Ordering::Relaxed);
+        self.rest_due.store(false, Ordering::Relaxed);
     }
 
     /// A read of `read` bytes: the first since the wait began starts the head's clock. (Bytes of a pipelined head
@@ -123,6 +176,24 @@ impl Marks {
         if read > 0 && self.head_since.load(Ordering::Relaxed) == 0 {
             let now = self.micros_since_base(Instant::now());
             self.head_since.store(now + 1, Ordering::Relaxed);
+            self.rest_due.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// When hyper's sleep should wake next, and whether that is the time to rest rather than a deadline: the rest
+    /// comes first while nothing of a head has come and the connection is not resting already.
+    fn next_wake(&self) -> (Instant, bool) {
+        let deadline = self.deadline();
+        if self.head_since.load(Ordering::Relaxed) != 0 || self.rest_due.load(Ordering::Relaxed) {
+            return (deadline, false);
+        }
+        let rest = self.base
+            + Duration::from_micros(self.waiting_since.load(Ordering::Relaxed))
+            + REST_AFTER;
+        if rest < deadline {
+            (rest, true)
+        } else {
+            (deadline, false)
         }
     }
 
@@ -147,10 +218,20 @@ impl Future for HeadDeadline {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         // Polled by hyper after every read that left the head incomplete: the deadline moves when its first byte
         // has come since the last poll.
-        let deadline = tokio::time::Instant::from_std(self.marks.deadline());
-        if self.sleep.deadline() != deadline {
-            self.sleep.as_mut().reset(deadline);
+        let (wake, rest) = self.marks.next_wake();
+        let wake = tokio::time::Instant::from_std(wake);
+        if self.sleep.deadline() != wake {
+            self.sleep.as_mut().reset(wake);
         }
+        ready!(self.sleep.as_mut().poll(cx));
+        if !rest {
+            return Poll::Ready(());
+        }
+        // Time to rest: the connection's future sees it once hyper is pending, and puts hyper's connection aside.
+        // Until it does, the sleep waits for the deadline.
+        self.marks.rest_due.store(true, Ordering::Relaxed);
+        let deadline = tokio::time::Instant::from_std(self.marks.deadline());
+        self.sleep.as_mut().reset(deadline);
         self.sleep.as_mut().poll(cx)
     }
 }
@@ -201,6 +282,18 @@ fn refusal_for(written: &[u8]) -> Option<&'static [u8]> {
 
 // === impl MarkedStream ===
 
+impl<S> MarkedStream<S> {
+    /// The stream itself.
+    pub(super) fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// Has `bytes` read again first: what a hyper connection put aside had read and not parsed.
+    pub(super) fn rewind(&mut self, bytes: Bytes) {
+        self.rewound = bytes;
+    }
+}
+
 impl<S: AsyncRead + Unpin> AsyncRead for MarkedStream<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -208,6 +301,13 @@ impl<S: AsyncRead + Unpin> AsyncRead for MarkedStream<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
+        if !self.rewound.is_empty() {
+            let take = self.rewound.len().min(buf.remaining());
+            buf.put_slice(&self.rewound[..take]);
+            self.rewound.advance(take);
+            self.marks.on_read(take);
+            return Poll::Ready(Ok(()));
+        }
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = polled {
             self.marks.on_read(buf.filled().len() - before);
@@ -285,6 +385,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for MarkedStream<S> {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // hyper shuts the stream down as its connection ends; one put aside ends, the stream goes on.
+        if self.marks.setting_aside.load(Ordering::Relaxed) {
+            return Poll::Ready(Ok(()));
+        }
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

@@ -5,6 +5,7 @@ mod descriptors;
 mod drain;
 mod h2_clock;
 mod handler;
+mod http1;
 mod idle;
 mod responses;
 mod server;

@@ -20,6 +20,7 @@ use tokio::net::{TcpListener, TcpStream};
 use super::descriptors::{connection_error, out_of_descriptors, Exhaustion};
 use super::drain::{Drain, DrainWatcher};
 use super::h2_clock::{Activity, HeaderClock, IdleClosing, Tracked};
+use super::http1::Http1Connection;
 use super::idle::ConnectionClock;
 use super::responses;
 use super::Gateway;
@@ -233,14 +234,10 @@ async fn serve_connection(
                 builders.keepalive_timeout,
                 builders.header_read_timeout,
             );
-            let mut http1 = builders.http1.clone();
-            http1.timer(clock);
-            // With upgrades: a WebSocket handshake the upstream accepts hands the connection to its tunnel.
-            let connection = http1
-                .serve_connection(TokioIo::new(stream), service)
-                .with_upgrades();
+            // Served by hyper while requests come, by the socket alone while it rests between them.
+            let connection = Http1Connection::new(stream, service, builders.http1.clone(), clock);
             watcher
-                .watch(connection, http1::UpgradeableConnection::graceful_shutdown)
+                .watch(connection, Http1Connection::graceful_shutdown)
                 .await
                 .map_err(BoxError::from)
         }
