@@ -7,6 +7,7 @@ mod pool;
 mod tls;
 mod upgrade;
 mod upstream;
+pub mod usage;
 
 pub use body::{discard, ClientBody, ClientBodyError, Discarding, LimitedBody};
 pub use headers::{clean_client_fields, prepare_request, ClientFieldRules, ForwardedFacts, VIA};

@@ -1,0 +1,234 @@
+//! What an answer says it cost: the token counts of a `usage` object (OpenAI chat completions, OpenAI Responses,
+//! Anthropic messages) or a number in a header, and how several reports in one stream add up.
+
+use serde_json::{Map, Value};
+
+/// The tokens an answer reported it spent; `None` where it said nothing of that kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Tokens read: OpenAI's `prompt_tokens` / `input_tokens` (cached tokens included, as OpenAI counts them);
+    /// Anthropic's `input_tokens` plus `cache_creation_input_tokens` and `cache_read_input_tokens`.
+    pub input_tokens: Option<u64>,
+    /// Tokens written: `completion_tokens` / `output_tokens` (reasoning tokens included, as both APIs count them).
+    pub output_tokens: Option<u64>,
+    /// `total_tokens` as reported, else input + output when both are known. A `header:` format's number.
+    pub total_tokens: Option<u64>,
+}
+
+/// Which API's field meanings apply to a `usage` object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// OpenAI chat completions and Responses (and the many servers that copy them): cached tokens are already
+    /// part of `prompt_tokens` / `input_tokens`.
+    OpenAi,
+    /// Anthropic messages: `input_tokens` leaves out the cached prompt, reported beside it.
+    Anthropic,
+}
+
+/// The fields of the `usage` objects read so far from one answer, each the latest value reported: Anthropic's
+/// stream reports input in `message_start` and the cumulative output in every `message_delta`, so a later object
+/// refines the earlier ones field by field rather than replacing them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Reported {
+    input: Option<u64>,
+    output: Option<u64>,
+    total: Option<u64>,
+    cache_creation: Option<u64>,
+    cache_read: Option<u64>,
+}
+
+// === impl Usage ===
+
+impl Usage {
+    /// Nothing reported.
+    pub const MISSING: Usage = Usage {
+        input_tokens: None,
+        output_tokens: None,
+        total_tokens: None,
+    };
+
+    /// One number, as a `header:` format reports it: counted as the total.
+    pub fn total(tokens: u64) -> Self {
+        Self {
+            total_tokens: Some(tokens),
+            ..Self::MISSING
+        }
+    }
+
+    /// Whether the answer reported nothing at all.
+    pub fn is_missing(&self) -> bool {
+        *self == Self::MISSING
+    }
+}
+
+// === impl Reported ===
+
+impl Reported {
+    /// The counts of one `usage` object given as JSON text; `None` when it is not a JSON object. A count that is not
+    /// a whole number from 0 to 2^64-1 is taken as not reported.
+    pub(crate) fn parse(object: &[u8]) -> Option<Self> {
+        let map: Map<String, Value> = serde_json::from_slice(object).ok()?;
+        let count = |name: &str| map.get(name).and_then(Value::as_u64);
+        Some(Self {
+            input: count("input_tokens").or_else(|| count("prompt_tokens")),
+            output: count("output_tokens").or_else(|| count("completion_tokens")),
+            total: count("total_tokens"),
+            cache_creation: count("cache_creation_input_tokens"),
+            cache_read: count("cache_read_input_tokens"),
+        })
+    }
+
+    /// `later`'s fields over these.
+    pub(crate) fn merge(&mut self, later: Reported) {
+        fn over(field: &mut Option<u64>, later: Option<u64>) {
+            if later.is_some() {
+                *field = later;
+            }
+        }
+        over(&mut self.input, later.input);
+        over(&mut self.output, later.output);
+        over(&mut self.total, later.total);
+        over(&mut self.cache_creation, later.cache_creation);
+        over(&mut self.cache_read, later.cache_read);
+    }
+
+    /// What these fields mean in `dialect`.
+    pub(crate) fn usage(&self, dialect: Dialect) -> Usage {
+        let input = match dialect {
+            Dialect::OpenAi => self.input,
+            Dialect::Anthropic => [self.input, self.cache_creation, self.cache_read]
+                .into_iter()
+                .flatten()
+                .reduce(u64::saturating_add),
+        };
+        let total = self
+            .total
+            .or_else(|| Some(input?.saturating_add(self.output?)));
+        Usage {
+            input_tokens: input,
+            output_tokens: self.output,
+            total_tokens: total,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(dialect: Dialect, objects: &[&str]) -> Usage {
+        let mut reported = Reported::default();
+        for object in objects {
+            reported.merge(Reported::parse(object.as_bytes()).expect("a JSON object"));
+        }
+        reported.usage(dialect)
+    }
+
+    #[test]
+    fn openai_chat_completions_usage_reads_prompt_and_completion() {
+        let read = usage(
+            Dialect::OpenAi,
+            &[
+                r#"{"prompt_tokens":19,"completion_tokens":10,"total_tokens":29,
+                "prompt_tokens_details":{"cached_tokens":5},"completion_tokens_details":{"reasoning_tokens":3}}"#,
+            ],
+        );
+        assert_eq!(
+            read,
+            Usage {
+                input_tokens: Some(19),
+                output_tokens: Some(10),
+                total_tokens: Some(29)
+            }
+        );
+    }
+
+    #[test]
+    fn openai_responses_usage_reads_input_and_output() {
+        let read = usage(
+            Dialect::OpenAi,
+            &[
+                r#"{"input_tokens":36,"input_tokens_details":{"cached_tokens":0},"output_tokens":87,
+                "output_tokens_details":{"reasoning_tokens":0},"total_tokens":123}"#,
+            ],
+        );
+        assert_eq!(read.input_tokens, Some(36));
+        assert_eq!(read.output_tokens, Some(87));
+        assert_eq!(read.total_tokens, Some(123));
+    }
+
+    #[test]
+    fn anthropic_cached_input_counts_as_input_and_total_is_the_sum() {
+        let read = usage(
+            Dialect::Anthropic,
+            &[
+                r#"{"input_tokens":10,"cache_creation_input_tokens":200,"cache_read_input_tokens":3000,"output_tokens":1}"#,
+            ],
+        );
+        assert_eq!(
+            read,
+            Usage {
+                input_tokens: Some(3210),
+                output_tokens: Some(1),
+                total_tokens: Some(3211)
+            }
+        );
+    }
+
+    #[test]
+    fn openai_dialect_ignores_cache_fields_a_relay_adds_beside_prompt_tokens() {
+        // Relays that speak OpenAI for other providers' models add Anthropic's cache fields, already included in
+        // prompt_tokens: counting them again would charge the cached prompt twice.
+        let read = usage(
+            Dialect::OpenAi,
+            &[r#"{"prompt_tokens":100,"completion_tokens":5,"cache_read_input_tokens":90}"#],
+        );
+        assert_eq!(read.input_tokens, Some(100));
+        assert_eq!(read.total_tokens, Some(105));
+    }
+
+    #[test]
+    fn a_later_report_refines_fields_and_keeps_the_rest() {
+        let read = usage(
+            Dialect::Anthropic,
+            &[
+                r#"{"input_tokens":25,"cache_read_input_tokens":5,"output_tokens":1}"#,
+                r#"{"output_tokens":15}"#,
+                r#"{"output_tokens":40}"#,
+            ],
+        );
+        assert_eq!(read.input_tokens, Some(30));
+        assert_eq!(read.output_tokens, Some(40));
+        assert_eq!(read.total_tokens, Some(70));
+    }
+
+    #[test]
+    fn counts_that_are_not_whole_numbers_are_not_reported() {
+        let read = usage(
+            Dialect::OpenAi,
+            &[r#"{"prompt_tokens":-1,"completion_tokens":2.5,"total_tokens":"9"}"#],
+        );
+        assert!(read.is_missing());
+        assert_eq!(Reported::parse(b"[1,2]"), None);
+        assert_eq!(Reported::parse(b"null"), None);
+    }
+
+    #[test]
+    fn a_total_needs_both_halves_when_not_reported() {
+        let read = usage(Dialect::Anthropic, &[r#"{"input_tokens":25}"#]);
+        assert_eq!(read.input_tokens, Some(25));
+        assert_eq!(read.total_tokens, None);
+    }
+
+    #[test]
+    fn huge_counts_saturate_rather_than_wrap() {
+        let read = usage(
+            Dialect::Anthropic,
+            &[
+                r#"{"input_tokens":18446744073709551615,"cache_read_input_tokens":1,"output_tokens":1}"#,
+            ],
+        );
+        assert_eq!(read.input_tokens, Some(u64::MAX));
+        assert_eq!(read.total_tokens, Some(u64::MAX));
+    }
+}
