@@ -34,6 +34,10 @@
 //! [`key`] (client addresses and limiting keys), [`limiter`] (the algorithms and the Redis and in-process stores, without HTTP), [`config`],
 //! [`proxy`] and [`admin`].
 
+// The connection task's future holds the Redis store's futures, whose fred types nest deeper than the compiler's default
+// of 128 when it proves the task is Send.
+#![recursion_limit = "256"]
+
 /// CIDR networks, as `trusted_proxies` and allowlists take them.
 pub use ipnet::IpNet;
 
