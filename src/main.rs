@@ -14,8 +14,8 @@ use tollgate::config::{self, Config};
 use tollgate::gateway::{self, Gateway};
 use tollgate::limiter::{Backend, OnError};
 
-// glibc's malloc was a fifth of the gateway's CPU under load (see BENCHMARKS.md); mimalloc handles a proxy's many
-// small, short-lived allocations far more cheaply.
+// glibc's malloc weighed heavily on the gateway's CPU under load; mimalloc handles a proxy's many small,
+// short-lived allocations far more cheaply.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -36,7 +36,7 @@ enum PublicKey {
 
 /// Makes ring check the RSA, ECDSA and EdDSA signatures of every jsonwebtoken `decode` in this process; HMAC and
 /// signing stay RustCrypto's. Each token that misses the cache, forged ones included, costs one check, which ring
-/// makes several times faster (`benches/jwt.rs`; the figures in BENCHMARKS.md). It only takes
+/// makes faster (`benches/jwt.rs`; the figures in BENCHMARKS.md). It only takes
 /// before jsonwebtoken's first use in the process (whose crypto is then fixed for good): returns whether it took.
 /// The binary calls it first thing; an embedding program may.
 ///

@@ -181,7 +181,7 @@ impl JwtVerifier {
             return answer;
         }
         let answer = self.shared.verify(token, now, true);
-        // Counted off the cache only: a hit costs no metrics work, and a miss costs a thousand times more anyway.
+        // Counted off the cache only: a hit costs no metrics work, and a miss costs far more anyway.
         let result = answer
             .as_ref()
             .map_or_else(TokenRejection::reason, |_| "ok");

@@ -58,8 +58,8 @@
 --
 -- Lua in Redis runs the whole script at every call and its costs are not C's: every closure, table and new string
 -- is allocated and later collected, and a closure's upvalues are looked up one by one in a list as long as the
--- locals already captured. Defining a function per algorithm and per helper cost 117,000 instructions a call,
--- more than half of what a run of 50 requests then cost to decide. So: two functions decide (`evaluate` and
+-- locals already captured. Defining a function per algorithm and per helper cost more than deciding a run of
+-- requests. So: two functions decide (`evaluate` and
 -- `span`, each switching on the algorithm) beside a handful of helpers; no table, closure or string per request;
 -- the states of a batch in one flat table; every key read in one MGET; counters (but gcra's integer) packed as
 -- binary, which decodes without creating strings. Measured with bench/script_cost.py.

@@ -46,7 +46,7 @@ end
 --   b + 5       whether they changed since they were read
 --   b + 6       the expiry in ms to write them with
 -- Tables are made with room for a typical batch (4 keys here): Lua grows a table by rehashing it at every power of
--- two, which cost a run of one client's three limits 6% of its call. The nils only reserve the slots.
+-- two, a cost worth avoiding on every call. The nils only reserve the slots.
 local cache = {
   nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
   nil, nil, nil, nil, nil, nil, nil, nil

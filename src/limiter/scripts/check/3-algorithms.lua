@@ -13,8 +13,8 @@
 -- in ticks), 6 leaky_bucket (burst, rate count, rate period_ms, max_delay_ms: 0 in reject mode).
 --
 -- Both `evaluate` and `span` (below) call no function they can do without on the path that admits (sliding_log
--- aside, whose sorted-set commands cost far more): a call costs Redis's Lua as much as six arithmetic operations
--- (measured: 290 instructions against 48). For integers a and b > 0, floor(a / b) is (a - a % b) / b and
+-- aside, whose sorted-set commands cost far more): a call costs Redis's Lua several arithmetic operations
+-- (bench/script_cost.py counts them). For integers a and b > 0, floor(a / b) is (a - a % b) / b and
 -- ceil(a / b) is (a + -a % b) / b (`%` rounds toward minus infinity, and every step is exact in doubles below
 -- 2^53); max and min are comparisons.
 

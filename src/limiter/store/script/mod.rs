@@ -197,9 +197,9 @@ pub(super) fn command(
         integers += ARGS_PER_REQUEST + n * ARGS_PER_LIMIT;
         at += count;
     }
-    // Sized for every key distinct (10,000 clients: growing and rehashing cost a tenth of this function). Hashed
-    // with foldhash, seeded per map: the map lives for one call of at most a few hundred keys, where SipHash cost
-    // 300 instructions a key.
+    // Sized for every key distinct (growing and rehashing would cost more than the encoding itself). Hashed with
+    // foldhash, seeded per map: the map lives for one call of at most a few hundred keys, where SipHash costs more
+    // than the lookup it serves.
     let mut keys: Vec<Value> = Vec::with_capacity(limits);
     let mut key_index: HashMap<&[u8], u64, foldhash::fast::RandomState> =
         HashMap::with_capacity_and_hasher(limits, foldhash::fast::RandomState::default());
