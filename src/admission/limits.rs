@@ -473,36 +473,50 @@ impl DecisionCounters {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
     use std::sync::Arc;
     use std::time::Duration;
 
     use super::*;
-    use crate::limiter::{Backend, OnError, SystemClock};
+    use crate::key::{KeyPart, MissingKey};
+    use crate::limiter::{Algorithm, Backend, OnError, Rate, SystemClock};
 
-    /// The limits of a route named `api` with `limits` (YAML list items), store keys prefixed `t:`.
-    fn limit_set_of(limits: &str) -> LimitSet {
-        let yaml = format!(
-            "store: {{ backend: memory, key_prefix: \"t:\" }}\nroutes:\n  - name: api\n    match: {{ path_prefix: / }}\n    respond: {{ status: 200 }}\n    limits:\n{limits}"
-        );
-        let config = crate::config::parse(&yaml, Path::new("test.yaml")).expect("valid config");
-        let route = &config.routes[0];
-        LimitSet::new(
-            &route.name,
-            &config.store.key_prefix,
-            route.limits.clone(),
-            route.deny_status,
-        )
+    /// The limits of a route named `api`, store keys prefixed `t:`: per limit its name, key part, what a request
+    /// without that part does, and algorithm, at cost 1.
+    fn limit_set_of(limits: &[(&str, &str, MissingKey, Algorithm)]) -> LimitSet {
+        let limits = limits
+            .iter()
+            .map(|&(name, part, missing, algorithm)| LimitSettings {
+                limit: Limit::new(name, algorithm, 1).expect("valid limit"),
+                key: KeySpec::new(vec![KeyPart::parse(part).expect("key part")], missing),
+            })
+            .collect();
+        LimitSet::new("api", "t:", limits, StatusCode::TOO_MANY_REQUESTS)
+    }
+
+    /// `limit` per minute in fixed windows.
+    fn per_minute(limit: u64) -> Algorithm {
+        Algorithm::FixedWindow {
+            limit,
+            period_ms: 60_000,
+        }
+    }
+
+    /// One request a second, three at once.
+    fn one_a_second() -> Rate {
+        Rate::new(1, 1_000).expect("valid rate")
     }
 
     /// Three limits, two keyed alike by the client address and one by a header.
     fn limit_set() -> LimitSet {
-        limit_set_of(
-            r#"      - { name: per-ip, key: ip, algorithm: fixed_window, limit: 10, period: 1m }
-      - { name: per-key, key: "header:x-api-key", algorithm: fixed_window, limit: 5, period: 1m }
-      - { name: per-ip-burst, key: ip, algorithm: token_bucket, rate: 1/s, burst: 3 }
-"#,
-        )
+        let burst = Algorithm::TokenBucket {
+            rate: one_a_second(),
+            burst: 3,
+        };
+        limit_set_of(&[
+            ("per-ip", "ip", MissingKey::Ip, per_minute(10)),
+            ("per-key", "header:x-api-key", MissingKey::Ip, per_minute(5)),
+            ("per-ip-burst", "ip", MissingKey::Ip, burst),
+        ])
     }
 
     /// A `GET /` on route `api` from 192.0.2.7 with `headers`.
@@ -551,14 +565,19 @@ mod tests {
     /// Limits keyed five ways, two pairs sharing a key spec: by address, by a header that may be absent (skip),
     /// and by a header whose value may be too long to stand in a key.
     fn keyed_five_ways() -> LimitSet {
-        limit_set_of(
-            r#"      - { name: a, key: ip, algorithm: fixed_window, limit: 10, period: 1m }
-      - { name: b, key: "header:x-api-key", missing: skip, algorithm: fixed_window, limit: 5, period: 1m }
-      - { name: c, key: ip, algorithm: gcra, rate: 1/s, burst: 3 }
-      - { name: d, key: "header:x-token", algorithm: fixed_window, limit: 5, period: 1m }
-      - { name: e, key: "header:x-api-key", missing: skip, algorithm: token_bucket, rate: 1/s, burst: 3 }
-"#,
-        )
+        let (rate, burst) = (one_a_second(), 3);
+        limit_set_of(&[
+            ("a", "ip", MissingKey::Ip, per_minute(10)),
+            ("b", "header:x-api-key", MissingKey::Skip, per_minute(5)),
+            ("c", "ip", MissingKey::Ip, Algorithm::Gcra { rate, burst }),
+            ("d", "header:x-token", MissingKey::Ip, per_minute(5)),
+            (
+                "e",
+                "header:x-api-key",
+                MissingKey::Skip,
+                Algorithm::TokenBucket { rate, burst },
+            ),
+        ])
     }
 
     #[test]

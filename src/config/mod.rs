@@ -12,7 +12,6 @@ pub mod summary;
 mod validate;
 
 pub use error::{ConfigError, Problem};
-pub(crate) use limits::{replaced, Replaced};
 pub use load::{load, load_for_layers, load_with_text, parse, parse_for_layers, parse_with_env};
 pub use model::*;
 pub(crate) use validate::{mark_credential_keys, secret_api_keys};

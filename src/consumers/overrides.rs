@@ -2,8 +2,7 @@
 //! checked against the limit's algorithm.
 
 use super::directory::LimitOverride;
-use crate::config::{replaced, Replaced};
-use crate::limiter::{Algorithm, Limit};
+use crate::limiter::{replaced, Algorithm, Limit, Replaced};
 
 /// `base` with the parameters `change` names replaced: `limit` and `period` for window algorithms, `rate` and
 /// `burst` for the others. A parameter the algorithm does not take is refused with a message naming it; the values

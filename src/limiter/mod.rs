@@ -11,6 +11,7 @@ mod rate_limiter;
 mod settings;
 pub mod store;
 mod units;
+mod written;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Outcome};
@@ -21,5 +22,5 @@ pub use rate_limiter::{Backend, DecidedBy, OnError, RateLimiter, Readiness, Unav
 pub use settings::{BackendKind, StoreSettings};
 /// What a full in-process store does with a new key's request (`StoreSettings::when_full`).
 pub use store::WhenFull;
-pub(crate) use units::parse_duration_ms;
 pub use units::{parse_duration, parse_rate, UnitError};
+pub(crate) use written::{replaced, Replaced, WrittenAlgorithm};

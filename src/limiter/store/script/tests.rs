@@ -205,7 +205,7 @@ fn script_and_rust_share_the_gcra_epoch() {
 
 /// Every algorithm, with parameters that do not matter here.
 fn every_algorithm() -> Vec<Algorithm> {
-    let rate = crate::config::parse_rate("10/s").expect("rate");
+    let rate = crate::limiter::parse_rate("10/s").expect("rate");
     vec![
         Algorithm::SlidingWindow {
             limit: 5,
