@@ -51,5 +51,6 @@ pub mod layer;
 pub mod limiter;
 pub mod proxy;
 pub mod reload;
+pub mod rls;
 pub mod routing;
 pub mod telemetry;

@@ -215,13 +215,42 @@ async fn run(config: Config, loaded_file: String) -> ExitCode {
             tracing::error!(%error, "admin listener failed");
         }
     });
+    let rls = match &config.rls {
+        None => None,
+        Some(settings) => match TcpListener::bind(settings.listen).await {
+            Ok(listener) => {
+                let service = Arc::new(tollgate::rls::RateLimitService::new(
+                    settings,
+                    &config.store.key_prefix,
+                    limiter.clone(),
+                ));
+                let rls_addr = listener.local_addr().map_or(settings.listen, |a| a);
+                tracing::info!(listen = %rls_addr, domains = settings.domains.len(), "rate limit service listening");
+                // It serves for as long as the process runs: Envoy asks it about requests until the gateway's
+                // drain is over.
+                tokio::spawn(serve_rls(listener, Arc::clone(&service)));
+                Some(service)
+            }
+            Err(error) => {
+                eprintln!(
+                    "tollgate: cannot listen on {} (rls): {error}",
+                    settings.listen
+                );
+                return ExitCode::from(EXIT_FAILURE);
+            }
+        },
+    };
     tokio::spawn(purge_expired_keys(limiter));
-    tokio::spawn(reload_on_sighup(gateway.clone(), config.source.clone()));
-    tokio::spawn(tollgate::reload::watch(
+    tokio::spawn(reload_on_sighup(
         gateway.clone(),
+        rls.clone(),
         config.source.clone(),
-        CONFIG_POLL_INTERVAL,
     ));
+    let mut watcher = tollgate::reload::Watcher::new(gateway.clone(), config.source.clone());
+    if let Some(rls) = &rls {
+        watcher = watcher.serving_rls(Arc::clone(rls));
+    }
+    tokio::spawn(tollgate::reload::watch_with(watcher, CONFIG_POLL_INTERVAL));
 
     // Signals are watched before the line that says the gateway listens: a SIGTERM sent as soon as it listens
     // must begin the drain, not end the process by the signal's default action.
@@ -320,7 +349,11 @@ impl ShutdownSignals {
 ///
 /// The handler is installed when this is called, not when the task first runs: until then a SIGHUP's default
 /// action ends the process, and a reload sent as soon as the gateway listens must not stop it.
-fn reload_on_sighup(gateway: Arc<Gateway>, path: PathBuf) -> impl std::future::Future<Output = ()> {
+fn reload_on_sighup(
+    gateway: Arc<Gateway>,
+    rls: Option<Arc<tollgate::rls::RateLimitService>>,
+    path: PathBuf,
+) -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
     async move {
@@ -334,13 +367,23 @@ fn reload_on_sighup(gateway: Arc<Gateway>, path: PathBuf) -> impl std::future::F
                 }
             };
             while hangup.recv().await.is_some() {
-                if let Err(error) = tollgate::reload::reload(&gateway, &path) {
+                if let Err(error) =
+                    tollgate::reload::reload_serving(&gateway, rls.as_deref(), &path)
+                {
                     tracing::error!("config reload refused, the running config stays:\n{error}");
                 }
             }
         }
         #[cfg(not(unix))]
-        drop((gateway, path));
+        drop((gateway, rls, path));
+    }
+}
+
+/// Serves Envoy's rate limit service on `listener` until the process ends.
+async fn serve_rls(listener: TcpListener, service: Arc<tollgate::rls::RateLimitService>) {
+    if let Err(error) = tollgate::rls::serve(listener, service, std::future::pending::<()>()).await
+    {
+        tracing::error!(%error, "rate limit service listener failed");
     }
 }
 

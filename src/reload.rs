@@ -7,11 +7,14 @@ use std::time::Duration;
 
 use crate::config::{self, Config, ConfigError};
 use crate::gateway::Gateway;
+use crate::rls::RateLimitService;
 
 /// Watches one config file for changes, loading a change only once it has settled.
 #[derive(Debug)]
 pub struct Watcher {
     gateway: Arc<Gateway>,
+    /// Envoy's rate limit service, reloaded with the gateway when it runs.
+    rls: Option<Arc<RateLimitService>>,
     path: PathBuf,
     /// A different content seen by the last poll, waiting to be seen once more before it is loaded.
     settling: Option<Vec<u8>>,
@@ -38,6 +41,16 @@ pub enum Polled {
 /// Routes, limits, upstreams and client-address settings change; `listen`, `admin`, `store` and `server` need a
 /// restart. The limiter and its counters are kept, so unchanged keys keep their state.
 pub fn reload(gateway: &Gateway, path: &Path) -> Result<(), ConfigError> {
+    reload_serving(gateway, None, path)
+}
+
+/// [`reload`], also for Envoy's rate limit service `rls` when it runs: its domains (and the files of its
+/// `config_dir`, read again) change with the rest.
+pub fn reload_serving(
+    gateway: &Gateway,
+    rls: Option<&RateLimitService>,
+    path: &Path,
+) -> Result<(), ConfigError> {
     let content: Arc<[u8]> = std::fs::read(path)
         .map_err(|error| ConfigError::read(path, error))
         .inspect_err(|_| count(false))?
@@ -45,7 +58,7 @@ pub fn reload(gateway: &Gateway, path: &Path) -> Result<(), ConfigError> {
     // The file watch compares with this: what SIGHUP loaded is not loaded again when the watch sees it.
     gateway.set_loaded_file(Arc::clone(&content));
     let config = parse(&content, path).inspect_err(|_| count(false))?;
-    apply(gateway, &config, path);
+    apply(gateway, rls, &config, path);
     Ok(())
 }
 
@@ -75,7 +88,11 @@ fn count(ok: bool) {
 /// found the same content, so a file caught half-written (`cat >` truncates first, then writes) is never loaded;
 /// nor is a file that leaves no routes where some run, whatever it stays (see [`Polled::Held`]).
 pub async fn watch(gateway: Arc<Gateway>, path: PathBuf, interval: Duration) {
-    let mut watcher = Watcher::new(gateway, path);
+    watch_with(Watcher::new(gateway, path), interval).await;
+}
+
+/// [`watch`] with a watcher made beforehand (one that also reloads Envoy's rate limit service).
+pub async fn watch_with(mut watcher: Watcher, interval: Duration) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -96,9 +113,16 @@ impl Watcher {
         }
         Self {
             gateway,
+            rls: None,
             path,
             settling: None,
         }
+    }
+
+    /// The same watcher, also reloading Envoy's rate limit service `rls`.
+    pub fn serving_rls(mut self, rls: Arc<RateLimitService>) -> Self {
+        self.rls = Some(rls);
+        self
     }
 
     /// Reads the file once; loads its content if the previous poll found the same one and it is not the running
@@ -133,7 +157,7 @@ impl Watcher {
                 Polled::Held
             }
             Ok(config) => {
-                apply(&self.gateway, &config, &self.path);
+                apply(&self.gateway, self.rls.as_deref(), &config, &self.path);
                 Polled::Reloaded
             }
             Err(error) => {
@@ -147,9 +171,19 @@ impl Watcher {
 
 /// Makes `config` the running config; a reload that drops routes says which, at WARN: requests to them now get
 /// 404, which is seldom meant.
-fn apply(gateway: &Gateway, config: &Config, path: &Path) {
+fn apply(gateway: &Gateway, rls: Option<&RateLimitService>, config: &Config, path: &Path) {
     let before = gateway.route_names();
     gateway.reload(config);
+    match (rls, &config.rls) {
+        (Some(rls), Some(settings)) => rls.reload(settings),
+        (Some(_), None) => tracing::warn!(
+            "config reloaded without rls: the rate limit service keeps its domains until a restart"
+        ),
+        (None, Some(_)) => tracing::warn!(
+            "config reloaded with an rls block: the rate limit service starts with the next restart"
+        ),
+        (None, None) => {}
+    }
     count(true);
     let dropped: Vec<&str> = before
         .iter()

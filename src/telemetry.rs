@@ -36,6 +36,13 @@ pub fn prometheus() -> Option<&'static PrometheusHandle> {
                         Matcher::Full("tollgate_upstream_duration_seconds".into()),
                         UPSTREAM_BUCKETS,
                     )
+                })
+                .and_then(|b| {
+                    // A rate limit service answer is a store call and a little matching around it.
+                    b.set_buckets_for_metric(
+                        Matcher::Full("tollgate_rls_request_duration_seconds".into()),
+                        STORE_BUCKETS,
+                    )
                 });
             match builder.map(|b| b.install_recorder()) {
                 Ok(Ok(handle)) => {
@@ -72,6 +79,19 @@ fn keep_up(handle: PrometheusHandle) {
 }
 
 fn describe() {
+    metrics::describe_counter!(
+        "tollgate_rls_requests_total",
+        "Envoy rate limit service requests, by domain (empty for domains not configured) and code (ok, over_limit, unavailable)."
+    );
+    metrics::describe_counter!(
+        "tollgate_rls_shadow_denied_total",
+        "Envoy rate limit service shadow-mode limits that would have refused a request, by domain."
+    );
+    metrics::describe_histogram!(
+        "tollgate_rls_request_duration_seconds",
+        metrics::Unit::Seconds,
+        "Time to decide one Envoy rate limit service request."
+    );
     metrics::describe_counter!(
         "tollgate_requests_total",
         "Requests answered, by route and status."

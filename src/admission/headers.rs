@@ -14,7 +14,7 @@ static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy"
 static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// `"per-ip";q=100;w=60, "per-key";q=50;w=180` for a route's limits; `None` without limits.
-pub(super) fn policy<'l>(limits: impl Iterator<Item = &'l Limit>) -> Option<HeaderValue> {
+pub(crate) fn policy<'l>(limits: impl Iterator<Item = &'l Limit>) -> Option<HeaderValue> {
     // Shadow limits are never enforced: clients are not told about them.
     let items: Vec<String> = limits
         .filter(|l| !l.is_shadow())
@@ -36,7 +36,7 @@ pub(super) fn policy<'l>(limits: impl Iterator<Item = &'l Limit>) -> Option<Head
 
 /// What the fields say of one limit whatever the decision, rendered once when the config is loaded.
 #[derive(Debug, Clone)]
-pub(super) struct Advertised {
+pub(crate) struct Advertised {
     /// The start of its `RateLimit` item, `"<name>";r=`.
     rate_limit_head: String,
     /// Its capacity (`limit` or `burst`), what decisions report as their limit.
@@ -46,7 +46,7 @@ pub(super) struct Advertised {
 }
 
 impl Advertised {
-    pub(super) fn new(limit: &Limit) -> Self {
+    pub(crate) fn new(limit: &Limit) -> Self {
         let capacity = limit.algorithm().capacity();
         Self {
             rate_limit_head: format!("\"{}\";r=", limit.name()),
@@ -64,7 +64,7 @@ impl Advertised {
 /// from a table, and the map grows once. `HeaderValue::from(u64)` would cost two allocations a number (a buffer
 /// and the header shared over it) and a `String` for `RateLimit` two more; here `RateLimit` costs one, and a
 /// number one only when it is too large for the table.
-pub(super) fn apply(
+pub(crate) fn apply(
     headers: &mut HeaderMap,
     policy: Option<&HeaderValue>,
     decision: &Decision,

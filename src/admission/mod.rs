@@ -17,6 +17,10 @@ pub use crate::key::LimitSettings;
 #[cfg(test)]
 pub(crate) use after_answer::recording;
 pub use after_answer::{AfterAnswer, AnswerGuard, Ending, GuardedBody};
+/// The rate-limit fields as tollgate's HTTP answers carry them, for Envoy's rate limit service to send the same.
+pub(crate) use headers::{
+    apply as apply_rate_limit_fields, policy as rate_limit_policy, Advertised,
+};
 pub use limits::{Checked, LimitSet, NotChecked, Replaced};
 pub use policy::{Admission, Admitted, Policy};
 pub use refusal::Refusal;

@@ -6,10 +6,11 @@ use serde::de::DeserializeOwned;
 
 use super::consumers::consumers;
 use super::error::{ConfigError, Problem};
-use super::interpolate::{interpolate, Interpolated};
+use super::interpolate::{interpolate, Interpolated, PositionMap};
 use super::locate::{Locator, Position};
-use super::model::{Config, ConsumersSettings};
+use super::model::{Config, ConsumersSettings, RlsSettings};
 use super::raw::{RawConfig, RawConsumers};
+use super::rls::{ratelimit_file, ratelimit_files, RawRatelimitFile};
 use super::validate::{secret_api_keys, validate, Issues, Reader};
 
 /// Reads and validates the config file at `path`, taking `${VAR}` values from the process environment.
@@ -145,13 +146,78 @@ fn parse_as(
         interpolated: &interpolated,
     };
     let raw: RawConfig = deserialize(&located)?;
-    validate(raw, source, reader).map_err(|issues| {
+    let mut config = validate(raw, source, reader).map_err(|issues| {
         let problems = issues
             .into_iter()
             .map(|issue| located.problem(&issue.path, issue.message))
             .collect();
         ConfigError::invalid(problems)
-    })
+    })?;
+    if let Some(rls) = config.rls.as_mut() {
+        read_config_dir(rls, &located)?;
+    }
+    Ok(config)
+}
+
+/// Adds the domains of `rls.config_dir`'s envoyproxy/ratelimit files to `rls`: each file read as it is (no
+/// `${VAR}`s), its problems located in it; a folder that cannot be read is a problem of the config file's.
+fn read_config_dir(rls: &mut RlsSettings, located: &Located<'_>) -> Result<(), ConfigError> {
+    let Some(dir) = rls.config_dir.clone() else {
+        return Ok(());
+    };
+    let files = ratelimit_files(&dir).map_err(|error| {
+        let message = format!("cannot read the folder {}: {error}", dir.display());
+        ConfigError::invalid(vec![located.problem("rls.config_dir", message)])
+    })?;
+    let mut problems = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).map_err(|e| ConfigError::read(&file, e))?;
+        let verbatim = Interpolated {
+            text,
+            map: PositionMap::default(),
+        };
+        let here = Located {
+            source: &file,
+            locator: Locator::new(&verbatim.text),
+            interpolated: &verbatim,
+        };
+        let raw: RawRatelimitFile = match deserialize(&here) {
+            Ok(raw) => raw,
+            Err(error) => {
+                problems.extend(error.problems().iter().cloned());
+                continue;
+            }
+        };
+        let mut issues = Issues::default();
+        let domain = ratelimit_file(&mut issues, &raw, &file);
+        problems.extend(
+            issues
+                .into_vec()
+                .into_iter()
+                .map(|issue| here.problem(&issue.path, issue.message)),
+        );
+        let Some(domain) = domain else {
+            continue;
+        };
+        if let Some(first) = rls.domains.iter().find(|d| d.name == domain.name) {
+            let first = first.file.as_ref().map_or_else(
+                || "the config file's rls.domains".to_owned(),
+                |f| f.display().to_string(),
+            );
+            problems.push(here.problem(
+                "domain",
+                format!("duplicate domain {:?} (also in {first})", domain.name),
+            ));
+            continue;
+        }
+        rls.domains.push(domain);
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        // Each file's problems in its own order: the files in name order.
+        Err(ConfigError::Invalid { problems })
+    }
 }
 
 /// `text` with its `${VAR}`s replaced, or every variable that could not be.

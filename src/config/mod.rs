@@ -8,6 +8,7 @@ mod load;
 mod locate;
 mod model;
 mod raw;
+mod rls;
 pub mod summary;
 mod validate;
 

@@ -13,6 +13,7 @@ pub use crate::key::ClientIpHeader;
 pub use crate::key::LimitSettings;
 pub use crate::limiter::{BackendKind, StoreSettings};
 pub use crate::proxy::UpstreamSettings;
+pub use crate::rls::RlsSettings;
 pub use crate::routing::RouteMatch;
 
 /// A whole, valid configuration.
@@ -36,6 +37,8 @@ pub struct Config {
     pub routes: Vec<RouteSettings>,
     /// Consumers and plans (see docs/configuration.md, "Consumers and plans"), when the file has a `consumers:` block.
     pub consumers: Option<ConsumersSettings>,
+    /// Envoy's rate limit service, when the file has an `rls:` block.
+    pub rls: Option<RlsSettings>,
 }
 
 /// `admin:`

@@ -22,6 +22,7 @@ pub(crate) struct RawConfig {
     pub upstreams: Ordered<RawUpstream>,
     pub routes: Vec<RawRoute>,
     pub consumers: Option<RawConsumers>,
+    pub rls: Option<super::rls::RawRls>,
 }
 
 /// `admin:`
@@ -370,6 +371,7 @@ impl Default for RawConfig {
             upstreams: Ordered(Vec::new()),
             routes: Vec::new(),
             consumers: None,
+            rls: None,
         }
     }
 }

@@ -59,6 +59,87 @@ pub fn render(config: &Config) -> String {
         out.push('\n');
         out.push_str(&consumers_summary(consumers, &config.routes));
     }
+    if let Some(rls) = &config.rls {
+        out.push('\n');
+        out.push_str(&rls_summary(rls, &config.source));
+    }
+    out
+}
+
+/// `rls:` as understood: the listener, then one row per limit of every descriptor rule of every domain.
+fn rls_summary(rls: &crate::rls::RlsSettings, source: &std::path::Path) -> String {
+    use crate::rls::{RuleKind, WhenUnavailable};
+    let when_unavailable = match rls.when_unavailable {
+        WhenUnavailable::Unavailable => "unavailable",
+        WhenUnavailable::OverLimit => "over_limit",
+    };
+    let mut out = format!(
+        "rls: listen {}   domains {}   when_unavailable {when_unavailable}",
+        rls.listen,
+        rls.domains.len()
+    );
+    if let Some(dir) = &rls.config_dir {
+        let _ = write!(out, "   config_dir {}", dir.display());
+    }
+    out.push('\n');
+    let mut rows = vec![[
+        "DOMAIN",
+        "DESCRIPTOR",
+        "LIMIT",
+        "ALGORITHM",
+        "PARAMETERS",
+        "NOTES",
+        "FROM",
+    ]
+    .map(str::to_owned)];
+    for domain in &rls.domains {
+        let from = domain
+            .file
+            .as_deref()
+            .unwrap_or(source)
+            .display()
+            .to_string();
+        for rule in domain.rules() {
+            let mut notes = Vec::new();
+            if rule.shadow {
+                notes.push("shadow".to_owned());
+            }
+            if let Some(name) = &rule.name {
+                notes.push(format!("name {name}"));
+            }
+            if !rule.replaces.is_empty() {
+                notes.push(format!("replaces {}", rule.replaces.join(",")));
+            }
+            let notes = notes.join(", ");
+            let row = |limit: &str, algorithm: &str, parameters: String| {
+                [
+                    domain.name.clone(),
+                    rule.path.clone(),
+                    limit.to_owned(),
+                    algorithm.to_owned(),
+                    parameters,
+                    notes.clone(),
+                    from.clone(),
+                ]
+            };
+            match rule.kind {
+                RuleKind::Unlimited => rows.push(row("-", "unlimited", String::new())),
+                RuleKind::Blocked(unit) => {
+                    rows.push(row("-", "refuses all", format!("0 per {}", unit.name())));
+                }
+                RuleKind::Limited => {
+                    for limit in &rule.limits {
+                        rows.push(row(
+                            limit.name(),
+                            limit.algorithm().name(),
+                            parameters(limit.algorithm()),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    out.push_str(&table(&rows));
     out
 }
 

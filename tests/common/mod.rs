@@ -8,6 +8,7 @@ pub mod jwt;
 pub mod pki;
 pub mod raw_upstream;
 pub mod redis;
+pub mod rls;
 pub mod sentinel;
 pub mod upstream;
 

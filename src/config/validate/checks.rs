@@ -71,7 +71,7 @@ pub(crate) fn unique_names<'a>(
     }
 }
 
-pub(super) fn socket_addr(issues: &mut Issues, at: &str, text: &str) -> Option<SocketAddr> {
+pub(crate) fn socket_addr(issues: &mut Issues, at: &str, text: &str) -> Option<SocketAddr> {
     let addr = text
         .trim()
         .parse::<SocketAddr>()

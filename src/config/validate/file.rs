@@ -49,6 +49,10 @@ pub(crate) fn validate(
         raw.consumers.is_some(),
         reader,
     );
+    let rls = raw
+        .rls
+        .as_ref()
+        .and_then(|block| crate::config::rls::rls(&mut issues, block, folder));
     let (Some(listen), Some(admin), Some(store), Some(client_ip), Some(server)) =
         (listen, admin, store, client_ip, server)
     else {
@@ -69,5 +73,6 @@ pub(crate) fn validate(
         upstreams,
         routes,
         consumers,
+        rls,
     })
 }

@@ -18,7 +18,7 @@ mod upstreams;
 #[allow(clippy::unwrap_used)]
 mod tests;
 
-pub(crate) use checks::{check_name, unique_names};
+pub(crate) use checks::{check_name, socket_addr, unique_names};
 pub(crate) use file::{validate, Reader};
 pub(crate) use issues::Issues;
 pub(crate) use secrets::{mark_credential_keys, secret_api_keys};

@@ -1,0 +1,289 @@
+//! Deciding one request of Envoy's: the rule each descriptor finds, the rules replaced, then every limit that
+//! applies in one all-or-nothing call on the store (the limiter call admission makes for a route's limits).
+
+use std::borrow::Cow;
+
+use smallvec::SmallVec;
+
+use super::domains::{Domain, Matched, Rule, RuleKind, MAX_SHARED_DEPTH};
+use super::unit::Unit;
+use crate::key::{key_head, seal_key};
+use crate::limiter::store::LimitCheck;
+use crate::limiter::{Decision, Limit, RateLimiter, Unavailable};
+
+/// One descriptor of a request, as Envoy sent it.
+#[derive(Debug, Clone)]
+pub struct Descriptor<'r> {
+    /// Its entries, in order: (key, value).
+    pub entries: SmallVec<[(&'r str, &'r str); 4]>,
+    /// What it takes from each limit it meets (`hits_addend`, per descriptor or else per request; at least 1).
+    pub hits: u64,
+    /// The limit Envoy's route config gives it in place of the configured one: requests per unit.
+    pub limit_override: Option<(u64, Unit)>,
+}
+
+/// What a descriptor found in its domain.
+#[derive(Debug, Clone)]
+pub enum Found<'d> {
+    /// No rule: nothing limits it.
+    Nothing,
+    /// A rule that never limits (`unlimited: true`).
+    Unlimited,
+    /// A rule that another rule met by the same request replaces.
+    Replaced(&'d Rule),
+    /// Refused whatever the store holds (`requests_per_unit: 0`), by a rule or by Envoy's override.
+    Blocked {
+        /// The rule; `None` for an override.
+        rule: Option<&'d Rule>,
+        /// The unit of its zero requests.
+        unit: Unit,
+    },
+    /// Limits: the rule's (the request's own for an override, with no rule).
+    Limited(Option<&'d Rule>),
+}
+
+/// One limit a request met, with what the store said of it.
+#[derive(Debug, Clone)]
+pub struct Checked<'d> {
+    /// The descriptor it applies to.
+    pub descriptor: usize,
+    /// The limit, with the descriptor's hits as its cost.
+    pub limit: Cow<'d, Limit>,
+    /// Its decision; `None` when the store was not asked (a blocked rule refused the request first, or the store
+    /// failed and `on_error: allow` admitted it).
+    pub decision: Option<Decision>,
+    /// The descriptor's hits are more than the limit can ever hold: over the limit whatever the store holds.
+    pub impossible: bool,
+}
+
+/// The answer to one request, before it is written for Envoy.
+#[derive(Debug, Clone)]
+pub struct Decided<'d> {
+    /// Per descriptor of the request, in its order.
+    pub found: Vec<Found<'d>>,
+    /// Every limit that applied, in the order they were checked.
+    pub checked: Vec<Checked<'d>>,
+    /// Whether the request is refused (nothing was then taken from any limit).
+    pub over_limit: bool,
+}
+
+/// Decides `descriptors` of a request to `domain` (`None`: a domain not configured, where nothing limits).
+/// Store keys are `<key_prefix>rls:<domain>:<limit>:{<entries>}`: the descriptor's entries are the hash tag, so
+/// a descriptor's limits share a Redis Cluster slot.
+pub async fn decide<'d>(
+    domain: Option<&'d Domain>,
+    descriptors: &[Descriptor<'_>],
+    key_prefix: &str,
+    limiter: &RateLimiter,
+) -> Result<Decided<'d>, Unavailable> {
+    let Some(domain) = domain else {
+        return Ok(Decided {
+            found: vec![Found::Nothing; descriptors.len()],
+            checked: Vec::new(),
+            over_limit: false,
+        });
+    };
+    let (found, matched) = find_rules(domain, descriptors);
+    let mut checked: Vec<Checked<'d>> = Vec::new();
+    let mut keys: Vec<String> = Vec::new();
+    // A limit no request of this size can ever meet (hits above its capacity) refuses like a blocked rule.
+    let mut refused_here = found.iter().any(
+        |found| matches!(found, Found::Blocked { rule, .. } if !rule.is_some_and(|r| r.shadow)),
+    );
+    let scope = format!("rls:{}", domain.name);
+    for (index, (found, descriptor)) in found.iter().zip(descriptors).enumerate() {
+        let limits: Vec<Cow<'d, Limit>> = match found {
+            Found::Limited(Some(rule)) => rule.limits.iter().map(Cow::Borrowed).collect(),
+            Found::Limited(None) => match override_limit(descriptor) {
+                Some(limit) => vec![Cow::Owned(limit)],
+                None => Vec::new(),
+            },
+            _ => continue,
+        };
+        if descriptor.hits == 0 {
+            // Envoy's "check without taking" (`hits_addend: 0` on the descriptor): the stores take at least one
+            // from a limit they check, so the descriptor is answered OK without asking them.
+            continue;
+        }
+        for limit in limits {
+            let (limit, impossible) = match with_cost(limit, descriptor.hits) {
+                Ok(limit) => (limit, false),
+                Err(limit) => {
+                    refused_here |= !limit.is_shadow();
+                    (limit, true)
+                }
+            };
+            let mut key = key_head(key_prefix, &scope, limit.name());
+            push_entries(&mut key, &descriptor.entries, &matched[index]);
+            keys.push(key);
+            checked.push(Checked {
+                descriptor: index,
+                limit,
+                decision: None,
+                impossible,
+            });
+        }
+    }
+    if refused_here {
+        return Ok(Decided {
+            found,
+            checked,
+            over_limit: true,
+        });
+    }
+    // A shadow limit no request of this size can meet is left out: it would only say "would deny".
+    let checks: Vec<LimitCheck<'_>> = checked
+        .iter()
+        .zip(&keys)
+        .filter(|(checked, _)| !checked.impossible)
+        .map(|(checked, key)| LimitCheck {
+            key,
+            limit: &checked.limit,
+        })
+        .collect();
+    let (outcome, _) = limiter.check_deciding(&checks).await?;
+    drop(checks);
+    // Empty when the store failed and `on_error: allow` admitted the request.
+    let asked = checked.iter_mut().filter(|checked| !checked.impossible);
+    for (checked, decision) in asked.zip(outcome.decisions) {
+        checked.decision = Some(decision);
+    }
+    Ok(Decided {
+        found,
+        checked,
+        over_limit: !outcome.allowed,
+    })
+}
+
+/// The rule each descriptor finds, with the rules replaced: a rule named in the `replaces` of another rule met by
+/// the same request does not apply (whether the replacing rule limits or is unlimited).
+fn find_rules<'d>(
+    domain: &'d Domain,
+    descriptors: &[Descriptor<'_>],
+) -> (Vec<Found<'d>>, Vec<SharedEntries<'d>>) {
+    let matched: Vec<Option<Matched<'d>>> = descriptors
+        .iter()
+        .map(|descriptor| {
+            if descriptor.limit_override.is_some() {
+                None
+            } else {
+                domain.rule_for(&descriptor.entries)
+            }
+        })
+        .collect();
+    let replaced = |rule: &Rule| {
+        rule.name.as_ref().is_some_and(|name| {
+            matched
+                .iter()
+                .flatten()
+                .any(|other| other.rule.replaces.contains(name))
+        })
+    };
+    let found = matched
+        .iter()
+        .zip(descriptors)
+        .map(|(matched, descriptor)| match matched {
+            None => match descriptor.limit_override {
+                Some((0, unit)) => Found::Blocked { rule: None, unit },
+                Some(_) => Found::Limited(None),
+                None => Found::Nothing,
+            },
+            Some(m) if m.rule.kind == RuleKind::Unlimited => Found::Unlimited,
+            Some(m) if replaced(m.rule) => Found::Replaced(m.rule),
+            Some(m) => match m.rule.kind {
+                RuleKind::Blocked(unit) => Found::Blocked {
+                    rule: Some(m.rule),
+                    unit,
+                },
+                _ => Found::Limited(Some(m.rule)),
+            },
+        })
+        .collect();
+    let shared = matched
+        .iter()
+        .map(|m| m.map_or([None; MAX_SHARED_DEPTH], |m| m.shared))
+        .collect();
+    (found, shared)
+}
+
+/// Per entry of a descriptor: the pattern counted in place of its value (`share_threshold`).
+type SharedEntries<'d> = [Option<&'d str>; MAX_SHARED_DEPTH];
+
+/// The request's own limit for a descriptor (Envoy's `limit` override): a fixed window, as envoyproxy/ratelimit
+/// applies it (`requests_per_unit: 0` is [`Found::Blocked`], never here).
+fn override_limit(descriptor: &Descriptor<'_>) -> Option<Limit> {
+    let (requests, unit) = descriptor.limit_override?;
+    let mut name = String::new();
+    for (i, (key, value)) in descriptor.entries.iter().enumerate() {
+        if i > 0 {
+            name.push('.');
+        }
+        name.push_str(key);
+        if !value.is_empty() {
+            name.push('_');
+            name.push_str(value);
+        }
+    }
+    unit.fixed_window(&name, requests).ok()
+}
+
+/// `limit` taking `hits`: the same limit when that is its cost; `Err` with the limit when it can never take that
+/// much (more than its capacity), so that the descriptor is over the limit whatever the store holds.
+fn with_cost(limit: Cow<'_, Limit>, hits: u64) -> Result<Cow<'_, Limit>, Cow<'_, Limit>> {
+    if limit.cost() == hits {
+        return Ok(limit);
+    }
+    match Limit::new(limit.name(), *limit.algorithm(), hits) {
+        Ok(costed) => Ok(Cow::Owned(costed.with_shadow(limit.is_shadow()))),
+        Err(_) => Err(limit),
+    }
+}
+
+/// Writes the descriptor's entries as a store key's value, `key=value|key=value` (`\` escaping `|`, `=` and
+/// itself, so that no two descriptors write the same text), then closes the key.
+fn push_entries(key: &mut String, entries: &[(&str, &str)], shared: &SharedEntries<'_>) {
+    let start = key.len();
+    for (depth, (name, value)) in entries.iter().enumerate() {
+        if depth > 0 {
+            key.push('|');
+        }
+        push_escaped(key, name);
+        key.push('=');
+        let value = shared.get(depth).copied().flatten().unwrap_or(value);
+        push_escaped(key, value);
+    }
+    seal_key(key, start);
+}
+
+fn push_escaped(out: &mut String, text: &str) {
+    for c in text.chars() {
+        if matches!(c, '|' | '=' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_are_written_so_that_no_two_descriptors_share_a_key() {
+        let write = |entries: &[(&str, &str)]| {
+            let mut key = String::from("h:{");
+            push_entries(&mut key, entries, &[None; MAX_SHARED_DEPTH]);
+            key
+        };
+        assert_eq!(
+            write(&[("generic_key", "login"), ("remote_address", "1.2.3.4")]),
+            "h:{generic_key=login|remote_address=1.2.3.4}"
+        );
+        assert_ne!(write(&[("a", "b|c=d")]), write(&[("a", "b"), ("c", "d")]));
+        let mut shared = [None; MAX_SHARED_DEPTH];
+        shared[0] = Some("files/*");
+        let mut key = String::from("h:{");
+        push_entries(&mut key, &[("files", "files/a.pdf")], &shared);
+        assert_eq!(key, "h:{files=files/*}");
+    }
+}

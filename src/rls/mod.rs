@@ -1,0 +1,16 @@
+//! Envoy's rate limit service (`envoy.service.ratelimit.v3.RateLimitService`): descriptors matched as
+//! envoyproxy/ratelimit matches them, decided by the limiter call admission makes, answered in gRPC.
+
+mod answer;
+mod decide;
+mod domains;
+mod service;
+mod unit;
+
+pub use decide::{decide, Checked, Decided, Descriptor, Found};
+pub use domains::{
+    pattern_matches, Domain, Matched, Node, RlsSettings, Rule, RuleKind, ValueMatch,
+    WhenUnavailable, MAX_SHARED_DEPTH,
+};
+pub use service::{serve, RateLimitService};
+pub use unit::{requests_per_unit, Unit, UNITS};

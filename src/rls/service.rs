@@ -1,0 +1,300 @@
+//! The gRPC service Envoy calls (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`), its listener with
+//! `grpc.health.v1`, its metrics, and its reloads.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService as EnvoyRateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use smallvec::SmallVec;
+use tokio::net::TcpListener;
+use tonic::{Request, Response, Status};
+use tonic_health::ServingStatus;
+
+use super::answer::{self, from_envoy_unit};
+use super::decide::{decide, Decided, Descriptor, Found};
+use super::domains::{Domain, RlsSettings, WhenUnavailable};
+use crate::limiter::RateLimiter;
+
+/// How often the health check looks at the store, when it follows it.
+const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Envoy's rate limit service over tollgate's limiter: the domains of the running config (replaced whole on a
+/// reload) and the store every instance shares.
+#[derive(Debug)]
+pub struct RateLimitService {
+    tables: ArcSwap<Tables>,
+    limiter: Arc<RateLimiter>,
+    key_prefix: String,
+    /// `tollgate_rls_request_duration_seconds`, registered once.
+    duration: metrics::Histogram,
+}
+
+/// The running `rls:` section, with each domain's counters registered once.
+#[derive(Debug)]
+struct Tables {
+    domains: HashMap<String, Entry>,
+    when_unavailable: WhenUnavailable,
+    x_ratelimit_headers: bool,
+    health_follows_store: bool,
+    /// The counters of requests to domains not configured (labelled `domain=""`: their names are the callers').
+    unknown: Counters,
+}
+
+#[derive(Debug)]
+struct Entry {
+    domain: Domain,
+    counters: Counters,
+}
+
+/// `tollgate_rls_requests_total{domain,code}` and `tollgate_rls_shadow_denied_total{domain}` of one domain.
+#[derive(Debug)]
+struct Counters {
+    ok: metrics::Counter,
+    over_limit: metrics::Counter,
+    unavailable: metrics::Counter,
+    shadow_denied: metrics::Counter,
+}
+
+// === impl RateLimitService ===
+
+impl RateLimitService {
+    /// The service for `settings`, deciding with `limiter` under store keys that start with `key_prefix`.
+    pub fn new(settings: &RlsSettings, key_prefix: &str, limiter: Arc<RateLimiter>) -> Self {
+        Self {
+            tables: ArcSwap::from_pointee(Tables::new(settings)),
+            limiter,
+            key_prefix: key_prefix.to_owned(),
+            duration: metrics::histogram!("tollgate_rls_request_duration_seconds"),
+        }
+    }
+
+    /// Runs `settings` from now on (the listener's address needs a restart); the store and its counts stay.
+    pub fn reload(&self, settings: &RlsSettings) {
+        self.tables.store(Arc::new(Tables::new(settings)));
+    }
+
+    /// The names of the domains served.
+    pub fn domain_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.tables.load().domains.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// Decides one request of Envoy's.
+    pub async fn should_rate_limit(
+        &self,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, Status> {
+        let started = Instant::now();
+        if request.domain.is_empty() {
+            return Err(Status::invalid_argument(
+                "rate limit domain must not be empty",
+            ));
+        }
+        if request.descriptors.is_empty() {
+            return Err(Status::invalid_argument(
+                "rate limit descriptor list must not be empty",
+            ));
+        }
+        let descriptors = descriptors(request)?;
+        let tables = self.tables.load();
+        let entry = tables.domains.get(&request.domain);
+        let counters = entry.map_or(&tables.unknown, |entry| &entry.counters);
+        let decided = decide(
+            entry.map(|entry| &entry.domain),
+            &descriptors,
+            &self.key_prefix,
+            &self.limiter,
+        )
+        .await;
+        let answer = match decided {
+            Ok(decided) => {
+                count_shadow_denials(&decided, &counters.shadow_denied);
+                let counter = if decided.over_limit {
+                    &counters.over_limit
+                } else {
+                    &counters.ok
+                };
+                counter.increment(1);
+                Ok(answer::response(&decided, tables.x_ratelimit_headers))
+            }
+            Err(error) => {
+                // The limiter logs the outage once per reason; a line per request would flood the log.
+                tracing::debug!(domain = %request.domain, %error, "rls: store unavailable");
+                counters.unavailable.increment(1);
+                match tables.when_unavailable {
+                    WhenUnavailable::Unavailable => {
+                        Err(Status::unavailable("rate limit store unavailable"))
+                    }
+                    WhenUnavailable::OverLimit => {
+                        Ok(answer::unavailable(request.descriptors.len()))
+                    }
+                }
+            }
+        };
+        self.duration.record(started.elapsed().as_secs_f64());
+        answer
+    }
+}
+
+/// The request's descriptors as the decision takes them: each one's hits (its own `hits_addend`, else the
+/// request's, at least 1) and Envoy's limit override.
+fn descriptors(request: &RateLimitRequest) -> Result<Vec<Descriptor<'_>>, Status> {
+    let request_hits = u64::from(request.hits_addend.max(1));
+    request
+        .descriptors
+        .iter()
+        .map(|descriptor| {
+            let limit_override = match &descriptor.limit {
+                None => None,
+                Some(limit) => {
+                    let unit = from_envoy_unit(limit.unit).ok_or_else(|| {
+                        Status::invalid_argument("a descriptor's limit override needs a known unit")
+                    })?;
+                    Some((u64::from(limit.requests_per_unit), unit))
+                }
+            };
+            Ok(Descriptor {
+                entries: descriptor
+                    .entries
+                    .iter()
+                    .map(|entry| (entry.key.as_str(), entry.value.as_str()))
+                    .collect::<SmallVec<_>>(),
+                hits: descriptor
+                    .hits_addend
+                    .as_ref()
+                    .map_or(request_hits, |hits| hits.value),
+                limit_override,
+            })
+        })
+        .collect()
+}
+
+/// Counts each shadow limit (or shadow rule that refuses everything) that would have refused the request.
+fn count_shadow_denials(decided: &Decided<'_>, counter: &metrics::Counter) {
+    let limits = decided.checked.iter().filter(|checked| {
+        checked.limit.is_shadow()
+            && (checked.impossible || checked.decision.is_some_and(|d| !d.allowed))
+    });
+    let blocked = decided
+        .found
+        .iter()
+        .filter(|found| matches!(found, Found::Blocked { rule: Some(rule), .. } if rule.shadow));
+    let denials = limits.count() + blocked.count();
+    if denials > 0 {
+        counter.increment(denials as u64);
+    }
+}
+
+#[tonic::async_trait]
+impl EnvoyRateLimitService for RateLimitService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        RateLimitService::should_rate_limit(self, request.get_ref())
+            .await
+            .map(Response::new)
+    }
+}
+
+// === impl Tables ===
+
+impl Tables {
+    fn new(settings: &RlsSettings) -> Self {
+        let domains = settings
+            .domains
+            .iter()
+            .map(|domain| {
+                let entry = Entry {
+                    domain: domain.clone(),
+                    counters: Counters::new(&domain.name),
+                };
+                (domain.name.clone(), entry)
+            })
+            .collect();
+        Self {
+            domains,
+            when_unavailable: settings.when_unavailable,
+            x_ratelimit_headers: settings.x_ratelimit_headers,
+            health_follows_store: settings.health_follows_store,
+            unknown: Counters::new(""),
+        }
+    }
+}
+
+// === impl Counters ===
+
+impl Counters {
+    fn new(domain: &str) -> Self {
+        let requests = |code: &'static str| {
+            metrics::counter!(
+                "tollgate_rls_requests_total",
+                "domain" => domain.to_owned(),
+                "code" => code,
+            )
+        };
+        Self {
+            ok: requests("ok"),
+            over_limit: requests("over_limit"),
+            unavailable: requests("unavailable"),
+            shadow_denied: metrics::counter!(
+                "tollgate_rls_shadow_denied_total",
+                "domain" => domain.to_owned(),
+            ),
+        }
+    }
+}
+
+/// Serves `service` and `grpc.health.v1` on `listener` (HTTP/2, gRPC) until `shutdown` completes. The health
+/// check answers SERVING, or, with `rls.health_follows_store`, NOT_SERVING while the store is degraded.
+pub async fn serve(
+    listener: TcpListener,
+    service: Arc<RateLimitService>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_serving::<RateLimitServiceServer<RateLimitService>>()
+        .await;
+    let watched = Arc::downgrade(&service);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(HEALTH_INTERVAL);
+        let mut last = ServingStatus::Serving;
+        loop {
+            tick.tick().await;
+            let Some(service) = watched.upgrade() else {
+                return;
+            };
+            let follows = service.tables.load().health_follows_store;
+            let status = if follows && !service.limiter.readiness().ready {
+                ServingStatus::NotServing
+            } else {
+                ServingStatus::Serving
+            };
+            if status != last {
+                for name in [
+                    "",
+                    <RateLimitServiceServer<RateLimitService> as tonic::server::NamedService>::NAME,
+                ] {
+                    reporter.set_service_status(name, status).await;
+                }
+                last = status;
+            }
+        }
+    });
+    tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(RateLimitServiceServer::from_arc(service))
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener),
+            shutdown,
+        )
+        .await
+}

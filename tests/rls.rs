@@ -1,0 +1,513 @@
+//! Envoy's rate limit service (docs/envoy.md): requests built as Envoy builds them, sent with a gRPC client to
+//! tollgate instances sharing one Redis.
+
+mod common;
+
+use std::path::Path;
+
+use common::redis::RedisServer;
+use common::rls::{
+    ask, descriptor, descriptor_taking, header, is_ok, request, start_rls, start_rls_with,
+};
+use common::ReservedPort;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+const OK: i32 = 1;
+const OVER_LIMIT: i32 = 2;
+
+/// A config on `redis` with `rls` (the lines under `rls:`, indented by two spaces).
+fn on_redis(redis: &RedisServer, rls: &str) -> String {
+    format!(
+        "store:\n  backend: redis\n  url: {}\n  timeout: 500ms\n  on_error: deny\nrls:\n  listen: 127.0.0.1:0\n{rls}",
+        redis.url()
+    )
+}
+
+/// One domain `edge` with a descriptor `generic_key=<algorithm>` per algorithm, each admitting exactly 4 in the
+/// test's time (buckets refill far slower than the test runs).
+const EVERY_ALGORITHM: &str = r#"  domains:
+    edge:
+      descriptors:
+        - { key: generic_key, value: fixed_window, limits: [ { name: l, algorithm: fixed_window, limit: 4, period: 1h } ] }
+        - { key: generic_key, value: sliding_window, limits: [ { name: l, algorithm: sliding_window, limit: 4, period: 1h } ] }
+        - { key: generic_key, value: sliding_log, limits: [ { name: l, algorithm: sliding_log, limit: 4, period: 1h } ] }
+        - { key: generic_key, value: token_bucket, limits: [ { name: l, algorithm: token_bucket, rate: 1/1h, burst: 4 } ] }
+        - { key: generic_key, value: gcra, limits: [ { name: l, algorithm: gcra, rate: 1/1h, burst: 4 } ] }
+        - { key: generic_key, value: leaky_bucket, limits: [ { name: l, algorithm: leaky_bucket, rate: 1/1h, burst: 4 } ] }
+"#;
+
+#[tokio::test]
+async fn every_algorithm_admits_exactly_its_capacity_across_two_instances() {
+    let redis = RedisServer::start();
+    let yaml = on_redis(&redis, EVERY_ALGORITHM);
+    let (a, b) = (start_rls(&yaml).await, start_rls(&yaml).await);
+    let mut clients = [a.client().await, b.client().await];
+    for algorithm in [
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+        "token_bucket",
+        "gcra",
+        "leaky_bucket",
+    ] {
+        let mut admitted = 0;
+        for i in 0..10 {
+            let client = &mut clients[i % 2];
+            let answer = ask(
+                client,
+                request("edge", vec![descriptor(&[("generic_key", algorithm)])]),
+            )
+            .await;
+            assert_eq!(answer.statuses.len(), 1);
+            if is_ok(&answer) {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 4, "{algorithm}: admitted across both instances");
+    }
+}
+
+/// Per client address 3 a minute; per address on the login path 1 a minute; by a header Envoy matched, 2.
+const EDGE: &str = r#"  domains:
+    edge:
+      descriptors:
+        - key: remote_address
+          limits: [ { name: per-ip, algorithm: sliding_log, limit: 3, period: 1m } ]
+        - key: generic_key
+          value: login
+          descriptors:
+            - key: remote_address
+              limits: [ { name: login, algorithm: gcra, rate: 1/1m, burst: 1 } ]
+        - key: header_match
+          value: api-key
+          limits: [ { name: keyed, algorithm: fixed_window, limit: 2, period: 1m } ]
+"#;
+
+#[tokio::test]
+async fn each_descriptor_gets_its_status_and_a_refusal_takes_from_none() {
+    let redis = RedisServer::start();
+    let rls = start_rls(&on_redis(&redis, EDGE)).await;
+    let mut client = rls.client().await;
+    let login = || {
+        request(
+            "edge",
+            vec![
+                descriptor(&[("remote_address", "192.0.2.1")]),
+                descriptor(&[("generic_key", "login"), ("remote_address", "192.0.2.1")]),
+            ],
+        )
+    };
+    let first = ask(&mut client, login()).await;
+    assert_eq!(first.overall_code, OK);
+    let codes: Vec<i32> = first.statuses.iter().map(|s| s.code).collect();
+    assert_eq!(codes, [OK, OK]);
+    let per_ip = &first.statuses[0];
+    assert_eq!(
+        per_ip.current_limit.as_ref().map(|l| l.requests_per_unit),
+        Some(3)
+    );
+    assert_eq!(
+        per_ip.current_limit.as_ref().map(|l| l.unit),
+        Some(2),
+        "MINUTE"
+    );
+    assert_eq!(per_ip.limit_remaining, 2);
+    assert!(per_ip.duration_until_reset.is_some());
+
+    // The login limit is spent: refused, the per-address limit marked OK but not taken from.
+    let second = ask(&mut client, login()).await;
+    assert_eq!(second.overall_code, OVER_LIMIT);
+    let codes: Vec<i32> = second.statuses.iter().map(|s| s.code).collect();
+    assert_eq!(codes, [OK, OVER_LIMIT]);
+    assert_eq!(
+        second.statuses[0].limit_remaining, 2,
+        "nothing taken from per-ip"
+    );
+    assert!(header(&second, "retry-after").is_some(), "{second:?}");
+    assert_eq!(header(&second, "ratelimit"), Some("\"login\";r=0;t=60"));
+    assert_eq!(
+        header(&second, "ratelimit-policy"),
+        Some("\"per-ip\";q=3;w=60, \"login\";q=1;w=60")
+    );
+    assert!(
+        header(&second, "x-ratelimit-limit").is_none(),
+        "not asked for"
+    );
+
+    // Other paths of the same address still have the per-address limit's two.
+    for expected in [OK, OK, OVER_LIMIT] {
+        let answer = ask(
+            &mut client,
+            request("edge", vec![descriptor(&[("remote_address", "192.0.2.1")])]),
+        )
+        .await;
+        assert_eq!(answer.overall_code, expected);
+    }
+    // A descriptor no rule matches, and a header Envoy matched.
+    let answer = ask(
+        &mut client,
+        request(
+            "edge",
+            vec![
+                descriptor(&[("destination_cluster", "api")]),
+                descriptor(&[("header_match", "api-key")]),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(answer.overall_code, OK);
+    assert!(answer.statuses[0].current_limit.is_none());
+    assert_eq!(answer.statuses[1].limit_remaining, 1);
+}
+
+#[tokio::test]
+async fn hits_addend_is_the_cost_per_request_and_per_descriptor() {
+    let redis = RedisServer::start();
+    let rls = start_rls(&on_redis(&redis, EDGE)).await;
+    let mut client = rls.client().await;
+    let by_address = |address: &str| descriptor(&[("remote_address", address)]);
+
+    let mut taking_two = request("edge", vec![by_address("192.0.2.2")]);
+    taking_two.hits_addend = 2;
+    assert_eq!(
+        ask(&mut client, taking_two.clone()).await.statuses[0].limit_remaining,
+        1
+    );
+    // Two more than the one left: refused, and the one is still there.
+    assert_eq!(ask(&mut client, taking_two).await.overall_code, OVER_LIMIT);
+    let one = ask(&mut client, request("edge", vec![by_address("192.0.2.2")])).await;
+    assert_eq!((one.overall_code, one.statuses[0].limit_remaining), (OK, 0));
+
+    // The descriptor's own hits_addend wins over the request's; more than the limit holds is never admitted.
+    let mut answer = request(
+        "edge",
+        vec![descriptor_taking(&[("remote_address", "192.0.2.3")], 3)],
+    );
+    answer.hits_addend = 1;
+    let answer = ask(&mut client, answer).await;
+    assert_eq!(
+        (answer.overall_code, answer.statuses[0].limit_remaining),
+        (OK, 0)
+    );
+    let too_many = request(
+        "edge",
+        vec![descriptor_taking(&[("remote_address", "192.0.2.4")], 4)],
+    );
+    assert_eq!(ask(&mut client, too_many).await.overall_code, OVER_LIMIT);
+}
+
+#[tokio::test]
+async fn envoys_limit_override_is_a_fixed_window_of_its_own() {
+    let redis = RedisServer::start();
+    let rls = start_rls(&on_redis(&redis, EDGE)).await;
+    let mut client = rls.client().await;
+    let overridden = || {
+        let mut d = descriptor(&[("remote_address", "192.0.2.9")]);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 1,
+            unit: 3, // HOUR
+        });
+        request("edge", vec![d])
+    };
+    let first = ask(&mut client, overridden()).await;
+    assert_eq!(first.overall_code, OK);
+    assert_eq!(
+        first.statuses[0].current_limit.as_ref().map(|l| l.unit),
+        Some(3)
+    );
+    assert_eq!(
+        ask(&mut client, overridden()).await.overall_code,
+        OVER_LIMIT
+    );
+}
+
+/// The folder of envoyproxy/ratelimit files under tests/fixtures/rls.
+fn with_ratelimit_files(redis: &RedisServer) -> String {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/rls");
+    on_redis(redis, &format!("  config_dir: {}\n", dir.display()))
+}
+
+#[tokio::test]
+async fn ratelimit_files_decide_as_that_service_documents() {
+    let redis = RedisServer::start();
+    let rls = start_rls(&with_ratelimit_files(&redis)).await;
+    let mut client = rls.client().await;
+    let shared_client = client.clone();
+    let admitted = async |domain: &str, entries: &[&[(&str, &str)]], times: usize| {
+        let mut client = shared_client.clone();
+        let mut count = 0;
+        for _ in 0..times {
+            let descriptors = entries.iter().map(|e| descriptor(e)).collect();
+            if is_ok(&ask(&mut client, request(domain, descriptors)).await) {
+                count += 1;
+            }
+        }
+        count
+    };
+    // The most specific match: one address is refused everything, the others get 3 a minute each.
+    assert_eq!(
+        admitted("edge_per_ip", &[&[("remote_address", "50.0.0.5")]], 3).await,
+        0
+    );
+    assert_eq!(
+        admitted("edge_per_ip", &[&[("remote_address", "50.0.0.1")]], 5).await,
+        3
+    );
+    assert_eq!(
+        admitted("edge_per_ip", &[&[("remote_address", "50.0.0.2")]], 5).await,
+        3
+    );
+
+    // Nesting: 2 marketing messages a day to a number, 4 messages of any kind.
+    let marketing: &[(&str, &str)] = &[("message_type", "marketing"), ("to_number", "2061111111")];
+    let any: &[(&str, &str)] = &[("to_number", "2061111111")];
+    assert_eq!(admitted("messaging", &[marketing, any], 3).await, 2);
+    assert_eq!(admitted("messaging", &[any], 3).await, 2, "2 of 4 left");
+    // A descriptor longer than the path to its rule finds none.
+    let deeper: &[(&str, &str)] = &[("to_number", "2062222222"), ("extra", "x")];
+    assert_eq!(admitted("messaging", &[deeper], 6).await, 6);
+
+    // `unlimited` never limits, and answers the largest remaining.
+    assert_eq!(admitted("internal", &[&[("ldap", "bind")]], 20).await, 20);
+    let unlimited = ask(
+        &mut client,
+        request("internal", vec![descriptor(&[("ldap", "bind")])]),
+    )
+    .await;
+    assert_eq!(unlimited.statuses[0].limit_remaining, u32::MAX);
+    assert_eq!(admitted("internal", &[&[("azure", "x")]], 3).await, 2);
+
+    // Wildcards: `files/*` values share one count, `files_no_share/*` values count apart.
+    let shared = |v: &'static str| [("files", v)];
+    assert_eq!(admitted("wildcards", &[&shared("files/a.pdf")], 1).await, 1);
+    assert_eq!(admitted("wildcards", &[&shared("files/b.csv")], 2).await, 1);
+    let apart = |v: &'static str| [("files_no_share", v)];
+    assert_eq!(
+        admitted("wildcards", &[&apart("files_no_share/a")], 3).await,
+        2
+    );
+    assert_eq!(
+        admitted("wildcards", &[&apart("files_no_share/b")], 3).await,
+        2
+    );
+
+    // A domain nobody configured limits nothing.
+    assert_eq!(
+        admitted("nobody", &[&[("remote_address", "x")]], 3).await,
+        3
+    );
+}
+
+#[tokio::test]
+async fn a_replacing_rule_takes_the_place_of_the_rule_it_names() {
+    let redis = RedisServer::start();
+    let rls = start_rls(&with_ratelimit_files(&redis)).await;
+    let mut client = rls.client().await;
+    let specific: &[(&str, &str)] = &[("key_1", "value_1"), ("user", "bkthomps")];
+    let replacing: &[(&str, &str)] = &[("key_2", "value_2"), ("user", "bkthomps")];
+    // Both met: only the replacing rule (3 a minute) applies, and the replaced one (1) is not taken from.
+    for expected in [OK, OK, OK, OVER_LIMIT] {
+        let both = request(
+            "replacing",
+            vec![descriptor(specific), descriptor(replacing)],
+        );
+        let answer = ask(&mut client, both).await;
+        assert_eq!(answer.overall_code, expected);
+        assert_eq!(answer.statuses[0].code, OK);
+    }
+    let alone = request("replacing", vec![descriptor(specific)]);
+    assert_eq!(ask(&mut client, alone.clone()).await.overall_code, OK);
+    assert_eq!(ask(&mut client, alone).await.overall_code, OVER_LIMIT);
+}
+
+#[tokio::test]
+async fn shadow_mode_answers_ok_and_still_counts() {
+    let redis = RedisServer::start();
+    let rls = start_rls(&with_ratelimit_files(&redis)).await;
+    let mut client = rls.client().await;
+    let user = |name: &str| {
+        request(
+            "shadow",
+            vec![descriptor(&[("service", "auth"), ("user", name)])],
+        )
+    };
+    let mut remaining = Vec::new();
+    for _ in 0..4 {
+        let answer = ask(&mut client, user("user-a")).await;
+        assert_eq!((answer.overall_code, answer.statuses[0].code), (OK, OK));
+        remaining.push(answer.statuses[0].limit_remaining);
+    }
+    // Counted by the store all along (2 a minute), never enforced.
+    assert_eq!(remaining, [1, 0, 0, 0]);
+    let enforced: Vec<i32> = {
+        let mut codes = Vec::new();
+        for _ in 0..3 {
+            codes.push(ask(&mut client, user("user-b")).await.overall_code);
+        }
+        codes
+    };
+    assert_eq!(enforced, [OK, OK, OVER_LIMIT]);
+}
+
+#[tokio::test]
+async fn with_redis_down_on_error_decides() {
+    let nowhere = ReservedPort::new();
+    let config = |on_error: &str, when: &str| {
+        common::config(&format!(
+            "store:\n  backend: redis\n  url: redis://{}\n  timeout: 50ms\n  on_error: {on_error}\nrls:\n  listen: 127.0.0.1:0\n  when_unavailable: {when}\n{EDGE}",
+            nowhere.addr()
+        ))
+    };
+    let by_address = || request("edge", vec![descriptor(&[("remote_address", "192.0.2.1")])]);
+
+    let deny = start_rls_with(&config("deny", "unavailable"), false).await;
+    let status = deny
+        .client()
+        .await
+        .should_rate_limit(by_address())
+        .await
+        .expect_err("the store is down");
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+
+    let refuse = start_rls_with(&config("deny", "over_limit"), false).await;
+    let answer = ask(&mut refuse.client().await, by_address()).await;
+    assert_eq!(answer.overall_code, OVER_LIMIT);
+
+    let allow = start_rls_with(&config("allow", "unavailable"), false).await;
+    let mut client = allow.client().await;
+    for _ in 0..5 {
+        assert_eq!(ask(&mut client, by_address()).await.overall_code, OK);
+    }
+
+    // The in-process store decides alone: 3 a minute still hold on this instance.
+    let local = start_rls_with(&config("local", "unavailable"), false).await;
+    let mut client = local.client().await;
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        codes.push(ask(&mut client, by_address()).await.overall_code);
+    }
+    assert_eq!(codes, [OK, OK, OK, OVER_LIMIT]);
+}
+
+#[tokio::test]
+async fn the_health_check_follows_the_store_only_when_told_to() {
+    let nowhere = ReservedPort::new();
+    let config = |follows: bool| {
+        common::config(&format!(
+            "store:\n  backend: redis\n  url: redis://{}\n  timeout: 50ms\n  on_error: allow\nrls:\n  listen: 127.0.0.1:0\n  health_follows_store: {follows}\n{EDGE}",
+            nowhere.addr()
+        ))
+    };
+    let status_of = async |rls: &common::rls::TestRls| {
+        let mut health = HealthClient::new(rls.channel().await);
+        let service = "envoy.service.ratelimit.v3.RateLimitService";
+        let answer = health
+            .check(HealthCheckRequest {
+                service: service.to_owned(),
+            })
+            .await
+            .expect("a health answer");
+        answer.into_inner().status
+    };
+    let serving = start_rls_with(&config(false), false).await;
+    assert_eq!(status_of(&serving).await, ServingStatus::Serving as i32);
+    let following = start_rls_with(&config(true), false).await;
+    let not_serving = common::eventually(std::time::Duration::from_secs(5), async || {
+        status_of(&following).await == ServingStatus::NotServing as i32
+    })
+    .await;
+    assert!(not_serving.is_some(), "NOT_SERVING while Redis is down");
+    assert_eq!(status_of(&serving).await, ServingStatus::Serving as i32);
+}
+
+#[test]
+fn problems_in_ratelimit_files_are_located_in_them() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(
+        dir.path().join("bad.yaml"),
+        "domain: bad\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 5\n  - key: b\n    value: x\n    share_threshold: true\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("typo.yml"),
+        "domain: typo\ndescriptors:\n  - key: a\n    rate_limt: {}\n",
+    )
+    .expect("write");
+    // Not a YAML file: not read.
+    std::fs::write(dir.path().join("README"), "not: [yaml").expect("write");
+    let yaml = format!(
+        "rls:\n  listen: 127.0.0.1:0\n  config_dir: {}\n  domains:\n    edge:\n      descriptors:\n        - key: remote_address\n          limits: [ {{ name: per-ip, key: ip, algorithm: gcra, rate: 1/s, burst: 1 }} ]\n",
+        dir.path().display()
+    );
+    let error = tollgate::config::parse(&yaml, Path::new("gateway.yaml")).expect_err("invalid");
+    assert_eq!(
+        error.to_string(),
+        "gateway.yaml:8:37: rls.domains.edge.descriptors[0].limits[0].key: a descriptor's limits are keyed by the descriptor's entries: remove key"
+    );
+    let yaml = format!(
+        "rls:\n  listen: 127.0.0.1:0\n  config_dir: {}\n",
+        dir.path().display()
+    );
+    let error = tollgate::config::parse(&yaml, Path::new("gateway.yaml")).expect_err("invalid");
+    let bad = dir.path().join("bad.yaml");
+    let typo = dir.path().join("typo.yml");
+    let lines: Vec<String> = error.to_string().lines().map(str::to_owned).collect();
+    assert_eq!(
+        lines,
+        [
+            format!(
+                "{}:5:7: descriptors[0].rate_limit.unit: invalid unit \"fortnight\" (use second, minute, hour, day, week, month or year)",
+                bad.display()
+            ),
+            format!(
+                "{}:9:5: descriptors[1].share_threshold: share_threshold needs a value with '*' (the values it matches share one count)",
+                bad.display()
+            ),
+            format!(
+                "{}:4:5: descriptors[0].rate_limt: unknown field `rate_limt`, expected one of `key`, `value`, `rate_limit`, `shadow_mode`, `quota_mode`, `detailed_metric`, `value_to_metric`, `share_threshold`, `metadata`, `descriptors`",
+                typo.display()
+            ),
+        ]
+    );
+}
+
+#[test]
+fn check_prints_the_domains_and_their_descriptors() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("gateway.yaml");
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/rls");
+    std::fs::write(
+        &config,
+        format!(
+            "rls:\n  listen: 127.0.0.1:8081\n  config_dir: {}\n{EDGE}",
+            fixtures.display()
+        ),
+    )
+    .expect("write");
+    let output = std::process::Command::new(common::binary::BIN)
+        .args(["check", "--config"])
+        .arg(&config)
+        .output()
+        .expect("run tollgate check");
+    assert!(output.status.success());
+    let text = String::from_utf8_lossy(&output.stdout);
+    // Words, not the columns' widths.
+    let rows: Vec<String> = text
+        .lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    let has = |row: &str| rows.iter().any(|r| r.starts_with(row));
+    assert!(has("rls: listen 127.0.0.1:8081 domains 7"), "{text}");
+    for row in [
+        "edge generic_key_login.remote_address login gcra rate 1/m, burst 1",
+        "edge_per_ip remote_address_50.0.0.5 - refuses all 0 per second",
+        "internal ldap - unlimited",
+        "shadow service.user_user-a service.user_user-a fixed_window 2 per 1m shadow",
+        "replacing key_2_value_2.user_bkthomps key_2_value_2.user_bkthomps fixed_window 3 per 1m replaces specific_limit",
+    ] {
+        assert!(has(row), "{row:?} in\n{text}");
+    }
+}
