@@ -26,10 +26,10 @@ pub(super) struct Migrations {
     lookup: tokio::sync::Mutex<()>,
 }
 
-/// Where a slot goes, and since when we know it.
+/// Where a slot goes (`None`: its owner said it is not migrating), and when its owner said so.
 #[derive(Debug, Clone)]
 struct Target {
-    server: Server,
+    server: Option<Server>,
     seen: Instant,
 }
 
@@ -56,12 +56,16 @@ impl Migrations {
         slot: u16,
         timeout: Duration,
     ) -> Result<Option<Server>, Error> {
-        if let Some(server) = self.fresh(slot) {
-            return Ok(Some(server));
+        let asked = Instant::now();
+        let kept_since = asked.checked_sub(TARGET_KEPT).unwrap_or(asked);
+        if let Some(target) = self.known(slot, kept_since).filter(Option::is_some) {
+            return Ok(target);
         }
         let _one_at_a_time = self.lookup.lock().await;
-        if let Some(server) = self.fresh(slot) {
-            return Ok(Some(server));
+        // What the owner said while this call waited holds for it too: the calls of one moment that meet a
+        // redirection together (all those in flight at a hand-over) ask once.
+        if let Some(target) = self.known(slot, asked) {
+            return Ok(target);
         }
         let on_owner = client.with_options(&Options {
             fail_fast: true,
@@ -74,29 +78,30 @@ impl Migrations {
                 vec!["NODES"],
             )
             .await?;
-        let Some((host, port)) = migrating_to(&nodes, slot) else {
-            self.forget(slot);
-            return Ok(None);
-        };
-        // Only a node the client is connected to: fred answers a command routed to another by dropping every
-        // connection and reconnecting.
-        let server = client
-            .active_connections()
-            .into_iter()
-            .find(|server| server.port == port && *server.host == *host);
-        match &server {
-            Some(server) => {
-                tracing::debug!(slot, target = %server, "slot is migrating: following ASK");
-                self.lock().insert(
-                    slot,
-                    Target {
-                        server: server.clone(),
-                        seen: Instant::now(),
-                    },
-                );
+        let server = migrating_to(&nodes, slot).and_then(|(host, port)| {
+            // Only a node the client is connected to: fred answers a command routed to another by dropping every
+            // connection and reconnecting.
+            let server = client
+                .active_connections()
+                .into_iter()
+                .find(|server| server.port == port && *server.host == *host);
+            match &server {
+                Some(server) => {
+                    tracing::debug!(slot, target = %server, "slot is migrating: following ASK")
+                }
+                None => {
+                    tracing::debug!(slot, %host, port, "slot is migrating to a node not connected")
+                }
             }
-            None => tracing::debug!(slot, %host, port, "slot is migrating to a node not connected"),
-        }
+            server
+        });
+        self.lock().insert(
+            slot,
+            Target {
+                server: server.clone(),
+                seen: Instant::now(),
+            },
+        );
         Ok(server)
     }
 
@@ -105,10 +110,11 @@ impl Migrations {
         self.lock().remove(&slot);
     }
 
-    fn fresh(&self, slot: u16) -> Option<Server> {
+    /// What `slot`'s owner said last, if it said it after `since`.
+    fn known(&self, slot: u16, since: Instant) -> Option<Option<Server>> {
         let targets = self.lock();
-        let target = targets.get(&slot)?;
-        (target.seen.elapsed() < TARGET_KEPT).then(|| target.server.clone())
+        let target = targets.get(&slot).filter(|target| target.seen >= since)?;
+        Some(target.server.clone())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u16, Target>> {
