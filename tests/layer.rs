@@ -25,9 +25,9 @@ use common::eventually;
 use common::http_client::client;
 use common::redis::RedisServer;
 use tollgate::admission::LimitSettings;
-use tollgate::config::parse_rate;
+use tollgate::config::{parse_rate, Config};
 use tollgate::key::{KeyPart, KeySpec, MissingKey};
-use tollgate::layer::{ClientIpHeader, LayerError, RateLimitLayer};
+use tollgate::layer::{Builder, ClientIpHeader, LayerError, RateLimitLayer};
 use tollgate::limiter::store::RedisStore;
 use tollgate::limiter::{
     Algorithm, Backend, LeakyMode, Limit, ManualClock, OnError, Rate, RateLimiter,
@@ -128,6 +128,30 @@ fn manual_limiter() -> (Arc<RateLimiter>, Arc<ManualClock>) {
     (Arc::new(limiter), clock)
 }
 
+/// The builder the tests start from: the layer of scope `api` on `limiter`.
+fn api_layer(limiter: Arc<RateLimiter>) -> Builder {
+    RateLimitLayer::builder().limiter(limiter).scope("api")
+}
+
+/// The layer `configure` makes of [`api_layer`] on an in-process limiter with a manual clock, served with
+/// `ConnectInfo`; and that clock.
+async fn app_with(configure: impl FnOnce(Builder) -> Builder) -> (App, Arc<ManualClock>) {
+    let (limiter, clock) = manual_limiter();
+    let layer = configure(api_layer(limiter))
+        .build()
+        .expect("a valid layer");
+    (serve(layer, Peer::ConnectInfo).await, clock)
+}
+
+/// `config`'s route `route` as a layer on `limiter`.
+fn route_layer(config: &Config, route: &str, limiter: Arc<RateLimiter>) -> RateLimitLayer {
+    RateLimitLayer::from_route(config, route)
+        .expect("the route exists")
+        .limiter(limiter)
+        .build()
+        .expect("a valid layer")
+}
+
 fn statuses(ok: usize, denied: usize) -> Vec<u16> {
     let mut expected = vec![200; ok];
     expected.extend(std::iter::repeat_n(429, denied));
@@ -147,11 +171,8 @@ fn sliding_window(limit: u64) -> Algorithm {
 
 #[tokio::test]
 async fn admits_exactly_the_burst_then_refills() {
-    let (limiter, clock) = manual_limiter();
-    let layer = RateLimitLayer::builder()
-        .limiter(limiter)
-        .scope("api")
-        .limit_by(
+    let (app, clock) = app_with(|layer| {
+        layer.limit_by(
             "per-ip",
             ["ip"],
             Algorithm::TokenBucket {
@@ -159,9 +180,8 @@ async fn admits_exactly_the_burst_then_refills() {
                 burst: 10,
             },
         )
-        .build()
-        .unwrap();
-    let app = serve(layer, Peer::ConnectInfo).await;
+    })
+    .await;
 
     assert_eq!(app.hammer(13, &[]).await, statuses(10, 3));
     assert_eq!(app.calls(), 10);
@@ -173,14 +193,7 @@ async fn admits_exactly_the_burst_then_refills() {
 
 #[tokio::test]
 async fn refusal_carries_the_json_body_and_rate_limit_headers() {
-    let (limiter, _clock) = manual_limiter();
-    let layer = RateLimitLayer::builder()
-        .limiter(limiter)
-        .scope("api")
-        .limit_by("per-ip", ["ip"], sliding_window(2))
-        .build()
-        .unwrap();
-    let app = serve(layer, Peer::ConnectInfo).await;
+    let (app, _clock) = app_with(|layer| layer.limit_by("per-ip", ["ip"], sliding_window(2))).await;
     let client = client();
 
     let first = client.get(app.url()).send().await.unwrap();
@@ -232,14 +245,7 @@ async fn refusal_carries_the_json_body_and_rate_limit_headers() {
 
 #[tokio::test]
 async fn denied_requests_never_reach_the_inner_service() {
-    let (limiter, _clock) = manual_limiter();
-    let layer = RateLimitLayer::builder()
-        .limiter(limiter)
-        .scope("api")
-        .limit_by("per-ip", ["ip"], sliding_window(1))
-        .build()
-        .unwrap();
-    let app = serve(layer, Peer::ConnectInfo).await;
+    let (app, _clock) = app_with(|layer| layer.limit_by("per-ip", ["ip"], sliding_window(1))).await;
 
     assert_eq!(app.hammer(20, &[]).await, statuses(1, 19));
     assert_eq!(app.calls(), 1);
@@ -247,14 +253,8 @@ async fn denied_requests_never_reach_the_inner_service() {
 
 #[tokio::test]
 async fn api_keys_have_budgets_of_their_own() {
-    let (limiter, _clock) = manual_limiter();
-    let layer = RateLimitLayer::builder()
-        .limiter(limiter)
-        .scope("api")
-        .limit_by("per-key", ["header:x-api-key"], sliding_window(2))
-        .build()
-        .unwrap();
-    let app = serve(layer, Peer::ConnectInfo).await;
+    let (app, _clock) =
+        app_with(|layer| layer.limit_by("per-key", ["header:x-api-key"], sliding_window(2))).await;
 
     assert_eq!(
         app.hammer(3, &[("x-api-key", "alpha")]).await,
@@ -275,7 +275,6 @@ async fn api_keys_have_budgets_of_their_own() {
 
 #[tokio::test]
 async fn missing_key_part_can_skip_the_limit() {
-    let (limiter, _clock) = manual_limiter();
     let skip = LimitSettings {
         limit: Limit::new("per-key", sliding_window(1), 1).unwrap(),
         key: KeySpec::new(
@@ -283,13 +282,7 @@ async fn missing_key_part_can_skip_the_limit() {
             MissingKey::Skip,
         ),
     };
-    let layer = RateLimitLayer::builder()
-        .limiter(limiter)
-        .scope("api")
-        .limit(skip)
-        .build()
-        .unwrap();
-    let app = serve(layer, Peer::ConnectInfo).await;
+    let (app, _clock) = app_with(|layer| layer.limit(skip)).await;
 
     assert_eq!(app.hammer(4, &[]).await, statuses(4, 0));
     assert_eq!(app.hammer(2, &[("x-api-key", "k")]).await, statuses(1, 1));
@@ -329,9 +322,7 @@ fn request_from(peer: &str) -> Request<Body> {
 #[tokio::test]
 async fn poll_ready_never_waits_and_refusals_skip_the_inner_service() {
     let (limiter, _clock) = manual_limiter();
-    let layer = RateLimitLayer::builder()
-        .limiter(limiter)
-        .scope("api")
+    let layer = api_layer(limiter)
         .limit_by("per-ip", ["ip"], sliding_window(1))
         .build()
         .unwrap();
@@ -385,9 +376,7 @@ async fn limits_a_plain_hyper_service() {
     use hyper_util::rt::TokioIo;
 
     let (limiter, _clock) = manual_limiter();
-    let layer = RateLimitLayer::builder()
-        .limiter(limiter)
-        .scope("api")
+    let layer = api_layer(limiter)
         .limit_by("per-ip", ["ip"], sliding_window(2))
         .build()
         .unwrap();
@@ -447,15 +436,12 @@ async fn limits_a_plain_hyper_service() {
 
 #[tokio::test]
 async fn headers_on_admitted_responses_can_be_turned_off() {
-    let (limiter, _clock) = manual_limiter();
-    let layer = RateLimitLayer::builder()
-        .limiter(limiter)
-        .scope("api")
-        .limit_by("per-ip", ["ip"], sliding_window(1))
-        .headers(false)
-        .build()
-        .unwrap();
-    let app = serve(layer, Peer::ConnectInfo).await;
+    let (app, _clock) = app_with(|layer| {
+        layer
+            .limit_by("per-ip", ["ip"], sliding_window(1))
+            .headers(false)
+    })
+    .await;
     let client = client();
 
     let admitted = client.get(app.url()).send().await.unwrap();
@@ -469,15 +455,12 @@ async fn headers_on_admitted_responses_can_be_turned_off() {
 
 #[tokio::test]
 async fn deny_status_is_configurable() {
-    let (limiter, _clock) = manual_limiter();
-    let layer = RateLimitLayer::builder()
-        .limiter(limiter)
-        .scope("api")
-        .limit_by("per-ip", ["ip"], sliding_window(1))
-        .deny_status(StatusCode::SERVICE_UNAVAILABLE)
-        .build()
-        .unwrap();
-    let app = serve(layer, Peer::ConnectInfo).await;
+    let (app, _clock) = app_with(|layer| {
+        layer
+            .limit_by("per-ip", ["ip"], sliding_window(1))
+            .deny_status(StatusCode::SERVICE_UNAVAILABLE)
+    })
+    .await;
     assert_eq!(app.hammer(2, &[]).await, [200, 503]);
 }
 
@@ -517,9 +500,7 @@ async fn leaky_bucket_delay_holds_the_request_before_the_inner_service() {
 #[tokio::test]
 async fn without_connect_info_every_client_shares_one_address() {
     let (limiter, _clock) = manual_limiter();
-    let layer = RateLimitLayer::builder()
-        .limiter(limiter.clone())
-        .scope("api")
+    let layer = api_layer(limiter.clone())
         .limit_by("per-ip", ["ip"], sliding_window(2))
         .build()
         .unwrap();
@@ -568,11 +549,7 @@ routes:
 "#;
     let config = tollgate::config::parse(yaml, Path::new("layer-test.yaml")).unwrap();
     let (limiter, _clock) = manual_limiter();
-    let layer = RateLimitLayer::from_route(&config, "api")
-        .unwrap()
-        .limiter(limiter.clone())
-        .build()
-        .unwrap();
+    let layer = route_layer(&config, "api", limiter.clone());
     assert_eq!(layer.scope(), "api");
     let names: Vec<&str> = layer
         .limits()
@@ -668,9 +645,7 @@ async fn redis_limiter(url: &str, timeout: Duration) -> Arc<RateLimiter> {
 async fn redis_store_is_shared_between_apps_with_the_gateway_key_layout() {
     let redis = RedisServer::start();
     let layer = |limiter: Arc<RateLimiter>| {
-        RateLimitLayer::builder()
-            .limiter(limiter)
-            .scope("api")
+        api_layer(limiter)
             .key_prefix("t:")
             .limit_by(
                 "per-ip",
@@ -722,9 +697,7 @@ async fn a_layer_limit_keyed_by_the_consumers_key_header_stores_its_digest() {
         Path::new("consumers.yaml"),
     )
     .unwrap();
-    let layer = RateLimitLayer::builder()
-        .limiter(limiter)
-        .scope("api")
+    let layer = api_layer(limiter)
         .consumers(consumers, tollgate::consumers::ConsumerMode::Optional)
         .limit_by("by-key", ["header:x-api-key"], sliding_window(10))
         .build()
@@ -756,9 +729,7 @@ async fn store_failure_with_on_error_deny_answers_503() {
     let reserved = common::ReservedPort::new();
     let dead = format!("redis://{}", reserved.addr());
     let limiter = redis_limiter(&dead, Duration::from_millis(100)).await;
-    let layer = RateLimitLayer::builder()
-        .limiter(limiter)
-        .scope("api")
+    let layer = api_layer(limiter)
         .limit_by("per-ip", ["ip"], sliding_window(10))
         .build()
         .unwrap();
@@ -804,11 +775,7 @@ async fn the_gateway_and_the_layer_answer_a_request_sequence_alike() {
     let (gateway_limiter, _gateway_clock) = manual_limiter();
     let gateway = common::start_with_limiter(config.clone(), gateway_limiter).await;
     let (layer_limiter, _layer_clock) = manual_limiter();
-    let layer = RateLimitLayer::from_route(&config, "api")
-        .unwrap()
-        .limiter(layer_limiter)
-        .build()
-        .unwrap();
+    let layer = route_layer(&config, "api", layer_limiter);
     let app = serve(layer, Peer::ConnectInfo).await;
 
     // Clients by X-Forwarded-For (10.x is allowlisted), keys by X-Api-Key (sent twice: ambiguous), in an order that
@@ -895,16 +862,13 @@ async fn the_gateway_and_the_layer_answer_a_request_sequence_alike() {
 #[tokio::test]
 async fn the_layer_believes_only_the_client_ip_header_it_is_told_from_trusted_proxies() {
     // From code: a trusted proxy that writes Forwarded, and passes the client's own X-Forwarded-For through.
-    let (limiter, _clock) = manual_limiter();
-    let layer = RateLimitLayer::builder()
-        .limiter(limiter)
-        .scope("api")
-        .limit_by("per-ip", ["ip"], sliding_window(1))
-        .trusted_proxies([std::net::IpAddr::from([127, 0, 0, 1])])
-        .client_ip_header(ClientIpHeader::Forwarded)
-        .build()
-        .unwrap();
-    let app = serve(layer, Peer::ConnectInfo).await;
+    let (app, _clock) = app_with(|layer| {
+        layer
+            .limit_by("per-ip", ["ip"], sliding_window(1))
+            .trusted_proxies([std::net::IpAddr::from([127, 0, 0, 1])])
+            .client_ip_header(ClientIpHeader::Forwarded)
+    })
+    .await;
     let first = [
         ("forwarded", "for=203.0.113.1"),
         ("x-forwarded-for", "198.51.100.1"),
@@ -935,11 +899,7 @@ routes:
 "#,
     );
     let (limiter, _clock) = manual_limiter();
-    let layer = RateLimitLayer::from_route(&config, "api")
-        .unwrap()
-        .limiter(limiter)
-        .build()
-        .unwrap();
+    let layer = route_layer(&config, "api", limiter);
     let app = serve(layer, Peer::ConnectInfo).await;
     assert_eq!(app.hammer(1, &[("x-real-ip", "203.0.113.1")]).await, [200]);
     let spoofed = [
