@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use axum::Router;
 use common::binary::{Tollgate, BIN};
+use common::h2::{h2_frame, GET_API_BLOCK, H2_PREFACE};
 use common::redis::RedisServer;
 use common::ReservedPort;
 use serde_json::Value;
@@ -420,22 +421,6 @@ struct Row {
 fn get(target: &str, extra: &str) -> Send {
     Send::Gateway(format!("GET {target} HTTP/1.1\r\nHost: gw\r\n{extra}\r\n").into_bytes())
 }
-
-/// One HTTP/2 frame on `stream_id`.
-fn h2_frame(kind: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
-    let length = u32::try_from(payload.len()).expect("a short payload");
-    let mut frame = length.to_be_bytes()[1..].to_vec();
-    frame.extend([kind, flags]);
-    frame.extend(stream_id.to_be_bytes());
-    frame.extend_from_slice(payload);
-    frame
-}
-
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-/// The header block of `GET /api` with `:authority: a`, as HPACK literals without indexing.
-const GET_API_BLOCK: &[u8] = &[
-    0x82, 0x86, 0x04, 0x04, b'/', b'a', b'p', b'i', 0x01, 0x01, b'a',
-];
 
 /// The preface and an empty SETTINGS frame.
 fn h2_opening() -> Vec<u8> {

@@ -6,6 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::h2::{h2_frame, GET_API_BLOCK, H2_PREFACE};
 use common::http_client::{client, raw};
 use common::redis::RedisServer;
 use common::start_gateway;
@@ -1224,22 +1225,6 @@ async fn a_query_key_is_one_bucket_under_every_spelling_and_ambiguous_when_repea
 
 // === HTTP/2 (h2c) under the same clocks as HTTP/1.1 ===
 
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// One HTTP/2 frame on `stream_id`.
-fn h2_frame(kind: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
-    let length = u32::try_from(payload.len()).expect("a short payload");
-    let mut frame = length.to_be_bytes()[1..].to_vec();
-    frame.extend([kind, flags]);
-    frame.extend(stream_id.to_be_bytes());
-    frame.extend_from_slice(payload);
-    frame
-}
-
-/// The header block of `GET /api` with `:authority: a`, as literals without indexing (each block stands alone).
-const GET_API_BLOCK: &[u8] = &[
-    0x82, 0x86, 0x04, 0x04, b'/', b'a', b'p', b'i', 0x01, 0x01, b'a',
-];
 const HEADERS: u8 = 0x1;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;

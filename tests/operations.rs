@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::binary::{Tollgate, BIN};
+use common::h2::{h2_frame, H2_PREFACE};
 use common::http_client::{client, metrics_text};
 use common::upstream::Upstream;
 use common::{eventually, start_gateway_with};
@@ -410,7 +411,6 @@ async fn an_idle_keep_alive_connection_is_closed_when_the_listener_closes() {
     );
 }
 
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const H2_DATA: u8 = 0x0;
 const H2_HEADERS: u8 = 0x1;
 const H2_SETTINGS: u8 = 0x4;
@@ -419,16 +419,6 @@ const H2_GOAWAY: u8 = 0x7;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 const ACK: u8 = 0x1;
-
-/// One HTTP/2 frame on `stream_id`.
-fn h2_frame(kind: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
-    let length = u32::try_from(payload.len()).expect("a short payload");
-    let mut frame = length.to_be_bytes()[1..].to_vec();
-    frame.extend([kind, flags]);
-    frame.extend(stream_id.to_be_bytes());
-    frame.extend_from_slice(payload);
-    frame
-}
 
 /// Reads the next HTTP/2 frame: its type, flags, stream and payload; `None` once the server closed.
 async fn read_h2_frame(stream: &mut tokio::net::TcpStream) -> Option<(u8, u8, u32, Vec<u8>)> {

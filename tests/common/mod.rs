@@ -3,6 +3,7 @@
 
 pub mod binary;
 pub mod cluster;
+pub mod h2;
 pub mod http_client;
 pub mod jwt;
 pub mod pki;
