@@ -1,10 +1,17 @@
 //! Reading what an LLM API's answer says it cost as it streams through (a JSON body's `usage`, server-sent events,
 //! a header or trailer), and reading and rewriting the request fields that bound that cost.
 
+mod body;
 mod json;
 mod reader;
 mod reported;
+mod request;
 mod sse;
 
+pub use body::{BodyEnd, SharedUsage, UsageBody, UsageSink};
 pub use reader::{UsageFormat, UsageReader};
 pub use reported::{Dialect, Usage};
+pub use request::{
+    read_request, rewrite_request, set_body_length, RequestBodyError, RequestFacts, RequestShape,
+    Rewrites, Rewritten,
+};

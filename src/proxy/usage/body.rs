@@ -1,0 +1,311 @@
+//! A response body that passes its frames through untouched while a [`UsageReader`] reads them, and hands what it
+//! read to a [`UsageSink`] exactly once: when the body ends, fails or is dropped.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use parking_lot::Mutex;
+
+use super::reader::UsageReader;
+use super::reported::Usage;
+
+/// How the body whose usage was read ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyEnd {
+    /// Its last frame was taken: the usage is all the answer reported (a stream's last event included even
+    /// without its blank line).
+    Complete,
+    /// It yielded an error: the usage is what the frames before it reported.
+    Failed,
+    /// Dropped before its end (the client went away): the usage is what the events sent so far reported.
+    Cut,
+}
+
+/// Where a [`UsageBody`] hands what it read, once.
+pub trait UsageSink: Send + 'static {
+    /// The answer's usage as read when its body ended as `end` says.
+    fn read(self, usage: Usage, end: BodyEnd);
+}
+
+impl<F: FnOnce(Usage, BodyEnd) + Send + 'static> UsageSink for F {
+    fn read(self, usage: Usage, end: BodyEnd) {
+        self(usage, end)
+    }
+}
+
+/// A [`UsageSink`] that keeps the reading for whoever holds a clone: the work that runs after the answer takes it
+/// from there. The body hands its reading over before it is dropped, so work that runs when the body is dropped
+/// after it finds the reading there.
+#[derive(Debug, Clone, Default)]
+pub struct SharedUsage(Arc<Mutex<Option<(Usage, BodyEnd)>>>);
+
+pin_project_lite::pin_project! {
+    /// `inner`, its frames read by a [`UsageReader`] on their way through.
+    pub struct UsageBody<B, S: UsageSink> {
+        #[pin]
+        inner: B,
+        reading: Reading<S>,
+    }
+}
+
+/// The reader and the sink it hands over to; the sink is told on drop if it was not told before.
+struct Reading<S: UsageSink> {
+    reader: UsageReader,
+    sink: Option<S>,
+}
+
+// === impl SharedUsage ===
+
+impl SharedUsage {
+    /// The reading, once the body handed it over.
+    pub fn take(&self) -> Option<(Usage, BodyEnd)> {
+        self.0.lock().take()
+    }
+}
+
+impl UsageSink for SharedUsage {
+    fn read(self, usage: Usage, end: BodyEnd) {
+        *self.0.lock() = Some((usage, end));
+    }
+}
+
+// === impl UsageBody ===
+
+impl<B: HttpBody, S: UsageSink> UsageBody<B, S> {
+    /// `inner` read by `reader` (made from the answer's head), handing the reading to `sink` when it ends.
+    pub fn new(inner: B, reader: UsageReader, sink: S) -> Self {
+        let mut reading = Reading {
+            reader,
+            sink: Some(sink),
+        };
+        // A body known empty may be dropped unpolled (HEAD, 204, 304): it is whole already.
+        if inner.is_end_stream() {
+            reading.end(BodyEnd::Complete);
+        }
+        Self { inner, reading }
+    }
+}
+
+impl<B, S> std::fmt::Debug for UsageBody<B, S>
+where
+    S: UsageSink,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UsageBody")
+            .field("reader", &self.reading.reader)
+            .field("ended", &self.reading.sink.is_none())
+            .finish()
+    }
+}
+
+impl<B, S> HttpBody for UsageBody<B, S>
+where
+    B: HttpBody<Data = Bytes>,
+    S: UsageSink,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let mut this = self.project();
+        let polled = this.inner.as_mut().poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.reading.reader.feed(data);
+                } else if let Some(trailers) = frame.trailers_ref() {
+                    this.reading.reader.trailers(trailers);
+                }
+                // A server stops polling a body that says it has ended: that was its last frame.
+                if this.inner.is_end_stream() {
+                    this.reading.end(BodyEnd::Complete);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => this.reading.end(BodyEnd::Failed),
+            Poll::Ready(None) => this.reading.end(BodyEnd::Complete),
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+// === impl Reading ===
+
+impl<S: UsageSink> Reading<S> {
+    fn end(&mut self, end: BodyEnd) {
+        if let Some(sink) = self.sink.take() {
+            if end == BodyEnd::Complete {
+                self.reader.finish();
+            }
+            sink.read(self.reader.usage(), end);
+        }
+    }
+}
+
+impl<S: UsageSink> Drop for Reading<S> {
+    fn drop(&mut self) {
+        self.end(BodyEnd::Cut);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::stream;
+    use http::{HeaderMap, HeaderValue};
+    use http_body_util::{BodyExt, Full, StreamBody};
+
+    use super::*;
+    use crate::proxy::usage::reader::UsageFormat;
+
+    type Frames = Vec<Result<Frame<Bytes>, &'static str>>;
+    type FramesBody =
+        StreamBody<stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, &'static str>>>>;
+
+    fn sse_reader() -> UsageReader {
+        let mut head = HeaderMap::new();
+        head.insert(
+            "content-type",
+            HeaderValue::from_static("text/event-stream"),
+        );
+        UsageReader::new(&UsageFormat::OpenAi, &head)
+    }
+
+    fn body(frames: Frames) -> FramesBody {
+        StreamBody::new(stream::iter(frames))
+    }
+
+    fn data(text: &'static str) -> Result<Frame<Bytes>, &'static str> {
+        Ok(Frame::data(Bytes::from_static(text.as_bytes())))
+    }
+
+    const EVENTS: [&str; 4] = [
+        "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\n\ndata: {\"choices\":[],\"us",
+        "age\":{\"prompt_tokens\":4,\"completion_",
+        "tokens\":6,\"total_tokens\":10}}\r",
+        "\n\r\ndata: [DONE]",
+    ];
+
+    fn expected() -> Usage {
+        Usage {
+            input_tokens: Some(4),
+            output_tokens: Some(6),
+            total_tokens: Some(10),
+        }
+    }
+
+    #[tokio::test]
+    async fn frames_pass_through_untouched_and_the_usage_is_handed_over_at_the_end() {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-checksum", HeaderValue::from_static("abc"));
+        let mut frames: Frames = EVENTS.iter().map(|piece| data(piece)).collect();
+        frames.push(Ok(Frame::trailers(trailers.clone())));
+        let shared = SharedUsage::default();
+        let usage_body = UsageBody::new(body(frames), sse_reader(), shared.clone());
+        let collected = usage_body.collect().await.expect("no error");
+        assert_eq!(collected.trailers(), Some(&trailers));
+        assert_eq!(collected.to_bytes(), EVENTS.concat().as_bytes());
+        assert_eq!(shared.take(), Some((expected(), BodyEnd::Complete)));
+        assert_eq!(shared.take(), None, "handed over once");
+    }
+
+    #[tokio::test]
+    async fn a_body_cut_mid_stream_hands_over_what_was_read() {
+        let shared = SharedUsage::default();
+        let frames: Frames = EVENTS.iter().map(|piece| data(piece)).collect();
+        let mut usage_body = UsageBody::new(body(frames), sse_reader(), shared.clone());
+        for _ in 0..2 {
+            usage_body.frame().await.expect("a frame").expect("data");
+        }
+        assert_eq!(shared.take(), None);
+        drop(usage_body);
+        assert_eq!(shared.take(), Some((Usage::MISSING, BodyEnd::Cut)));
+
+        let mut usage_body = UsageBody::new(
+            body(EVENTS.iter().map(|piece| data(piece)).collect()),
+            sse_reader(),
+            shared.clone(),
+        );
+        for _ in 0..4 {
+            usage_body.frame().await.expect("a frame").expect("data");
+        }
+        drop(usage_body);
+        assert_eq!(shared.take(), Some((expected(), BodyEnd::Cut)));
+    }
+
+    #[tokio::test]
+    async fn a_failing_body_hands_over_what_came_before_the_error() {
+        let shared = SharedUsage::default();
+        let mut frames: Frames = EVENTS[..3].iter().map(|piece| data(piece)).collect();
+        frames.push(data("\n\n"));
+        frames.push(Err("upstream reset"));
+        let usage_body = UsageBody::new(body(frames), sse_reader(), shared.clone());
+        assert!(usage_body.collect().await.is_err());
+        assert_eq!(shared.take(), Some((expected(), BodyEnd::Failed)));
+    }
+
+    #[tokio::test]
+    async fn a_body_that_says_it_ended_completes_with_its_last_frame() {
+        // Full says it has ended once its one frame is taken; a server polls it no further.
+        let handed = Arc::new(Mutex::new(None));
+        let sink = {
+            let handed = handed.clone();
+            move |usage: Usage, end: BodyEnd| *handed.lock() = Some((usage, end))
+        };
+        let json = Full::new(Bytes::from_static(
+            b"{\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":3}}",
+        ));
+        let mut usage_body = UsageBody::new(
+            json,
+            UsageReader::new(&UsageFormat::OpenAi, &HeaderMap::new()),
+            sink,
+        );
+        usage_body.frame().await.expect("a frame").expect("data");
+        assert!(usage_body.is_end_stream());
+        let read = handed.lock().take();
+        assert_eq!(
+            read,
+            Some((
+                Usage {
+                    input_tokens: Some(2),
+                    output_tokens: Some(3),
+                    total_tokens: Some(5)
+                },
+                BodyEnd::Complete
+            ))
+        );
+        drop(usage_body);
+        assert_eq!(
+            handed.lock().take(),
+            None,
+            "dropping after the end hands nothing more"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_empty_body_is_complete_before_it_is_polled() {
+        let shared = SharedUsage::default();
+        let mut head = HeaderMap::new();
+        head.insert("x-tokens", HeaderValue::from_static("7"));
+        let reader = UsageReader::new(
+            &UsageFormat::Header(http::HeaderName::from_static("x-tokens")),
+            &head,
+        );
+        let usage_body = UsageBody::new(Full::new(Bytes::new()), reader, shared.clone());
+        drop(usage_body);
+        assert_eq!(shared.take(), Some((Usage::total(7), BodyEnd::Complete)));
+    }
+}
