@@ -501,3 +501,67 @@ mod tests {
         }
     }
 }
+
+/// The answers the official `openai` and `anthropic` Python clients read, as `bench/llm_clients.py` recorded them
+/// with the usage each client read (Anthropic's cached prompt counted as input).
+#[cfg(test)]
+mod recorded {
+    use http::{HeaderMap, HeaderValue};
+
+    use super::{UsageFormat, UsageReader};
+    use crate::proxy::usage::Usage;
+
+    macro_rules! recorded {
+        ($name:literal, $response:literal) => {
+            (
+                $name,
+                &include_bytes!(concat!("../../../tests/fixtures/llm/", $name, $response))[..],
+                include_str!(concat!(
+                    "../../../tests/fixtures/llm/",
+                    $name,
+                    ".usage.json"
+                )),
+            )
+        };
+    }
+
+    #[test]
+    fn each_recorded_answer_reads_as_its_client_read_it_in_any_pieces() {
+        let answers = [
+            recorded!("openai_chat", ".response.json"),
+            recorded!("openai_chat_stream", ".response.sse"),
+            recorded!("openai_responses", ".response.json"),
+            recorded!("openai_responses_stream", ".response.sse"),
+            recorded!("anthropic_messages", ".response.json"),
+            recorded!("anthropic_messages_stream", ".response.sse"),
+        ];
+        for (name, response, usage) in answers {
+            let usage: serde_json::Value = serde_json::from_str(usage).expect("JSON");
+            let expected = Usage {
+                input_tokens: usage["input_tokens"].as_u64(),
+                output_tokens: usage["output_tokens"].as_u64(),
+                total_tokens: usage["total_tokens"].as_u64(),
+            };
+            let format = if name.starts_with("anthropic") {
+                UsageFormat::Anthropic
+            } else {
+                UsageFormat::OpenAi
+            };
+            let mut head = HeaderMap::new();
+            let content_type = if name.ends_with("_stream") {
+                "text/event-stream; charset=utf-8"
+            } else {
+                "application/json"
+            };
+            head.insert("content-type", HeaderValue::from_static(content_type));
+            for size in [1, 7, 64, response.len()] {
+                let mut reader = UsageReader::new(&format, &head);
+                for piece in response.chunks(size) {
+                    reader.feed(piece);
+                }
+                reader.finish();
+                assert_eq!(reader.usage(), expected, "{name} in pieces of {size}");
+            }
+        }
+    }
+}

@@ -457,3 +457,56 @@ proptest! {
         prop_assert_eq!(rewritten.facts.choices, before.choices);
     }
 }
+
+/// What the official Python clients sent, as `bench/llm_clients.py` recorded it.
+#[test]
+fn the_official_clients_bodies_read_as_they_were_sent() {
+    macro_rules! sent {
+        ($name:literal) => {
+            include_bytes!(concat!(
+                "../../../../tests/fixtures/llm/",
+                $name,
+                ".request.json"
+            ))
+        };
+    }
+    let read = |dialect, body: &[u8]| read_request(dialect, body).expect("readable");
+    let chat = read(Dialect::OpenAi, sent!("openai_chat"));
+    assert_eq!(
+        (chat.shape, chat.max_tokens, chat.stream),
+        (RequestShape::Chat, Some(50), false)
+    );
+    let stream = read(Dialect::OpenAi, sent!("openai_chat_stream"));
+    assert_eq!(
+        (stream.max_tokens, stream.stream, stream.include_usage),
+        (Some(50), true, true)
+    );
+    let responses = read(Dialect::OpenAi, sent!("openai_responses"));
+    assert_eq!(
+        (responses.shape, responses.max_tokens),
+        (RequestShape::Responses, Some(200))
+    );
+    let responses = read(Dialect::OpenAi, sent!("openai_responses_stream"));
+    assert_eq!(
+        (responses.shape, responses.max_tokens, responses.stream),
+        (RequestShape::Responses, None, true)
+    );
+    let messages = read(Dialect::Anthropic, sent!("anthropic_messages_stream"));
+    assert_eq!(
+        (messages.shape, messages.max_tokens, messages.stream),
+        (RequestShape::Messages, Some(1024), true)
+    );
+
+    // The streamed chat request the client sent without include_usage gets it, and a cap lowers its limit.
+    let body = br#"{"model":"gpt-4.1","stream":true,"messages":[{"role":"user","content":"Say hello"}],"max_tokens":50}"#;
+    let rewrites = Rewrites {
+        completion_cap: Some(20),
+        completion_when_absent: None,
+        inject_stream_usage: true,
+    };
+    let rewritten = rewrite_request(Dialect::OpenAi, body, &rewrites).expect("readable");
+    assert_eq!(
+        rewritten.body.as_deref(),
+        Some(&br#"{"stream_options":{"include_usage":true},"model":"gpt-4.1","stream":true,"messages":[{"role":"user","content":"Say hello"}],"max_tokens":20}"#[..])
+    );
+}
