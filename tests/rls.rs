@@ -511,3 +511,118 @@ fn check_prints_the_domains_and_their_descriptors() {
         assert!(has(row), "{row:?} in\n{text}");
     }
 }
+
+/// The rate limit service's address, from the line the process logs when it listens.
+fn rls_address(gateway: &common::binary::Tollgate) -> std::net::SocketAddr {
+    let log = gateway.log();
+    let line = log
+        .lines()
+        .find(|line| line.contains("rate limit service listening"))
+        .unwrap_or_else(|| panic!("no rate limit service line in\n{log}"));
+    let start = line.find("listen=").expect("a listen field") + "listen=".len();
+    line[start..]
+        .split([' ', '"', ','])
+        .next()
+        .and_then(|addr| addr.parse().ok())
+        .expect("an address")
+}
+
+/// The config of the process test: `limit` requests a minute per address, under the limit name `name`.
+fn process_config(name: &str, limit: u32) -> String {
+    format!(
+        "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0 }}\nstore: {{ backend: memory }}\nrls:\n  listen: 127.0.0.1:0\n  domains:\n    edge:\n      descriptors:\n        - key: remote_address\n          limits: [ {{ name: {name}, algorithm: fixed_window, limit: {limit}, period: 1m }} ]\n"
+    )
+}
+
+#[tokio::test]
+async fn the_process_serves_it_beside_the_gateway_reloads_it_and_counts_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("gateway.yaml");
+    std::fs::write(&path, process_config("per-ip", 2)).expect("write");
+    let mut command = common::binary::Tollgate::command(&path);
+    command.env("RUST_LOG", "info");
+    let gateway = common::binary::Tollgate::spawn(command);
+    let addr = rls_address(&gateway);
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut client = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::new(channel);
+    let by_address = || request("edge", vec![descriptor(&[("remote_address", "192.0.2.1")])]);
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        codes.push(ask(&mut client, by_address()).await.overall_code);
+    }
+    assert_eq!(codes, [OK, OK, OVER_LIMIT]);
+
+    // A reload brings the new domains: a limit under a new name starts afresh.
+    std::fs::write(&path, process_config("per-ip-wider", 5)).expect("write");
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &gateway.pid().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+    let reloaded = common::eventually(std::time::Duration::from_secs(5), async || {
+        let answer = ask(&mut client.clone(), by_address()).await;
+        answer.statuses[0]
+            .current_limit
+            .as_ref()
+            .is_some_and(|limit| limit.name == "per-ip-wider")
+    })
+    .await;
+    assert!(reloaded.is_some(), "{}", gateway.log());
+
+    let metrics = common::http_client::metrics_text(&gateway.admin_url("")).await;
+    for series in [
+        "tollgate_rls_requests_total{domain=\"edge\",code=\"ok\"}",
+        "tollgate_rls_requests_total{domain=\"edge\",code=\"over_limit\"} 1",
+        "tollgate_rls_request_duration_seconds_bucket",
+    ] {
+        assert!(metrics.contains(series), "{series} in\n{metrics}");
+    }
+}
+
+#[tokio::test]
+async fn on_a_redis_cluster_descriptors_in_different_slots_are_still_all_or_nothing() {
+    let cluster = common::cluster::RedisCluster::start();
+    let yaml = format!(
+        "store:\n  backend: redis\n  url: {}\n  timeout: 500ms\n  on_error: deny\nrls:\n  listen: 127.0.0.1:0\n{EDGE}",
+        cluster.url()
+    );
+    let (a, b) = (start_rls(&yaml).await, start_rls(&yaml).await);
+    let (mut first, mut second) = (a.client().await, b.client().await);
+    // Many addresses, so that the descriptors of one request fall in different slots on different nodes.
+    for n in 0..8 {
+        let address = format!("198.51.100.{n}");
+        let both = || {
+            request(
+                "edge",
+                vec![
+                    descriptor(&[("remote_address", &address)]),
+                    descriptor(&[("generic_key", "login"), ("remote_address", &address)]),
+                ],
+            )
+        };
+        assert_eq!(ask(&mut first, both()).await.overall_code, OK);
+        let refused = ask(&mut second, both()).await;
+        assert_eq!(refused.overall_code, OVER_LIMIT, "{address}");
+        // The per-address limit took one (of 3) for the first request, and nothing for the refused one.
+        assert_eq!(refused.statuses[0].limit_remaining, 2, "{address}");
+        let alone = request("edge", vec![descriptor(&[("remote_address", &address)])]);
+        assert_eq!(ask(&mut first, alone).await.statuses[0].limit_remaining, 1);
+    }
+    let keys: usize = cluster
+        .keys_per_node("tollgate:rls:edge:*")
+        .iter()
+        .map(Vec::len)
+        .sum();
+    assert_eq!(keys, 16, "two keys per address, each in its entries' slot");
+    assert!(
+        cluster
+            .keys_per_node("tollgate:rls:edge:*")
+            .iter()
+            .all(|node| !node.is_empty()),
+        "spread over every node"
+    );
+}
