@@ -2,8 +2,8 @@
 //! server-sent event stream, or a number in a header or trailer, chosen from the route's format and the answer's
 //! head. It holds at most one `usage` object, however long the answer.
 
-use http::header::{CONTENT_ENCODING, CONTENT_TYPE};
-use http::{HeaderMap, HeaderName};
+use http::header::{ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_TYPE};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::json::{Places, UsageScanner};
 use super::reported::{Dialect, Reported, Usage};
@@ -177,6 +177,13 @@ impl SseSink for EventUsage {
     }
 }
 
+/// Asks the upstream for an answer whose usage can be read as it passes: `accept-encoding: identity` in place of
+/// what the client accepts (the official clients ask for gzip, and a compressed answer is not read). For the
+/// request forwarded on a route that reads usage from the body.
+pub fn accept_readable_answers(headers: &mut HeaderMap) {
+    headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+}
+
 /// Whether the body's bytes are as sent (no `Content-Encoding`, or `identity`).
 fn identity(headers: &HeaderMap) -> bool {
     headers.get_all(CONTENT_ENCODING).iter().all(|value| {
@@ -209,7 +216,6 @@ fn header_count(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use http::HeaderValue;
     use proptest::prelude::*;
 
     use super::*;
@@ -387,6 +393,17 @@ mod tests {
         assert!(read(&UsageFormat::OpenAi, &gzip, &[chat.as_bytes()]).is_missing());
         let identity = headers(&[("content-encoding", "identity")]);
         assert!(!read(&UsageFormat::OpenAi, &identity, &[chat.as_bytes()]).is_missing());
+    }
+
+    #[test]
+    fn a_request_asking_for_gzip_asks_for_identity_instead() {
+        let mut request = headers(&[
+            ("accept-encoding", "gzip, deflate"),
+            ("accept-encoding", "br"),
+        ]);
+        accept_readable_answers(&mut request);
+        let values: Vec<_> = request.get_all("accept-encoding").iter().collect();
+        assert_eq!(values, vec![HeaderValue::from_static("identity")]);
     }
 
     #[test]
