@@ -64,13 +64,13 @@ impl Drain {
 
 impl DrainWatcher {
     /// Runs `connection` to its end; if shutdown begins first, `start_draining` asks it to finish the request in
-    /// flight and close (hyper's `graceful_shutdown`), and it is run to that end.
+    /// flight and close (hyper's `graceful_shutdown`), and it is run to that end. Pinned by the caller: taken by
+    /// value, it would be held twice in this future (as the argument and pinned), for as long as it is served.
     pub(super) async fn watch<C: Future>(
         mut self,
-        connection: C,
+        mut connection: Pin<&mut C>,
         start_draining: impl FnOnce(Pin<&mut C>),
     ) -> C::Output {
-        let mut connection = std::pin::pin!(connection);
         tokio::select! {
             // The connection first: under load it is the one with work, and the signal comes once.
             biased;
@@ -99,15 +99,17 @@ mod tests {
         let (finish, finished) = oneshot::channel::<()>();
         let (asked, was_asked) = oneshot::channel::<()>();
         let watcher = drain.watcher();
-        let served = tokio::spawn(watcher.watch(
-            async move {
+        let served = tokio::spawn(async move {
+            let connection = std::pin::pin!(async move {
                 let _ = finished.await;
                 "done"
-            },
-            move |_| {
-                let _ = asked.send(());
-            },
-        ));
+            });
+            watcher
+                .watch(connection, move |_| {
+                    let _ = asked.send(());
+                })
+                .await
+        });
         assert_eq!(drain.open(), 1);
         let shutdown = tokio::spawn(async move { drain.shutdown().await });
         was_asked.await.expect("the connection was asked to finish");
@@ -127,7 +129,7 @@ mod tests {
         let watcher = drain.watcher();
         let hold = Drain::tunnel_hold(&drain.counter());
         // The connection ends at the upgrade; its tunnel goes on.
-        watcher.watch(async {}, |_| {}).await;
+        watcher.watch(std::pin::pin!(async {}), |_| {}).await;
         assert_eq!(drain.open(), 1, "the tunnel counts as open");
         let shutdown = tokio::spawn(async move { drain.shutdown().await });
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -144,7 +146,7 @@ mod tests {
         let drain = Drain::new();
         let output = drain
             .watcher()
-            .watch(async { 7 }, |_| panic!("asked to drain"))
+            .watch(std::pin::pin!(async { 7 }), |_| panic!("asked to drain"))
             .await;
         assert_eq!(output, 7);
         assert_eq!(drain.open(), 0);

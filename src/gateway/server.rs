@@ -236,6 +236,7 @@ async fn serve_connection(
             );
             // Served by hyper while requests come, by the socket alone while it rests between them.
             let connection = Http1Connection::new(stream, service, builders.http1.clone(), clock);
+            let connection = std::pin::pin!(connection);
             watcher
                 .watch(connection, Http1Connection::graceful_shutdown)
                 .await
@@ -321,5 +322,10 @@ where
         activity,
         builders.keepalive_timeout,
     );
-    Box::pin(watcher.watch(connection, IdleClosing::graceful_shutdown))
+    Box::pin(async move {
+        let connection = std::pin::pin!(connection);
+        watcher
+            .watch(connection, IdleClosing::graceful_shutdown)
+            .await
+    })
 }
