@@ -388,9 +388,11 @@ fn limit_set() -> LimitSet {
     let settings = algorithms()
         .into_iter()
         .filter(|(n, _)| matches!(*n, "sliding_window" | "token_bucket" | "gcra"))
-        .map(|(n, a)| LimitSettings {
-            limit: Limit::new(n, a, 1).expect("limit"),
-            key: KeySpec::new(vec![KeyPart::Ip], MissingKey::Ip),
+        .map(|(n, a)| {
+            LimitSettings::new(
+                Limit::new(n, a, 1).expect("limit"),
+                KeySpec::new(vec![KeyPart::Ip], MissingKey::Ip),
+            )
         })
         .collect();
     LimitSet::new("api", "tollgate:", settings, StatusCode::TOO_MANY_REQUESTS)

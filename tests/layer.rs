@@ -275,13 +275,13 @@ async fn api_keys_have_budgets_of_their_own() {
 
 #[tokio::test]
 async fn missing_key_part_can_skip_the_limit() {
-    let skip = LimitSettings {
-        limit: Limit::new("per-key", sliding_window(1), 1).unwrap(),
-        key: KeySpec::new(
+    let skip = LimitSettings::new(
+        Limit::new("per-key", sliding_window(1), 1).unwrap(),
+        KeySpec::new(
             vec![KeyPart::parse("header:x-api-key").unwrap()],
             MissingKey::Skip,
         ),
-    };
+    );
     let (app, _clock) = app_with(|layer| layer.limit(skip)).await;
 
     assert_eq!(app.hammer(4, &[]).await, statuses(4, 0));

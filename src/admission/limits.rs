@@ -11,7 +11,7 @@ use super::headers;
 use crate::consumers::Plan;
 use crate::key::{
     key_head, key_with_head, seal_key, AmbiguousKey, KeySpec, LimitSettings, RequestFacts,
-    PLAN_KEY_SCOPE,
+    StatusSet, PLAN_KEY_SCOPE,
 };
 use crate::limiter::store::{LimitCheck, INLINE_LIMITS};
 use crate::limiter::{DecidedBy, Decision, Limit, Outcome, RateLimiter, Unavailable};
@@ -37,6 +37,8 @@ pub struct LimitSet {
     policy: Option<HeaderValue>,
     /// `tollgate_decisions_total` of each limit, registered once.
     decisions: Vec<DecisionCounters>,
+    /// Whether some limit counts answers by status: an admitted request then keeps work for after its answer.
+    counts_statuses: bool,
 }
 
 /// `tollgate_decisions_total{route,limit,decision}` of one limit.
@@ -118,6 +120,7 @@ impl LimitSet {
             advertised: Vec::new(),
             policy: None,
             decisions: Vec::new(),
+            counts_statuses: false,
         };
         for settings in limits {
             let head = key_head(key_prefix, scope, settings.limit.name());
@@ -143,6 +146,7 @@ impl LimitSet {
                     .clone()
                     .with_name(format!("{}.{name}", plan.name)),
                 key: settings.key.clone(),
+                counts: settings.counts.clone(),
             };
             set.push(advertised, head, counters);
         }
@@ -166,6 +170,7 @@ impl LimitSet {
         self.advertised
             .push(headers::Advertised::new(&settings.limit));
         self.decisions.push(counters);
+        self.counts_statuses |= settings.counts.statuses().is_some();
         self.limits.push(settings);
     }
 
@@ -237,6 +242,32 @@ impl LimitSet {
             .map(|((index, key), _)| {
                 let limit = self.limit_at(index, checked.replaced.as_ref());
                 (key.to_owned(), limit.clone())
+            })
+            .collect()
+    }
+
+    /// Whether some limit counts answers by status (`counts: { status: [...] }`).
+    pub fn counts_statuses(&self) -> bool {
+        self.counts_statuses
+    }
+
+    /// What an admitted request took from the limits that count answers by status, each with its statuses: the
+    /// store key and limit, owned, for a give-back once the answer's status is known.
+    pub fn taken_by_status(
+        &self,
+        facts: &RequestFacts<'_>,
+        checked: &Checked,
+    ) -> Vec<(String, Limit, StatusSet)> {
+        let Ok(keys) = self.request_keys(facts) else {
+            return Vec::new();
+        };
+        keys.iter()
+            .zip(&checked.outcome.decisions)
+            .filter(|(_, decision)| checked.outcome.allowed && decision.allowed)
+            .filter_map(|((index, key), _)| {
+                let statuses = self.limits[index].counts.statuses()?;
+                let limit = self.limit_at(index, checked.replaced.as_ref());
+                Some((key.to_owned(), limit.clone(), statuses.clone()))
             })
             .collect()
     }
@@ -485,9 +516,11 @@ mod tests {
     fn limit_set_of(limits: &[(&str, &str, MissingKey, Algorithm)]) -> LimitSet {
         let limits = limits
             .iter()
-            .map(|&(name, part, missing, algorithm)| LimitSettings {
-                limit: Limit::new(name, algorithm, 1).expect("valid limit"),
-                key: KeySpec::new(vec![KeyPart::parse(part).expect("key part")], missing),
+            .map(|&(name, part, missing, algorithm)| {
+                LimitSettings::new(
+                    Limit::new(name, algorithm, 1).expect("valid limit"),
+                    KeySpec::new(vec![KeyPart::parse(part).expect("key part")], missing),
+                )
             })
             .collect();
         LimitSet::new("api", "t:", limits, StatusCode::TOO_MANY_REQUESTS)

@@ -11,6 +11,7 @@ mod policy;
 mod refusal;
 mod responses;
 mod serve;
+mod settle;
 
 /// A limit with its key spec, as admission takes it (the key module's type, named here too).
 pub use crate::key::LimitSettings;

@@ -13,6 +13,7 @@ use super::after_answer::{AfterAnswer, AnswerGuard};
 use super::held::Held;
 use super::limits::{Checked, LimitSet, NotChecked, Replaced};
 use super::refusal::Refusal;
+use super::settle::StatusSettlement;
 use crate::consumers::{Caller, CallerRefusal, ConsumerMode, Consumers};
 use crate::key::{AmbiguousKey, RequestFacts};
 use crate::limiter::RateLimiter;
@@ -195,6 +196,9 @@ impl Policy {
                 (&identified, replaced)
             }
         };
+        // A moment before the decision, for the give-backs settled after the answer: they land on its windows (a
+        // time never later than the decision's, see `StatusSettlement`).
+        let asked = limits.counts_statuses().then(Instant::now);
         let checked = match limits.check_replacing(limiter, facts, replaced).await {
             Ok(checked) => checked,
             Err(NotChecked::Ambiguous(_)) => return Admission::Refused(Refusal::AmbiguousKey),
@@ -215,10 +219,19 @@ impl Policy {
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
             held.forwarded();
         }
-        let after = self
-            .after_answer
-            .as_ref()
-            .map(|make| AnswerGuard::new((make.0)()));
+        let after = match asked {
+            // Boxed, and only on routes that count answers by status.
+            Some(asked) => {
+                let taken = limits.taken_by_status(facts, &checked);
+                let giver = limiter.giver(checked.decided_by);
+                let settlement = StatusSettlement::new(giver, taken, asked);
+                Some(AnswerGuard::new(Box::new(settlement)))
+            }
+            None => self
+                .after_answer
+                .as_ref()
+                .map(|make| AnswerGuard::new((make.0)())),
+        };
         Admission::Admitted(Admitted {
             checked,
             caller,

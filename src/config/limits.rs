@@ -1,9 +1,9 @@
 //! A route's `limits:` entries: the algorithm with exactly its parameters, the cost and the key.
 
 use super::model::LimitSettings;
-use super::raw::{KeyParts, RawLimit, RawMissing};
+use super::raw::{KeyParts, RawCounts, RawLimit, RawMissing};
 use super::validate::{check_name, Issues};
-use crate::key::{KeyPart, KeySpec, MissingKey};
+use crate::key::{Counts, KeyPart, KeySpec, MissingKey, StatusSet};
 use crate::limiter::{Limit, WrittenAlgorithm};
 
 /// Validates one entry of `limits:` at `at` (`routes[1].limits[0]`).
@@ -15,8 +15,51 @@ pub(crate) fn limit_settings(
     let before = issues.count();
     check_name(issues, &format!("{at}.name"), "limit", &raw.name);
     let key = key_spec(issues, &format!("{at}.key"), raw).map(|key| key.secret(raw.secret));
+    let counts = counts(issues, &format!("{at}.counts"), raw.counts.as_ref());
     let limit = checked_limit(issues, at, raw, before)?;
-    Some(LimitSettings { limit, key: key? })
+    Some(LimitSettings {
+        limit,
+        key: key?,
+        counts: counts?,
+    })
+}
+
+/// What a limit counts, `counts:` at `at`: `requests` when absent.
+fn counts(issues: &mut Issues, at: &str, raw: Option<&RawCounts>) -> Option<Counts> {
+    match raw {
+        None => Some(Counts::Requests),
+        Some(RawCounts::Name(name)) if name == "requests" => Some(Counts::Requests),
+        Some(RawCounts::Name(name)) => {
+            issues.add(
+                at,
+                format_args!("unknown count {name:?} (use requests, or {{ status: [401, 403] }})"),
+            );
+            None
+        }
+        Some(RawCounts::Status(statuses)) => {
+            let mut set = StatusSet::default();
+            let mut valid = true;
+            for (i, status) in statuses.iter().enumerate() {
+                if set.add(status).is_none() {
+                    issues.add(
+                        format!("{at}.status[{i}]"),
+                        format_args!(
+                            "{status:?} is not an HTTP status (100 to 599) or class (1xx to 5xx)"
+                        ),
+                    );
+                    valid = false;
+                }
+            }
+            if statuses.is_empty() {
+                issues.add(
+                    format!("{at}.status"),
+                    "names no status: list the ones to count (401, 5xx)",
+                );
+                valid = false;
+            }
+            valid.then_some(Counts::Status(set))
+        }
+    }
 }
 
 /// The limit of one entry, its name and key aside; `None` when `issues` grew since `before`.

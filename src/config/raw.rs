@@ -344,6 +344,16 @@ pub(crate) struct RawLimit {
     /// Decide, log and count, but never enforce.
     #[serde(default)]
     pub shadow: bool,
+    /// What the limit counts: `requests` (the default) or `{ status: [...] }`.
+    #[serde(default)]
+    pub counts: Option<RawCounts>,
+}
+
+/// `counts:` as written: a name (`requests`) or `{ status: [401, "5xx"] }` (codes kept as text, checked later).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RawCounts {
+    Name(String),
+    Status(Vec<String>),
 }
 
 /// `key:` written as one part (`key: ip`) or a list (`key: [route, header:x-api-key]`); which of the two is kept
@@ -526,6 +536,70 @@ impl<'de> Visitor<'de> for KeyPartsVisitor {
             parts.push(part);
         }
         Ok(KeyParts::List(parts))
+    }
+}
+
+// === impl RawCounts ===
+
+impl<'de> Deserialize<'de> for RawCounts {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(RawCountsVisitor)
+    }
+}
+
+struct RawCountsVisitor;
+
+/// One status of `counts.status`: a number or a class written as text.
+struct StatusText(String);
+
+impl<'de> Deserialize<'de> for StatusText {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct StatusTextVisitor;
+        impl Visitor<'_> for StatusTextVisitor {
+            type Value = StatusText;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an HTTP status (401) or class (5xx)")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<StatusText, E> {
+                Ok(StatusText(v.to_string()))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<StatusText, E> {
+                Ok(StatusText(v.to_string()))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<StatusText, E> {
+                Ok(StatusText(v.to_owned()))
+            }
+        }
+        deserializer.deserialize_any(StatusTextVisitor)
+    }
+}
+
+impl<'de> Visitor<'de> for RawCountsVisitor {
+    type Value = RawCounts;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("`requests` or `{ status: [401, 403] }`")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<RawCounts, E> {
+        Ok(RawCounts::Name(v.to_owned()))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawCounts, A::Error> {
+        let mut statuses = None;
+        while let Some(field) = map.next_key::<String>()? {
+            if field != "status" {
+                return Err(de::Error::unknown_field(&field, &["status"]));
+            }
+            if statuses.is_some() {
+                return Err(de::Error::duplicate_field("status"));
+            }
+            let list: Vec<StatusText> = map.next_value()?;
+            statuses = Some(list.into_iter().map(|status| status.0).collect());
+        }
+        statuses
+            .map(RawCounts::Status)
+            .ok_or_else(|| de::Error::missing_field("status"))
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use super::{format_duration_ms, BackendKind, Config, RouteAction, RouteSettings};
+use super::{format_duration_ms, BackendKind, Config, LimitSettings, RouteAction, RouteSettings};
 use crate::consumers::jwt::JwtKeySource;
 use crate::consumers::{
     Anonymous, ConsumerMode, ConsumersSettings, CredentialSource, IdentifierSettings,
@@ -329,7 +329,7 @@ fn consumers_summary(consumers: &ConsumersSettings, routes: &[RouteSettings]) ->
                 settings.limit.algorithm().name().to_owned(),
                 parameters(settings.limit.algorithm()),
                 settings.key.to_string(),
-                settings.limit.cost().to_string(),
+                cost(settings),
                 if first {
                     used_on.clone()
                 } else {
@@ -390,10 +390,18 @@ fn route_rows(route: &RouteSettings) -> Vec<[String; 8]> {
             row[4] = settings.limit.algorithm().name().to_owned();
             row[5] = parameters(settings.limit.algorithm());
             row[6] = key;
-            row[7] = settings.limit.cost().to_string();
+            row[7] = cost(settings);
             row
         })
         .collect()
+}
+
+/// What one request costs a limit, and when: `1`, or `1 per answer 401, 403` for a limit counting answers.
+fn cost(settings: &LimitSettings) -> String {
+    match settings.counts.statuses() {
+        None => settings.limit.cost().to_string(),
+        Some(statuses) => format!("{} per answer {statuses}", settings.limit.cost()),
+    }
 }
 
 fn describe_match(route: &RouteSettings) -> String {

@@ -13,7 +13,9 @@ use crate::admission::{LimitSet, Policy};
 use crate::config::Config;
 use crate::consumers::directory::Directory;
 use crate::consumers::{ConsumerMode, Consumers, ConsumersSettings};
-use crate::key::{ClientIpHeader, ClientIpResolver, KeyPart, KeyPartError, KeySpec, MissingKey};
+use crate::key::{
+    ClientIpHeader, ClientIpResolver, Counts, KeyPart, KeyPartError, KeySpec, MissingKey,
+};
 use crate::limiter::{Algorithm, Backend, Limit, LimitError, OnError, RateLimiter, SystemClock};
 
 /// The bound of the in-process store made by [`Builder::memory_store`], the gateway's `store.max_keys` default.
@@ -342,5 +344,6 @@ where
         limit,
         // An empty list means `ip`, as an absent `key:` does in the config file.
         key: KeySpec::new(parts, MissingKey::Ip),
+        counts: Counts::Requests,
     })
 }

@@ -101,6 +101,36 @@ pub struct Readiness {
 #[error("rate limit store unavailable: {0}")]
 pub struct Unavailable(#[source] pub StoreError);
 
+/// Gives back to the store that decided a request what it took (see [`RateLimiter::giver`]).
+#[derive(Debug, Clone)]
+pub struct Giver {
+    redis: Option<RedisStore>,
+    local: Option<Arc<MemoryStore>>,
+}
+
+// === impl Giver ===
+
+impl Giver {
+    /// Gives back `taken` (store key and limit of every limit that consumed), on the windows the decision at
+    /// `decided` landed in (or a moment before it: a sliding_log then gives back its oldest entries from then on).
+    pub async fn give_back(self, taken: Vec<(String, Limit)>, decided: Instant) {
+        let checks: Vec<LimitCheck<'_>> = taken
+            .iter()
+            .map(|(key, limit)| LimitCheck { key, limit })
+            .collect();
+        if let Some(redis) = self.redis {
+            let at_ms = redis.redis_time_of(decided.into());
+            if let Err(error) = redis.give_back(&checks, at_ms, None).await {
+                tracing::debug!(%error, "a request's place could not be given back");
+            }
+        } else if let Some(local) = self.local {
+            // Rounded so as never to be later than `decided`'s millisecond.
+            let elapsed_ms = decided.elapsed().as_micros().div_ceil(1000) as i64;
+            local.give_back(local.now_ms() - elapsed_ms, &checks);
+        }
+    }
+}
+
 // === impl OnError ===
 
 impl std::fmt::Display for OnError {
@@ -262,27 +292,19 @@ impl RateLimiter {
         decided_by: DecidedBy,
         decided: Instant,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.giver(decided_by).give_back(taken, decided)
+    }
+
+    /// What gives back, later, what a request decided by `decided_by` took: held by work that runs after the
+    /// request's answer, which no longer has the limiter at hand.
+    pub fn giver(&self, decided_by: DecidedBy) -> Giver {
         let redis = match (&self.backend, decided_by) {
             (Backend::Redis(redis), DecidedBy::Store) => Some(redis.clone()),
             _ => None,
         };
         let local =
             (decided_by != DecidedBy::Nobody && redis.is_none()).then(|| Arc::clone(&self.local));
-        async move {
-            let checks: Vec<LimitCheck<'_>> = taken
-                .iter()
-                .map(|(key, limit)| LimitCheck { key, limit })
-                .collect();
-            if let Some(redis) = redis {
-                let at_ms = redis.redis_time_of(decided.into());
-                if let Err(error) = redis.give_back(&checks, at_ms, None).await {
-                    tracing::debug!(%error, "a held request's place could not be given back");
-                }
-            } else if let Some(local) = local {
-                let at_ms = local.now_ms() - decided.elapsed().as_millis() as i64;
-                local.give_back(at_ms, &checks);
-            }
-        }
+        Giver { redis, local }
     }
 
     /// Records a failed call: the breaker counts it, readiness says why, and a probe runs until Redis answers.

@@ -58,12 +58,15 @@ pub fn give_back(
             ))
         }
         (Algorithm::SlidingLog { period_ms, .. }, State::Log(log)) => {
-            // Entries at `at_ms` are alike: any `cost` of them go (the script removes the highest-numbered members
-            // of that millisecond, which keeps its numbering unbroken).
+            // `at_ms` is never later than the decision (one worked out from this process's clock may be a little
+            // earlier): the oldest `cost` entries from `at_ms` on go, the decision's own or others' from a moment
+            // before it, which leaves the log no emptier than removing the decision's would. Entries at one
+            // millisecond are alike (the script removes the highest-numbered members of each, which keeps its
+            // numbering unbroken).
             let mut log = log.clone();
             let mut to_remove = cost;
             log.retain(|&t| {
-                let remove = t == at_ms && to_remove > 0;
+                let remove = t >= at_ms && to_remove > 0;
                 to_remove -= u64::from(remove);
                 !remove
             });

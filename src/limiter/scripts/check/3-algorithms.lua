@@ -206,18 +206,28 @@ local function commit(k, alg, x, y, z, ttl, period, cost)
 end
 
 -- Gives back `cost` of what a commit decided at `at` took from the limit on key k, on the same window: a window that
--- has passed since holds nothing to give back, and no state goes below empty (or above full). Members of a
--- sliding_log are the newest ones at `at`, so that the numbering at that millisecond stays unbroken (see `commit`).
+-- has passed since holds nothing to give back, and no state goes below empty (or above full). `at` is never later
+-- than the decision (a time this process worked out from its own clock may be a little earlier), so a sliding_log
+-- gives back its oldest members from `at` on: the decision's own, or others' from a moment before it, which leave
+-- the log no emptier than the decision's would. At each millisecond the newest members go, so that the numbering
+-- there stays unbroken (see `commit`).
 local function give_back(alg, k, p1, p2, p3, p4, cost, at)
   if alg == 2 then -- sliding_log
-    local key, score = KEYS[k], format('%d', at)
-    local held = log_read('ZCOUNT', key, score, score)
-    local members = {}
-    for j = held, max(held - cost + 1, 1), -1 do
-      members[#members + 1] = score .. '-' .. format('%d', j)
-    end
-    if #members > 0 then
+    local key, from = KEYS[k], format('%d', at)
+    while cost > 0 do
+      local first = log_read('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      if #first == 0 then
+        return
+      end
+      local score = first[2]
+      local held = log_read('ZCOUNT', key, score, score)
+      local members = {}
+      for j = held, max(held - cost + 1, 1), -1 do
+        members[#members + 1] = score .. '-' .. format('%d', j)
+      end
       redis.call('ZREM', key, unpack(members))
+      cost = cost - #members
+      from = '(' .. score
     end
     return
   end
