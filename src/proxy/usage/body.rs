@@ -117,13 +117,18 @@ where
         let polled = this.inner.as_mut().poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
+                // A server stops polling a body after its trailers, or after a frame once the body says it has
+                // ended (hyper's HTTP/1 server does both): either was its last frame.
+                let last = if let Some(data) = frame.data_ref() {
                     this.reading.reader.feed(data);
+                    this.inner.is_end_stream()
                 } else if let Some(trailers) = frame.trailers_ref() {
                     this.reading.reader.trailers(trailers);
-                }
-                // A server stops polling a body that says it has ended: that was its last frame.
-                if this.inner.is_end_stream() {
+                    true
+                } else {
+                    this.inner.is_end_stream()
+                };
+                if last {
                     this.reading.end(BodyEnd::Complete);
                 }
             }
@@ -293,6 +298,63 @@ mod tests {
             None,
             "dropping after the end hands nothing more"
         );
+    }
+
+    /// `body` served by hyper's HTTP/1 server to a hyper client that reads the whole answer; the reading handed over.
+    async fn served<B>(body: B, shared: &SharedUsage) -> Option<(Usage, BodyEnd)>
+    where
+        B: HttpBody<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        use hyper_util::rt::TokioIo;
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address");
+        let body = std::sync::Mutex::new(Some(UsageBody::new(body, sse_reader(), shared.clone())));
+        let server = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.expect("accept");
+            let service = hyper::service::service_fn(move |_request| {
+                let body = body.lock().expect("lock").take().expect("one request");
+                async move { Ok::<_, std::convert::Infallible>(http::Response::new(body)) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+        let stream = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .expect("handshake");
+        tokio::spawn(connection);
+        let request = http::Request::get("/")
+            .body(http_body_util::Empty::<Bytes>::new())
+            .expect("request");
+        let response = sender.send_request(request).await.expect("response");
+        response.into_body().collect().await.expect("whole body");
+        // The server's connection task is done with the body once the client has it all; it ends when the client
+        // hangs up.
+        drop(sender);
+        let _ = server.await;
+        shared.take()
+    }
+
+    #[tokio::test]
+    async fn served_by_hyper_a_body_with_a_known_length_or_trailers_ends_complete() {
+        // hyper stops polling a body after a data frame once it says it has ended, and after trailers: neither
+        // answer's end is ever a `None` from the body, and both are whole.
+        let shared = SharedUsage::default();
+        let whole = served(Full::new(Bytes::from(EVENTS.concat())), &shared).await;
+        assert_eq!(whole, Some((expected(), BodyEnd::Complete)));
+        let mut frames: Frames = EVENTS.iter().map(|piece| data(piece)).collect();
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-done", HeaderValue::from_static("1"));
+        frames.push(Ok(Frame::trailers(trailers)));
+        let with_trailers = served(body(frames), &shared).await;
+        assert_eq!(with_trailers, Some((expected(), BodyEnd::Complete)));
     }
 
     #[tokio::test]
