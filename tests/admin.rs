@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::http_client::client;
+use common::http_client::{client, json_answer};
 use common::redis::RedisServer;
 use common::{eventually, serve_admin, start_gateway};
 use serde_json::Value;
@@ -25,13 +25,6 @@ fn yaml(redis: Option<&RedisServer>) -> String {
         period: 1m
 "#
     )
-}
-
-async fn get_json(request: reqwest::RequestBuilder) -> (u16, Value) {
-    let response = request.send().await.expect("admin request");
-    let status = response.status().as_u16();
-    let body = serde_json::from_str(&response.text().await.expect("body")).unwrap_or(Value::Null);
-    (status, body)
 }
 
 /// `GET /demo` on `gateway`'s status.
@@ -66,7 +59,7 @@ async fn a_reset_through_one_instance_reaches_the_others() {
     );
 
     let limit_url = format!("{admin}/limits/demo/per-ip?key=127.0.0.1");
-    let (status, body) = get_json(client.delete(&limit_url).bearer_auth(TOKEN)).await;
+    let (status, body) = json_answer(client.delete(&limit_url).bearer_auth(TOKEN)).await;
     assert_eq!(
         (status, &body["existed"]),
         (200, &Value::Bool(true)),
@@ -190,7 +183,7 @@ async fn peek_reads_without_consuming_and_delete_resets() {
             client.get(gateway.url("/demo")).send().await.unwrap();
         }
         for _ in 0..3 {
-            let (status, body) = get_json(client.get(&limit_url).bearer_auth(TOKEN)).await;
+            let (status, body) = json_answer(client.get(&limit_url).bearer_auth(TOKEN)).await;
             assert_eq!(status, 200, "{body}");
             assert_eq!(body["remaining"], 1, "peeking consumes nothing: {body}");
             assert_eq!(body["capacity"], 3);
@@ -208,11 +201,11 @@ async fn peek_reads_without_consuming_and_delete_resets() {
                 .status(),
             429
         );
-        let (_, body) = get_json(client.get(&limit_url).bearer_auth(TOKEN)).await;
+        let (_, body) = json_answer(client.get(&limit_url).bearer_auth(TOKEN)).await;
         assert_eq!(body["would_admit"], false);
         assert!(body["retry_after_ms"].as_u64().unwrap() > 50_000, "{body}");
 
-        let (status, body) = get_json(client.delete(&limit_url).bearer_auth(TOKEN)).await;
+        let (status, body) = json_answer(client.delete(&limit_url).bearer_auth(TOKEN)).await;
         assert_eq!(status, 200);
         assert_eq!(body["existed"], true);
         assert_eq!(
@@ -306,17 +299,17 @@ async fn unknown_routes_limits_and_missing_keys_are_named() {
     let gateway = start_gateway(&yaml(None)).await;
     let admin = serve_admin(&gateway, None).await;
     let client = client();
-    let (status, body) = get_json(client.get(format!("{admin}/limits/nope/per-ip?key=x"))).await;
+    let (status, body) = json_answer(client.get(format!("{admin}/limits/nope/per-ip?key=x"))).await;
     assert_eq!(
         (status, body["error"].as_str()),
         (404, Some("unknown_route"))
     );
-    let (status, body) = get_json(client.get(format!("{admin}/limits/demo/nope?key=x"))).await;
+    let (status, body) = json_answer(client.get(format!("{admin}/limits/demo/nope?key=x"))).await;
     assert_eq!(
         (status, body["error"].as_str()),
         (404, Some("unknown_limit"))
     );
-    let (status, body) = get_json(client.get(format!("{admin}/limits/demo/per-ip"))).await;
+    let (status, body) = json_answer(client.get(format!("{admin}/limits/demo/per-ip"))).await;
     assert_eq!((status, body["error"].as_str()), (400, Some("missing_key")));
 }
 
@@ -337,7 +330,7 @@ async fn peek_at_an_ipv6_address_reports_the_network_it_is_counted_under() {
     }
     // Another address of the same /64: the state of the network, two requests in.
     let url = format!("{admin}/limits/demo/per-ip?key=2001:db8:1:2::99");
-    let (status, body) = get_json(client.get(&url).bearer_auth(TOKEN)).await;
+    let (status, body) = json_answer(client.get(&url).bearer_auth(TOKEN)).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["key"], "2001:db8:1:2::99");
     assert_eq!(body["counted_key"], "2001:db8:1:2::/64");
@@ -346,7 +339,7 @@ async fn peek_at_an_ipv6_address_reports_the_network_it_is_counted_under() {
         "tollgate:demo:per-ip:{2001:db8:1:2::/64}"
     );
     assert_eq!(body["remaining"], 1, "{body}");
-    let (_, body) = get_json(
+    let (_, body) = json_answer(
         client
             .get(format!("{admin}/limits/demo/per-ip?key=::1"))
             .bearer_auth(TOKEN),
@@ -354,12 +347,12 @@ async fn peek_at_an_ipv6_address_reports_the_network_it_is_counted_under() {
     .await;
     assert_eq!(body["counted_key"], "::/64", "{body}");
     // A reset through an address forgets its network.
-    let (status, body) = get_json(client.delete(&url).bearer_auth(TOKEN)).await;
+    let (status, body) = json_answer(client.delete(&url).bearer_auth(TOKEN)).await;
     assert_eq!(
         (status, &body["existed"]),
         (200, &Value::Bool(true)),
         "{body}"
     );
-    let (_, body) = get_json(client.get(&url).bearer_auth(TOKEN)).await;
+    let (_, body) = json_answer(client.get(&url).bearer_auth(TOKEN)).await;
     assert_eq!(body["remaining"], 3, "{body}");
 }

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::binary::Tollgate;
-use common::http_client::client;
+use common::http_client::{client, json_answer};
 use common::redis::RedisServer;
 use common::{eventually, serve_admin, start_gateway};
 use serde_json::{json, Value};
@@ -49,15 +49,7 @@ fn redis_store(redis: &RedisServer) -> String {
 }
 
 async fn call(request: reqwest::RequestBuilder) -> (u16, Value) {
-    let response = request
-        .header("authorization", format!("Bearer {TOKEN}"))
-        .send()
-        .await
-        .expect("admin request");
-    let status = response.status().as_u16();
-    let bytes = response.bytes().await.expect("body");
-    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    (status, body)
+    json_answer(request.header("authorization", format!("Bearer {TOKEN}"))).await
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@ mod common;
 use common::http_client::client;
 use common::redis::RedisServer;
 use common::upstream::Upstream;
-use common::{serve_admin, start_gateway, store_yaml, TestGateway};
+use common::{count, serve_admin, start_gateway, store_yaml, TestGateway};
 
 /// The two stores every test runs against.
 #[derive(Debug, Clone, Copy)]
@@ -67,10 +67,6 @@ async fn hammer(url: &str, n: usize, headers: &[(&str, &str)]) -> Vec<u16> {
         statuses.push(request.send().await.expect("request").status().as_u16());
     }
     statuses
-}
-
-fn count(statuses: &[u16], status: u16) -> usize {
-    statuses.iter().filter(|&&s| s == status).count()
 }
 
 const PER_IP_LOG_5: &str = "      - name: per-ip\n        key: ip\n        algorithm: sliding_log\n        limit: 5\n        period: 1m\n";

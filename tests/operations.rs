@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::binary::{Tollgate, BIN};
 use common::h2::{h2_frame, H2_PREFACE};
-use common::http_client::{client, metrics_text};
+use common::http_client::{client, json_answer, metrics_text};
 use common::upstream::Upstream;
 use common::{eventually, start_gateway_with};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -229,14 +229,12 @@ routes:
 
 /// `GET /readyz`: its status and JSON body.
 async fn readyz(process: &Tollgate) -> (u16, serde_json::Value) {
-    let response = client()
-        .get(process.admin_url("/readyz"))
-        .send()
-        .await
-        .expect("readyz");
-    let status = response.status().as_u16();
-    let body = response.text().await.expect("body");
-    (status, serde_json::from_str(&body).expect("JSON"))
+    let (status, body) = json_answer(client().get(process.admin_url("/readyz"))).await;
+    assert!(
+        body.is_object(),
+        "/readyz answered {status} without a JSON object"
+    );
+    (status, body)
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::binary::Tollgate;
-use common::http_client::client;
+use common::http_client::{client, json_answer};
 use common::redis::RedisServer;
 use common::{
     eventually, serve_admin, start_gateway, start_gateway_without_waiting, ReservedPort,
@@ -391,13 +391,11 @@ async fn tenant_status(gateway: &TestGateway, tenant: &str) -> u16 {
 
 /// `GET /readyz` on the admin listener at `admin`: its status and body.
 async fn readyz(admin: &str) -> (u16, serde_json::Value) {
-    let response = client()
-        .get(format!("{admin}/readyz"))
-        .send()
-        .await
-        .expect("readyz");
-    let status = response.status().as_u16();
-    let body = serde_json::from_str(&response.text().await.expect("body")).expect("JSON");
+    let (status, body) = json_answer(client().get(format!("{admin}/readyz"))).await;
+    assert!(
+        body.is_object(),
+        "/readyz answered {status} without a JSON object"
+    );
     (status, body)
 }
 

@@ -14,7 +14,9 @@ use common::http_client::client;
 use common::pki::TestCa;
 use common::redis::RedisServer;
 use common::sentinel::RedisSentinel;
-use common::{eventually, start_gateway, start_gateway_without_waiting, ReservedPort, TestGateway};
+use common::{
+    count, eventually, start_gateway, start_gateway_without_waiting, ReservedPort, TestGateway,
+};
 use fred::util::redis_keyslot;
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
@@ -77,10 +79,6 @@ async fn reset_tenant(gateway: &TestGateway, tenant: &str) -> u16 {
         .send()
         .await;
     reset.expect("reset").status().as_u16()
-}
-
-fn count(statuses: &[u16], status: u16) -> usize {
-    statuses.iter().filter(|s| **s == status).count()
 }
 
 // === Redis Cluster ===

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::binary::Tollgate;
-use common::http_client::client;
+use common::http_client::{client, json_answer};
 use common::pki::TestCa;
 use common::upstream::Upstream;
 use common::{start_gateway, TestGateway};
@@ -46,15 +46,7 @@ upstreams:
 }
 
 async fn get(gateway: &TestGateway, path: &str) -> (u16, Value) {
-    let response = client()
-        .get(gateway.url(path))
-        .send()
-        .await
-        .expect("request");
-    let status = response.status().as_u16();
-    let body = response.bytes().await.expect("body");
-    let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    (status, body)
+    json_answer(client().get(gateway.url(path))).await
 }
 
 #[tokio::test]

@@ -16,6 +16,15 @@ pub fn client() -> reqwest::Client {
         .expect("client")
 }
 
+/// Sends `request`: the answer's status, and its body as JSON (`Null` when it is not JSON).
+pub async fn json_answer(request: reqwest::RequestBuilder) -> (u16, serde_json::Value) {
+    let response = request.send().await.expect("request");
+    let status = response.status().as_u16();
+    let bytes = response.bytes().await.expect("body");
+    let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+    (status, body)
+}
+
 /// Sends raw bytes to `addr` and returns everything read until the server closes or 5 s pass.
 pub async fn raw(addr: std::net::SocketAddr, request: &[u8]) -> String {
     let mut stream = TcpStream::connect(addr).await.expect("connect");

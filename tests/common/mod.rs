@@ -31,6 +31,11 @@ pub struct TestGateway {
     shutdown: Option<oneshot::Sender<()>>,
 }
 
+/// How many of `statuses` are `status`.
+pub fn count(statuses: &[u16], status: u16) -> usize {
+    statuses.iter().filter(|&&s| s == status).count()
+}
+
 /// Parses `yaml` as a config file called `test.yaml`, panicking with the located errors if it is invalid.
 pub fn config(yaml: &str) -> Config {
     match config::parse(yaml, Path::new("test.yaml")) {
