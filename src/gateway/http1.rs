@@ -30,7 +30,8 @@ pub(super) struct Http1Connection<S: HttpService<Incoming>> {
     /// The server's HTTP/1 settings, with this connection's clock as hyper's timer.
     builder: Builder,
     clock: ConnectionClock,
-    /// Shutdown began: the connection closes at its next rest, which it takes at once.
+    /// Shutdown began: a request being served is finished, then the connection closes instead of resting; a
+    /// resting one closes at once.
     draining: bool,
 }
 

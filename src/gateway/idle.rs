@@ -398,6 +398,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_connection_rests_only_while_nothing_of_a_head_has_come_and_a_rest_keeps_its_keepalive_clock(
+    ) {
+        let keepalive = Duration::from_secs(75);
+        let (clock, _stream) = ConnectionClock::new((), keepalive, Duration::from_secs(10));
+        let marks = &clock.marks;
+        marks.start_waiting();
+        let waiting = marks.deadline() - keepalive;
+        assert_eq!(marks.next_wake(), (waiting + REST_AFTER, true));
+        // The rest came: the sleep waits for keepalive_timeout, and the connection's rest closes then.
+        marks.rest_due.store(true, Ordering::Relaxed);
+        assert_eq!(marks.next_wake(), (waiting + keepalive, false));
+        assert_eq!(clock.rest_deadline(), waiting + keepalive);
+
+        // A new hyper connection after the rest: its wait goes on from the rest's, so the time to rest and
+        // keepalive_timeout still count from the last answer (a wake-up with no bytes rests again at once).
+        clock.resume();
+        std::thread::sleep(Duration::from_millis(5));
+        marks.start_waiting();
+        assert!(!clock.rest_due());
+        assert_eq!(marks.next_wake(), (waiting + REST_AFTER, true));
+        // Its first byte: header_read_timeout from then, and no rest while the head comes.
+        marks.rest_due.store(true, Ordering::Relaxed);
+        marks.on_read(1);
+        assert!(!clock.rest_due());
+        let (wake, rest) = marks.next_wake();
+        assert!(!rest);
+        assert!(wake < waiting + Duration::from_secs(11), "{wake:?}");
+
+        // A keepalive_timeout shorter than REST_AFTER closes the connection before it would rest.
+        let (short, _stream) =
+            ConnectionClock::new((), Duration::from_millis(500), Duration::from_secs(10));
+        short.marks.start_waiting();
+        assert!(!short.marks.next_wake().1);
+    }
+
+    #[test]
     fn refusals_replace_hyper_s_empty_answers_with_their_json_bodies() {
         for (hyper, status, error) in [
             (
