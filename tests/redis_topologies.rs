@@ -1039,12 +1039,17 @@ async fn cluster_slot_migration_under_load_keeps_limits_shared_through_the_move(
 /// A key whose hash tag is not `tag`'s but whose slot is: two clients on one slot, so that one's keys can be moved
 /// before the other's.
 fn another_key_in_the_slot_of(tag: &str, prefix: &str) -> String {
+    format!("{prefix}{{{}}}", other_tags_in_the_slot_of(tag, 1)[0])
+}
+
+/// `n` hash tags, none `tag`, whose slot is `tag`'s.
+fn other_tags_in_the_slot_of(tag: &str, n: usize) -> Vec<String> {
     let slot = redis_keyslot(tag.as_bytes());
     (0u32..)
         .map(|i| format!("other-{i}"))
-        .find(|other| redis_keyslot(other.as_bytes()) == slot)
-        .map(|other| format!("{prefix}{{{other}}}"))
-        .expect("every slot has keys")
+        .filter(|other| redis_keyslot(other.as_bytes()) == slot)
+        .take(n)
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1074,8 +1079,10 @@ async fn cluster_checks_on_keys_already_migrated_are_decided_by_redis_while_the_
         1,
     )
     .expect("valid");
-    // Three requests on one slot: one limit of a client whose keys move first, two limits of that client (a
-    // script call on two keys), and one limit of another client whose key moves last.
+    // Four requests on one slot: one limit of a client whose keys move first, two limits of that client (a
+    // script call on two keys), one limit of another client whose key moves last, and, once the first keys moved,
+    // two limits of a client new each time (its keys exist nowhere: Redis refuses a call on both at the importing
+    // node until the hand-over).
     let moved = "tollgate:mig:one:{moved}";
     let pair = ["tollgate:mig:p1:{moved}", "tollgate:mig:p2:{moved}"];
     let staying = another_key_in_the_slot_of("moved", "tollgate:mig:one:");
@@ -1086,11 +1093,13 @@ async fn cluster_checks_on_keys_already_migrated_are_decided_by_redis_while_the_
     let target_id = node_id(&cluster, target);
 
     // Phases of the move, as the load sees them: 0 before the first MIGRATE, 1 while `moved`'s keys are on the
-    // new node and `staying`'s on the old, 2 once the slot is handed over.
+    // new node and `staying`'s on the old, 2 once all are, 3 once the slot is handed over.
     let phase = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let mut loads = Vec::new();
+    let mut new_clients = other_tags_in_the_slot_of("moved", 401).split_off(1);
     for limiter in &limiters {
+        let mut new_clients = new_clients.split_off(new_clients.len() / 2);
         let (limiter, stop, phase, limit) = (
             Arc::clone(limiter),
             Arc::clone(&stop),
@@ -1101,6 +1110,7 @@ async fn cluster_checks_on_keys_already_migrated_are_decided_by_redis_while_the_
         loads.push(tokio::spawn(async move {
             // (phase, which request, decided by Redis and admitted, fallback flag)
             let mut results: Vec<(usize, usize, bool, bool)> = Vec::new();
+            let mut used = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 let at = phase.load(Ordering::SeqCst);
                 let one = [LimitCheck {
@@ -1112,19 +1122,43 @@ async fn cluster_checks_on_keys_already_migrated_are_decided_by_redis_while_the_
                     key: &staying,
                     limit: &limit,
                 }];
+                let new_client = if at >= 1 { new_clients.pop() } else { None };
+                let new_keys = new_client.as_ref().map(|tag| {
+                    [
+                        format!("tollgate:mig:n1:{{{tag}}}"),
+                        format!("tollgate:mig:n2:{{{tag}}}"),
+                    ]
+                });
+                let new_checks: Vec<LimitCheck<'_>> = new_keys
+                    .iter()
+                    .flatten()
+                    .map(|key| LimitCheck { key, limit: &limit })
+                    .collect();
                 // Together, so that they share script calls.
                 let decided = tokio::join!(
                     limiter.check_deciding(&one),
                     limiter.check_deciding(&two),
-                    limiter.check_deciding(&other)
+                    limiter.check_deciding(&other),
+                    async {
+                        if new_checks.is_empty() {
+                            None
+                        } else {
+                            Some(limiter.check_deciding(&new_checks).await)
+                        }
+                    }
                 );
-                for (which, decision) in [decided.0, decided.1, decided.2].into_iter().enumerate() {
+                let new = decided.3.map(|decision| (3, decision));
+                for (which, decision) in [(0, decided.0), (1, decided.1), (2, decided.2)]
+                    .into_iter()
+                    .chain(new)
+                {
                     let by_redis = matches!(decision, Ok((o, DecidedBy::Store)) if o.allowed);
                     results.push((at, which, by_redis, limiter.fallback_active()));
                 }
+                used.extend(new_keys.into_iter().flatten());
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
-            results
+            (results, used)
         }));
     }
     let run = |node: usize, args: Vec<String>| {
@@ -1191,9 +1225,11 @@ async fn cluster_checks_on_keys_already_migrated_are_decided_by_redis_while_the_
     phase.store(3, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::Relaxed);
-    let mut results = Vec::new();
+    let (mut results, mut new_keys) = (Vec::new(), Vec::new());
     for load in loads {
-        results.extend(load.await.expect("load"));
+        let (load_results, used) = load.await.expect("load");
+        results.extend(load_results);
+        new_keys.extend(used);
     }
 
     // Redis decided every request, the moved keys' while the slot was still migrating, and no fallback ran.
@@ -1204,6 +1240,14 @@ async fn cluster_checks_on_keys_already_migrated_are_decided_by_redis_while_the_
     assert!(
         moved_while_migrating > 20,
         "{moved_while_migrating} checks on the moved keys"
+    );
+    let new_while_migrating = results
+        .iter()
+        .filter(|(phase, which, _, _)| *phase == 1 && *which == 3)
+        .count();
+    assert!(
+        new_while_migrating > 10,
+        "{new_while_migrating} checks of new clients"
     );
     let refused: Vec<_> = results
         .iter()
@@ -1251,4 +1295,13 @@ async fn cluster_checks_on_keys_already_migrated_are_decided_by_redis_while_the_
     for (key, admitted) in expected {
         assert_eq!(stored(key), Some(admitted.to_string()), "{key}");
     }
+    // Each new client's two limits counted its one request once.
+    let script = "local n = {} for i, key in ipairs(KEYS) do local v = redis.call('GET', key) \
+                  n[i] = v and select(3, struct.unpack('<Bdd', v)) or -1 end return n";
+    let count = new_keys.len().to_string();
+    let mut args = vec!["EVAL", script, &count];
+    args.extend(new_keys.iter().map(String::as_str));
+    let counts = cluster.cli(target, &args).unwrap_or_default();
+    assert_eq!(counts.lines().count(), new_keys.len(), "{counts}");
+    assert!(counts.lines().all(|count| count == "1"), "{counts}");
 }

@@ -76,20 +76,33 @@ impl Connection {
                 )
             })
             .collect();
+        let commits = self
+            .commit_in_a_task(commits, deadline, now_ms, timeout)
+            .await?;
+        merge(checks.len(), groups, commits)
+    }
+
+    /// [`commit_all_or_give_back`](Self::commit_all_or_give_back) in a task of its own, which runs to its end even
+    /// if the caller stops waiting; every part's outcome, or the first failure.
+    pub(super) async fn commit_in_a_task(
+        self: Arc<Self>,
+        commits: Vec<(Option<u16>, EncodedRequest)>,
+        deadline: u64,
+        now_ms: Option<i64>,
+        timeout: Duration,
+    ) -> Result<Vec<Outcome>, StoreError> {
         let (answer, decided) = tokio::sync::oneshot::channel();
-        let connection = Arc::clone(&self);
         tokio::spawn(async move {
-            let results = connection
+            let results = self
                 .commit_all_or_give_back(&commits, deadline, now_ms, timeout)
                 .await;
             let _ = answer.send(results);
         });
-        let commits = decided
+        decided
             .await
             .map_err(|_| StoreError::Reply("the commits' task ended unanswered".to_owned()))?
             .into_iter()
-            .collect::<Result<Vec<_>, _>>()?;
-        merge(checks.len(), groups, commits)
+            .collect()
     }
 
     /// Commits every slot's share of one request, concurrently; unless all admitted, gives back what the
@@ -166,7 +179,7 @@ pub(super) fn slot_groups(checks: &[LimitCheck<'_>]) -> Option<Vec<Vec<usize>>> 
 }
 
 /// Puts the per-slot outcomes back in the order of the request's checks; admitted only if every slot admitted.
-fn merge(
+pub(super) fn merge(
     limits: usize,
     groups: &[Vec<usize>],
     outcomes: Vec<Outcome>,

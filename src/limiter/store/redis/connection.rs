@@ -230,7 +230,7 @@ impl Connection {
     }
 
     /// One call for the requests of `batch` that share a hash slot, given up at `deadline`.
-    async fn run_batch_slot(&self, batch: Vec<Pending>, deadline: Instant) {
+    async fn run_batch_slot(self: &Arc<Self>, batch: Vec<Pending>, deadline: Instant) {
         let slot = batch.first().and_then(|pending| pending.slot);
         let requests: Vec<&EncodedRequest> = batch.iter().map(|p| &p.request).collect();
         let deadlines: Vec<u64> = batch

@@ -2,6 +2,7 @@
 //! there behind `ASKING`, as Redis asks of calls whose keys already moved.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use fred::prelude::*;
@@ -9,11 +10,12 @@ use fred::types::config::Options;
 use fred::types::CustomCommand;
 use tokio::time::Instant;
 
-use super::cluster::join_all;
+use super::cluster::{join_all, merge};
 use super::connection::{answer_all, Connection};
 use crate::limiter::store::batcher::Pending;
-use crate::limiter::store::script::EncodedRequest;
+use crate::limiter::store::script::{EncodedRequest, Mode};
 use crate::limiter::store::StoreError;
+use crate::limiter::Outcome;
 
 /// The nodes that slots under migration are going to, as their owners said, per slot.
 ///
@@ -197,10 +199,15 @@ impl Connection {
     }
 
     /// Runs `batch`, which Redis refused whole with `TRYAGAIN`, as one call per set of keys (requests on the same
-    /// keys together, in queue order, each call sent again while refused so, until `deadline`): a batch on a slot
-    /// being migrated may hold the keys of clients already moved and of others not yet, which no one call can
-    /// reach, while each client's keys move together.
-    pub(super) async fn run_split(&self, batch: Vec<Pending>, deadline: Instant) {
+    /// keys together, in queue order, until `deadline`): a batch on a slot being migrated may hold the keys of
+    /// clients already moved and of others not yet, which no one call can reach, while each client's keys move
+    /// together.
+    ///
+    /// A set refused so again is sent again after a pause if its requests have one limit each (the rest of their
+    /// keys are on their way); requests with several limits are decided limit by limit instead (see
+    /// [`decide_per_limit`](Self::decide_per_limit)), since Redis refuses a call on several keys at the importing
+    /// node until all of them are there, which for a client new during the migration is never.
+    pub(super) async fn run_split(self: &Arc<Self>, batch: Vec<Pending>, deadline: Instant) {
         let slot = batch.first().and_then(|pending| pending.slot);
         let mut groups: Vec<Vec<Pending>> = Vec::new();
         for pending in batch {
@@ -221,10 +228,28 @@ impl Connection {
             let timeout = deadline
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(1));
-            let mut unstable = Unstable::new(timeout);
             let mut result = self
                 .run_script(self.pool.next(), slot, &requests, &deadlines, None, timeout)
                 .await;
+            let several = group[0].request.limits() > 1 && group[0].request.mode() == Mode::Commit;
+            if several && matches!(&result, Err(StoreError::Redis(error)) if unstable(error)) {
+                let per_request =
+                    group
+                        .into_iter()
+                        .zip(deadlines)
+                        .map(|(pending, at)| async move {
+                            let timeout = deadline
+                                .saturating_duration_since(Instant::now())
+                                .max(Duration::from_millis(1));
+                            let outcome = self
+                                .decide_per_limit(&pending.request, slot, at, timeout)
+                                .await;
+                            pending.answer(outcome);
+                        });
+                join_all(per_request).await;
+                return;
+            }
+            let mut unstable = Unstable::new(timeout);
             while let Some(left) = unstable.again(&result).await {
                 result = self
                     .run_script(self.pool.next(), slot, &requests, &deadlines, None, left)
@@ -233,6 +258,42 @@ impl Connection {
             answer_all(group, result);
         }))
         .await;
+    }
+
+    /// Decides a committing request limit by limit, all-or-nothing as one call would be: a dry run of every limit,
+    /// then, only if all admit, the commits, where those that admitted are given back if another denied (as for a
+    /// request whose keys span hash slots). Each call has one key, which Redis runs where the key is, on either
+    /// node of a slot being migrated; `deadline` (Redis's ms) keeps a late one from counting.
+    async fn decide_per_limit(
+        self: &Arc<Self>,
+        request: &EncodedRequest,
+        slot: Option<u16>,
+        deadline: u64,
+        timeout: Duration,
+    ) -> Result<Outcome, StoreError> {
+        let dry_runs = request.per_limit(Mode::DryRun);
+        let outcomes = join_all(dry_runs.iter().map(|part| async move {
+            self.run_encoded(slot, part, deadline, None, timeout)
+                .await
+                .map(|(_, outcome)| outcome)
+        }))
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+        let limits = outcomes.len();
+        let each: Vec<Vec<usize>> = (0..limits).map(|i| vec![i]).collect();
+        if !outcomes.iter().all(|outcome| outcome.allowed) {
+            return merge(limits, &each, outcomes);
+        }
+        let commits = request
+            .per_limit(Mode::Commit)
+            .into_iter()
+            .map(|part| (slot, part))
+            .collect();
+        let outcomes = Arc::clone(self)
+            .commit_in_a_task(commits, deadline, None, timeout)
+            .await?;
+        merge(limits, &each, outcomes)
     }
 }
 

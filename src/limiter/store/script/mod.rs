@@ -122,6 +122,25 @@ impl EncodedRequest {
         }
     }
 
+    /// The request as one request per limit, each in `mode`: what decides it limit by limit where no one call
+    /// may touch all its keys.
+    pub(super) fn per_limit(&self, mode: Mode) -> Vec<Self> {
+        self.key_ranges()
+            .zip(&self.limits)
+            .map(|(key, limit)| Self {
+                mode,
+                keys: self.keys.slice(key.clone()),
+                key_ends: std::iter::once(key.len()).collect(),
+                limits: vec![*limit],
+            })
+            .collect()
+    }
+
+    /// What the script does with the request when every limit admits.
+    pub(super) fn mode(&self) -> Mode {
+        self.mode
+    }
+
     /// Whether `other` has the same keys, in the same order.
     pub(super) fn same_keys(&self, other: &Self) -> bool {
         self.keys == other.keys && self.key_ends == other.key_ends

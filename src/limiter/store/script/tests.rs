@@ -304,3 +304,17 @@ fn the_script_is_every_part_of_its_folder_in_order() {
         "the flags line comes first"
     );
 }
+
+#[test]
+fn a_request_split_per_limit_keeps_each_key_with_its_limit() {
+    let window = window();
+    let request = encoded(&window, &["k1", "key2", "k3"], Mode::Commit);
+    let parts = request.per_limit(Mode::DryRun);
+    let expected: Vec<EncodedRequest> = ["k1", "key2", "k3"]
+        .iter()
+        .map(|key| encoded(&window, &[key], Mode::DryRun))
+        .collect();
+    assert_eq!(parts, expected);
+    assert!(parts[1].same_keys(&encoded(&window, &["key2"], Mode::Commit)));
+    assert!(!request.same_keys(&parts[0]));
+}
