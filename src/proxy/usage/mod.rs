@@ -9,7 +9,7 @@ mod request;
 mod sse;
 
 pub use body::{BodyEnd, SharedUsage, UsageBody, UsageSink};
-pub use reader::{accept_readable_answers, UsageFormat, UsageReader};
+pub use reader::{accept_readable_answers, UsageFormat, UsageFormatError, UsageReader};
 pub use reported::{Dialect, Usage};
 pub use request::{
     read_request, rewrite_request, set_body_length, RequestBodyError, RequestFacts, RequestShape,

@@ -20,6 +20,11 @@ pub enum UsageFormat {
     Header(HeaderName),
 }
 
+/// A `usage.format` that names no format tollgate reads.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a usage format: openai, anthropic or header:<name>")]
+pub struct UsageFormatError(String);
+
 /// How the reader reads this answer.
 #[derive(Debug)]
 enum Mode {
@@ -58,6 +63,25 @@ pub struct UsageReader {
     reported: Reported,
     any: bool,
     header_total: Option<u64>,
+}
+
+// === impl UsageFormat ===
+
+impl std::str::FromStr for UsageFormat {
+    type Err = UsageFormatError;
+
+    /// `openai`, `anthropic` or `header:<name>` (a field name, any case).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "openai" => Ok(Self::OpenAi),
+            "anthropic" => Ok(Self::Anthropic),
+            _ => text
+                .strip_prefix("header:")
+                .and_then(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+                .map(Self::Header)
+                .ok_or_else(|| UsageFormatError(text.to_owned())),
+        }
+    }
 }
 
 // === impl UsageReader ===
@@ -393,6 +417,21 @@ mod tests {
         assert!(read(&UsageFormat::OpenAi, &gzip, &[chat.as_bytes()]).is_missing());
         let identity = headers(&[("content-encoding", "identity")]);
         assert!(!read(&UsageFormat::OpenAi, &identity, &[chat.as_bytes()]).is_missing());
+    }
+
+    #[test]
+    fn usage_formats_are_read_from_their_names() {
+        assert_eq!("openai".parse(), Ok(UsageFormat::OpenAi));
+        assert_eq!("anthropic".parse(), Ok(UsageFormat::Anthropic));
+        assert_eq!(
+            "header:X-Tokens-Used".parse(),
+            Ok(UsageFormat::Header(HeaderName::from_static(
+                "x-tokens-used"
+            )))
+        );
+        for bad in ["OpenAI", "header:", "header:bad name", "gemini", ""] {
+            assert!(bad.parse::<UsageFormat>().is_err(), "{bad:?}");
+        }
     }
 
     #[test]
