@@ -15,9 +15,22 @@ pub struct Watcher {
     gateway: Arc<Gateway>,
     /// Envoy's rate limit service, reloaded with the gateway when it runs.
     rls: Option<Arc<RateLimitService>>,
+    /// The files of the rate limit service's `config_dir` as last loaded, and a different set seen by the last
+    /// poll: a change there reloads the config as a change of the file does.
+    folder: FolderWatch,
     path: PathBuf,
     /// A different content seen by the last poll, waiting to be seen once more before it is loaded.
     settling: Option<Vec<u8>>,
+}
+
+/// The envoyproxy/ratelimit files of a folder: each file's path and content, in name order.
+type Folder = Vec<(PathBuf, Vec<u8>)>;
+
+/// What the watch knows of the rate limit service's folder.
+#[derive(Debug, Default)]
+struct FolderWatch {
+    loaded: Option<Folder>,
+    settling: Option<Folder>,
 }
 
 /// What one poll of a [`Watcher`] did.
@@ -114,13 +127,16 @@ impl Watcher {
         Self {
             gateway,
             rls: None,
+            folder: FolderWatch::default(),
             path,
             settling: None,
         }
     }
 
-    /// The same watcher, also reloading Envoy's rate limit service `rls`.
+    /// The same watcher, also reloading Envoy's rate limit service `rls`, and the config when the files of its
+    /// `config_dir` change (loaded, as the config file is, once they stayed the same for two polls).
     pub fn serving_rls(mut self, rls: Arc<RateLimitService>) -> Self {
+        self.folder.loaded = rls.config_dir().map(|dir| read_folder(&dir));
         self.rls = Some(rls);
         self
     }
@@ -135,7 +151,7 @@ impl Watcher {
         // The content last loaded, by this watch or by SIGHUP.
         if self.gateway.loaded_file().as_deref() == Some(current.as_slice()) {
             self.settling = None;
-            return Polled::Unchanged;
+            return self.poll_folder(&current).await;
         }
         if self.settling.as_ref() != Some(&current) {
             self.settling = Some(current);
@@ -145,6 +161,9 @@ impl Watcher {
         // What is loaded is what was compared, not a third read that might catch another write.
         let parsed = parse(&current, &self.path);
         self.gateway.set_loaded_file(current.into());
+        if let Some(dir) = self.rls.as_ref().and_then(|rls| rls.config_dir()) {
+            self.folder.loaded = Some(read_folder(&dir));
+        }
         match parsed {
             Ok(config) if config.routes.is_empty() && !self.gateway.route_names().is_empty() => {
                 count(false);
@@ -167,6 +186,52 @@ impl Watcher {
             }
         }
     }
+}
+
+impl Watcher {
+    /// With the config file as loaded: reloads it when the files of the rate limit service's folder changed and
+    /// then stayed the same for a poll.
+    async fn poll_folder(&mut self, current: &[u8]) -> Polled {
+        let Some(dir) = self.rls.as_ref().and_then(|rls| rls.config_dir()) else {
+            return Polled::Unchanged;
+        };
+        let Ok(folder) = tokio::task::spawn_blocking(move || read_folder(&dir)).await else {
+            return Polled::Unchanged;
+        };
+        if self.folder.loaded.as_ref() == Some(&folder) {
+            self.folder.settling = None;
+            return Polled::Unchanged;
+        }
+        if self.folder.settling.as_ref() != Some(&folder) {
+            self.folder.settling = Some(folder);
+            return Polled::Settling;
+        }
+        self.folder.settling = None;
+        self.folder.loaded = Some(folder);
+        match parse(current, &self.path) {
+            Ok(config) => {
+                apply(&self.gateway, self.rls.as_deref(), &config, &self.path);
+                Polled::Reloaded
+            }
+            Err(error) => {
+                count(false);
+                tracing::error!(
+                    "change of the rate limit service's files refused, the running config stays:\n{error}"
+                );
+                Polled::Refused
+            }
+        }
+    }
+}
+
+/// The envoyproxy/ratelimit files of `dir` as the config reads them; a folder or file that cannot be read is
+/// left out (the reload it leads to says why).
+fn read_folder(dir: &Path) -> Folder {
+    config::ratelimit_files(dir)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|file| std::fs::read(&file).ok().map(|content| (file, content)))
+        .collect()
 }
 
 /// Makes `config` the running config; a reload that drops routes says which, at WARN: requests to them now get

@@ -15,6 +15,7 @@ mod validate;
 pub use error::{ConfigError, Problem};
 pub use load::{load, load_for_layers, load_with_text, parse, parse_for_layers, parse_with_env};
 pub use model::*;
+pub(crate) use rls::ratelimit_files;
 pub(crate) use validate::{mark_credential_keys, secret_api_keys};
 
 /// What may name a consumer (a consumers' word, named here as the config checks it).

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -42,6 +43,8 @@ struct Tables {
     when_unavailable: WhenUnavailable,
     x_ratelimit_headers: bool,
     health_follows_store: bool,
+    /// The folder of envoyproxy/ratelimit files the domains were read from, if any.
+    config_dir: Option<PathBuf>,
     /// The counters of requests to domains not configured (labelled `domain=""`: their names are the callers').
     unknown: Counters,
 }
@@ -77,6 +80,11 @@ impl RateLimitService {
     /// Runs `settings` from now on (the listener's address needs a restart); the store and its counts stay.
     pub fn reload(&self, settings: &RlsSettings) {
         self.tables.store(Arc::new(Tables::new(settings)));
+    }
+
+    /// The folder of envoyproxy/ratelimit files the running domains were read from, if any.
+    pub fn config_dir(&self) -> Option<PathBuf> {
+        self.tables.load().config_dir.clone()
     }
 
     /// The names of the domains served.
@@ -224,6 +232,7 @@ impl Tables {
             when_unavailable: settings.when_unavailable,
             x_ratelimit_headers: settings.x_ratelimit_headers,
             health_follows_store: settings.health_follows_store,
+            config_dir: settings.config_dir.clone(),
             unknown: Counters::new(""),
         }
     }
