@@ -118,12 +118,19 @@ impl<B: HttpBody<Data = Bytes>> HttpBody for GuardedBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = self.project();
-        let polled = this.inner.poll_frame(cx);
+        let mut this = self.project();
+        let polled = this.inner.as_mut().poll_frame(cx);
         match &polled {
             Poll::Ready(None) => this.guard.end(Ending::Complete),
             Poll::Ready(Some(Err(_))) => this.guard.end(Ending::Failed),
-            Poll::Ready(Some(Ok(_))) | Poll::Pending => {}
+            // hyper's HTTP/1 server takes no more frames after trailers, nor after a data frame once the body says
+            // it has ended (a known length fully read): it drops the body there, and the answer is whole.
+            Poll::Ready(Some(Ok(frame))) => {
+                if frame.is_trailers() || this.inner.is_end_stream() {
+                    this.guard.end(Ending::Complete);
+                }
+            }
+            Poll::Pending => {}
         }
         polled
     }
@@ -207,6 +214,26 @@ mod tests {
         let body = guarded(Full::new(Bytes::from_static(b"whole")), &endings);
         let bytes = body.collect().await.expect("body").to_bytes();
         assert_eq!(&bytes[..], b"whole");
+        assert_eq!(endings.take(), [(Some(StatusCode::OK), Ending::Complete)]);
+    }
+
+    #[tokio::test]
+    async fn a_body_whose_last_frame_says_it_ended_is_complete_without_being_asked_again() {
+        // As hyper's HTTP/1 server reads a body of known length: the last data frame, then the body is dropped.
+        let endings = Endings::default();
+        let mut body = guarded(Full::new(Bytes::from_static(b"whole")), &endings);
+        body.frame().await.expect("a frame").expect("data");
+        drop(body);
+        assert_eq!(endings.take(), [(Some(StatusCode::OK), Ending::Complete)]);
+
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-usage", http::HeaderValue::from_static("7"));
+        let frames = stream::iter([part(), Ok(Frame::trailers(trailers))]).chain(stream::pending());
+        let mut body = guarded(StreamBody::new(frames), &endings);
+        body.frame().await.expect("a frame").expect("data");
+        assert!(endings.take().is_empty(), "data, more to come");
+        body.frame().await.expect("a frame").expect("trailers");
+        drop(body);
         assert_eq!(endings.take(), [(Some(StatusCode::OK), Ending::Complete)]);
     }
 
