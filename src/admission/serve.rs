@@ -23,46 +23,52 @@ impl Policy {
     /// fields and, when its limits keep work for after the answer, a body that runs that work when it ends. An
     /// error from `forward` is returned as it is (its answer is the entry point's), after the work kept for the
     /// answer has been told the upstream failed.
-    pub async fn serve<B, R, E, F, Fut>(
-        &self,
-        limiter: &RateLimiter,
-        reading: RequestReading<'_>,
+    ///
+    /// Not an `async fn`: one of those keeps a second copy of every argument (the request among them) in its
+    /// future for as long as it lives, and hyper copies each request's future whole, so every byte of it costs.
+    #[allow(clippy::manual_async_fn)]
+    pub fn serve<'a, B, R, E, F, Fut>(
+        &'a self,
+        limiter: &'a RateLimiter,
+        reading: RequestReading<'a>,
         mut request: Request<B>,
         forward: F,
-    ) -> Result<Response<Body>, E>
+    ) -> impl Future<Output = Result<Response<Body>, E>> + use<'a, B, R, E, F, Fut>
     where
         F: FnOnce(Request<B>) -> Fut,
         Fut: Future<Output = Result<Response<R>, E>>,
         R: http_body::Body<Data = Bytes> + Send + 'static,
         R::Error: Into<BoxError>,
     {
-        let admission = {
-            let facts = reading.facts(request.method(), request.headers());
-            self.admit(limiter, &facts).await
-        };
-        let mut admitted = match admission {
-            Admission::Refused(refusal) => return Ok(answer(refusal, Some(self))),
-            Admission::Exempt => None,
-            Admission::Admitted(admitted) => Some(admitted),
-        };
-        self.forward_caller(admitted.as_ref(), request.headers_mut());
-        let mut after = admitted.as_mut().and_then(|admitted| admitted.after.take());
-        let mut response = match forward(request).await {
-            Ok(response) => response,
-            Err(error) => {
-                if let Some(after) = &mut after {
-                    after.end(Ending::Failed);
+        async move {
+            let admission = {
+                let facts = reading.facts(request.method(), request.headers());
+                self.admit(limiter, &facts).await
+            };
+            let mut admitted = match admission {
+                Admission::Refused(refusal) => return Ok(answer(refusal, Some(self))),
+                Admission::Exempt => None,
+                Admission::Admitted(admitted) => Some(admitted),
+            };
+            self.forward_caller(admitted.as_ref(), request.headers_mut());
+            let mut after = admitted.as_mut().and_then(|admitted| admitted.after.take());
+            let mut response = match forward(request).await {
+                Ok(response) => response,
+                Err(error) => {
+                    if let Some(after) = &mut after {
+                        after.end(Ending::Failed);
+                    }
+                    return Err(error);
                 }
-                return Err(error);
-            }
-        };
-        self.decorate(admitted.as_ref(), response.headers_mut());
-        Ok(match after {
-            None => response.map(Body::new),
-            Some(mut after) => {
-                after.status(response.status());
-                response.map(|body| Body::new(GuardedBody::new(body, after)))
-            }
-        })
+            };
+            self.decorate(admitted.as_ref(), response.headers_mut());
+            Ok(match after {
+                None => response.map(Body::new),
+                Some(mut after) => {
+                    after.status(response.status());
+                    response.map(|body| Body::new(GuardedBody::new(body, after)))
+                }
+            })
+        }
     }
 }

@@ -168,61 +168,70 @@ impl Gateway {
 
     /// Answers one request from `peer`: with an `x-request-id` (generated when absent, passed upstream and
     /// returned), counted in `tollgate_requests_total` and written to the access log.
-    pub async fn handle(&self, mut request: Request<Body>, peer: SocketAddr) -> Response<Body> {
-        let compiled = self.compiled.load_full();
-        if request
-            .extensions()
-            .get::<hyper::upgrade::OnUpgrade>()
-            .is_some()
-        {
-            self.hold_tunnel(&mut request);
-        }
-        // Before anything reads or writes a field: what `Connection` names is the client's own fields, never
-        // tollgate's.
-        crate::proxy::clean_client_fields(request.headers_mut(), &compiled.client_fields);
-        let request_id = crate::admission::ensure_request_id(request.headers_mut());
-        // The request is gone (upstream) by the time the access line is written: keep what it needs, but only
-        // when the line will be written (the clock read included).
-        let logged =
-            tracing::enabled!(target: "tollgate::access", tracing::Level::INFO).then(|| {
-                (
-                    Instant::now(),
-                    request.method().clone(),
-                    request.uri().path().to_owned(),
-                )
-            });
-        let client_ip = compiled.client_ip.resolve(peer.ip(), request.headers());
-        let http1 = request.version() <= Version::HTTP_11;
-        let (route, mut response) = self
-            .route_request(&compiled, request, peer, client_ip)
-            .await;
-        let status = response.status();
-        route
-            .map_or(&compiled.unmatched, |r| &r.metrics)
-            .count_request(status);
-        if let Some((started, method, path)) = logged {
-            tracing::info!(
-                target: "tollgate::access",
-                %method,
-                %path,
-                route = route.map_or("none", |r| r.name.as_str()),
-                status = status.as_u16(),
-                client = %client_ip,
-                peer = %peer.ip(),
-                duration_ms = started.elapsed().as_secs_f64() * 1e3,
-                request_id = request_id.to_str().unwrap_or_default(),
-            );
-        }
-        response
-            .headers_mut()
-            .insert(X_REQUEST_ID.clone(), request_id);
-        // Draining: a keep-alive client is told to reconnect, by then to an instance the balancer still sends to.
-        if http1 && self.shutdown.is_draining() {
+    ///
+    /// Not an `async fn`, which would keep a second copy of the request in its future (see `Policy::serve`).
+    #[allow(clippy::manual_async_fn)]
+    pub fn handle(
+        &self,
+        mut request: Request<Body>,
+        peer: SocketAddr,
+    ) -> impl std::future::Future<Output = Response<Body>> + Send + use<'_> {
+        async move {
+            let compiled = self.compiled.load_full();
+            if request
+                .extensions()
+                .get::<hyper::upgrade::OnUpgrade>()
+                .is_some()
+            {
+                self.hold_tunnel(&mut request);
+            }
+            // Before anything reads or writes a field: what `Connection` names is the client's own fields, never
+            // tollgate's.
+            crate::proxy::clean_client_fields(request.headers_mut(), &compiled.client_fields);
+            let request_id = crate::admission::ensure_request_id(request.headers_mut());
+            // The request is gone (upstream) by the time the access line is written: keep what it needs, but only
+            // when the line will be written (the clock read included).
+            let logged =
+                tracing::enabled!(target: "tollgate::access", tracing::Level::INFO).then(|| {
+                    (
+                        Instant::now(),
+                        request.method().clone(),
+                        request.uri().path().to_owned(),
+                    )
+                });
+            let client_ip = compiled.client_ip.resolve(peer.ip(), request.headers());
+            let http1 = request.version() <= Version::HTTP_11;
+            let (route, mut response) = self
+                .route_request(&compiled, request, peer, client_ip)
+                .await;
+            let status = response.status();
+            route
+                .map_or(&compiled.unmatched, |r| &r.metrics)
+                .count_request(status);
+            if let Some((started, method, path)) = logged {
+                tracing::info!(
+                    target: "tollgate::access",
+                    %method,
+                    %path,
+                    route = route.map_or("none", |r| r.name.as_str()),
+                    status = status.as_u16(),
+                    client = %client_ip,
+                    peer = %peer.ip(),
+                    duration_ms = started.elapsed().as_secs_f64() * 1e3,
+                    request_id = request_id.to_str().unwrap_or_default(),
+                );
+            }
             response
                 .headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                .insert(X_REQUEST_ID.clone(), request_id);
+            // Draining: a keep-alive client is told to reconnect, by then to an instance the balancer still sends to.
+            if http1 && self.shutdown.is_draining() {
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            response
         }
-        response
     }
 
     /// The answers given before any route: `server.health_path` (the store's readiness, as `/readyz`), and 413 for
@@ -296,52 +305,57 @@ impl Gateway {
 
     /// Does what `route` does with an admitted `request`: answers it directly, or forwards it upstream. `Err` is
     /// the answer to a failure (the client's body, the upstream).
-    async fn act(
-        &self,
-        compiled: &CompiledConfig,
-        route: &Route,
+    ///
+    /// Not an `async fn`, which would keep a second copy of the request in its future (see `Policy::serve`).
+    #[allow(clippy::manual_async_fn)]
+    fn act<'a>(
+        &'a self,
+        compiled: &'a CompiledConfig,
+        route: &'a Route,
         request: Request<Body>,
-        canonical: &CanonicalRequest<'_>,
+        canonical: &'a CanonicalRequest<'a>,
         peer: SocketAddr,
-    ) -> Result<Response<Body>, Response<Body>> {
-        match &route.action {
-            Action::Respond(direct) => {
-                // Read first, so that malformed framing is 400 here as on an upstream route.
-                if let Some(reading) = crate::proxy::discard(request.into_body()) {
-                    if let Err(error) = reading.await {
-                        return Err(responses::client_body_failed(&error));
+    ) -> impl std::future::Future<Output = Result<Response<Body>, Response<Body>>> + use<'a> {
+        async move {
+            match &route.action {
+                Action::Respond(direct) => {
+                    // Read first, so that malformed framing is 400 here as on an upstream route.
+                    if let Some(reading) = crate::proxy::discard(request.into_body()) {
+                        if let Err(error) = reading.await {
+                            return Err(responses::client_body_failed(&error));
+                        }
                     }
+                    let mut response = Response::new(Body::from(direct.body.clone()));
+                    *response.status_mut() = direct.status;
+                    for (name, value) in &direct.headers {
+                        response.headers_mut().append(name.clone(), value.clone());
+                    }
+                    Ok(response)
                 }
-                let mut response = Response::new(Body::from(direct.body.clone()));
-                *response.status_mut() = direct.status;
-                for (name, value) in &direct.headers {
-                    response.headers_mut().append(name.clone(), value.clone());
+                Action::Upstream(upstream) => {
+                    // X-Forwarded-Host and Forwarded's host= say the authority the client asked for, port included
+                    // (`shop.example:8443`), as the Host field now holds it: an upstream building its own URLs needs the
+                    // port. Routing and keys use the host without it.
+                    let authority = request.headers().get(http::header::HOST).cloned();
+                    let host = authority
+                        .as_ref()
+                        .and_then(|value| value.to_str().ok())
+                        .or(canonical.host.as_deref());
+                    let forwarded = ForwardedFacts {
+                        peer: peer.ip(),
+                        peer_trusted: compiled.client_ip.is_trusted(peer.ip()),
+                        believed: compiled.client_ip.header(),
+                        host,
+                        version: request.version(),
+                        write_forwarded: compiled.write_forwarded,
+                    };
+                    let started = Instant::now();
+                    let result = upstream.forward(request, &canonical.path, &forwarded).await;
+                    if !matches!(result, Err(ProxyError::ClientBody(_))) {
+                        route.metrics.record_upstream(started.elapsed());
+                    }
+                    result.map_err(|error| proxy_failure(route, &error))
                 }
-                Ok(response)
-            }
-            Action::Upstream(upstream) => {
-                // X-Forwarded-Host and Forwarded's host= say the authority the client asked for, port included
-                // (`shop.example:8443`), as the Host field now holds it: an upstream building its own URLs needs the
-                // port. Routing and keys use the host without it.
-                let authority = request.headers().get(http::header::HOST).cloned();
-                let host = authority
-                    .as_ref()
-                    .and_then(|value| value.to_str().ok())
-                    .or(canonical.host.as_deref());
-                let forwarded = ForwardedFacts {
-                    peer: peer.ip(),
-                    peer_trusted: compiled.client_ip.is_trusted(peer.ip()),
-                    believed: compiled.client_ip.header(),
-                    host,
-                    version: request.version(),
-                    write_forwarded: compiled.write_forwarded,
-                };
-                let started = Instant::now();
-                let result = upstream.forward(request, &canonical.path, &forwarded).await;
-                if !matches!(result, Err(ProxyError::ClientBody(_))) {
-                    route.metrics.record_upstream(started.elapsed());
-                }
-                result.map_err(|error| proxy_failure(route, &error))
             }
         }
     }
