@@ -3,7 +3,7 @@
 use super::model::LimitSettings;
 use super::raw::{KeyParts, RawCounts, RawLimit, RawMissing};
 use super::validate::{check_name, Issues};
-use crate::key::{Counts, KeyPart, KeySpec, MissingKey, StatusSet};
+use crate::key::{Counts, KeyPart, KeySpec, MissingKey, StatusSet, TokenKind};
 use crate::limiter::{Limit, WrittenAlgorithm};
 
 /// Validates one entry of `limits:` at `at` (`routes[1].limits[0]`).
@@ -29,13 +29,18 @@ fn counts(issues: &mut Issues, at: &str, raw: Option<&RawCounts>) -> Option<Coun
     match raw {
         None => Some(Counts::Requests),
         Some(RawCounts::Name(name)) if name == "requests" => Some(Counts::Requests),
-        Some(RawCounts::Name(name)) => {
-            issues.add(
-                at,
-                format_args!("unknown count {name:?} (use requests, or {{ status: [401, 403] }})"),
-            );
-            None
-        }
+        Some(RawCounts::Name(name)) => match TokenKind::from_name(name) {
+            Some(kind) => Some(Counts::Tokens(kind)),
+            None => {
+                issues.add(
+                    at,
+                    format_args!(
+                        "unknown count {name:?} (use requests, input_tokens, output_tokens, total_tokens, or {{ status: [401, 403] }})"
+                    ),
+                );
+                None
+            }
+        },
         Some(RawCounts::Status(statuses)) => {
             let mut set = StatusSet::default();
             let mut valid = true;

@@ -12,6 +12,7 @@ pub use crate::consumers::{ConsumerMode, ConsumersSettings};
 pub use crate::key::ClientIpHeader;
 pub use crate::key::LimitSettings;
 pub use crate::limiter::{BackendKind, StoreSettings};
+pub use crate::proxy::usage::UsageSettings;
 pub use crate::proxy::UpstreamSettings;
 pub use crate::rls::RlsSettings;
 pub use crate::routing::RouteMatch;
@@ -130,6 +131,8 @@ pub struct RouteSettings {
     pub allow: Vec<IpNet>,
     /// Whether the route identifies consumers and applies their plans.
     pub consumers: ConsumerMode,
+    /// How its answers report the tokens they cost, and what a request reserves (`usage:`), on an LLM API's route.
+    pub usage: Option<UsageSettings>,
 }
 
 /// What a route does with an admitted request.

@@ -174,6 +174,31 @@ pub(crate) struct RawRoute {
     /// Whether the route identifies consumers: `required`, `optional` or `off`.
     #[serde(default)]
     pub consumers: Option<RawConsumerMode>,
+    /// How the route's answers report the tokens they cost (LLM APIs).
+    #[serde(default)]
+    pub usage: Option<RawUsage>,
+}
+
+/// `usage:` of a route. Amounts are kept as text (`body_bytes`, `max_tokens` or a number), checked later.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawUsage {
+    pub format: Option<String>,
+    pub reserve: RawReserve,
+    pub stream_usage: Option<String>,
+    pub max_request_bytes: Option<u64>,
+}
+
+/// `reserve:` of a route's `usage:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawReserve {
+    #[serde(deserialize_with = "optional_scalar_text")]
+    pub prompt: Option<String>,
+    #[serde(deserialize_with = "optional_scalar_text")]
+    pub completion: Option<String>,
+    pub completion_default: Option<u64>,
+    pub completion_cap: Option<u64>,
 }
 
 /// `consumers:` of a route.
@@ -344,7 +369,7 @@ pub(crate) struct RawLimit {
     /// Decide, log and count, but never enforce.
     #[serde(default)]
     pub shadow: bool,
-    /// What the limit counts: `requests` (the default) or `{ status: [...] }`.
+    /// What the limit counts: `requests` (the default), a kind of tokens, or `{ status: [...] }`.
     #[serde(default)]
     pub counts: Option<RawCounts>,
 }
@@ -578,7 +603,7 @@ impl<'de> Visitor<'de> for RawCountsVisitor {
     type Value = RawCounts;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("`requests` or `{ status: [401, 403] }`")
+        f.write_str("`requests`, `input_tokens`, `output_tokens`, `total_tokens` or `{ status: [401, 403] }`")
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<RawCounts, E> {

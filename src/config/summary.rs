@@ -7,8 +7,9 @@ use crate::consumers::jwt::JwtKeySource;
 use crate::consumers::{
     Anonymous, ConsumerMode, ConsumersSettings, CredentialSource, IdentifierSettings,
 };
-use crate::key::MissingKey;
+use crate::key::{Counts, MissingKey};
 use crate::limiter::{Algorithm, LeakyMode};
+use crate::proxy::usage::{CompletionBound, PromptBound, UsageFormat, UsageSettings};
 
 /// Renders `config` as a short header and a table of routes, matches, limits and keys.
 pub fn render(config: &Config) -> String {
@@ -55,6 +56,11 @@ pub fn render(config: &Config) -> String {
         rows.extend(route_rows(route));
     }
     out.push_str(&table(&rows));
+    for route in &config.routes {
+        if let Some(usage) = &route.usage {
+            out.push_str(&usage_line(&route.name, usage));
+        }
+    }
     if let Some(consumers) = &config.consumers {
         out.push('\n');
         out.push_str(&consumers_summary(consumers, &config.routes));
@@ -396,12 +402,50 @@ fn route_rows(route: &RouteSettings) -> Vec<[String; 8]> {
         .collect()
 }
 
-/// What one request costs a limit, and when: `1`, or `1 per answer 401, 403` for a limit counting answers.
+/// What one request costs a limit, and when: `1`, `1 per answer 401, 403` for a limit counting answers, or the
+/// tokens its answer reports (reserved before, settled after).
 fn cost(settings: &LimitSettings) -> String {
-    match settings.counts.statuses() {
-        None => settings.limit.cost().to_string(),
-        Some(statuses) => format!("{} per answer {statuses}", settings.limit.cost()),
+    match &settings.counts {
+        Counts::Requests => settings.limit.cost().to_string(),
+        Counts::Status(statuses) => format!("{} per answer {statuses}", settings.limit.cost()),
+        Counts::Tokens(kind) => format!("{} (reserved, then settled)", kind.name()),
     }
+}
+
+/// How a route with `usage:` reads its answers' tokens and what a request reserves.
+fn usage_line(route: &str, usage: &UsageSettings) -> String {
+    let format = match &usage.format {
+        UsageFormat::OpenAi => "openai".to_owned(),
+        UsageFormat::Anthropic => "anthropic".to_owned(),
+        UsageFormat::Header(name) => format!("header:{name}"),
+    };
+    let prompt = match usage.prompt {
+        PromptBound::BodyBytes => "the body's bytes".to_owned(),
+        PromptBound::Tokens(tokens) => tokens.to_string(),
+    };
+    let completion = match usage.completion {
+        CompletionBound::Tokens(tokens) => tokens.to_string(),
+        CompletionBound::MaxTokens => {
+            let mut text = "max_tokens".to_owned();
+            if let Some(default) = usage.completion_default {
+                let _ = write!(text, " (else {default})");
+            }
+            if let Some(cap) = usage.completion_cap {
+                let _ = write!(text, " capped at {cap}");
+            }
+            text.push_str(" per choice");
+            text
+        }
+    };
+    let stream = if usage.inject_stream_usage {
+        ", stream usage injected"
+    } else {
+        ""
+    };
+    format!(
+        "usage of {route}: format {format}, reserves prompt {prompt} + completion {completion}{stream}, body up to {} bytes\n",
+        usage.max_request_bytes
+    )
 }
 
 fn describe_match(route: &RouteSettings) -> String {
@@ -586,6 +630,34 @@ routes:
             "{text}"
         );
         assert!(plan_rows[2].ends_with("  open, private"), "{text}");
+    }
+
+    #[test]
+    fn token_limits_and_the_route_reservation_are_shown() {
+        let yaml = r#"upstreams: { llm: { targets: ["http://127.0.0.1:9"] } }
+routes:
+  - name: chat
+    match: { path_prefix: /v1 }
+    upstream: llm
+    usage:
+      format: openai
+      reserve: { prompt: body_bytes, completion: max_tokens, completion_default: 1024, completion_cap: 4096 }
+      stream_usage: inject
+    limits:
+      - { name: tpm, key: ip, algorithm: sliding_window, limit: 100000, period: 1m, counts: total_tokens }
+      - { name: rpm, key: ip, algorithm: gcra, rate: 60/1m, burst: 10 }
+"#;
+        let config = super::super::parse(yaml, std::path::Path::new("g.yaml")).unwrap();
+        let text = render(&config);
+        let tpm = text.lines().find(|l| l.contains("tpm")).expect("tpm's row");
+        assert!(
+            tpm.ends_with("ip   total_tokens (reserved, then settled)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("usage of chat: format openai, reserves prompt the body's bytes + completion max_tokens (else 1024) capped at 4096 per choice, stream usage injected, body up to 1048576 bytes"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ pub struct LimitSettings {
     pub limit: Limit,
     /// How the limit keys requests.
     pub key: KeySpec,
-    /// What the limit counts: requests, or only the answers with some statuses.
+    /// What the limit counts: requests, only the answers with some statuses, or the tokens answers report.
     pub counts: Counts,
 }
 
@@ -43,6 +43,20 @@ pub enum Counts {
     /// request reserves its cost before it is forwarded, all-or-nothing with the other limits, and gets it back
     /// once its answer's status is known and not in the set.
     Status(StatusSet),
+    /// The tokens the answers report they spent, of one kind (an LLM API's `usage`): a request reserves a bound
+    /// before it is forwarded and settles to what its answer reported once it ends.
+    Tokens(TokenKind),
+}
+
+/// Which tokens a limit counts (`counts: input_tokens | output_tokens | total_tokens`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenKind {
+    /// Tokens read: the prompt.
+    Input,
+    /// Tokens written: the completion.
+    Output,
+    /// Both.
+    Total,
 }
 
 /// A set of HTTP statuses: single codes and classes (`5xx`).
@@ -58,8 +72,39 @@ impl Counts {
     /// The statuses counted, for a limit that counts answers by status.
     pub fn statuses(&self) -> Option<&StatusSet> {
         match self {
-            Counts::Requests => None,
             Counts::Status(set) => Some(set),
+            Counts::Requests | Counts::Tokens(_) => None,
+        }
+    }
+
+    /// The tokens counted, for a limit that counts tokens.
+    pub fn tokens(&self) -> Option<TokenKind> {
+        match self {
+            Counts::Tokens(kind) => Some(*kind),
+            Counts::Requests | Counts::Status(_) => None,
+        }
+    }
+}
+
+// === impl TokenKind ===
+
+impl TokenKind {
+    /// Its name in the config (`counts:`) and in metrics (`kind`, without `_tokens`).
+    pub fn name(self) -> &'static str {
+        match self {
+            TokenKind::Input => "input_tokens",
+            TokenKind::Output => "output_tokens",
+            TokenKind::Total => "total_tokens",
+        }
+    }
+
+    /// The kind a `counts:` name names.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "input_tokens" => Some(TokenKind::Input),
+            "output_tokens" => Some(TokenKind::Output),
+            "total_tokens" => Some(TokenKind::Total),
+            _ => None,
         }
     }
 }
@@ -69,6 +114,7 @@ impl std::fmt::Display for Counts {
         match self {
             Counts::Requests => f.write_str("requests"),
             Counts::Status(set) => write!(f, "answers with status {set}"),
+            Counts::Tokens(kind) => f.write_str(kind.name()),
         }
     }
 }

@@ -8,7 +8,7 @@ mod spec;
 mod store_key;
 
 pub use client_ip::{believed_hops, ip_text, push_ip_text, ClientIpHeader, ClientIpResolver};
-pub use limit::{Counts, LimitSettings, StatusSet};
+pub use limit::{Counts, LimitSettings, StatusSet, TokenKind};
 pub use spec::{
     push_client_key, query_parameter, AmbiguousKey, KeyPart, KeyPartError, KeySpec, MissingKey,
     QueryParameter, RequestFacts, RequestReading,

@@ -8,7 +8,8 @@ use super::issues::Issues;
 use crate::config::limits::limit_settings;
 use crate::config::model::*;
 use crate::config::raw::*;
-use crate::key::PLAN_KEY_SCOPE;
+use crate::key::{TokenKind, PLAN_KEY_SCOPE};
+use crate::proxy::usage::{CompletionBound, PromptBound, UsageFormat, DEFAULT_MAX_REQUEST_BYTES};
 
 /// Methods a route may name. Extension methods are refused: a misspelt `GTE` would otherwise match nothing, silently.
 const METHODS: [&str; 9] = [
@@ -73,6 +74,11 @@ fn route_settings(
         .collect();
     let deny_status = deny_status(issues, &format!("{at}.deny_status"), raw.deny_status);
     let allow = networks(issues, &format!("{at}.allow"), &raw.allow);
+    let usage = raw
+        .usage
+        .as_ref()
+        .and_then(|usage| route_usage(issues, &format!("{at}.usage"), usage, reader));
+    counted_tokens(issues, at, raw);
     if issues.count() != before {
         return None;
     }
@@ -85,7 +91,147 @@ fn route_settings(
         headers: raw.headers,
         allow: allow?,
         consumers,
+        usage,
     })
+}
+
+/// `usage:` of a route: the format, the reservation's bounds, the stream rewrite and the body's bound.
+fn route_usage(
+    issues: &mut Issues,
+    at: &str,
+    raw: &RawUsage,
+    reader: Reader,
+) -> Option<UsageSettings> {
+    let before = issues.count();
+    if reader == Reader::Layers {
+        issues.add(
+            at,
+            "is read by the gateway only: the tower layer does not read request bodies",
+        );
+    }
+    let format = match raw.format.as_deref() {
+        None => {
+            issues.add(
+                format!("{at}.format"),
+                "is required: openai, anthropic or header:<name>",
+            );
+            None
+        }
+        Some(text) => issues.check(format!("{at}.format"), text.parse::<UsageFormat>()),
+    };
+    let reserve = &raw.reserve;
+    let prompt = match reserve.prompt.as_deref() {
+        None | Some("body_bytes") => Some(PromptBound::BodyBytes),
+        Some(text) => issues.check(
+            format!("{at}.reserve.prompt"),
+            tokens(text, "body_bytes").map(PromptBound::Tokens),
+        ),
+    };
+    let completion = match reserve.completion.as_deref() {
+        None | Some("max_tokens") => Some(CompletionBound::MaxTokens),
+        Some(text) => issues.check(
+            format!("{at}.reserve.completion"),
+            tokens(text, "max_tokens").map(CompletionBound::Tokens),
+        ),
+    };
+    if completion == Some(CompletionBound::MaxTokens)
+        && reserve.completion_default.is_none()
+        && reserve.completion_cap.is_none()
+    {
+        issues.add(
+            format!("{at}.reserve"),
+            "needs completion_default or completion_cap: a request that names no max_tokens must still have a bound",
+        );
+    }
+    if let (Some(default), Some(cap)) = (reserve.completion_default, reserve.completion_cap) {
+        if default > cap {
+            issues.add(
+                format!("{at}.reserve.completion_default"),
+                format_args!("{default} is above completion_cap {cap}"),
+            );
+        }
+    }
+    for (field, value) in [
+        ("completion_default", reserve.completion_default),
+        ("completion_cap", reserve.completion_cap),
+    ] {
+        if value == Some(0) {
+            issues.add(format!("{at}.reserve.{field}"), "must be greater than 0");
+        }
+    }
+    let inject_stream_usage = match raw.stream_usage.as_deref() {
+        None | Some("off") => false,
+        Some("inject") => {
+            if format.as_ref().is_some_and(|f| *f != UsageFormat::OpenAi) {
+                issues.add(
+                    format!("{at}.stream_usage"),
+                    "inject asks OpenAI streams for their usage: it needs format: openai",
+                );
+            }
+            true
+        }
+        Some(other) => {
+            issues.add(
+                format!("{at}.stream_usage"),
+                format_args!("unknown value {other:?} (use inject or off)"),
+            );
+            false
+        }
+    };
+    let max_request_bytes = raw.max_request_bytes.unwrap_or(DEFAULT_MAX_REQUEST_BYTES);
+    if max_request_bytes == 0 {
+        issues.add(format!("{at}.max_request_bytes"), "must be greater than 0");
+    }
+    if issues.count() != before {
+        return None;
+    }
+    Some(UsageSettings {
+        format: format?,
+        prompt: prompt?,
+        completion: completion?,
+        completion_default: reserve.completion_default,
+        completion_cap: reserve.completion_cap,
+        inject_stream_usage,
+        max_request_bytes,
+    })
+}
+
+/// A number of tokens, or `word`.
+fn tokens(text: &str, word: &str) -> Result<u64, String> {
+    text.parse::<u64>()
+        .map_err(|_| format!("{text:?} is neither {word} nor a number of tokens"))
+}
+
+/// Limits that count tokens need the route to say how its answers report them, in a form that has that kind.
+fn counted_tokens(issues: &mut Issues, at: &str, raw: &RawRoute) {
+    let format = raw
+        .usage
+        .as_ref()
+        .and_then(|usage| usage.format.as_deref()?.parse::<UsageFormat>().ok());
+    for (j, limit) in raw.limits.iter().enumerate() {
+        let Some(RawCounts::Name(name)) = &limit.counts else {
+            continue;
+        };
+        let Some(kind) = TokenKind::from_name(name) else {
+            continue;
+        };
+        let at = format!("{at}.limits[{j}].counts");
+        match (raw.usage.as_ref(), &format) {
+            (None, _) => issues.add(
+                at,
+                format_args!(
+                    "{name} needs the route's usage: block (how its answers report tokens: format openai, anthropic or header:<name>)"
+                ),
+            ),
+            (_, Some(UsageFormat::Header(header))) if kind != TokenKind::Total => issues.add(
+                at,
+                format_args!(
+                    "format header:{header} reports one number, counted as total_tokens: use counts: total_tokens"
+                ),
+            ),
+            _ => {}
+        }
+    }
 }
 
 /// `consumers:` of a route: `optional` by default when the file has a `consumers:` block, `off` otherwise.

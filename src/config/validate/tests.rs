@@ -337,3 +337,76 @@ fn durations_written_as_numbers_get_the_duration_message() {
         [r#"server.header_read_timeout: invalid duration "30" (use 250ms, 1s, 1m, 1h, 1d)"#]
     );
 }
+
+/// A route to an upstream with `usage` and `limits` written by the test (each indented as a route's field).
+fn llm_route(usage: &str, limits: &str) -> String {
+    format!(
+        "upstreams:\n  llm: {{ targets: [\"http://127.0.0.1:9\"] }}\nroutes:\n  - name: chat\n    upstream: llm\n{usage}    limits:\n{limits}"
+    )
+}
+
+#[test]
+fn a_token_route_reads_its_usage_and_its_limits_counts() {
+    let text = llm_route(
+        "    usage:\n      format: anthropic\n      reserve: { prompt: 500, completion: max_tokens, completion_cap: 2048 }\n",
+        "      - { name: tpm, algorithm: sliding_window, limit: 100000, period: 1m, counts: total_tokens }\n      - { name: out, algorithm: fixed_window, limit: 9000, period: 1d, counts: output_tokens }\n",
+    );
+    let config = parse(&text).expect("valid");
+    let route = &config.routes[0];
+    let usage = route.usage.as_ref().expect("usage");
+    assert_eq!(usage.format, crate::proxy::usage::UsageFormat::Anthropic);
+    assert_eq!(usage.prompt, crate::proxy::usage::PromptBound::Tokens(500));
+    assert_eq!(usage.completion_cap, Some(2048));
+    assert_eq!(usage.max_request_bytes, 1 << 20);
+    assert!(!usage.inject_stream_usage);
+    let kinds: Vec<_> = route.limits.iter().map(|l| l.counts.tokens()).collect();
+    use crate::key::TokenKind;
+    assert_eq!(kinds, [Some(TokenKind::Total), Some(TokenKind::Output)]);
+}
+
+#[test]
+fn bad_usage_values_and_token_counts_without_usage_are_located() {
+    let text = llm_route(
+        "    usage:\n      format: gemini\n      reserve: { prompt: lots, completion: max_tokens, completion_default: 5000, completion_cap: 4096 }\n      stream_usage: always\n      max_request_bytes: 0\n",
+        "      - { name: tpm, algorithm: sliding_window, limit: 100000, period: 1m, counts: tokens }\n",
+    );
+    assert_eq!(
+        problems(&text),
+        [
+            "routes[0].usage.format: `gemini` is not a usage format: openai, anthropic or header:<name>",
+            "routes[0].usage.reserve.prompt: \"lots\" is neither body_bytes nor a number of tokens",
+            "routes[0].usage.reserve.completion_default: 5000 is above completion_cap 4096",
+            "routes[0].usage.stream_usage: unknown value \"always\" (use inject or off)",
+            "routes[0].usage.max_request_bytes: must be greater than 0",
+            "routes[0].limits[0].counts: unknown count \"tokens\" (use requests, input_tokens, output_tokens, total_tokens, or { status: [401, 403] })",
+        ]
+    );
+    let text = llm_route(
+        "",
+        "      - { name: tpm, algorithm: sliding_window, limit: 100000, period: 1m, counts: input_tokens }\n",
+    );
+    let error = parse(&text).unwrap_err().to_string();
+    assert_eq!(
+        error,
+        "t.yaml:7:76: routes[0].limits[0].counts: input_tokens needs the route's usage: block (how its answers report tokens: format openai, anthropic or header:<name>)"
+    );
+    let text = llm_route(
+        "    usage: { format: \"header:x-tokens\", reserve: { completion: 100 }, stream_usage: inject }\n",
+        "      - { name: tpm, algorithm: sliding_window, limit: 100000, period: 1m, counts: output_tokens }\n",
+    );
+    assert_eq!(
+        problems(&text),
+        [
+            "routes[0].usage.stream_usage: inject asks OpenAI streams for their usage: it needs format: openai",
+            "routes[0].limits[0].counts: format header:x-tokens reports one number, counted as total_tokens: use counts: total_tokens",
+        ]
+    );
+    let text = llm_route(
+        "    usage: { format: openai }\n",
+        "      - { name: tpm, algorithm: sliding_window, limit: 100000, period: 1m, counts: total_tokens }\n",
+    );
+    assert_eq!(
+        problems(&text),
+        ["routes[0].usage.reserve: needs completion_default or completion_cap: a request that names no max_tokens must still have a bound"]
+    );
+}

@@ -6,6 +6,7 @@ mod json;
 mod reader;
 mod reported;
 mod request;
+mod settings;
 mod sse;
 
 pub use body::{BodyEnd, SharedUsage, UsageBody, UsageSink};
@@ -15,3 +16,4 @@ pub use request::{
     read_request, rewrite_request, set_body_length, RequestBodyError, RequestFacts, RequestShape,
     Rewrites, Rewritten,
 };
+pub use settings::{CompletionBound, PromptBound, UsageSettings, DEFAULT_MAX_REQUEST_BYTES};
