@@ -201,6 +201,139 @@ async fn hits_addend_is_the_cost_per_request_and_per_descriptor() {
     assert_eq!(ask(&mut client, too_many).await.overall_code, OVER_LIMIT);
 }
 
+/// Every algorithm and the all-or-nothing of a request, read with `hits_addend: 0` on the store of `config`.
+async fn hits_addend_zero_reads_and_takes_nothing(config: &tollgate::config::Config) {
+    let rls = start_rls_with(config, true).await;
+    let mut client = rls.client().await;
+    let read = |value: &str| {
+        request(
+            "edge",
+            vec![descriptor_taking(&[("generic_key", value)], 0)],
+        )
+    };
+    let take = |value: &str| request("edge", vec![descriptor(&[("generic_key", value)])]);
+    for algorithm in [
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+        "token_bucket",
+        "gcra",
+        "leaky_bucket",
+    ] {
+        for _ in 0..3 {
+            let answer = ask(&mut client, read(algorithm)).await;
+            let status = &answer.statuses[0];
+            assert_eq!(
+                (answer.overall_code, status.code, status.limit_remaining),
+                (OK, OK, 4),
+                "{algorithm}: a read takes nothing"
+            );
+        }
+        for left in [3, 2, 1, 0] {
+            let answer = ask(&mut client, take(algorithm)).await;
+            assert_eq!(answer.statuses[0].limit_remaining, left, "{algorithm}");
+        }
+        let answer = ask(&mut client, read(algorithm)).await;
+        let status = &answer.statuses[0];
+        assert_eq!(
+            (answer.overall_code, status.code, status.limit_remaining),
+            (OVER_LIMIT, OVER_LIMIT, 0),
+            "{algorithm}: a read with not one hit left is over the limit"
+        );
+        assert!(header(&answer, "retry-after").is_some(), "{algorithm}");
+    }
+    // A read over the limit refuses its request: the descriptor that takes is not taken from.
+    let both = request(
+        "edge",
+        vec![
+            descriptor(&[("generic_key", "sliding_log_b")]),
+            descriptor_taking(&[("generic_key", "sliding_log")], 0),
+        ],
+    );
+    let answer = ask(&mut client, both).await;
+    let codes: Vec<i32> = answer.statuses.iter().map(|s| s.code).collect();
+    assert_eq!(
+        (answer.overall_code, codes),
+        (OVER_LIMIT, vec![OK, OVER_LIMIT])
+    );
+    let untouched = ask(&mut client, read("sliding_log_b")).await;
+    assert_eq!(untouched.statuses[0].limit_remaining, 4, "nothing taken");
+    // A read with room left lets the request take from the others.
+    let both = request(
+        "edge",
+        vec![
+            descriptor(&[("generic_key", "sliding_log_b")]),
+            descriptor_taking(&[("generic_key", "gcra_b")], 0),
+        ],
+    );
+    let answer = ask(&mut client, both).await;
+    let remaining: Vec<u32> = answer.statuses.iter().map(|s| s.limit_remaining).collect();
+    assert_eq!((answer.overall_code, remaining), (OK, vec![3, 4]));
+}
+
+/// [`EVERY_ALGORITHM`] with a second descriptor for two of them.
+fn every_algorithm_twice() -> String {
+    format!(
+        "{EVERY_ALGORITHM}        - {{ key: generic_key, value: sliding_log_b, limits: [ {{ name: l, algorithm: sliding_log, limit: 4, period: 1h }} ] }}\n        - {{ key: generic_key, value: gcra_b, limits: [ {{ name: l, algorithm: gcra, rate: 1/1h, burst: 4 }} ] }}\n"
+    )
+}
+
+#[tokio::test]
+async fn hits_addend_zero_reads_the_limits_on_redis() {
+    let redis = RedisServer::start();
+    hits_addend_zero_reads_and_takes_nothing(&common::config(&on_redis(
+        &redis,
+        &every_algorithm_twice(),
+    )))
+    .await;
+}
+
+#[tokio::test]
+async fn hits_addend_zero_reads_the_limits_in_memory() {
+    let yaml = format!(
+        "store:\n  backend: memory\nrls:\n  listen: 127.0.0.1:0\n{}",
+        every_algorithm_twice()
+    );
+    hits_addend_zero_reads_and_takes_nothing(&common::config(&yaml)).await;
+}
+
+#[tokio::test]
+async fn hits_addend_zero_on_a_redis_that_fails_follows_on_error() {
+    let nowhere = ReservedPort::new();
+    let config = |on_error: &str| {
+        common::config(&format!(
+            "store:\n  backend: redis\n  url: redis://{}\n  timeout: 50ms\n  on_error: {on_error}\nrls:\n  listen: 127.0.0.1:0\n{EDGE}",
+            nowhere.addr()
+        ))
+    };
+    let read = || {
+        request(
+            "edge",
+            vec![descriptor_taking(&[("remote_address", "192.0.2.1")], 0)],
+        )
+    };
+    let deny = start_rls_with(&config("deny"), false).await;
+    let status = deny
+        .client()
+        .await
+        .should_rate_limit(read())
+        .await
+        .expect_err("the store is down");
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    let allow = start_rls_with(&config("allow"), false).await;
+    assert_eq!(
+        ask(&mut allow.client().await, read()).await.overall_code,
+        OK
+    );
+    // The in-process store is read: its 3 a minute, nothing taken.
+    let local = start_rls_with(&config("local"), false).await;
+    let answer = ask(&mut local.client().await, read()).await;
+    assert_eq!(
+        (answer.overall_code, answer.statuses[0].limit_remaining),
+        (OK, 3)
+    );
+}
+
 #[tokio::test]
 async fn envoys_limit_override_is_a_fixed_window_of_its_own() {
     let redis = RedisServer::start();
