@@ -372,6 +372,15 @@ impl Limit {
         self
     }
 
+    /// The same limit with `cost` as what this one request takes: a reservation whose amount is known per
+    /// request (the tokens a request may spend). Any amount is accepted: 0 admits while the key is not over its
+    /// limit (or in debt) and consumes nothing; more than the capacity is never admitted (its `retry_after` is
+    /// the limit's whole window: waiting makes it fit no better).
+    pub fn with_cost(mut self, cost: u64) -> Self {
+        self.cost = cost;
+        self
+    }
+
     /// The same limit in shadow mode (`shadow: true`): decided, logged and counted, never enforced. A request
     /// it denies is still admitted, and consumes from it nothing; a request it admits consumes as usual.
     pub fn with_shadow(mut self, shadow: bool) -> Self {

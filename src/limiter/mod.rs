@@ -18,7 +18,9 @@ pub use decision::{Decision, Outcome};
 pub use limit::{
     format_duration_ms, Algorithm, LeakyMode, Limit, LimitError, Rate, MAX_LOG_ENTRIES, MAX_SCALED,
 };
-pub use rate_limiter::{Backend, DecidedBy, Giver, OnError, RateLimiter, Readiness, Unavailable};
+pub use rate_limiter::{
+    Backend, DecidedBy, Giver, OnError, RateLimiter, Readiness, Settlement, Unavailable,
+};
 pub use settings::{BackendKind, StoreSettings};
 /// What a full in-process store does with a new key's request (`StoreSettings::when_full`).
 pub use store::WhenFull;

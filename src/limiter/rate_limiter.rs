@@ -108,9 +108,81 @@ pub struct Giver {
     local: Option<Arc<MemoryStore>>,
 }
 
+/// What one admitted request's reservation on one limit turned out to cost, once its answer is known: see
+/// [`Giver::settle`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settlement {
+    /// The limit's store key, as checked.
+    pub key: String,
+    /// The limit as checked: its cost is what the request reserved (see [`Limit::with_cost`]).
+    pub limit: Limit,
+    /// What the request turned out to cost.
+    pub actual: u64,
+}
+
 // === impl Giver ===
 
 impl Giver {
+    /// Settles what admitted requests reserved, once their answers are known: on each limit, an `actual` below
+    /// the reservation gives the difference back, one above it adds the difference as a debt (past the limit's
+    /// maximum if need be: later requests wait until it is paid), both on the key and the window the decision at
+    /// `decided` landed in; an equal one costs no store call.
+    ///
+    /// Never waits: the work is handed off to a task, off the client's path, and applied at most once (a store
+    /// call whose fate is unknown is not sent again). Outside a tokio runtime nothing is settled.
+    pub fn settle(self, settlements: Vec<Settlement>, decided: Instant) {
+        let mut refunds = Vec::new();
+        let mut debts = Vec::new();
+        for Settlement { key, limit, actual } in settlements {
+            let reserved = limit.cost();
+            if actual < reserved {
+                refunds.push((key, limit.with_cost(reserved - actual)));
+            } else if actual > reserved {
+                debts.push((key, limit.with_cost(actual - reserved)));
+            }
+        }
+        if refunds.is_empty() && debts.is_empty() || (self.redis.is_none() && self.local.is_none())
+        {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(self.apply(refunds, debts, decided));
+        }
+    }
+
+    /// Gives back `refunds` and adds `debts` (each a store key and the limit with the amount as its cost).
+    async fn apply(
+        self,
+        refunds: Vec<(String, Limit)>,
+        debts: Vec<(String, Limit)>,
+        decided: Instant,
+    ) {
+        if !refunds.is_empty() {
+            self.clone().give_back(refunds, decided).await;
+        }
+        if !debts.is_empty() {
+            self.add_debts(debts, decided).await;
+        }
+    }
+
+    /// Adds `debts` (store key and the limit with the amount owed as its cost) on the windows the decision at
+    /// `decided` landed in.
+    async fn add_debts(self, debts: Vec<(String, Limit)>, decided: Instant) {
+        let checks: Vec<LimitCheck<'_>> = debts
+            .iter()
+            .map(|(key, limit)| LimitCheck { key, limit })
+            .collect();
+        if let Some(redis) = self.redis {
+            let at_ms = redis.redis_time_of(decided.into());
+            if let Err(error) = redis.add_debts(&checks, at_ms, None).await {
+                tracing::debug!(%error, "a request's debt could not be added");
+            }
+        } else if let Some(local) = self.local {
+            let elapsed_ms = decided.elapsed().as_micros().div_ceil(1000) as i64;
+            local.add_debts(local.now_ms() - elapsed_ms, &checks);
+        }
+    }
+
     /// Gives back `taken` (store key and limit of every limit that consumed), on the windows the decision at
     /// `decided` landed in (or a moment before it: a sliding_log then gives back its oldest entries from then on).
     pub async fn give_back(self, taken: Vec<(String, Limit)>, decided: Instant) {

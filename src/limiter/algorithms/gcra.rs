@@ -58,9 +58,10 @@ pub fn evaluate(
     let now = (now_ms - EPOCH_MS) * per_ms;
     let tolerance = (interval * burst) as i64;
     let increment = (interval * cost) as i64;
-    // A TAT beyond `now + tolerance` cannot come from these parameters: it was written under another rate (the
-    // config changed). Clamped, the key counts as fully used for one window instead of for years.
-    let tat = state.map_or(now, |s| s.tat.min(now + tolerance));
+    // A TAT beyond `now + 2 × tolerance` (a full bucket and a debt of one more) cannot come from these
+    // parameters: it was written under another rate (the config changed). Clamped, the key counts as fully used
+    // for two windows at most instead of for years.
+    let tat = state.map_or(now, |s| s.tat.min(now + 2 * tolerance));
     let new_tat = tat.max(now) + increment;
     let allow_at = new_tat - tolerance;
     let to_ms = |ticks: i64| ceil_div(ticks.max(0) as u64, ticks_per_ms);
@@ -175,8 +176,8 @@ mod tests {
         run(&mut state, Rate::new(3, 1_000).unwrap(), 3, t0, 1);
         let slower = Rate::new(1_000, 3_600_000).unwrap();
         let d = run(&mut state, slower, 10, t0, 1);
-        assert!(d.retry_after_ms <= 3_600, "{d:?}");
-        assert!(d.reset_after_ms <= 36_000, "{d:?}");
+        assert!(d.retry_after_ms <= 36_000 + 3_600, "{d:?}");
+        assert!(d.reset_after_ms <= 72_000, "{d:?}");
     }
 
     #[test]

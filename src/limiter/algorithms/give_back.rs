@@ -78,7 +78,8 @@ pub fn give_back(
         (Algorithm::TokenBucket { rate, burst }, State::Bucket(s)) => {
             let (unit, per_ms) = (rate.period_ms(), rate.count());
             let capacity = burst * unit;
-            let level = (s.refilled(capacity, per_ms, now_ms) + cost * unit).min(capacity);
+            let level =
+                (s.refilled(capacity, per_ms, now_ms) + (cost * unit) as i64).min(capacity as i64);
             let state = BucketState {
                 level,
                 updated_ms: now_ms,
@@ -86,7 +87,7 @@ pub fn give_back(
             };
             Some((
                 State::Bucket(state),
-                ceil_div(capacity - level, per_ms).max(1),
+                ceil_div((capacity as i64 - level) as u64, per_ms).max(1),
             ))
         }
         (Algorithm::Gcra { rate, .. }, State::Gcra(s)) => {
@@ -105,15 +106,11 @@ pub fn give_back(
                 LeakyMode::Reject => 0,
                 LeakyMode::Delay { max_delay_ms } => max_delay_ms,
             };
-            let most = burst * unit + max_delay_ms * per_ms;
-            let elapsed = (now_ms - s.updated_ms).max(0) as u64;
             let water = s
-                .level
-                .min(most)
-                .saturating_sub(elapsed.saturating_mul(per_ms))
+                .drained(burst * unit, max_delay_ms, per_ms, now_ms)
                 .saturating_sub(cost * unit);
             let state = BucketState {
-                level: water,
+                level: water as i64,
                 updated_ms: now_ms,
                 capacity: 0,
             };

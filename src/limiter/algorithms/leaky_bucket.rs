@@ -39,18 +39,7 @@ pub fn evaluate(
         LeakyMode::Reject => 0,
         LeakyMode::Delay { max_delay_ms } => max_delay_ms,
     };
-    // More water than these parameters can hold was written under others (the config changed): clamp it, so
-    // the key waits one window at most.
-    let most = capacity + max_delay_ms * per_ms;
-    let water = match state {
-        None => 0,
-        Some(s) => {
-            let elapsed = (now_ms - s.updated_ms).max(0) as u64;
-            s.level
-                .min(most)
-                .saturating_sub(elapsed.saturating_mul(per_ms))
-        }
-    };
+    let water = state.map_or(0, |s| s.drained(capacity, max_delay_ms, per_ms, now_ms));
     let need = cost * unit;
     let room = |water: u64| capacity.saturating_sub(water) / unit;
     let standing = Decision {
@@ -76,7 +65,7 @@ pub fn evaluate(
             admitted,
             standing,
             next: BucketState {
-                level: after,
+                level: after as i64,
                 updated_ms: now_ms,
                 capacity: 0,
             },
@@ -92,11 +81,30 @@ pub fn evaluate(
         admitted: denied,
         standing: denied,
         next: BucketState {
-            level: water,
+            level: water as i64,
             updated_ms: now_ms,
             capacity: 0,
         },
         ttl_ms: standing.reset_after_ms,
+    }
+}
+
+impl BucketState {
+    /// A `leaky_bucket` meter's water at `now_ms`. More than the parameters can hold (the most held requests add,
+    /// plus a debt of one capacity) was written under others (the config changed): clamped, so the key waits
+    /// two windows at most.
+    pub(super) fn drained(
+        &self,
+        capacity: u64,
+        max_delay_ms: u64,
+        per_ms: u64,
+        now_ms: i64,
+    ) -> u64 {
+        let most = 2 * capacity + max_delay_ms * per_ms;
+        let elapsed = (now_ms - self.updated_ms).max(0) as u64;
+        (self.level.max(0) as u64)
+            .min(most)
+            .saturating_sub(elapsed.saturating_mul(per_ms))
     }
 }
 

@@ -3,6 +3,7 @@
 //! Each function mirrors a section of the Redis script (`scripts/check/`) integer for integer, so that the memory
 //! store and the Redis store make the same decision for the same sequence of timestamps.
 
+mod debt;
 pub mod fixed_window;
 pub mod gcra;
 mod give_back;
@@ -11,6 +12,7 @@ pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
 
+pub use self::debt::add_debt;
 pub use self::give_back::give_back;
 use super::{Algorithm, Decision, Outcome};
 
@@ -46,12 +48,27 @@ pub struct Transition<S> {
 }
 
 /// Evaluates `cost` against `state` at `now_ms`; a state of another algorithm counts as absent.
+///
+/// A cost above the capacity (a reservation larger than the limit) is never admitted: it is denied with the state
+/// as it stands, and a `retry_after` of the limit's whole window (or longer while the key is in debt), since no wait
+/// makes it fit.
 pub fn evaluate(
     algorithm: &Algorithm,
     state: Option<&State>,
     now_ms: i64,
     cost: u64,
 ) -> Transition<State> {
+    if cost > algorithm.capacity() {
+        let mut standing = evaluate(algorithm, state, now_ms, 0);
+        let denied = Decision {
+            allowed: false,
+            retry_after_ms: algorithm.window_ms().max(standing.standing.retry_after_ms),
+            delay_ms: 0,
+            ..standing.standing
+        };
+        (standing.admitted, standing.standing) = (denied, denied);
+        return standing;
+    }
     match *algorithm {
         Algorithm::FixedWindow { limit, period_ms } => {
             let state = state.and_then(|s| match s {

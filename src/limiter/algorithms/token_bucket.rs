@@ -10,8 +10,9 @@ use crate::limiter::{Decision, Rate};
 /// `rate.period_ms` units.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BucketState {
-    /// Level in scaled units.
-    pub level: u64,
+    /// Level in scaled units. Below zero while a `token_bucket` is in debt (a request settled for more than it
+    /// reserved): refilling pays the debt first.
+    pub level: i64,
     /// When `level` was computed.
     pub updated_ms: i64,
     /// `token_bucket`: the capacity (scaled) `level` was computed under, so that a burst raised since gives its
@@ -22,23 +23,24 @@ pub struct BucketState {
 
 impl BucketState {
     /// The level under `capacity`: raised by what a larger burst added since it was written.
-    fn level_under(&self, capacity: u64) -> u64 {
+    fn level_under(&self, capacity: u64) -> i64 {
         if self.capacity != 0 && self.capacity < capacity {
-            self.level + (capacity - self.capacity)
+            self.level + (capacity - self.capacity) as i64
         } else {
             self.level
         }
     }
 
     /// The level at `now_ms` of a bucket of `capacity` refilled `per_ms` units each millisecond.
-    pub(super) fn refilled(&self, capacity: u64, per_ms: u64, now_ms: i64) -> u64 {
+    pub(super) fn refilled(&self, capacity: u64, per_ms: u64, now_ms: i64) -> i64 {
         let stored = self.level_under(capacity);
         let elapsed = (now_ms - self.updated_ms).max(0) as u64;
+        let capacity = capacity as i64;
         // Compared, not added, so a long idle time cannot overflow.
-        if elapsed.saturating_mul(per_ms) >= capacity.saturating_sub(stored) {
+        if elapsed.saturating_mul(per_ms) >= (capacity - stored).max(0) as u64 {
             capacity
         } else {
-            stored + elapsed * per_ms
+            stored + (elapsed * per_ms) as i64
         }
     }
 }
@@ -54,23 +56,26 @@ pub fn evaluate(
     let unit = rate.period_ms();
     let per_ms = rate.count();
     let capacity = burst * unit;
-    let level = state.map_or(capacity, |s| s.refilled(capacity, per_ms, now_ms));
-    let need = cost * unit;
-    let standing_reset = ceil_div(capacity - level, per_ms);
+    let level = state.map_or(capacity as i64, |s| s.refilled(capacity, per_ms, now_ms));
+    let need = (cost * unit) as i64;
+    // Time to full: longer by the debt's refill time while the level is below zero.
+    let to_full = |level: i64| ceil_div((capacity as i64 - level) as u64, per_ms);
+    let tokens = |level: i64| level.max(0) as u64 / unit;
+    let standing_reset = to_full(level);
 
     if level >= need {
         let after = level - need;
-        let reset = ceil_div(capacity - after, per_ms);
+        let reset = to_full(after);
         let admitted = Decision {
             allowed: true,
             limit: burst,
-            remaining: after / unit,
+            remaining: tokens(after),
             retry_after_ms: 0,
             reset_after_ms: reset,
             delay_ms: 0,
         };
         let standing = Decision {
-            remaining: level / unit,
+            remaining: tokens(level),
             reset_after_ms: standing_reset,
             ..admitted
         };
@@ -89,8 +94,8 @@ pub fn evaluate(
     let denied = Decision {
         allowed: false,
         limit: burst,
-        remaining: level / unit,
-        retry_after_ms: ceil_div(need - level, per_ms),
+        remaining: tokens(level),
+        retry_after_ms: ceil_div((need - level) as u64, per_ms),
         reset_after_ms: standing_reset,
         delay_ms: 0,
     };

@@ -15,7 +15,8 @@
 -- ARGV[2]  the requests, as one MessagePack array of integers (decoded in C by cmsgpack: parsing hundreds of
 --          arguments one by one in Lua cost more than deciding the requests). Per entry:
 --   mode   1 to commit (consume from every limit if all admit), 0 for a dry run that decides but consumes
---          nothing, 2 to give back what a commit took. Redis Cluster needs the dry run when a request's keys span
+--          nothing, 2 to give back what a commit took, 3 to add a debt (a request settled for more than it
+--          reserved: the cost is the difference, see `add_debt`). Redis Cluster needs the dry run when a request's keys span
 --          several hash slots: every slot is asked first, and committed only if all admit; should a slot's commit
 --          deny after all (another request took the room meanwhile), the slots that admitted give back what they
 --          took (see src/limiter/store/redis/cluster.rs).
@@ -28,8 +29,8 @@
 --          in a client's queue through a reconnection, or in Redis's through `CLIENT PAUSE` or a stall) must then
 --          change nothing, or a request answered 503 or by the fallback would still be counted. The gateway sends
 --          its deadline on Redis's clock as it last saw it, never later than the true one (see
---          src/limiter/store/redis_clock.rs). For a give-back: the time its commit was decided, whose window it
---          gives back to,
+--          src/limiter/store/redis_clock.rs). For a give-back or a debt: the time its commit was decided, whose
+--          window it gives back to or adds to,
 --   then 8 integers per limit: the index of its key in KEYS, algorithm id, four parameters, cost, shadow (1:
 --          decided and reported, never enforced: it denies nothing, and consumes only when it admits):
 --   1 sliding_window  limit, period_ms
@@ -41,7 +42,7 @@
 --
 -- Returns, packed as one MessagePack array: now_ms, then per entry:
 --   an entry past its deadline: -1 alone (whatever its count): it was neither decided nor counted.
---   a give-back: 1 alone.
+--   a give-back or a debt: 1 alone.
 --   a single request: all_allowed, then per limit: allowed, remaining, wait_ms, reset_after_ms, where wait_ms is
 --     delay_ms when the limit admits and retry_after_ms when it denies (the other is 0; the limit's capacity the
 --     gateway knows). A committed admission reports the state after consuming; a denial, and any dry run, the

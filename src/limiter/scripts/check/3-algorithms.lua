@@ -21,6 +21,19 @@
 local GCRA_EPOCH_MS = 1735689600000
 
 local function evaluate(alg, k, p1, p2, p3, p4, cost)
+  if cost > p1 then
+    -- More than the capacity (p1 for every algorithm) is never admitted: denied with the state as it stands and
+    -- the limit's whole window (the period, or the time to refill an empty bucket: burst * period / count, for
+    -- gcra in ticks), or longer while the key is in debt.
+    local _, _, _, standing, standing_reset, retry = evaluate(alg, k, p1, p2, p3, p4, 0)
+    local window = p2
+    -- token_bucket, gcra and leaky_bucket: the time to refill (in ticks for gcra, whose p2 and p3 are reduced).
+    if alg == 3 or alg == 5 or alg == 6 then
+      window = p1 * p3
+      window = (window + -window % p2) / p2
+    end
+    return false, 0, 0, standing, standing_reset, max(window, retry), 0
+  end
   if alg == 1 then -- sliding_window
     local limit, period = p1, p2
     local window_start = now - (now % period)
@@ -91,7 +104,8 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     end
     local level = level_of(b, capacity, capacity, per_ms, true)
     local need = cost * unit
-    local standing = (level - level % unit) / unit
+    -- Below zero while the bucket is in debt (a settlement added more than was reserved).
+    local standing = level > 0 and (level - level % unit) / unit or 0
     local empty = capacity - level
     local standing_reset = (empty + -empty % per_ms) / per_ms
     if level >= need then
@@ -129,11 +143,11 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     -- Time in ticks of 1/ticks_per_ms ms since GCRA_EPOCH_MS: the emission interval is a whole number of ticks.
     local t = (now - GCRA_EPOCH_MS) * ticks_per_ms
     local tolerance = interval * burst
-    -- A TAT beyond t + tolerance was written under another rate (the config changed): clamp it, so the key counts
-    -- as fully used for one window instead of for years.
+    -- A TAT beyond t + 2 * tolerance (a full bucket and a debt of one more) was written under another rate (the
+    -- config changed): clamp it, so the key counts as fully used for two windows at most instead of for years.
     local tat = cache[load(k, 5) + 2] or t
-    if tat > t + tolerance then
-      tat = t + tolerance
+    if tat > t + 2 * tolerance then
+      tat = t + 2 * tolerance
     end
     local new_tat = (tat > t and tat or t) + interval * cost
     local allow_at = new_tat - tolerance
@@ -156,7 +170,8 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
   local burst, per_ms, unit, max_delay = p1, p2, p3, p4
   local capacity = burst * unit
   -- More water than these parameters can hold was written under others (the config changed): clamp it.
-  local water = level_of(load(k, 6), 0, capacity + max_delay * per_ms, per_ms, false)
+  -- (Held requests and a debt of one capacity at most.)
+  local water = level_of(load(k, 6), 0, 2 * capacity + max_delay * per_ms, per_ms, false)
   local need = cost * unit
   local free = capacity - water
   local standing = free > 0 and (free - free % unit) / unit or 0
@@ -263,9 +278,117 @@ local function give_back(alg, k, p1, p2, p3, p4, cost, at)
     end
   else -- leaky_bucket
     local burst, per_ms, unit, max_delay = p1, p2, p3, p4
-    local water = level_of(b, 0, burst * unit + max_delay * per_ms, per_ms, false)
+    local water = level_of(b, 0, 2 * burst * unit + max_delay * per_ms, per_ms, false)
     water = max(water - cost * unit, 0)
     store(b, water, now, nil, (water + -water % per_ms) / per_ms)
+  end
+end
+
+-- Adds `cost` as a debt owed by a request decided at `at` on the limit on key k (it settled for more than it
+-- reserved), on the window it landed in, even past the maximum: a window's counter goes over its limit, a bucket
+-- below empty, a GCRA's TAT later, a meter over full, a log gets entries at `at`. A window gone by takes nothing; a
+-- key forgotten meanwhile starts fresh. At most one capacity beyond full is carried (the state holds at most twice
+-- the capacity, p1 for every algorithm), which keeps every integer exact.
+local function add_debt(alg, k, p1, p2, p3, p4, cost, at)
+  if at > now then
+    at = now
+  end
+  local most = 2 * p1
+  cost = min(cost, most)
+  if alg == 2 then -- sliding_log
+    local period = p2
+    write_back(k, true)
+    raw[k] = false
+    local key = KEYS[k]
+    local t = now
+    local newest = log_read('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if newest[2] and tonumber(newest[2]) > t then
+      t = tonumber(newest[2])
+    end
+    if at <= t - period then
+      return
+    end
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', t - period))
+    local add = min(cost, most - redis.call('ZCARD', key))
+    if add > 0 then
+      -- Numbered after the members already at that millisecond (see `commit`).
+      local score = format('%d', at)
+      local seq = redis.call('ZCOUNT', key, score, score)
+      local args = {}
+      for j = 1, add do
+        args[#args + 1] = score
+        args[#args + 1] = score .. '-' .. format('%d', seq + j)
+        if #args >= 200 then
+          redis.call('ZADD', key, unpack(args))
+          args = {}
+        end
+      end
+      if #args > 0 then
+        redis.call('ZADD', key, unpack(args))
+      end
+    end
+    if not explicit_time then
+      redis.call('PEXPIRE', key, format('%d', max(t - now + period, 1)))
+    end
+    return
+  end
+  local b = load(k, alg)
+  if alg == 1 then -- sliding_window
+    local period = p2
+    local landed = at - at % period
+    if landed + 2 * period <= now then
+      return
+    end
+    local start, current, previous = cache[b + 2], 0, 0
+    if start and start >= landed then
+      current, previous = cache[b + 3] or 0, cache[b + 4] or 0
+    elseif start == landed - period then
+      start, previous = landed, cache[b + 3] or 0
+    else
+      start = landed
+    end
+    if start == landed then
+      current = min(current + cost, most)
+    else
+      previous = min(previous + cost, most)
+    end
+    store(b, start, current, previous, max(start + 2 * period - now, 1))
+  elseif alg == 3 then -- token_bucket
+    local burst, per_ms, unit = p1, p2, p3
+    local capacity = burst * unit
+    raise_to(b, capacity)
+    local level = max(level_of(b, capacity, capacity, per_ms, true) - cost * unit, -capacity)
+    local empty = capacity - level
+    store(b, level, now, capacity, max((empty + -empty % per_ms) / per_ms, 1))
+  elseif alg == 4 then -- fixed_window
+    local period = p2
+    local landed = at - at % period
+    if landed + period <= now then
+      return
+    end
+    local count = 0
+    if cache[b + 2] == landed then
+      count = cache[b + 3] or 0
+    end
+    store(b, landed, min(count + cost, most), nil, max(landed + period - now, 1))
+  elseif alg == 5 then -- gcra
+    local burst, ticks_per_ms, interval = p1, p2, p3
+    local t = (now - GCRA_EPOCH_MS) * ticks_per_ms
+    local ceiling = t + 2 * interval * burst
+    local tat = cache[b + 2] or t
+    if tat > ceiling then
+      tat = ceiling
+    elseif tat < t then
+      tat = t
+    end
+    tat = min(tat + cost * interval, ceiling)
+    local ahead = tat - t
+    store(b, tat, nil, nil, max((ahead + -ahead % ticks_per_ms) / ticks_per_ms, 1))
+  else -- leaky_bucket
+    local burst, per_ms, unit, max_delay = p1, p2, p3, p4
+    local full = 2 * burst * unit + max_delay * per_ms
+    local water = min(level_of(b, 0, full, per_ms, false) + cost * unit, full)
+    store(b, water, now, nil, max((water + -water % per_ms) / per_ms, 1))
   end
 end
 

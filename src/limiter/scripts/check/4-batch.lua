@@ -33,7 +33,7 @@ local function span(alg, k, p1, p2, p3, p4, cost, take)
       store(b, after, now, capacity, (empty + -empty % per_ms) / per_ms)
     end
     local per = cost * unit
-    return (level - level % per) / per
+    return level > 0 and (level - level % per) / per or 0
 
   elseif alg == 4 then -- fixed_window
     local limit, period = p1, p2
@@ -56,8 +56,8 @@ local function span(alg, k, p1, p2, p3, p4, cost, take)
     local b = load(k, 5)
     -- After j admissions the TAT is base + j * increment; admission j + 1 needs it within the tolerance of t.
     local base = cache[b + 2] or t
-    if base > t + tolerance then
-      base = t + tolerance
+    if base > t + 2 * tolerance then
+      base = t + 2 * tolerance
     elseif base < t then
       base = t
     end
@@ -75,7 +75,7 @@ local function span(alg, k, p1, p2, p3, p4, cost, take)
   local burst, per_ms, unit, max_delay = p1, p2, p3, p4
   local most = burst * unit + max_delay * per_ms
   local b = load(k, 6)
-  local water = level_of(b, 0, most, per_ms, false)
+  local water = level_of(b, 0, most + burst * unit, per_ms, false)
   if take then
     local after = water + take * cost * unit
     store(b, after, now, nil, (after + -after % per_ms) / per_ms)
@@ -161,6 +161,15 @@ while a <= #input do
     a = a + ENTRY_ARGS
     for i = 0, n - 1 do
       give_back(input[a + 1], input[a], input[a + 2], input[a + 3], input[a + 4], input[a + 5], input[a + 6], deadline)
+      a = a + LIMIT_ARGS
+    end
+    r = r + 1
+    reply[r] = 1
+  elseif input[a] == 3 then
+    -- A debt: `deadline` is when the request that owes it was decided.
+    a = a + ENTRY_ARGS
+    for i = 0, n - 1 do
+      add_debt(input[a + 1], input[a], input[a + 2], input[a + 3], input[a + 4], input[a + 5], input[a + 6], deadline)
       a = a + LIMIT_ARGS
     end
     r = r + 1

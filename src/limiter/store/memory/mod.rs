@@ -262,6 +262,45 @@ impl MemoryStore {
         }
     }
 
+    /// Adds, at the clock's time, a debt on each of `checks` (its limit's cost is the amount owed) for a request
+    /// admitted at `at_ms` that settled for more than it reserved (see [`algorithms::add_debt`]).
+    pub fn add_debts(&self, at_ms: i64, checks: &[LimitCheck<'_>]) {
+        self.add_debts_at(self.clock.now_ms(), at_ms, checks);
+    }
+
+    /// [`add_debts`](Self::add_debts) at `now_ms`. A key forgotten since the admission (it expired once back to
+    /// full) is held again if the store has room for it; without room the debt is dropped.
+    pub fn add_debts_at(&self, now_ms: i64, at_ms: i64, checks: &[LimitCheck<'_>]) {
+        for check in checks {
+            let key = self.key_ref(check.key);
+            let mut shard = self.shards[key.shard()].lock();
+            let found = shard.entries.get_index_of(&key);
+            let state = found
+                .and_then(|index| shard.entries.get_index(index))
+                .map(|(_, entry)| entry)
+                .filter(|e| e.expires_at_ms > now_ms)
+                .map(|e| &e.state);
+            let limit = check.limit;
+            let Some((state, ttl_ms)) =
+                algorithms::add_debt(limit.algorithm(), state, now_ms, at_ms, limit.cost())
+            else {
+                continue;
+            };
+            if found.is_none() && shard.make_room_for(0, now_ms, self.max_per_shard).is_err() {
+                self.full.increment(1);
+                continue;
+            }
+            let entry = Entry {
+                state,
+                expires_at_ms: now_ms + ttl_ms as i64,
+                used_ms: now_ms,
+                // In debt: never displaced before it is paid.
+                over_limit: true,
+            };
+            shard.store(key, found, entry, now_ms, self.max_per_shard);
+        }
+    }
+
     /// The state of one limit for one key as it stands at the clock's time, consuming nothing.
     pub fn peek(&self, check: LimitCheck<'_>) -> Decision {
         let now_ms = self.clock.now_ms();

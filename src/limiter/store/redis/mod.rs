@@ -259,6 +259,29 @@ impl RedisStore {
         at_ms: i64,
         now_ms: Option<i64>,
     ) -> Result<(), StoreError> {
+        self.settle_in(checks, Mode::GiveBack, at_ms, now_ms).await
+    }
+
+    /// Adds a debt on each of `checks` (its limit's cost is the amount owed) for a request admitted at `at_ms`
+    /// (Redis's ms) that settled for more than it reserved, on the window it landed in, at Redis's time (or
+    /// `now_ms`, a test's). One call per hash slot on Redis Cluster; sent once and never retried.
+    pub async fn add_debts(
+        &self,
+        checks: &[LimitCheck<'_>],
+        at_ms: i64,
+        now_ms: Option<i64>,
+    ) -> Result<(), StoreError> {
+        self.settle_in(checks, Mode::Debt, at_ms, now_ms).await
+    }
+
+    /// One call per hash slot for `checks` in `mode` (a give-back or a debt) for an admission at `at_ms`.
+    async fn settle_in(
+        &self,
+        checks: &[LimitCheck<'_>],
+        mode: Mode,
+        at_ms: i64,
+        now_ms: Option<i64>,
+    ) -> Result<(), StoreError> {
         let connection = &self.connection;
         let at = u64::try_from(at_ms).unwrap_or(0);
         let groups = match slot_groups(checks) {
@@ -267,7 +290,7 @@ impl RedisStore {
         };
         let calls = groups.iter().map(|group| {
             let subset: Vec<LimitCheck<'_>> = group.iter().map(|&i| checks[i]).collect();
-            let request = EncodedRequest::new(&subset, Mode::GiveBack);
+            let request = EncodedRequest::new(&subset, mode);
             let slot = connection.slot_of(&subset);
             async move {
                 connection

@@ -50,6 +50,9 @@ pub(super) enum Mode {
     DryRun,
     /// Give back what a commit took, on the window it took it from (see [`EncodedRequest::give_back`]).
     GiveBack,
+    /// Add the cost as a debt on the window a commit landed in (a request that settled for more than it
+    /// reserved).
+    Debt,
 }
 
 /// One request's share of a script call, owned so that it can wait in the batch queue.
@@ -163,10 +166,12 @@ impl EncodedRequest {
     /// have a key of their own, none a `sliding_log` (whose state, a sorted set, the reply cannot carry).
     fn can_run(&self) -> bool {
         self.mode == Mode::Commit
-            && !self
-                .limits
-                .iter()
-                .any(|l| matches!(l.algorithm, Algorithm::SlidingLog { .. }))
+            && !self.limits.iter().any(|l| {
+                matches!(l.algorithm, Algorithm::SlidingLog { .. })
+                    // A run's closed form divides by the cost, and takes each request to fit the capacity.
+                    || l.cost == 0
+                    || l.cost > l.algorithm.capacity()
+            })
             && self.key_ranges().enumerate().all(|(i, key)| {
                 self.key_ranges()
                     .take(i)
@@ -240,6 +245,7 @@ pub(super) fn command(
                 Mode::DryRun => 0,
                 Mode::Commit => 1,
                 Mode::GiveBack => 2,
+                Mode::Debt => 3,
             },
         );
         put(&mut packed, count as u64);
@@ -317,7 +323,7 @@ pub(super) fn parse_reply(
     for &count in runs {
         let request = requests.get(at).ok_or_else(wrong_length)?;
         at += count;
-        if request.mode == Mode::GiveBack {
+        if matches!(request.mode, Mode::GiveBack | Mode::Debt) {
             rest.split_off_first().ok_or_else(wrong_length)?;
             outcomes.push(Ok(Outcome {
                 allowed: true,
@@ -421,12 +427,12 @@ fn state_before_run(algorithm: &Algorithm, f: &[i64]) -> Result<Option<State>, S
             previous: count(f[3]),
         }),
         Algorithm::TokenBucket { .. } => State::Bucket(BucketState {
-            level: count(f[1]),
+            level: f[1],
             updated_ms: f[2],
             capacity: count(f[3]),
         }),
         Algorithm::LeakyBucket { .. } => State::Meter(BucketState {
-            level: count(f[1]),
+            level: f[1],
             updated_ms: f[2],
             capacity: 0,
         }),
