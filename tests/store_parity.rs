@@ -195,6 +195,107 @@ fn a_give_back_decides_alike_in_both_stores() {
     }
 }
 
+/// Reservations settled after their answers leave both stores in the same state: each step reserves any amount
+/// (zero, up to the capacity, or past it), and settles an earlier admitted reservation a while later for less
+/// (given back), more (a debt, up to several capacities) or exactly what it reserved, on the window it landed in.
+#[test]
+fn reserve_and_settle_sequences_decide_alike_in_both_stores() {
+    let fx = fixture();
+    let config = ProptestConfig {
+        cases: 96,
+        source_file: Some(file!()),
+        ..ProptestConfig::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let step = (
+        prop_oneof![Just(0i64), -50i64..0, 0i64..3_000],
+        0u64..25,
+        prop::option::of((0u64..70, any::<bool>())),
+    );
+    let inputs = (algorithm(), prop::collection::vec(step, 1..60));
+    let result = runner.run(&inputs, |(algorithm, steps)| {
+        let case = fx.case.fetch_add(1, Ordering::SeqCst);
+        let memory = MemoryStore::new(10_000, Arc::new(ManualClock::new(0)));
+        let key = format!("settle{case}");
+        let base = Limit::new("s", algorithm, 1).expect("valid");
+        let mut now: i64 = 1_700_000_000_000;
+        let mut reserved: std::collections::VecDeque<(i64, u64)> = Default::default();
+        for (i, (delta, cost, settle)) in steps.into_iter().enumerate() {
+            now += delta;
+            let limit = base.clone().with_cost(cost);
+            let checks = [LimitCheck {
+                key: &key,
+                limit: &limit,
+            }];
+            let expected = memory.check_at(now, &checks);
+            let actual = fx
+                .runtime
+                .block_on(fx.store.check(&checks, Some(now)))
+                .expect("redis");
+            prop_assert_eq!(&actual, &expected, "step {} at {} (cost {})", i, now, cost);
+            if expected.allowed {
+                reserved.push_back((now, cost));
+            }
+            // Settled later, in any order of the answers.
+            let Some((used, newest)) = settle else {
+                continue;
+            };
+            let taken = if newest {
+                reserved.pop_back()
+            } else {
+                reserved.pop_front()
+            };
+            let Some((at, cost)) = taken else {
+                continue;
+            };
+            let (amount, debt) = match used.cmp(&cost) {
+                std::cmp::Ordering::Equal => continue,
+                std::cmp::Ordering::Less => (cost - used, false),
+                std::cmp::Ordering::Greater => (used - cost, true),
+            };
+            let limit = base.clone().with_cost(amount);
+            let checks = [LimitCheck {
+                key: &key,
+                limit: &limit,
+            }];
+            if debt {
+                memory.add_debts_at(now, at, &checks);
+                fx.runtime
+                    .block_on(fx.store.add_debts(&checks, at, Some(now)))
+                    .expect("redis");
+            } else {
+                memory.give_back_at(now, at, &checks);
+                fx.runtime
+                    .block_on(fx.store.give_back(&checks, at, Some(now)))
+                    .expect("redis");
+            }
+            let peek = base.clone().with_cost(0);
+            let checks = [LimitCheck {
+                key: &key,
+                limit: &peek,
+            }];
+            let expected = memory.check_at(now, &checks);
+            let actual = fx
+                .runtime
+                .block_on(fx.store.check(&checks, Some(now)))
+                .expect("redis");
+            prop_assert_eq!(
+                &actual,
+                &expected,
+                "after settling {} for {} at {} (decided at {})",
+                cost,
+                used,
+                now,
+                at
+            );
+        }
+        Ok(())
+    });
+    if let Err(failure) = result {
+        panic!("{failure}");
+    }
+}
+
 /// Parameters at and near the bounds both stores carry exactly (`MAX_SCALED`, `MAX_LOG_ENTRIES`): a value the
 /// limit accepts is decided alike by both stores, one past a bound is refused (by the config and the admin API
 /// alike, which both build limits through `Limit::new`).

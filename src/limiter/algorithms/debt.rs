@@ -150,3 +150,166 @@ pub fn add_debt(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::algorithms::{evaluate, give_back};
+    use crate::limiter::Rate;
+
+    const AT: i64 = EPOCH_MS + 600_000;
+
+    /// Every algorithm at capacity 10, one unit per 6 s (windows of a minute), with the time a request of cost 1
+    /// waits once the key is full, and how much longer each unit of debt makes it wait (0: until the window ends).
+    fn algorithms() -> Vec<(Algorithm, u64, u64)> {
+        let rate = Rate::new(10, 60_000).expect("positive");
+        let bucket_wait = 6_000;
+        vec![
+            // Full at AT (a window's start): until the window ends, debt or not.
+            (
+                Algorithm::FixedWindow {
+                    limit: 10,
+                    period_ms: 60_000,
+                },
+                60_000,
+                0,
+            ),
+            // Entries at AT: until they leave, one period later.
+            (
+                Algorithm::SlidingLog {
+                    limit: 10,
+                    period_ms: 60_000,
+                },
+                60_000,
+                0,
+            ),
+            (
+                Algorithm::TokenBucket { rate, burst: 10 },
+                bucket_wait,
+                6_000,
+            ),
+            (Algorithm::Gcra { rate, burst: 10 }, bucket_wait, 6_000),
+            (
+                Algorithm::LeakyBucket {
+                    rate,
+                    burst: 10,
+                    mode: LeakyMode::Reject,
+                },
+                bucket_wait,
+                6_000,
+            ),
+            (
+                Algorithm::LeakyBucket {
+                    rate,
+                    burst: 10,
+                    mode: LeakyMode::Delay {
+                        max_delay_ms: 1_000,
+                    },
+                },
+                bucket_wait - 1_000,
+                6_000,
+            ),
+        ]
+    }
+
+    /// The state after one reservation of the whole capacity at `AT`.
+    fn full(algorithm: &Algorithm) -> State {
+        let reserved = evaluate(algorithm, None, AT, 10);
+        assert!(reserved.admitted.allowed, "{algorithm:?}");
+        reserved.next
+    }
+
+    #[test]
+    fn a_debt_makes_the_next_request_wait_exactly_its_time() {
+        for (algorithm, wait, per_unit) in algorithms() {
+            let state = full(&algorithm);
+            let next = evaluate(&algorithm, Some(&state), AT + 1, 1).admitted;
+            assert_eq!(
+                (next.allowed, next.retry_after_ms),
+                (false, wait - 1),
+                "{algorithm:?} without debt"
+            );
+            // The answer spent 13: 3 more than reserved, settled 2 s later.
+            let (owing, _) = add_debt(&algorithm, Some(&state), AT + 2_000, AT, 3).expect("owed");
+            let next = evaluate(&algorithm, Some(&owing), AT + 2_000, 1).admitted;
+            assert_eq!(
+                (next.allowed, next.retry_after_ms),
+                (false, wait + 3 * per_unit - 2_000),
+                "{algorithm:?} with a debt of 3"
+            );
+            // A request of no cost is refused while the key is in debt, and admitted once it is paid.
+            let paid = AT + (wait + 3 * per_unit) as i64 - 6_000;
+            let free = evaluate(&algorithm, Some(&owing), paid - 1, 0).admitted;
+            assert!(!free.allowed || per_unit == 0, "{algorithm:?} {free:?}");
+            let later = evaluate(
+                &algorithm,
+                Some(&owing),
+                AT + (wait + 3 * per_unit) as i64,
+                1,
+            );
+            assert!(later.admitted.allowed, "{algorithm:?} once paid");
+        }
+    }
+
+    #[test]
+    fn a_refund_admits_the_next_request() {
+        for (algorithm, _, _) in algorithms() {
+            let state = full(&algorithm);
+            // The answer spent 4 of the 10 reserved: 6 given back.
+            let (refunded, _) =
+                give_back(&algorithm, Some(&state), AT + 2_000, AT, 6).expect("given back");
+            let six = evaluate(&algorithm, Some(&refunded), AT + 2_000, 6);
+            assert!(six.admitted.allowed, "{algorithm:?}");
+            assert_eq!(six.admitted.delay_ms, 0, "{algorithm:?}");
+            let next = evaluate(&algorithm, Some(&six.next), AT + 2_000, 1);
+            assert!(
+                !next.admitted.allowed,
+                "{algorithm:?}: no more than the refund"
+            );
+        }
+    }
+
+    #[test]
+    fn a_debt_lands_on_the_window_it_was_taken_from_and_is_carried_to_one_capacity() {
+        let window = Algorithm::FixedWindow {
+            limit: 10,
+            period_ms: 60_000,
+        };
+        let state = full(&window);
+        // Settled after its window ended: the next window owes nothing.
+        assert_eq!(add_debt(&window, Some(&state), AT + 60_000, AT, 3), None);
+        let (owing, _) = add_debt(&window, Some(&state), AT + 1, AT, u64::MAX).expect("owed");
+        assert_eq!(
+            owing,
+            State::FixedWindow(FixedWindowState {
+                window_start_ms: AT,
+                count: 20
+            })
+        );
+        let bucket = Algorithm::TokenBucket {
+            rate: Rate::new(10, 60_000).expect("positive"),
+            burst: 10,
+        };
+        // A key forgotten since (back to full) owes from full.
+        let (owing, ttl) = add_debt(&bucket, None, AT, AT, 25).expect("owed");
+        assert_eq!(ttl, 120_000);
+        let next = evaluate(&bucket, Some(&owing), AT, 1).admitted;
+        assert_eq!(next.retry_after_ms, 66_000);
+    }
+
+    #[test]
+    fn a_cost_above_the_capacity_is_never_admitted_and_zero_takes_nothing() {
+        for (algorithm, _, _) in algorithms() {
+            let fresh = evaluate(&algorithm, None, AT, 11).admitted;
+            assert!(!fresh.allowed, "{algorithm:?}");
+            assert_eq!(fresh.retry_after_ms, 60_000, "{algorithm:?}");
+            assert_eq!(fresh.remaining, 10, "{algorithm:?}");
+            let zero = evaluate(&algorithm, None, AT, 0);
+            assert!(zero.admitted.allowed, "{algorithm:?}");
+            assert_eq!(zero.admitted.remaining, 10, "{algorithm:?}");
+            let state = full(&algorithm);
+            let zero = evaluate(&algorithm, Some(&state), AT, 0).admitted;
+            assert!(zero.allowed, "{algorithm:?}: full, not over");
+        }
+    }
+}
