@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::serve::ListenerExt;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -215,6 +215,9 @@ async fn run(config: Config, loaded_file: String) -> ExitCode {
             tracing::error!(%error, "admin listener failed");
         }
     });
+    // When the listeners close (after the drain's delay): the rate limit service's closes with the gateway's.
+    let (closing, closed) = tokio::sync::watch::channel(None::<Instant>);
+    let mut rls_served = None;
     let rls = match &config.rls {
         None => None,
         Some(settings) => match TcpListener::bind(settings.listen).await {
@@ -226,9 +229,13 @@ async fn run(config: Config, loaded_file: String) -> ExitCode {
                 ));
                 let rls_addr = listener.local_addr().map_or(settings.listen, |a| a);
                 tracing::info!(listen = %rls_addr, domains = settings.domains.len(), "rate limit service listening");
-                // It serves for as long as the process runs: Envoy asks it about requests until the gateway's
-                // drain is over.
-                tokio::spawn(serve_rls(listener, Arc::clone(&service)));
+                // It drains as the gateway does: NOT_SERVING from the signal, its listener closed with the
+                // gateway's, and the calls in flight answered within the same grace period.
+                rls_served = Some(tokio::spawn(serve_rls(
+                    listener,
+                    Arc::clone(&service),
+                    closed.clone(),
+                )));
                 Some(service)
             }
             Err(error) => {
@@ -254,10 +261,29 @@ async fn run(config: Config, loaded_file: String) -> ExitCode {
 
     // Signals are watched before the line that says the gateway listens: a SIGTERM sent as soon as it listens
     // must begin the drain, not end the process by the signal's default action.
-    let shutdown = shutdown_sequence(gateway.clone(), &config.server);
+    let shutdown = shutdown_sequence(gateway.clone(), rls, &config.server, closing);
     let listen = listener.local_addr().map_or(config.listen, |a| a);
     tracing::info!(%listen, admin = %admin_addr, routes = config.routes.len(), "tollgate listening");
-    match gateway::serve(listener, gateway, &config.server, shutdown).await {
+    let served = gateway::serve(listener, gateway.clone(), &config.server, shutdown).await;
+    let rls_finished = match rls_served {
+        None => true,
+        Some(served) => {
+            let closed_at = *closed.borrow();
+            let deadline = closed_at.unwrap_or_else(Instant::now) + config.server.shutdown_grace;
+            tokio::select! {
+                biased;
+                _ = served => true,
+                () = tokio::time::sleep_until(deadline.into()) => false,
+                () = gateway.shutdown().cut_requested() => false,
+            }
+        }
+    };
+    if !rls_finished {
+        tracing::warn!(
+            "rate limit service calls still in flight after the grace period: they are cut"
+        );
+    }
+    match served {
         Ok(()) => {
             tracing::info!("stopped");
             ExitCode::SUCCESS
@@ -269,18 +295,24 @@ async fn run(config: Config, loaded_file: String) -> ExitCode {
     }
 }
 
-/// Completes when the listener must close: on SIGINT or SIGTERM readiness fails (`draining`), and the listener
-/// serves on for `server.shutdown_delay` so that balancers see the failed check first. A second signal ends the
-/// delay, and later the grace period, at once. The signals are watched from this call on.
+/// Completes when the listener must close: on SIGINT or SIGTERM readiness fails (`draining`, and the rate limit
+/// service's health check NOT_SERVING), and the listeners serve on for `server.shutdown_delay` so that balancers
+/// see the failed check first; then `closing` tells the rate limit service's listener when it closed. A second
+/// signal ends the delay, and later the grace period, at once. The signals are watched from this call on.
 fn shutdown_sequence(
     gateway: Arc<Gateway>,
+    rls: Option<Arc<tollgate::rls::RateLimitService>>,
     server: &tollgate::config::ServerSettings,
+    closing: tokio::sync::watch::Sender<Option<Instant>>,
 ) -> impl std::future::Future<Output = ()> {
     let (delay, grace) = (server.shutdown_delay, server.shutdown_grace);
     let mut signals = ShutdownSignals::watch();
     async move {
         signals.recv().await;
         gateway.shutdown().begin();
+        if let Some(rls) = &rls {
+            rls.begin_draining();
+        }
         tracing::info!(
             ?delay,
             ?grace,
@@ -298,6 +330,7 @@ fn shutdown_sequence(
             () = tokio::time::sleep(delay) => {}
             () = gateway.shutdown().cut_requested() => {}
         }
+        closing.send_replace(Some(Instant::now()));
     }
 }
 
@@ -379,11 +412,20 @@ fn reload_on_sighup(
     }
 }
 
-/// Serves Envoy's rate limit service on `listener` until the process ends.
-async fn serve_rls(listener: TcpListener, service: Arc<tollgate::rls::RateLimitService>) {
-    if let Err(error) = tollgate::rls::serve(listener, service, std::future::pending::<()>()).await
-    {
-        tracing::error!(%error, "rate limit service listener failed");
+/// Serves Envoy's rate limit service on `listener` until `closed` says the listeners close; completes once the
+/// calls in flight then are answered.
+async fn serve_rls(
+    listener: TcpListener,
+    service: Arc<tollgate::rls::RateLimitService>,
+    mut closed: tokio::sync::watch::Receiver<Option<Instant>>,
+) {
+    let closing = async move {
+        // The sender lives as long as the drain: a dropped one closes too.
+        let _ = closed.wait_for(Option::is_some).await;
+    };
+    match tollgate::rls::serve(listener, service, closing).await {
+        Ok(()) => tracing::info!("rate limit service drained: every call answered"),
+        Err(error) => tracing::error!(%error, "rate limit service listener failed"),
     }
 }
 

@@ -719,6 +719,160 @@ async fn the_process_serves_it_beside_the_gateway_reloads_it_and_counts_it() {
     }
 }
 
+/// The binary on `store` (a flow mapping) with `server` settings and [`EDGE`]; its rate limit service's address.
+fn draining_process(
+    store: &str,
+    server: &str,
+) -> (
+    common::binary::Tollgate,
+    std::net::SocketAddr,
+    tempfile::TempDir,
+) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("gateway.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0 }}\nserver: {server}\nstore: {store}\nrls:\n  listen: 127.0.0.1:0\n{EDGE}"
+        ),
+    )
+    .expect("write");
+    let mut command = common::binary::Tollgate::command(&path);
+    command.env("RUST_LOG", "info");
+    let gateway = common::binary::Tollgate::spawn(command);
+    let addr = rls_address(&gateway);
+    (gateway, addr, dir)
+}
+
+async fn rls_client(
+    addr: std::net::SocketAddr,
+) -> envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<
+    tonic::transport::Channel,
+>{
+    envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect to the rate limit service")
+}
+
+fn terminate(gateway: &common::binary::Tollgate) {
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &gateway.pid().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+}
+
+/// Waits for the process to exit, and asserts it exited 0.
+async fn exits_cleanly(gateway: &mut common::binary::Tollgate) {
+    let mut exit = None;
+    let exited = common::eventually(std::time::Duration::from_secs(20), async || {
+        exit = gateway.process.0.try_wait().expect("wait");
+        exit.is_some()
+    })
+    .await;
+    assert!(exited.is_some(), "exited\n{}", gateway.log());
+    assert_eq!(exit.and_then(|s| s.code()), Some(0), "{}", gateway.log());
+}
+
+/// A domain no config names: answered without the store.
+fn elsewhere() -> envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+    request(
+        "elsewhere",
+        vec![descriptor(&[("remote_address", "192.0.2.1")])],
+    )
+}
+
+#[tokio::test]
+async fn a_draining_process_says_not_serving_and_answers_through_the_delay() {
+    let (mut gateway, addr, _dir) = draining_process(
+        "{ backend: memory }",
+        "{ shutdown_delay: 2s, shutdown_grace: 30s }",
+    );
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = HealthClient::new(channel);
+    let mut status = async || {
+        let answer = health
+            .check(HealthCheckRequest {
+                service: "envoy.service.ratelimit.v3.RateLimitService".to_owned(),
+            })
+            .await
+            .expect("a health answer");
+        answer.into_inner().status
+    };
+    assert_eq!(status().await, ServingStatus::Serving as i32);
+    terminate(&gateway);
+    let not_serving = common::eventually(std::time::Duration::from_secs(5), async || {
+        status().await == ServingStatus::NotServing as i32
+    })
+    .await;
+    assert!(
+        not_serving.is_some(),
+        "NOT_SERVING once draining\n{}",
+        gateway.log()
+    );
+    // Through the delay it still decides, on a new connection too.
+    let mut fresh = rls_client(addr).await;
+    let by_address = request("edge", vec![descriptor(&[("remote_address", "192.0.2.1")])]);
+    assert_eq!(ask(&mut fresh, by_address).await.overall_code, OK);
+    // Then the listener closes.
+    let refused = common::eventually(std::time::Duration::from_secs(10), async || {
+        tokio::net::TcpStream::connect(addr).await.is_err()
+    })
+    .await;
+    assert!(refused.is_some(), "the listener closed\n{}", gateway.log());
+    drop(fresh);
+    exits_cleanly(&mut gateway).await;
+}
+
+#[tokio::test]
+async fn calls_in_flight_when_the_listener_closes_are_answered_before_the_process_exits() {
+    let redis = RedisServer::start();
+    let (mut gateway, addr, _dir) = draining_process(
+        &format!(
+            "{{ backend: redis, url: \"{}\", timeout: 20s, on_error: allow }}",
+            redis.url()
+        ),
+        "{ shutdown_delay: 0s, shutdown_grace: 30s }",
+    );
+    let mut client = rls_client(addr).await;
+    let by_address = || request("edge", vec![descriptor(&[("remote_address", "192.0.2.1")])]);
+    assert_eq!(ask(&mut client, by_address()).await.overall_code, OK);
+
+    // A call in flight: Redis frozen, it waits for Redis (until Redis is back, or fred gives up on it).
+    redis.pause();
+    let mut waiting = client.clone();
+    let in_flight = async move { waiting.should_rate_limit(by_address()).await };
+    tokio::pin!(in_flight);
+    // Sent after it on the same connection: once this one is answered, the service has the other.
+    tokio::select! {
+        biased;
+        _ = &mut in_flight => panic!("answered while Redis is frozen"),
+        answer = client.should_rate_limit(elsewhere()) => { answer.expect("an answer"); }
+    }
+    terminate(&gateway);
+    let refused = common::eventually(std::time::Duration::from_secs(10), async || {
+        tokio::net::TcpStream::connect(addr).await.is_err()
+    })
+    .await;
+    assert!(refused.is_some(), "the listener closed\n{}", gateway.log());
+    assert!(
+        gateway.process.0.try_wait().expect("wait").is_none(),
+        "the process waits for the call in flight\n{}",
+        gateway.log()
+    );
+    redis.resume();
+    let answer = in_flight.await.expect("the call in flight is answered");
+    assert_eq!(answer.into_inner().overall_code, OK);
+    drop(client);
+    exits_cleanly(&mut gateway).await;
+    let log = gateway.log();
+    assert!(log.contains("rate limit service drained"), "{log}");
+}
+
 #[tokio::test]
 async fn on_a_redis_cluster_descriptors_in_different_slots_are_still_all_or_nothing() {
     let cluster = common::cluster::RedisCluster::start();

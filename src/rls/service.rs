@@ -14,6 +14,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use smallvec::SmallVec;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
 
@@ -34,6 +35,8 @@ pub struct RateLimitService {
     key_prefix: String,
     /// `tollgate_rls_request_duration_seconds`, registered once.
     duration: metrics::Histogram,
+    /// True once the process drains: the health check answers NOT_SERVING from then on.
+    draining: watch::Sender<bool>,
 }
 
 /// The running `rls:` section, with each domain's counters registered once.
@@ -74,7 +77,19 @@ impl RateLimitService {
             limiter,
             key_prefix: key_prefix.to_owned(),
             duration: metrics::histogram!("tollgate_rls_request_duration_seconds"),
+            draining: watch::Sender::new(false),
         }
+    }
+
+    /// Starts draining: the health check answers NOT_SERVING from now on, so that Envoy (and Kubernetes) stop
+    /// sending to this instance while it still answers; the listener closes when [`serve`]'s `shutdown` completes.
+    pub fn begin_draining(&self) {
+        self.draining.send_replace(true);
+    }
+
+    /// Whether the process drains.
+    pub fn is_draining(&self) -> bool {
+        *self.draining.borrow()
     }
 
     /// Runs `settings` from now on (the listener's address needs a restart); the store and its counts stay.
@@ -261,8 +276,10 @@ impl Counters {
     }
 }
 
-/// Serves `service` and `grpc.health.v1` on `listener` (HTTP/2, gRPC) until `shutdown` completes. The health
-/// check answers SERVING, or, with `rls.health_follows_store`, NOT_SERVING while the store is degraded.
+/// Serves `service` and `grpc.health.v1` on `listener` (HTTP/2, gRPC) until `shutdown` completes; then the
+/// listener closes at once, every connection is sent GOAWAY, and this completes once the calls in flight are
+/// answered and the connections closed. The health check answers SERVING; NOT_SERVING once the service drains
+/// ([`RateLimitService::begin_draining`]) and, with `rls.health_follows_store`, while the store is degraded.
 pub async fn serve(
     listener: TcpListener,
     service: Arc<RateLimitService>,
@@ -272,32 +289,7 @@ pub async fn serve(
     reporter
         .set_serving::<RateLimitServiceServer<RateLimitService>>()
         .await;
-    let watched = Arc::downgrade(&service);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(HEALTH_INTERVAL);
-        let mut last = ServingStatus::Serving;
-        loop {
-            tick.tick().await;
-            let Some(service) = watched.upgrade() else {
-                return;
-            };
-            let follows = service.tables.load().health_follows_store;
-            let status = if follows && !service.limiter.readiness().ready {
-                ServingStatus::NotServing
-            } else {
-                ServingStatus::Serving
-            };
-            if status != last {
-                for name in [
-                    "",
-                    <RateLimitServiceServer<RateLimitService> as tonic::server::NamedService>::NAME,
-                ] {
-                    reporter.set_service_status(name, status).await;
-                }
-                last = status;
-            }
-        }
-    });
+    tokio::spawn(follow_health(reporter, Arc::downgrade(&service)));
     tonic::transport::Server::builder()
         .add_service(health)
         .add_service(RateLimitServiceServer::from_arc(service))
@@ -308,4 +300,46 @@ pub async fn serve(
             shutdown,
         )
         .await
+}
+
+/// Keeps the health check's answer to what `service` stands for: checked every [`HEALTH_INTERVAL`] and at once
+/// when the drain begins. Ends with the service.
+async fn follow_health(
+    reporter: tonic_health::server::HealthReporter,
+    service: std::sync::Weak<RateLimitService>,
+) {
+    let Some(mut draining) = service.upgrade().map(|s| s.draining.subscribe()) else {
+        return;
+    };
+    let mut tick = tokio::time::interval(HEALTH_INTERVAL);
+    let mut last = ServingStatus::Serving;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = draining.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+        }
+        let Some(service) = service.upgrade() else {
+            return;
+        };
+        let follows = service.tables.load().health_follows_store;
+        let status = if service.is_draining() || (follows && !service.limiter.readiness().ready) {
+            ServingStatus::NotServing
+        } else {
+            ServingStatus::Serving
+        };
+        drop(service);
+        if status != last {
+            for name in [
+                "",
+                <RateLimitServiceServer<RateLimitService> as tonic::server::NamedService>::NAME,
+            ] {
+                reporter.set_service_status(name, status).await;
+            }
+            last = status;
+        }
+    }
 }
