@@ -201,9 +201,11 @@ async fn hits_addend_is_the_cost_per_request_and_per_descriptor() {
     assert_eq!(ask(&mut client, too_many).await.overall_code, OVER_LIMIT);
 }
 
-/// Every algorithm and the all-or-nothing of a request, read with `hits_addend: 0` on the store of `config`.
-async fn hits_addend_zero_reads_and_takes_nothing(config: &tollgate::config::Config) {
-    let rls = start_rls_with(config, true).await;
+/// `hits_addend: 0` on every algorithm, and in a request's all-or-nothing, on the store of `yaml` (with
+/// `{limit}` where the windows' limit goes).
+async fn hits_addend_zero_takes_nothing(yaml: &str) {
+    let config = |limit: u32| common::config(&yaml.replace("{limit}", &limit.to_string()));
+    let rls = start_rls_with(&config(4), true).await;
     let mut client = rls.client().await;
     let read = |value: &str| {
         request(
@@ -212,37 +214,45 @@ async fn hits_addend_zero_reads_and_takes_nothing(config: &tollgate::config::Con
         )
     };
     let take = |value: &str| request("edge", vec![descriptor(&[("generic_key", value)])]);
-    for algorithm in [
-        "fixed_window",
-        "sliding_window",
-        "sliding_log",
-        "token_bucket",
-        "gcra",
-        "leaky_bucket",
-    ] {
+    for algorithm in ALGORITHMS {
         for _ in 0..3 {
             let answer = ask(&mut client, read(algorithm)).await;
             let status = &answer.statuses[0];
             assert_eq!(
                 (answer.overall_code, status.code, status.limit_remaining),
                 (OK, OK, 4),
-                "{algorithm}: a read takes nothing"
+                "{algorithm}: a check takes nothing"
             );
         }
         for left in [3, 2, 1, 0] {
             let answer = ask(&mut client, take(algorithm)).await;
             assert_eq!(answer.statuses[0].limit_remaining, left, "{algorithm}");
         }
+        // Not one hit left, but not over the limit either: OK, with nothing remaining.
         let answer = ask(&mut client, read(algorithm)).await;
         let status = &answer.statuses[0];
         assert_eq!(
             (answer.overall_code, status.code, status.limit_remaining),
-            (OVER_LIMIT, OVER_LIMIT, 0),
-            "{algorithm}: a read with not one hit left is over the limit"
+            (OK, OK, 0),
+            "{algorithm}: spent is not over"
         );
-        assert!(header(&answer, "retry-after").is_some(), "{algorithm}");
+        assert_eq!(
+            ask(&mut client, take(algorithm)).await.overall_code,
+            OVER_LIMIT
+        );
     }
-    // A read over the limit refuses its request: the descriptor that takes is not taken from.
+    // The windows lowered to 2 under the 4 they counted: over the limit, and a check is refused.
+    rls.service
+        .reload(config(2).rls.as_ref().expect("an rls block"));
+    for algorithm in ["fixed_window", "sliding_window", "sliding_log"] {
+        let answer = ask(&mut client, read(algorithm)).await;
+        assert_eq!(
+            (answer.overall_code, answer.statuses[0].code),
+            (OVER_LIMIT, OVER_LIMIT),
+            "{algorithm}: over the limit"
+        );
+    }
+    // A refused check refuses its request: the descriptor that takes is not taken from.
     let both = request(
         "edge",
         vec![
@@ -257,44 +267,50 @@ async fn hits_addend_zero_reads_and_takes_nothing(config: &tollgate::config::Con
         (OVER_LIMIT, vec![OK, OVER_LIMIT])
     );
     let untouched = ask(&mut client, read("sliding_log_b")).await;
-    assert_eq!(untouched.statuses[0].limit_remaining, 4, "nothing taken");
-    // A read with room left lets the request take from the others.
+    assert_eq!(untouched.statuses[0].limit_remaining, 2, "nothing taken");
+    // A check that passes lets the request take from the others.
     let both = request(
         "edge",
         vec![
             descriptor(&[("generic_key", "sliding_log_b")]),
-            descriptor_taking(&[("generic_key", "gcra_b")], 0),
+            descriptor_taking(&[("generic_key", "gcra")], 0),
         ],
     );
     let answer = ask(&mut client, both).await;
     let remaining: Vec<u32> = answer.statuses.iter().map(|s| s.limit_remaining).collect();
-    assert_eq!((answer.overall_code, remaining), (OK, vec![3, 4]));
+    assert_eq!((answer.overall_code, remaining), (OK, vec![1, 0]));
 }
 
-/// [`EVERY_ALGORITHM`] with a second descriptor for two of them.
-fn every_algorithm_twice() -> String {
+const ALGORITHMS: [&str; 6] = [
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+    "token_bucket",
+    "gcra",
+    "leaky_bucket",
+];
+
+/// [`EVERY_ALGORITHM`] with the windows' limit left as `{limit}`, and one more sliding log.
+fn every_algorithm_to_lower() -> String {
+    let windows = EVERY_ALGORITHM.replace("limit: 4,", "limit: {limit},");
     format!(
-        "{EVERY_ALGORITHM}        - {{ key: generic_key, value: sliding_log_b, limits: [ {{ name: l, algorithm: sliding_log, limit: 4, period: 1h }} ] }}\n        - {{ key: generic_key, value: gcra_b, limits: [ {{ name: l, algorithm: gcra, rate: 1/1h, burst: 4 }} ] }}\n"
+        "{windows}        - {{ key: generic_key, value: sliding_log_b, limits: [ {{ name: l, algorithm: sliding_log, limit: {{limit}}, period: 1h }} ] }}\n"
     )
 }
 
 #[tokio::test]
-async fn hits_addend_zero_reads_the_limits_on_redis() {
+async fn hits_addend_zero_takes_nothing_and_is_refused_only_over_the_limit_on_redis() {
     let redis = RedisServer::start();
-    hits_addend_zero_reads_and_takes_nothing(&common::config(&on_redis(
-        &redis,
-        &every_algorithm_twice(),
-    )))
-    .await;
+    hits_addend_zero_takes_nothing(&on_redis(&redis, &every_algorithm_to_lower())).await;
 }
 
 #[tokio::test]
-async fn hits_addend_zero_reads_the_limits_in_memory() {
+async fn hits_addend_zero_takes_nothing_and_is_refused_only_over_the_limit_in_memory() {
     let yaml = format!(
         "store:\n  backend: memory\nrls:\n  listen: 127.0.0.1:0\n{}",
-        every_algorithm_twice()
+        every_algorithm_to_lower()
     );
-    hits_addend_zero_reads_and_takes_nothing(&common::config(&yaml)).await;
+    hits_addend_zero_takes_nothing(&yaml).await;
 }
 
 #[tokio::test]

@@ -434,11 +434,6 @@ impl RateLimiter {
         self.on_error
     }
 
-    /// How long one limiter call may wait for Redis (`store.timeout`).
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
     /// The configured backend.
     pub fn backend(&self) -> &Backend {
         &self.backend

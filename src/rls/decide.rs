@@ -8,8 +8,8 @@ use smallvec::SmallVec;
 use super::domains::{Domain, Matched, Rule, RuleKind, MAX_SHARED_DEPTH};
 use super::unit::Unit;
 use crate::key::{key_head, seal_key};
-use crate::limiter::store::{LimitCheck, StoreError};
-use crate::limiter::{Decision, Limit, OnError, RateLimiter, Unavailable};
+use crate::limiter::store::LimitCheck;
+use crate::limiter::{Decision, Limit, RateLimiter, Unavailable};
 
 /// One descriptor of a request, as Envoy sent it.
 #[derive(Debug, Clone)]
@@ -17,7 +17,7 @@ pub struct Descriptor<'r> {
     /// Its entries, in order: (key, value).
     pub entries: SmallVec<[(&'r str, &'r str); 4]>,
     /// What it takes from each limit it meets (`hits_addend`, per descriptor or else per request). 0 (a
-    /// descriptor's own `hits_addend: 0`) reads its limits and takes nothing.
+    /// descriptor's own `hits_addend: 0`) takes nothing and is refused only by a limit that is over.
     pub hits: u64,
     /// The limit Envoy's route config gives it in place of the configured one: requests per unit.
     pub limit_override: Option<(u64, Unit)>,
@@ -55,8 +55,6 @@ pub struct Checked<'d> {
     pub decision: Option<Decision>,
     /// The descriptor's hits are more than the limit can ever hold: over the limit whatever the store holds.
     pub impossible: bool,
-    /// The descriptor takes nothing (`hits_addend: 0`): its limit is read, and refuses when not one hit is left.
-    pub read_only: bool,
 }
 
 /// The answer to one request, before it is written for Envoy.
@@ -104,8 +102,7 @@ pub async fn decide<'d>(
             _ => continue,
         };
         for limit in limits {
-            // A read (hits 0) asks what one more hit would meet: it refuses when not even one is left.
-            let (limit, impossible) = match with_cost(limit, descriptor.hits.max(1)) {
+            let (limit, impossible) = match with_cost(limit, descriptor.hits) {
                 Ok(limit) => (limit, false),
                 Err(limit) => {
                     refused_here |= !limit.is_shadow();
@@ -120,7 +117,6 @@ pub async fn decide<'d>(
                 limit,
                 decision: None,
                 impossible,
-                read_only: descriptor.hits == 0,
             });
         }
     }
@@ -131,24 +127,11 @@ pub async fn decide<'d>(
             over_limit: true,
         });
     }
-    // The reads first: a request one of whose reads finds no room is refused before anything is taken.
-    read(&mut checked, &keys, limiter).await?;
-    if checked
-        .iter()
-        .any(|c| c.read_only && !c.limit.is_shadow() && c.decision.is_some_and(|d| !d.allowed))
-    {
-        return Ok(Decided {
-            found,
-            checked,
-            over_limit: true,
-        });
-    }
     // A shadow limit no request of this size can meet is left out: it would only say "would deny".
-    let taking = |checked: &Checked<'_>| !checked.impossible && !checked.read_only;
     let checks: Vec<LimitCheck<'_>> = checked
         .iter()
         .zip(&keys)
-        .filter(|(checked, _)| taking(checked))
+        .filter(|(checked, _)| !checked.impossible)
         .map(|(checked, key)| LimitCheck {
             key,
             limit: &checked.limit,
@@ -157,7 +140,7 @@ pub async fn decide<'d>(
     let (outcome, _) = limiter.check_deciding(&checks).await?;
     drop(checks);
     // Empty when the store failed and `on_error: allow` admitted the request.
-    let asked = checked.iter_mut().filter(|checked| taking(checked));
+    let asked = checked.iter_mut().filter(|checked| !checked.impossible);
     for (checked, decision) in asked.zip(outcome.decisions) {
         checked.decision = Some(decision);
     }
@@ -166,53 +149,6 @@ pub async fn decide<'d>(
         checked,
         over_limit: !outcome.allowed,
     })
-}
-
-/// Reads the state of every read-only limit in `checked` (keys alongside), consuming nothing: from the store
-/// (Redis, the shared truth) within the store's time budget, and when it fails as `store.on_error` says: `allow`
-/// leaves the limit undecided (it admits), `local` reads this instance's in-process store, `deny` fails the request.
-async fn read(
-    checked: &mut [Checked<'_>],
-    keys: &[String],
-    limiter: &RateLimiter,
-) -> Result<(), Unavailable> {
-    let reads: SmallVec<[usize; 4]> = (0..checked.len())
-        .filter(|&i| checked[i].read_only)
-        .collect();
-    if reads.is_empty() {
-        return Ok(());
-    }
-    let check = |i: usize| LimitCheck {
-        key: &keys[i],
-        limit: &checked[i].limit,
-    };
-    let results: Vec<Result<Decision, StoreError>> = if limiter.fallback_active() {
-        // Redis is known to fail: no read waits for it.
-        reads.iter().map(|_| Err(StoreError::CircuitOpen)).collect()
-    } else {
-        let budget = limiter.timeout();
-        futures_util::future::join_all(reads.iter().map(|&i| async move {
-            tokio::time::timeout(budget, limiter.peek(check(i)))
-                .await
-                .unwrap_or(Err(StoreError::Timeout(budget)))
-        }))
-        .await
-    };
-    let mut decisions: SmallVec<[Option<Decision>; 4]> = SmallVec::new();
-    for (&i, result) in reads.iter().zip(results) {
-        decisions.push(match result {
-            Ok(decision) => Some(decision),
-            Err(error) => match limiter.on_error() {
-                OnError::Allow => None,
-                OnError::Local => Some(limiter.local().peek(check(i))),
-                OnError::Deny => return Err(Unavailable(error)),
-            },
-        });
-    }
-    for (&i, decision) in reads.iter().zip(decisions) {
-        checked[i].decision = decision;
-    }
-    Ok(())
 }
 
 /// The rule each descriptor finds, with the rules replaced: a rule named in the `replaces` of another rule met by
@@ -288,15 +224,17 @@ fn override_limit(descriptor: &Descriptor<'_>) -> Option<Limit> {
 }
 
 /// `limit` taking `hits`: the same limit when that is its cost; `Err` with the limit when it can never take that
-/// much (more than its capacity), so that the descriptor is over the limit whatever the store holds.
+/// much (more than its capacity), so that the descriptor is over the limit whatever the store holds. 0 takes
+/// nothing and is admitted while the key is not over the limit (`hits_addend: 0`, Envoy's "check without
+/// counting").
 fn with_cost(limit: Cow<'_, Limit>, hits: u64) -> Result<Cow<'_, Limit>, Cow<'_, Limit>> {
     if limit.cost() == hits {
         return Ok(limit);
     }
-    match Limit::new(limit.name(), *limit.algorithm(), hits) {
-        Ok(costed) => Ok(Cow::Owned(costed.with_shadow(limit.is_shadow()))),
-        Err(_) => Err(limit),
+    if hits > limit.algorithm().capacity() {
+        return Err(limit);
     }
+    Ok(Cow::Owned(limit.into_owned().with_cost(hits)))
 }
 
 /// Writes the descriptor's entries as a store key's value, `key=value|key=value` (`\` escaping `|`, `=` and
