@@ -579,7 +579,7 @@ fn problems_in_ratelimit_files_are_located_in_them() {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::write(
         dir.path().join("bad.yaml"),
-        "domain: bad\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 5\n  - key: b\n    value: x\n    share_threshold: true\n",
+        "domain: bad\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 5\n  - key: b\n    value: x\n    share_threshold: true\n  - key: c\n    quota_mode: true\n    rate_limit: { unit: hour, requests_per_unit: 5 }\n",
     )
     .expect("write");
     std::fs::write(
@@ -615,6 +615,10 @@ fn problems_in_ratelimit_files_are_located_in_them() {
             ),
             format!(
                 "{}:9:5: descriptors[1].share_threshold: share_threshold needs a value with '*' (the values it matches share one count)",
+                bad.display()
+            ),
+            format!(
+                "{}:11:5: descriptors[2].quota_mode: quota_mode is not supported by tollgate's rate limit service (remove it: the descriptor's limit is then enforced)",
                 bad.display()
             ),
             format!(
@@ -733,6 +737,19 @@ async fn the_process_serves_it_beside_the_gateway_reloads_it_and_counts_it() {
     ] {
         assert!(metrics.contains(series), "{series} in\n{metrics}");
     }
+    // Per limit as the HTTP routes' limits are counted: its two admissions, its refusals.
+    let value = |series: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(series))
+            .and_then(|rest| rest.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{series} in\n{metrics}"))
+    };
+    let per_ip =
+        r#"tollgate_decisions_total{route="rls:edge",descriptor="remote_address",limit="per-ip""#;
+    assert_eq!(value(&format!("{per_ip},decision=\"allowed\"}}")), 2);
+    assert!(value(&format!("{per_ip},decision=\"denied\"}}")) >= 1);
+    assert_eq!(value(&format!("{per_ip},decision=\"shadow_denied\"}}")), 0);
 }
 
 /// The binary on `store` (a flow mapping) with `server` settings and [`EDGE`]; its rate limit service's address.

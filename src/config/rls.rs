@@ -418,7 +418,8 @@ fn envoy_descriptors(
         if descriptor.quota_mode {
             issues.add(
                 format!("{at}.quota_mode"),
-                "quota_mode is not supported by tollgate's rate limit service",
+                "quota_mode is not supported by tollgate's rate limit service (remove it: the descriptor's limit is \
+                 then enforced)",
             );
         }
         let rule = descriptor.rate_limit.as_ref().and_then(|rate_limit| {

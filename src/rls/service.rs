@@ -56,6 +56,16 @@ struct Tables {
 struct Entry {
     domain: Domain,
     counters: Counters,
+    /// `tollgate_decisions_total` of each rule's limits: by the rule's path, then the limit's name.
+    decisions: HashMap<String, HashMap<String, DecisionCounters>>,
+}
+
+/// `tollgate_decisions_total{route="rls:<domain>",descriptor,limit,decision}` of one limit of one rule.
+#[derive(Debug)]
+struct DecisionCounters {
+    allowed: metrics::Counter,
+    denied: metrics::Counter,
+    shadow_denied: metrics::Counter,
 }
 
 /// `tollgate_rls_requests_total{domain,code}` and `tollgate_rls_shadow_denied_total{domain}` of one domain.
@@ -139,6 +149,9 @@ impl RateLimitService {
         let answer = match decided {
             Ok(decided) => {
                 count_shadow_denials(&decided, &counters.shadow_denied);
+                if let Some(entry) = entry {
+                    entry.count_decisions(&decided);
+                }
                 let counter = if decided.over_limit {
                     &counters.over_limit
                 } else {
@@ -238,6 +251,7 @@ impl Tables {
                 let entry = Entry {
                     domain: domain.clone(),
                     counters: Counters::new(&domain.name),
+                    decisions: DecisionCounters::of_domain(domain),
                 };
                 (domain.name.clone(), entry)
             })
@@ -250,6 +264,75 @@ impl Tables {
             config_dir: settings.config_dir.clone(),
             unknown: Counters::new(""),
         }
+    }
+}
+
+// === impl Entry ===
+
+impl Entry {
+    /// `tollgate_decisions_total` as the HTTP routes count it: every limit of an admitted request counts as
+    /// allowed; of a refused request only the refusing limits count; a shadow limit that refuses counts as
+    /// `shadow_denied` whatever the request's fate. Not counted: limits the store was not asked about (`on_error:
+    /// allow` during an outage), rules that refuse everything (they have no limit), and Envoy's limit overrides
+    /// (named after the request's values, they would make a series per value).
+    fn count_decisions(&self, decided: &Decided<'_>) {
+        for checked in &decided.checked {
+            let Some(Found::Limited(Some(rule))) = decided.found.get(checked.descriptor) else {
+                continue;
+            };
+            let Some(counters) = self
+                .decisions
+                .get(&rule.path)
+                .and_then(|limits| limits.get(checked.limit.name()))
+            else {
+                continue;
+            };
+            let refuses = checked.impossible || checked.decision.is_some_and(|d| !d.allowed);
+            let counter = match (checked.limit.is_shadow(), decided.over_limit, refuses) {
+                (true, _, true) => &counters.shadow_denied,
+                (false, true, true) => &counters.denied,
+                (_, false, false) if checked.decision.is_some() => &counters.allowed,
+                _ => continue,
+            };
+            counter.increment(1);
+        }
+    }
+}
+
+// === impl DecisionCounters ===
+
+impl DecisionCounters {
+    /// The counters of every limit of every rule of `domain`, registered (at 0) as the HTTP routes' are.
+    fn of_domain(domain: &Domain) -> HashMap<String, HashMap<String, DecisionCounters>> {
+        let route = format!("rls:{}", domain.name);
+        domain
+            .rules()
+            .into_iter()
+            .map(|rule| {
+                let limits = rule
+                    .limits
+                    .iter()
+                    .map(|limit| {
+                        let counter = |decision: &'static str| {
+                            metrics::counter!(
+                                "tollgate_decisions_total",
+                                "route" => route.clone(),
+                                "descriptor" => rule.path.clone(),
+                                "limit" => limit.name().to_owned(),
+                                "decision" => decision,
+                            )
+                        };
+                        let counters = DecisionCounters {
+                            allowed: counter("allowed"),
+                            denied: counter("denied"),
+                            shadow_denied: counter("shadow_denied"),
+                        };
+                        (limit.name().to_owned(), counters)
+                    })
+                    .collect();
+                (rule.path.clone(), limits)
+            })
+            .collect()
     }
 }
 
