@@ -110,6 +110,10 @@ fn describe() {
         "Redis calls that failed or timed out."
     );
     metrics::describe_counter!(
+        "tollgate_settlements_failed_total",
+        "Settlements (give-backs and debts of requests whose answers are known) that Redis did not confirm."
+    );
+    metrics::describe_counter!(
         "tollgate_store_full_total",
         "Requests with a new key that the full in-process store had no room for (store.when_full decided them)."
     );

@@ -68,6 +68,8 @@ pub struct RateLimiter {
     /// `tollgate_store_duration_seconds` and `tollgate_store_errors_total`, registered once.
     store_duration: metrics::Histogram,
     store_errors: metrics::Counter,
+    /// `tollgate_settlements_failed_total`: settlements (give-backs and debts) Redis did not confirm.
+    settlements_failed: metrics::Counter,
 }
 
 /// Whether Redis answers, shared with the probe task.
@@ -101,11 +103,16 @@ pub struct Readiness {
 #[error("rate limit store unavailable: {0}")]
 pub struct Unavailable(#[source] pub StoreError);
 
-/// Gives back to the store that decided a request what it took (see [`RateLimiter::giver`]).
+/// Gives back to the store that decided a request what it took, or settles what it reserved (see
+/// [`RateLimiter::giver`]).
 #[derive(Debug, Clone)]
 pub struct Giver {
     redis: Option<RedisStore>,
     local: Option<Arc<MemoryStore>>,
+    /// Where a settlement Redis could not take goes under `on_error: local`: the fallback, which then counts it.
+    fallback: Option<Arc<MemoryStore>>,
+    /// `tollgate_settlements_failed_total`.
+    failed: metrics::Counter,
 }
 
 /// What one admitted request's reservation on one limit turned out to cost, once its answer is known: see
@@ -120,6 +127,15 @@ pub struct Settlement {
     pub actual: u64,
 }
 
+/// What a settlement does on each of its limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owed {
+    /// Gives the limit's cost back.
+    Refund,
+    /// Adds the limit's cost as a debt.
+    Debt,
+}
+
 // === impl Giver ===
 
 impl Giver {
@@ -128,8 +144,12 @@ impl Giver {
     /// maximum if need be: later requests wait until it is paid), both on the key and the window the decision at
     /// `decided` landed in; an equal one costs no store call.
     ///
-    /// Never waits: the work is handed off to a task, off the client's path, and applied at most once (a store
-    /// call whose fate is unknown is not sent again). Outside a tokio runtime nothing is settled.
+    /// Never waits: the work is handed off to a task, off the client's path. With Redis it goes out in the next
+    /// script call with the other requests' checks and settlements (one call per hash slot on Cluster), and is
+    /// applied at most once: a call that fails or times out is not sent again (it may have run). A settlement
+    /// Redis did not confirm is counted in `tollgate_settlements_failed_total` and, under `on_error: local`,
+    /// applied to the in-process fallback instead; under `allow` or `deny` it is dropped. Outside a tokio runtime
+    /// nothing is settled.
     pub fn settle(self, settlements: Vec<Settlement>, decided: Instant) {
         let mut refunds = Vec::new();
         let mut debts = Vec::new();
@@ -146,59 +166,62 @@ impl Giver {
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(self.apply(refunds, debts, decided));
-        }
-    }
-
-    /// Gives back `refunds` and adds `debts` (each a store key and the limit with the amount as its cost).
-    async fn apply(
-        self,
-        refunds: Vec<(String, Limit)>,
-        debts: Vec<(String, Limit)>,
-        decided: Instant,
-    ) {
-        if !refunds.is_empty() {
-            self.clone().give_back(refunds, decided).await;
-        }
-        if !debts.is_empty() {
-            self.add_debts(debts, decided).await;
-        }
-    }
-
-    /// Adds `debts` (store key and the limit with the amount owed as its cost) on the windows the decision at
-    /// `decided` landed in.
-    async fn add_debts(self, debts: Vec<(String, Limit)>, decided: Instant) {
-        let checks: Vec<LimitCheck<'_>> = debts
-            .iter()
-            .map(|(key, limit)| LimitCheck { key, limit })
-            .collect();
-        if let Some(redis) = self.redis {
-            let at_ms = redis.redis_time_of(decided.into());
-            if let Err(error) = redis.add_debts(&checks, at_ms, None).await {
-                tracing::debug!(%error, "a request's debt could not be added");
-            }
-        } else if let Some(local) = self.local {
-            let elapsed_ms = decided.elapsed().as_micros().div_ceil(1000) as i64;
-            local.add_debts(local.now_ms() - elapsed_ms, &checks);
+            runtime.spawn(async move {
+                // Together, so that both join the same script call.
+                tokio::join!(
+                    self.apply(&refunds, Owed::Refund, decided),
+                    self.apply(&debts, Owed::Debt, decided)
+                );
+            });
         }
     }
 
     /// Gives back `taken` (store key and limit of every limit that consumed), on the windows the decision at
     /// `decided` landed in (or a moment before it: a sliding_log then gives back its oldest entries from then on).
+    /// With Redis it joins the next script call; a failure is handled as a settlement's (see
+    /// [`settle`](Self::settle)).
     pub async fn give_back(self, taken: Vec<(String, Limit)>, decided: Instant) {
-        let checks: Vec<LimitCheck<'_>> = taken
+        self.apply(&taken, Owed::Refund, decided).await;
+    }
+
+    /// Applies `owed` on each of `limits` (a store key and the limit with the amount as its cost) to the store
+    /// that decided the request, or on a Redis failure to the fallback under `on_error: local`.
+    async fn apply(&self, limits: &[(String, Limit)], owed: Owed, decided: Instant) {
+        if limits.is_empty() {
+            return;
+        }
+        let checks: Vec<LimitCheck<'_>> = limits
             .iter()
             .map(|(key, limit)| LimitCheck { key, limit })
             .collect();
-        if let Some(redis) = self.redis {
-            let at_ms = redis.redis_time_of(decided.into());
-            if let Err(error) = redis.give_back(&checks, at_ms, None).await {
-                tracing::debug!(%error, "a request's place could not be given back");
+        let local = match &self.redis {
+            Some(redis) => {
+                let at_ms = redis.redis_time_of(decided.into());
+                let result = match owed {
+                    Owed::Refund => redis.give_back(&checks, at_ms, None).await,
+                    Owed::Debt => redis.add_debts(&checks, at_ms, None).await,
+                };
+                let Err(error) = result else {
+                    return;
+                };
+                self.failed.increment(1);
+                tracing::debug!(%error, ?owed, "a request's settlement did not reach redis");
+                match &self.fallback {
+                    Some(fallback) => fallback,
+                    None => return,
+                }
             }
-        } else if let Some(local) = self.local {
-            // Rounded so as never to be later than `decided`'s millisecond.
-            let elapsed_ms = decided.elapsed().as_micros().div_ceil(1000) as i64;
-            local.give_back(local.now_ms() - elapsed_ms, &checks);
+            None => match &self.local {
+                Some(local) => local,
+                None => return,
+            },
+        };
+        // Rounded so as never to be later than `decided`'s millisecond.
+        let elapsed_ms = decided.elapsed().as_micros().div_ceil(1000) as i64;
+        let at_ms = local.now_ms() - elapsed_ms;
+        match owed {
+            Owed::Refund => local.give_back(at_ms, &checks),
+            Owed::Debt => local.add_debts(at_ms, &checks),
         }
     }
 }
@@ -285,6 +308,7 @@ impl RateLimiter {
             denials,
             store_duration: metrics::histogram!("tollgate_store_duration_seconds"),
             store_errors: metrics::counter!("tollgate_store_errors_total"),
+            settlements_failed: metrics::counter!("tollgate_settlements_failed_total"),
         }
     }
 
@@ -376,7 +400,14 @@ impl RateLimiter {
         };
         let local =
             (decided_by != DecidedBy::Nobody && redis.is_none()).then(|| Arc::clone(&self.local));
-        Giver { redis, local }
+        let fallback =
+            (redis.is_some() && self.on_error == OnError::Local).then(|| Arc::clone(&self.local));
+        Giver {
+            redis,
+            local,
+            fallback,
+            failed: self.settlements_failed.clone(),
+        }
     }
 
     /// Records a failed call: the breaker counts it, readiness says why, and a probe runs until Redis answers.

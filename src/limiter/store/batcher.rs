@@ -62,6 +62,9 @@ pub(super) struct Pending {
     /// When the request stops waiting: its call is abandoned, or it is dropped unsent; the script leaves it
     /// undecided if it reaches Redis later.
     pub deadline: Instant,
+    /// A settlement's (a give-back's or a debt's): when the request it settles was decided (Redis's ms), which the
+    /// script is sent in place of a deadline.
+    pub decided_ms: Option<u64>,
     pub reply: oneshot::Sender<Result<Outcome, StoreError>>,
 }
 
@@ -96,11 +99,38 @@ impl Batcher {
                 slot,
                 request,
                 deadline: Instant::now() + budget,
+                decided_ms: None,
                 reply,
             })
             .map_err(|_| StoreError::Busy)?;
         // Dropped unanswered means past the deadline: abandoned with its call, or never sent.
         decision.await.unwrap_or(Err(StoreError::Timeout(budget)))
+    }
+
+    /// Queues a settlement (a give-back or a debt, all its keys in `slot`) of a request decided at `decided_ms`
+    /// (Redis's ms), to go out with the next call, and waits at most `budget` to learn whether it landed. It is
+    /// sent at most once: a call that fails or times out is not sent again (it may have run).
+    pub(super) async fn settle(
+        &self,
+        slot: Option<u16>,
+        request: EncodedRequest,
+        decided_ms: u64,
+        budget: Duration,
+    ) -> Result<(), StoreError> {
+        let (reply, settled) = oneshot::channel();
+        self.queue
+            .try_send(Pending {
+                slot,
+                request,
+                deadline: Instant::now() + budget,
+                decided_ms: Some(decided_ms),
+                reply,
+            })
+            .map_err(|_| StoreError::Busy)?;
+        settled
+            .await
+            .unwrap_or(Err(StoreError::Timeout(budget)))
+            .map(drop)
     }
 }
 

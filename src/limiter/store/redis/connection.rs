@@ -229,14 +229,19 @@ impl Connection {
         });
     }
 
+    /// What the script is sent for `pending` in place of a deadline: its deadline on Redis's clock, or for a
+    /// settlement the time its request was decided.
+    pub(super) fn script_deadline(&self, pending: &Pending) -> u64 {
+        pending
+            .decided_ms
+            .unwrap_or_else(|| self.clock.redis_ms(pending.deadline))
+    }
+
     /// One call for the requests of `batch` that share a hash slot, given up at `deadline`.
     async fn run_batch_slot(self: &Arc<Self>, batch: Vec<Pending>, deadline: Instant) {
         let slot = batch.first().and_then(|pending| pending.slot);
         let requests: Vec<&EncodedRequest> = batch.iter().map(|p| &p.request).collect();
-        let deadlines: Vec<u64> = batch
-            .iter()
-            .map(|p| self.clock.redis_ms(p.deadline))
-            .collect();
+        let deadlines: Vec<u64> = batch.iter().map(|p| self.script_deadline(p)).collect();
         // At least a millisecond: zero would mean no timeout at all.
         let timeout = deadline
             .saturating_duration_since(Instant::now())

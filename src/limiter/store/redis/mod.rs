@@ -293,15 +293,21 @@ impl RedisStore {
             let request = EncodedRequest::new(&subset, mode);
             let slot = connection.slot_of(&subset);
             async move {
-                connection
-                    .run_encoded(slot, &request, at, now_ms, GIVE_BACK_TIMEOUT)
-                    .await
+                match now_ms {
+                    // With Redis's clock, in the next batch with the other requests' checks and settlements.
+                    None => {
+                        self.batcher
+                            .settle(slot, request, at, GIVE_BACK_TIMEOUT)
+                            .await
+                    }
+                    Some(_) => connection
+                        .run_encoded(slot, &request, at, now_ms, GIVE_BACK_TIMEOUT)
+                        .await
+                        .map(drop),
+                }
             }
         });
-        join_all(calls)
-            .await
-            .into_iter()
-            .try_for_each(|given| given.map(drop))
+        join_all(calls).await.into_iter().collect()
     }
 
     /// The state of one limit for one key as it stands, consuming nothing (a dry run of the script).

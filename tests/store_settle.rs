@@ -1,0 +1,228 @@
+//! Settling reservations on a real Redis: a debt or a refund one gateway settles is what another gateway sharing
+//! the Redis sees, concurrent settlements go out together and each applies exactly once, and a settlement during an
+//! outage is counted, follows `on_error` and holds nothing up.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::eventually;
+use common::redis::RedisServer;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
+use tollgate::limiter::store::{LimitCheck, RedisStore};
+use tollgate::limiter::{
+    Algorithm, Backend, DecidedBy, Limit, OnError, Rate, RateLimiter, Settlement, SystemClock,
+};
+
+/// How long a settlement may take to land on a loaded two-core machine.
+const LANDS_WITHIN: Duration = Duration::from_secs(10);
+const HOUR_MS: u64 = 3_600_000;
+
+/// A gateway's limiter on `redis`, its metrics recorded by `recorder`.
+async fn limiter(
+    redis: &RedisServer,
+    on_error: OnError,
+    recorder: &PrometheusRecorder,
+) -> RateLimiter {
+    let store = RedisStore::connect(&redis.url(), 1, Duration::from_millis(500)).expect("connect");
+    assert!(store.wait_connected(Duration::from_secs(10)).await);
+    metrics::with_local_recorder(recorder, || {
+        RateLimiter::new(
+            Backend::Redis(store),
+            Duration::from_millis(500),
+            on_error,
+            1_000,
+            Arc::new(SystemClock),
+        )
+    })
+}
+
+/// A token bucket of `burst` that refills one token an hour: within a test, its level is what was taken, given
+/// back and owed, give or take a fraction of a token.
+fn slow_bucket(burst: u64) -> Limit {
+    let rate = Rate::new(1, HOUR_MS).expect("positive");
+    Limit::new("tokens", Algorithm::TokenBucket { rate, burst }, 1).expect("valid")
+}
+
+/// Reserves `cost` on `key` through `limiter`: admitted, decided by the store.
+async fn reserve(limiter: &RateLimiter, key: &str, limit: &Limit, cost: u64) -> (Limit, Instant) {
+    let reserved = limit.clone().with_cost(cost);
+    let checks = [LimitCheck {
+        key,
+        limit: &reserved,
+    }];
+    let (outcome, by) = limiter.check_deciding(&checks).await.expect("decided");
+    assert!(outcome.allowed, "{outcome:?}");
+    assert_eq!(by, DecidedBy::Store);
+    (reserved, Instant::now())
+}
+
+/// What a request of `cost` on `key` would get from `limiter` now, consuming nothing.
+async fn peek(
+    limiter: &RateLimiter,
+    key: &str,
+    limit: &Limit,
+    cost: u64,
+) -> tollgate::limiter::Decision {
+    let limit = limit.clone().with_cost(cost);
+    limiter
+        .peek(LimitCheck { key, limit: &limit })
+        .await
+        .expect("peeked")
+}
+
+/// `name`'s value in what `recorder` renders, 0 when absent.
+fn counter(recorder: &PrometheusRecorder, name: &str) -> f64 {
+    recorder
+        .handle()
+        .render()
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debt_or_a_refund_settled_by_one_gateway_is_what_another_sees() {
+    let redis = RedisServer::start();
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let first = limiter(&redis, OnError::Deny, &recorder).await;
+    let second = limiter(&redis, OnError::Deny, &recorder).await;
+    let bucket = slow_bucket(10);
+
+    // Reserved 5, spent 13: 8 owed, 3 tokens below empty.
+    let (reserved, decided) = reserve(&first, "owing", &bucket, 5).await;
+    let settlement = Settlement {
+        key: "owing".to_owned(),
+        limit: reserved,
+        actual: 13,
+    };
+    first
+        .giver(DecidedBy::Store)
+        .settle(vec![settlement], decided);
+    let landed = eventually(LANDS_WITHIN, async || {
+        !peek(&second, "owing", &bucket, 0).await.allowed
+    })
+    .await;
+    assert!(landed.is_some(), "the debt never reached the other gateway");
+    // Nothing is admitted, not even a request of no cost, until three hours of refill have paid the debt.
+    let waits = peek(&second, "owing", &bucket, 0).await.retry_after_ms;
+    assert!(
+        (3 * HOUR_MS - 60_000..=3 * HOUR_MS).contains(&waits),
+        "waits {waits} ms"
+    );
+
+    // Reserved the whole bucket, spent 3: 7 given back, and no more.
+    let (reserved, decided) = reserve(&first, "refunded", &bucket, 10).await;
+    let settlement = Settlement {
+        key: "refunded".to_owned(),
+        limit: reserved,
+        actual: 3,
+    };
+    first
+        .giver(DecidedBy::Store)
+        .settle(vec![settlement], decided);
+    let landed = eventually(LANDS_WITHIN, async || {
+        peek(&second, "refunded", &bucket, 7).await.allowed
+    })
+    .await;
+    assert!(
+        landed.is_some(),
+        "the refund never reached the other gateway"
+    );
+    assert!(!peek(&second, "refunded", &bucket, 8).await.allowed);
+    assert_eq!(counter(&recorder, "tollgate_settlements_failed_total"), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_settlements_go_out_together_and_each_applies_exactly_once() {
+    const REQUESTS: u64 = 200;
+    let redis = RedisServer::start();
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let limiter = Arc::new(limiter(&redis, OnError::Deny, &recorder).await);
+    let bucket = slow_bucket(1_000);
+    let mut reservations = Vec::new();
+    for _ in 0..REQUESTS {
+        reservations.push(reserve(&limiter, "shared", &bucket, 2).await);
+    }
+    assert_eq!(
+        peek(&limiter, "shared", &bucket, 0).await.remaining,
+        1_000 - 2 * REQUESTS
+    );
+    let calls_before = redis.command_calls("evalsha");
+    // Each answer spent 0 to 4 of its 2: given back, owed, or settled as reserved.
+    let spent: Vec<u64> = (0..REQUESTS).map(|i| i % 5).collect();
+    let settling: Vec<_> = reservations
+        .into_iter()
+        .zip(&spent)
+        .map(|((reserved, decided), &actual)| {
+            let giver = limiter.giver(DecidedBy::Store);
+            tokio::spawn(async move {
+                let settlement = Settlement {
+                    key: "shared".to_owned(),
+                    limit: reserved,
+                    actual,
+                };
+                giver.settle(vec![settlement], decided);
+            })
+        })
+        .collect();
+    for task in settling {
+        task.await.expect("settled");
+    }
+    let expected = 1_000 - spent.iter().sum::<u64>();
+    let landed = eventually(LANDS_WITHIN, async || {
+        peek(&limiter, "shared", &bucket, 0).await.remaining == expected
+    })
+    .await;
+    let remaining = peek(&limiter, "shared", &bucket, 0).await.remaining;
+    assert!(landed.is_some(), "{remaining} left, {expected} expected");
+    // 160 settlements differ from their reservation (the other 40 cost no call): far fewer calls than that, the
+    // peeks included.
+    let calls = redis.command_calls("evalsha") - calls_before;
+    assert!(calls < 100, "{calls} script calls");
+    assert_eq!(counter(&recorder, "tollgate_settlements_failed_total"), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_while_redis_is_down_is_counted_follows_on_error_and_holds_nothing_up() {
+    let mut redis = RedisServer::start();
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let local = limiter(&redis, OnError::Local, &recorder).await;
+    let allow = limiter(&redis, OnError::Allow, &recorder).await;
+    let bucket = slow_bucket(10);
+    let (on_local, local_decided) = reserve(&local, "down", &bucket, 5).await;
+    let (on_allow, allow_decided) = reserve(&allow, "down", &bucket, 5).await;
+    redis.kill();
+
+    let started = Instant::now();
+    for (limiter, reserved, decided) in [
+        (&local, on_local, local_decided),
+        (&allow, on_allow, allow_decided),
+    ] {
+        let settlement = Settlement {
+            key: "down".to_owned(),
+            limit: reserved,
+            actual: 13,
+        };
+        limiter
+            .giver(DecidedBy::Store)
+            .settle(vec![settlement], decided);
+    }
+    // Handed off: settling waits for nothing.
+    assert!(started.elapsed() < Duration::from_secs(1));
+    let counted = eventually(LANDS_WITHIN, async || {
+        counter(&recorder, "tollgate_settlements_failed_total") == 2.0
+    })
+    .await;
+    assert!(counted.is_some(), "both failures counted");
+    // Under `local` the fallback owes the debt (from a full bucket: it had not seen the reservation); under
+    // `allow` it was dropped.
+    let owing = bucket.clone().with_cost(3);
+    let check = LimitCheck {
+        key: "down",
+        limit: &owing,
+    };
+    assert!(!local.local().peek(check).allowed);
+    assert!(allow.local().peek(check).allowed);
+}
