@@ -7,10 +7,11 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::cluster::RedisCluster;
 use common::eventually;
 use common::redis::RedisServer;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
-use tollgate::limiter::store::{LimitCheck, RedisStore};
+use tollgate::limiter::store::{LimitCheck, RedisStore, RedisTopology};
 use tollgate::limiter::{
     Algorithm, Backend, DecidedBy, Limit, OnError, Rate, RateLimiter, Settlement, SystemClock,
 };
@@ -25,7 +26,12 @@ async fn limiter(
     on_error: OnError,
     recorder: &PrometheusRecorder,
 ) -> RateLimiter {
-    let store = RedisStore::connect(&redis.url(), 1, Duration::from_millis(500)).expect("connect");
+    limiter_on(&redis.url(), on_error, recorder).await
+}
+
+/// A gateway's limiter on the Redis at `url`, its metrics recorded by `recorder`.
+async fn limiter_on(url: &str, on_error: OnError, recorder: &PrometheusRecorder) -> RateLimiter {
+    let store = RedisStore::connect(url, 1, Duration::from_millis(500)).expect("connect");
     assert!(store.wait_connected(Duration::from_secs(10)).await);
     metrics::with_local_recorder(recorder, || {
         RateLimiter::new(
@@ -225,4 +231,80 @@ async fn a_settlement_while_redis_is_down_is_counted_follows_on_error_and_holds_
     };
     assert!(!local.local().peek(check).allowed);
     assert!(allow.local().peek(check).allowed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_cluster_a_settlement_lands_in_every_slot_its_limits_are_in() {
+    let cluster = RedisCluster::start();
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let first = limiter_on(&cluster.url(), OnError::Deny, &recorder).await;
+    let second = limiter_on(&cluster.url(), OnError::Deny, &recorder).await;
+    let Backend::Redis(store) = first.backend() else {
+        panic!("a redis limiter");
+    };
+    assert_eq!(store.topology(), RedisTopology::Cluster);
+    let bucket = slow_bucket(10);
+    // Hash tags on different nodes: one call per slot, in the batches of each.
+    let keys = ["t:tokens:{alpha}", "t:tokens:{spread}"];
+    let reserved = bucket.clone().with_cost(5);
+    let checks = keys.map(|key| LimitCheck {
+        key,
+        limit: &reserved,
+    });
+    let (outcome, by) = first.check_deciding(&checks).await.expect("decided");
+    assert!(outcome.allowed && by == DecidedBy::Store, "{outcome:?}");
+    let decided = Instant::now();
+    // One owes 8, the other gives 4 back.
+    let settlements = vec![
+        Settlement {
+            key: keys[0].to_owned(),
+            limit: reserved.clone(),
+            actual: 13,
+        },
+        Settlement {
+            key: keys[1].to_owned(),
+            limit: reserved.clone(),
+            actual: 1,
+        },
+    ];
+    first.giver(DecidedBy::Store).settle(settlements, decided);
+    let landed = eventually(LANDS_WITHIN, async || {
+        !peek(&second, keys[0], &bucket, 0).await.allowed
+            && peek(&second, keys[1], &bucket, 9).await.allowed
+    })
+    .await;
+    assert!(landed.is_some(), "both slots settled");
+    assert!(!peek(&second, keys[1], &bucket, 10).await.allowed);
+    assert_eq!(counter(&recorder, "tollgate_settlements_failed_total"), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_memory_store_a_settlement_applies_off_the_callers_path() {
+    let limiter = RateLimiter::new(
+        Backend::Memory,
+        Duration::from_millis(500),
+        OnError::Deny,
+        1_000,
+        Arc::new(SystemClock),
+    );
+    let bucket = slow_bucket(10);
+    let (reserved, decided) = reserve(&limiter, "owing", &bucket, 5).await;
+    limiter.giver(DecidedBy::Store).settle(
+        vec![Settlement {
+            key: "owing".to_owned(),
+            limit: reserved,
+            actual: 13,
+        }],
+        decided,
+    );
+    let landed = eventually(LANDS_WITHIN, async || {
+        !peek(&limiter, "owing", &bucket, 0).await.allowed
+    })
+    .await;
+    assert!(landed.is_some(), "the debt was added");
+    let waits = peek(&limiter, "owing", &bucket, 0).await.retry_after_ms;
+    assert!(
+        (3 * HOUR_MS - 60_000..=3 * HOUR_MS).contains(&waits),
+        "waits {waits} ms"
+    );
 }
