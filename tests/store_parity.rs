@@ -90,23 +90,30 @@ fn redis_and_memory_decide_alike() {
         ..ProptestConfig::default()
     };
     let mut runner = TestRunner::new(config);
+    // Some requests carry their own cost on the first limit (a reservation): none, or more than it holds.
+    let own_costs = prop::collection::vec(prop::option::of(0u64..25), 60);
     let inputs = (
         algorithm(),
         algorithm(),
         (any::<bool>(), any::<bool>()),
         steps(),
+        own_costs,
     );
-    let result = runner.run(&inputs, |(first, second, shadows, steps)| {
+    let result = runner.run(&inputs, |(first, second, shadows, steps, own_costs)| {
         let case = fx.case.fetch_add(1, Ordering::SeqCst);
         let memory = MemoryStore::new(10_000, Arc::new(ManualClock::new(0)));
         let mut now: i64 = 1_700_000_000_000;
-        for (i, (delta, cost)) in steps.into_iter().enumerate() {
+        for (i, ((delta, cost), own)) in steps.into_iter().zip(own_costs).enumerate() {
             now += delta;
             let cost_a = cost.min(first.capacity());
             let cost_b = cost.min(second.capacity());
             let a = Limit::new("a", first, cost_a)
                 .expect("valid")
                 .with_shadow(shadows.0);
+            let a = match own {
+                Some(own) => a.with_cost(own),
+                None => a,
+            };
             let b = Limit::new("b", second, cost_b)
                 .expect("valid")
                 .with_shadow(shadows.1);
@@ -387,11 +394,11 @@ fn limits_at_their_bounds_decide_alike_and_past_them_are_refused() {
 #[test]
 fn a_batch_decides_like_requests_one_after_another() {
     // Batches of 1 to 40 requests; each request checks two of three limits (so keys are shared within a batch
-    // in varying combinations) with its own cost.
+    // in varying combinations) with its own cost, which may be 0 or more than a limit holds.
     let batches = prop::collection::vec(
         (
             prop_oneof![Just(0i64), 0i64..3_000],
-            prop::collection::vec((0usize..3, 1u64..4), 1..40),
+            prop::collection::vec((0usize..3, 0u64..6), 1..40),
         ),
         1..8,
     );
@@ -405,7 +412,8 @@ fn runs_of_identical_requests_decide_like_requests_one_after_another() {
     let batches = prop::collection::vec(
         (
             prop_oneof![Just(0i64), 0i64..3_000],
-            prop::collection::vec((0usize..3, 1u64..3, 1usize..25), 1..5).prop_map(|runs| {
+            // Cost 0 included: such requests are never joined into a run, but sent one by one.
+            prop::collection::vec((0usize..3, 0u64..3, 1usize..25), 1..5).prop_map(|runs| {
                 runs.into_iter()
                     .flat_map(|(first, cost, copies)| std::iter::repeat_n((first, cost), copies))
                     .collect::<Vec<_>>()
@@ -418,7 +426,8 @@ fn runs_of_identical_requests_decide_like_requests_one_after_another() {
 
 /// Sends each generated batch as one script call at its time and compares every outcome with the in-process
 /// store's for the same requests one after another. A batch is `(time step, requests)`; request `(first, cost)`
-/// checks limits `first` and `first + 1` (mod 3) of three random algorithms, the second maybe in shadow mode.
+/// checks limits `first` and `first + 1` (mod 3) of three random algorithms at `cost` (a reservation's: 0, or
+/// more than the limit holds, are decided too), the second maybe in shadow mode.
 fn decides_batches_like_one_after_another(
     cases: u32,
     batches: impl Strategy<Value = Vec<(i64, Vec<(usize, u64)>)>>,
@@ -450,13 +459,10 @@ fn decides_batches_like_one_after_another(
                 .map(|&(first, cost)| {
                     let pick = |i: usize, shadow: bool| {
                         let algorithm = algorithms[i % 3];
-                        Limit::new(
-                            format!("l{}", i % 3),
-                            algorithm,
-                            cost.min(algorithm.capacity()),
-                        )
-                        .expect("valid")
-                        .with_shadow(shadow)
+                        Limit::new(format!("l{}", i % 3), algorithm, 1)
+                            .expect("valid")
+                            .with_cost(cost)
+                            .with_shadow(shadow)
                     };
                     [pick(first, false), pick(first + 1, shadow)]
                 })
