@@ -57,8 +57,11 @@ struct Entry {
     domain: Domain,
     counters: Counters,
     /// `tollgate_decisions_total` of each rule's limits: by the rule's path, then the limit's name.
-    decisions: HashMap<String, HashMap<String, DecisionCounters>>,
+    decisions: ByName<ByName<DecisionCounters>>,
 }
+
+/// Looked up on every request: a fast hash (the names are the config's, not the callers').
+type ByName<V> = HashMap<String, V, foldhash::fast::RandomState>;
 
 /// `tollgate_decisions_total{route="rls:<domain>",descriptor,limit,decision}` of one limit of one rule.
 #[derive(Debug)]
@@ -303,7 +306,7 @@ impl Entry {
 
 impl DecisionCounters {
     /// The counters of every limit of every rule of `domain`, registered (at 0) as the HTTP routes' are.
-    fn of_domain(domain: &Domain) -> HashMap<String, HashMap<String, DecisionCounters>> {
+    fn of_domain(domain: &Domain) -> ByName<ByName<DecisionCounters>> {
         let route = format!("rls:{}", domain.name);
         domain
             .rules()
