@@ -682,10 +682,11 @@ fn rls_address(gateway: &common::binary::Tollgate) -> std::net::SocketAddr {
         .expect("an address")
 }
 
-/// The config of the process test: `limit` requests an hour per address, under the limit name `name`.
+/// The config of the process test: `limit` requests an hour per address, under the limit name `name`, and a
+/// shadow rule of one an hour.
 fn process_config(name: &str, limit: u32) -> String {
     format!(
-        "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0 }}\nstore: {{ backend: memory }}\nrls:\n  listen: 127.0.0.1:0\n  domains:\n    edge:\n      descriptors:\n        - key: remote_address\n          limits: [ {{ name: {name}, algorithm: fixed_window, limit: {limit}, period: 1h }} ]\n"
+        "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0 }}\nstore: {{ backend: memory }}\nrls:\n  listen: 127.0.0.1:0\n  domains:\n    edge:\n      descriptors:\n        - key: remote_address\n          limits: [ {{ name: {name}, algorithm: fixed_window, limit: {limit}, period: 1h }} ]\n        - {{ key: generic_key, value: watched, shadow_mode: true, limits: [ {{ name: watch, algorithm: fixed_window, limit: 1, period: 1h }} ] }}\n"
     )
 }
 
@@ -710,6 +711,10 @@ async fn the_process_serves_it_beside_the_gateway_reloads_it_and_counts_it() {
         codes.push(ask(&mut client, by_address()).await.overall_code);
     }
     assert_eq!(codes, [OK, OK, OVER_LIMIT]);
+    let watched = || request("edge", vec![descriptor(&[("generic_key", "watched")])]);
+    for _ in 0..2 {
+        assert_eq!(ask(&mut client, watched()).await.overall_code, OK, "shadow");
+    }
 
     // A reload brings the new domains: a limit under a new name starts afresh.
     std::fs::write(&path, process_config("per-ip-wider", 5)).expect("write");
@@ -750,6 +755,10 @@ async fn the_process_serves_it_beside_the_gateway_reloads_it_and_counts_it() {
     assert_eq!(value(&format!("{per_ip},decision=\"allowed\"}}")), 2);
     assert!(value(&format!("{per_ip},decision=\"denied\"}}")) >= 1);
     assert_eq!(value(&format!("{per_ip},decision=\"shadow_denied\"}}")), 0);
+    let watch = r#"tollgate_decisions_total{route="rls:edge",descriptor="generic_key_watched",limit="watch""#;
+    assert_eq!(value(&format!("{watch},decision=\"allowed\"}}")), 1);
+    assert_eq!(value(&format!("{watch},decision=\"shadow_denied\"}}")), 1);
+    assert_eq!(value(&format!("{watch},decision=\"denied\"}}")), 0);
 }
 
 /// The binary on `store` (a flow mapping) with `server` settings and [`EDGE`]; its rate limit service's address.
