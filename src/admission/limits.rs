@@ -39,6 +39,10 @@ pub struct LimitSet {
     decisions: Vec<DecisionCounters>,
     /// Whether some limit counts answers by status: an admitted request then keeps work for after its answer.
     counts_statuses: bool,
+    /// Per limit: `tollgate_in_flight` of a `concurrency` limit, `None` for the others.
+    in_flight: Vec<Option<metrics::Gauge>>,
+    /// Whether some limit is a `concurrency` limit: an admitted request then holds slots until its answer ends.
+    holds_slots: bool,
 }
 
 /// `tollgate_decisions_total{route,limit,decision}` of one limit.
@@ -121,6 +125,8 @@ impl LimitSet {
             policy: None,
             decisions: Vec::new(),
             counts_statuses: false,
+            in_flight: Vec::new(),
+            holds_slots: false,
         };
         for settings in limits {
             let head = key_head(key_prefix, scope, settings.limit.name());
@@ -171,6 +177,15 @@ impl LimitSet {
             .push(headers::Advertised::new(&settings.limit));
         self.decisions.push(counters);
         self.counts_statuses |= settings.counts.statuses().is_some();
+        let holds_slots = settings.limit.algorithm().holds_slots();
+        self.holds_slots |= holds_slots;
+        self.in_flight.push(holds_slots.then(|| {
+            metrics::gauge!(
+                "tollgate_in_flight",
+                "route" => self.scope.clone(),
+                "limit" => settings.limit.name().to_owned(),
+            )
+        }));
         self.limits.push(settings);
     }
 
@@ -268,6 +283,32 @@ impl LimitSet {
                 let statuses = self.limits[index].counts.statuses()?;
                 let limit = self.limit_at(index, checked.replaced.as_ref());
                 Some((key.to_owned(), limit.clone(), statuses.clone()))
+            })
+            .collect()
+    }
+
+    /// Whether some limit is a `concurrency` limit, whose slots an admitted request holds until its answer ends.
+    pub fn holds_slots(&self) -> bool {
+        self.holds_slots
+    }
+
+    /// The slots an admitted request holds: the store key and limit of every `concurrency` limit it took from,
+    /// owned, with the limit's `tollgate_in_flight`, for their release once the answer ends.
+    pub(super) fn slots_taken(
+        &self,
+        facts: &RequestFacts<'_>,
+        checked: &Checked,
+    ) -> Vec<(String, Limit, metrics::Gauge)> {
+        let Ok(keys) = self.request_keys(facts) else {
+            return Vec::new();
+        };
+        keys.iter()
+            .zip(&checked.outcome.decisions)
+            .filter(|(_, decision)| checked.outcome.allowed && decision.allowed)
+            .filter_map(|((index, key), _)| {
+                let gauge = self.in_flight[index].clone()?;
+                let limit = self.limit_at(index, checked.replaced.as_ref());
+                Some((key.to_owned(), limit.clone(), gauge))
             })
             .collect()
     }

@@ -14,6 +14,7 @@ use super::held::Held;
 use super::limits::{Checked, LimitSet, NotChecked, Replaced};
 use super::refusal::Refusal;
 use super::settle::StatusSettlement;
+use super::slots::{Both, HeldSlots};
 use crate::consumers::{Caller, CallerRefusal, ConsumerMode, Consumers};
 use crate::key::{AmbiguousKey, RequestFacts};
 use crate::limiter::RateLimiter;
@@ -219,14 +220,17 @@ impl Policy {
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
             held.forwarded();
         }
-        let after = match asked {
-            // Boxed, and only on routes that count answers by status.
-            Some(asked) => {
-                let taken = limits.taken_by_status(facts, &checked);
-                let giver = limiter.giver(checked.decided_by);
-                let settlement = StatusSettlement::new(giver, taken, asked);
-                Some(AnswerGuard::new(Box::new(settlement)))
-            }
+        // Boxed, and only on routes whose limits keep work for after the answer.
+        let mut after: Option<Box<dyn AfterAnswer>> = asked.map(|asked| {
+            let taken = limits.taken_by_status(facts, &checked);
+            let giver = limiter.giver(checked.decided_by);
+            Box::new(StatusSettlement::new(giver, taken, asked)) as Box<dyn AfterAnswer>
+        });
+        if limits.holds_slots() {
+            after = Some(self.hold_slots(limiter, limits, facts, &checked, after));
+        }
+        let after = match after {
+            Some(work) => Some(AnswerGuard::new(work)),
             None => self
                 .after_answer
                 .as_ref()
@@ -237,6 +241,25 @@ impl Policy {
             caller,
             after,
         })
+    }
+
+    /// The slots an admitted request took, to be released when its answer ends, beside the work `other` keeps for
+    /// then. Out of line: routes without a concurrency limit never come here.
+    #[inline(never)]
+    fn hold_slots(
+        &self,
+        limiter: &RateLimiter,
+        limits: &LimitSet,
+        facts: &RequestFacts<'_>,
+        checked: &Checked,
+        other: Option<Box<dyn AfterAnswer>>,
+    ) -> Box<dyn AfterAnswer> {
+        let held = limits.slots_taken(facts, checked);
+        let slots = Box::new(HeldSlots::new(limiter.giver(checked.decided_by), held));
+        match other {
+            None => slots,
+            Some(other) => Box::new(Both(other, slots)),
+        }
     }
 
     /// The store keys a request would be counted under, its caller identified, without asking the limiter: none

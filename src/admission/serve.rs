@@ -9,7 +9,7 @@ use axum::BoxError;
 use bytes::Bytes;
 use http::{Request, Response};
 
-use super::after_answer::{Ending, GuardedBody};
+use super::after_answer::{AnswerGuard, Ending, GuardedBody, TunnelClosed};
 use super::policy::{Admission, Policy};
 use super::responses::answer;
 use crate::key::RequestReading;
@@ -66,9 +66,35 @@ impl Policy {
                 None => response.map(Body::new),
                 Some(mut after) => {
                     after.status(response.status());
+                    if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+                        return Ok(after_tunnel(response, after));
+                    }
                     response.map(|body| Body::new(GuardedBody::new(body, after)))
                 }
             })
         }
+    }
+}
+
+/// A switch of protocols: the request lasts as long as the tunnel its answer opened (when what answered says so with
+/// a [`TunnelClosed`]), and its work ends with it, in a task of its own. Out of line: upgrades are rare.
+#[cold]
+#[inline(never)]
+fn after_tunnel<R>(mut response: Response<R>, after: AnswerGuard) -> Response<Body>
+where
+    R: http_body::Body<Data = Bytes> + Send + 'static,
+    R::Error: Into<BoxError>,
+{
+    match response.extensions_mut().remove::<TunnelClosed>() {
+        Some(closed) => {
+            tokio::spawn(async move {
+                closed.closed().await;
+                // The tunnel closed: the request's answer is over, whichever side ended it.
+                let mut after = after;
+                after.end(Ending::Complete);
+            });
+            response.map(Body::new)
+        }
+        None => response.map(|body| Body::new(GuardedBody::new(body, after))),
     }
 }

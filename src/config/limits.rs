@@ -4,7 +4,7 @@ use super::model::LimitSettings;
 use super::raw::{KeyParts, RawCounts, RawLimit, RawMissing};
 use super::validate::{check_name, Issues};
 use crate::key::{Counts, KeyPart, KeySpec, MissingKey, StatusSet, TokenKind};
-use crate::limiter::{Limit, WrittenAlgorithm};
+use crate::limiter::{Limit, WrittenAlgorithm, WrittenQueue};
 
 /// Validates one entry of `limits:` at `at` (`routes[1].limits[0]`).
 pub(crate) fn limit_settings(
@@ -17,6 +17,13 @@ pub(crate) fn limit_settings(
     let key = key_spec(issues, &format!("{at}.key"), raw).map(|key| key.secret(raw.secret));
     let counts = counts(issues, &format!("{at}.counts"), raw.counts.as_ref());
     let limit = checked_limit(issues, at, raw, before)?;
+    if limit.algorithm().holds_slots() && raw.counts.is_some() {
+        issues.add(
+            format!("{at}.counts"),
+            "a concurrency limit counts requests in flight: remove counts",
+        );
+        return None;
+    }
     Some(LimitSettings {
         limit,
         key: key?,
@@ -77,6 +84,12 @@ fn checked_limit(issues: &mut Issues, at: &str, raw: &RawLimit, before: usize) -
         burst: raw.burst,
         mode: raw.mode.as_deref(),
         max_delay: raw.max_delay.as_deref(),
+        max: raw.max,
+        lease: raw.lease.as_deref(),
+        queue: raw.queue.as_ref().map(|queue| WrittenQueue {
+            max_wait: queue.max_wait.as_deref(),
+            max_waiting: queue.max_waiting,
+        }),
     };
     let algorithm = written.checked().map_err(|problems| {
         for problem in problems {

@@ -363,6 +363,15 @@ pub(crate) struct RawLimit {
     pub mode: Option<String>,
     #[serde(default, deserialize_with = "optional_scalar_text")]
     pub max_delay: Option<String>,
+    /// `concurrency`: requests in flight at once.
+    #[serde(default)]
+    pub max: Option<u64>,
+    /// `concurrency`: how long a slot outlives an instance that stopped renewing it.
+    #[serde(default, deserialize_with = "optional_scalar_text")]
+    pub lease: Option<String>,
+    /// `concurrency`: whether and how long a request waits for a slot.
+    #[serde(default)]
+    pub queue: Option<RawQueue>,
     /// The key is a credential (or made from one): its values are digested (`KeySpec::secret`).
     #[serde(default)]
     pub secret: bool,
@@ -372,6 +381,16 @@ pub(crate) struct RawLimit {
     /// What the limit counts: `requests` (the default), a kind of tokens, or `{ status: [...] }`.
     #[serde(default)]
     pub counts: Option<RawCounts>,
+}
+
+/// `queue:` of a `concurrency` limit.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawQueue {
+    #[serde(default, deserialize_with = "optional_scalar_text")]
+    pub max_wait: Option<String>,
+    #[serde(default)]
+    pub max_waiting: Option<u64>,
 }
 
 /// `counts:` as written: a name (`requests`) or `{ status: [401, "5xx"] }` (codes kept as text, checked later).

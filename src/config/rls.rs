@@ -265,6 +265,14 @@ fn descriptor_rule(issues: &mut Issues, at: &str, path: &str, raw: &RawDescripto
             );
             continue;
         }
+        if settings.limit.algorithm().holds_slots() {
+            issues.add(
+                format!("{at}.algorithm"),
+                "the rate limit service never sees a request end, so it could never release a slot: concurrency \
+                 limits belong on the gateway's routes",
+            );
+            continue;
+        }
         let shadow = settings.limit.is_shadow() || raw.shadow_mode;
         limits.push(settings.limit.with_shadow(shadow));
     }

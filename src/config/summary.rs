@@ -502,6 +502,21 @@ fn parameters(algorithm: &Algorithm) -> String {
                 )
             }
         },
+        Algorithm::Concurrency {
+            max,
+            lease_ms,
+            queue,
+        } => {
+            let lease = format_duration_ms(lease_ms);
+            match queue {
+                None => format!("{max} in flight, lease {lease}"),
+                Some(queue) => format!(
+                    "{max} in flight, lease {lease}, queue ≤ {} ({} waiting)",
+                    format_duration_ms(queue.max_wait_ms),
+                    queue.max_waiting
+                ),
+            }
+        }
     }
 }
 

@@ -4,28 +4,28 @@
 use super::directory::LimitOverride;
 use crate::limiter::{replaced, Algorithm, Limit, Replaced};
 
-/// `base` with the parameters `change` names replaced: `limit` and `period` for window algorithms, `rate` and
-/// `burst` for the others. A parameter the algorithm does not take is refused with a message naming it; the values
+/// `base` with the parameters `change` names replaced: `limit` and `period` for window algorithms, `max` for
+/// `concurrency`, `rate` and `burst` for the others. A parameter the algorithm does not take is refused with a message naming it; the values
 /// are checked as the same values written in the config file would be, with its bounds and its messages.
 pub fn overridden(base: &Limit, change: &LimitOverride) -> Result<Limit, String> {
-    let takes_window = matches!(
-        base.algorithm(),
+    let given = [
+        ("limit", change.limit.is_some()),
+        ("period", change.period.is_some()),
+        ("rate", change.rate.is_some()),
+        ("burst", change.burst.is_some()),
+        ("max", change.max.is_some()),
+    ];
+    let takes: &[&str] = match base.algorithm() {
         Algorithm::FixedWindow { .. }
-            | Algorithm::SlidingWindow { .. }
-            | Algorithm::SlidingLog { .. }
-    );
-    let foreign = if takes_window {
-        [
-            ("rate", change.rate.is_some()),
-            ("burst", change.burst.is_some()),
-        ]
-    } else {
-        [
-            ("limit", change.limit.is_some()),
-            ("period", change.period.is_some()),
-        ]
+        | Algorithm::SlidingWindow { .. }
+        | Algorithm::SlidingLog { .. } => &["limit", "period"],
+        Algorithm::Concurrency { .. } => &["max"],
+        _ => &["rate", "burst"],
     };
-    if let Some((name, _)) = foreign.iter().find(|(_, given)| *given) {
+    let foreign = given
+        .iter()
+        .find(|(name, given)| *given && !takes.contains(name));
+    if let Some((name, _)) = foreign {
         return Err(format!(
             "{name} is not a parameter of {} (limit {:?})",
             base.algorithm().name(),
@@ -37,6 +37,7 @@ pub fn overridden(base: &Limit, change: &LimitOverride) -> Result<Limit, String>
         period: change.period.as_deref(),
         rate: change.rate.as_deref(),
         burst: change.burst,
+        max: change.max,
     };
     replaced(base, change)
 }

@@ -17,6 +17,13 @@ pub const MAX_SCALED: u64 = 1 << 52;
 /// one call could keep Redis busy for seconds; `sliding_window` holds any limit in constant space.
 pub const MAX_LOG_ENTRIES: u64 = 100_000;
 
+/// When a request refused for want of a slot may ask again (`Retry-After: 1`), in milliseconds.
+pub const SLOT_RETRY_MS: u64 = 1_000;
+
+/// The shortest `lease` of a `concurrency` limit: renewed every third of it, a lease must outlast a renewal call
+/// that Redis answers late.
+pub const MIN_LEASE_MS: u64 = 300;
+
 /// `count` events per `period_ms` milliseconds; both are positive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rate {
@@ -71,6 +78,25 @@ pub enum Algorithm {
         /// Reject, or delay up to a bound.
         mode: LeakyMode,
     },
+    /// At most `max` requests of one key in flight at once, across every instance: each holds a slot (a lease of
+    /// `lease_ms` in Redis, renewed while the request lives) until its answer ends.
+    Concurrency {
+        /// Requests in flight at once.
+        max: u64,
+        /// How long a slot outlives an instance that stopped renewing it (crashed, cut off), in milliseconds.
+        lease_ms: u64,
+        /// Whether a request finding the key full waits for a slot, and how long.
+        queue: Option<SlotQueue>,
+    },
+}
+
+/// How requests wait for a slot of a full `concurrency` key (`queue:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotQueue {
+    /// The longest a request waits for a slot before it is refused, in milliseconds.
+    pub max_wait_ms: u64,
+    /// The most requests waiting per key on one instance; more are refused at once.
+    pub max_waiting: u64,
 }
 
 /// One named limit of a route.
@@ -108,6 +134,16 @@ pub enum LimitError {
         limit: u64,
         /// The largest allowed.
         max: u64,
+    },
+    /// A `concurrency` lease too short to be renewed in time.
+    #[error(
+        "lease {lease} is too short: it is renewed every third of it, and must be at least {min}"
+    )]
+    LeaseTooShort {
+        /// The configured lease.
+        lease: String,
+        /// The shortest allowed.
+        min: String,
     },
     /// The parameters are too large for exact arithmetic.
     #[error("{what} is too large: {value} exceeds {max} ({hint})")]
@@ -172,6 +208,7 @@ impl Algorithm {
             Algorithm::TokenBucket { .. } => "token_bucket",
             Algorithm::Gcra { .. } => "gcra",
             Algorithm::LeakyBucket { .. } => "leaky_bucket",
+            Algorithm::Concurrency { .. } => "concurrency",
         }
     }
 
@@ -184,7 +221,13 @@ impl Algorithm {
             Algorithm::TokenBucket { burst, .. }
             | Algorithm::Gcra { burst, .. }
             | Algorithm::LeakyBucket { burst, .. } => burst,
+            Algorithm::Concurrency { max, .. } => max,
         }
+    }
+
+    /// Whether a request holds what it takes only until its answer ends (`concurrency`).
+    pub fn holds_slots(&self) -> bool {
+        matches!(self, Algorithm::Concurrency { .. })
     }
 
     /// The policy window in milliseconds: the period for window algorithms, the time to refill an empty bucket
@@ -200,6 +243,8 @@ impl Algorithm {
                 (u128::from(burst) * u128::from(rate.period_ms)).div_ceil(u128::from(rate.count))
                     as u64
             }
+            // A full key is asked again after a second: slots come back when answers end, not on a clock.
+            Algorithm::Concurrency { .. } => SLOT_RETRY_MS,
         }
     }
 
@@ -218,6 +263,7 @@ impl Algorithm {
                 };
                 self.window_ms() + held
             }
+            Algorithm::Concurrency { lease_ms, .. } => lease_ms,
         }
     }
 
@@ -228,8 +274,17 @@ impl Algorithm {
                 Algorithm::FixedWindow { .. }
                 | Algorithm::SlidingWindow { .. }
                 | Algorithm::SlidingLog { .. } => "limit",
+                Algorithm::Concurrency { .. } => "max",
                 _ => "burst",
             }));
+        }
+        if let Algorithm::Concurrency { lease_ms, .. } = *self {
+            if lease_ms < MIN_LEASE_MS {
+                return Err(LimitError::LeaseTooShort {
+                    lease: format_duration_ms(lease_ms),
+                    min: format_duration_ms(MIN_LEASE_MS),
+                });
+            }
         }
         if let Algorithm::SlidingLog { limit, .. } = *self {
             if limit > MAX_LOG_ENTRIES {
@@ -283,6 +338,20 @@ impl Algorithm {
                     ("max_delay (in ms)", max_delay_ms),
                 ]
             }
+            Algorithm::Concurrency {
+                max,
+                lease_ms,
+                queue,
+            } => {
+                let (max_wait_ms, max_waiting) =
+                    queue.map_or((0, 0), |q| (q.max_wait_ms, q.max_waiting));
+                vec![
+                    ("max", max),
+                    ("lease (in ms)", lease_ms),
+                    ("queue.max_wait (in ms)", max_wait_ms),
+                    ("queue.max_waiting", max_waiting),
+                ]
+            }
         }
     }
 
@@ -292,7 +361,7 @@ impl Algorithm {
         const SHORTER: &str = "lower it or shorten the period";
         let wide = |a: u64, b: u64| u128::from(a) * u128::from(b);
         match *self {
-            Algorithm::FixedWindow { .. } => Vec::new(),
+            Algorithm::FixedWindow { .. } | Algorithm::Concurrency { .. } => Vec::new(),
             Algorithm::SlidingWindow { limit, period_ms }
             | Algorithm::SlidingLog { limit, period_ms } => {
                 vec![("limit × period (in ms)", wide(limit, period_ms), SHORTER)]

@@ -16,7 +16,8 @@ mod written;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Outcome};
 pub use limit::{
-    format_duration_ms, Algorithm, LeakyMode, Limit, LimitError, Rate, MAX_LOG_ENTRIES, MAX_SCALED,
+    format_duration_ms, Algorithm, LeakyMode, Limit, LimitError, Rate, SlotQueue, MAX_LOG_ENTRIES,
+    MAX_SCALED, MIN_LEASE_MS, SLOT_RETRY_MS,
 };
 pub use rate_limiter::{
     Backend, DecidedBy, Giver, OnError, RateLimiter, Readiness, Settlement, Unavailable,
@@ -25,4 +26,4 @@ pub use settings::{BackendKind, StoreSettings};
 /// What a full in-process store does with a new key's request (`StoreSettings::when_full`).
 pub use store::WhenFull;
 pub use units::{parse_duration, parse_rate, UnitError};
-pub(crate) use written::{replaced, Replaced, WrittenAlgorithm};
+pub(crate) use written::{replaced, Replaced, WrittenAlgorithm, WrittenQueue};

@@ -224,6 +224,22 @@ impl Giver {
             Owed::Debt => local.add_debts(at_ms, &checks),
         }
     }
+
+    /// Releases the slots of `concurrency` limits that an admitted request held (store key and limit of each):
+    /// in this process at once, in Redis off the caller's path (it must be called within a tokio runtime then).
+    pub fn release_slots(self, held: Vec<(String, Limit)>) {
+        if let Some(local) = &self.local {
+            let checks: Vec<LimitCheck<'_>> = held
+                .iter()
+                .map(|(key, limit)| LimitCheck { key, limit })
+                .collect();
+            local.give_back(local.now_ms(), &checks);
+        } else if self.redis.is_some() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(self.give_back(held, Instant::now()));
+            }
+        }
+    }
 }
 
 // === impl OnError ===

@@ -1,10 +1,16 @@
 //! A limit's algorithm as people write it (a config file's `limits:` entry, an admin API override), checked.
 
 use super::units::{parse_duration_ms, parse_rate};
-use super::{format_duration_ms, Algorithm, LeakyMode, Limit, Rate};
+use super::{format_duration_ms, Algorithm, LeakyMode, Limit, Rate, SlotQueue};
+
+/// A `concurrency` lease when none is written: long enough that renewals (every third of it) cost nothing
+/// noticeable, short enough that a crashed instance's slots come back soon.
+pub(crate) const DEFAULT_LEASE_MS: u64 = 30_000;
+/// Requests that may wait for a slot of one key on one instance when `queue.max_waiting` is not written.
+pub(crate) const DEFAULT_MAX_WAITING: u64 = 1_000;
 
 /// Every algorithm that may be named, with the parameters it takes, in the order users read them.
-const ALGORITHMS: [AlgorithmSpec; 6] = [
+const ALGORITHMS: [AlgorithmSpec; 7] = [
     AlgorithmSpec {
         name: "sliding_window",
         params: &[Param::Limit, Param::Period],
@@ -35,6 +41,11 @@ const ALGORITHMS: [AlgorithmSpec; 6] = [
         params: &[Param::Rate, Param::Burst, Param::Mode, Param::MaxDelay],
         build: (leaky_bucket),
     },
+    AlgorithmSpec {
+        name: "concurrency",
+        params: &[Param::Max, Param::Lease, Param::Queue],
+        build: (concurrency),
+    },
 ];
 
 /// An algorithm and its parameters as written: numbers as numbers, durations and rates as text (`"1m"`,
@@ -48,6 +59,16 @@ pub(crate) struct WrittenAlgorithm<'a> {
     pub burst: Option<u64>,
     pub mode: Option<&'a str>,
     pub max_delay: Option<&'a str>,
+    pub max: Option<u64>,
+    pub lease: Option<&'a str>,
+    pub queue: Option<WrittenQueue<'a>>,
+}
+
+/// `queue:` of a `concurrency` limit as written.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct WrittenQueue<'a> {
+    pub max_wait: Option<&'a str>,
+    pub max_waiting: Option<u64>,
 }
 
 /// What is wrong with one field of a [`WrittenAlgorithm`]: the field (`period`) and why.
@@ -64,6 +85,7 @@ pub(crate) struct Replaced<'a> {
     pub period: Option<&'a str>,
     pub rate: Option<&'a str>,
     pub burst: Option<u64>,
+    pub max: Option<u64>,
 }
 
 /// An algorithm parameter.
@@ -75,6 +97,9 @@ enum Param {
     Burst,
     Mode,
     MaxDelay,
+    Max,
+    Lease,
+    Queue,
 }
 
 /// What may be written about one algorithm.
@@ -95,6 +120,9 @@ struct Parsed {
     rate: Option<Rate>,
     burst: Option<u64>,
     mode: Option<LeakyMode>,
+    max: Option<u64>,
+    lease_ms: Option<u64>,
+    queue: Option<SlotQueue>,
 }
 
 /// The problems found so far, in the order they were found.
@@ -107,6 +135,7 @@ pub(crate) fn replaced(base: &Limit, change: Replaced<'_>) -> Result<Limit, Stri
     let algorithm = base.algorithm();
     let (mut limit, mut period, mut rate, mut burst, mut mode, mut max_delay) =
         (None, None, None, None, None, None);
+    let (mut max, mut lease, mut queue) = (None, None, None);
     match *algorithm {
         Algorithm::FixedWindow {
             limit: l,
@@ -139,6 +168,15 @@ pub(crate) fn replaced(base: &Limit, change: Replaced<'_>) -> Result<Limit, Stri
                 max_delay = Some(format_duration_ms(max_delay_ms));
             }
         }
+        Algorithm::Concurrency {
+            max: m,
+            lease_ms,
+            queue: q,
+        } => {
+            max = Some(m);
+            lease = Some(format_duration_ms(lease_ms));
+            queue = q.map(|q| (format_duration_ms(q.max_wait_ms), q.max_waiting));
+        }
     }
     let written = WrittenAlgorithm {
         algorithm: algorithm.name(),
@@ -148,6 +186,12 @@ pub(crate) fn replaced(base: &Limit, change: Replaced<'_>) -> Result<Limit, Stri
         burst: change.burst.or(burst),
         mode,
         max_delay: max_delay.as_deref(),
+        max: change.max.or(max),
+        lease: lease.as_deref(),
+        queue: queue.as_ref().map(|(max_wait, max_waiting)| WrittenQueue {
+            max_wait: Some(max_wait),
+            max_waiting: Some(*max_waiting),
+        }),
     };
     let name = base.name();
     let checked = written.checked().map_err(|problems| {
@@ -271,6 +315,45 @@ fn leaky_bucket(p: &Parsed) -> Option<Algorithm> {
     })
 }
 
+fn concurrency(p: &Parsed) -> Option<Algorithm> {
+    Some(Algorithm::Concurrency {
+        max: p.max?,
+        lease_ms: p.lease_ms.unwrap_or(DEFAULT_LEASE_MS),
+        queue: p.queue,
+    })
+}
+
+/// `queue: { max_wait, max_waiting }`: `max_wait` required, `max_waiting` 1,000 unless written.
+fn slot_queue(problems: &mut Problems, written: &WrittenQueue<'_>) -> Option<SlotQueue> {
+    let Some(text) = written.max_wait else {
+        problems.add(
+            "queue.max_wait",
+            "required by queue (the longest a request waits for a slot)",
+        );
+        return None;
+    };
+    let max_wait_ms = problems.check("queue.max_wait", parse_duration_ms(text))?;
+    if max_wait_ms == 0 {
+        problems.add(
+            "queue.max_wait",
+            format_args!("must be greater than 0 (got {text:?})"),
+        );
+        return None;
+    }
+    let max_waiting = written.max_waiting.unwrap_or(DEFAULT_MAX_WAITING);
+    if max_waiting == 0 {
+        problems.add(
+            "queue.max_waiting",
+            "must be greater than 0 (remove queue to refuse at once)",
+        );
+        return None;
+    }
+    Some(SlotQueue {
+        max_wait_ms,
+        max_waiting,
+    })
+}
+
 /// `mode: reject` (default) or `mode: delay` with its `max_delay`.
 fn leaky_mode(problems: &mut Problems, written: &WrittenAlgorithm<'_>) -> Option<LeakyMode> {
     match written.mode.map(str::trim) {
@@ -330,13 +413,16 @@ impl AlgorithmSpec {
 // === impl Param ===
 
 impl Param {
-    const ALL: [Param; 6] = [
+    const ALL: [Param; 9] = [
         Param::Limit,
         Param::Period,
         Param::Rate,
         Param::Burst,
         Param::Mode,
         Param::MaxDelay,
+        Param::Max,
+        Param::Lease,
+        Param::Queue,
     ];
 
     fn name(self) -> &'static str {
@@ -347,12 +433,19 @@ impl Param {
             Param::Burst => "burst",
             Param::Mode => "mode",
             Param::MaxDelay => "max_delay",
+            Param::Max => "max",
+            Param::Lease => "lease",
+            Param::Queue => "queue",
         }
     }
 
-    /// `mode` defaults to `reject`, and `max_delay` is only wanted by `mode: delay`.
+    /// `mode` defaults to `reject`, and `max_delay` is only wanted by `mode: delay`; `lease` has a default and
+    /// `queue` is only for callers that would rather wait.
     fn optional(self) -> bool {
-        matches!(self, Param::Mode | Param::MaxDelay)
+        matches!(
+            self,
+            Param::Mode | Param::MaxDelay | Param::Lease | Param::Queue
+        )
     }
 
     fn is_set(self, written: &WrittenAlgorithm<'_>) -> bool {
@@ -363,6 +456,9 @@ impl Param {
             Param::Burst => written.burst.is_some(),
             Param::Mode => written.mode.is_some(),
             Param::MaxDelay => written.max_delay.is_some(),
+            Param::Max => written.max.is_some(),
+            Param::Lease => written.lease.is_some(),
+            Param::Queue => written.queue.is_some(),
         }
     }
 }
@@ -394,12 +490,31 @@ impl Parsed {
         let rate = written
             .rate
             .and_then(|text| problems.check("rate", parse_rate(text)));
+        let lease_ms = written.lease.and_then(|text| {
+            let ms = problems.check("lease", parse_duration_ms(text))?;
+            if ms == 0 {
+                problems.add(
+                    "lease",
+                    format_args!("must be greater than 0 (got {text:?})"),
+                );
+                return None;
+            }
+            Some(ms)
+        });
+        // Checked only for the algorithm that takes it: another says it does not.
+        let queue = written
+            .queue
+            .filter(|_| written.algorithm.trim() == "concurrency")
+            .and_then(|queue| slot_queue(problems, &queue));
         Parsed {
             limit: positive(problems, "limit", written.limit),
             period_ms,
             rate,
             burst: positive(problems, "burst", written.burst),
             mode: leaky_mode(problems, written),
+            max: positive(problems, "max", written.max),
+            lease_ms,
+            queue,
         }
     }
 }

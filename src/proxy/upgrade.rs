@@ -56,12 +56,12 @@ impl TunnelHold {
 
 /// Copies bytes both ways between the client's and the upstream's upgraded connections until either side closes.
 /// Spawned as its own task: the handshake's response is already on its way back when the two sides switch. `hold`
-/// is dropped with the tunnel.
+/// (the drain's, and the one admission waits on) is dropped with the tunnel.
 pub(super) async fn splice(
     client: OnUpgrade,
     upstream: OnUpgrade,
     upstream_name: String,
-    hold: Option<TunnelHold>,
+    hold: (Option<TunnelHold>, crate::admission::TunnelOpen),
 ) {
     let _hold = hold;
     let (client, upstream) = match tokio::try_join!(client, upstream) {

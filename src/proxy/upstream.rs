@@ -215,11 +215,14 @@ impl Upstream {
             headers::prepare_response(&mut parts.headers, parts.version);
             if let Some(upstream_side) = switched {
                 upgrade::keep_upgrade_fields(&mut parts.headers, accepted.unwrap_or(protocol));
+                // Admission's work for after the answer (a concurrency slot) waits for the tunnel to close.
+                let (open, closed) = crate::admission::tunnel();
+                parts.extensions.insert(closed);
                 tokio::spawn(upgrade::splice(
                     client_side,
                     upstream_side,
                     self.name.clone(),
-                    hold,
+                    (hold, open),
                 ));
             }
             Ok(Response::from_parts(parts, Body::new(body)))

@@ -5,6 +5,7 @@ pub mod binary;
 pub mod cluster;
 pub mod h2;
 pub mod http_client;
+pub mod in_flight;
 pub mod jwt;
 pub mod pki;
 pub mod raw_upstream;

@@ -186,17 +186,84 @@ fn unknown_algorithms_and_bad_leaky_modes_are_named() {
     assert_eq!(
         problems(&with_limit("algorithm: sliding\nlimit: 1\nperiod: 1s")),
         [
-            r#"routes[0].limits[0].algorithm: unknown algorithm "sliding" (use sliding_window, sliding_log, token_bucket, fixed_window, gcra, leaky_bucket)"#
+            r#"routes[0].limits[0].algorithm: unknown algorithm "sliding" (use sliding_window, sliding_log, token_bucket, fixed_window, gcra, leaky_bucket, concurrency)"#
         ]
     );
     assert_eq!(
             problems(&with_limit("limit: 1\nperiod: 1s")),
-            ["routes[0].limits[0].algorithm: a limit needs an algorithm (use sliding_window, sliding_log, token_bucket, fixed_window, gcra, leaky_bucket)"]
+            ["routes[0].limits[0].algorithm: a limit needs an algorithm (use sliding_window, sliding_log, token_bucket, fixed_window, gcra, leaky_bucket, concurrency)"]
         );
     assert_eq!(
             problems(&with_limit("algorithm: token_bucket\nrate: 1/s\nburst: 2\nmax_delay: 1s")),
             ["routes[0].limits[0].max_delay: max_delay is not used by token_bucket (it takes rate and burst)"]
         );
+}
+
+#[test]
+fn concurrency_limits_take_max_a_lease_and_a_queue() {
+    let config = parse(&with_limit(
+        "algorithm: concurrency\nmax: 4\nqueue: { max_wait: 10s }",
+    ))
+    .unwrap();
+    assert_eq!(
+        *config.routes[0].limits[0].limit.algorithm(),
+        crate::limiter::Algorithm::Concurrency {
+            max: 4,
+            lease_ms: 30_000,
+            queue: Some(crate::limiter::SlotQueue {
+                max_wait_ms: 10_000,
+                max_waiting: 1_000
+            }),
+        }
+    );
+    let config = parse(&with_limit("algorithm: concurrency\nmax: 2\nlease: 5s")).unwrap();
+    assert_eq!(
+        *config.routes[0].limits[0].limit.algorithm(),
+        crate::limiter::Algorithm::Concurrency {
+            max: 2,
+            lease_ms: 5_000,
+            queue: None
+        }
+    );
+    assert_eq!(
+        problems(&with_limit("algorithm: concurrency\nlease: 10s")),
+        ["routes[0].limits[0].max: required by concurrency (it takes max, lease and queue)"]
+    );
+    assert_eq!(
+        problems(&with_limit("algorithm: concurrency\nmax: 0\nlimit: 3")),
+        [
+            "routes[0].limits[0].max: must be greater than 0",
+            "routes[0].limits[0].limit: limit is not used by concurrency (it takes max, lease and queue)",
+        ]
+    );
+    assert_eq!(
+        problems(&with_limit("algorithm: concurrency\nmax: 2\nlease: 100ms")),
+        ["routes[0].limits[0]: lease 100ms is too short: it is renewed every third of it, and must be at least 300ms"]
+    );
+    assert_eq!(
+        problems(&with_limit(
+            "algorithm: concurrency\nmax: 2\nqueue: { max_waiting: 0 }"
+        )),
+        ["routes[0].limits[0].queue.max_wait: required by queue (the longest a request waits for a slot)"]
+    );
+    assert_eq!(
+        problems(&with_limit(
+            "algorithm: concurrency\nmax: 2\nqueue: { max_wait: 1s, max_waiting: 0 }"
+        )),
+        ["routes[0].limits[0].queue.max_waiting: must be greater than 0 (remove queue to refuse at once)"]
+    );
+    assert_eq!(
+        problems(&with_limit(
+            "algorithm: gcra\nrate: 1/s\nburst: 2\nqueue: { max_wait: 1s }"
+        )),
+        ["routes[0].limits[0].queue: queue is not used by gcra (it takes rate and burst)"]
+    );
+    assert_eq!(
+        problems(&with_limit(
+            "algorithm: concurrency\nmax: 2\ncounts: { status: [401] }"
+        )),
+        ["routes[0].limits[0].counts: a concurrency limit counts requests in flight: remove counts"]
+    );
 }
 
 #[test]

@@ -40,6 +40,9 @@ pub struct LimitOverride {
     pub limit: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub period: Option<String>,
+    /// A `concurrency` limit's requests in flight.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max: Option<u64>,
 }
 
 /// An API key issued at runtime, as kept: its id (to revoke it by), the SHA-256 of the key (lower-case hex; the

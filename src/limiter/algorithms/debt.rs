@@ -148,6 +148,8 @@ pub fn add_debt(
             };
             Some((State::Meter(state), ceil_div(water, per_ms).max(1)))
         }
+        // Slots are held and released whole: a request in flight never owes more of them.
+        Algorithm::Concurrency { .. } => None,
     }
 }
 

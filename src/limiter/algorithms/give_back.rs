@@ -116,6 +116,11 @@ pub fn give_back(
             };
             Some((State::Meter(state), ceil_div(water, per_ms).max(1)))
         }
+        // A slot is released whenever its request ends: it belongs to no window.
+        (Algorithm::Concurrency { .. }, State::Slots(s)) => {
+            let (state, ttl) = super::concurrency::release(s, cost);
+            Some((State::Slots(state), ttl))
+        }
         _ => None,
     }
 }
@@ -168,6 +173,11 @@ mod tests {
                 rate,
                 burst: 10,
                 mode: LeakyMode::Delay { max_delay_ms: 500 },
+            },
+            Algorithm::Concurrency {
+                max: 10,
+                lease_ms: 30_000,
+                queue: None,
             },
         ] {
             for later in [0, 7] {

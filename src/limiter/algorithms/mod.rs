@@ -3,6 +3,7 @@
 //! Each function mirrors a section of the Redis script (`scripts/check/`) integer for integer, so that the memory
 //! store and the Redis store make the same decision for the same sequence of timestamps.
 
+pub mod concurrency;
 mod debt;
 pub mod fixed_window;
 pub mod gcra;
@@ -31,6 +32,8 @@ pub enum State {
     Gcra(gcra::GcraState),
     /// `leaky_bucket` water level.
     Meter(token_bucket::BucketState),
+    /// `concurrency` slots held.
+    Slots(concurrency::SlotsState),
 }
 
 /// What an algorithm says about one request, before the store decides whether to commit.
@@ -111,6 +114,13 @@ pub fn evaluate(
                 _ => None,
             });
             leaky_bucket::evaluate(rate, burst, mode, state, now_ms, cost).map(State::Meter)
+        }
+        Algorithm::Concurrency { max, .. } => {
+            let state = state.and_then(|s| match s {
+                State::Slots(s) => Some(s),
+                _ => None,
+            });
+            concurrency::evaluate(max, state, cost).map(State::Slots)
         }
     }
 }

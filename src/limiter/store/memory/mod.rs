@@ -200,7 +200,10 @@ impl MemoryStore {
         let over_limit: SmallVec<[bool; INLINE_LIMITS]> = transitions
             .iter()
             .zip(checks)
-            .map(|(e, c)| e.admitted.remaining < c.limit.cost())
+            // A key holding slots is never displaced either: forgetting it would free slots still held.
+            .map(|(e, c)| {
+                e.admitted.remaining < c.limit.cost() || c.limit.algorithm().holds_slots()
+            })
             .collect();
 
         algorithms::combine(
@@ -255,9 +258,9 @@ impl MemoryStore {
                 limit.cost(),
             );
             if let Some((state, ttl_ms)) = given {
+                entry.over_limit = matches!(state, State::Slots(s) if s.held > 0);
                 entry.state = state;
                 entry.expires_at_ms = now_ms + ttl_ms as i64;
-                entry.over_limit = false;
             }
         }
     }

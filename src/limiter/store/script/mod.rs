@@ -167,7 +167,10 @@ impl EncodedRequest {
     fn can_run(&self) -> bool {
         self.mode == Mode::Commit
             && !self.limits.iter().any(|l| {
-                matches!(l.algorithm, Algorithm::SlidingLog { .. })
+                matches!(
+                    l.algorithm,
+                    Algorithm::SlidingLog { .. } | Algorithm::Concurrency { .. }
+                )
                     // A run's closed form divides by the cost, and takes each request to fit the capacity.
                     || l.cost == 0
                     || l.cost > l.algorithm.capacity()
@@ -437,10 +440,11 @@ fn state_before_run(algorithm: &Algorithm, f: &[i64]) -> Result<Option<State>, S
             capacity: 0,
         }),
         Algorithm::Gcra { .. } => State::Gcra(GcraState { tat: f[1] }),
-        Algorithm::SlidingLog { .. } => {
-            return Err(StoreError::Reply(
-                "a run of sliding_log requests, which is never sent".to_owned(),
-            ))
+        Algorithm::SlidingLog { .. } | Algorithm::Concurrency { .. } => {
+            return Err(StoreError::Reply(format!(
+                "a run of {} requests, which is never sent",
+                algorithm.name()
+            )))
         }
     }))
 }
@@ -454,6 +458,7 @@ mod algorithm_id {
     pub const FIXED_WINDOW: u64 = 4;
     pub const GCRA: u64 = 5;
     pub const LEAKY_BUCKET: u64 = 6;
+    pub const CONCURRENCY: u64 = 7;
 }
 
 /// The script's algorithm id and four parameters for a limit (see the header of the script).
@@ -483,6 +488,7 @@ fn script_params(algorithm: &Algorithm) -> [u64; 5] {
                 max_delay_ms,
             ]
         }
+        Algorithm::Concurrency { max, lease_ms, .. } => [CONCURRENCY, max, lease_ms, 0, 0],
     }
 }
 

@@ -1,0 +1,57 @@
+//! The slots of `concurrency` limits an admitted request holds, released once its answer ends: its last byte sent,
+//! the client gone, the upstream failed, a stream or a WebSocket tunnel closed.
+
+use super::after_answer::{AfterAnswer, Ending};
+use crate::limiter::{Giver, Limit};
+
+/// The slots one admitted request holds, with the `tollgate_in_flight` gauge of each limit.
+pub(super) struct HeldSlots {
+    giver: Giver,
+    /// Per `concurrency` limit that admitted the request: its store key, the limit, its gauge.
+    held: Vec<(String, Limit, metrics::Gauge)>,
+}
+
+// === impl HeldSlots ===
+
+impl HeldSlots {
+    /// Slots taken by an admitted request, counted in flight from now until its answer ends.
+    pub(super) fn new(giver: Giver, held: Vec<(String, Limit, metrics::Gauge)>) -> Self {
+        for (_, _, gauge) in &held {
+            gauge.increment(1.0);
+        }
+        Self { giver, held }
+    }
+}
+
+impl AfterAnswer for HeldSlots {
+    fn ended(self: Box<Self>, _: Ending) {
+        // However the answer ended, the request is no longer in flight.
+        let this = *self;
+        let held = this
+            .held
+            .into_iter()
+            .map(|(key, limit, gauge)| {
+                gauge.decrement(1.0);
+                (key, limit)
+            })
+            .collect();
+        this.giver.release_slots(held);
+    }
+}
+
+/// Two pieces of work kept for after one answer (a limit counting answers by status beside a concurrency limit),
+/// told everything in turn.
+pub(super) struct Both(pub Box<dyn AfterAnswer>, pub Box<dyn AfterAnswer>);
+
+impl AfterAnswer for Both {
+    fn status(&mut self, status: http::StatusCode) {
+        self.0.status(status);
+        self.1.status(status);
+    }
+
+    fn ended(self: Box<Self>, ending: Ending) {
+        let Both(first, second) = *self;
+        first.ended(ending);
+        second.ended(ending);
+    }
+}

@@ -1,0 +1,279 @@
+//! Concurrency limits (`algorithm: concurrency`): at most `max` requests of one key in flight, counted at a real
+//! upstream that holds requests until the test lets them go; a slot comes back on every way a request ends; checked
+//! all-or-nothing with the route's rate limits.
+
+mod common;
+
+use std::time::Duration;
+
+use common::http_client::client;
+use common::in_flight::InFlightUpstream;
+use common::{eventually, gateways_sharing, store_yaml, ReservedPort, TestGateway};
+use futures_util::{SinkExt, StreamExt};
+use tokio_tungstenite::tungstenite::Message;
+
+const SOON: Duration = Duration::from_secs(5);
+
+/// A gateway config in front of `upstream`: route `api` (everything) with `limits`, route `gone` (`/gone`) to an
+/// address that refuses connections, limited to one in flight.
+fn yaml(store: &str, upstream: &InFlightUpstream, gone: &ReservedPort, limits: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:0\nstore:\n{store}upstreams:\n  app: {{ targets: [\"{}\"], timeout: 1s }}\n  \
+         gone: {{ targets: [\"http://{}\"] }}\nroutes:\n  - name: gone\n    match: {{ path_prefix: /gone }}\n    \
+         upstream: gone\n    limits:\n      - {{ name: one, key: ip, algorithm: concurrency, max: 1 }}\n  \
+         - name: api\n    match: {{ path_prefix: / }}\n    upstream: app\n    limits:\n{limits}",
+        upstream.url(),
+        gone.addr()
+    )
+}
+
+/// One `concurrency` limit per client address.
+fn in_flight(max: u64) -> String {
+    format!("      - {{ name: in-flight, key: ip, algorithm: concurrency, max: {max} }}\n")
+}
+
+async fn status(url: String) -> u16 {
+    client()
+        .get(url)
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+        .unwrap_or(0)
+}
+
+/// Whether a quick request through `gateway` is admitted within a few seconds (slots released off the client's
+/// path may take a moment).
+async fn admitted_again(gateway: &TestGateway) -> bool {
+    eventually(SOON, async || status(gateway.url("/quick")).await == 200)
+        .await
+        .is_some()
+}
+
+/// Starts `n` requests to `/hold` spread over `gateways`, each answered with its status.
+fn hold(gateways: &[TestGateway], n: usize) -> Vec<tokio::task::JoinHandle<u16>> {
+    (0..n)
+        .map(|i| tokio::spawn(status(gateways[i % gateways.len()].url("/hold"))))
+        .collect()
+}
+
+async fn exactly_max_admitted_and_in_flight(redis: Option<&common::redis::RedisServer>) {
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    let gateways = gateways_sharing(
+        &yaml(&store_yaml(redis), &upstream, &gone, &in_flight(3)),
+        redis,
+    )
+    .await;
+    let requests = hold(&gateways, 40);
+    // All but the admitted are refused without waiting for them.
+    let refused = eventually(SOON, async || {
+        requests.iter().filter(|r| r.is_finished()).count() == 37
+    })
+    .await;
+    assert!(refused.is_some(), "37 of 40 answered at once");
+    // The admitted reach the upstream on connections of their own, a moment later.
+    let arrived = eventually(SOON, async || upstream.arrived() == 3).await;
+    assert!(arrived.is_some(), "{} admitted", upstream.arrived());
+    let answer = client()
+        .get(gateways[0].url("/quick"))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(answer.status(), 429);
+    assert_eq!(answer.headers()["retry-after"], "1");
+    let body: serde_json::Value =
+        serde_json::from_slice(&answer.bytes().await.expect("body")).expect("json");
+    assert_eq!(body["error"], "rate_limited");
+    assert_eq!(body["limit"], "in-flight");
+    upstream.release(3);
+    let mut statuses = Vec::new();
+    for request in requests {
+        statuses.push(request.await.expect("request"));
+    }
+    assert_eq!(common::count(&statuses, 200), 3, "{statuses:?}");
+    assert_eq!(common::count(&statuses, 429), 37, "{statuses:?}");
+    assert_eq!(upstream.most_in_flight(), 3);
+    assert!(
+        admitted_again(&gateways[0]).await,
+        "slots back once answered"
+    );
+}
+
+#[tokio::test]
+async fn in_memory_exactly_max_are_admitted_when_requests_arrive_together() {
+    exactly_max_admitted_and_in_flight(None).await;
+}
+
+/// Three hundred requests from 60 clients at once, each held a moment at the upstream, never more than `max` there
+/// at once.
+async fn never_more_than_max_at_the_upstream(redis: Option<&common::redis::RedisServer>) {
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    let gateways = gateways_sharing(
+        &yaml(&store_yaml(redis), &upstream, &gone, &in_flight(4)),
+        redis,
+    )
+    .await;
+    let clients: Vec<_> = (0..60)
+        .map(|i| {
+            let url = gateways[i % gateways.len()].url("/hold");
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                for _ in 0..5 {
+                    statuses.push(status(url.clone()).await);
+                }
+                statuses
+            })
+        })
+        .collect();
+    // Lets the admitted go one at a time while the others keep coming.
+    while !clients.iter().all(|c| c.is_finished()) {
+        if upstream.in_flight() > 0 {
+            upstream.release(1);
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let mut statuses = Vec::new();
+    for client in clients {
+        statuses.extend(client.await.expect("client"));
+    }
+    let admitted = common::count(&statuses, 200);
+    assert_eq!(
+        admitted + common::count(&statuses, 429),
+        300,
+        "{statuses:?}"
+    );
+    assert!(admitted >= 4, "{admitted} admitted");
+    assert_eq!(upstream.arrived(), admitted);
+    assert!(
+        upstream.most_in_flight() <= 4,
+        "{} in flight",
+        upstream.most_in_flight()
+    );
+}
+
+#[tokio::test]
+async fn in_memory_never_more_than_max_reach_the_upstream_at_once() {
+    never_more_than_max_at_the_upstream(None).await;
+}
+
+async fn released_on_every_ending(redis: Option<&common::redis::RedisServer>) {
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    let gateways = gateways_sharing(
+        &yaml(&store_yaml(redis), &upstream, &gone, &in_flight(1)),
+        redis,
+    )
+    .await;
+    let gateway = &gateways[0];
+
+    // Completion.
+    assert_eq!(status(gateway.url("/quick")).await, 200);
+    assert!(admitted_again(gateway).await, "after a complete answer");
+
+    // The client goes away while the upstream holds its request.
+    let request = tokio::spawn(status(gateway.url("/hold")));
+    assert!(eventually(SOON, async || upstream.in_flight() == 1)
+        .await
+        .is_some());
+    assert_eq!(status(gateway.url("/quick")).await, 429, "the slot is held");
+    request.abort();
+    assert!(admitted_again(gateway).await, "after the client went away");
+
+    // The upstream does not answer within its timeout.
+    assert_eq!(status(gateway.url("/hold")).await, 504);
+    assert!(admitted_again(gateway).await, "after an upstream timeout");
+
+    // The upstream cannot be reached: the second request finds the slot free and fails the same way.
+    assert_eq!(status(gateway.url("/gone")).await, 502);
+    let again = eventually(SOON, async || status(gateway.url("/gone")).await == 502).await;
+    assert!(again.is_some(), "after an unreachable upstream");
+
+    // A stream holds its slot until it ends.
+    let mut stream = client()
+        .get(gateway.url("/stream"))
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(stream.status(), 200);
+    let first = stream.chunk().await.expect("chunk").expect("first");
+    assert_eq!(&first[..], b"first\n");
+    assert_eq!(
+        status(gateway.url("/quick")).await,
+        429,
+        "held while streaming"
+    );
+    upstream.release(1);
+    while stream.chunk().await.expect("chunk").is_some() {}
+    assert!(admitted_again(gateway).await, "after the stream ended");
+
+    // A WebSocket holds its slot until it closes.
+    let url = format!("ws://{}/ws", gateway.addr);
+    let (mut socket, _) = tokio_tungstenite::connect_async(url)
+        .await
+        .expect("upgrade");
+    socket.send(Message::text("ping")).await.expect("send");
+    let echo = socket.next().await.expect("echo").expect("message");
+    assert_eq!(echo, Message::text("ping"));
+    assert_eq!(
+        status(gateway.url("/quick")).await,
+        429,
+        "held while the tunnel is open"
+    );
+    socket.close(None).await.expect("close");
+    while socket.next().await.is_some() {}
+    drop(socket);
+    assert!(admitted_again(gateway).await, "after the WebSocket closed");
+}
+
+#[tokio::test]
+async fn in_memory_a_slot_comes_back_however_its_request_ends() {
+    released_on_every_ending(None).await;
+}
+
+/// A rate limit per `x-user` (one a minute) beside one slot per address: a request refused by either takes nothing
+/// from the other.
+async fn all_or_nothing_with_rate_limits(redis: Option<&common::redis::RedisServer>) {
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    let limits = format!(
+        "{}      - {{ name: per-user, key: \"header:x-user\", algorithm: fixed_window, limit: 1, period: 1h }}\n",
+        in_flight(1)
+    );
+    let gateways =
+        gateways_sharing(&yaml(&store_yaml(redis), &upstream, &gone, &limits), redis).await;
+    let gateway = &gateways[0];
+    let send = |user: &'static str, path: &'static str| {
+        let url = gateway.url(path);
+        async move {
+            client()
+                .get(url)
+                .header("x-user", user)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0)
+        }
+    };
+    // Refused for want of a slot: user b's minute is untouched.
+    let held = tokio::spawn(send("a", "/hold"));
+    assert!(eventually(SOON, async || upstream.in_flight() == 1)
+        .await
+        .is_some());
+    assert_eq!(send("b", "/quick").await, 429);
+    upstream.release(1);
+    assert_eq!(held.await.expect("held"), 200);
+    let b = eventually(SOON, async || send("b", "/quick").await == 200).await;
+    assert!(
+        b.is_some(),
+        "user b's request consumed nothing when refused"
+    );
+    // Refused by user a's rate: no slot taken, so user c is admitted.
+    assert_eq!(send("a", "/quick").await, 429);
+    assert_eq!(send("c", "/quick").await, 200);
+}
+
+#[tokio::test]
+async fn in_memory_a_request_refused_by_one_limit_takes_nothing_from_the_other() {
+    all_or_nothing_with_rate_limits(None).await;
+}
