@@ -308,3 +308,64 @@ async fn with_the_memory_store_a_settlement_applies_off_the_callers_path() {
         "waits {waits} ms"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_lifts_the_denial_this_gateway_remembers() {
+    let redis = RedisServer::start();
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let limiter = limiter(&redis, OnError::Deny, &recorder).await;
+    let other = limiter_on(&redis.url(), OnError::Deny, &recorder).await;
+    let bucket = slow_bucket(10);
+    // The limiter hears other instances' resets once its subscriber is connected, and forgets every denial it
+    // remembers when that connection is made: wait until it hears one, so that it remembers from then on.
+    let full = bucket.clone().with_cost(10);
+    let probe = [LimitCheck {
+        key: "probe",
+        limit: &full,
+    }];
+    let denials_kept = eventually(LANDS_WITHIN, async || {
+        limiter.check(&probe).await.expect("decided");
+        limiter.check(&probe).await.expect("decided");
+        other.reset("probe").await.expect("reset");
+        let before = redis.command_calls("evalsha");
+        limiter.check(&probe).await.expect("decided");
+        // Asked of Redis again: the reset was heard.
+        redis.command_calls("evalsha") > before
+    })
+    .await;
+    assert!(denials_kept.is_some(), "resets are heard");
+    let (reserved, decided) = reserve(&limiter, "remembered", &bucket, 10).await;
+    // Denied for hours, and remembered so until then: answered without a script call.
+    let five = bucket.clone().with_cost(5);
+    let checks = [LimitCheck {
+        key: "remembered",
+        limit: &five,
+    }];
+    let denied = limiter.check(&checks).await.expect("decided");
+    assert!(!denied.allowed && denied.decisions[0].retry_after_ms > HOUR_MS);
+    // (The store's health check is a script call too, once a second: whichever comes between is not the check's.)
+    let remembered = eventually(LANDS_WITHIN, async || {
+        let before = redis.command_calls("evalsha");
+        let outcome = limiter.check(&checks).await.expect("decided");
+        !outcome.allowed && redis.command_calls("evalsha") == before
+    })
+    .await;
+    assert!(remembered.is_some(), "the denial is remembered");
+    // The answer spent 2 of the 10: 8 come back, and the next request of 5 is admitted.
+    limiter.giver(DecidedBy::Store).settle(
+        vec![Settlement {
+            key: "remembered".to_owned(),
+            limit: reserved,
+            actual: 2,
+        }],
+        decided,
+    );
+    let admitted = eventually(LANDS_WITHIN, async || {
+        limiter.check(&checks).await.expect("decided").allowed
+    })
+    .await;
+    assert!(
+        admitted.is_some(),
+        "the refund was answered by the remembered denial"
+    );
+}

@@ -2,7 +2,9 @@
 //! key costs Redis nothing. Exact, because nothing can make a denied key admit sooner than its `retry_after`:
 //! denied requests consume nothing, and the same limit always asks the same cost. What can (a reload, a plan
 //! change or an override that raises the limit) changes the parameters, and a denial belongs to the parameters it
-//! was computed with: asked with others, the cache does not answer.
+//! was computed with: asked with others, the cache does not answer. A give-back (a reservation settled for less)
+//! can too: this instance forgets the key's denial when it gives back; another instance's cache errs on the side
+//! of refusing until the denial's `retry_after`.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -113,6 +113,8 @@ pub struct Giver {
     fallback: Option<Arc<MemoryStore>>,
     /// `tollgate_settlements_failed_total`.
     failed: metrics::Counter,
+    /// This instance's over-limit cache: a key given back to may admit before a denial it remembers ends.
+    denials: Arc<DenyCache>,
 }
 
 /// What one admitted request's reservation on one limit turned out to cost, once its answer is known: see
@@ -194,6 +196,14 @@ impl Giver {
             .iter()
             .map(|(key, limit)| LimitCheck { key, limit })
             .collect();
+        // Once given back: a denial remembered until then may no longer hold.
+        let forget_denials = || {
+            if owed == Owed::Refund {
+                for (key, _) in limits {
+                    self.denials.forget(key);
+                }
+            }
+        };
         let local = match &self.redis {
             Some(redis) => {
                 let at_ms = redis.redis_time_of(decided.into());
@@ -202,6 +212,7 @@ impl Giver {
                     Owed::Debt => redis.add_debts(&checks, at_ms, None).await,
                 };
                 let Err(error) = result else {
+                    forget_denials();
                     return;
                 };
                 self.failed.increment(1);
@@ -223,6 +234,7 @@ impl Giver {
             Owed::Refund => local.give_back(at_ms, &checks),
             Owed::Debt => local.add_debts(at_ms, &checks),
         }
+        forget_denials();
     }
 
     /// Releases the slots of `concurrency` limits that an admitted request held (store key and limit of each):
@@ -396,8 +408,7 @@ impl RateLimiter {
     /// Gives back what an admitted request took, to the store that decided it (`decided` is when the decision
     /// came back): a request held by a `leaky_bucket` in delay mode whose client went away before it was
     /// forwarded. `taken` holds the store key and limit of every limit that consumed. Runs on its own, off any
-    /// request; a failure is logged at debug and otherwise ignored (at worst the place stays taken, as it did
-    /// before give-backs existed).
+    /// request; a failure is handled as a settlement's (see [`Giver::settle`]): at worst the place stays taken.
     pub fn give_back(
         &self,
         taken: Vec<(String, Limit)>,
@@ -423,6 +434,7 @@ impl RateLimiter {
             local,
             fallback,
             failed: self.settlements_failed.clone(),
+            denials: Arc::clone(&self.denials),
         }
     }
 
