@@ -144,7 +144,8 @@ impl Giver {
     /// Settles what admitted requests reserved, once their answers are known: on each limit, an `actual` below
     /// the reservation gives the difference back, one above it adds the difference as a debt (past the limit's
     /// maximum if need be: later requests wait until it is paid), both on the key and the window the decision at
-    /// `decided` landed in; an equal one costs no store call.
+    /// `decided` landed in; an equal one costs no store call. Only limits that took the reservation are settled (a
+    /// shadow limit that denied took nothing, and has nothing to give back).
     ///
     /// Never waits: the work is handed off to a task, off the client's path. With Redis it goes out in the next
     /// script call with the other requests' checks and settlements (one call per hash slot on Cluster), and is
