@@ -369,3 +369,75 @@ async fn a_refund_lifts_the_denial_this_gateway_remembers() {
         "the refund was answered by the remembered denial"
     );
 }
+
+/// The promise of settling: over two gateways sharing Redis, what the admitted requests spent never exceeds the
+/// limit by more than what they spent beyond their reservations, however their checks and settlements interleave;
+/// and every settlement lands once (the bucket ends where the spending says).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_admitted_requests_spend_exceeds_the_limit_by_their_underestimates_at_most() {
+    const BURST: u64 = 1_000;
+    let redis = RedisServer::start();
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let gateways = Arc::new([
+        limiter(&redis, OnError::Deny, &recorder).await,
+        limiter(&redis, OnError::Deny, &recorder).await,
+    ]);
+    let bucket = slow_bucket(BURST);
+    // Each request reserves 1 to 40 and spends from nothing to a little more than that; several rounds, so
+    // that refunds make room for later requests while others are still in flight.
+    let tasks: Vec<_> = (0..240u64)
+        .map(|i| {
+            let gateways = Arc::clone(&gateways);
+            let bucket = bucket.clone();
+            tokio::spawn(async move {
+                let gateway = &gateways[(i % 2) as usize];
+                let reserved = bucket.clone().with_cost(1 + i * 7 % 40);
+                let checks = [LimitCheck {
+                    key: "budget",
+                    limit: &reserved,
+                }];
+                let (outcome, by) = gateway.check_deciding(&checks).await.expect("decided");
+                if !outcome.allowed {
+                    return None;
+                }
+                let actual = match i % 4 {
+                    0 => reserved.cost() + i % 3,
+                    1 => reserved.cost() / 2,
+                    2 => 0,
+                    _ => reserved.cost(),
+                };
+                let over = actual.saturating_sub(reserved.cost());
+                let settlement = Settlement {
+                    key: "budget".to_owned(),
+                    limit: reserved,
+                    actual,
+                };
+                gateway.giver(by).settle(vec![settlement], Instant::now());
+                Some((actual, over))
+            })
+        })
+        .collect();
+    let (mut spent, mut underestimated) = (0, 0);
+    for task in tasks {
+        if let Some((actual, over)) = task.await.expect("task") {
+            spent += actual;
+            underestimated += over;
+        }
+    }
+    assert!(spent > 0);
+    // One token refills in an hour: none within the test.
+    assert!(
+        spent <= BURST + underestimated,
+        "spent {spent}, underestimates {underestimated}"
+    );
+    let expected = BURST.saturating_sub(spent);
+    let landed = eventually(LANDS_WITHIN, async || {
+        peek(&gateways[0], "budget", &bucket, 0).await.remaining == expected
+    })
+    .await;
+    let remaining = peek(&gateways[0], "budget", &bucket, 0).await.remaining;
+    assert!(
+        landed.is_some(),
+        "{remaining} left, {expected} expected (spent {spent})"
+    );
+}
