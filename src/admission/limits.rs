@@ -8,10 +8,11 @@ use http::StatusCode;
 use smallvec::SmallVec;
 
 use super::headers;
+use super::tokens::{NoReservation, Reservation, Reserve};
 use crate::consumers::Plan;
 use crate::key::{
     key_head, key_with_head, seal_key, AmbiguousKey, KeySpec, LimitSettings, RequestFacts,
-    StatusSet, PLAN_KEY_SCOPE,
+    StatusSet, TokenKind, PLAN_KEY_SCOPE,
 };
 use crate::limiter::store::{LimitCheck, INLINE_LIMITS};
 use crate::limiter::{DecidedBy, Decision, Limit, Outcome, RateLimiter, Unavailable};
@@ -43,6 +44,14 @@ pub struct LimitSet {
     in_flight: Vec<Option<metrics::Gauge>>,
     /// Whether some limit is a `concurrency` limit: an admitted request then holds slots until its answer ends.
     holds_slots: bool,
+    /// Whether some limit counts tokens (and applies).
+    counts_tokens: bool,
+    /// Whether the set's requests reserve tokens (its route reads `usage:`). A plan's token limits added to a set
+    /// that does not never apply: tokens are spent only on routes that say how their answers report them.
+    reserves_tokens: bool,
+    /// The key spec slot of the limits that never apply (a plan's token limits on a route without `usage:`): its
+    /// value is taken as absent, so those limits are skipped as a `missing: skip` limit is.
+    inert_spec: Option<usize>,
 }
 
 /// `tollgate_decisions_total{route,limit,decision}` of one limit.
@@ -84,6 +93,16 @@ pub enum NotChecked {
     /// The store failed and the policy is to refuse.
     #[error(transparent)]
     Unavailable(#[from] Unavailable),
+    /// A reservation larger than its limit could ever hold: no wait would admit it.
+    #[error("the request reserves {reserved} on {limit}, which holds at most {capacity}")]
+    TooLarge {
+        /// The limit, as advertised.
+        limit: String,
+        /// What the request reserves.
+        reserved: u64,
+        /// What the limit holds.
+        capacity: u64,
+    },
 }
 
 /// The store keys of one request, one per limit that applies, one after another in one string.
@@ -127,11 +146,14 @@ impl LimitSet {
             counts_statuses: false,
             in_flight: Vec::new(),
             holds_slots: false,
+            counts_tokens: false,
+            reserves_tokens: false,
+            inert_spec: None,
         };
         for settings in limits {
             let head = key_head(key_prefix, scope, settings.limit.name());
             let counters = DecisionCounters::new(scope, settings.limit.name(), None);
-            set.push(settings, head, counters);
+            set.push(settings, head, counters, false);
         }
         set.policy = headers::policy(set.limits.iter().map(|s| &s.limit));
         set
@@ -154,22 +176,49 @@ impl LimitSet {
                 key: settings.key.clone(),
                 counts: settings.counts.clone(),
             };
-            set.push(advertised, head, counters);
+            let inert = settings.counts.tokens().is_some() && !set.reserves_tokens;
+            set.push(advertised, head, counters, inert);
         }
-        set.policy = headers::policy(set.limits.iter().map(|s| &s.limit));
+        set.policy = headers::policy(
+            set.limits
+                .iter()
+                .zip(&set.key_spec_of)
+                .filter(|&(_, &spec)| Some(spec) != set.inert_spec)
+                .map(|(s, _)| &s.limit),
+        );
         set
     }
 
-    /// Adds one limit, keyed under `head`, counted in `counters`.
-    fn push(&mut self, settings: LimitSettings, head: String, counters: DecisionCounters) {
-        let spec = self
-            .key_specs
-            .iter()
-            .position(|spec| *spec == settings.key)
-            .unwrap_or_else(|| {
+    /// The same set, its requests reserving tokens (the route reads `usage:`): the plans added after this count
+    /// tokens on it.
+    pub fn reserving_tokens(mut self) -> Self {
+        self.reserves_tokens = true;
+        self
+    }
+
+    /// Adds one limit, keyed under `head`, counted in `counters`; an `inert` one never applies.
+    fn push(
+        &mut self,
+        settings: LimitSettings,
+        head: String,
+        counters: DecisionCounters,
+        inert: bool,
+    ) {
+        let spec = if inert {
+            *self.inert_spec.get_or_insert_with(|| {
                 self.key_specs.push(settings.key.clone());
                 self.key_specs.len() - 1
-            });
+            })
+        } else {
+            self.key_specs
+                .iter()
+                .enumerate()
+                .position(|(i, spec)| *spec == settings.key && Some(i) != self.inert_spec)
+                .unwrap_or_else(|| {
+                    self.key_specs.push(settings.key.clone());
+                    self.key_specs.len() - 1
+                })
+        };
         self.key_spec_of.push(spec);
         self.keys_capacity += head.len() + 16;
         self.key_heads.push(head);
@@ -186,6 +235,7 @@ impl LimitSet {
                 "limit" => settings.limit.name().to_owned(),
             )
         }));
+        self.counts_tokens |= settings.counts.tokens().is_some() && !inert;
         self.limits.push(settings);
     }
 
@@ -225,12 +275,29 @@ impl LimitSet {
         facts: &RequestFacts<'_>,
         replaced: Option<Replaced>,
     ) -> Result<Checked, NotChecked> {
+        self.check_reserving(limiter, facts, replaced, NoReservation)
+            .await
+    }
+
+    /// [`check_replacing`](Self::check_replacing), each token limit checked for what `reserve` reserves on it.
+    pub(crate) async fn check_reserving<R: Reserve>(
+        &self,
+        limiter: &RateLimiter,
+        facts: &RequestFacts<'_>,
+        replaced: Option<Replaced>,
+        reserve: R,
+    ) -> Result<Checked, NotChecked> {
         let keys = self.request_keys(facts)?;
+        let reserved: R::Reserved = self.reserved(&keys, replaced.as_ref(), reserve)?;
         let checks: SmallVec<[LimitCheck<'_>; INLINE_LIMITS]> = keys
             .iter()
             .map(|(index, key)| LimitCheck {
                 key,
-                limit: self.limit_at(index, replaced.as_ref()),
+                limit: reserved
+                    .as_ref()
+                    .iter()
+                    .find(|(reserved, _)| *reserved == index)
+                    .map_or_else(|| self.limit_at(index, replaced.as_ref()), |(_, l)| l),
             })
             .collect();
         let (outcome, decided_by) = limiter.check_deciding(&checks).await?;
@@ -243,6 +310,72 @@ impl LimitSet {
         };
         self.count_decisions(&checked);
         Ok(checked)
+    }
+
+    /// Each token limit of `keys` with what `reserve` reserves on it as its cost; refused when a reservation is
+    /// larger than its limit could ever hold (a shadow limit only observes, and refuses nothing).
+    fn reserved<R: Reserve>(
+        &self,
+        keys: &RequestKeys,
+        replaced: Option<&Replaced>,
+        reserve: R,
+    ) -> Result<R::Reserved, NotChecked> {
+        let Some(reservation) = reserve.get() else {
+            return Ok(std::iter::empty().collect());
+        };
+        let mut too_large = None;
+        let reserved = keys
+            .iter()
+            .filter_map(|(index, _)| {
+                let kind = self.limits[index].counts.tokens()?;
+                let limit = self.limit_at(index, replaced);
+                let amount = reservation.tokens(kind);
+                let capacity = limit.algorithm().capacity();
+                if amount > capacity && !limit.is_shadow() && too_large.is_none() {
+                    too_large = Some(NotChecked::TooLarge {
+                        limit: self.limits[index].limit.name().to_owned(),
+                        reserved: amount,
+                        capacity,
+                    });
+                }
+                Some((index, limit.clone().with_cost(amount)))
+            })
+            .collect();
+        match too_large {
+            Some(refusal) => Err(refusal),
+            None => Ok(reserved),
+        }
+    }
+
+    /// What an admitted request reserved on its token limits: the store key, the limit with the reservation as
+    /// its cost, and what it counts, owned, for the settlement once its answer ends.
+    pub(crate) fn taken_tokens(
+        &self,
+        facts: &RequestFacts<'_>,
+        checked: &Checked,
+        reservation: &Reservation,
+    ) -> Vec<(String, Limit, TokenKind)> {
+        let Ok(keys) = self.request_keys(facts) else {
+            return Vec::new();
+        };
+        keys.iter()
+            .zip(&checked.outcome.decisions)
+            .filter(|(_, decision)| checked.outcome.allowed && decision.allowed)
+            .filter_map(|((index, key), _)| {
+                let kind = self.limits[index].counts.tokens()?;
+                let limit = self.limit_at(index, checked.replaced.as_ref()).clone();
+                Some((
+                    key.to_owned(),
+                    limit.with_cost(reservation.tokens(kind)),
+                    kind,
+                ))
+            })
+            .collect()
+    }
+
+    /// Whether some limit that applies counts tokens.
+    pub fn counts_tokens(&self) -> bool {
+        self.counts_tokens
     }
 
     /// The store key and limit of every limit an admitted request took from (a shadow limit takes only when it
@@ -336,6 +469,9 @@ impl LimitSet {
         let mut ends = SmallVec::new();
         let mut written: SmallVec<[Written; INLINE_LIMITS]> =
             SmallVec::from_elem(Written::NotYet, self.key_specs.len());
+        if let Some(inert) = self.inert_spec {
+            written[inert] = Written::Skipped;
+        }
         for (index, head) in self.key_heads.iter().enumerate() {
             let spec = self.key_spec_of[index];
             let start = text.len();

@@ -13,6 +13,7 @@ mod responses;
 mod serve;
 mod settle;
 mod slots;
+mod tokens;
 
 /// A limit with its key spec, as admission takes it (the key module's type, named here too).
 pub use crate::key::LimitSettings;
@@ -30,3 +31,4 @@ pub use policy::{Admission, Admitted, Policy};
 pub use refusal::Refusal;
 pub(crate) use responses::json_response;
 pub use responses::{answer, ensure_request_id, X_REQUEST_ID};
+pub use tokens::{NoReservation, Reservation, Reserve, RouteUsage};

@@ -15,6 +15,7 @@ use super::limits::{Checked, LimitSet, NotChecked, Replaced};
 use super::refusal::Refusal;
 use super::settle::StatusSettlement;
 use super::slots::{Both, HeldSlots};
+use super::tokens::{NoReservation, Reserve, RouteUsage};
 use crate::consumers::{Caller, CallerRefusal, ConsumerMode, Consumers};
 use crate::key::{AmbiguousKey, RequestFacts};
 use crate::limiter::RateLimiter;
@@ -33,6 +34,8 @@ pub struct Policy {
     /// What makes the work an admitted request keeps for after its answer, when its limits keep any: none today
     /// outside tests (costs settled after the answer and concurrency slots will).
     after_answer: Option<AfterAnswerMaker>,
+    /// How the route's answers report the tokens they cost, on a route with `usage:`.
+    usage: Option<Arc<RouteUsage>>,
 }
 
 /// Makes the [`AfterAnswer`] work of one admitted request.
@@ -89,7 +92,21 @@ impl Policy {
             headers,
             consumers: None,
             after_answer: None,
+            usage: None,
         }
+    }
+
+    /// The same policy on a route whose answers report their tokens as `usage` says: its requests reserve on its
+    /// token limits, and on the token limits of the plans added after this.
+    pub fn with_usage(mut self, usage: Arc<RouteUsage>) -> Self {
+        self.limits = self.limits.reserving_tokens();
+        self.usage = Some(usage);
+        self
+    }
+
+    /// The route's `usage:`, when it has one: its requests' bodies are read and reserve tokens.
+    pub fn usage(&self) -> Option<&Arc<RouteUsage>> {
+        self.usage.as_ref()
     }
 
     /// The same policy making `work` for every admitted request, to run when its answer ends. For the tests of
@@ -141,6 +158,17 @@ impl Policy {
     /// or 400), asks `limiter` once for the route's limits and the caller's plan's, and holds an admitted request
     /// for as long as a `leaky_bucket` in delay mode says.
     pub async fn admit(&self, limiter: &RateLimiter, facts: &RequestFacts<'_>) -> Admission {
+        self.admit_reserving(limiter, facts, NoReservation).await
+    }
+
+    /// [`admit`](Self::admit), the token limits checked for what `reserve` reserves on them, and settled once the
+    /// answer ends.
+    pub(crate) async fn admit_reserving<R: Reserve>(
+        &self,
+        limiter: &RateLimiter,
+        facts: &RequestFacts<'_>,
+        reserve: R,
+    ) -> Admission {
         // Allowlisted clients skip the limits entirely: no store call, nothing counted against anyone.
         if self.is_exempt(facts.client_ip) {
             return Admission::Exempt;
@@ -199,12 +227,27 @@ impl Policy {
         };
         // A moment before the decision, for the give-backs settled after the answer: they land on its windows (a
         // time never later than the decision's, see `StatusSettlement`).
-        let asked = limits.counts_statuses().then(Instant::now);
-        let checked = match limits.check_replacing(limiter, facts, replaced).await {
+        let settles_tokens = reserve.get().is_some() && limits.counts_tokens();
+        let asked = (limits.counts_statuses() || settles_tokens).then(Instant::now);
+        let checked = match limits
+            .check_reserving(limiter, facts, replaced, reserve)
+            .await
+        {
             Ok(checked) => checked,
             Err(NotChecked::Ambiguous(_)) => return Admission::Refused(Refusal::AmbiguousKey),
             Err(NotChecked::Unavailable(error)) => {
                 return Admission::Refused(Refusal::Unavailable(error))
+            }
+            Err(NotChecked::TooLarge {
+                limit,
+                reserved,
+                capacity,
+            }) => {
+                return Admission::Refused(Refusal::ReservationTooLarge {
+                    limit,
+                    reserved,
+                    capacity,
+                })
             }
         };
         if !checked.outcome.allowed {
@@ -220,11 +263,23 @@ impl Policy {
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
             held.forwarded();
         }
-        // Boxed, and only on routes whose limits keep work for after the answer.
-        let mut after: Option<Box<dyn AfterAnswer>> = asked.map(|asked| {
-            let taken = limits.taken_by_status(facts, &checked);
+        // Boxed, and only on routes whose limits keep work for after the answer: one box for statuses and tokens.
+        let mut after: Option<Box<dyn AfterAnswer>> = asked.and_then(|asked| {
             let giver = limiter.giver(checked.decided_by);
-            Box::new(StatusSettlement::new(giver, taken, asked)) as Box<dyn AfterAnswer>
+            let statuses = limits.counts_statuses().then(|| {
+                let taken = limits.taken_by_status(facts, &checked);
+                StatusSettlement::new(giver.clone(), taken, asked)
+            });
+            match reserve.get() {
+                Some(reservation) if settles_tokens => {
+                    let taken = limits.taken_tokens(facts, &checked, reservation);
+                    Some(
+                        Box::new(reservation.settlement(giver, taken, asked, statuses))
+                            as Box<dyn AfterAnswer>,
+                    )
+                }
+                _ => statuses.map(|s| Box::new(s) as Box<dyn AfterAnswer>),
+            }
         });
         if limits.holds_slots() {
             after = Some(self.hold_slots(limiter, limits, facts, &checked, after));

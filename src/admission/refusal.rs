@@ -38,6 +38,16 @@ pub enum Refusal {
     },
     /// The store failed and the policy is `on_error: deny`.
     Unavailable(Unavailable),
+    /// The request reserves more tokens than a limit could ever hold (a prompt or a `max_tokens` too large for
+    /// it): no wait would admit it.
+    ReservationTooLarge {
+        /// The limit, as advertised.
+        limit: String,
+        /// What the request reserves on it.
+        reserved: u64,
+        /// What the limit holds.
+        capacity: u64,
+    },
 }
 
 impl From<crate::routing::Refusal> for Refusal {

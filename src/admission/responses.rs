@@ -40,6 +40,21 @@ pub fn answer(refusal: Refusal, policy: Option<&Policy>) -> Response<Body> {
         Refusal::Unavailable(error) => {
             unavailable(policy.map_or("", |p| p.limits().scope()), &error)
         }
+        Refusal::ReservationTooLarge {
+            limit,
+            reserved,
+            capacity,
+        } => json_response(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &json!({
+                "error": "reservation_too_large",
+                "route": policy.map_or("", |p| p.limits().scope()),
+                "limit": limit,
+                "reserved": reserved,
+                "capacity": capacity,
+                "message": "the request may spend more tokens than the limit ever holds: lower max_tokens or send a shorter prompt",
+            }),
+        ),
     }
 }
 

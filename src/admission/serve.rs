@@ -12,8 +12,10 @@ use http::{Request, Response};
 use super::after_answer::{AnswerGuard, Ending, GuardedBody, TunnelClosed};
 use super::policy::{Admission, Policy};
 use super::responses::answer;
+use super::tokens::{NoReservation, Reserve};
 use crate::key::RequestReading;
 use crate::limiter::RateLimiter;
+use crate::proxy::usage::UsageBody;
 
 // === impl Policy ===
 
@@ -31,7 +33,7 @@ impl Policy {
         &'a self,
         limiter: &'a RateLimiter,
         reading: RequestReading<'a>,
-        mut request: Request<B>,
+        request: Request<B>,
         forward: F,
     ) -> impl Future<Output = Result<Response<Body>, E>> + use<'a, B, R, E, F, Fut>
     where
@@ -40,10 +42,31 @@ impl Policy {
         R: http_body::Body<Data = Bytes> + Send + 'static,
         R::Error: Into<BoxError>,
     {
+        self.serve_reserving(limiter, reading, request, NoReservation, forward)
+    }
+
+    /// [`serve`](Self::serve) for a request that reserves `reserve` on the token limits (its body already read and
+    /// rewritten): the answer's usage is read as its body passes, and settles the reservation when it ends.
+    #[allow(clippy::manual_async_fn)]
+    pub(crate) fn serve_reserving<'a, B, R, E, F, Fut, V>(
+        &'a self,
+        limiter: &'a RateLimiter,
+        reading: RequestReading<'a>,
+        mut request: Request<B>,
+        reserve: V,
+        forward: F,
+    ) -> impl Future<Output = Result<Response<Body>, E>> + use<'a, B, R, E, F, Fut, V>
+    where
+        F: FnOnce(Request<B>) -> Fut,
+        Fut: Future<Output = Result<Response<R>, E>>,
+        R: http_body::Body<Data = Bytes> + Send + 'static,
+        R::Error: Into<BoxError>,
+        V: Reserve + 'a,
+    {
         async move {
             let admission = {
                 let facts = reading.facts(request.method(), request.headers());
-                self.admit(limiter, &facts).await
+                self.admit_reserving(limiter, &facts, reserve).await
             };
             let mut admitted = match admission {
                 Admission::Refused(refusal) => return Ok(answer(refusal, Some(self))),
@@ -69,7 +92,16 @@ impl Policy {
                     if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
                         return Ok(after_tunnel(response, after));
                     }
-                    response.map(|body| Body::new(GuardedBody::new(body, after)))
+                    match reserve.get() {
+                        None => response.map(|body| Body::new(GuardedBody::new(body, after))),
+                        Some(reservation) => {
+                            let (reader, usage) = reservation.reader(response.headers());
+                            response.map(|body| {
+                                let read = UsageBody::new(body, reader, usage);
+                                Body::new(GuardedBody::new(read, after))
+                            })
+                        }
+                    }
                 }
             })
         }

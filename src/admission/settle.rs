@@ -45,6 +45,14 @@ impl AfterAnswer for StatusSettlement {
     }
 
     fn ended(self: Box<Self>, ending: Ending) {
+        self.settle(ending);
+    }
+}
+
+impl StatusSettlement {
+    /// Gives back what the answer, ended as `ending`, does not count (also run by the token settlement, which
+    /// carries this one on a route with both).
+    pub(super) fn settle(self, ending: Ending) {
         let back: Vec<(String, Limit)> = match (self.status, ending) {
             // The status decides, however the body then ended.
             (Some(status), _) => self

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::admission::{LimitSet, Policy};
+use crate::admission::{LimitSet, Policy, RouteUsage};
 use crate::config::{Config, DirectResponse, RouteAction};
 use crate::consumers::directory::Directory;
 use crate::consumers::Consumers;
@@ -101,6 +101,10 @@ impl CompiledConfig {
                     route.allow.clone(),
                     route.headers,
                 );
+                if let Some(usage) = &route.usage {
+                    let usage = RouteUsage::new(&route.name, usage.clone());
+                    policy = policy.with_usage(Arc::new(usage));
+                }
                 if let Some(consumers) = &consumers {
                     policy = policy.with_consumers(
                         route.consumers,

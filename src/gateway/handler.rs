@@ -294,10 +294,26 @@ impl Gateway {
         let route_path = canonical.route_path();
         let reading = reading_of(compiled, route, &canonical, &route_path, &uri, client_ip);
         let forward = |request| self.act(compiled, route, request, &canonical, peer);
-        let served = route
-            .policy
-            .serve(&self.limiter, reading, request, forward)
-            .await;
+        let served = match route.policy.usage() {
+            None => {
+                route
+                    .policy
+                    .serve(&self.limiter, reading, request, forward)
+                    .await
+            }
+            // Boxed: a route without usage: carries no room for a body's reading and its reservation.
+            Some(usage) => {
+                let serving: super::usage::Serving<'_> = Box::pin(super::usage::serve(
+                    &self.limiter,
+                    &route.policy,
+                    usage,
+                    reading,
+                    request,
+                    forward,
+                ));
+                serving.await
+            }
+        };
         // A failure's answer (an upstream unreachable, a client body that broke) is the gateway's own: it carries
         // no rate-limit fields.
         (Some(route), served.unwrap_or_else(|failure| failure))

@@ -12,6 +12,7 @@ mod server;
 mod shutdown;
 #[cfg(test)]
 mod tests;
+mod usage;
 
 pub use compiled::CompiledConfig;
 pub use descriptors::{AdminListener, Reserve, ADMIN_RESERVE};

@@ -7,6 +7,7 @@ pub mod h2;
 pub mod http_client;
 pub mod in_flight;
 pub mod jwt;
+pub mod llm_upstream;
 pub mod pki;
 pub mod raw_upstream;
 pub mod redis;

@@ -1,0 +1,427 @@
+//! Tokens an LLM API's request may spend: reserved before it is forwarded (an upper bound, all-or-nothing with the
+//! route's other limits) and settled once its answer ends, to what the answer reported it spent. A route without
+//! `usage:` reserves nothing and reads no body: its requests go through [`NoReservation`], which compiles to nothing.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{HeaderMap, StatusCode};
+
+use super::after_answer::{AfterAnswer, Ending};
+use super::settle::StatusSettlement;
+use crate::key::TokenKind;
+use crate::limiter::{Giver, Limit, Settlement};
+use crate::proxy::usage::{
+    accept_readable_answers, BodyEnd, CompletionBound, Dialect, PromptBound, RequestFacts,
+    SharedUsage, Usage, UsageFormat, UsageReader, UsageSettings,
+};
+
+/// A route's `usage:`, compiled: its settings and its series.
+#[derive(Debug)]
+pub struct RouteUsage {
+    settings: UsageSettings,
+    /// `tollgate_tokens_total{route,kind}`, by kind (input, output, total).
+    tokens: [metrics::Counter; 3],
+    /// `tollgate_usage_missing_total{route}`.
+    missing: metrics::Counter,
+}
+
+/// What one request reserves on the token limits, and where its answer's usage is read into.
+#[derive(Debug)]
+pub struct Reservation {
+    /// The prompt's bound.
+    pub prompt: u64,
+    /// The completion's bound, every answer the request asks for included.
+    pub completion: u64,
+    route: Arc<RouteUsage>,
+    usage: SharedUsage,
+}
+
+/// Whether a request reserves tokens: [`NoReservation`] on routes without `usage:` (the type makes the token code
+/// vanish from their path), a [`Reservation`] on the others.
+pub trait Reserve: Copy + Send + Sync {
+    /// The limits reserved for one check, each with the index of the limit it stands for: nothing at all (not even
+    /// an empty vector's room) without a reservation.
+    type Reserved: FromIterator<(usize, Limit)> + AsRef<[(usize, Limit)]> + Send;
+
+    /// The reservation, if any.
+    fn get(&self) -> Option<&Reservation>;
+}
+
+/// The reservation of a request on a route without `usage:`: none.
+#[derive(Debug, Clone, Copy)]
+pub struct NoReservation;
+
+/// The reserved limits of a check without a reservation: none, in no room.
+#[derive(Debug, Default)]
+pub struct NothingReserved;
+
+/// The settlement of an admitted request's tokens (and of its limits that count answers by status, if any), once
+/// its answer ends.
+pub(super) struct TokenSettlement {
+    giver: Giver,
+    /// Per token limit the request reserved on: its store key, the limit with the reservation as its cost, and
+    /// what it counts.
+    taken: Vec<(String, Limit, TokenKind)>,
+    prompt: u64,
+    completion: u64,
+    route: Arc<RouteUsage>,
+    usage: SharedUsage,
+    /// A moment before the decision (see `StatusSettlement`).
+    asked: Instant,
+    status: Option<StatusCode>,
+    statuses: Option<StatusSettlement>,
+}
+
+/// What an answer is settled at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settled {
+    /// Nothing: the upstream failed, or refused before spending (its error status reports no usage).
+    Nothing,
+    /// Per kind (input, output, total): what the answer reported, or the reservation where it reported nothing.
+    Tokens([u64; 3], bool),
+}
+
+// === impl RouteUsage ===
+
+impl RouteUsage {
+    /// `settings` of route `route`, its series registered.
+    pub fn new(route: &str, settings: UsageSettings) -> Self {
+        let counter = |kind: &'static str| metrics::counter!("tollgate_tokens_total", "route" => route.to_owned(), "kind" => kind);
+        Self {
+            settings,
+            tokens: [counter("input"), counter("output"), counter("total")],
+            missing: metrics::counter!("tollgate_usage_missing_total", "route" => route.to_owned()),
+        }
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &UsageSettings {
+        &self.settings
+    }
+
+    /// Which API's meanings the request body and the answer's usage have.
+    pub fn dialect(&self) -> Dialect {
+        match self.settings.format {
+            UsageFormat::Anthropic => Dialect::Anthropic,
+            UsageFormat::OpenAi | UsageFormat::Header(_) => Dialect::OpenAi,
+        }
+    }
+
+    /// Whether the request body must be read as the API's JSON: to find its completion limit, or to rewrite it.
+    pub fn reads_body_fields(&self) -> bool {
+        let rewrites = self.settings.rewrites();
+        self.settings.completion == CompletionBound::MaxTokens || rewrites.inject_stream_usage
+    }
+
+    /// Prepares the forwarded request's fields: answers whose usage can be read as they pass (not compressed),
+    /// when the usage is read from the body.
+    pub fn prepare_request(&self, headers: &mut HeaderMap) {
+        if !matches!(self.settings.format, UsageFormat::Header(_)) {
+            accept_readable_answers(headers);
+        }
+    }
+}
+
+// === impl Reservation ===
+
+impl Reservation {
+    /// What a request of `body_len` bytes, whose forwarded body says `facts` (`None` when it was not read), reserves
+    /// on `route`.
+    pub fn new(route: &Arc<RouteUsage>, body_len: usize, facts: Option<&RequestFacts>) -> Self {
+        let settings = &route.settings;
+        let prompt = match settings.prompt {
+            PromptBound::BodyBytes => body_len as u64,
+            PromptBound::Tokens(tokens) => tokens,
+        };
+        let completion = match settings.completion {
+            CompletionBound::Tokens(tokens) => tokens,
+            CompletionBound::MaxTokens => {
+                let named = facts.and_then(|facts| facts.max_tokens);
+                let per_choice = named
+                    .or(settings.completion_default)
+                    .or(settings.completion_cap)
+                    .unwrap_or(0);
+                let per_choice = settings
+                    .completion_cap
+                    .map_or(per_choice, |cap| per_choice.min(cap));
+                per_choice.saturating_mul(facts.map_or(1, |facts| facts.choices))
+            }
+        };
+        Self {
+            prompt,
+            completion,
+            route: Arc::clone(route),
+            usage: SharedUsage::default(),
+        }
+    }
+
+    /// The reservation of a request without a body on `route`: it asks for no completion, and reserves nothing.
+    pub fn nothing(route: &Arc<RouteUsage>) -> Self {
+        Self {
+            prompt: 0,
+            completion: 0,
+            route: Arc::clone(route),
+            usage: SharedUsage::default(),
+        }
+    }
+
+    /// What the request reserves on a limit counting `kind`.
+    pub fn tokens(&self, kind: TokenKind) -> u64 {
+        match kind {
+            TokenKind::Input => self.prompt,
+            TokenKind::Output => self.completion,
+            TokenKind::Total => self.prompt.saturating_add(self.completion),
+        }
+    }
+
+    /// The reader of the answer whose head is `headers`, and where it hands what it read.
+    pub(super) fn reader(&self, headers: &HeaderMap) -> (UsageReader, SharedUsage) {
+        (
+            UsageReader::new(&self.route.settings.format, headers),
+            self.usage.clone(),
+        )
+    }
+
+    /// The settlement of what an admitted request took on its token limits (`taken`: store key, the limit with its
+    /// reservation as cost, and kind), with `statuses`' if it has limits that count answers.
+    pub(super) fn settlement(
+        &self,
+        giver: Giver,
+        taken: Vec<(String, Limit, TokenKind)>,
+        asked: Instant,
+        statuses: Option<StatusSettlement>,
+    ) -> TokenSettlement {
+        TokenSettlement {
+            giver,
+            taken,
+            prompt: self.prompt,
+            completion: self.completion,
+            route: Arc::clone(&self.route),
+            usage: self.usage.clone(),
+            asked,
+            status: None,
+            statuses,
+        }
+    }
+}
+
+impl Reserve for &Reservation {
+    type Reserved = Vec<(usize, Limit)>;
+
+    fn get(&self) -> Option<&Reservation> {
+        Some(self)
+    }
+}
+
+// === impl NoReservation ===
+
+impl Reserve for NoReservation {
+    type Reserved = NothingReserved;
+
+    #[inline(always)]
+    fn get(&self) -> Option<&Reservation> {
+        None
+    }
+}
+
+impl FromIterator<(usize, Limit)> for NothingReserved {
+    #[inline(always)]
+    fn from_iter<I: IntoIterator<Item = (usize, Limit)>>(_: I) -> Self {
+        NothingReserved
+    }
+}
+
+impl AsRef<[(usize, Limit)]> for NothingReserved {
+    #[inline(always)]
+    fn as_ref(&self) -> &[(usize, Limit)] {
+        &[]
+    }
+}
+
+// === impl TokenSettlement ===
+
+impl AfterAnswer for TokenSettlement {
+    fn status(&mut self, status: StatusCode) {
+        self.status = Some(status);
+        if let Some(statuses) = &mut self.statuses {
+            statuses.status(status);
+        }
+    }
+
+    fn ended(mut self: Box<Self>, ending: Ending) {
+        if let Some(statuses) = self.statuses.take() {
+            statuses.settle(ending);
+        }
+        let reading = self.usage.take();
+        let settled = settled(self.status, ending, reading, self.prompt, self.completion);
+        let Settled::Tokens(tokens, missing) = settled else {
+            let back = self
+                .taken
+                .into_iter()
+                .map(|(key, limit, _)| Settlement {
+                    key,
+                    limit,
+                    actual: 0,
+                })
+                .collect();
+            self.giver.settle(back, self.asked);
+            return;
+        };
+        if missing {
+            self.route.missing.increment(1);
+        }
+        for (counter, count) in self.route.tokens.iter().zip(tokens) {
+            counter.increment(count);
+        }
+        let settlements = self
+            .taken
+            .into_iter()
+            .map(|(key, limit, kind)| Settlement {
+                key,
+                limit,
+                actual: tokens[index(kind)],
+            })
+            .collect();
+        self.giver.settle(settlements, self.asked);
+    }
+}
+
+/// The position of `kind`'s count in a [`Settled::Tokens`].
+fn index(kind: TokenKind) -> usize {
+    match kind {
+        TokenKind::Input => 0,
+        TokenKind::Output => 1,
+        TokenKind::Total => 2,
+    }
+}
+
+/// What an answer that ended as `ending` with `status` (none if its head never came), whose body's reading is
+/// `reading`, is settled at; `prompt` and `completion` are its reservation.
+fn settled(
+    status: Option<StatusCode>,
+    ending: Ending,
+    reading: Option<(Usage, BodyEnd)>,
+    prompt: u64,
+    completion: u64,
+) -> Settled {
+    let (usage, end) = match reading {
+        Some((usage, end)) => (usage, Some(end)),
+        None => (Usage::MISSING, None),
+    };
+    match status {
+        // Unreachable, timed out: nothing was spent.
+        None if ending == Ending::Failed => return Settled::Nothing,
+        // The upstream failed, or refused the request, and says it spent nothing.
+        Some(status) if status.is_server_error() => return Settled::Nothing,
+        Some(status) if status.is_client_error() && usage.is_missing() => return Settled::Nothing,
+        _ => {}
+    }
+    let whole = end.map_or(ending == Ending::Complete, |end| end == BodyEnd::Complete);
+    if !whole {
+        // Cut short (the client left, the stream broke): what the stream reported so far, and at least the prompt,
+        // which the upstream read whatever became of the answer.
+        let input = usage.input_tokens.unwrap_or(prompt);
+        let output = usage.output_tokens.unwrap_or(0);
+        let total = usage
+            .total_tokens
+            .unwrap_or(input.saturating_add(output))
+            .max(input);
+        return Settled::Tokens([input, output, total], false);
+    }
+    let reported = [usage.input_tokens, usage.output_tokens, usage.total_tokens];
+    let reserved = [prompt, completion, prompt.saturating_add(completion)];
+    let missing = usage.is_missing();
+    let mut tokens = [0; 3];
+    for (i, count) in tokens.iter_mut().enumerate() {
+        *count = reported[i].unwrap_or(reserved[i]);
+    }
+    Settled::Tokens(tokens, missing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(input: u64, output: u64) -> Usage {
+        Usage {
+            input_tokens: Some(input),
+            output_tokens: Some(output),
+            total_tokens: Some(input + output),
+        }
+    }
+
+    #[test]
+    fn each_ending_settles_as_promised() {
+        let ok = Some(StatusCode::OK);
+        let read = |u: Usage, end| Some((u, end));
+        // Complete with usage: what was reported.
+        assert_eq!(
+            settled(
+                ok,
+                Ending::Complete,
+                read(usage(7, 3), BodyEnd::Complete),
+                100,
+                50
+            ),
+            Settled::Tokens([7, 3, 10], false)
+        );
+        // Complete without usage: the reservation, counted as missing.
+        assert_eq!(
+            settled(
+                ok,
+                Ending::Complete,
+                read(Usage::MISSING, BodyEnd::Complete),
+                100,
+                50
+            ),
+            Settled::Tokens([100, 50, 150], true)
+        );
+        // Upstream unreachable, 5xx, a 4xx that reports nothing: given back.
+        assert_eq!(
+            settled(None, Ending::Failed, None, 100, 50),
+            Settled::Nothing
+        );
+        let bad_gateway = Some(StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            settled(
+                bad_gateway,
+                Ending::Complete,
+                read(usage(7, 3), BodyEnd::Complete),
+                100,
+                50
+            ),
+            Settled::Nothing
+        );
+        let bad_request = Some(StatusCode::BAD_REQUEST);
+        assert_eq!(
+            settled(
+                bad_request,
+                Ending::Complete,
+                read(Usage::MISSING, BodyEnd::Complete),
+                100,
+                50
+            ),
+            Settled::Nothing
+        );
+        // Cut mid-stream: what was reported so far, at least the prompt.
+        assert_eq!(
+            settled(ok, Ending::Cut, read(Usage::MISSING, BodyEnd::Cut), 100, 50),
+            Settled::Tokens([100, 0, 100], false)
+        );
+        let started = Usage {
+            input_tokens: Some(30),
+            output_tokens: Some(1),
+            total_tokens: Some(31),
+        };
+        assert_eq!(
+            settled(ok, Ending::Cut, read(started, BodyEnd::Cut), 100, 50),
+            Settled::Tokens([30, 1, 31], false)
+        );
+        // The client left before the head: the prompt.
+        assert_eq!(
+            settled(None, Ending::Cut, None, 100, 50),
+            Settled::Tokens([100, 0, 100], false)
+        );
+    }
+}

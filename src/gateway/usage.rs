@@ -1,0 +1,122 @@
+//! The request side of a route with `usage:` (an LLM API): its body read whole, up to `usage.max_request_bytes`,
+//! rewritten as the route says (the completion cap, the default limit, the usage asked of a stream), and the
+//! tokens it may spend reserved from what the forwarded body says. Routes without `usage:` never come here.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{HeaderMap, Request, Response, StatusCode, Version};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde_json::json;
+
+use super::responses;
+use crate::admission::{json_response, Policy, Reservation, RouteUsage};
+use crate::key::RequestReading;
+use crate::limiter::RateLimiter;
+use crate::proxy::usage::{rewrite_request, set_body_length};
+
+/// Reads `request`'s body for `usage`, and makes the request forwarded and what it reserves; or the answer to a
+/// body that cannot be read (413 past `usage.max_request_bytes`, 400 for a body that is not the API's JSON).
+pub(super) async fn read_request(
+    usage: &Arc<RouteUsage>,
+    request: Request<Body>,
+) -> Result<(Request<Body>, Reservation), Response<Body>> {
+    let settings = usage.settings();
+    let max = settings.max_request_bytes;
+    let version = request.version();
+    let declared = request
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > max) {
+        return Err(too_large(version));
+    }
+    let (mut parts, body) = request.into_parts();
+    let limit = usize::try_from(max).unwrap_or(usize::MAX);
+    let bytes: Bytes = match Limited::new(body, limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) if error.is::<LengthLimitError>() => return Err(too_large(version)),
+        Err(error) => return Err(responses::client_body_failed(&*error)),
+    };
+    // A request without a body (a model list, a GET) asks for no completion: it reserves nothing.
+    if bytes.is_empty() {
+        let reservation = Reservation::nothing(usage);
+        return Ok((Request::from_parts(parts, Body::empty()), reservation));
+    }
+    let (body, facts) = if usage.reads_body_fields() && is_json(&parts.headers) {
+        match rewrite_request(usage.dialect(), &bytes, &settings.rewrites()) {
+            Ok(rewritten) => (rewritten.body.unwrap_or(bytes), Some(rewritten.facts)),
+            Err(error) => {
+                return Err(json_response(
+                    StatusCode::BAD_REQUEST,
+                    &json!({"error": "bad_request", "message": error.to_string()}),
+                ))
+            }
+        }
+    } else {
+        (bytes, None)
+    };
+    set_body_length(&mut parts.headers, body.len());
+    usage.prepare_request(&mut parts.headers);
+    let reservation = Reservation::new(usage, body.len(), facts.as_ref());
+    Ok((Request::from_parts(parts, Body::from(body)), reservation))
+}
+
+/// Whether the body is JSON by its `Content-Type` (or says nothing of its type): a form or a file upload (audio
+/// transcriptions) is forwarded as it is, reserving the route's defaults.
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(CONTENT_TYPE) else {
+        return true;
+    };
+    let media = value
+        .to_str()
+        .unwrap_or_default()
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    media == "application/json" || media.ends_with("+json")
+}
+
+/// 413 for a body larger than `usage.max_request_bytes`, in the form of the gateway's other 413.
+fn too_large(version: Version) -> Response<Body> {
+    let mut response = json_response(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        &json!({"error": "body_too_large", "message": "the request body is larger than usage.max_request_bytes"}),
+    );
+    if version < Version::HTTP_2 {
+        response.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
+    response
+}
+
+/// The serving of one request on a route with `usage:`, boxed (routes without carry no room for it).
+pub(super) type Serving<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Response<Body>, Response<Body>>> + Send + 'a>,
+>;
+
+/// Serves `request` on a route with `usage:`: its body read and rewritten, then admission with its reservation,
+/// then `forward`. A body that cannot be read is answered here (`Err`, the gateway's own answer).
+pub(super) async fn serve<'a, F, Fut>(
+    limiter: &'a RateLimiter,
+    policy: &'a Policy,
+    usage: &'a Arc<RouteUsage>,
+    reading: RequestReading<'a>,
+    request: Request<Body>,
+    forward: F,
+) -> Result<Response<Body>, Response<Body>>
+where
+    F: FnOnce(Request<Body>) -> Fut,
+    Fut: std::future::Future<Output = Result<Response<Body>, Response<Body>>>,
+{
+    let (request, reservation) = read_request(usage, request).await?;
+    policy
+        .serve_reserving(limiter, reading, request, &reservation, forward)
+        .await
+}

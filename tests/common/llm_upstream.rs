@@ -1,0 +1,201 @@
+//! A real LLM-API-like upstream on a free loopback port: answers OpenAI chat completions and Anthropic messages, as
+//! JSON or streamed (server-sent events), with the usage the test asks for, and keeps every request body it received.
+//!
+//! The usage it reports is `x-test-input` and `x-test-output` (request headers; default 5 and 10). Paths:
+//! - `/v1/chat/completions`: OpenAI; streamed when the body says `"stream": true`, ending with the usage chunk only
+//!   when it asks for it (`stream_options.include_usage`).
+//! - `/v1/messages`: Anthropic; streamed when asked, input in `message_start`, output in the last `message_delta`.
+//! - `/header`: the total in the response header `x-tokens`.
+//! - `/nousage`: a JSON answer without usage.
+//! - `/fail`: 500 with a JSON error body.
+//! - `/cut/openai`, `/cut/anthropic`: a stream that sends its first events (Anthropic's `message_start` carries
+//!   the input) and then nothing, held open until the client leaves.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::response::Response;
+use axum::routing::any;
+use axum::Router;
+use futures_util::stream::{self, StreamExt};
+use http::HeaderMap;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+
+/// What the upstream received and reported.
+#[derive(Debug, Clone, Default)]
+pub struct Received {
+    /// Per request: its path, headers and body.
+    pub requests: Vec<(String, HeaderMap, Bytes)>,
+    /// The tokens reported in answers that were sent whole: input, output.
+    pub reported: Vec<(u64, u64)>,
+}
+
+/// A running LLM upstream.
+pub struct LlmUpstream {
+    pub addr: SocketAddr,
+    received: Arc<Mutex<Received>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LlmUpstream {
+    pub async fn start() -> Self {
+        let received = Arc::new(Mutex::new(Received::default()));
+        let app = Router::new()
+            .fallback(any(answer))
+            .with_state(received.clone());
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self {
+            addr,
+            received,
+            task,
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// What it received and reported so far.
+    pub fn received(&self) -> Received {
+        self.received.lock().clone()
+    }
+
+    /// The body of the last request received.
+    pub fn last_body(&self) -> Value {
+        let received = self.received.lock();
+        let (_, _, body) = received.requests.last().expect("a request");
+        serde_json::from_slice(body).expect("a JSON body")
+    }
+}
+
+impl Drop for LlmUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn count(headers: &HeaderMap, name: &str, default: u64) -> u64 {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn answer(State(received): State<Arc<Mutex<Received>>>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    let path = parts.uri.path().to_owned();
+    received
+        .lock()
+        .requests
+        .push((path.clone(), parts.headers.clone(), body.clone()));
+    let json: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let stream = json["stream"] == json!(true);
+    let input = count(&parts.headers, "x-test-input", 5);
+    let output = count(&parts.headers, "x-test-output", 10);
+    let reported = move || received.lock().reported.push((input, output));
+    match path.as_str() {
+        "/v1/chat/completions" if stream => {
+            let mut events = vec![
+                json!({"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"usage":null}),
+                json!({"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"Hello"},"finish_reason":"stop"}],"usage":null}),
+            ];
+            if json["stream_options"]["include_usage"] == json!(true) {
+                events.push(json!({"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":input,"completion_tokens":output,"total_tokens":input+output}}));
+                reported();
+            }
+            let mut text: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+            text.push_str("data: [DONE]\n\n");
+            sse(split(text))
+        }
+        "/v1/chat/completions" => {
+            reported();
+            json_answer(
+                200,
+                json!({"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}],
+                    "usage":{"prompt_tokens":input,"completion_tokens":output,"total_tokens":input+output}}),
+            )
+        }
+        "/v1/messages" if stream => {
+            reported();
+            let text = format!(
+                "event: message_start\r\ndata: {}\r\n\r\nevent: content_block_delta\r\ndata: {}\r\n\r\nevent: message_delta\r\ndata: {}\r\n\r\nevent: message_stop\r\ndata: {{\"type\":\"message_stop\"}}\r\n\r\n",
+                json!({"type":"message_start","message":{"id":"m","type":"message","role":"assistant","content":[],"usage":{"input_tokens":input,"output_tokens":1}}}),
+                json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}),
+                json!({"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":output}}),
+            );
+            sse(split(text))
+        }
+        "/v1/messages" => {
+            reported();
+            json_answer(
+                200,
+                json!({"id":"m","type":"message","role":"assistant","content":[{"type":"text","text":"Hello"}],"stop_reason":"end_turn",
+                    "usage":{"input_tokens":input,"output_tokens":output}}),
+            )
+        }
+        "/header" => {
+            reported();
+            Response::builder()
+                .header("x-tokens", (input + output).to_string())
+                .body(Body::from("ok"))
+                .expect("response")
+        }
+        "/nousage" => json_answer(200, json!({"id":"c","choices":[]})),
+        "/fail" => json_answer(500, json!({"error":{"message":"overloaded"}})),
+        "/cut/openai" => held(format!(
+            "data: {}\n\n",
+            json!({"id":"c","choices":[{"index":0,"delta":{"content":"Hel"}}],"usage":null})
+        )),
+        "/cut/anthropic" => held(format!(
+            "event: message_start\ndata: {}\n\n",
+            json!({"type":"message_start","message":{"usage":{"input_tokens":input,"output_tokens":1}}})
+        )),
+        _ => json_answer(404, json!({"error":"unknown path"})),
+    }
+}
+
+fn json_answer(status: u16, body: Value) -> Response {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .expect("response")
+}
+
+/// `text` cut into pieces of 7 bytes: events split anywhere across writes.
+fn split(text: String) -> Vec<Bytes> {
+    text.into_bytes()
+        .chunks(7)
+        .map(Bytes::copy_from_slice)
+        .collect()
+}
+
+fn sse(pieces: Vec<Bytes>) -> Response {
+    let frames = stream::iter(pieces.into_iter().map(Ok::<_, Infallible>));
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(frames))
+        .expect("response")
+}
+
+/// `first`, then a stream that never ends.
+fn held(first: String) -> Response {
+    let frames = stream::iter([Ok::<_, Infallible>(Bytes::from(first))]).chain(stream::pending());
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(frames))
+        .expect("response")
+}

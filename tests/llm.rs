@@ -1,0 +1,497 @@
+//! Token budgets for LLM APIs, through the gateway to a real upstream that reports usage: a request reserves an
+//! upper bound before it is forwarded (all-or-nothing with the route's other limits), and settles to what its
+//! answer reported once it ends, on every ending, both stores, two gateways sharing Redis.
+
+mod common;
+
+use std::time::Duration;
+
+use common::llm_upstream::LlmUpstream;
+use common::redis::RedisServer;
+use common::{eventually, gateways_sharing, serve_admin, start_gateway, store_yaml, TestGateway};
+use serde_json::{json, Value};
+
+/// A config with one upstream at `upstream` and the route `chat` on `/`, with `usage` and `limits` (each written
+/// as a route's fields, indented by four spaces).
+fn config(redis: Option<&RedisServer>, upstream: &str, usage: &str, limits: &str) -> String {
+    format!(
+        "store:\n{}upstreams:\n  llm: {{ targets: [\"{upstream}\"] }}\nroutes:\n  - name: chat\n    match: {{ path_prefix: / }}\n    upstream: llm\n{usage}    limits:\n{limits}",
+        store_yaml(redis)
+    )
+}
+
+/// The usage block of an OpenAI route reserving `prompt` (a number or body_bytes) and the request's `max_tokens`
+/// capped at 200 (100 when it names none).
+fn openai(prompt: &str) -> String {
+    format!(
+        "    usage:\n      format: openai\n      reserve: {{ prompt: {prompt}, completion: max_tokens, completion_default: 100, completion_cap: 200 }}\n      stream_usage: inject\n"
+    )
+}
+
+/// One limit `tpm` counting `counts`, keyed by client address, holding `limit` an hour in fixed windows.
+fn tokens_per_hour(counts: &str, limit: u64) -> String {
+    format!(
+        "      - {{ name: tpm, key: ip, algorithm: fixed_window, limit: {limit}, period: 1h, counts: {counts} }}\n"
+    )
+}
+
+/// What the limit `limit` (`route/limit`, or a limit of route `chat`) has left for 127.0.0.1, read through the admin
+/// API.
+async fn remaining(admin: &str, limit: &str) -> u64 {
+    let limit = if limit.contains('/') {
+        limit.to_owned()
+    } else {
+        format!("chat/{limit}")
+    };
+    let url = format!("{admin}/limits/{limit}?key=127.0.0.1");
+    let (_, state) = common::http_client::json_answer(common::http_client::client().get(url)).await;
+    state["remaining"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("remaining in {state}"))
+}
+
+/// Waits until `limit` has `expected` left (settling runs after the answer, off the client's path).
+async fn settles_to(admin: &str, limit: &str, expected: u64) {
+    let mut last = None;
+    let settled = eventually(Duration::from_secs(5), async || {
+        let now = remaining(admin, limit).await;
+        last = Some(now);
+        now == expected
+    })
+    .await;
+    assert!(
+        settled.is_some(),
+        "{limit}: expected {expected} left, last read {last:?}"
+    );
+}
+
+/// POSTs `body` to `path` with the usage the upstream is to report; the status and the whole body as text.
+async fn post(
+    gateway: &TestGateway,
+    path: &str,
+    body: &Value,
+    input: u64,
+    output: u64,
+) -> (u16, reqwest::header::HeaderMap, String) {
+    let response = common::http_client::client()
+        .post(gateway.url(path))
+        .header("content-type", "application/json")
+        .header("x-test-input", input.to_string())
+        .header("x-test-output", output.to_string())
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("gateway answers");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    (status, headers, response.text().await.unwrap_or_default())
+}
+
+fn chat(max_tokens: u64) -> Value {
+    json!({"model": "gpt-4.1", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": max_tokens})
+}
+
+#[tokio::test]
+async fn each_ending_settles_as_its_answer_reported() {
+    tollgate::telemetry::prometheus();
+    let upstream = LlmUpstream::start().await;
+    // A route name of its own: the metrics are the process's, shared with the other tests.
+    let yaml = config(
+        None,
+        &upstream.url(),
+        &openai("100"),
+        &tokens_per_hour("total_tokens", 100_000),
+    )
+    .replace("name: chat", "name: endings");
+    let gateway = start_gateway(&yaml).await;
+    let admin = serve_admin(&gateway, None).await;
+    let mut used = 0;
+
+    // JSON: what the body's usage said (a 300-token reservation: prompt 100, max_tokens 200).
+    let (status, _, _) = post(&gateway, "/v1/chat/completions", &chat(200), 7, 3).await;
+    assert_eq!(status, 200);
+    used += 10;
+    settles_to(&admin, "endings/tpm", 100_000 - used).await;
+
+    // An OpenAI stream that asks for its usage.
+    let mut streamed = chat(200);
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let (status, _, text) = post(&gateway, "/v1/chat/completions", &streamed, 11, 4).await;
+    assert_eq!(status, 200);
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    used += 15;
+    settles_to(&admin, "endings/tpm", 100_000 - used).await;
+
+    // An OpenAI stream that does not ask: stream_usage inject asks for it, and the stream reports it.
+    streamed["stream_options"] = Value::Null;
+    let (status, _, _) = post(&gateway, "/v1/chat/completions", &streamed, 2, 2).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        upstream.last_body()["stream_options"]["include_usage"],
+        json!(true)
+    );
+    used += 4;
+    settles_to(&admin, "endings/tpm", 100_000 - used).await;
+
+    // No usage in the answer: settled at the reservation (300).
+    let (status, _, _) = post(&gateway, "/nousage", &chat(200), 1, 1).await;
+    assert_eq!(status, 200);
+    used += 300;
+    settles_to(&admin, "endings/tpm", 100_000 - used).await;
+    let metrics = common::http_client::metrics_text(&admin).await;
+    assert!(
+        metrics.contains("tollgate_usage_missing_total{route=\"endings\"} 1"),
+        "{metrics}"
+    );
+
+    // A 5xx: everything given back.
+    let (status, _, _) = post(&gateway, "/fail", &chat(200), 1, 1).await;
+    assert_eq!(status, 500);
+    settles_to(&admin, "endings/tpm", 100_000 - used).await;
+
+    // A client gone mid-stream, the stream having reported nothing: the prompt's part (100).
+    let response = common::http_client::client()
+        .post(gateway.url("/cut/openai"))
+        .header("content-type", "application/json")
+        .body(chat(200).to_string())
+        .send()
+        .await
+        .expect("gateway answers");
+    assert_eq!(response.status(), 200);
+    let mut response = response;
+    let first = response.chunk().await.expect("a chunk").expect("data");
+    assert!(!first.is_empty());
+    drop(response);
+    used += 100;
+    settles_to(&admin, "endings/tpm", 100_000 - used).await;
+
+    let metrics = common::http_client::metrics_text(&admin).await;
+    assert!(
+        metrics.contains(&format!(
+            "tollgate_tokens_total{{route=\"endings\",kind=\"total\"}} {used}"
+        )),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn anthropic_and_header_answers_settle_as_they_report() {
+    let upstream = LlmUpstream::start().await;
+    let usage = "    usage:\n      format: anthropic\n      reserve: { prompt: body_bytes, completion: max_tokens, completion_cap: 500 }\n";
+    let limits = format!(
+        "{}      - {{ name: out, key: ip, algorithm: sliding_window, limit: 5000, period: 1h, counts: output_tokens }}\n",
+        tokens_per_hour("input_tokens", 5000)
+    );
+    let gateway = start_gateway(&config(None, &upstream.url(), usage, &limits)).await;
+    let admin = serve_admin(&gateway, None).await;
+    let message = json!({"model": "claude", "max_tokens": 400, "messages": [{"role": "user", "content": "Hi"}]});
+    let (status, _, _) = post(&gateway, "/v1/messages", &message, 30, 20).await;
+    assert_eq!(status, 200);
+    settles_to(&admin, "tpm", 5000 - 30).await;
+    settles_to(&admin, "out", 5000 - 20).await;
+
+    let mut streamed = message.clone();
+    streamed["stream"] = json!(true);
+    let (status, _, _) = post(&gateway, "/v1/messages", &streamed, 12, 40).await;
+    assert_eq!(status, 200);
+    settles_to(&admin, "tpm", 5000 - 42).await;
+    settles_to(&admin, "out", 5000 - 60).await;
+
+    // Cut after message_start: the input it reported, the one output token so far.
+    let response = common::http_client::client()
+        .post(gateway.url("/cut/anthropic"))
+        .header("content-type", "application/json")
+        .header("x-test-input", "8")
+        .body(streamed.to_string())
+        .send()
+        .await
+        .expect("gateway answers");
+    let mut response = response;
+    response.chunk().await.expect("a chunk").expect("data");
+    drop(response);
+    settles_to(&admin, "tpm", 5000 - 50).await;
+    settles_to(&admin, "out", 5000 - 61).await;
+
+    // A number in a header.
+    let usage = "    usage:\n      format: header:x-tokens\n      reserve: { prompt: 10, completion: 100 }\n";
+    let gateway = start_gateway(&config(
+        None,
+        &upstream.url(),
+        usage,
+        &tokens_per_hour("total_tokens", 1000),
+    ))
+    .await;
+    let admin = serve_admin(&gateway, None).await;
+    let (status, _, _) = post(&gateway, "/header", &json!({}), 3, 4).await;
+    assert_eq!(status, 200);
+    settles_to(&admin, "tpm", 1000 - 7).await;
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_gives_the_reservation_back() {
+    let closed = common::ReservedPort::new();
+    let yaml = config(
+        None,
+        &format!("http://{}", closed.addr()),
+        &openai("100"),
+        &tokens_per_hour("total_tokens", 1000),
+    );
+    let gateway = start_gateway(&yaml).await;
+    let admin = serve_admin(&gateway, None).await;
+    let (status, _, _) = post(&gateway, "/v1/chat/completions", &chat(200), 1, 1).await;
+    assert_eq!(status, 502);
+    settles_to(&admin, "tpm", 1000).await;
+}
+
+/// The exactness promise on `redis` (two gateways) or in memory: with reservations that bound what the upstream
+/// reports, what it reported for the admitted requests never exceeds the limit, however many run at once.
+async fn reported_usage_stays_within_the_limit(redis: Option<&RedisServer>) {
+    let upstream = LlmUpstream::start().await;
+    let yaml = config(
+        redis,
+        &upstream.url(),
+        &openai("body_bytes"),
+        "      - { name: tpm, key: ip, algorithm: sliding_window, limit: 2000, period: 1h, counts: total_tokens }\n      - { name: rpm, key: ip, algorithm: fixed_window, limit: 1000, period: 1h }\n",
+    );
+    let gateways = gateways_sharing(&yaml, redis).await;
+    let admin = serve_admin(&gateways[0], None).await;
+    // Bodies of different lengths, as real prompts are: each request reserves its own amount (about 90 to 210
+    // bytes, and 150) and reports 40 + 150.
+    let bodies: Vec<Value> = (0..120)
+        .map(|i| {
+            let mut body = chat(150);
+            body["messages"][0]["content"] = json!("x".repeat(i));
+            body
+        })
+        .collect();
+    let mut after_first = 0;
+    for wave in 0..3 {
+        let mut requests = Vec::new();
+        for i in 0..40 {
+            let gateway = &gateways[i % gateways.len()];
+            requests.push(post(
+                gateway,
+                "/v1/chat/completions",
+                &bodies[wave * 40 + i],
+                40,
+                150,
+            ));
+        }
+        let answers = futures_util::future::join_all(requests).await;
+        let statuses: Vec<u16> = answers.iter().map(|(status, _, _)| *status).collect();
+        assert!(
+            statuses.iter().all(|s| *s == 200 || *s == 429),
+            "wave {wave}: {statuses:?}"
+        );
+        if wave == 0 {
+            assert!(
+                statuses.contains(&200) && statuses.contains(&429),
+                "{statuses:?}"
+            );
+        }
+        let reported = reported(&upstream);
+        assert!(
+            reported <= 2000,
+            "wave {wave}: the upstream reported {reported}"
+        );
+        // The next wave finds what the answers left.
+        settles_to(&admin, "tpm", 2000 - reported).await;
+        if wave == 0 {
+            after_first = reported;
+        }
+    }
+    // Refunds made room after the first wave.
+    let reported = reported(&upstream);
+    assert!(
+        reported > after_first,
+        "reported {reported}, {after_first} after the first wave"
+    );
+}
+
+/// The tokens the upstream reported in all its whole answers.
+fn reported(upstream: &LlmUpstream) -> u64 {
+    upstream
+        .received()
+        .reported
+        .iter()
+        .map(|(input, output)| input + output)
+        .sum()
+}
+
+#[tokio::test]
+async fn reported_usage_never_exceeds_the_limit_in_memory() {
+    reported_usage_stays_within_the_limit(None).await;
+}
+
+#[tokio::test]
+async fn reported_usage_never_exceeds_the_limit_across_two_gateways_on_redis() {
+    let redis = RedisServer::start();
+    reported_usage_stays_within_the_limit(Some(&redis)).await;
+}
+
+/// With an upstream that spends more than reserved, the overshoot is the debt, and the next request waits exactly
+/// until it is paid.
+async fn an_overspend_is_a_debt_the_next_request_waits_for(redis: Option<&RedisServer>) {
+    let upstream = LlmUpstream::start().await;
+    let usage = "    usage:\n      format: openai\n      reserve: { prompt: 0, completion: 10 }\n";
+    // 100 output tokens a minute: one token every 600 ms.
+    let limits = "      - { name: out, key: ip, algorithm: token_bucket, rate: 100/1m, burst: 100, counts: output_tokens }\n";
+    let gateways = gateways_sharing(&config(redis, &upstream.url(), usage, limits), redis).await;
+    let (status, _, _) = post(&gateways[0], "/v1/chat/completions", &chat(10), 1, 130).await;
+    assert_eq!(status, 200);
+    // Reserved 10, spent 130: the bucket is 30 in debt. The next request (10) waits for 40 tokens: 24 s.
+    let last = gateways.last().expect("a gateway");
+    let mut denial = None;
+    let waited = eventually(Duration::from_secs(5), async || {
+        let (status, headers, body) = post(last, "/v1/chat/completions", &chat(10), 1, 1).await;
+        denial = Some((status, headers, body));
+        status == 429
+    })
+    .await;
+    let (_, headers, body) = denial.expect("an answer");
+    assert!(waited.is_some(), "not refused: {body}");
+    let body: Value = serde_json::from_str(&body).expect("json");
+    let retry_after_ms = body["retry_after_ms"].as_u64().expect("retry_after_ms");
+    assert!(
+        (23_000..=24_000).contains(&retry_after_ms),
+        "retry_after_ms {retry_after_ms}"
+    );
+    assert_eq!(headers["retry-after"], "24");
+    assert_eq!(body["limit"], "out");
+}
+
+#[tokio::test]
+async fn an_overspend_is_a_debt_in_memory() {
+    an_overspend_is_a_debt_the_next_request_waits_for(None).await;
+}
+
+#[tokio::test]
+async fn an_overspend_is_a_debt_across_two_gateways_on_redis() {
+    let redis = RedisServer::start();
+    an_overspend_is_a_debt_the_next_request_waits_for(Some(&redis)).await;
+}
+
+#[tokio::test]
+async fn an_answer_that_used_less_leaves_the_rest_on_every_algorithm() {
+    let upstream = LlmUpstream::start().await;
+    let redis = RedisServer::start();
+    let algorithms = [
+        "algorithm: fixed_window, limit: 1000, period: 1h",
+        "algorithm: sliding_window, limit: 1000, period: 1h",
+        "algorithm: sliding_log, limit: 1000, period: 1h",
+        "algorithm: token_bucket, rate: 1000/1h, burst: 1000",
+        "algorithm: gcra, rate: 1000/1h, burst: 1000",
+        "algorithm: leaky_bucket, rate: 1000/1h, burst: 1000",
+    ];
+    for store in [None, Some(&redis)] {
+        for algorithm in algorithms {
+            let limits =
+                format!("      - {{ name: tpm, key: ip, {algorithm}, counts: total_tokens }}\n");
+            let gateway =
+                start_gateway(&config(store, &upstream.url(), &openai("100"), &limits)).await;
+            let admin = serve_admin(&gateway, None).await;
+            let _ = reqwest::Client::new()
+                .delete(format!("{admin}/limits/chat/tpm?key=127.0.0.1"))
+                .send()
+                .await;
+            // Reserves 300, reports 15.
+            let (status, _, _) = post(&gateway, "/v1/chat/completions", &chat(200), 5, 10).await;
+            assert_eq!(status, 200, "{algorithm}");
+            let settled = eventually(Duration::from_secs(5), async || {
+                (984..=985).contains(&remaining(&admin, "tpm").await)
+            })
+            .await;
+            assert!(
+                settled.is_some(),
+                "{algorithm} on {}: {} left",
+                if store.is_some() { "redis" } else { "memory" },
+                remaining(&admin, "tpm").await
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_forwarded_body_is_capped_and_asks_for_the_stream_usage() {
+    let upstream = LlmUpstream::start().await;
+    let yaml = config(
+        None,
+        &upstream.url(),
+        &openai("body_bytes"),
+        &tokens_per_hour("output_tokens", 100_000),
+    );
+    let gateway = start_gateway(&yaml).await;
+    let (status, _, _) = post(&gateway, "/v1/chat/completions", &chat(5000), 1, 1).await;
+    assert_eq!(status, 200);
+    let forwarded = upstream.last_body();
+    assert_eq!(forwarded["max_tokens"], json!(200), "{forwarded}");
+    assert!(forwarded.get("stream_options").is_none(), "{forwarded}");
+    let received = upstream.received();
+    let (_, headers, body) = received.requests.last().expect("a request");
+    assert_eq!(headers["content-length"], body.len().to_string().as_str());
+    assert_eq!(headers["accept-encoding"], "identity");
+
+    // No limit named: the default is written in, so that what is reserved bounds what may be written.
+    let mut unbounded = chat(1);
+    unbounded
+        .as_object_mut()
+        .expect("object")
+        .remove("max_tokens");
+    unbounded["stream"] = json!(true);
+    let (status, _, _) = post(&gateway, "/v1/chat/completions", &unbounded, 1, 1).await;
+    assert_eq!(status, 200);
+    let forwarded = upstream.last_body();
+    assert_eq!(
+        forwarded["max_completion_tokens"],
+        json!(100),
+        "{forwarded}"
+    );
+    assert_eq!(forwarded["stream_options"], json!({"include_usage": true}));
+}
+
+#[tokio::test]
+async fn a_body_past_max_request_bytes_is_413_and_a_reservation_past_the_limit_too() {
+    let upstream = LlmUpstream::start().await;
+    let usage = "    usage:\n      format: openai\n      reserve: { completion: max_tokens, completion_default: 100 }\n      max_request_bytes: 200\n";
+    let yaml = config(
+        None,
+        &upstream.url(),
+        usage,
+        &tokens_per_hour("total_tokens", 1000),
+    );
+    let gateway = start_gateway(&yaml).await;
+    let mut large = chat(10);
+    large["messages"][0]["content"] = json!("x".repeat(300));
+    let (status, _, body) = post(&gateway, "/v1/chat/completions", &large, 1, 1).await;
+    assert_eq!(status, 413);
+    let body: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(body["error"], "body_too_large");
+    // Streamed without a declared length: read up to the bound, then refused.
+    let text = large.to_string();
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{text}\r\n0\r\n\r\n",
+        text.len()
+    );
+    let answer = common::http_client::raw(gateway.addr, request.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert_eq!(upstream.received().requests.len(), 0, "nothing forwarded");
+
+    // max_tokens 5000 (no cap): more than the limit could ever hold.
+    let (status, _, body) = post(&gateway, "/v1/chat/completions", &chat(5000), 1, 1).await;
+    assert_eq!(status, 413);
+    let body: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(body["error"], "reservation_too_large");
+    assert_eq!(body["limit"], "tpm");
+    assert_eq!(body["capacity"], 1000);
+
+    // A body that is not JSON cannot be bounded: 400.
+    let response = common::http_client::client()
+        .post(gateway.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(response.status(), 400);
+}
