@@ -6,8 +6,10 @@ mod common;
 
 use std::time::Duration;
 
+use common::binary::Tollgate;
 use common::http_client::client;
 use common::in_flight::InFlightUpstream;
+use common::redis::RedisServer;
 use common::{eventually, gateways_sharing, store_yaml, ReservedPort, TestGateway};
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
@@ -56,7 +58,7 @@ fn hold(gateways: &[TestGateway], n: usize) -> Vec<tokio::task::JoinHandle<u16>>
         .collect()
 }
 
-async fn exactly_max_admitted_and_in_flight(redis: Option<&common::redis::RedisServer>) {
+async fn exactly_max_admitted_and_in_flight(redis: Option<&RedisServer>) {
     let upstream = InFlightUpstream::start().await;
     let gone = ReservedPort::new();
     let gateways = gateways_sharing(
@@ -106,7 +108,7 @@ async fn in_memory_exactly_max_are_admitted_when_requests_arrive_together() {
 
 /// Three hundred requests from 60 clients at once, each held a moment at the upstream, never more than `max` there
 /// at once.
-async fn never_more_than_max_at_the_upstream(redis: Option<&common::redis::RedisServer>) {
+async fn never_more_than_max_at_the_upstream(redis: Option<&RedisServer>) {
     let upstream = InFlightUpstream::start().await;
     let gone = ReservedPort::new();
     let gateways = gateways_sharing(
@@ -157,7 +159,7 @@ async fn in_memory_never_more_than_max_reach_the_upstream_at_once() {
     never_more_than_max_at_the_upstream(None).await;
 }
 
-async fn released_on_every_ending(redis: Option<&common::redis::RedisServer>) {
+async fn released_on_every_ending(redis: Option<&RedisServer>) {
     let upstream = InFlightUpstream::start().await;
     let gone = ReservedPort::new();
     let gateways = gateways_sharing(
@@ -233,7 +235,7 @@ async fn in_memory_a_slot_comes_back_however_its_request_ends() {
 
 /// A rate limit per `x-user` (one a minute) beside one slot per address: a request refused by either takes nothing
 /// from the other.
-async fn all_or_nothing_with_rate_limits(redis: Option<&common::redis::RedisServer>) {
+async fn all_or_nothing_with_rate_limits(redis: Option<&RedisServer>) {
     let upstream = InFlightUpstream::start().await;
     let gone = ReservedPort::new();
     let limits = format!(
@@ -276,4 +278,91 @@ async fn all_or_nothing_with_rate_limits(redis: Option<&common::redis::RedisServ
 #[tokio::test]
 async fn in_memory_a_request_refused_by_one_limit_takes_nothing_from_the_other() {
     all_or_nothing_with_rate_limits(None).await;
+}
+
+#[tokio::test]
+async fn on_redis_exactly_max_are_admitted_across_two_gateways() {
+    let redis = RedisServer::start();
+    exactly_max_admitted_and_in_flight(Some(&redis)).await;
+}
+
+#[tokio::test]
+async fn on_redis_never_more_than_max_reach_the_upstream_from_two_gateways() {
+    let redis = RedisServer::start();
+    never_more_than_max_at_the_upstream(Some(&redis)).await;
+}
+
+#[tokio::test]
+async fn on_redis_a_slot_comes_back_however_its_request_ends() {
+    let redis = RedisServer::start();
+    released_on_every_ending(Some(&redis)).await;
+}
+
+#[tokio::test]
+async fn on_redis_a_request_refused_by_one_limit_takes_nothing_from_the_other() {
+    let redis = RedisServer::start();
+    all_or_nothing_with_rate_limits(Some(&redis)).await;
+}
+
+/// One slot with a lease of a second, on `redis`, in front of `upstream`.
+fn leased_yaml(redis: &RedisServer, upstream: &InFlightUpstream, gone: &ReservedPort) -> String {
+    yaml(
+        &store_yaml(Some(redis)),
+        upstream,
+        gone,
+        "      - { name: in-flight, key: route, algorithm: concurrency, max: 1, lease: 1s }\n",
+    )
+    .replace("timeout: 1s", "timeout: 30s")
+}
+
+#[tokio::test]
+async fn on_redis_a_killed_gateway_s_slots_come_back_within_its_lease() {
+    let redis = RedisServer::start();
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    let yaml = leased_yaml(&redis, &upstream, &gone);
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let config = dir.path().join("gateway.yaml");
+    std::fs::write(&config, format!("admin:\n  listen: 127.0.0.1:0\n{yaml}")).expect("config");
+    let doomed = Tollgate::run(&config);
+    let survivor = common::start_gateway(&yaml).await;
+    let held = tokio::spawn(status(doomed.url("/hold")));
+    assert!(eventually(SOON, async || upstream.in_flight() == 1)
+        .await
+        .is_some());
+    assert_eq!(
+        status(survivor.url("/quick")).await,
+        429,
+        "the slot is held"
+    );
+    // SIGKILL: the process releases nothing and renews nothing.
+    drop(doomed);
+    let _ = held.await;
+    let back = eventually(Duration::from_secs(4), async || {
+        status(survivor.url("/quick")).await == 200
+    })
+    .await;
+    assert!(back.is_some(), "the slot came back once its lease ended");
+}
+
+#[tokio::test]
+async fn on_redis_a_request_longer_than_its_lease_keeps_its_slot() {
+    let redis = RedisServer::start();
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    let yaml = leased_yaml(&redis, &upstream, &gone);
+    let gateways = gateways_sharing(&yaml, Some(&redis)).await;
+    let held = tokio::spawn(status(gateways[0].url("/hold")));
+    assert!(eventually(SOON, async || upstream.in_flight() == 1)
+        .await
+        .is_some());
+    // Three leases long: renewed all along, never free to another instance.
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        assert_eq!(status(gateways[1].url("/quick")).await, 429, "still held");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    upstream.release(1);
+    assert_eq!(held.await.expect("held"), 200);
+    assert!(admitted_again(&gateways[1]).await, "released at its end");
 }

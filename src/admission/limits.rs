@@ -73,6 +73,8 @@ pub struct Checked {
     replaced: Option<Replaced>,
     /// Which store decided: where what the request took goes back if it must (see [`LimitSet::taken`]).
     pub decided_by: DecidedBy,
+    /// The lease its `concurrency` limits' slots are held under in Redis (0: none).
+    pub lease: u64,
 }
 
 /// Limits of a set replaced for one request (a consumer's overrides of its plan, docs/configuration.md, "Consumers and plans").
@@ -300,13 +302,19 @@ impl LimitSet {
                     .map_or_else(|| self.limit_at(index, replaced.as_ref()), |(_, l)| l),
             })
             .collect();
-        let (outcome, decided_by) = limiter.check_deciding(&checks).await?;
+        let lease = if self.holds_slots {
+            limiter.new_lease()
+        } else {
+            0
+        };
+        let (outcome, decided_by) = limiter.check_leased(&checks, lease).await?;
         drop(checks);
         let checked = Checked {
             outcome,
             applied: keys.ends.iter().map(|&(index, _)| index).collect(),
             replaced,
             decided_by,
+            lease,
         };
         self.count_decisions(&checked);
         Ok(checked)

@@ -310,7 +310,8 @@ impl Policy {
         other: Option<Box<dyn AfterAnswer>>,
     ) -> Box<dyn AfterAnswer> {
         let held = limits.slots_taken(facts, checked);
-        let slots = Box::new(HeldSlots::new(limiter.giver(checked.decided_by), held));
+        let giver = limiter.giver(checked.decided_by);
+        let slots = Box::new(HeldSlots::new(giver, held, checked.lease));
         match other {
             None => slots,
             Some(other) => Box::new(Both(other, slots)),

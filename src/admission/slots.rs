@@ -9,17 +9,28 @@ pub(super) struct HeldSlots {
     giver: Giver,
     /// Per `concurrency` limit that admitted the request: its store key, the limit, its gauge.
     held: Vec<(String, Limit, metrics::Gauge)>,
+    /// What the slots are held under in Redis.
+    lease: u64,
 }
 
 // === impl HeldSlots ===
 
 impl HeldSlots {
     /// Slots taken by an admitted request, counted in flight from now until its answer ends.
-    pub(super) fn new(giver: Giver, held: Vec<(String, Limit, metrics::Gauge)>) -> Self {
+    pub(super) fn new(
+        giver: Giver,
+        held: Vec<(String, Limit, metrics::Gauge)>,
+        lease: u64,
+    ) -> Self {
         for (_, _, gauge) in &held {
             gauge.increment(1.0);
         }
-        Self { giver, held }
+        let renewed: Vec<(String, Limit)> = held
+            .iter()
+            .map(|(key, limit, _)| (key.clone(), limit.clone()))
+            .collect();
+        giver.hold_slots(&renewed, lease);
+        Self { giver, held, lease }
     }
 }
 
@@ -35,7 +46,7 @@ impl AfterAnswer for HeldSlots {
                 (key, limit)
             })
             .collect();
-        this.giver.release_slots(held);
+        this.giver.release_slots(held, this.lease);
     }
 }
 

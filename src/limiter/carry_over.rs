@@ -78,7 +78,11 @@ impl FallbackLedger {
     /// Remembers the keys of a request the fallback admitted.
     pub(super) fn record(&self, checks: &[LimitCheck<'_>]) {
         let mut keys = self.keys.lock();
-        for check in checks.iter().filter(|check| !check.limit.is_shadow()) {
+        // Slots held in-process are released in-process: Redis holds no lease of theirs to carry.
+        for check in checks
+            .iter()
+            .filter(|check| !check.limit.is_shadow() && !check.limit.algorithm().holds_slots())
+        {
             if let Some(limit) = keys.get_mut(check.key) {
                 if limit != check.limit {
                     *limit = check.limit.clone();

@@ -135,6 +135,11 @@ pub enum LimitError {
         /// The largest allowed.
         max: u64,
     },
+    /// A `concurrency` limit with a cost other than 1.
+    #[error(
+        "cost {0} for a concurrency limit: a request in flight holds one slot (raise max instead)"
+    )]
+    SlotCost(u64),
     /// A `concurrency` lease too short to be renewed in time.
     #[error(
         "lease {lease} is too short: it is renewed every third of it, and must be at least {min}"
@@ -422,6 +427,9 @@ impl Limit {
         algorithm.validate()?;
         if cost == 0 {
             return Err(LimitError::Zero("cost"));
+        }
+        if algorithm.holds_slots() && cost != 1 {
+            return Err(LimitError::SlotCost(cost));
         }
         let capacity = algorithm.capacity();
         if cost > capacity {

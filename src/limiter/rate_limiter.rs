@@ -240,17 +240,23 @@ impl Giver {
 
     /// Releases the slots of `concurrency` limits that an admitted request held (store key and limit of each):
     /// in this process at once, in Redis off the caller's path (it must be called within a tokio runtime then).
-    pub fn release_slots(self, held: Vec<(String, Limit)>) {
-        if let Some(local) = &self.local {
+    pub fn release_slots(self, held: Vec<(String, Limit)>, lease: u64) {
+        if let Some(redis) = &self.redis {
+            redis.release(lease, held);
+        } else if let Some(local) = &self.local {
             let checks: Vec<LimitCheck<'_>> = held
                 .iter()
                 .map(|(key, limit)| LimitCheck { key, limit })
                 .collect();
             local.give_back(local.now_ms(), &checks);
-        } else if self.redis.is_some() {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(self.give_back(held, Instant::now()));
-            }
+        }
+    }
+
+    /// Keeps the slots of an admitted request (`held`, under `lease`) in Redis until
+    /// [`release_slots`](Self::release_slots): renewed while the request lives. Nothing to do in this process.
+    pub fn hold_slots(&self, held: &[(String, Limit)], lease: u64) {
+        if let Some(redis) = &self.redis {
+            redis.hold(lease, held.to_vec());
         }
     }
 }
@@ -357,6 +363,25 @@ impl RateLimiter {
         &self,
         checks: &[LimitCheck<'_>],
     ) -> Result<(Outcome, DecidedBy), Unavailable> {
+        self.check_leased(checks, 0).await
+    }
+
+    /// A lease id for a request with `concurrency` limits: what its slots are held under in Redis, renewed and
+    /// released by (0 with the memory store, which needs none).
+    pub fn new_lease(&self) -> u64 {
+        match &self.backend {
+            Backend::Memory => 0,
+            Backend::Redis(redis) => redis.new_lease(),
+        }
+    }
+
+    /// [`check_deciding`](Self::check_deciding), the slots of the request's `concurrency` limits held under
+    /// `lease` (from [`new_lease`](Self::new_lease); 0 when it has none).
+    pub async fn check_leased(
+        &self,
+        checks: &[LimitCheck<'_>],
+        lease: u64,
+    ) -> Result<(Outcome, DecidedBy), Unavailable> {
         if checks.is_empty() {
             let outcome = Outcome {
                 allowed: true,
@@ -382,7 +407,7 @@ impl RateLimiter {
                 .await;
         }
         // The store keeps to the time budget itself, without a timer per request (see `batcher`).
-        let result = redis.check_within(checks, self.timeout).await;
+        let result = redis.check_leased(checks, self.timeout, lease).await;
         self.store_duration.record(now.elapsed().as_secs_f64());
         let error = match result {
             Ok(outcome) => {
@@ -392,7 +417,8 @@ impl RateLimiter {
                 if !outcome.allowed {
                     // A shadow limit's denial is never enforced, so never answered from the cache either.
                     for (check, decision) in checks.iter().zip(&outcome.decisions) {
-                        if !check.limit.is_shadow() {
+                        // Nor a slot's: one may come back at any moment, not at a time a decision can tell.
+                        if !check.limit.is_shadow() && !check.limit.algorithm().holds_slots() {
                             self.denials
                                 .remember(check.key, check.limit, *decision, now);
                         }

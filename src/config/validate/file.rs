@@ -58,9 +58,6 @@ pub(crate) fn validate(
     else {
         return Err(issues.into_vec());
     };
-    if store.backend == crate::limiter::BackendKind::Redis {
-        slots_need_memory(&mut issues, &routes, consumers.as_ref());
-    }
     if issues.count() > 0 {
         return Err(issues.into_vec());
     }
@@ -78,33 +75,4 @@ pub(crate) fn validate(
         consumers,
         rls,
     })
-}
-
-/// Concurrency limits are kept by the in-process store only, for now: on Redis each would need a lease.
-fn slots_need_memory(
-    issues: &mut Issues,
-    routes: &[crate::config::RouteSettings],
-    consumers: Option<&crate::consumers::ConsumersSettings>,
-) {
-    let message = "concurrency limits need store.backend: memory for now";
-    for (i, route) in routes.iter().enumerate() {
-        for (j, settings) in route.limits.iter().enumerate() {
-            if settings.limit.algorithm().holds_slots() {
-                issues.add(format!("routes[{i}].limits[{j}].algorithm"), message);
-            }
-        }
-    }
-    for (name, plan) in consumers
-        .iter()
-        .flat_map(|c| c.plans.iter().map(|p| (&p.name, p)))
-    {
-        for (j, settings) in plan.limits.iter().enumerate() {
-            if settings.limit.algorithm().holds_slots() {
-                issues.add(
-                    format!("consumers.plans.{name}.limits[{j}].algorithm"),
-                    message,
-                );
-            }
-        }
-    }
 }

@@ -16,7 +16,8 @@
 --          arguments one by one in Lua cost more than deciding the requests). Per entry:
 --   mode   1 to commit (consume from every limit if all admit), 0 for a dry run that decides but consumes
 --          nothing, 2 to give back what a commit took, 3 to add a debt (a request settled for more than it
---          reserved: the cost is the difference, see `add_debt`). Redis Cluster needs the dry run when a request's keys span
+--          reserved: the cost is the difference, see `add_debt`), 4 to renew the leases of a request still in
+--          flight (concurrency limits; the other limits are left alone). Redis Cluster needs the dry run when a request's keys span
 --          several hash slots: every slot is asked first, and committed only if all admit; should a slot's commit
 --          deny after all (another request took the room meanwhile), the slots that admitted give back what they
 --          took (see src/limiter/store/redis/cluster.rs).
@@ -39,20 +40,23 @@
 --   4 fixed_window    limit, period_ms
 --   5 gcra            burst, ticks per ms, emission interval in ticks
 --   6 leaky_bucket    burst, rate count, rate period_ms, max_delay_ms (0 in reject mode)
+--   7 concurrency     max, lease_ms, the request's lease id (unique per request and instance: the member of the
+--                     key's sorted set of leases); never in a run, cost 1
 --
 -- Returns, packed as one MessagePack array: now_ms, then per entry:
 --   an entry past its deadline: -1 alone (whatever its count): it was neither decided nor counted.
---   a give-back or a debt: 1 alone.
+--   a give-back, a debt or a renewal: 1 alone.
 --   a single request: all_allowed, then per limit: allowed, remaining, wait_ms, reset_after_ms, where wait_ms is
 --     delay_ms when the limit admits and retry_after_ms when it denies (the other is 0; the limit's capacity the
 --     gateway knows). A committed admission reports the state after consuming; a denial, and any dry run, the
---     state as it stands (a dry run's all_allowed says whether a commit would admit).
+--     state as it stands (a dry run's all_allowed says whether a commit would admit). A concurrency limit
+--     reports in place of reset_after_ms how many expired leases its call freed.
 --   a run: per limit, the key's state before the run: 1 and its stored integers (0 for those it lacks), or 0 0
 --     0 0 for a key without state. The gateway replays the run's decisions from it with the same algorithms
 --     (src/limiter/store/script/), which is cheaper there than encoding them here.
 --
--- A dry run may still delete state no algorithm can read (a counter where sliding_log expects its sorted set): that
--- changes no decision. Otherwise a denial or a dry run writes nothing.
+-- A dry run may still delete state no algorithm can read (a counter where sliding_log expects its sorted set), or
+-- expired leases: that changes no decision. Otherwise a denial or a dry run writes nothing.
 --
 -- Every section mirrors src/limiter/algorithms/*.rs integer for integer. Lua numbers are doubles; the gateway
 -- keeps every product below 2^52 (see MAX_SCALED), where doubles are exact integers and floor(a / b) is exact.

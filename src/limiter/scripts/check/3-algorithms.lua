@@ -10,7 +10,8 @@
 --   x, y, z, ttl                the state to store if the request is committed (see `commit`)
 -- Algorithm ids: 1 sliding_window (limit, period_ms), 2 sliding_log (limit, period_ms), 3 token_bucket (burst,
 -- rate count, rate period_ms), 4 fixed_window (limit, period_ms), 5 gcra (burst, ticks per ms, emission interval
--- in ticks), 6 leaky_bucket (burst, rate count, rate period_ms, max_delay_ms: 0 in reject mode).
+-- in ticks), 6 leaky_bucket (burst, rate count, rate period_ms, max_delay_ms: 0 in reject mode), 7 concurrency
+-- (max, lease_ms, the request's lease id).
 --
 -- Both `evaluate` and `span` (below) call no function they can do without on the path that admits (sliding_log
 -- aside, whose sorted-set commands cost far more): a call costs Redis's Lua several arithmetic operations
@@ -33,6 +34,23 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
       window = (window + -window % p2) / p2
     end
     return false, 0, 0, standing, standing_reset, max(window, retry), 0
+  end
+  if alg == 7 then -- concurrency
+    -- A sorted set of the requests in flight, each scored by when its lease expires on Redis's clock: an instance
+    -- renews its requests' leases while they live, so a lease past its time belongs to an instance that died or
+    -- lost Redis, and its slot is freed here. What was freed is reported in place of the reset (the gateway counts
+    -- it in tollgate_leases_expired_total).
+    local max_held, lease, member = p1, p2, p3
+    write_back(k, true)
+    raw[k] = false
+    local key = KEYS[k]
+    local expired = redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now))
+    local held = redis.call('ZCARD', key)
+    local standing = max(max_held - held, 0)
+    if held + cost <= max_held then
+      return true, standing - cost, expired, standing, expired, 0, 0, member, lease
+    end
+    return false, 0, 0, standing, expired, 1000, 0
   end
   if alg == 1 then -- sliding_window
     local limit, period = p1, p2
@@ -191,6 +209,14 @@ end
 -- Stores the state an admission leaves: in the cache for every algorithm but sliding_log, which writes its
 -- sorted set at once (`x` is its time, `period` and `cost` its parameters).
 local function commit(k, alg, x, y, z, ttl, period, cost)
+  if alg == 7 then -- concurrency: the request's lease, x its id, y its length
+    redis.call('ZADD', KEYS[k], format('%d', now + y), format('%d', x))
+    -- Every lease in the set ends within y of now (renewals too), and the set with the last.
+    if not explicit_time then
+      redis.call('PEXPIRE', KEYS[k], format('%d', y))
+    end
+    return
+  end
   if alg ~= 2 then -- not sliding_log
     store((k - 1) * 6, x, y, z, ttl)
     return
@@ -227,6 +253,10 @@ end
 -- the log no emptier than the decision's would. At each millisecond the newest members go, so that the numbering
 -- there stays unbroken (see `commit`).
 local function give_back(alg, k, p1, p2, p3, p4, cost, at)
+  if alg == 7 then -- concurrency: the request's slot is released, whenever it ends
+    redis.call('ZREM', KEYS[k], format('%d', p3))
+    return
+  end
   if alg == 2 then -- sliding_log
     local key, from = KEYS[k], format('%d', at)
     while cost > 0 do
@@ -290,6 +320,9 @@ end
 -- key forgotten meanwhile starts fresh. At most one capacity beyond full is carried (the state holds at most twice
 -- the capacity, p1 for every algorithm), which keeps every integer exact.
 local function add_debt(alg, k, p1, p2, p3, p4, cost, at)
+  if alg == 7 then -- concurrency owes nothing: a slot is held whole (never sent)
+    return
+  end
   if at > now then
     at = now
   end

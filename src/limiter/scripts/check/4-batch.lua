@@ -98,8 +98,8 @@ while a <= #input do
   for i = 0, n - 1 do
     local at = a + ENTRY_ARGS + i * LIMIT_ARGS
     local alg = input[at + 1]
-    -- Ids 1 to 6 (the header's table); sliding_log cannot run.
-    if not KEYS[input[at]] or type(alg) ~= 'number' or alg < 1 or alg > 6 or alg % 1 ~= 0 or (run and alg == 2) then
+    -- Ids 1 to 7 (the header's table); sliding_log and concurrency cannot run.
+    if not KEYS[input[at]] or type(alg) ~= 'number' or alg < 1 or alg > 7 or alg % 1 ~= 0 or (run and (alg == 2 or alg == 7)) then
       return redis.error_reply('tollgate: bad limit ' .. tostring(input[at]) .. ':' .. tostring(input[at + 1]))
     end
   end
@@ -161,6 +161,22 @@ while a <= #input do
     a = a + ENTRY_ARGS
     for i = 0, n - 1 do
       give_back(input[a + 1], input[a], input[a + 2], input[a + 3], input[a + 4], input[a + 5], input[a + 6], deadline)
+      a = a + LIMIT_ARGS
+    end
+    r = r + 1
+    reply[r] = 1
+  elseif input[a] == 4 then
+    -- A renewal of a request's leases (concurrency limits), still in flight: only a lease still held is renewed,
+    -- so that a slot freed meanwhile (expired while Redis was out of reach) is never taken back past `max`.
+    a = a + ENTRY_ARGS
+    for i = 0, n - 1 do
+      if input[a + 1] == 7 then
+        local key = KEYS[input[a]]
+        redis.call('ZADD', key, 'XX', format('%d', now + input[a + 3]), format('%d', input[a + 4]))
+        if not explicit_time then
+          redis.call('PEXPIRE', key, format('%d', input[a + 3]))
+        end
+      end
       a = a + LIMIT_ARGS
     end
     r = r + 1

@@ -44,6 +44,7 @@ impl Connection {
         groups: &[Vec<usize>],
         now_ms: Option<i64>,
         timeout: Duration,
+        lease: u64,
     ) -> Result<Outcome, StoreError> {
         let subsets: Vec<Vec<LimitCheck<'_>>> = groups
             .iter()
@@ -51,7 +52,7 @@ impl Connection {
             .collect();
         let deadline = self.deadline(now_ms, timeout);
         let dry_runs = join_all(subsets.iter().map(|subset| {
-            let request = EncodedRequest::new(subset, Mode::DryRun);
+            let request = EncodedRequest::new(subset, Mode::DryRun).leased(lease);
             let slot = self.slot_of(subset);
             let connection = &self;
             async move {
@@ -72,7 +73,7 @@ impl Connection {
             .map(|subset| {
                 (
                     self.slot_of(subset),
-                    EncodedRequest::new(subset, Mode::Commit),
+                    EncodedRequest::new(subset, Mode::Commit).leased(lease),
                 )
             })
             .collect();

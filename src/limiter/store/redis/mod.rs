@@ -4,6 +4,7 @@
 
 mod cluster;
 mod connection;
+mod leases;
 mod migration;
 mod outage;
 mod resets;
@@ -20,6 +21,7 @@ use tokio::time::Instant;
 use self::cluster::{join_all, slot_groups};
 pub(crate) use self::connection::client_builder;
 use self::connection::{Connection, GIVE_BACK_TIMEOUT};
+use self::leases::Leases;
 pub(crate) use self::outage::plain_words;
 use self::outage::Link;
 pub use self::resets::{ResetNotice, DEFAULT_RESET_CHANNEL};
@@ -56,6 +58,8 @@ pub struct RedisStore {
     /// The key [`probe`](Self::probe) asks about, and its limit.
     probe_key: Arc<str>,
     probe_limit: Arc<Limit>,
+    /// The leases of this instance's requests in flight (`concurrency` limits).
+    leases: Arc<Leases>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -118,6 +122,7 @@ impl RedisStore {
             reset_channel: Arc::from(DEFAULT_RESET_CHANNEL),
             probe_key: Arc::from(DEFAULT_PROBE_KEY),
             probe_limit: Arc::new(probe_limit()?),
+            leases: Arc::new(Leases::new()),
         })
     }
 
@@ -175,6 +180,7 @@ impl RedisStore {
                     &groups,
                     now_ms,
                     Duration::ZERO,
+                    0,
                 );
                 return Box::pin(across).await;
             }
@@ -194,21 +200,82 @@ impl RedisStore {
         checks: &[LimitCheck<'_>],
         budget: Duration,
     ) -> Result<Outcome, StoreError> {
+        self.check_leased(checks, budget, 0).await
+    }
+
+    /// [`check_within`](Self::check_within), the slots of its `concurrency` limits held under `lease` (from
+    /// [`new_lease`](Self::new_lease); 0 when it has none).
+    pub async fn check_leased(
+        &self,
+        checks: &[LimitCheck<'_>],
+        budget: Duration,
+        lease: u64,
+    ) -> Result<Outcome, StoreError> {
         let connection = &self.connection;
         if connection.topology == RedisTopology::Cluster {
             if let Some(groups) = slot_groups(checks) {
                 // Boxed, as are the rare paths of `check`.
                 let across =
-                    Arc::clone(connection).check_across_slots(checks, &groups, None, budget);
+                    Arc::clone(connection).check_across_slots(checks, &groups, None, budget, lease);
                 return Box::pin(tokio::time::timeout(budget, across))
                     .await
                     .unwrap_or(Err(StoreError::Timeout(budget)));
             }
         }
-        let request = EncodedRequest::new(checks, Mode::Commit);
+        let mut request = EncodedRequest::new(checks, Mode::Commit);
+        if lease != 0 {
+            request = request.leased(lease);
+        }
         self.batcher
             .check(connection.slot_of(checks), request, budget)
             .await
+    }
+
+    /// A lease id for one request with `concurrency` limits: unique to it among every instance's.
+    pub fn new_lease(&self) -> u64 {
+        self.leases.next_id()
+    }
+
+    /// This instance's name in the leases it holds (`GET /limits` shows who holds a slot).
+    pub fn instance(&self) -> String {
+        self.leases.instance()
+    }
+
+    /// Keeps the slots an admitted request holds under `lease` renewed (see [`release`](Self::release)).
+    pub fn hold(&self, lease: u64, held: Vec<(String, Limit)>) {
+        self.leases.hold(&self.connection, lease, held);
+    }
+
+    /// Releases the slots a request held under `lease`: renewed no more, and removed from Redis by a give-back
+    /// queued with the other checks, off the caller's path. One that fails leaves the slot until its lease ends.
+    pub fn release(&self, lease: u64, held: Vec<(String, Limit)>) {
+        self.leases.release(lease);
+        let store = self.clone();
+        tokio::spawn(async move {
+            let checks: Vec<LimitCheck<'_>> = held
+                .iter()
+                .map(|(key, limit)| LimitCheck { key, limit })
+                .collect();
+            let connection = &store.connection;
+            let result = match slot_groups(&checks) {
+                Some(_) if connection.topology == RedisTopology::Cluster => {
+                    store
+                        .settle_leased(&checks, Mode::GiveBack, 0, None, lease)
+                        .await
+                }
+                _ => {
+                    let request = EncodedRequest::new(&checks, Mode::GiveBack).leased(lease);
+                    store
+                        .batcher
+                        .check(connection.slot_of(&checks), request, GIVE_BACK_TIMEOUT)
+                        .await
+                        .map(|_| ())
+                }
+            };
+            if let Err(error) = result {
+                tracing::debug!(%error, "a slot was not released, its lease will end it");
+            }
+        });
     }
 
     /// Decides several requests in one script call at `now_ms` (Redis's clock when `None`), one after another
@@ -260,6 +327,37 @@ impl RedisStore {
         now_ms: Option<i64>,
     ) -> Result<(), StoreError> {
         self.settle_in(checks, Mode::GiveBack, at_ms, now_ms).await
+    }
+
+    /// [`settle_in`](Self::settle_in) for a request holding slots under `lease`.
+    async fn settle_leased(
+        &self,
+        checks: &[LimitCheck<'_>],
+        mode: Mode,
+        at_ms: i64,
+        now_ms: Option<i64>,
+        lease: u64,
+    ) -> Result<(), StoreError> {
+        let connection = &self.connection;
+        let at = u64::try_from(at_ms).unwrap_or(0);
+        let groups = match slot_groups(checks) {
+            Some(groups) if connection.topology == RedisTopology::Cluster => groups,
+            _ => vec![(0..checks.len()).collect()],
+        };
+        let calls = groups.iter().map(|group| {
+            let subset: Vec<LimitCheck<'_>> = group.iter().map(|&i| checks[i]).collect();
+            let request = EncodedRequest::new(&subset, mode).leased(lease);
+            let slot = connection.slot_of(&subset);
+            async move {
+                connection
+                    .run_encoded(slot, &request, at, now_ms, GIVE_BACK_TIMEOUT)
+                    .await
+            }
+        });
+        join_all(calls)
+            .await
+            .into_iter()
+            .try_for_each(|result| result.map(|_| ()))
     }
 
     /// Adds a debt on each of `checks` (its limit's cost is the amount owed) for a request admitted at `at_ms`

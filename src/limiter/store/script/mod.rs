@@ -15,7 +15,7 @@ use crate::limiter::algorithms::gcra::{GcraState, Ticks};
 use crate::limiter::algorithms::sliding_window::WindowState;
 use crate::limiter::algorithms::token_bucket::BucketState;
 use crate::limiter::algorithms::{self, State};
-use crate::limiter::{Algorithm, Decision, LeakyMode, Outcome};
+use crate::limiter::{Algorithm, Decision, LeakyMode, Outcome, SLOT_RETRY_MS};
 
 /// The script, reviewed as Lua in its own files, one per part, joined in their order into the one script Redis
 /// runs (and whose SHA1 it is called by).
@@ -53,6 +53,8 @@ pub(super) enum Mode {
     /// Add the cost as a debt on the window a commit landed in (a request that settled for more than it
     /// reserved).
     Debt,
+    /// Renew the leases of a request still in flight (its `concurrency` limits; the others are left alone).
+    Renew,
 }
 
 /// One request's share of a script call, owned so that it can wait in the batch queue.
@@ -72,6 +74,8 @@ pub(super) struct EncodedRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct LimitSpec {
     algorithm: Algorithm,
+    /// The request's lease id for a `concurrency` limit (the member of its key's sorted set), else 0.
+    lease: u64,
     cost: u64,
     shadow: bool,
 }
@@ -92,6 +96,7 @@ impl EncodedRequest {
             .iter()
             .map(|c| LimitSpec {
                 algorithm: *c.limit.algorithm(),
+                lease: 0,
                 cost: c.limit.cost(),
                 shadow: c.limit.is_shadow(),
             })
@@ -102,6 +107,17 @@ impl EncodedRequest {
             key_ends,
             limits,
         }
+    }
+
+    /// The same request holding the slots of its `concurrency` limits under `lease` (unique per request and
+    /// instance): what its commit adds to each key's leases, its renewal renews and its give-back removes.
+    pub(super) fn leased(mut self, lease: u64) -> Self {
+        for limit in &mut self.limits {
+            if limit.algorithm.holds_slots() {
+                limit.lease = lease;
+            }
+        }
+        self
     }
 
     /// What gives back what this request, committed, took from the limits `consumed` says (an admitted
@@ -249,6 +265,7 @@ pub(super) fn command(
                 Mode::Commit => 1,
                 Mode::GiveBack => 2,
                 Mode::Debt => 3,
+                Mode::Renew => 4,
             },
         );
         put(&mut packed, count as u64);
@@ -262,7 +279,11 @@ pub(super) fn command(
                     keys.len() as u64
                 });
             put(&mut packed, index);
-            for arg in script_params(&limit.algorithm) {
+            let mut params = script_params(&limit.algorithm);
+            if limit.algorithm.holds_slots() {
+                params[3] = limit.lease;
+            }
+            for arg in params {
                 put(&mut packed, arg);
             }
             put(&mut packed, limit.cost);
@@ -326,7 +347,7 @@ pub(super) fn parse_reply(
     for &count in runs {
         let request = requests.get(at).ok_or_else(wrong_length)?;
         at += count;
-        if matches!(request.mode, Mode::GiveBack | Mode::Debt) {
+        if matches!(request.mode, Mode::GiveBack | Mode::Debt | Mode::Renew) {
             rest.split_off_first().ok_or_else(wrong_length)?;
             outcomes.push(Ok(Outcome {
                 allowed: true,
@@ -360,6 +381,9 @@ pub(super) fn parse_reply(
             .map(|(f, limit)| {
                 let allowed = f[0] == 1;
                 let wait = as_u64(f[2]);
+                if limit.algorithm.holds_slots() {
+                    return slots_decision(limit, allowed, as_u64(f[1]), as_u64(f[3]));
+                }
                 Decision {
                     allowed,
                     limit: limit.algorithm.capacity(),
@@ -379,6 +403,24 @@ pub(super) fn parse_reply(
         return Err(wrong_length());
     }
     Ok(outcomes)
+}
+
+/// A `concurrency` limit's decision from its reply, whose last field is how many expired leases the call freed
+/// (counted in `tollgate_leases_expired_total`: slots of requests whose instance stopped renewing them).
+#[cold]
+fn slots_decision(limit: &LimitSpec, allowed: bool, remaining: u64, expired: u64) -> Decision {
+    if expired > 0 {
+        metrics::counter!("tollgate_leases_expired_total").increment(expired);
+    }
+    let max = limit.algorithm.capacity();
+    Decision {
+        allowed,
+        limit: max,
+        remaining,
+        retry_after_ms: if allowed { 0 } else { SLOT_RETRY_MS },
+        reset_after_ms: if remaining < max { SLOT_RETRY_MS } else { 0 },
+        delay_ms: 0,
+    }
 }
 
 /// Decides `count` copies of `request` one after another from the state its keys held before the run, as the

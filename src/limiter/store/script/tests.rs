@@ -226,6 +226,11 @@ fn every_algorithm() -> Vec<Algorithm> {
             burst: 5,
             mode: LeakyMode::Reject,
         },
+        Algorithm::Concurrency {
+            max: 5,
+            lease_ms: 30_000,
+            queue: None,
+        },
     ]
 }
 

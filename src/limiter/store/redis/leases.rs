@@ -1,0 +1,156 @@
+//! The leases this instance holds in Redis for its requests in flight (`concurrency` limits): each request's id,
+//! renewed every third of its lease by one script call for all of them (one per hash slot on Cluster), and
+//! released off the client's path through the batch queue. An instance that dies renews nothing, and its slots
+//! come back within a lease.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::connection::Connection;
+use crate::limiter::store::script::{EncodedRequest, Mode};
+use crate::limiter::store::LimitCheck;
+use crate::limiter::{Limit, MIN_LEASE_MS};
+
+/// How often the renewing task looks for leases due: a third of the shortest lease allowed.
+const TICK: Duration = Duration::from_millis(MIN_LEASE_MS / 3);
+/// How long a renewal call may take: past a third of a lease it would be late anyway.
+const RENEWAL_TIMEOUT: Duration = Duration::from_millis(MIN_LEASE_MS / 3);
+
+/// The leases of this instance's requests in flight.
+#[derive(Debug)]
+pub(super) struct Leases {
+    /// This instance's part of every lease id (the high bits), random: ids of two instances never meet.
+    instance: u64,
+    next: AtomicU32,
+    held: Mutex<HashMap<u64, Held>>,
+    renewing: AtomicBool,
+}
+
+/// One request's leases: the key and limit of each of its `concurrency` limits.
+#[derive(Debug)]
+struct Held {
+    keys: Vec<(String, Limit)>,
+    /// Renewed every third of the shortest lease among its limits.
+    every: Duration,
+    renewed: Instant,
+}
+
+// === impl Leases ===
+
+impl Leases {
+    pub(super) fn new() -> Self {
+        Self {
+            // 20 bits above a 32-bit counter: every id is an exact integer in Lua (below 2^53).
+            instance: u64::from(fastrand::u32(1..(1 << 20))) << 32,
+            next: AtomicU32::new(0),
+            held: Mutex::new(HashMap::new()),
+            renewing: AtomicBool::new(false),
+        }
+    }
+
+    /// A lease id for one request, never 0.
+    pub(super) fn next_id(&self) -> u64 {
+        self.instance | u64::from(self.next.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The instance a lease id belongs to, as `GET /limits` shows it.
+    pub(super) fn instance_of(id: u64) -> String {
+        format!("{:05x}", id >> 32)
+    }
+
+    /// This instance's name in lease ids.
+    pub(super) fn instance(&self) -> String {
+        Self::instance_of(self.instance)
+    }
+
+    /// Keeps `lease`'s slots renewed until [`release`](Self::release); starts the renewing task at the first.
+    pub(super) fn hold(
+        self: &Arc<Self>,
+        connection: &Arc<Connection>,
+        lease: u64,
+        keys: Vec<(String, Limit)>,
+    ) {
+        let shortest = keys
+            .iter()
+            .filter_map(|(_, limit)| match limit.algorithm() {
+                crate::limiter::Algorithm::Concurrency { lease_ms, .. } => Some(*lease_ms),
+                _ => None,
+            })
+            .min()
+            .unwrap_or(MIN_LEASE_MS);
+        let held = Held {
+            keys,
+            every: Duration::from_millis(shortest / 3),
+            renewed: Instant::now(),
+        };
+        self.held.lock().insert(lease, held);
+        if !self.renewing.swap(true, Ordering::AcqRel) {
+            tokio::spawn(renew(Arc::downgrade(self), Arc::clone(connection)));
+        }
+    }
+
+    /// Stops renewing `lease`.
+    pub(super) fn release(&self, lease: u64) {
+        self.held.lock().remove(&lease);
+    }
+
+    /// The leases due for renewal, marked renewed.
+    fn due(&self) -> Vec<(u64, Vec<(String, Limit)>)> {
+        let now = Instant::now();
+        let mut held = self.held.lock();
+        held.iter_mut()
+            .filter(|(_, h)| now.duration_since(h.renewed) >= h.every)
+            .map(|(&lease, h)| {
+                h.renewed = now;
+                (lease, h.keys.clone())
+            })
+            .collect()
+    }
+}
+
+/// Renews the leases due, every [`TICK`], one call for all of them per hash slot; ends with the store.
+async fn renew(leases: Weak<Leases>, connection: Arc<Connection>) {
+    loop {
+        tokio::time::sleep(TICK).await;
+        let Some(due) = leases.upgrade().map(|leases| leases.due()) else {
+            return;
+        };
+        if due.is_empty() {
+            continue;
+        }
+        let mut by_slot: HashMap<Option<u16>, Vec<EncodedRequest>> = HashMap::new();
+        for (lease, keys) in &due {
+            let checks: Vec<LimitCheck<'_>> = keys
+                .iter()
+                .map(|(key, limit)| LimitCheck { key, limit })
+                .collect();
+            // A request's keys may span slots on Cluster: each renewed where it lives.
+            for check in checks {
+                let slot = connection.slot_of(&[check]);
+                let request = EncodedRequest::new(&[check], Mode::Renew).leased(*lease);
+                by_slot.entry(slot).or_default().push(request);
+            }
+        }
+        for (slot, requests) in by_slot {
+            let refs: Vec<&EncodedRequest> = requests.iter().collect();
+            let deadlines = vec![0; refs.len()];
+            let renewed = connection
+                .run_script(
+                    connection.pool.next(),
+                    slot,
+                    &refs,
+                    &deadlines,
+                    None,
+                    RENEWAL_TIMEOUT,
+                )
+                .await;
+            if let Err(error) = renewed {
+                tracing::debug!(%error, leases = refs.len(), "leases not renewed, tried again soon");
+            }
+        }
+    }
+}
