@@ -97,6 +97,14 @@ fn describe() {
         "Requests answered, by route and status."
     );
     metrics::describe_counter!(
+        "tollgate_tokens_total",
+        "Tokens settled on routes with usage:, by route and kind (input, output, total): what answers reported, the reservation where they reported nothing."
+    );
+    metrics::describe_counter!(
+        "tollgate_usage_missing_total",
+        "Answers on routes with usage: that reported no usage, settled at their reservation, by route."
+    );
+    metrics::describe_counter!(
         "tollgate_decisions_total",
         "Limit decisions, by route, limit and decision (allowed, denied, shadow_denied)."
     );

@@ -495,3 +495,99 @@ async fn a_body_past_max_request_bytes_is_413_and_a_reservation_past_the_limit_t
         .expect("answer");
     assert_eq!(response.status(), 400);
 }
+
+#[tokio::test]
+async fn answers_carry_the_token_fields_and_the_admin_api_shows_tokens() {
+    let upstream = LlmUpstream::start().await;
+    let yaml = format!(
+        r#"store:
+  backend: memory
+consumers:
+  identify: [ {{ api_key: {{ header: x-api-key }} }} ]
+  keys: [ {{ key: k1, consumer: acme, plan: pro }} ]
+  plans:
+    pro:
+      limits:
+        - {{ name: daily, key: consumer, algorithm: fixed_window, limit: 50000, period: 1d, counts: total_tokens }}
+upstreams:
+  llm: {{ targets: ["{}"] }}
+routes:
+  - name: plain
+    match: {{ path_prefix: /plain }}
+    consumers: required
+    respond: {{ status: 200 }}
+  - name: chat
+    match: {{ path_prefix: / }}
+    upstream: llm
+    consumers: required
+{}    limits:
+      - {{ name: rpm, key: consumer, algorithm: fixed_window, limit: 10, period: 1m }}
+      - {{ name: tpm, key: consumer, algorithm: fixed_window, limit: 20000, period: 1m, counts: total_tokens }}
+"#,
+        upstream.url(),
+        openai("100")
+    );
+    let gateway = start_gateway(&yaml).await;
+    let admin = serve_admin(&gateway, None).await;
+    let response = common::http_client::client()
+        .post(gateway.url("/v1/chat/completions"))
+        .header("x-api-key", "k1")
+        .header("content-type", "application/json")
+        .body(chat(200).to_string())
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(response.status(), 200);
+    let headers = response.headers().clone();
+    response.text().await.expect("body");
+    // rpm (9 left) explains the request; tpm (20000 - 300) is the tightest token limit.
+    assert_eq!(headers["x-ratelimit-remaining"], "9");
+    assert_eq!(headers["x-ratelimit-limit-tokens"], "20000");
+    assert_eq!(headers["x-ratelimit-remaining-tokens"], "19700");
+    let reset = headers["x-ratelimit-reset-tokens"].to_str().expect("text");
+    assert!(reset.ends_with('s'), "{reset}");
+    let rate_limit = headers["ratelimit"].to_str().expect("text");
+    assert!(
+        rate_limit.starts_with("\"rpm\";r=9;t=") && rate_limit.contains(", \"tpm\";r=19700;t="),
+        "{rate_limit}"
+    );
+    let policy = headers["ratelimit-policy"].to_str().expect("text");
+    assert!(
+        policy.contains("\"tpm\";q=20000;w=60") && policy.contains("\"pro.daily\";q=50000"),
+        "{policy}"
+    );
+
+    // The plan's token limit does not apply where the route reads no usage: nothing reserved, nothing said.
+    let response = common::http_client::client()
+        .get(gateway.url("/plain"))
+        .header("x-api-key", "k1")
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(response.status(), 200);
+    assert!(response.headers().get("x-ratelimit-limit-tokens").is_none());
+    let policy = response.headers().get("ratelimit-policy");
+    assert!(policy.is_none(), "{policy:?}");
+
+    // Settled (15 reported): the route's limit and the consumer's plan limit show the tokens used.
+    let url = format!("{admin}/limits/chat/tpm?key=acme");
+    let settled = eventually(Duration::from_secs(5), async || {
+        let (_, state) =
+            common::http_client::json_answer(common::http_client::client().get(&url)).await;
+        state["used"] == 15
+    })
+    .await;
+    assert!(settled.is_some());
+    let (_, state) =
+        common::http_client::json_answer(common::http_client::client().get(&url)).await;
+    assert_eq!(state["counts"], "total_tokens", "{state}");
+    let (_, consumer) = common::http_client::json_answer(
+        common::http_client::client().get(format!("{admin}/consumers/acme")),
+    )
+    .await;
+    let text = consumer.to_string();
+    assert!(
+        text.contains("\"counts\":\"total_tokens\"") && text.contains("\"used\":15"),
+        "{text}"
+    );
+}

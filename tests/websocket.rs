@@ -673,3 +673,36 @@ routes:
         "{line}"
     );
 }
+
+#[tokio::test]
+async fn a_websocket_crosses_a_route_that_reads_token_usage_and_spends_no_tokens() {
+    let upstream = WebSocketUpstream::start().await;
+    let gateway = start_gateway(&format!(
+        r#"store:
+  backend: memory
+upstreams:
+  ws: {{ targets: ["http://{}"] }}
+routes:
+  - name: api
+    match: {{ path_prefix: /api }}
+    upstream: ws
+    usage: {{ format: openai, reserve: {{ completion_default: 100 }} }}
+    limits:
+      - {{ name: tpm, key: ip, algorithm: fixed_window, limit: 1000, period: 1h, counts: total_tokens }}
+"#,
+        upstream.addr
+    ))
+    .await;
+    let admin = serve_admin(&gateway, None).await;
+    let (mut socket, response) = connect(&gateway, "/api/ws").await;
+    assert_eq!(response.status(), 101);
+    next_text(&mut socket).await;
+    socket.send(Message::text("tokens?")).await.expect("send");
+    assert_eq!(next_text(&mut socket).await, "tokens?");
+    socket.close(None).await.expect("close");
+    drop(socket);
+    let url = format!("{admin}/limits/api/tpm?key=127.0.0.1");
+    let (_, state) =
+        common::http_client::json_answer(common::http_client::client().get(&url)).await;
+    assert_eq!(state["remaining"], 1000, "{state}");
+}

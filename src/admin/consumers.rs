@@ -514,10 +514,12 @@ async fn limit_state(
     Ok(json!({
         "name": name,
         "algorithm": limit.algorithm().name(),
+        "counts": settings.counts.to_string(),
         "store_key": store_key,
         "overridden": overridden,
         "capacity": decision.limit,
         "remaining": decision.remaining,
+        "used": decision.limit.saturating_sub(decision.remaining),
         "would_admit": decision.allowed,
         "retry_after_ms": decision.retry_after_ms,
         "reset_after_ms": decision.reset_after_ms,

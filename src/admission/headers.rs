@@ -100,6 +100,57 @@ pub(crate) fn apply(
     }
 }
 
+static X_RATELIMIT_LIMIT_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-limit-tokens");
+static X_RATELIMIT_REMAINING_TOKENS: HeaderName =
+    HeaderName::from_static("x-ratelimit-remaining-tokens");
+static X_RATELIMIT_RESET_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-reset-tokens");
+
+/// The fields OpenAI's API gives of its token limit, for the token limit `decision` is of: its capacity, what is
+/// left, and the time until it is full again as OpenAI writes it (`6m0s`, `1s`, `20ms`).
+pub(crate) fn apply_tokens(headers: &mut HeaderMap, decision: &Decision) {
+    headers.insert(&X_RATELIMIT_LIMIT_TOKENS, number_value(decision.limit));
+    headers.insert(
+        &X_RATELIMIT_REMAINING_TOKENS,
+        number_value(decision.remaining),
+    );
+    if let Ok(value) = HeaderValue::from_str(&go_duration(decision.reset_after_ms)) {
+        headers.insert(&X_RATELIMIT_RESET_TOKENS, value);
+    }
+}
+
+/// Adds the `RateLimit` item of the limit `name`'s `decision` after the items already there.
+pub(crate) fn add_rate_limit_item(headers: &mut HeaderMap, name: &str, decision: &Decision) {
+    let item = format!(
+        "\"{name}\";r={};t={}",
+        decision.remaining,
+        ceil_seconds(decision.reset_after_ms)
+    );
+    let value = match headers.get(&RATELIMIT).and_then(|v| v.to_str().ok()) {
+        Some(existing) => format!("{existing}, {item}"),
+        None => item,
+    };
+    if let Ok(value) = HeaderValue::from_str(&value) {
+        headers.insert(&RATELIMIT, value);
+    }
+}
+
+/// `ms` as Go writes a duration, as OpenAI's `x-ratelimit-reset-*` fields do: `20ms` below a second, else whole
+/// seconds rounded up (`1s`, `6m0s`, `1h0m0s`).
+fn go_duration(ms: u64) -> String {
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let seconds = ceil_seconds(ms);
+    let (hours, minutes, seconds) = (seconds / 3600, seconds % 3600 / 60, seconds % 60);
+    if hours > 0 {
+        format!("{hours}h{minutes}m{seconds}s")
+    } else if minutes > 0 {
+        format!("{minutes}m{seconds}s")
+    } else {
+        format!("{seconds}s")
+    }
+}
+
 /// Numbers below this come from [`small_numbers`]: remaining counts and reset seconds of usual limits (100 a
 /// minute, 1,000 an hour) fall below it.
 const SMALL_NUMBERS: u64 = 1024;
@@ -132,6 +183,15 @@ fn ceil_seconds(ms: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn token_resets_read_as_openai_writes_them() {
+        assert_eq!(go_duration(20), "20ms");
+        assert_eq!(go_duration(1000), "1s");
+        assert_eq!(go_duration(1001), "2s");
+        assert_eq!(go_duration(360_000), "6m0s");
+        assert_eq!(go_duration(3_600_000), "1h0m0s");
+    }
 
     #[test]
     fn numbers_read_the_same_from_the_table_and_beyond_it() {

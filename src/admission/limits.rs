@@ -554,8 +554,49 @@ impl LimitSet {
         (limit, retry_after_ms)
     }
 
-    /// Adds `X-RateLimit-*`, `RateLimit-Policy` and `RateLimit` describing `checked`.
+    /// Adds `X-RateLimit-*`, `RateLimit-Policy` and `RateLimit` describing `checked`; where limits count tokens,
+    /// also the `x-ratelimit-*-tokens` fields of the most restrictive of them, and its `RateLimit` item.
     pub fn decorate(&self, headers: &mut HeaderMap, checked: &Checked) {
+        self.decorate_requests(headers, checked);
+        if self.counts_tokens {
+            self.decorate_tokens(headers, checked);
+        }
+    }
+
+    /// The fields of the token limit that explains the outcome among the token limits (the longest wait among
+    /// those that denied, else the fewest left), as OpenAI's API names them.
+    #[inline(never)]
+    fn decorate_tokens(&self, headers: &mut HeaderMap, checked: &Checked) {
+        let tokens = checked
+            .outcome
+            .decisions
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| {
+                !self.is_shadow(checked, i)
+                    && checked
+                        .applied
+                        .get(i)
+                        .is_some_and(|&limit| self.limits[limit].counts.tokens().is_some())
+            });
+        let explaining = if checked.outcome.allowed || tokens.clone().all(|(_, d)| d.allowed) {
+            tokens.min_by_key(|(_, d)| d.remaining)
+        } else {
+            tokens
+                .filter(|(_, d)| !d.allowed)
+                .max_by_key(|(_, d)| d.retry_after_ms)
+        };
+        let Some((index, decision)) = explaining else {
+            return;
+        };
+        headers::apply_tokens(headers, decision);
+        if self.most_restrictive(checked) != Some(index) {
+            headers::add_rate_limit_item(headers, self.name_of(checked, index), decision);
+        }
+    }
+
+    /// `X-RateLimit-*`, `RateLimit-Policy` and `RateLimit` of the limit that explains the outcome.
+    fn decorate_requests(&self, headers: &mut HeaderMap, checked: &Checked) {
         let Some(index) = self.most_restrictive(checked) else {
             return;
         };

@@ -314,6 +314,8 @@ fn settled(
         None if ending == Ending::Failed => return Settled::Nothing,
         // The upstream failed, or refused the request, and says it spent nothing.
         Some(status) if status.is_server_error() => return Settled::Nothing,
+        // A WebSocket: what its messages spend is not read (a handshake has no body, and reserves nothing).
+        Some(StatusCode::SWITCHING_PROTOCOLS) => return Settled::Nothing,
         Some(status) if status.is_client_error() && usage.is_missing() => return Settled::Nothing,
         _ => {}
     }
