@@ -590,4 +590,25 @@ routes:
         text.contains("\"counts\":\"total_tokens\"") && text.contains("\"used\":15"),
         "{text}"
     );
+    // A per-consumer override of the plan's token limit: 250 a day, less than this request's 300.
+    let response = common::http_client::client()
+        .put(format!("{admin}/consumers/acme"))
+        .header("content-type", "application/json")
+        .body(r#"{"plan":"pro","overrides":{"daily":{"limit":250}}}"#)
+        .send()
+        .await
+        .expect("admin answers");
+    assert!(response.status().is_success(), "{}", response.status());
+    let response = common::http_client::client()
+        .post(gateway.url("/v1/chat/completions"))
+        .header("x-api-key", "k1")
+        .header("content-type", "application/json")
+        .body(chat(200).to_string())
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(response.status(), 413);
+    let refused: Value = serde_json::from_str(&response.text().await.expect("body")).expect("json");
+    assert_eq!(refused["limit"], "pro.daily", "{refused}");
+    assert_eq!(refused["capacity"], 250, "{refused}");
 }
