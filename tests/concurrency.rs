@@ -7,10 +7,10 @@ mod common;
 use std::time::Duration;
 
 use common::binary::Tollgate;
-use common::http_client::client;
+use common::http_client::{client, json_answer};
 use common::in_flight::InFlightUpstream;
 use common::redis::RedisServer;
-use common::{eventually, gateways_sharing, store_yaml, ReservedPort, TestGateway};
+use common::{eventually, gateways_sharing, serve_admin, store_yaml, ReservedPort, TestGateway};
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -205,6 +205,14 @@ async fn released_on_every_ending(redis: Option<&RedisServer>) {
         429,
         "held while streaming"
     );
+    let admin = serve_admin(gateway, None).await;
+    let (_, seen) =
+        json_answer(client().get(format!("{admin}/limits/api/in-flight?key=127.0.0.1"))).await;
+    assert_eq!(seen["held"], 1, "{seen}");
+    let holders: u64 = seen["holders"]
+        .as_object()
+        .map_or(0, |h| h.values().filter_map(|n| n.as_u64()).sum());
+    assert_eq!(holders, 1, "this instance holds it: {seen}");
     upstream.release(1);
     while stream.chunk().await.expect("chunk").is_some() {}
     assert!(admitted_again(gateway).await, "after the stream ended");
@@ -335,6 +343,16 @@ async fn on_redis_a_killed_gateway_s_slots_come_back_within_its_lease() {
         429,
         "the slot is held"
     );
+    // The admin API says who holds it: the doomed instance, as its own admin API names itself.
+    let path = "/limits/api/in-flight?key=api";
+    let admin = serve_admin(&survivor, None).await;
+    let (_, seen) = json_answer(client().get(format!("{admin}{path}"))).await;
+    let (_, own) = json_answer(client().get(doomed.admin_url(path))).await;
+    assert_eq!(seen["held"], 1, "{seen}");
+    assert_eq!(seen["remaining"], 0, "{seen}");
+    let holder = own["instance"].as_str().expect("instance").to_owned();
+    assert_ne!(seen["instance"], own["instance"]);
+    assert_eq!(seen["holders"], serde_json::json!({ holder: 1 }), "{seen}");
     // SIGKILL: the process releases nothing and renews nothing.
     drop(doomed);
     let _ = held.await;

@@ -25,6 +25,29 @@ pub(super) async fn peek_limit(
     let (store_key, settings, counted) =
         admin.locate(&headers, &route, &limit, query.key.as_deref())?;
     let decision = admin.peek(&store_key, &settings.limit).await?;
+    if settings.limit.algorithm().holds_slots() {
+        // Slots in flight, and which instance holds them (a crashed one's until its leases end).
+        let held = decision.limit.saturating_sub(decision.remaining);
+        let limiter = admin.gateway.limiter();
+        let holders = limiter
+            .slot_holders(&store_key, held)
+            .await
+            .map_err(AdminError::Store)?;
+        return Ok(Json(json!({
+            "route": route,
+            "limit": limit,
+            "key": query.key,
+            "counted_key": counted,
+            "store_key": store_key,
+            "algorithm": settings.limit.algorithm().name(),
+            "capacity": decision.limit,
+            "remaining": decision.remaining,
+            "would_admit": decision.allowed,
+            "held": held,
+            "holders": holders,
+            "instance": limiter.instance(),
+        })));
+    }
     Ok(Json(json!({
         "route": route,
         "limit": limit,

@@ -543,6 +543,36 @@ impl RateLimiter {
         }
     }
 
+    /// This instance's name in the slots it holds (`GET /limits`): its tag in Redis's leases, `local` with the
+    /// memory store.
+    pub fn instance(&self) -> String {
+        match &self.backend {
+            Backend::Memory => "local".to_owned(),
+            Backend::Redis(redis) => redis.instance(),
+        }
+    }
+
+    /// How many slots of `key` (a `concurrency` limit's, holding `held` in all) each instance holds: from Redis's
+    /// leases, or all this instance's with the memory store.
+    pub async fn slot_holders(
+        &self,
+        key: &str,
+        held: u64,
+    ) -> Result<std::collections::BTreeMap<String, u64>, StoreError> {
+        match &self.backend {
+            Backend::Memory => Ok((held > 0)
+                .then(|| (self.instance(), held))
+                .into_iter()
+                .collect()),
+            Backend::Redis(redis) => tokio::time::timeout(
+                self.timeout.max(Duration::from_secs(1)),
+                redis.lease_holders(key),
+            )
+            .await
+            .unwrap_or(Err(StoreError::Timeout(self.timeout))),
+        }
+    }
+
     /// Forgets the state of `key` everywhere this instance keeps it: the store, the in-process fallback and the
     /// over-limit cache; with Redis, every other instance listening forgets its own. True if the store held state
     /// for it.

@@ -241,6 +241,25 @@ impl RedisStore {
         self.leases.instance()
     }
 
+    /// How many slots of `key` (a `concurrency` limit's) each instance holds, by instance name (see
+    /// [`instance`](Self::instance)), as Redis has them now; expired leases not yet freed included.
+    pub async fn lease_holders(
+        &self,
+        key: &str,
+    ) -> Result<std::collections::BTreeMap<String, u64>, StoreError> {
+        let slot = (self.connection.topology == RedisTopology::Cluster)
+            .then(|| fred::util::redis_keyslot(key.as_bytes()));
+        let command = fred::types::CustomCommand::new_static("ZRANGE", slot, false);
+        let args = vec![Value::from(key), Value::from(0), Value::from(-1)];
+        let members: Vec<String> = self.connection.pool.next().custom(command, args).await?;
+        let mut holders = std::collections::BTreeMap::new();
+        for member in members {
+            let id = member.parse::<u64>().unwrap_or(0);
+            *holders.entry(Leases::instance_of(id)).or_insert(0) += 1;
+        }
+        Ok(holders)
+    }
+
     /// Keeps the slots an admitted request holds under `lease` renewed (see [`release`](Self::release)).
     pub fn hold(&self, lease: u64, held: Vec<(String, Limit)>) {
         self.leases.hold(&self.connection, lease, held);
