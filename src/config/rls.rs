@@ -258,6 +258,16 @@ fn descriptor_rule(issues: &mut Issues, at: &str, path: &str, raw: &RawDescripto
         let Some(settings) = limit_settings(issues, &at, limit) else {
             continue;
         };
+        if let Some(kind) = settings.counts.tokens() {
+            issues.add(
+                format!("{at}.counts"),
+                format_args!(
+                    "{} counts what answers report, and the rate limit service never sees an answer: count requests",
+                    kind.name()
+                ),
+            );
+            continue;
+        }
         if let LeakyMode::Delay { .. } = leaky_mode(&settings.limit) {
             issues.add(
                 format!("{at}.mode"),

@@ -468,3 +468,14 @@ fn bad_usage_values_and_token_counts_without_usage_are_located() {
         ["routes[0].usage.reserve: needs completion_default or completion_cap: a request that names no max_tokens must still have a bound"]
     );
 }
+
+#[test]
+fn a_token_count_in_the_rate_limit_service_is_a_located_error() {
+    let text = "rls:\n  listen: 127.0.0.1:0\n  domains:\n    edge:\n      descriptors:\n        - key: remote_address\n          limits: [ { name: tpm, algorithm: fixed_window, limit: 100, period: 1h, counts: total_tokens } ]\n";
+    let found = problems(text);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].ends_with(".counts: total_tokens counts what answers report, and the rate limit service never sees an answer: count requests"),
+        "{found:?}"
+    );
+}
