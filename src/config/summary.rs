@@ -584,6 +584,17 @@ mod tests {
     }
 
     #[test]
+    fn a_concurrency_limit_shows_its_slots_and_lease() {
+        let yaml = "routes:\n  - name: chat\n    respond: { status: 200 }\n    limits:\n      - { name: in-flight, key: ip, algorithm: concurrency, max: 4, lease: 10s }\n";
+        let config = super::super::parse(yaml, std::path::Path::new("g.yaml")).unwrap();
+        let text = render(&config);
+        assert!(
+            text.contains("in-flight  concurrency  4 in flight, lease 10s"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn renders_one_row_per_limit_in_aligned_columns() {
         let yaml = "store:\n  backend: memory\nroutes:\n  - name: api\n    match: { path_prefix: /api, methods: [GET] }\n    respond: { status: 200 }\n    limits:\n      - name: per-ip\n        algorithm: sliding_window\n        limit: 100\n        period: 1m\n      - name: per-key\n        key: [header:x-api-key]\n        missing: skip\n        algorithm: gcra\n        rate: 1000/1h\n        burst: 50\n  - name: open\n    respond: { status: 204 }\n";
         let config = super::super::parse(yaml, std::path::Path::new("g.yaml")).unwrap();
