@@ -64,6 +64,13 @@ impl Policy {
         V: Reserve + 'a,
     {
         async move {
+            // A route without limits or consumers has nothing to decide, add or keep: the request goes straight on
+            // (as an allowlisted client's does), paying nothing for the steps below.
+            if self.decides_nothing() {
+                return forward(request)
+                    .await
+                    .map(|response| response.map(Body::new));
+            }
             let admission = {
                 let facts = reading.facts(request.method(), request.headers());
                 self.admit_reserving(limiter, &facts, reserve).await

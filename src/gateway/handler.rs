@@ -1,5 +1,6 @@
 //! The request path: route, key, limiter, then the route's action or a refusal.
 
+use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
@@ -168,69 +169,17 @@ impl Gateway {
 
     /// Answers one request from `peer`: with an `x-request-id` (generated when absent, passed upstream and
     /// returned), counted in `tollgate_requests_total` and written to the access log.
-    ///
-    /// Not an `async fn`, which would keep a second copy of the request in its future (see `Policy::serve`).
-    #[allow(clippy::manual_async_fn)]
     pub fn handle(
         &self,
-        mut request: Request<Body>,
+        request: Request<Body>,
         peer: SocketAddr,
     ) -> impl std::future::Future<Output = Response<Body>> + Send + use<'_> {
+        let answered = handle_on(Some(self), request, peer, std::convert::identity);
         async move {
-            let compiled = self.compiled.load_full();
-            if request
-                .extensions()
-                .get::<hyper::upgrade::OnUpgrade>()
-                .is_some()
-            {
-                self.hold_tunnel(&mut request);
+            match answered.await {
+                Ok(response) => response,
+                Err(never) => match never {},
             }
-            // Before anything reads or writes a field: what `Connection` names is the client's own fields, never
-            // tollgate's.
-            crate::proxy::clean_client_fields(request.headers_mut(), &compiled.client_fields);
-            let request_id = crate::admission::ensure_request_id(request.headers_mut());
-            // The request is gone (upstream) by the time the access line is written: keep what it needs, but only
-            // when the line will be written (the clock read included).
-            let logged =
-                tracing::enabled!(target: "tollgate::access", tracing::Level::INFO).then(|| {
-                    (
-                        Instant::now(),
-                        request.method().clone(),
-                        request.uri().path().to_owned(),
-                    )
-                });
-            let client_ip = compiled.client_ip.resolve(peer.ip(), request.headers());
-            let http1 = request.version() <= Version::HTTP_11;
-            let (route, mut response) = self
-                .route_request(&compiled, request, peer, client_ip)
-                .await;
-            let status = response.status();
-            route
-                .map_or(&compiled.unmatched, |r| &r.metrics)
-                .count_request(status);
-            if let Some((started, method, path)) = logged {
-                tracing::info!(
-                    target: "tollgate::access",
-                    %method,
-                    %path,
-                    route = route.map_or("none", |r| r.name.as_str()),
-                    status = status.as_u16(),
-                    client = %client_ip,
-                    peer = %peer.ip(),
-                    duration_ms = started.elapsed().as_secs_f64() * 1e3,
-                    request_id = request_id.to_str().unwrap_or_default(),
-                );
-            }
-            response
-                .headers_mut()
-                .insert(X_REQUEST_ID.clone(), request_id);
-            // Draining: a keep-alive client is told to reconnect, by then to an instance the balancer still sends to.
-            if http1 && self.shutdown.is_draining() {
-                response
-                    .headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            }
-            response
         }
     }
 
@@ -265,58 +214,64 @@ impl Gateway {
     ///
     /// Everything below reads the request through its canonical form (see the README's security model): the route is matched on, the
     /// keys are built from and the upstream receives the same method, host and path.
-    async fn route_request<'r>(
-        &self,
+    ///
+    /// Not an `async fn`, which would keep a second copy of the request in its future (see `Policy::serve`).
+    #[allow(clippy::manual_async_fn)]
+    fn route_request<'r>(
+        &'r self,
         compiled: &'r CompiledConfig,
         mut request: Request<Body>,
         peer: SocketAddr,
         client_ip: IpAddr,
-    ) -> (Option<&'r Route>, Response<Body>) {
-        if let Some(early) = self.answer_before_routing(compiled, &mut request) {
-            return (None, early);
-        }
-        // The request goes upstream by value while its path is still needed: a clone of the target shares its
-        // bytes, where an owned path would be a copy.
-        let uri = request.uri().clone();
-        let (canonical, route) = match read(compiled, &request, &uri) {
-            Ok(reading) => reading,
-            Err(refusal) => return (None, answer(refusal.into(), None)),
-        };
-        let Some(route) = route else {
-            let path = canonical.path.into_owned();
-            return (None, answer(Refusal::NoRoute { path }, None));
-        };
-        if let Some(field) = &canonical.host_field {
-            request
-                .headers_mut()
-                .insert(http::header::HOST, field.clone());
-        }
-        let route_path = canonical.route_path();
-        let reading = reading_of(compiled, route, &canonical, &route_path, &uri, client_ip);
-        let forward = |request| self.act(compiled, route, request, &canonical, peer);
-        let served = match route.policy.usage() {
-            None => {
-                route
-                    .policy
-                    .serve(&self.limiter, reading, request, forward)
-                    .await
+    ) -> impl std::future::Future<Output = (Option<&'r Route>, Response<Body>)> + Send + use<'r>
+    {
+        async move {
+            if let Some(early) = self.answer_before_routing(compiled, &mut request) {
+                return (None, early);
             }
-            // Boxed: a route without usage: carries no room for a body's reading and its reservation.
-            Some(usage) => {
-                let serving: super::usage::Serving<'_> = Box::pin(super::usage::serve(
-                    &self.limiter,
-                    &route.policy,
-                    usage,
-                    reading,
-                    request,
-                    forward,
-                ));
-                serving.await
+            // The request goes upstream by value while its path is still needed: a clone of the target shares its
+            // bytes, where an owned path would be a copy.
+            let uri = request.uri().clone();
+            let (canonical, route) = match read(compiled, &request, &uri) {
+                Ok(reading) => reading,
+                Err(refusal) => return (None, answer(refusal.into(), None)),
+            };
+            let Some(route) = route else {
+                let path = canonical.path.into_owned();
+                return (None, answer(Refusal::NoRoute { path }, None));
+            };
+            if let Some(field) = &canonical.host_field {
+                request
+                    .headers_mut()
+                    .insert(http::header::HOST, field.clone());
             }
-        };
-        // A failure's answer (an upstream unreachable, a client body that broke) is the gateway's own: it carries
-        // no rate-limit fields.
-        (Some(route), served.unwrap_or_else(|failure| failure))
+            let route_path = canonical.route_path();
+            let reading = reading_of(compiled, route, &canonical, &route_path, &uri, client_ip);
+            let forward = |request| self.act(compiled, route, request, &canonical, peer);
+            let served = match route.policy.usage() {
+                None => {
+                    route
+                        .policy
+                        .serve(&self.limiter, reading, request, forward)
+                        .await
+                }
+                // Boxed: a route without usage: carries no room for a body's reading and its reservation.
+                Some(usage) => {
+                    let serving: super::usage::Serving<'_> = Box::pin(super::usage::serve(
+                        &self.limiter,
+                        &route.policy,
+                        usage,
+                        reading,
+                        request,
+                        forward,
+                    ));
+                    serving.await
+                }
+            };
+            // A failure's answer (an upstream unreachable, a client body that broke) is the gateway's own: it carries
+            // no rate-limit fields.
+            (Some(route), served.unwrap_or_else(|failure| failure))
+        }
     }
 
     /// Does what `route` does with an admitted `request`: answers it directly, or forwards it upstream. `Err` is
@@ -374,6 +329,88 @@ impl Gateway {
                 }
             }
         }
+    }
+}
+
+/// [`Gateway::handle`] for a request read from a connection: `prepare` makes the request the gateway reads (the
+/// server marks its body's errors as the client's), and no gateway (`None`) means its head was over
+/// `server.max_header_bytes`. The server's request future is this one, and not a second one around
+/// `Gateway::handle`'s: hyper copies each request's future whole, and every level of futures is copied again where
+/// it is built.
+///
+/// Not an `async fn`, which would keep a second copy of the request in its future (see `Policy::serve`).
+#[allow(clippy::manual_async_fn)]
+pub(super) fn handle_on<G, B, P>(
+    gateway: Option<G>,
+    request: Request<B>,
+    peer: SocketAddr,
+    prepare: P,
+) -> impl std::future::Future<Output = Result<Response<Body>, Infallible>> + Send + use<G, B, P>
+where
+    G: std::ops::Deref<Target = Gateway> + Send,
+    B: Send,
+    P: FnOnce(Request<B>) -> Request<Body> + Send,
+{
+    async move {
+        // Borrowed, not moved out: a moved-out `Arc` would be a second copy held across the await.
+        let Some(gateway) = gateway.as_deref() else {
+            return Ok(responses::head_too_large(request.version()));
+        };
+        let mut request = prepare(request);
+        let compiled = gateway.compiled.load_full();
+        if request
+            .extensions()
+            .get::<hyper::upgrade::OnUpgrade>()
+            .is_some()
+        {
+            gateway.hold_tunnel(&mut request);
+        }
+        // Before anything reads or writes a field: what `Connection` names is the client's own fields, never
+        // tollgate's.
+        crate::proxy::clean_client_fields(request.headers_mut(), &compiled.client_fields);
+        let request_id = crate::admission::ensure_request_id(request.headers_mut());
+        // The request is gone (upstream) by the time the access line is written: keep what it needs, but only
+        // when the line will be written (the clock read included).
+        let logged =
+            tracing::enabled!(target: "tollgate::access", tracing::Level::INFO).then(|| {
+                (
+                    Instant::now(),
+                    request.method().clone(),
+                    request.uri().path().to_owned(),
+                )
+            });
+        let client_ip = compiled.client_ip.resolve(peer.ip(), request.headers());
+        let http1 = request.version() <= Version::HTTP_11;
+        let (route, mut response) = gateway
+            .route_request(&compiled, request, peer, client_ip)
+            .await;
+        let status = response.status();
+        route
+            .map_or(&compiled.unmatched, |r| &r.metrics)
+            .count_request(status);
+        if let Some((started, method, path)) = logged {
+            tracing::info!(
+                target: "tollgate::access",
+                %method,
+                %path,
+                route = route.map_or("none", |r| r.name.as_str()),
+                status = status.as_u16(),
+                client = %client_ip,
+                peer = %peer.ip(),
+                duration_ms = started.elapsed().as_secs_f64() * 1e3,
+                request_id = request_id.to_str().unwrap_or_default(),
+            );
+        }
+        response
+            .headers_mut()
+            .insert(X_REQUEST_ID.clone(), request_id);
+        // Draining: a keep-alive client is told to reconnect, by then to an instance the balancer still sends to.
+        if http1 && gateway.shutdown.is_draining() {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        Ok(response)
     }
 }
 

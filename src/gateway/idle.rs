@@ -61,14 +61,19 @@ struct Marks {
     setting_aside: AtomicBool,
     /// Set when a hyper connection takes over from a rest: its wait for a head goes on from the rest's.
     resumed: AtomicBool,
-    keepalive_timeout: Duration,
-    header_read_timeout: Duration,
+    /// The two timeouts and `REST_AFTER`, in microseconds: the deadlines are worked out in whole microseconds from
+    /// `base` and made an `Instant` once, as they are every request.
+    keepalive_micros: u64,
+    header_read_micros: u64,
+    rest_micros: u64,
 }
 
 /// The sleep hyper polls while it waits for a head: it ends at the deadline that applies now.
 struct HeadDeadline {
     marks: Arc<Marks>,
     sleep: Pin<Box<tokio::time::Sleep>>,
+    /// Whether `sleep` was set for the time to rest (as `Marks::next_wake` said when it was made).
+    rest: bool,
 }
 
 // === impl ConnectionClock ===
@@ -88,8 +93,9 @@ impl ConnectionClock {
             rest_due: AtomicBool::new(false),
             setting_aside: AtomicBool::new(false),
             resumed: AtomicBool::new(false),
-            keepalive_timeout,
-            header_read_timeout,
+            keepalive_micros: micros(keepalive_timeout),
+            header_read_micros: micros(header_read_timeout),
+            rest_micros: micros(REST_AFTER),
         });
         (
             Self {
@@ -145,10 +151,11 @@ impl hyper::rt::Timer for ConnectionClock {
         self.marks.start_waiting();
         self.marks.reading_head.fetch_add(1, Ordering::Relaxed);
         // Made to wake when its first poll will want it to: a reset there would cost every request.
-        let (wake, _) = self.marks.next_wake();
+        let (wake, rest) = self.marks.next_wake();
         Box::pin(HeadDeadline {
             marks: self.marks.clone(),
             sleep: Box::pin(tokio::time::sleep_until(wake.into())),
+            rest,
         })
     }
 }
@@ -183,31 +190,48 @@ impl Marks {
     /// When hyper's sleep should wake next, and whether that is the time to rest rather than a deadline: the rest
     /// comes first while nothing of a head has come and the connection is not resting already.
     fn next_wake(&self) -> (Instant, bool) {
-        let deadline = self.deadline();
+        let deadline = self.deadline_micros();
         if self.head_since.load(Ordering::Relaxed) != 0 || self.rest_due.load(Ordering::Relaxed) {
-            return (deadline, false);
+            return (self.instant(deadline), false);
         }
-        let rest = self.base
-            + Duration::from_micros(self.waiting_since.load(Ordering::Relaxed))
-            + REST_AFTER;
+        let rest = self
+            .waiting_since
+            .load(Ordering::Relaxed)
+            .saturating_add(self.rest_micros);
         if rest < deadline {
-            (rest, true)
+            (self.instant(rest), true)
         } else {
-            (deadline, false)
+            (self.instant(deadline), false)
         }
     }
 
     /// `header_read_timeout` after a head's first byte, `keepalive_timeout` after the wait began without one.
     fn deadline(&self) -> Instant {
+        self.instant(self.deadline_micros())
+    }
+
+    /// [`deadline`](Self::deadline) in microseconds from `base`.
+    fn deadline_micros(&self) -> u64 {
         match self.head_since.load(Ordering::Relaxed) {
-            0 => {
-                self.base
-                    + Duration::from_micros(self.waiting_since.load(Ordering::Relaxed))
-                    + self.keepalive_timeout
-            }
-            since => self.base + Duration::from_micros(since - 1) + self.header_read_timeout,
+            0 => self
+                .waiting_since
+                .load(Ordering::Relaxed)
+                .saturating_add(self.keepalive_micros),
+            since => (since - 1).saturating_add(self.header_read_micros),
         }
     }
+
+    /// The instant `micros` microseconds after `base` (far in the future when that overflows).
+    fn instant(&self, micros: u64) -> Instant {
+        self.base
+            .checked_add(Duration::from_micros(micros))
+            .unwrap_or_else(|| self.base + Duration::from_secs(86_400 * 365))
+    }
+}
+
+/// `duration` in whole microseconds, saturating.
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
 // === impl HeadDeadline ===
@@ -217,12 +241,20 @@ impl Future for HeadDeadline {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         // Polled by hyper after every read that left the head incomplete: the deadline moves when its first byte
-        // has come since the last poll.
-        let (wake, rest) = self.marks.next_wake();
-        let wake = tokio::time::Instant::from_std(wake);
-        if self.sleep.deadline() != wake {
-            self.sleep.as_mut().reset(wake);
-        }
+        // has come since the sleep was made (until then the sleep is what `next_wake` said when it was made).
+        let unchanged = self.marks.head_since.load(Ordering::Relaxed) == 0
+            && !self.marks.rest_due.load(Ordering::Relaxed);
+        let rest = if unchanged {
+            self.rest
+        } else {
+            let (wake, rest) = self.marks.next_wake();
+            let wake = tokio::time::Instant::from_std(wake);
+            if self.sleep.deadline() != wake {
+                self.sleep.as_mut().reset(wake);
+            }
+            self.rest = rest;
+            rest
+        };
         ready!(self.sleep.as_mut().poll(cx));
         if !rest {
             return Poll::Ready(());

@@ -20,9 +20,9 @@ use tokio::net::{TcpListener, TcpStream};
 use super::descriptors::{connection_error, out_of_descriptors, Exhaustion};
 use super::drain::{Drain, DrainWatcher};
 use super::h2_clock::{Activity, HeaderClock, IdleClosing, Tracked};
+use super::handler::handle_on;
 use super::http1::Http1Connection;
 use super::idle::ConnectionClock;
-use super::responses;
 use super::Gateway;
 use crate::config::ServerSettings;
 use crate::proxy::ClientBody;
@@ -215,17 +215,13 @@ async fn serve_connection(
         // No gateway for a head over the limit. Nothing else is captured for it: the future is moved into the
         // connection once per request, and each byte more in it is copied every time.
         let gateway = (head_bytes(&request) <= max_header_bytes).then(|| gateway.clone());
-        async move {
-            // Borrowed, not moved out: a moved-out `Arc` would be a second copy held across the await.
-            let Some(gateway) = gateway.as_deref() else {
-                return Ok(responses::head_too_large(request.version()));
-            };
-            // The body's errors are marked as the client's, so that they are never taken for an upstream failure,
-            // and its reading is held to `server.body_read_timeout`. Wrapped here, inside the future: a request
-            // made in the closure and moved in would be copied with the future where it is built.
-            let request = request.map(|body| Body::new(ClientBody::new(body, body_read_timeout)));
-            Ok::<_, Infallible>(gateway.handle(request, peer).await)
-        }
+        // The body's errors are marked as the client's, so that they are never taken for an upstream failure, and
+        // its reading is held to `server.body_read_timeout`. Wrapped inside the future: a request made here and
+        // moved in would be copied with the future where it is built.
+        let prepare = move |request: hyper::Request<Incoming>| {
+            request.map(|body| Body::new(ClientBody::new(body, body_read_timeout)))
+        };
+        handle_on(gateway, request, peer, prepare)
     });
     let result = match opening {
         Opening::Http1 => {

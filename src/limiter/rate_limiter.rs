@@ -401,10 +401,11 @@ impl RateLimiter {
             return self.fall_back(checks, StoreError::CircuitOpen);
         }
         if self.health.ledger.carrying() {
-            self.health
-                .ledger
-                .carry_first(redis, checks, self.timeout)
-                .await;
+            // Boxed: only the requests after an outage carry anything over, and unboxed its future would add to
+            // every request's.
+            let carry: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> =
+                Box::pin(self.health.ledger.carry_first(redis, checks, self.timeout));
+            carry.await;
         }
         // The store keeps to the time budget itself, without a timer per request (see `batcher`).
         let result = redis.check_leased(checks, self.timeout, lease).await;

@@ -147,47 +147,53 @@ impl Upstream {
     ///
     /// Only the configured target is ever contacted: the scheme and authority of the request target are ignored,
     /// so an absolute-form request (`GET http://elsewhere/`) cannot turn the gateway into an open proxy.
-    pub async fn forward(
-        &self,
+    ///
+    /// Not an `async fn`, which would keep a second copy of the request in its future (see `Policy::serve`).
+    #[allow(clippy::manual_async_fn)]
+    pub fn forward<'a>(
+        &'a self,
         mut request: Request<Body>,
-        path: &str,
-        facts: &ForwardedFacts<'_>,
-    ) -> Result<Response<Body>, ProxyError> {
-        let target = &self.targets[self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len()];
-        let uri = upstream_uri(request.uri(), &target.base_path, path)?;
-        // Read before the hop-by-hop fields go: `Upgrade` is one of them.
-        let websocket = upgrade::websocket_upgrade(&request);
+        path: &'a str,
+        facts: &'a ForwardedFacts<'a>,
+    ) -> impl Future<Output = Result<Response<Body>, ProxyError>> + Send + use<'a> {
+        async move {
+            let target =
+                &self.targets[self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len()];
+            let uri = upstream_uri(request.uri(), &target.base_path, path)?;
+            // Read before the hop-by-hop fields go: `Upgrade` is one of them.
+            let websocket = upgrade::websocket_upgrade(&request);
 
-        if !self.pass_host_header {
-            request
-                .headers_mut()
-                .insert(header::HOST, target.host.clone());
-        } else if !request.headers().contains_key(header::HOST) {
-            // HTTP/2 clients send the host as :authority; HTTP/1.1 upstreams need it as Host.
-            let host = facts
-                .host
-                .and_then(|h| HeaderValue::from_str(h).ok())
-                .unwrap_or_else(|| target.host.clone());
-            request.headers_mut().insert(header::HOST, host);
-        }
-        headers::prepare_request(request.headers_mut(), facts);
-        if let Some(uri) = uri {
-            *request.uri_mut() = uri;
-        }
-        *request.version_mut() = http::Version::HTTP_11;
-        if let Some(protocol) = websocket {
-            return self.forward_upgrade(target, request, protocol).await;
-        }
+            if !self.pass_host_header {
+                request
+                    .headers_mut()
+                    .insert(header::HOST, target.host.clone());
+            } else if !request.headers().contains_key(header::HOST) {
+                // HTTP/2 clients send the host as :authority; HTTP/1.1 upstreams need it as Host.
+                let host = facts
+                    .host
+                    .and_then(|h| HeaderValue::from_str(h).ok())
+                    .unwrap_or_else(|| target.host.clone());
+                request.headers_mut().insert(header::HOST, host);
+            }
+            headers::prepare_request(request.headers_mut(), facts);
+            if let Some(uri) = uri {
+                *request.uri_mut() = uri;
+            }
+            *request.version_mut() = http::Version::HTTP_11;
+            if let Some(protocol) = websocket {
+                return self.forward_upgrade(target, request, protocol).await;
+            }
 
-        let response =
-            self.answered(tokio::time::timeout(self.timeout, target.pool.send(request)).await)?;
-        // Streamed through, never buffered whole.
-        let (mut parts, body) = response.into_parts();
-        headers::prepare_response(&mut parts.headers, parts.version);
-        // A proxy answers in its own version (RFC 9110 §6.2); the upstream's is told by `Via`. Left as 1.0, it
-        // would be the status line an HTTP/1.1 client reads.
-        parts.version = http::Version::HTTP_11;
-        Ok(Response::from_parts(parts, body))
+            let response =
+                self.answered(tokio::time::timeout(self.timeout, target.pool.send(request)).await)?;
+            // Streamed through, never buffered whole.
+            let (mut parts, body) = response.into_parts();
+            headers::prepare_response(&mut parts.headers, parts.version);
+            // A proxy answers in its own version (RFC 9110 §6.2); the upstream's is told by `Via`. Left as 1.0, it
+            // would be the status line an HTTP/1.1 client reads.
+            parts.version = http::Version::HTTP_11;
+            Ok(Response::from_parts(parts, body))
+        }
     }
 
     /// Forwards a WebSocket handshake on a connection of its own. When the upstream switches protocols (`101`), the

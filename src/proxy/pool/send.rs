@@ -101,60 +101,69 @@ impl ConnectionPool {
     /// (a target closing after every response), after 100 ms idle (a target's idle timeout), and on every reuse
     /// once a target has closed a reused connection under a request. A busy pool to a well-behaved target makes
     /// none.
-    pub async fn send(&self, mut request: Request<Body>) -> Result<Response<Body>, SendError> {
-        let mut fresh = false;
-        loop {
-            let checked_out = if fresh { None } else { self.shared.checkout() };
-            let (mut connection, suspect, reused) = match checked_out {
-                Some((connection, idle)) => {
-                    let suspect = connection.served == 1
-                        || idle >= SUSPECT_IDLE
-                        || self.shared.closes_unannounced.load(Ordering::Relaxed);
-                    (connection, suspect, true)
-                }
-                None => (self.shared.connect_out_of_line().await?, false, false),
-            };
-            // A connection handed back as its response ended may still be finishing that exchange.
-            if let Err(error) = connection.sender.ready().await {
-                if reused {
-                    continue;
-                }
-                return Err(error.into());
-            }
-            // Boxed: held across the send, unboxed it would add a whole request to the future of every request
-            // (and to the bytes copied each time that future moves), for a copy made on few of them.
-            let replay = (suspect && replayable(&request)).then(|| Box::new(replay_copy(&request)));
-            let read_before = connection.read.load(Ordering::Relaxed);
-            match connection.sender.try_send_request(request).await {
-                Ok(response) => {
-                    let pool = self.shared.clone();
-                    return Ok(response.map(|body| {
-                        Body::new(PooledBody {
-                            body,
-                            lease: Some(Lease { connection, pool }),
-                        })
-                    }));
-                }
-                Err(mut failed) => match (failed.take_message(), replay) {
-                    (Some(unsent), _) if reused => request = unsent,
-                    (None, replay)
-                        if reused && connection.read.load(Ordering::Relaxed) == read_before =>
-                    {
-                        self.shared
-                            .closes_unannounced
-                            .store(true, Ordering::Relaxed);
-                        let Some(copy) = replay else {
-                            return Err(failed.into_error().into());
-                        };
-                        tracing::debug!(
-                            error = %failed.error(),
-                            "reused upstream connection closed under a request, sending it again on a new one"
-                        );
-                        request = *copy;
-                        fresh = true;
+    ///
+    /// Not an `async fn`, which would keep a second copy of the request in its future (see `Policy::serve`).
+    #[allow(clippy::manual_async_fn)]
+    pub fn send(
+        &self,
+        mut request: Request<Body>,
+    ) -> impl Future<Output = Result<Response<Body>, SendError>> + Send + use<'_> {
+        async move {
+            let mut fresh = false;
+            loop {
+                let checked_out = if fresh { None } else { self.shared.checkout() };
+                let (mut connection, suspect, reused) = match checked_out {
+                    Some((connection, idle)) => {
+                        let suspect = connection.served == 1
+                            || idle >= SUSPECT_IDLE
+                            || self.shared.closes_unannounced.load(Ordering::Relaxed);
+                        (connection, suspect, true)
                     }
-                    _ => return Err(failed.into_error().into()),
-                },
+                    None => (self.shared.connect_out_of_line().await?, false, false),
+                };
+                // A connection handed back as its response ended may still be finishing that exchange.
+                if let Err(error) = connection.sender.ready().await {
+                    if reused {
+                        continue;
+                    }
+                    return Err(error.into());
+                }
+                // Boxed: held across the send, unboxed it would add a whole request to the future of every request
+                // (and to the bytes copied each time that future moves), for a copy made on few of them.
+                let replay =
+                    (suspect && replayable(&request)).then(|| Box::new(replay_copy(&request)));
+                let read_before = connection.read.load(Ordering::Relaxed);
+                match connection.sender.try_send_request(request).await {
+                    Ok(response) => {
+                        let pool = self.shared.clone();
+                        return Ok(response.map(|body| {
+                            Body::new(PooledBody {
+                                body,
+                                lease: Some(Lease { connection, pool }),
+                            })
+                        }));
+                    }
+                    Err(mut failed) => match (failed.take_message(), replay) {
+                        (Some(unsent), _) if reused => request = unsent,
+                        (None, replay)
+                            if reused && connection.read.load(Ordering::Relaxed) == read_before =>
+                        {
+                            self.shared
+                                .closes_unannounced
+                                .store(true, Ordering::Relaxed);
+                            let Some(copy) = replay else {
+                                return Err(failed.into_error().into());
+                            };
+                            tracing::debug!(
+                                error = %failed.error(),
+                                "reused upstream connection closed under a request, sending it again on a new one"
+                            );
+                            request = *copy;
+                            fresh = true;
+                        }
+                        _ => return Err(failed.into_error().into()),
+                    },
+                }
             }
         }
     }
