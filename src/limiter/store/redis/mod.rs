@@ -269,8 +269,12 @@ impl RedisStore {
     /// queued with the other checks, off the caller's path. One that fails leaves the slot until its lease ends.
     pub fn release(&self, lease: u64, held: Vec<(String, Limit)>) {
         self.leases.release(lease);
+        // An answer dropped outside any runtime (at shutdown) leaves its slot to its lease.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         let store = self.clone();
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             let checks: Vec<LimitCheck<'_>> = held
                 .iter()
                 .map(|(key, limit)| LimitCheck { key, limit })
