@@ -215,7 +215,7 @@ fn key_build(c: &mut Criterion) {
     group.bench_function("store_key_digest_of_long_value", |b| {
         b.iter(|| store_key("tollgate:", "api", "per-key", black_box(&long)))
     });
-    // What identifying an API-key consumer adds to a request above all: the key's SHA-256 (design §10). On
+    // What identifying an API-key consumer adds to a request above all: the key's SHA-256 (docs/configuration.md, "Consumers and plans"). On
     // hardware with SHA extensions, sha2 uses them; under valgrind (bench/gateway_cost.py) it cannot.
     let issued = format!("tg_{}", "5a".repeat(32));
     group.bench_function("api_key_digest_issued_key", |b| {

@@ -6,6 +6,7 @@ mod carry_over;
 mod clock;
 mod decision;
 mod deny_cache;
+mod giver;
 mod limit;
 mod rate_limiter;
 mod settings;
@@ -15,13 +16,12 @@ mod written;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Outcome};
+pub use giver::{Giver, Settlement};
 pub use limit::{
     format_duration_ms, Algorithm, LeakyMode, Limit, LimitError, Rate, SlotQueue, MAX_LOG_ENTRIES,
     MAX_SCALED, MIN_LEASE_MS, SLOT_RETRY_MS,
 };
-pub use rate_limiter::{
-    Backend, DecidedBy, Giver, OnError, RateLimiter, Readiness, Settlement, Unavailable,
-};
+pub use rate_limiter::{Backend, DecidedBy, OnError, RateLimiter, Readiness, Unavailable};
 pub use settings::{BackendKind, StoreSettings};
 /// What a full in-process store does with a new key's request (`StoreSettings::when_full`).
 pub use store::WhenFull;

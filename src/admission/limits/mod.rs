@@ -1,9 +1,11 @@
 //! A set of keyed limits applied to a request: its keys, one limiter call for them all, the refusal or the
 //! informational fields.
 
+mod answer;
+
 use std::sync::Arc;
 
-use http::header::{HeaderMap, HeaderValue};
+use http::header::HeaderValue;
 use http::StatusCode;
 use smallvec::SmallVec;
 
@@ -15,7 +17,7 @@ use crate::key::{
     StatusSet, TokenKind, PLAN_KEY_SCOPE,
 };
 use crate::limiter::store::{LimitCheck, INLINE_LIMITS};
-use crate::limiter::{DecidedBy, Decision, Limit, Outcome, RateLimiter, Unavailable};
+use crate::limiter::{DecidedBy, Limit, Outcome, RateLimiter, Unavailable};
 
 /// The limits of one scope (a route), applied together: a request is admitted only if all admit it.
 #[derive(Debug, Clone)]
@@ -533,140 +535,6 @@ impl LimitSet {
             counter.increment(1);
         }
     }
-
-    /// The status a denied request is answered with (`deny_status`, 429 by default).
-    pub fn deny_status(&self) -> StatusCode {
-        self.deny_status
-    }
-
-    /// What a refusal names of a denied request: the limit that explains it, and how long until it would be
-    /// admitted (the longest wait among the enforced limits that denied it).
-    pub fn denial(&self, checked: &Checked) -> (&str, u64) {
-        let limit = self
-            .most_restrictive(checked)
-            .map_or("", |i| self.name_of(checked, i));
-        let retry_after_ms = self
-            .enforced(checked)
-            .filter(|d| !d.allowed)
-            .map(|d| d.retry_after_ms)
-            .max()
-            .unwrap_or(0);
-        (limit, retry_after_ms)
-    }
-
-    /// Adds `X-RateLimit-*`, `RateLimit-Policy` and `RateLimit` describing `checked`; where limits count tokens,
-    /// also the `x-ratelimit-*-tokens` fields of the most restrictive of them, and its `RateLimit` item.
-    pub fn decorate(&self, headers: &mut HeaderMap, checked: &Checked) {
-        self.decorate_requests(headers, checked);
-        if self.counts_tokens {
-            self.decorate_tokens(headers, checked);
-        }
-    }
-
-    /// The fields of the token limit that explains the outcome among the token limits (the longest wait among
-    /// those that denied, else the fewest left), as OpenAI's API names them.
-    #[inline(never)]
-    fn decorate_tokens(&self, headers: &mut HeaderMap, checked: &Checked) {
-        let tokens = checked
-            .outcome
-            .decisions
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| {
-                !self.is_shadow(checked, i)
-                    && checked
-                        .applied
-                        .get(i)
-                        .is_some_and(|&limit| self.limits[limit].counts.tokens().is_some())
-            });
-        let explaining = if checked.outcome.allowed || tokens.clone().all(|(_, d)| d.allowed) {
-            tokens.min_by_key(|(_, d)| d.remaining)
-        } else {
-            tokens
-                .filter(|(_, d)| !d.allowed)
-                .max_by_key(|(_, d)| d.retry_after_ms)
-        };
-        let Some((index, decision)) = explaining else {
-            return;
-        };
-        headers::apply_tokens(headers, decision);
-        if self.most_restrictive(checked) != Some(index) {
-            headers::add_rate_limit_item(headers, self.name_of(checked, index), decision);
-        }
-    }
-
-    /// `X-RateLimit-*`, `RateLimit-Policy` and `RateLimit` of the limit that explains the outcome.
-    fn decorate_requests(&self, headers: &mut HeaderMap, checked: &Checked) {
-        let Some(index) = self.most_restrictive(checked) else {
-            return;
-        };
-        let Some(&limit) = checked.applied.get(index) else {
-            return;
-        };
-        if let Some(replaced) = &checked.replaced {
-            // A consumer's own parameters: rendered for its request (rare: a few consumers have overrides).
-            let limits = (0..self.limits.len()).map(|i| self.limit_at(i, Some(replaced)));
-            let advertised = headers::Advertised::new(self.limit_at(limit, Some(replaced)));
-            headers::apply(
-                headers,
-                headers::policy(limits).as_ref(),
-                &checked.outcome.decisions[index],
-                &advertised,
-            );
-            return;
-        }
-        let Some(advertised) = self.advertised.get(limit) else {
-            return;
-        };
-        headers::apply(
-            headers,
-            self.policy.as_ref(),
-            &checked.outcome.decisions[index],
-            advertised,
-        );
-    }
-
-    /// The decision that explains the outcome among those of the enforced limits: what clients are told about.
-    fn most_restrictive(&self, checked: &Checked) -> Option<usize> {
-        checked
-            .outcome
-            .most_restrictive_among(|i| !self.is_shadow(checked, i))
-    }
-
-    /// The decisions of the enforced limits.
-    fn enforced<'v>(&'v self, checked: &'v Checked) -> impl Iterator<Item = &'v Decision> + 'v {
-        checked
-            .outcome
-            .decisions
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| !self.is_shadow(checked, i))
-            .map(|(_, decision)| decision)
-    }
-
-    /// How long an admitted request must be held (`leaky_bucket` in delay mode); shadow limits hold nothing.
-    pub fn delay_ms(&self, checked: &Checked) -> u64 {
-        self.enforced(checked)
-            .map(|d| d.delay_ms)
-            .max()
-            .unwrap_or(0)
-    }
-
-    fn is_shadow(&self, checked: &Checked, decision: usize) -> bool {
-        checked
-            .applied
-            .get(decision)
-            .and_then(|&index| self.limits.get(index))
-            .is_some_and(|settings| settings.limit.is_shadow())
-    }
-
-    fn name_of(&self, checked: &Checked, decision: usize) -> &str {
-        checked
-            .applied
-            .get(decision)
-            .and_then(|&index| self.limits.get(index))
-            .map_or("", |settings| settings.limit.name())
-    }
 }
 
 // === impl Replaced ===
@@ -729,149 +597,4 @@ impl DecisionCounters {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use super::*;
-    use crate::key::{KeyPart, MissingKey};
-    use crate::limiter::{Algorithm, Backend, OnError, Rate, SystemClock};
-
-    /// The limits of a route named `api`, store keys prefixed `t:`: per limit its name, key part, what a request
-    /// without that part does, and algorithm, at cost 1.
-    fn limit_set_of(limits: &[(&str, &str, MissingKey, Algorithm)]) -> LimitSet {
-        let limits = limits
-            .iter()
-            .map(|&(name, part, missing, algorithm)| {
-                LimitSettings::new(
-                    Limit::new(name, algorithm, 1).expect("valid limit"),
-                    KeySpec::new(vec![KeyPart::parse(part).expect("key part")], missing),
-                )
-            })
-            .collect();
-        LimitSet::new("api", "t:", limits, StatusCode::TOO_MANY_REQUESTS)
-    }
-
-    /// `limit` per minute in fixed windows.
-    fn per_minute(limit: u64) -> Algorithm {
-        Algorithm::FixedWindow {
-            limit,
-            period_ms: 60_000,
-        }
-    }
-
-    /// One request a second, three at once.
-    fn one_a_second() -> Rate {
-        Rate::new(1, 1_000).expect("valid rate")
-    }
-
-    /// Three limits, two keyed alike by the client address and one by a header.
-    fn limit_set() -> LimitSet {
-        let burst = Algorithm::TokenBucket {
-            rate: one_a_second(),
-            burst: 3,
-        };
-        limit_set_of(&[
-            ("per-ip", "ip", MissingKey::Ip, per_minute(10)),
-            ("per-key", "header:x-api-key", MissingKey::Ip, per_minute(5)),
-            ("per-ip-burst", "ip", MissingKey::Ip, burst),
-        ])
-    }
-
-    /// A `GET /` on route `api` from 192.0.2.7 with `headers`.
-    fn facts_of(headers: &HeaderMap) -> RequestFacts<'_> {
-        RequestFacts::get("192.0.2.7", headers, None)
-    }
-
-    #[tokio::test]
-    async fn each_limit_is_keyed_by_its_own_spec_and_the_tightest_is_advertised() {
-        let limits = limit_set();
-        let limiter = RateLimiter::new(
-            Backend::Memory,
-            Duration::from_millis(25),
-            OnError::Local,
-            1000,
-            Arc::new(SystemClock),
-        );
-        let mut headers = HeaderMap::new();
-        headers.insert("x-api-key", HeaderValue::from_static("k1"));
-        let facts = facts_of(&headers);
-        let checked = limits.check(&limiter, &facts).await.expect("decided");
-        assert!(checked.outcome.allowed);
-
-        for (limit, value) in [
-            ("per-ip", "192.0.2.7"),
-            ("per-key", "k1"),
-            ("per-ip-burst", "192.0.2.7"),
-        ] {
-            let (key, _) = limits.key_for(limit, value).expect("limit exists");
-            assert_eq!(key, format!("t:api:{limit}:{{{value}}}"));
-            assert!(limiter.local().reset(&key), "{limit} counted under {key}");
-        }
-
-        let mut response = HeaderMap::new();
-        limits.decorate(&mut response, &checked);
-        // The token bucket has 2 of 3 left: fewer than the others.
-        assert_eq!(response["x-ratelimit-limit"], "3");
-        assert_eq!(response["x-ratelimit-remaining"], "2");
-        assert_eq!(response["ratelimit"], "\"per-ip-burst\";r=2;t=1");
-        assert_eq!(
-            response["ratelimit-policy"],
-            "\"per-ip\";q=10;w=60, \"per-key\";q=5;w=60, \"per-ip-burst\";q=3;w=3"
-        );
-    }
-
-    /// Limits keyed five ways, two pairs sharing a key spec: by address, by a header that may be absent (skip),
-    /// and by a header whose value may be too long to stand in a key.
-    fn keyed_five_ways() -> LimitSet {
-        let (rate, burst) = (one_a_second(), 3);
-        limit_set_of(&[
-            ("a", "ip", MissingKey::Ip, per_minute(10)),
-            ("b", "header:x-api-key", MissingKey::Skip, per_minute(5)),
-            ("c", "ip", MissingKey::Ip, Algorithm::Gcra { rate, burst }),
-            ("d", "header:x-token", MissingKey::Ip, per_minute(5)),
-            (
-                "e",
-                "header:x-api-key",
-                MissingKey::Skip,
-                Algorithm::TokenBucket { rate, burst },
-            ),
-        ])
-    }
-
-    #[test]
-    fn request_keys_are_the_store_keys_of_the_limits_that_apply() {
-        let limits = keyed_five_ways();
-        let long_token = "t".repeat(200);
-        let header_sets: [&[(&str, &str)]; 4] = [
-            &[],
-            &[("x-api-key", "k1")],
-            &[("x-token", &long_token)],
-            &[("x-api-key", "k{1}"), ("x-token", "short")],
-        ];
-        for set in header_sets {
-            let mut headers = HeaderMap::new();
-            for (name, value) in set {
-                headers.insert(*name, HeaderValue::from_str(value).expect("value"));
-            }
-            let facts = facts_of(&headers);
-            // One key at a time, as the admin API builds them.
-            let expected: Vec<(usize, String)> = limits
-                .limits()
-                .iter()
-                .enumerate()
-                .filter_map(|(index, settings)| {
-                    let value = settings.key.value(&facts).expect("unambiguous")?;
-                    let (key, _) = limits.key_for(settings.limit.name(), &value)?;
-                    Some((index, key))
-                })
-                .collect();
-            let keys = limits.request_keys(&facts).expect("unambiguous");
-            let built: Vec<(usize, String)> = keys
-                .iter()
-                .map(|(index, key)| (index, key.to_owned()))
-                .collect();
-            assert_eq!(built, expected, "headers {set:?}");
-        }
-    }
-}
+mod tests;

@@ -1,0 +1,147 @@
+//! What a checked request's answer says of its limits: the status and the limit a refusal names, the rate-limit
+//! fields of an admitted answer, and how long a `leaky_bucket` in delay mode holds it.
+
+use http::header::HeaderMap;
+use http::StatusCode;
+
+use super::super::headers;
+use super::{Checked, LimitSet};
+use crate::limiter::Decision;
+
+// === impl LimitSet ===
+
+impl LimitSet {
+    /// The status a denied request is answered with (`deny_status`, 429 by default).
+    pub fn deny_status(&self) -> StatusCode {
+        self.deny_status
+    }
+
+    /// What a refusal names of a denied request: the limit that explains it, and how long until it would be
+    /// admitted (the longest wait among the enforced limits that denied it).
+    pub fn denial(&self, checked: &Checked) -> (&str, u64) {
+        let limit = self
+            .most_restrictive(checked)
+            .map_or("", |i| self.name_of(checked, i));
+        let retry_after_ms = self
+            .enforced(checked)
+            .filter(|d| !d.allowed)
+            .map(|d| d.retry_after_ms)
+            .max()
+            .unwrap_or(0);
+        (limit, retry_after_ms)
+    }
+
+    /// Adds `X-RateLimit-*`, `RateLimit-Policy` and `RateLimit` describing `checked`; where limits count tokens,
+    /// also the `x-ratelimit-*-tokens` fields of the most restrictive of them, and its `RateLimit` item.
+    pub fn decorate(&self, headers: &mut HeaderMap, checked: &Checked) {
+        self.decorate_requests(headers, checked);
+        if self.counts_tokens {
+            self.decorate_tokens(headers, checked);
+        }
+    }
+
+    /// The fields of the token limit that explains the outcome among the token limits (the longest wait among
+    /// those that denied, else the fewest left), as OpenAI's API names them.
+    #[inline(never)]
+    fn decorate_tokens(&self, headers: &mut HeaderMap, checked: &Checked) {
+        let tokens = checked
+            .outcome
+            .decisions
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| {
+                !self.is_shadow(checked, i)
+                    && checked
+                        .applied
+                        .get(i)
+                        .is_some_and(|&limit| self.limits[limit].counts.tokens().is_some())
+            });
+        let explaining = if checked.outcome.allowed || tokens.clone().all(|(_, d)| d.allowed) {
+            tokens.min_by_key(|(_, d)| d.remaining)
+        } else {
+            tokens
+                .filter(|(_, d)| !d.allowed)
+                .max_by_key(|(_, d)| d.retry_after_ms)
+        };
+        let Some((index, decision)) = explaining else {
+            return;
+        };
+        headers::apply_tokens(headers, decision);
+        if self.most_restrictive(checked) != Some(index) {
+            headers::add_rate_limit_item(headers, self.name_of(checked, index), decision);
+        }
+    }
+
+    /// `X-RateLimit-*`, `RateLimit-Policy` and `RateLimit` of the limit that explains the outcome.
+    fn decorate_requests(&self, headers: &mut HeaderMap, checked: &Checked) {
+        let Some(index) = self.most_restrictive(checked) else {
+            return;
+        };
+        let Some(&limit) = checked.applied.get(index) else {
+            return;
+        };
+        if let Some(replaced) = &checked.replaced {
+            // A consumer's own parameters: rendered for its request (rare: a few consumers have overrides).
+            let limits = (0..self.limits.len()).map(|i| self.limit_at(i, Some(replaced)));
+            let advertised = headers::Advertised::new(self.limit_at(limit, Some(replaced)));
+            headers::apply(
+                headers,
+                headers::policy(limits).as_ref(),
+                &checked.outcome.decisions[index],
+                &advertised,
+            );
+            return;
+        }
+        let Some(advertised) = self.advertised.get(limit) else {
+            return;
+        };
+        headers::apply(
+            headers,
+            self.policy.as_ref(),
+            &checked.outcome.decisions[index],
+            advertised,
+        );
+    }
+
+    /// The decision that explains the outcome among those of the enforced limits: what clients are told about.
+    fn most_restrictive(&self, checked: &Checked) -> Option<usize> {
+        checked
+            .outcome
+            .most_restrictive_among(|i| !self.is_shadow(checked, i))
+    }
+
+    /// The decisions of the enforced limits.
+    fn enforced<'v>(&'v self, checked: &'v Checked) -> impl Iterator<Item = &'v Decision> + 'v {
+        checked
+            .outcome
+            .decisions
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| !self.is_shadow(checked, i))
+            .map(|(_, decision)| decision)
+    }
+
+    /// How long an admitted request must be held (`leaky_bucket` in delay mode); shadow limits hold nothing.
+    pub fn delay_ms(&self, checked: &Checked) -> u64 {
+        self.enforced(checked)
+            .map(|d| d.delay_ms)
+            .max()
+            .unwrap_or(0)
+    }
+
+    pub(super) fn is_shadow(&self, checked: &Checked, decision: usize) -> bool {
+        checked
+            .applied
+            .get(decision)
+            .and_then(|&index| self.limits.get(index))
+            .is_some_and(|settings| settings.limit.is_shadow())
+    }
+
+    pub(super) fn name_of(&self, checked: &Checked, decision: usize) -> &str {
+        checked
+            .applied
+            .get(decision)
+            .and_then(|&index| self.limits.get(index))
+            .map_or("", |settings| settings.limit.name())
+    }
+}

@@ -1,0 +1,167 @@
+//! What runs after a request's answer on the store that decided it: giving back what it took, and settling what it
+//! reserved (a refund or a debt), off the client's path.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::deny_cache::DenyCache;
+use super::store::{LimitCheck, MemoryStore, RedisStore};
+use super::Limit;
+
+/// Gives back to the store that decided a request what it took, or settles what it reserved (see
+/// [`RateLimiter::giver`]).
+#[derive(Debug, Clone)]
+pub struct Giver {
+    pub(super) redis: Option<RedisStore>,
+    pub(super) local: Option<Arc<MemoryStore>>,
+    /// Where a settlement Redis could not take goes under `on_error: local`: the fallback, which then counts it.
+    pub(super) fallback: Option<Arc<MemoryStore>>,
+    /// `tollgate_settlements_failed_total`.
+    pub(super) failed: metrics::Counter,
+    /// This instance's over-limit cache: a key given back to may admit before a denial it remembers ends.
+    pub(super) denials: Arc<DenyCache>,
+}
+
+/// What one admitted request's reservation on one limit turned out to cost, once its answer is known: see
+/// [`Giver::settle`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settlement {
+    /// The limit's store key, as checked.
+    pub key: String,
+    /// The limit as checked: its cost is what the request reserved (see [`Limit::with_cost`]).
+    pub limit: Limit,
+    /// What the request turned out to cost.
+    pub actual: u64,
+}
+
+/// What a settlement does on each of its limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owed {
+    /// Gives the limit's cost back.
+    Refund,
+    /// Adds the limit's cost as a debt.
+    Debt,
+}
+
+// === impl Giver ===
+
+impl Giver {
+    /// Settles what admitted requests reserved, once their answers are known: on each limit, an `actual` below
+    /// the reservation gives the difference back, one above it adds the difference as a debt (past the limit's
+    /// maximum if need be: later requests wait until it is paid), both on the key and the window the decision at
+    /// `decided` landed in; an equal one costs no store call. Only limits that took the reservation are settled (a
+    /// shadow limit that denied took nothing, and has nothing to give back).
+    ///
+    /// Never waits: the work is handed off to a task, off the client's path. With Redis it goes out in the next
+    /// script call with the other requests' checks and settlements (one call per hash slot on Cluster), and is
+    /// applied at most once: a call that fails or times out is not sent again (it may have run). A settlement
+    /// Redis did not confirm is counted in `tollgate_settlements_failed_total` and, under `on_error: local`,
+    /// applied to the in-process fallback instead; under `allow` or `deny` it is dropped. Outside a tokio runtime
+    /// nothing is settled.
+    pub fn settle(self, settlements: Vec<Settlement>, decided: Instant) {
+        let mut refunds = Vec::new();
+        let mut debts = Vec::new();
+        for Settlement { key, limit, actual } in settlements {
+            let reserved = limit.cost();
+            if actual < reserved {
+                refunds.push((key, limit.with_cost(reserved - actual)));
+            } else if actual > reserved {
+                debts.push((key, limit.with_cost(actual - reserved)));
+            }
+        }
+        if refunds.is_empty() && debts.is_empty() || (self.redis.is_none() && self.local.is_none())
+        {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                // Together, so that both join the same script call.
+                tokio::join!(
+                    self.apply(&refunds, Owed::Refund, decided),
+                    self.apply(&debts, Owed::Debt, decided)
+                );
+            });
+        }
+    }
+
+    /// Gives back `taken` (store key and limit of every limit that consumed), on the windows the decision at
+    /// `decided` landed in (or a moment before it: a sliding_log then gives back its oldest entries from then on).
+    /// With Redis it joins the next script call; a failure is handled as a settlement's (see
+    /// [`settle`](Self::settle)).
+    pub async fn give_back(self, taken: Vec<(String, Limit)>, decided: Instant) {
+        self.apply(&taken, Owed::Refund, decided).await;
+    }
+
+    /// Applies `owed` on each of `limits` (a store key and the limit with the amount as its cost) to the store
+    /// that decided the request, or on a Redis failure to the fallback under `on_error: local`.
+    async fn apply(&self, limits: &[(String, Limit)], owed: Owed, decided: Instant) {
+        if limits.is_empty() {
+            return;
+        }
+        let checks: Vec<LimitCheck<'_>> = limits
+            .iter()
+            .map(|(key, limit)| LimitCheck { key, limit })
+            .collect();
+        // Once given back: a denial remembered until then may no longer hold.
+        let forget_denials = || {
+            if owed == Owed::Refund {
+                for (key, _) in limits {
+                    self.denials.forget(key);
+                }
+            }
+        };
+        let local = match &self.redis {
+            Some(redis) => {
+                let at_ms = redis.redis_time_of(decided.into());
+                let result = match owed {
+                    Owed::Refund => redis.give_back(&checks, at_ms, None).await,
+                    Owed::Debt => redis.add_debts(&checks, at_ms, None).await,
+                };
+                let Err(error) = result else {
+                    forget_denials();
+                    return;
+                };
+                self.failed.increment(1);
+                tracing::debug!(%error, ?owed, "a request's settlement did not reach redis");
+                match &self.fallback {
+                    Some(fallback) => fallback,
+                    None => return,
+                }
+            }
+            None => match &self.local {
+                Some(local) => local,
+                None => return,
+            },
+        };
+        // Rounded so as never to be later than `decided`'s millisecond.
+        let elapsed_ms = decided.elapsed().as_micros().div_ceil(1000) as i64;
+        let at_ms = local.now_ms() - elapsed_ms;
+        match owed {
+            Owed::Refund => local.give_back(at_ms, &checks),
+            Owed::Debt => local.add_debts(at_ms, &checks),
+        }
+        forget_denials();
+    }
+
+    /// Releases the slots of `concurrency` limits that an admitted request held (store key and limit of each):
+    /// in this process at once, in Redis off the caller's path (it must be called within a tokio runtime then).
+    pub fn release_slots(self, held: Vec<(String, Limit)>, lease: u64) {
+        if let Some(redis) = &self.redis {
+            redis.release(lease, held);
+        } else if let Some(local) = &self.local {
+            let checks: Vec<LimitCheck<'_>> = held
+                .iter()
+                .map(|(key, limit)| LimitCheck { key, limit })
+                .collect();
+            local.give_back(local.now_ms(), &checks);
+        }
+    }
+
+    /// Keeps the slots of an admitted request (`held`, under `lease`) in Redis until
+    /// [`release_slots`](Self::release_slots): renewed while the request lives. Nothing to do in this process.
+    pub fn hold_slots(&self, held: &[(String, Limit)], lease: u64) {
+        if let Some(redis) = &self.redis {
+            redis.hold(lease, held.to_vec());
+        }
+    }
+}
