@@ -9,7 +9,7 @@ use super::store::{LimitCheck, MemoryStore, RedisStore};
 use super::Limit;
 
 /// Gives back to the store that decided a request what it took, or settles what it reserved (see
-/// [`RateLimiter::giver`]).
+/// [`RateLimiter::giver`](super::RateLimiter::giver)).
 #[derive(Debug, Clone)]
 pub struct Giver {
     pub(super) redis: Option<RedisStore>,
