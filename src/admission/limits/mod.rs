@@ -365,22 +365,14 @@ impl LimitSet {
         checked: &Checked,
         reservation: &Reservation,
     ) -> Vec<(String, Limit, TokenKind)> {
-        let Ok(keys) = self.request_keys(facts) else {
-            return Vec::new();
-        };
-        keys.iter()
-            .zip(&checked.outcome.decisions)
-            .filter(|(_, decision)| checked.outcome.allowed && decision.allowed)
-            .filter_map(|((index, key), _)| {
-                let kind = self.limits[index].counts.tokens()?;
-                let limit = self.limit_at(index, checked.replaced.as_ref()).clone();
-                Some((
-                    key.to_owned(),
-                    limit.with_cost(reservation.tokens(kind)),
-                    kind,
-                ))
-            })
-            .collect()
+        self.each_taken(facts, checked, |index, key, limit| {
+            let kind = self.limits[index].counts.tokens()?;
+            Some((
+                key.to_owned(),
+                limit.clone().with_cost(reservation.tokens(kind)),
+                kind,
+            ))
+        })
     }
 
     /// Whether some limit that applies counts tokens.
@@ -391,17 +383,9 @@ impl LimitSet {
     /// The store key and limit of every limit an admitted request took from (a shadow limit takes only when it
     /// admits itself), owned: what a give-back needs once the request is gone.
     pub fn taken(&self, facts: &RequestFacts<'_>, checked: &Checked) -> Vec<(String, Limit)> {
-        let Ok(keys) = self.request_keys(facts) else {
-            return Vec::new();
-        };
-        keys.iter()
-            .zip(&checked.outcome.decisions)
-            .filter(|(_, decision)| checked.outcome.allowed && decision.allowed)
-            .map(|((index, key), _)| {
-                let limit = self.limit_at(index, checked.replaced.as_ref());
-                (key.to_owned(), limit.clone())
-            })
-            .collect()
+        self.each_taken(facts, checked, |_, key, limit| {
+            Some((key.to_owned(), limit.clone()))
+        })
     }
 
     /// Whether some limit counts answers by status (`counts: { status: [...] }`).
@@ -416,18 +400,10 @@ impl LimitSet {
         facts: &RequestFacts<'_>,
         checked: &Checked,
     ) -> Vec<(String, Limit, StatusSet)> {
-        let Ok(keys) = self.request_keys(facts) else {
-            return Vec::new();
-        };
-        keys.iter()
-            .zip(&checked.outcome.decisions)
-            .filter(|(_, decision)| checked.outcome.allowed && decision.allowed)
-            .filter_map(|((index, key), _)| {
-                let statuses = self.limits[index].counts.statuses()?;
-                let limit = self.limit_at(index, checked.replaced.as_ref());
-                Some((key.to_owned(), limit.clone(), statuses.clone()))
-            })
-            .collect()
+        self.each_taken(facts, checked, |index, key, limit| {
+            let statuses = self.limits[index].counts.statuses()?;
+            Some((key.to_owned(), limit.clone(), statuses.clone()))
+        })
     }
 
     /// Whether some limit is a `concurrency` limit, whose slots an admitted request holds until its answer ends.
@@ -442,6 +418,20 @@ impl LimitSet {
         facts: &RequestFacts<'_>,
         checked: &Checked,
     ) -> Vec<(String, Limit, metrics::Gauge)> {
+        self.each_taken(facts, checked, |index, key, limit| {
+            let gauge = self.in_flight[index].clone()?;
+            Some((key.to_owned(), limit.clone(), gauge))
+        })
+    }
+
+    /// What `pick` makes of each limit an admitted request took from (its index, store key and limit, or what
+    /// replaces it), skipping those it gives nothing for: none when the request was refused.
+    fn each_taken<T>(
+        &self,
+        facts: &RequestFacts<'_>,
+        checked: &Checked,
+        mut pick: impl FnMut(usize, &str, &Limit) -> Option<T>,
+    ) -> Vec<T> {
         let Ok(keys) = self.request_keys(facts) else {
             return Vec::new();
         };
@@ -449,9 +439,7 @@ impl LimitSet {
             .zip(&checked.outcome.decisions)
             .filter(|(_, decision)| checked.outcome.allowed && decision.allowed)
             .filter_map(|((index, key), _)| {
-                let gauge = self.in_flight[index].clone()?;
-                let limit = self.limit_at(index, checked.replaced.as_ref());
-                Some((key.to_owned(), limit.clone(), gauge))
+                pick(index, key, self.limit_at(index, checked.replaced.as_ref()))
             })
             .collect()
     }
