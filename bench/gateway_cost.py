@@ -15,6 +15,8 @@ second move by 25% between identical runs, so it shows what a change to the requ
     python3 bench/gateway_cost.py --only memory-consumer   # an API-key consumer on a plan (memory-header: the
                                                            # same limits keyed by the key's header)
     python3 bench/gateway_cost.py --only memory-jwt        # a JWT consumer on the same plan (token cached)
+    python3 bench/gateway_cost.py --only llm      # a token route (JSON, SSE of 1 and 64 KB) against one limit
+    python3 bench/gateway_cost.py --only concurrency   # a concurrency limit on Redis against one limit
     python3 bench/gateway_cost.py --jwt                    # print the bench token (for bench/pairs.sh)
 
 An nginx upstream (return 200) and a Redis are started on loopback; for each configuration tollgate runs under
@@ -64,20 +66,71 @@ def jwt(seconds: int = 86_400) -> str:
 
 
 BEARER = [f"authorization: Bearer {jwt()}"]
-# label, config, distinct clients (None: one), measured by default, request headers
+# A chat completion request (OpenAI's format) as a token route reads it: 64 tokens of completion asked for.
+CHAT = {"model": "bench", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 64}
+# What each case sends: a path, and the JSON body of a POST (None: a GET). The upstream answers /v1/json/ with a
+# chat completion, /v1/sse1k/ and /v1/sse64k/ with a streamed one of about 1 and 64 KB (usage in its last event).
+REQUESTS = {
+    "get": ("/item", None),
+    "json": ("/v1/json/chat/completions", CHAT),
+    "sse1k": ("/v1/sse1k/chat/completions", dict(CHAT, stream=True, stream_options={"include_usage": True})),
+    "sse64k": ("/v1/sse64k/chat/completions", dict(CHAT, stream=True, stream_options={"include_usage": True})),
+}
+# label, name (for --only), config, distinct clients (None: one), measured by default, request headers, request
 CASES = [
-    ("limiting off (target 2)", "off", None, True, []),
-    ("memory store, 3 limits (target 5)", "memory-pass", None, True, []),
-    ("Redis, 3 limits (target 3)", "redis-pass", None, True, []),
-    ("memory store, 3 limits, 10,000 clients", "memory-keys", 10_000, False, []),
-    ("Redis, 3 limits, 10,000 clients (target 3k)", "redis-keys", 10_000, False, []),
-    ("memory store, 3 limits keyed by a header", "memory-header", None, False, API_KEY),
-    ("memory store, API-key consumer, plan of 3 limits", "memory-consumer", None, False, API_KEY),
-    ("Redis, 3 limits keyed by a header", "redis-header", None, False, API_KEY),
-    ("Redis, API-key consumer, plan of 3 limits", "redis-consumer", None, False, API_KEY),
-    ("memory store, JWT consumer, plan of 3 limits", "memory-jwt", None, False, BEARER),
-    ("Redis, JWT consumer, plan of 3 limits", "redis-jwt", None, False, BEARER),
+    ("limiting off (target 2)", "off", "off", None, True, [], "get"),
+    ("memory store, 3 limits (target 5)", "memory-pass", "memory-pass", None, True, [], "get"),
+    ("Redis, 3 limits (target 3)", "redis-pass", "redis-pass", None, True, [], "get"),
+    ("memory store, 3 limits, 10,000 clients", "memory-keys", "memory-keys", 10_000, False, [], "get"),
+    ("Redis, 3 limits, 10,000 clients (target 3k)", "redis-keys", "redis-keys", 10_000, False, [], "get"),
+    ("memory store, 3 limits keyed by a header", "memory-header", "memory-header", None, False, API_KEY, "get"),
+    ("memory store, API-key consumer, plan of 3 limits", "memory-consumer", "memory-consumer", None, False, API_KEY, "get"),
+    ("Redis, 3 limits keyed by a header", "redis-header", "redis-header", None, False, API_KEY, "get"),
+    ("Redis, API-key consumer, plan of 3 limits", "redis-consumer", "redis-consumer", None, False, API_KEY, "get"),
+    ("memory store, JWT consumer, plan of 3 limits", "memory-jwt", "memory-jwt", None, False, BEARER, "get"),
+    ("Redis, JWT consumer, plan of 3 limits", "redis-jwt", "redis-jwt", None, False, BEARER, "get"),
+    # --only llm: a token route against the same route counting requests, for a JSON answer and SSE of two sizes
+    ("memory store, 1 limit, chat JSON", "memory-one-json", "memory-one", None, False, [], "json"),
+    ("memory store, token route, chat JSON", "memory-tokens-json", "memory-tokens", None, False, [], "json"),
+    ("memory store, 1 limit, chat SSE 1 KB", "memory-one-sse1k", "memory-one", None, False, [], "sse1k"),
+    ("memory store, token route, chat SSE 1 KB", "memory-tokens-sse1k", "memory-tokens", None, False, [], "sse1k"),
+    ("memory store, 1 limit, chat SSE 64 KB", "memory-one-sse64k", "memory-one", None, False, [], "sse64k"),
+    ("memory store, token route, chat SSE 64 KB", "memory-tokens-sse64k", "memory-tokens", None, False, [], "sse64k"),
+    ("Redis, 1 limit, chat JSON", "redis-one-json", "redis-one", None, False, [], "json"),
+    ("Redis, token route, chat JSON", "redis-tokens-json", "redis-tokens", None, False, [], "json"),
+    # --only concurrency: a concurrency limit against one limit of requests
+    ("Redis, 1 limit", "redis-one", "redis-one", None, False, [], "get"),
+    ("Redis, 1 concurrency limit", "redis-concurrency", "redis-concurrency", None, False, [], "get"),
 ]
+# Names --only takes for several cases at once.
+GROUPS = {
+    "llm": [case[1] for case in CASES if case[6] != "get"],
+    "concurrency": ["redis-one", "redis-concurrency"],
+}
+
+
+def chat_completion() -> dict:
+    """An OpenAI chat completion answer with its usage (less than the bench request reserves: settled down)."""
+    return {
+        "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "bench",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 20, "total_tokens": 32},
+    }
+
+
+def chat_stream(size: int) -> str:
+    """A streamed chat completion (server-sent events) of about `size` bytes: content chunks, then the usage chunk
+    that `stream_options.include_usage` asks for, then `[DONE]`."""
+    chunk = json.dumps({
+        "id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": "bench",
+        "choices": [{"index": 0, "delta": {"content": "token " * 8}, "finish_reason": None}],
+    })
+    events = []
+    while sum(len(event) for event in events) < size:
+        events.append(f"data: {chunk}\n\n")
+    usage = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": "bench",
+             "choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 20, "total_tokens": 32}}
+    return "".join(events) + f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n"
 
 
 def wait_ready(url: str, what: str, process: subprocess.Popen, seconds: float = 60) -> None:
@@ -94,22 +147,33 @@ def wait_ready(url: str, what: str, process: subprocess.Popen, seconds: float = 
     sys.exit(f"gateway_cost: {what} not ready within {seconds} s")
 
 
-def load(seconds: int, connections: int, clients: int | None = None, headers: list[str] | None = None) -> int:
+def load(
+    seconds: int, connections: int, clients: int | None, headers: list[str], request: str, work: Path
+) -> int:
     """Runs wrk against tollgate; returns the requests it completed. wrk keeps tollgate (slowed down 50 times by
     callgrind) saturated, as under bench/run.sh, so that the count includes the work a busy event loop shares
     between requests and not that of an idle one waking for each."""
     # With clients, bench/report.lua gives every request one of that many x-client values.
     script = ["-s", str(ROOT / "bench/report.lua")] if clients else []
     env = dict(os.environ, BENCH_KEYS=str(clients)) if clients else None
+    path, body = REQUESTS[request]
+    if body is not None:
+        post = work / f"post-{request}.lua"
+        post.write_text(
+            f'wrk.method = "POST"\nwrk.body = [[{json.dumps(body)}]]\nwrk.headers["Content-Type"] = "application/json"\n'
+        )
+        script = ["-s", str(post)]
     header_args = [arg for header in headers or [] for arg in ("-H", header)]
     out = subprocess.run(
         ["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s", *script, *header_args,
-         f"http://127.0.0.1:{TOLLGATE_PORT}/item"],
+         f"http://127.0.0.1:{TOLLGATE_PORT}{path}"],
         env=env,
         check=True,
         capture_output=True,
         text=True,
     ).stdout
+    if "Non-2xx" in out:
+        sys.exit(f"gateway_cost: answers other than 2xx, the figure would not be of proxied requests:\n{out}")
     for line in out.splitlines():
         if "requests in" in line:
             return int(line.split()[0])
@@ -176,6 +240,16 @@ def script_calls() -> int:
     return 0
 
 
+def check_usage_read() -> None:
+    """Exits unless the token route read the usage of every answer (else the figure leaves out the settling)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{ADMIN_PORT}/metrics", timeout=30) as response:
+        metrics = response.read().decode()
+    counted = any(line.startswith("tollgate_tokens_total") for line in metrics.splitlines())
+    missing = [line for line in metrics.splitlines() if line.startswith("tollgate_usage_missing_total")]
+    if not counted or any(not line.endswith(" 0") for line in missing):
+        sys.exit(f"gateway_cost: the token route did not read every answer's usage: {missing or 'no tokens counted'}")
+
+
 def crate_of(function: str) -> str:
     """The crate a function's name starts with (`<hyper::…> as …` counts for hyper), or a C library's symbol."""
     name = function.lstrip("<&*")
@@ -203,7 +277,7 @@ def heaviest(dump: Path, requests: int, count: int) -> list[tuple[str, float]]:
 
 def measure(
     binary: Path, config: Path, seconds: int, connections: int, work: Path, top: int, cache: bool,
-    keep: Path | None, clients: int | None, headers: list[str],
+    keep: Path | None, clients: int | None, headers: list[str], request: str,
 ) -> tuple[float, float, float, float, list[tuple[str, float]]]:
     env = dict(os.environ, TOKIO_WORKER_THREADS="1", RUST_LOG="warn")
     env["BENCH_REDIS_URL"] = f"redis://127.0.0.1:{REDIS_PORT}"
@@ -220,11 +294,13 @@ def measure(
     )
     try:
         wait_ready(f"http://127.0.0.1:{ADMIN_PORT}/readyz", "tollgate", gateway)
-        load(3, connections, clients, headers)
+        load(3, connections, clients, headers, request, work)
         subprocess.run(["callgrind_control", "--zero", str(gateway.pid)], check=True, capture_output=True)
         calls_before = script_calls()
-        requests = load(seconds, connections, clients, headers)
+        requests = load(seconds, connections, clients, headers, request, work)
         calls = script_calls() - calls_before
+        if "tokens" in config.stem:
+            check_usage_read()
         subprocess.run(["callgrind_control", "--dump", str(gateway.pid)], check=True, capture_output=True)
         dumps = sorted(work.glob(f"callgrind.{config.stem}.{gateway.pid}.*"))
         if not dumps:
@@ -248,7 +324,10 @@ def main() -> None:
     parser.add_argument("--binary", type=Path, default=TOLLGATE, help="the tollgate to measure")
     parser.add_argument("--top", type=int, default=0, help="also list the cost by crate and this many heaviest functions per configuration")
     parser.add_argument("--cache", action="store_true", help="also count instruction-cache misses (callgrind's cache simulation)")
-    parser.add_argument("--only", choices=[case[1] for case in CASES], help="measure this configuration alone")
+    parser.add_argument(
+        "--only", choices=[case[1] for case in CASES] + list(GROUPS),
+        help="measure this configuration alone (llm, concurrency: those groups of rows)",
+    )
     parser.add_argument("--keep", type=Path, help="copy the callgrind dumps into this folder (for callgrind_annotate --inclusive=yes)")
     parser.add_argument("--jwt", action="store_true", help="print the bench/configs/*-jwt.yaml token and exit")
     args = parser.parse_args()
@@ -264,6 +343,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gateway_cost.") as tmp:
         work = Path(tmp)
         (work / "logs").mkdir()
+        for name, size in (("sse1k", 1024), ("sse64k", 65536)):
+            folder = work / "sse/v1" / name / "chat"
+            folder.mkdir(parents=True)
+            (folder / "completions").write_text(chat_stream(size))
         (work / "nginx.conf").write_text(
             f"""worker_processes 1;
 daemon off;
@@ -277,6 +360,10 @@ http {{
     server {{
         listen 127.0.0.1:{UPSTREAM_PORT};
         location / {{ return 200 "ok"; }}
+        location /v1/json/ {{ default_type application/json; return 200 '{json.dumps(chat_completion())}'; }}
+        # nginx serves files to GET only: a POST's 405 is turned into the file.
+        location /v1/sse1k/ {{ default_type text/event-stream; root {work}/sse; error_page 405 =200 $uri; }}
+        location /v1/sse64k/ {{ default_type text/event-stream; root {work}/sse; error_page 405 =200 $uri; }}
     }}
 }}
 """
@@ -300,12 +387,13 @@ http {{
             )
             print(f"|---|--:|--:|--:|--:|{misses_rule}")
             profiles = []
-            cases = [case for case in CASES if case[1] == args.only or (args.only is None and case[3])]
-            for label, name, clients, _, headers in cases:
+            names = GROUPS.get(args.only, [args.only])
+            cases = [case for case in CASES if case[1] in names or (args.only is None and case[4])]
+            for label, _, name, clients, _, headers, request in cases:
                 subprocess.run(["redis-cli", "-p", str(REDIS_PORT), "flushall"], capture_output=True)
                 cost, copies, per_call, misses, functions = measure(
                     args.binary, ROOT / "bench/configs" / f"{name}.yaml", args.seconds, args.connections, work, args.top,
-                    args.cache, args.keep, clients, headers,
+                    args.cache, args.keep, clients, headers, request,
                 )
                 per_call_text = f"{per_call:.1f}" if per_call else "-"
                 misses_text = f" {misses:,.0f} |" if args.cache else ""
