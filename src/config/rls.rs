@@ -268,6 +268,14 @@ fn descriptor_rule(issues: &mut Issues, at: &str, path: &str, raw: &RawDescripto
             );
             continue;
         }
+        if settings.counts.statuses().is_some() {
+            issues.add(
+                format!("{at}.counts"),
+                "a limit that counts answers by status needs to see the answer, and the rate limit service never \
+                 does: count requests",
+            );
+            continue;
+        }
         if let LeakyMode::Delay { .. } = leaky_mode(&settings.limit) {
             issues.add(
                 format!("{at}.mode"),

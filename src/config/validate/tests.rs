@@ -479,3 +479,14 @@ fn a_token_count_in_the_rate_limit_service_is_a_located_error() {
         "{found:?}"
     );
 }
+
+#[test]
+fn a_status_count_in_the_rate_limit_service_is_a_located_error() {
+    let text = "rls:\n  listen: 127.0.0.1:0\n  domains:\n    edge:\n      descriptors:\n        - key: remote_address\n          limits: [ { name: failed, algorithm: sliding_log, limit: 5, period: 15m, counts: { status: [401] } } ]\n";
+    let found = problems(text);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].ends_with(".counts: a limit that counts answers by status needs to see the answer, and the rate limit service never does: count requests"),
+        "{found:?}"
+    );
+}
