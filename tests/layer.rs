@@ -26,7 +26,7 @@ use common::http_client::client;
 use common::redis::RedisServer;
 use tollgate::admission::LimitSettings;
 use tollgate::config::{parse_rate, Config};
-use tollgate::key::{KeyPart, KeySpec, MissingKey};
+use tollgate::key::{Counts, KeyPart, KeySpec, MissingKey, StatusSet, TokenKind};
 use tollgate::layer::{Builder, ClientIpHeader, LayerError, RateLimitLayer};
 use tollgate::limiter::store::RedisStore;
 use tollgate::limiter::{
@@ -625,6 +625,71 @@ fn builder_reports_mistakes() {
     );
     assert!(ok()
         .limit_by("l", Vec::<String>::new(), sliding_window(1))
+        .build()
+        .is_ok());
+}
+
+#[test]
+fn token_limits_are_refused_at_build_since_the_layer_cannot_read_usage() {
+    // A route with usage: is an LLM API's: its tokens are read from request and answer bodies, which a layer
+    // around a generic service cannot do. Refused, instead of built without its token limits (limiting nothing).
+    let yaml = r#"
+store:
+  backend: memory
+upstreams:
+  llm: { targets: ["http://127.0.0.1:9"] }
+routes:
+  - name: chat
+    match: { path_prefix: /v1/ }
+    upstream: llm
+    usage: { format: openai, reserve: { prompt: body_bytes, completion: max_tokens, completion_default: 100 } }
+    limits:
+      - { name: tpm, key: ip, algorithm: fixed_window, limit: 1000, period: 1m, counts: total_tokens }
+      - { name: rpm, key: ip, algorithm: fixed_window, limit: 10, period: 1m }
+"#;
+    let config = tollgate::config::parse(yaml, Path::new("layer-test.yaml")).unwrap();
+    let refused = RateLimitLayer::from_route(&config, "chat").unwrap_err();
+    assert_eq!(
+        refused,
+        LayerError::ReadsUsage {
+            route: "chat".into()
+        }
+    );
+    assert!(
+        refused.to_string().contains("usage:"),
+        "a reason a reader can act on: {refused}"
+    );
+
+    // The same limit added by hand.
+    let tpm = LimitSettings::new(
+        Limit::new("tpm", sliding_window(1000), 1).unwrap(),
+        KeySpec::new(vec![KeyPart::Ip], MissingKey::Ip),
+    )
+    .counting(Counts::Tokens(TokenKind::Total));
+    let refused = RateLimitLayer::builder()
+        .memory_store()
+        .scope("api")
+        .limit(tpm)
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        refused,
+        LayerError::CountsTokens {
+            limit: "tpm".into()
+        }
+    );
+    // Limits counting answers by status are read from the answer's head, which the layer sees: built.
+    let mut unauthorized = StatusSet::default();
+    unauthorized.add("401").unwrap();
+    let failed = LimitSettings::new(
+        Limit::new("failed", sliding_window(5), 1).unwrap(),
+        KeySpec::new(vec![KeyPart::Ip], MissingKey::Ip),
+    )
+    .counting(Counts::Status(unauthorized));
+    assert!(RateLimitLayer::builder()
+        .memory_store()
+        .scope("login")
+        .limit(failed)
         .build()
         .is_ok());
 }

@@ -92,6 +92,22 @@ pub enum LayerError {
     /// [`RateLimitLayer::from_route`] was given a route the config does not have.
     #[error("the config has no route named {0:?}")]
     UnknownRoute(String),
+    /// [`RateLimitLayer::from_route`] was given a route with `usage:` (an LLM API's): the layer cannot read the
+    /// tokens a request may spend from its body, nor those its answer reports, out of a generic service's bodies.
+    #[error(
+        "route {route:?} has usage:, which the layer cannot read (token limits need the gateway)"
+    )]
+    ReadsUsage {
+        /// The route.
+        route: String,
+    },
+    /// A limit counts tokens (`counts: input_tokens | output_tokens | total_tokens`), which only a gateway route
+    /// with `usage:` can reserve and settle.
+    #[error("limit {limit:?} counts tokens, which the layer cannot read (token limits need the gateway)")]
+    CountsTokens {
+        /// The limit's name.
+        limit: String,
+    },
 }
 
 /// An in-process limiter holding at most about `max_keys` keys, to share between several layers (each layer made
@@ -140,6 +156,12 @@ impl Builder {
             .iter()
             .find(|r| r.name == route)
             .ok_or_else(|| LayerError::UnknownRoute(route.to_owned()))?;
+        // Refused rather than served without its token limits, which would then limit nothing.
+        if settings.usage.is_some() {
+            return Err(LayerError::ReadsUsage {
+                route: route.to_owned(),
+            });
+        }
         Ok(Self {
             scope: Some(settings.name.clone()),
             key_prefix: config.store.key_prefix.clone(),
@@ -302,6 +324,11 @@ impl Builder {
             if !names.insert(name) {
                 return Err(LayerError::DuplicateLimit {
                     scope,
+                    limit: name.to_owned(),
+                });
+            }
+            if matches!(settings.counts, Counts::Tokens(_)) {
+                return Err(LayerError::CountsTokens {
                     limit: name.to_owned(),
                 });
             }
