@@ -469,24 +469,32 @@ fn bad_usage_values_and_token_counts_without_usage_are_located() {
     );
 }
 
+/// The one problem of an `rls:` block whose only descriptor has `limit` (written inline).
+fn rls_limit_problem(limit: &str) -> String {
+    let text = format!(
+        "rls:\n  listen: 127.0.0.1:0\n  domains:\n    edge:\n      descriptors:\n        - key: remote_address\n          limits: [ {limit} ]\n"
+    );
+    let mut found = problems(&text);
+    assert_eq!(found.len(), 1, "{found:?}");
+    found.remove(0)
+}
+
 #[test]
 fn a_token_count_in_the_rate_limit_service_is_a_located_error() {
-    let text = "rls:\n  listen: 127.0.0.1:0\n  domains:\n    edge:\n      descriptors:\n        - key: remote_address\n          limits: [ { name: tpm, algorithm: fixed_window, limit: 100, period: 1h, counts: total_tokens } ]\n";
-    let found = problems(text);
-    assert_eq!(found.len(), 1, "{found:?}");
+    let found = rls_limit_problem(
+        "{ name: tpm, algorithm: fixed_window, limit: 100, period: 1h, counts: total_tokens }",
+    );
     assert!(
-        found[0].ends_with(".counts: total_tokens counts what answers report, and the rate limit service never sees an answer: count requests"),
-        "{found:?}"
+        found.ends_with(".counts: total_tokens counts what answers report, and the rate limit service never sees an answer: count requests"),
+        "{found}"
     );
 }
 
 #[test]
 fn a_status_count_in_the_rate_limit_service_is_a_located_error() {
-    let text = "rls:\n  listen: 127.0.0.1:0\n  domains:\n    edge:\n      descriptors:\n        - key: remote_address\n          limits: [ { name: failed, algorithm: sliding_log, limit: 5, period: 15m, counts: { status: [401] } } ]\n";
-    let found = problems(text);
-    assert_eq!(found.len(), 1, "{found:?}");
+    let found = rls_limit_problem("{ name: failed, algorithm: sliding_log, limit: 5, period: 15m, counts: { status: [401] } }");
     assert!(
-        found[0].ends_with(".counts: a limit that counts answers by status needs to see the answer, and the rate limit service never does: count requests"),
-        "{found:?}"
+        found.ends_with(".counts: a limit that counts answers by status needs to see the answer, and the rate limit service never does: count requests"),
+        "{found}"
     );
 }
