@@ -16,7 +16,7 @@ second move by 25% between identical runs, so it shows what a change to the requ
                                                            # same limits keyed by the key's header)
     python3 bench/gateway_cost.py --only memory-jwt        # a JWT consumer on the same plan (token cached)
     python3 bench/gateway_cost.py --only llm      # a token route (JSON, SSE of 1 and 64 KB) against one limit
-    python3 bench/gateway_cost.py --only concurrency   # a concurrency limit on Redis against one limit
+    python3 bench/gateway_cost.py --only concurrency   # a concurrency limit against one limit, both stores
     python3 bench/gateway_cost.py --jwt                    # print the bench token (for bench/pairs.sh)
 
 An nginx upstream (return 200) and a Redis are started on loopback; for each configuration tollgate runs under
@@ -99,13 +99,15 @@ CASES = [
     ("Redis, 1 limit, chat JSON", "redis-one-json", "redis-one", None, False, [], "json"),
     ("Redis, token route, chat JSON", "redis-tokens-json", "redis-tokens", None, False, [], "json"),
     # --only concurrency: a concurrency limit against one limit of requests
+    ("memory store, 1 limit", "memory-one", "memory-one", None, False, [], "get"),
+    ("memory store, 1 concurrency limit", "memory-concurrency", "memory-concurrency", None, False, [], "get"),
     ("Redis, 1 limit", "redis-one", "redis-one", None, False, [], "get"),
     ("Redis, 1 concurrency limit", "redis-concurrency", "redis-concurrency", None, False, [], "get"),
 ]
 # Names --only takes for several cases at once.
 GROUPS = {
     "llm": [case[1] for case in CASES if case[6] != "get"],
-    "concurrency": ["redis-one", "redis-concurrency"],
+    "concurrency": ["memory-one", "memory-concurrency", "redis-one", "redis-concurrency"],
 }
 
 
