@@ -612,3 +612,178 @@ routes:
     assert_eq!(refused["limit"], "pro.daily", "{refused}");
     assert_eq!(refused["capacity"], 250, "{refused}");
 }
+
+/// A streamed request to `/gated/openai` at `url` (the upstream holds it after its first event until released),
+/// the upstream to report `input` and `output` after `mib` MiB of content; its answer, once its head came.
+async fn gated_stream(
+    client: &reqwest::Client,
+    url: &str,
+    (input, output): (u64, u64),
+    mib: u64,
+) -> reqwest::Response {
+    let mut streamed = chat(200);
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let response = client
+        .post(url)
+        .header("content-type", "application/json")
+        .header("x-test-input", input.to_string())
+        .header("x-test-output", output.to_string())
+        .header("x-test-mib", mib.to_string())
+        .body(streamed.to_string())
+        .send()
+        .await
+        .expect("gateway answers");
+    assert_eq!(response.status(), 200);
+    response
+}
+
+/// The first piece of `response`'s body: it must come while the upstream sends nothing more (it waits for the test
+/// to have it), so a gateway holding back the first bytes would never deliver it.
+async fn first_piece(response: &mut reqwest::Response) -> bytes::Bytes {
+    let first = tokio::time::timeout(Duration::from_secs(30), response.chunk())
+        .await
+        .expect("the first event came alone, not held back for more")
+        .expect("a piece")
+        .expect("not the end");
+    assert!(first.starts_with(b"data: "), "{first:?}");
+    first
+}
+
+/// The resident memory of process `pid`, in KiB (VmRSS in /proc/PID/status).
+fn resident_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("process status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in {status}"))
+}
+
+#[tokio::test]
+async fn a_100_mib_stream_passes_unbuffered_with_flat_memory_and_settles_its_last_event() {
+    const MIB: u64 = 1024 * 1024;
+    const STREAMED_MIB: u64 = 100;
+    let upstream = LlmUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("gateway.yaml");
+    let yaml = config(
+        None,
+        &upstream.url(),
+        &openai("100"),
+        &tokens_per_hour("total_tokens", 1_000_000),
+    );
+    let yaml = format!("listen: 127.0.0.1:0\nadmin:\n  listen: 127.0.0.1:0\n{yaml}");
+    std::fs::write(&path, yaml).expect("config");
+    let gateway = common::binary::Tollgate::run(&path);
+    let pid = gateway.pid();
+    // No overall timeout: 100 MiB through a debug build takes what it takes.
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let url = gateway.url("/gated/openai");
+    let mut response = gated_stream(&client, &url, (1_000, 2_000), STREAMED_MIB).await;
+    let first = first_piece(&mut response).await;
+    upstream.release();
+
+    let mut received = first.len() as u64;
+    let mut end = first.to_vec();
+    let (mut baseline, mut peak) = (None, 0);
+    let mut next_sample = MIB;
+    while let Some(piece) = response.chunk().await.expect("the stream goes on") {
+        received += piece.len() as u64;
+        end.extend_from_slice(&piece);
+        end.drain(..end.len().saturating_sub(512));
+        if received >= next_sample {
+            let rss = resident_kib(pid);
+            baseline.get_or_insert(rss);
+            peak = peak.max(rss);
+            next_sample += MIB;
+        }
+    }
+    assert!(received >= STREAMED_MIB * MIB, "{received} bytes");
+    let end = String::from_utf8_lossy(&end);
+    assert!(
+        end.contains("\"total_tokens\":3000") && end.ends_with("data: [DONE]\n\n"),
+        "{end}"
+    );
+    // Flat: what the gateway holds after the first MiB is what it holds while the other 99 pass.
+    let baseline = baseline.expect("sampled");
+    assert!(
+        peak <= baseline + 32 * 1024,
+        "resident memory rose from {baseline} KiB to {peak} KiB while {STREAMED_MIB} MiB streamed"
+    );
+    // The usage in the last event is what was settled (1,000 + 2,000 of 300 reserved).
+    let admin = format!("http://{}", gateway.admin);
+    settles_to(&admin, "tpm", 1_000_000 - 3_000).await;
+}
+
+/// A streamed answer whose settlement finds Redis gone (killed between admission and the answer's end) under
+/// `on_error`: the client gets the whole answer, the failure is counted; returns what decides the next request.
+async fn settling_while_redis_is_gone(on_error: &str) -> (TestGateway, LlmUpstream, String) {
+    tollgate::telemetry::prometheus();
+    let mut redis = RedisServer::start();
+    let upstream = LlmUpstream::start().await;
+    let yaml = config(
+        Some(&redis),
+        &upstream.url(),
+        &openai("100"),
+        &tokens_per_hour("total_tokens", 1_000),
+    )
+    .replace("on_error: deny", &format!("on_error: {on_error}"));
+    let gateway = start_gateway(&yaml).await;
+    let admin = serve_admin(&gateway, None).await;
+    let failed_before = settlements_failed(&admin).await;
+    // Reserves 300 (prompt 100, max_tokens 200), reports 600: 300 owed.
+    let client = common::http_client::client();
+    let url = gateway.url("/gated/openai");
+    let mut response = gated_stream(&client, &url, (100, 500), 0).await;
+    first_piece(&mut response).await;
+    redis.kill();
+    upstream.release();
+    let rest = tokio::time::timeout(Duration::from_secs(30), response.text())
+        .await
+        .expect("the answer ends although its settlement cannot")
+        .expect("the whole answer");
+    assert!(
+        rest.contains("\"total_tokens\":600") && rest.ends_with("data: [DONE]\n\n"),
+        "{on_error}: {rest}"
+    );
+    let counted = eventually(Duration::from_secs(10), async || {
+        settlements_failed(&admin).await > failed_before
+    })
+    .await;
+    assert!(
+        counted.is_some(),
+        "{on_error}: the failed settlement is counted"
+    );
+    (gateway, upstream, admin)
+}
+
+/// `tollgate_settlements_failed_total` as the admin listener at `admin` shows it (0 before any).
+async fn settlements_failed(admin: &str) -> u64 {
+    common::http_client::metrics_text(admin)
+        .await
+        .lines()
+        .find_map(|line| line.strip_prefix("tollgate_settlements_failed_total "))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_settlement_finding_redis_gone_lands_in_the_fallback_under_on_error_local() {
+    let (gateway, _upstream, _admin) = settling_while_redis_is_gone("local").await;
+    // Decided by the fallback now: it owes the 300 the answer spent beyond its reservation, and this request's 300
+    // come on top (700 left without the debt).
+    let (status, headers, _) = post(&gateway, "/v1/chat/completions", &chat(200), 7, 3).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-ratelimit-remaining-tokens"], "400");
+}
+
+#[tokio::test]
+async fn a_settlement_finding_redis_gone_is_counted_under_on_error_allow_and_deny() {
+    for on_error in ["allow", "deny"] {
+        settling_while_redis_is_gone(on_error).await;
+    }
+}

@@ -10,6 +10,9 @@
 //! - `/fail`: 500 with a JSON error body.
 //! - `/cut/openai`, `/cut/anthropic`: a stream that sends its first events (Anthropic's `message_start` carries
 //!   the input) and then nothing, held open until the client leaves.
+//! - `/gated/openai`: an OpenAI stream that sends its first event, waits until the test calls
+//!   [`LlmUpstream::release`], then sends `x-test-mib` MiB (default 0) of content events of 16 KiB each and the
+//!   usage chunk.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -25,6 +28,7 @@ use http::HeaderMap;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 /// What the upstream received and reported.
 #[derive(Debug, Clone, Default)]
@@ -38,26 +42,37 @@ pub struct Received {
 /// A running LLM upstream.
 pub struct LlmUpstream {
     pub addr: SocketAddr,
-    received: Arc<Mutex<Received>>,
+    shared: Arc<Shared>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// What the handlers share with the test.
+struct Shared {
+    received: Mutex<Received>,
+    /// One permit per gated stream the test let go on.
+    gate: Semaphore,
 }
 
 impl LlmUpstream {
     pub async fn start() -> Self {
-        let received = Arc::new(Mutex::new(Received::default()));
+        let shared = Arc::new(Shared {
+            received: Mutex::default(),
+            gate: Semaphore::new(0),
+        });
         let app = Router::new()
             .fallback(any(answer))
-            .with_state(received.clone());
+            .with_state(shared.clone());
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("address");
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Self {
-            addr,
-            received,
-            task,
-        }
+        Self { addr, shared, task }
+    }
+
+    /// Lets one `/gated/` stream go on past its first event.
+    pub fn release(&self) {
+        self.shared.gate.add_permits(1);
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -67,12 +82,12 @@ impl LlmUpstream {
 
     /// What it received and reported so far.
     pub fn received(&self) -> Received {
-        self.received.lock().clone()
+        self.shared.received.lock().clone()
     }
 
     /// The body of the last request received.
     pub fn last_body(&self) -> Value {
-        let received = self.received.lock();
+        let received = self.shared.received.lock();
         let (_, _, body) = received.requests.last().expect("a request");
         serde_json::from_slice(body).expect("a JSON body")
     }
@@ -91,13 +106,14 @@ fn count(headers: &HeaderMap, name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-async fn answer(State(received): State<Arc<Mutex<Received>>>, request: Request) -> Response {
+async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let body = axum::body::to_bytes(body, usize::MAX)
         .await
         .unwrap_or_default();
     let path = parts.uri.path().to_owned();
-    received
+    shared
+        .received
         .lock()
         .requests
         .push((path.clone(), parts.headers.clone(), body.clone()));
@@ -105,7 +121,8 @@ async fn answer(State(received): State<Arc<Mutex<Received>>>, request: Request) 
     let stream = json["stream"] == json!(true);
     let input = count(&parts.headers, "x-test-input", 5);
     let output = count(&parts.headers, "x-test-output", 10);
-    let reported = move || received.lock().reported.push((input, output));
+    let reporting = shared.clone();
+    let reported = move || reporting.received.lock().reported.push((input, output));
     match path.as_str() {
         "/v1/chat/completions" if stream => {
             let mut events = vec![
@@ -163,8 +180,61 @@ async fn answer(State(received): State<Arc<Mutex<Received>>>, request: Request) 
             "event: message_start\ndata: {}\n\n",
             json!({"type":"message_start","message":{"usage":{"input_tokens":input,"output_tokens":1}}})
         )),
+        "/gated/openai" => {
+            let mib = count(&parts.headers, "x-test-mib", 0);
+            gated(shared, mib, input, output)
+        }
         _ => json_answer(404, json!({"error":"unknown path"})),
     }
+}
+
+/// Where a gated stream is.
+enum Gated {
+    First,
+    Waiting,
+    /// Content events still to send.
+    Filling(u64),
+    Usage,
+    Done,
+}
+
+/// The `/gated/openai` stream: its first event, then (once released) `mib` MiB of 16 KiB events and the usage.
+fn gated(shared: Arc<Shared>, mib: u64, input: u64, output: u64) -> Response {
+    const EVENT: usize = 16 * 1024;
+    let head = r#"data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":""#;
+    let tail = "\"}}],\"usage\":null}\n\n";
+    let filler = Bytes::from(format!(
+        "{head}{}{tail}",
+        "x".repeat(EVENT - head.len() - tail.len())
+    ));
+    assert_eq!(filler.len(), EVENT);
+    let events = (mib * 1024 * 1024).div_ceil(EVENT as u64);
+    let frames = stream::unfold(Gated::First, move |step| {
+        let (shared, filler) = (shared.clone(), filler.clone());
+        async move {
+            let (frame, next) = match step {
+                Gated::First => (Bytes::from(format!("data: {}\n\n", json!({"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"usage":null}))), Gated::Waiting),
+                Gated::Waiting => {
+                    shared.gate.acquire().await.expect("open").forget();
+                    (Bytes::new(), Gated::Filling(events))
+                }
+                Gated::Filling(0) => (Bytes::new(), Gated::Usage),
+                Gated::Filling(left) => (filler, Gated::Filling(left - 1)),
+                Gated::Usage => {
+                    shared.received.lock().reported.push((input, output));
+                    let usage = json!({"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":input,"completion_tokens":output,"total_tokens":input+output}});
+                    (Bytes::from(format!("data: {usage}\n\ndata: [DONE]\n\n")), Gated::Done)
+                }
+                Gated::Done => return None,
+            };
+            Some((Ok::<_, Infallible>(frame), next))
+        }
+    })
+    .filter(|frame| std::future::ready(!matches!(frame, Ok(bytes) if bytes.is_empty())));
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(frames))
+        .expect("response")
 }
 
 fn json_answer(status: u16, body: Value) -> Response {
