@@ -229,6 +229,52 @@ async fn anthropic_and_header_answers_settle_as_they_report() {
 }
 
 #[tokio::test]
+async fn usage_in_a_trailer_is_asked_for_read_settled_and_passed_on_over_http2() {
+    use http_body_util::BodyExt;
+    let upstream = LlmUpstream::start().await;
+    let usage = "    usage:\n      format: header:x-tokens\n      reserve: { prompt: 10, completion: 100 }\n";
+    let gateway = start_gateway(&config(
+        None,
+        &upstream.url(),
+        usage,
+        &tokens_per_hour("total_tokens", 1000),
+    ))
+    .await;
+    let admin = serve_admin(&gateway, None).await;
+    // An HTTP/1.1 client that takes no trailers: the gateway asks for them, as it reads them.
+    let (status, _, body) = post(&gateway, "/trailer", &json!({}), 3, 4).await;
+    assert_eq!((status, body.as_str()), (200, "ok"));
+    let received = upstream.received();
+    let (_, headers, _) = received.requests.last().expect("a request");
+    assert_eq!(headers["te"], "trailers");
+    settles_to(&admin, "tpm", 1000 - 7).await;
+
+    // An HTTP/2 client gets the trailer as the upstream sent it, and its usage is settled too.
+    let stream = tokio::net::TcpStream::connect(gateway.addr)
+        .await
+        .expect("connect");
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("h2c handshake");
+    tokio::spawn(connection);
+    let request = http::Request::post(gateway.url("/trailer"))
+        .header("x-test-input", "20")
+        .header("x-test-output", "30")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+        .expect("request");
+    let response = sender.send_request(request).await.expect("an answer");
+    assert_eq!(response.status(), 200);
+    let collected = response.into_body().collect().await.expect("a body");
+    let trailers = collected.trailers().cloned().expect("trailers");
+    assert_eq!(trailers["x-tokens"], "50");
+    assert_eq!(&collected.to_bytes()[..], b"ok");
+    settles_to(&admin, "tpm", 1000 - 57).await;
+}
+
+#[tokio::test]
 async fn an_unreachable_upstream_gives_the_reservation_back() {
     let closed = common::ReservedPort::new();
     let yaml = config(

@@ -114,6 +114,12 @@ impl RouteUsage {
         self.settings.completion == CompletionBound::MaxTokens || rewrites.inject_stream_usage
     }
 
+    /// Whether the answer's usage may come in a trailer (`header:<name>`), which the upstream must be told the
+    /// gateway takes.
+    pub fn reads_trailers(&self) -> bool {
+        matches!(self.settings.format, UsageFormat::Header(_))
+    }
+
     /// Prepares the forwarded request's fields: answers whose usage can be read as they pass (not compressed),
     /// when the usage is read from the body.
     pub fn prepare_request(&self, headers: &mut HeaderMap) {

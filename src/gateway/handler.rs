@@ -319,6 +319,10 @@ impl Gateway {
                         host,
                         version: request.version(),
                         write_forwarded: compiled.write_forwarded,
+                        reads_trailers: route
+                            .policy
+                            .usage()
+                            .is_some_and(|usage| usage.reads_trailers()),
                     };
                     let started = Instant::now();
                     let result = upstream.forward(request, &canonical.path, &forwarded).await;

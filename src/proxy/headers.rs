@@ -34,6 +34,9 @@ pub struct ForwardedFacts<'a> {
     pub version: Version,
     /// `client_ip.forwarded`: add tollgate's element to `Forwarded` (RFC 7239).
     pub write_forwarded: bool,
+    /// The gateway reads the answer's trailers (a route's `usage: header:<name>`): the upstream is told so with
+    /// `TE: trailers`, without which a server may drop them (hyper's HTTP/1 server does).
+    pub reads_trailers: bool,
 }
 
 /// The hop-by-hop fields every message loses, whether or not `Connection` names them.
@@ -230,6 +233,9 @@ fn remove_present_hop_by_hop(headers: &mut HeaderMap, present: u16) {
 pub fn prepare_request(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) {
     let present = scan(headers);
     remove_present_hop_by_hop(headers, present);
+    if facts.reads_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
     let peer = crate::key::ip_text(facts.peer);
     let forwarded_for = match (facts.peer_trusted, facts.believed) {
         (false, _) => HeaderValue::try_from(peer),
@@ -359,6 +365,7 @@ mod tests {
             host: Some("api.example.com"),
             version: Version::HTTP_11,
             write_forwarded: false,
+            reads_trailers: false,
         }
     }
 
@@ -453,6 +460,20 @@ mod tests {
         prepare_request(&mut h, &facts(true));
         let lines: Vec<&HeaderValue> = h.get_all("x-forwarded-for").iter().collect();
         assert_eq!(lines, ["198.51.100.1, 203.0.113.9, 10.0.0.2, 192.0.2.1"]);
+    }
+
+    #[test]
+    fn the_upstream_is_asked_for_trailers_only_where_the_gateway_reads_them() {
+        let mut h = HeaderMap::new();
+        h.insert(header::TE, HeaderValue::from_static("trailers, deflate"));
+        prepare_request(&mut h, &facts(false));
+        assert!(h.get(header::TE).is_none(), "the client's TE is its hop's");
+        let reading = ForwardedFacts {
+            reads_trailers: true,
+            ..facts(false)
+        };
+        prepare_request(&mut h, &reading);
+        assert_eq!(h[header::TE], "trailers");
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //!   when it asks for it (`stream_options.include_usage`).
 //! - `/v1/messages`: Anthropic; streamed when asked, input in `message_start`, output in the last `message_delta`.
 //! - `/header`: the total in the response header `x-tokens`.
+//! - `/trailer`: the total in the trailer `x-tokens` (announced by `Trailer: x-tokens`), which hyper's server sends
+//!   over HTTP/1.1 only to a request with `TE: trailers`.
 //! - `/nousage`: a JSON answer without usage.
 //! - `/fail`: 500 with a JSON error body.
 //! - `/cut/openai`, `/cut/anthropic`: a stream that sends its first events (Anthropic's `message_start` carries
@@ -25,6 +27,8 @@ use axum::routing::any;
 use axum::Router;
 use futures_util::stream::{self, StreamExt};
 use http::HeaderMap;
+use http_body::Frame;
+use http_body_util::StreamBody;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
@@ -168,6 +172,19 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
             Response::builder()
                 .header("x-tokens", (input + output).to_string())
                 .body(Body::from("ok"))
+                .expect("response")
+        }
+        "/trailer" => {
+            reported();
+            let mut trailers = HeaderMap::new();
+            trailers.insert("x-tokens", (input + output).into());
+            let frames = stream::iter([
+                Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"ok"))),
+                Ok(Frame::trailers(trailers)),
+            ]);
+            Response::builder()
+                .header("trailer", "x-tokens")
+                .body(Body::new(StreamBody::new(frames)))
                 .expect("response")
         }
         "/nousage" => json_answer(200, json!({"id":"c","choices":[]})),
