@@ -384,3 +384,338 @@ async fn on_redis_a_request_longer_than_its_lease_keeps_its_slot() {
     assert_eq!(held.await.expect("held"), 200);
     assert!(admitted_again(&gateways[1]).await, "released at its end");
 }
+
+// === the queue ===
+
+/// One slot per address whose full key makes requests wait (`queue:` with `max_wait` and `max_waiting`), with a
+/// lease of `lease` (a waiter also asks again every third of it).
+fn queued(max: u64, lease: &str, max_wait: &str, max_waiting: u64) -> String {
+    format!(
+        "      - {{ name: in-flight, key: ip, algorithm: concurrency, max: {max}, lease: {lease}, \
+         queue: {{ max_wait: {max_wait}, max_waiting: {max_waiting} }} }}\n"
+    )
+}
+
+/// Gateways in front of `upstream` with `limits`, on `redis` or in memory, whose upstream answers within 30 s.
+async fn queue_gateways(
+    redis: Option<&RedisServer>,
+    upstream: &InFlightUpstream,
+    gone: &ReservedPort,
+    limits: &str,
+) -> Vec<TestGateway> {
+    let yaml =
+        yaml(&store_yaml(redis), upstream, gone, limits).replace("timeout: 1s", "timeout: 30s");
+    gateways_sharing(&yaml, redis).await
+}
+
+/// How many requests wait on `gateway` for a slot of the client 127.0.0.1, as its admin API says.
+async fn waiting(admin: &str) -> u64 {
+    let (_, seen) =
+        json_answer(client().get(format!("{admin}/limits/api/in-flight?key=127.0.0.1"))).await;
+    seen["waiting"].as_u64().unwrap_or(u64::MAX)
+}
+
+/// Waits until `n` requests wait on the gateway whose admin API is `admin`.
+async fn until_waiting(admin: &str, n: u64) {
+    let seen = eventually(SOON, async || waiting(admin).await == n).await;
+    assert!(seen.is_some(), "{} waiting, not {n}", waiting(admin).await);
+}
+
+async fn waiters_are_admitted_in_arrival_order(redis: Option<&RedisServer>) {
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    let gateways = queue_gateways(redis, &upstream, &gone, &queued(1, "30s", "10s", 100)).await;
+    let gateway = &gateways[0];
+    let admin = serve_admin(gateway, None).await;
+    let first = tokio::spawn(status(gateway.url("/hold")));
+    assert!(eventually(SOON, async || upstream.in_flight() == 1)
+        .await
+        .is_some());
+    let mut waiters = Vec::new();
+    for i in 1..=3 {
+        waiters.push(tokio::spawn(status(gateway.url(&format!("/w{i}/hold")))));
+        until_waiting(&admin, i).await;
+    }
+    // One at a time: each release lets the next in line reach the upstream, and only it.
+    for arrived in 2..=4 {
+        upstream.release(1);
+        let seen = eventually(SOON, async || upstream.arrived() == arrived).await;
+        assert!(seen.is_some(), "{:?}", upstream.arrivals());
+    }
+    upstream.release(1);
+    assert_eq!(first.await.expect("first"), 200);
+    for waiter in waiters {
+        assert_eq!(waiter.await.expect("waiter"), 200);
+    }
+    assert_eq!(
+        upstream.arrivals(),
+        ["/hold", "/w1/hold", "/w2/hold", "/w3/hold"]
+    );
+    assert_eq!(upstream.most_in_flight(), 1);
+    assert_eq!(waiting(&admin).await, 0);
+}
+
+#[tokio::test]
+async fn in_memory_waiting_requests_are_admitted_in_the_order_they_arrived() {
+    waiters_are_admitted_in_arrival_order(None).await;
+}
+
+#[tokio::test]
+async fn on_redis_waiting_requests_are_admitted_in_the_order_they_arrived() {
+    let redis = RedisServer::start();
+    waiters_are_admitted_in_arrival_order(Some(&redis)).await;
+}
+
+async fn refused_once_max_wait_passes(redis: Option<&RedisServer>) {
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    let gateways = queue_gateways(redis, &upstream, &gone, &queued(1, "300ms", "700ms", 100)).await;
+    let gateway = &gateways[0];
+    let held = tokio::spawn(status(gateway.url("/hold")));
+    assert!(eventually(SOON, async || upstream.in_flight() == 1)
+        .await
+        .is_some());
+    let asked = std::time::Instant::now();
+    let answer = client()
+        .get(gateway.url("/quick"))
+        .send()
+        .await
+        .expect("answer");
+    assert!(
+        asked.elapsed() >= Duration::from_millis(700),
+        "answered after {:?}, before max_wait",
+        asked.elapsed()
+    );
+    assert_eq!(answer.status(), 429);
+    assert_eq!(answer.headers()["retry-after"], "1");
+    let body: serde_json::Value =
+        serde_json::from_slice(&answer.bytes().await.expect("body")).expect("json");
+    assert_eq!(body["error"], "rate_limited");
+    assert_eq!(body["limit"], "in-flight");
+    assert_eq!(
+        upstream.arrived(),
+        1,
+        "the refused request never reached it"
+    );
+    upstream.release(1);
+    assert_eq!(held.await.expect("held"), 200);
+    assert!(admitted_again(gateway).await);
+}
+
+#[tokio::test]
+async fn in_memory_a_waiting_request_is_refused_with_retry_after_once_max_wait_passes() {
+    refused_once_max_wait_passes(None).await;
+}
+
+#[tokio::test]
+async fn on_redis_a_waiting_request_is_refused_with_retry_after_once_max_wait_passes() {
+    let redis = RedisServer::start();
+    refused_once_max_wait_passes(Some(&redis)).await;
+}
+
+async fn one_past_max_waiting_is_refused_at_once(redis: Option<&RedisServer>) {
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    // Waiting could last longer than the test's client waits (10 s): an answer at all is an answer at once.
+    let gateways = queue_gateways(redis, &upstream, &gone, &queued(1, "30s", "60s", 2)).await;
+    let gateway = &gateways[0];
+    let admin = serve_admin(gateway, None).await;
+    let held = tokio::spawn(status(gateway.url("/hold")));
+    assert!(eventually(SOON, async || upstream.in_flight() == 1)
+        .await
+        .is_some());
+    let first = tokio::spawn(status(gateway.url("/w1/hold")));
+    until_waiting(&admin, 1).await;
+    let second = tokio::spawn(status(gateway.url("/w2/hold")));
+    until_waiting(&admin, 2).await;
+    let answer = client()
+        .get(gateway.url("/quick"))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(answer.status(), 429);
+    assert_eq!(answer.headers()["retry-after"], "1");
+    assert!(
+        !first.is_finished() && !second.is_finished(),
+        "both still wait"
+    );
+    assert_eq!(waiting(&admin).await, 2);
+    upstream.release(3);
+    for request in [held, first, second] {
+        assert_eq!(request.await.expect("request"), 200);
+    }
+    assert_eq!(upstream.most_in_flight(), 1);
+}
+
+#[tokio::test]
+async fn in_memory_one_request_past_max_waiting_is_refused_at_once() {
+    one_past_max_waiting_is_refused_at_once(None).await;
+}
+
+#[tokio::test]
+async fn on_redis_one_request_past_max_waiting_is_refused_at_once() {
+    let redis = RedisServer::start();
+    one_past_max_waiting_is_refused_at_once(Some(&redis)).await;
+}
+
+async fn a_waiter_whose_client_left_takes_no_slot(redis: Option<&RedisServer>) {
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    let gateways = queue_gateways(redis, &upstream, &gone, &queued(1, "30s", "60s", 100)).await;
+    let gateway = &gateways[0];
+    let admin = serve_admin(gateway, None).await;
+    let held = tokio::spawn(status(gateway.url("/hold")));
+    assert!(eventually(SOON, async || upstream.in_flight() == 1)
+        .await
+        .is_some());
+    // First in line, then gone: its client gives up while it waits.
+    let left = client()
+        .get(gateway.url("/left/hold"))
+        .timeout(Duration::from_millis(500))
+        .send()
+        .await;
+    assert!(left.is_err(), "the first waiter was answered: {left:?}");
+    let second = tokio::spawn(status(gateway.url("/second/hold")));
+    // The one that left is out of the line; the second is first.
+    until_waiting(&admin, 1).await;
+    upstream.release(2);
+    assert_eq!(held.await.expect("held"), 200);
+    assert_eq!(second.await.expect("second"), 200);
+    assert_eq!(upstream.arrivals(), ["/hold", "/second/hold"]);
+    assert!(admitted_again(gateway).await, "no slot left taken");
+}
+
+#[tokio::test]
+async fn in_memory_a_waiting_request_whose_client_left_takes_no_slot() {
+    a_waiter_whose_client_left_takes_no_slot(None).await;
+}
+
+#[tokio::test]
+async fn on_redis_a_waiting_request_whose_client_left_takes_no_slot() {
+    let redis = RedisServer::start();
+    a_waiter_whose_client_left_takes_no_slot(Some(&redis)).await;
+}
+
+/// Sixty requests at once from one client, over two gateways on Redis, each held a moment at the upstream: all
+/// wait their turn and are admitted, never more than `max` at the upstream at once.
+async fn queued_requests_never_exceed_max(redis: Option<&RedisServer>) {
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    let gateways = queue_gateways(redis, &upstream, &gone, &queued(3, "3s", "30s", 100)).await;
+    let requests: Vec<_> = (0..60)
+        .map(|i| tokio::spawn(status(gateways[i % gateways.len()].url("/hold"))))
+        .collect();
+    while !requests.iter().all(|r| r.is_finished()) {
+        if upstream.in_flight() > 0 {
+            upstream.release(1);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut statuses = Vec::new();
+    for request in requests {
+        statuses.push(request.await.expect("request"));
+    }
+    assert_eq!(common::count(&statuses, 200), 60, "{statuses:?}");
+    assert_eq!(upstream.arrived(), 60);
+    assert!(
+        upstream.most_in_flight() <= 3,
+        "{} in flight",
+        upstream.most_in_flight()
+    );
+}
+
+#[tokio::test]
+async fn in_memory_queued_requests_never_put_more_than_max_at_the_upstream() {
+    queued_requests_never_exceed_max(None).await;
+}
+
+#[tokio::test]
+async fn on_redis_queued_requests_never_put_more_than_max_at_the_upstream_from_two_gateways() {
+    let redis = RedisServer::start();
+    queued_requests_never_exceed_max(Some(&redis)).await;
+}
+
+#[tokio::test]
+async fn on_redis_a_release_on_one_gateway_wakes_a_request_waiting_on_another() {
+    let redis = RedisServer::start();
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    // A waiter asks again of itself every 30 s (a third of the lease): within this test's 10 s, only the release
+    // announced through Redis can wake it.
+    let gateways = queue_gateways(
+        Some(&redis),
+        &upstream,
+        &gone,
+        &queued(1, "90s", "60s", 100),
+    )
+    .await;
+    let (a, b) = (&gateways[0], &gateways[1]);
+    let admin_b = serve_admin(b, None).await;
+    let held = tokio::spawn(status(a.url("/hold")));
+    assert!(eventually(SOON, async || upstream.in_flight() == 1)
+        .await
+        .is_some());
+    let waiter = tokio::spawn(status(b.url("/waiter/hold")));
+    until_waiting(&admin_b, 1).await;
+    upstream.release(1);
+    assert_eq!(held.await.expect("held"), 200);
+    let woken = eventually(Duration::from_secs(10), async || upstream.arrived() == 2).await;
+    assert!(
+        woken.is_some(),
+        "the waiter on the other gateway was not woken"
+    );
+    upstream.release(1);
+    assert_eq!(waiter.await.expect("waiter"), 200);
+    assert_eq!(upstream.arrivals(), ["/hold", "/waiter/hold"]);
+}
+
+/// A rate limit per `x-user` (two an hour) beside a slot with a queue: a request that waits, asking again many
+/// times, is counted by the rate limit once, when admitted.
+async fn waiting_takes_nothing_from_rate_limits(redis: Option<&RedisServer>) {
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    let limits = format!(
+        "{}      - {{ name: per-user, key: \"header:x-user\", algorithm: fixed_window, limit: 2, period: 1h }}\n",
+        queued(1, "300ms", "10s", 100)
+    );
+    let gateways = queue_gateways(redis, &upstream, &gone, &limits).await;
+    let gateway = &gateways[0];
+    let admin = serve_admin(gateway, None).await;
+    let send = |user: &'static str, path: &'static str| {
+        let url = gateway.url(path);
+        async move {
+            client()
+                .get(url)
+                .header("x-user", user)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0)
+        }
+    };
+    let held = tokio::spawn(send("a", "/hold"));
+    assert!(eventually(SOON, async || upstream.in_flight() == 1)
+        .await
+        .is_some());
+    let waiter = tokio::spawn(send("b", "/hold"));
+    until_waiting(&admin, 1).await;
+    // Long enough for the waiter to ask again several times (every 100 ms, a third of its lease).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    upstream.release(2);
+    assert_eq!(held.await.expect("held"), 200);
+    assert_eq!(waiter.await.expect("waiter"), 200);
+    // User b spent one of two: one more is admitted, then none.
+    assert_eq!(send("b", "/quick").await, 200, "the waiting took nothing");
+    assert_eq!(send("b", "/quick").await, 429);
+}
+
+#[tokio::test]
+async fn in_memory_a_waiting_request_takes_nothing_from_rate_limits_until_admitted() {
+    waiting_takes_nothing_from_rate_limits(None).await;
+}
+
+#[tokio::test]
+async fn on_redis_a_waiting_request_takes_nothing_from_rate_limits_until_admitted() {
+    let redis = RedisServer::start();
+    waiting_takes_nothing_from_rate_limits(Some(&redis)).await;
+}

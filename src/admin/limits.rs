@@ -46,6 +46,8 @@ pub(super) async fn peek_limit(
             "held": held,
             "holders": holders,
             "instance": limiter.instance(),
+            // Requests of this instance waiting for a slot of the key (`queue:`).
+            "waiting": limiter.slot_queues().waiting(&store_key),
         })));
     }
     Ok(Json(json!({

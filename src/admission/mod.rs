@@ -8,6 +8,7 @@ mod headers;
 mod held;
 mod limits;
 mod policy;
+mod queue;
 mod refusal;
 mod responses;
 mod serve;

@@ -12,6 +12,7 @@ use ipnet::IpNet;
 use super::after_answer::{AfterAnswer, AnswerGuard};
 use super::held::Held;
 use super::limits::{Checked, LimitSet, NotChecked, Replaced};
+use super::queue::{wait_for_slot, Waited};
 use super::refusal::Refusal;
 use super::settle::StatusSettlement;
 use super::slots::{Both, HeldSlots};
@@ -36,6 +37,23 @@ pub struct Policy {
     after_answer: Option<AfterAnswerMaker>,
     /// How the route's answers report the tokens they cost, on a route with `usage:`.
     usage: Option<Arc<RouteUsage>>,
+}
+
+/// The refusal of a request the limiter did not decide.
+fn not_checked(error: NotChecked) -> Admission {
+    Admission::Refused(match error {
+        NotChecked::Ambiguous(_) => Refusal::AmbiguousKey,
+        NotChecked::Unavailable(error) => Refusal::Unavailable(error),
+        NotChecked::TooLarge {
+            limit,
+            reserved,
+            capacity,
+        } => Refusal::ReservationTooLarge {
+            limit,
+            reserved,
+            capacity,
+        },
+    })
 }
 
 /// Makes the [`AfterAnswer`] work of one admitted request.
@@ -228,31 +246,38 @@ impl Policy {
         // A moment before the decision, for the give-backs settled after the answer: they land on its windows (a
         // time never later than the decision's, see `StatusSettlement`).
         let settles_tokens = reserve.get().is_some() && limits.counts_tokens();
-        let asked = (limits.counts_statuses() || settles_tokens).then(Instant::now);
-        let checked = match limits
+        let mut asked = (limits.counts_statuses() || settles_tokens).then(Instant::now);
+        let mut checked = match limits
             .check_reserving(limiter, facts, replaced, reserve)
             .await
         {
             Ok(checked) => checked,
-            Err(NotChecked::Ambiguous(_)) => return Admission::Refused(Refusal::AmbiguousKey),
-            Err(NotChecked::Unavailable(error)) => {
-                return Admission::Refused(Refusal::Unavailable(error))
-            }
-            Err(NotChecked::TooLarge {
-                limit,
-                reserved,
-                capacity,
-            }) => {
-                return Admission::Refused(Refusal::ReservationTooLarge {
-                    limit,
-                    reserved,
-                    capacity,
-                })
-            }
+            Err(error) => return not_checked(error),
         };
         if !checked.outcome.allowed {
             let plan = caller.as_deref().and_then(|caller| caller.plan);
-            return Admission::Refused(Refusal::RateLimited { checked, plan });
+            // Only a route with a concurrency limit may wait, and only when a slot with a queue is all it wants.
+            let queued = match limits.holds_slots() {
+                true => limits.queued_refusal(&checked),
+                false => None,
+            };
+            let Some(refusal) = queued else {
+                return Admission::Refused(Refusal::RateLimited { checked, plan });
+            };
+            // Boxed: only a request that waits pays for the waiting's future.
+            let waiting = Box::pin(wait_for_slot(
+                limiter, limits, facts, reserve, checked, refusal,
+            ));
+            match waiting.await {
+                Waited::Admitted(admitted, at) => {
+                    checked = admitted;
+                    asked = asked.map(|_| at);
+                }
+                Waited::Refused(checked) => {
+                    return Admission::Refused(Refusal::RateLimited { checked, plan })
+                }
+                Waited::Failed(error) => return not_checked(error),
+            }
         }
         let delay_ms = limits.delay_ms(&checked);
         if delay_ms > 0 {

@@ -17,14 +17,6 @@ pub(crate) fn limit_settings(
     let key = key_spec(issues, &format!("{at}.key"), raw).map(|key| key.secret(raw.secret));
     let counts = counts(issues, &format!("{at}.counts"), raw.counts.as_ref());
     let limit = checked_limit(issues, at, raw, before)?;
-    if let crate::limiter::Algorithm::Concurrency { queue: Some(_), .. } = limit.algorithm() {
-        // Parsed and bounded already, so that a file written for it stays valid once it is.
-        issues.add(
-            format!("{at}.queue"),
-            "waiting for a slot is not available yet: remove queue (a full key is refused with Retry-After: 1)",
-        );
-        return None;
-    }
     if limit.algorithm().holds_slots() && raw.counts.is_some() {
         issues.add(
             format!("{at}.counts"),

@@ -145,6 +145,8 @@ impl Giver {
 
     /// Releases the slots of `concurrency` limits that an admitted request held (store key and limit of each):
     /// in this process at once, in Redis off the caller's path (it must be called within a tokio runtime then).
+    /// A limit with a queue wakes the first request waiting for its key: in this process here, and on every
+    /// instance through Redis when it was full there (the release script announces it).
     pub fn release_slots(self, held: Vec<(String, Limit)>, lease: u64) {
         if let Some(redis) = &self.redis {
             redis.release(lease, held);
@@ -154,6 +156,11 @@ impl Giver {
                 .map(|(key, limit)| LimitCheck { key, limit })
                 .collect();
             local.give_back(local.now_ms(), &checks);
+            for (key, limit) in &held {
+                if limit.algorithm().slot_queue().is_some() {
+                    local.slot_queues().released(key);
+                }
+            }
         }
     }
 

@@ -95,7 +95,7 @@ pub enum Algorithm {
 pub struct SlotQueue {
     /// The longest a request waits for a slot before it is refused, in milliseconds.
     pub max_wait_ms: u64,
-    /// The most requests waiting per key on one instance; more are refused at once.
+    /// The most requests of the limit waiting on one instance, whatever their key; more are refused at once.
     pub max_waiting: u64,
 }
 
@@ -233,6 +233,14 @@ impl Algorithm {
     /// Whether a request holds what it takes only until its answer ends (`concurrency`).
     pub fn holds_slots(&self) -> bool {
         matches!(self, Algorithm::Concurrency { .. })
+    }
+
+    /// How a request finding a `concurrency` key full waits for a slot, when it does (`queue:`).
+    pub fn slot_queue(&self) -> Option<&SlotQueue> {
+        match self {
+            Algorithm::Concurrency { queue, .. } => queue.as_ref(),
+            _ => None,
+        }
     }
 
     /// The policy window in milliseconds: the period for window algorithms, the time to refill an empty bucket

@@ -10,6 +10,7 @@ mod giver;
 mod limit;
 mod rate_limiter;
 mod settings;
+mod slot_queues;
 pub mod store;
 mod units;
 mod written;
@@ -23,6 +24,7 @@ pub use limit::{
 };
 pub use rate_limiter::{Backend, DecidedBy, OnError, RateLimiter, Readiness, Unavailable};
 pub use settings::{BackendKind, StoreSettings};
+pub use slot_queues::{Place, SlotQueues};
 /// What a full in-process store does with a new key's request (`StoreSettings::when_full`).
 pub use store::WhenFull;
 pub use units::{parse_duration, parse_rate, UnitError};

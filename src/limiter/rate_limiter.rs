@@ -11,8 +11,8 @@ use super::breaker::{CircuitBreaker, Tripped};
 use super::carry_over::FallbackLedger;
 use super::deny_cache::DenyCache;
 use super::giver::Giver;
-use super::store::{LimitCheck, MemoryStore, RedisStore, ResetNotice, StoreError};
-use super::{Clock, Decision, Limit, Outcome};
+use super::store::{Announcement, LimitCheck, MemoryStore, RedisStore, StoreError};
+use super::{Clock, Decision, Limit, Outcome, SlotQueues};
 
 /// How often a probe asks a Redis that failed. Short: the connections reconnect at most 100 ms apart, and
 /// limiting is to be shared again within 300 ms of Redis answering; a probe while disconnected fails at once
@@ -138,23 +138,29 @@ impl RateLimiter {
         if let Backend::Redis(redis) = &backend {
             // Held weakly: the listener ends with the limiter (tests make many; a reload keeps the one).
             let (local, denials) = (Arc::downgrade(&local), Arc::downgrade(&denials));
-            let listening = redis.on_reset(move |notice| {
+            let listening = redis.on_announcement(move |heard| {
                 let (Some(local), Some(denials)) = (local.upgrade(), denials.upgrade()) else {
                     return false;
                 };
-                match notice {
-                    ResetNotice::Key(key) => {
+                match heard {
+                    Announcement::Reset(key) => {
                         denials.forget(key);
                         local.reset(key);
                     }
+                    // The first request of this instance waiting for a slot of the key asks for it.
+                    Announcement::Released(key) => local.slot_queues().released(key),
                     // The fallback's state is a stand-in for Redis's during outages, kept as it is; the cache of
-                    // denials would go on refusing a key that was reset.
-                    ResetNotice::MaybeMissed => denials.clear(),
+                    // denials would go on refusing a key that was reset; and a waiting request would wait for a
+                    // release already made, until it asks again of itself.
+                    Announcement::MaybeMissed => {
+                        denials.clear();
+                        local.slot_queues().wake_all();
+                    }
                 }
                 true
             });
             if let Err(error) = listening {
-                tracing::warn!(%error, "cannot listen for other instances' resets");
+                tracing::warn!(%error, "cannot listen for other instances' resets and freed slots");
             }
         }
         let health = Arc::new(Health::default());
@@ -372,6 +378,11 @@ impl RateLimiter {
     /// The in-process store (the store itself for `Backend::Memory`, else the fallback).
     pub fn local(&self) -> &MemoryStore {
         &self.local
+    }
+
+    /// The requests of this instance waiting for a slot of a full `concurrency` key with a queue.
+    pub fn slot_queues(&self) -> &Arc<SlotQueues> {
+        self.local.slot_queues()
     }
 
     /// The state of one limit for one key, consuming nothing: from Redis (the shared truth), or from the

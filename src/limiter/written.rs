@@ -6,7 +6,7 @@ use super::{format_duration_ms, Algorithm, LeakyMode, Limit, Rate, SlotQueue};
 /// A `concurrency` lease when none is written: long enough that renewals (every third of it) cost nothing
 /// noticeable, short enough that a crashed instance's slots come back soon.
 pub(crate) const DEFAULT_LEASE_MS: u64 = 30_000;
-/// Requests that may wait for a slot of one key on one instance when `queue.max_waiting` is not written.
+/// Requests of one limit that may wait for a slot on one instance when `queue.max_waiting` is not written.
 pub(crate) const DEFAULT_MAX_WAITING: u64 = 1_000;
 
 /// Every algorithm that may be named, with the parameters it takes, in the order users read them.

@@ -8,7 +8,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
@@ -32,6 +32,8 @@ struct Counts {
     now: AtomicUsize,
     most: AtomicUsize,
     arrived: AtomicUsize,
+    /// The paths of the requests held, in the order they arrived.
+    arrivals: Mutex<Vec<String>>,
     /// Requests held wait for a permit of their own; none until the test gives some.
     gate: Semaphore,
 }
@@ -67,6 +69,7 @@ impl InFlightUpstream {
             now: AtomicUsize::new(0),
             most: AtomicUsize::new(0),
             arrived: AtomicUsize::new(0),
+            arrivals: Mutex::new(Vec::new()),
             gate: Semaphore::new(0),
         });
         let app = Router::new()
@@ -103,6 +106,11 @@ impl InFlightUpstream {
         self.counts.arrived.load(Ordering::SeqCst)
     }
 
+    /// The paths of the requests to `/hold` (or `<prefix>/hold`) that arrived, in the order they did.
+    pub fn arrivals(&self) -> Vec<String> {
+        self.counts.arrivals.lock().expect("arrivals").clone()
+    }
+
     /// Lets `n` held requests (present or to come) go on.
     pub fn release(&self, n: usize) {
         self.counts.gate.add_permits(n);
@@ -117,13 +125,22 @@ impl Drop for InFlightUpstream {
 
 async fn routed(State(counts): State<Arc<Counts>>, request: Request) -> Response {
     if request.uri().path().ends_with("/hold") {
-        return held(State(counts)).await;
+        return hold_as(counts, request.uri().path()).await;
     }
     let _in_flight = InFlight::enter(&counts);
     "ok".into_response()
 }
 
 async fn held(State(counts): State<Arc<Counts>>) -> Response {
+    hold_as(counts, "/hold").await
+}
+
+async fn hold_as(counts: Arc<Counts>, path: &str) -> Response {
+    counts
+        .arrivals
+        .lock()
+        .expect("arrivals")
+        .push(path.to_owned());
     let in_flight = InFlight::enter(&counts);
     in_flight.held().await;
     "done".into_response()

@@ -2,6 +2,9 @@
 //! informational fields.
 
 mod answer;
+mod queue;
+
+pub(super) use queue::QueuedRefusal;
 
 use std::sync::Arc;
 
@@ -46,6 +49,8 @@ pub struct LimitSet {
     in_flight: Vec<Option<metrics::Gauge>>,
     /// Whether some limit is a `concurrency` limit: an admitted request then holds slots until its answer ends.
     holds_slots: bool,
+    /// Per limit: `tollgate_queue_wait_seconds` of a `concurrency` limit with a queue, `None` for the others.
+    queue_waits: Vec<Option<metrics::Histogram>>,
     /// Whether some limit counts tokens (and applies).
     counts_tokens: bool,
     /// Whether the set's requests reserve tokens (its route reads `usage:`). A plan's token limits added to a set
@@ -150,6 +155,7 @@ impl LimitSet {
             counts_statuses: false,
             in_flight: Vec::new(),
             holds_slots: false,
+            queue_waits: Vec::new(),
             counts_tokens: false,
             reserves_tokens: false,
             inert_spec: None,
@@ -239,6 +245,14 @@ impl LimitSet {
                 "limit" => settings.limit.name().to_owned(),
             )
         }));
+        self.queue_waits
+            .push(settings.limit.algorithm().slot_queue().map(|_| {
+                metrics::histogram!(
+                    "tollgate_queue_wait_seconds",
+                    "route" => self.scope.clone(),
+                    "limit" => settings.limit.name().to_owned(),
+                )
+            }));
         self.counts_tokens |= settings.counts.tokens().is_some() && !inert;
         self.limits.push(settings);
     }
@@ -318,7 +332,11 @@ impl LimitSet {
             decided_by,
             lease,
         };
-        self.count_decisions(&checked);
+        // A request refused only for want of a slot it may wait for is counted once it is admitted or refused for
+        // good (see `queue.rs`), not at each time it asks.
+        if checked.outcome.allowed || !self.holds_slots || self.queued_refusal(&checked).is_none() {
+            self.count_decisions(&checked);
+        }
         Ok(checked)
     }
 
@@ -500,7 +518,7 @@ impl LimitSet {
     /// `tollgate_decisions_total`: every limit of an admitted request counts as allowed; of a denied request
     /// only the denying limits count (the others consumed nothing and decided nothing).
     /// A shadow limit that denies counts as `shadow_denied` (and is logged), whatever the request's fate.
-    fn count_decisions(&self, checked: &Checked) {
+    pub(super) fn count_decisions(&self, checked: &Checked) {
         for (i, decision) in checked.outcome.decisions.iter().enumerate() {
             let Some(counters) = checked.applied.get(i).and_then(|&l| self.decisions.get(l)) else {
                 continue;

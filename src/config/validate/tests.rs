@@ -201,11 +201,20 @@ fn unknown_algorithms_and_bad_leaky_modes_are_named() {
 
 #[test]
 fn concurrency_limits_take_max_a_lease_and_a_queue() {
+    let queued = parse(&with_limit(
+        "algorithm: concurrency\nmax: 4\nqueue: { max_wait: 10s }",
+    ))
+    .unwrap();
     assert_eq!(
-        problems(&with_limit(
-            "algorithm: concurrency\nmax: 4\nqueue: { max_wait: 10s }"
-        )),
-        ["routes[0].limits[0].queue: waiting for a slot is not available yet: remove queue (a full key is refused with Retry-After: 1)"]
+        *queued.routes[0].limits[0].limit.algorithm(),
+        crate::limiter::Algorithm::Concurrency {
+            max: 4,
+            lease_ms: 30_000,
+            queue: Some(crate::limiter::SlotQueue {
+                max_wait_ms: 10_000,
+                max_waiting: 1_000
+            })
+        }
     );
     let config = parse(&with_limit("algorithm: concurrency\nmax: 2\nlease: 5s")).unwrap();
     assert_eq!(

@@ -10,7 +10,7 @@ mod sentinel;
 use thiserror::Error;
 
 pub use self::memory::{MemoryStore, WhenFull};
-pub use self::redis::{RedisStore, RedisTopology, ResetNotice};
+pub use self::redis::{Announcement, RedisStore, RedisTopology, ResetNotice};
 // For the other users of Redis (the consumer directory): one way to build clients and to word their failures.
 pub(crate) use self::redis::{client_builder, plain_words};
 use super::Limit;

@@ -41,7 +41,9 @@
 --   5 gcra            burst, ticks per ms, emission interval in ticks
 --   6 leaky_bucket    burst, rate count, rate period_ms, max_delay_ms (0 in reject mode)
 --   7 concurrency     max, lease_ms, the request's lease id (unique per request and instance: the member of the
---                     key's sorted set of leases); never in a run, cost 1
+--                     key's sorted set of leases), 1 when the limit has a queue; never in a run, cost 1
+-- ARGV[3]  present when the batch releases a slot of a limit with a queue: the channel on which a slot freed on a
+--          full key is announced (its key as the message), for the requests waiting for one on every instance.
 --
 -- Returns, packed as one MessagePack array: now_ms, then per entry:
 --   an entry past its deadline: -1 alone (whatever its count): it was neither decided nor counted.

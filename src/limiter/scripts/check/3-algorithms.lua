@@ -254,7 +254,17 @@ end
 -- there stays unbroken (see `commit`).
 local function give_back(alg, k, p1, p2, p3, p4, cost, at)
   if alg == 7 then -- concurrency: the request's slot is released, whenever it ends
-    redis.call('ZREM', KEYS[k], format('%d', p3))
+    local key, member = KEYS[k], format('%d', p3)
+    -- A limit with a queue (p4 = 1) announces on ARGV[3] a slot freed on a key that was full for a request of its
+    -- cost: requests of every instance may be waiting for it. A key that was not full has nobody waiting.
+    if p4 == 1 and ARGV[3] then
+      local held = redis.call('ZCARD', key)
+      if redis.call('ZREM', key, member) == 1 and held + cost > p1 then
+        redis.call('PUBLISH', ARGV[3], key)
+      end
+      return
+    end
+    redis.call('ZREM', key, member)
     return
   end
   if alg == 2 then -- sliding_log

@@ -17,7 +17,7 @@ use self::keys::KeyRef;
 use self::shard::{forget_one, limit_of, Entry, NoRoom, Shard};
 use super::{LimitCheck, INLINE_LIMITS};
 use crate::limiter::algorithms::{self, State, Transition};
-use crate::limiter::{Clock, Decision, Outcome};
+use crate::limiter::{Clock, Decision, Outcome, SlotQueues};
 
 /// The shards are numbered by this many bits of a key's hash.
 const SHARD_BITS: u32 = 6;
@@ -42,6 +42,9 @@ pub struct MemoryStore {
     max_per_limit_shard: AtomicUsize,
     /// `tollgate_store_full_total`: requests a new key of which found no room.
     full: metrics::Counter,
+    /// The requests of this instance waiting for a slot of a full `concurrency` key, woken by its releases (and,
+    /// with Redis, by those every instance announces).
+    slot_queues: Arc<SlotQueues>,
 }
 
 /// What happens to a request one of whose keys is new when the store is full and holds no key it may displace
@@ -80,7 +83,13 @@ impl MemoryStore {
             allow_when_full: AtomicBool::new(false),
             max_per_limit_shard: AtomicUsize::new(usize::MAX),
             full: metrics::counter!("tollgate_store_full_total"),
+            slot_queues: Arc::default(),
         }
+    }
+
+    /// The requests of this instance waiting for a slot (see [`SlotQueues`]).
+    pub fn slot_queues(&self) -> &Arc<SlotQueues> {
+        &self.slot_queues
     }
 
     /// Sets what happens to a new key's request when the store is full and may displace no key.

@@ -38,6 +38,9 @@ pub(super) struct Connection {
     pub(super) clock: RedisClock,
     /// Where the Cluster slots being migrated go, for the calls Redis redirects there.
     pub(super) migrations: Migrations,
+    /// Where the script announces that a slot of a full key with a queue came free (`<key_prefix>slots`), set
+    /// once by [`RedisStore::with_key_prefix`](super::RedisStore::with_key_prefix); `tollgate:slots` until then.
+    pub(super) slots_channel: std::sync::OnceLock<Value>,
 }
 
 // === impl Connection ===
@@ -127,7 +130,10 @@ impl Connection {
         timeout: Duration,
     ) -> Result<(i64, Vec<Result<Outcome, StoreError>>), StoreError> {
         let runs = script::runs(requests);
-        let command = script::command(&self.sha, now_ms, requests, deadlines, &runs);
+        let channel = self
+            .slots_channel
+            .get_or_init(|| Value::from(super::DEFAULT_SLOTS_CHANNEL));
+        let command = script::command(&self.sha, now_ms, requests, deadlines, &runs, channel);
         let reply = self.evalsha(client, slot, command, timeout).await?;
         let received = Instant::now();
         let reply = script::unpack_reply(&reply)?;

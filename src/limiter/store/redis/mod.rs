@@ -24,7 +24,7 @@ use self::connection::{Connection, GIVE_BACK_TIMEOUT};
 use self::leases::Leases;
 pub(crate) use self::outage::plain_words;
 use self::outage::Link;
-pub use self::resets::{ResetNotice, DEFAULT_RESET_CHANNEL};
+pub use self::resets::{Announcement, ResetNotice, DEFAULT_RESET_CHANNEL, DEFAULT_SLOTS_CHANNEL};
 use super::batcher::Batcher;
 use super::redis_clock::RedisClock;
 use super::script::{EncodedRequest, Mode, CHECK_SCRIPT};
@@ -105,6 +105,7 @@ impl RedisStore {
             link,
             clock: RedisClock::default(),
             migrations: migration::Migrations::default(),
+            slots_channel: std::sync::OnceLock::new(),
         });
         if topology == RedisTopology::Sentinel {
             let weak = Arc::downgrade(&connection);
@@ -127,10 +128,14 @@ impl RedisStore {
     }
 
     /// Names the keys of this store's own after `prefix` (the gateway's `store.key_prefix`): resets are announced
-    /// on `<prefix>resets` and the probe asks about `<prefix>probe`, so that deployments sharing one Redis under
+    /// on `<prefix>resets`, slots freed for waiting requests on `<prefix>slots`, and the probe asks about
+    /// `<prefix>probe`, so that deployments sharing one Redis under
     /// different prefixes keep apart, and an ACL user limited to the prefix's keys may probe.
     #[must_use]
     pub fn with_key_prefix(self, prefix: &str) -> Self {
+        // Slots freed on full keys are announced on `<prefix>slots` (the first prefix given, for the store's life).
+        let channel = Value::from(format!("{prefix}slots"));
+        let _ = self.connection.slots_channel.set(channel);
         Self {
             probe_key: Arc::from(format!("{prefix}probe")),
             ..self.with_reset_channel(&format!("{prefix}resets"))

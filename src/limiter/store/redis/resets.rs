@@ -1,4 +1,5 @@
-//! Resets told to every instance sharing a Redis, over publish/subscribe.
+//! What every instance sharing a Redis is told over publish/subscribe: the keys reset, and the slots freed on full
+//! keys that requests may be waiting for.
 
 use std::time::Duration;
 
@@ -11,6 +12,21 @@ use crate::limiter::store::StoreError;
 
 /// The channel resets are announced on unless [`RedisStore::with_reset_channel`] names another.
 pub const DEFAULT_RESET_CHANNEL: &str = "tollgate:resets";
+
+/// The channel freed slots are announced on unless [`RedisStore::with_key_prefix`] names another.
+pub const DEFAULT_SLOTS_CHANNEL: &str = "tollgate:slots";
+
+/// What [`RedisStore::on_announcement`] hears.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Announcement<'a> {
+    /// An instance reset this key.
+    Reset(&'a str),
+    /// A slot of this key (a `concurrency` limit's with a queue, full until then) was released.
+    Released(&'a str),
+    /// Announcements may have been missed (the subscriber reconnected, or fell behind): any key may have been reset,
+    /// any slot released.
+    MaybeMissed,
+}
 
 /// What [`RedisStore::on_reset`] hears.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,16 +55,34 @@ impl RedisStore {
         Ok(deleted > 0)
     }
 
-    /// Calls `forget` with each key reset by any instance on this Redis, heard on a subscriber connection of its
-    /// own, until `forget` returns false. The subscription is made again after every reconnection, and
-    /// [`ResetNotice::MaybeMissed`] then says that resets announced meanwhile were not heard.
+    /// Calls `forget` with each key reset by any instance on this Redis (see
+    /// [`on_announcement`](Self::on_announcement)), until `forget` returns false.
     pub fn on_reset(
         &self,
         forget: impl Fn(ResetNotice<'_>) -> bool + Send + 'static,
     ) -> Result<(), StoreError> {
+        self.on_announcement(move |heard| match heard {
+            Announcement::Reset(key) => forget(ResetNotice::Key(key)),
+            Announcement::MaybeMissed => forget(ResetNotice::MaybeMissed),
+            Announcement::Released(_) => true,
+        })
+    }
+
+    /// Calls `hear` with each key reset and each slot freed by any instance on this Redis, heard on one subscriber
+    /// connection of its own, until `hear` returns false. The subscriptions are made again after every
+    /// reconnection, and [`Announcement::MaybeMissed`] then says that what was announced meanwhile went unheard.
+    pub fn on_announcement(
+        &self,
+        hear: impl Fn(Announcement<'_>) -> bool + Send + 'static,
+    ) -> Result<(), StoreError> {
         let subscriber =
             client_builder(self.connection.config.clone()).build_subscriber_client()?;
         let channel = self.reset_channel.to_string();
+        let slots = match self.connection.slots_channel.get() {
+            Some(channel) => channel.as_str().map(|c| c.to_string()),
+            None => None,
+        }
+        .unwrap_or_else(|| DEFAULT_SLOTS_CHANNEL.to_owned());
         let _connection = subscriber.connect();
         let _resubscriptions = subscriber.manage_subscriptions();
         tokio::spawn(async move {
@@ -57,7 +91,8 @@ impl RedisStore {
             // Only a subscription that succeeded is made again on reconnection, so the first is retried until it
             // does: Redis may not be up yet, or an ACL user may lack the channel until an operator grants it.
             let mut warned = false;
-            while let Err(error) = subscriber.subscribe(channel.as_str()).await {
+            let channels = vec![channel.clone(), slots.clone()];
+            while let Err(error) = subscriber.subscribe(channels.clone()).await {
                 // Redis being down is reported by the pool already; a refusal by Redis itself is news.
                 let unreachable = matches!(
                     error.kind(),
@@ -67,9 +102,9 @@ impl RedisStore {
                         | ErrorKind::Backpressure
                 );
                 if unreachable || std::mem::replace(&mut warned, true) {
-                    tracing::debug!(%error, %channel, "subscribing to resets failed; retrying");
+                    tracing::debug!(%error, %channel, %slots, "subscribing to resets and freed slots failed; retrying");
                 } else {
-                    tracing::warn!(%error, %channel, "cannot hear other instances' resets; retrying");
+                    tracing::warn!(%error, %channel, %slots, "cannot hear other instances' resets and freed slots; retrying");
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
@@ -77,15 +112,18 @@ impl RedisStore {
                 let go_on = tokio::select! {
                     message = messages.recv() => match message {
                         Ok(message) => match message.value.as_str() {
-                            Some(key) => forget(ResetNotice::Key(&key)),
+                            Some(key) if *message.channel == *slots => {
+                                hear(Announcement::Released(&key))
+                            }
+                            Some(key) => hear(Announcement::Reset(&key)),
                             None => true,
                         },
-                        Err(RecvError::Lagged(_)) => forget(ResetNotice::MaybeMissed),
+                        Err(RecvError::Lagged(_)) => hear(Announcement::MaybeMissed),
                         Err(RecvError::Closed) => false,
                     },
                     // Down for a while: whatever was announced meanwhile went unheard.
                     reconnected = reconnections.recv() => match reconnected {
-                        Ok(_) | Err(RecvError::Lagged(_)) => forget(ResetNotice::MaybeMissed),
+                        Ok(_) | Err(RecvError::Lagged(_)) => hear(Announcement::MaybeMissed),
                         Err(RecvError::Closed) => false,
                     },
                 };

@@ -231,6 +231,7 @@ pub(super) fn command(
     requests: &[&EncodedRequest],
     deadlines: &[u64],
     runs: &[usize],
+    slots_channel: &Value,
 ) -> Vec<Value> {
     let (mut integers, mut limits) = (0, 0);
     let mut at = 0;
@@ -250,6 +251,8 @@ pub(super) fn command(
     let mut packed = ByteBuf::with_capacity(5 + integers * 9);
     let _ = rmp::encode::write_array_len(&mut packed, integers as u32);
     let mut at = 0;
+    // Whether a release of a slot with a queue is in the call: the script then announces it on `slots_channel`.
+    let mut announces = false;
     for &count in runs {
         let request = requests[at];
         let deadline = deadlines[at..at + count]
@@ -282,6 +285,7 @@ pub(super) fn command(
             let mut params = script_params(&limit.algorithm);
             if limit.algorithm.holds_slots() {
                 params[3] = limit.lease;
+                announces |= request.mode == Mode::GiveBack && params[4] == 1;
             }
             for arg in params {
                 put(&mut packed, arg);
@@ -296,6 +300,9 @@ pub(super) fn command(
     command.extend(keys);
     command.push(now_ms.map_or_else(|| Value::from(""), Value::Integer));
     command.push(Value::Bytes(packed.into_vec().into()));
+    if announces {
+        command.push(slots_channel.clone());
+    }
     command
 }
 
@@ -530,7 +537,12 @@ fn script_params(algorithm: &Algorithm) -> [u64; 5] {
                 max_delay_ms,
             ]
         }
-        Algorithm::Concurrency { max, lease_ms, .. } => [CONCURRENCY, max, lease_ms, 0, 0],
+        // The lease id is the request's (set when encoding); the last says whether the limit has a queue.
+        Algorithm::Concurrency {
+            max,
+            lease_ms,
+            queue,
+        } => [CONCURRENCY, max, lease_ms, 0, u64::from(queue.is_some())],
     }
 }
 

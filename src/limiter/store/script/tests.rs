@@ -29,7 +29,7 @@ fn a_batch_names_each_key_once_and_packs_the_requests() {
     let requests = [&first, &second];
     let runs = runs(&requests);
     assert_eq!(runs, [1, 1]);
-    let mut command = command(&sha, Some(77), &requests, &[0, 9], &runs);
+    let mut command = command(&sha, Some(77), &requests, &[0, 9], &runs, &Value::Null);
     let packed = command.pop().expect("packed requests");
     let strings: Vec<String> = command
         .iter()
@@ -79,9 +79,16 @@ fn consecutive_identical_committing_requests_form_runs() {
     assert_eq!(runs(&requests), [3, 1, 1, 1, 1, 1, 1, 1, 1]);
     let sha = Value::from("sha");
     // A run's deadline is its earliest member's; none (0) is later than any.
-    let packed = command(&sha, None, &requests[..4], &[0, 40, 30, 0], &[3, 1])
-        .pop()
-        .expect("packed requests");
+    let packed = command(
+        &sha,
+        None,
+        &requests[..4],
+        &[0, 40, 30, 0],
+        &[3, 1],
+        &Value::Null,
+    )
+    .pop()
+    .expect("packed requests");
     let values = unpack_reply(&packed).expect("MessagePack");
     assert_eq!(values[..4], [1, 3, 2, 30], "one entry for the run of three");
     assert_eq!(values.len(), 2 * (ARGS_PER_REQUEST + 2 * ARGS_PER_LIMIT));

@@ -1,0 +1,93 @@
+//! What a set's limits say of a request refused only for want of a slot it may wait for (`queue:` on a
+//! `concurrency` limit), and asking again for it.
+
+use super::{Checked, LimitSet, NotChecked};
+use crate::admission::tokens::Reserve;
+use crate::key::RequestFacts;
+use crate::limiter::{Algorithm, RateLimiter};
+
+/// A refusal that waiting may end: every limit that refused is a `concurrency` limit with a queue. Names the first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::admission) struct QueuedRefusal {
+    /// The limit's index in the set.
+    pub index: usize,
+    /// Its queue's `max_wait`, in milliseconds.
+    pub max_wait_ms: u64,
+    /// Its queue's `max_waiting`.
+    pub max_waiting: u64,
+    /// Its lease, in milliseconds.
+    pub lease_ms: u64,
+}
+
+// === impl LimitSet ===
+
+impl LimitSet {
+    /// The refusal of `checked`, if waiting for a slot may end it: only `concurrency` limits with a queue refused
+    /// (a shadow limit refuses nothing). `None` for an admission, or when any other limit refused.
+    pub(in crate::admission) fn queued_refusal(&self, checked: &Checked) -> Option<QueuedRefusal> {
+        if checked.outcome.allowed {
+            return None;
+        }
+        let mut first = None;
+        for (i, decision) in checked.outcome.decisions.iter().enumerate() {
+            if decision.allowed || self.is_shadow(checked, i) {
+                continue;
+            }
+            let index = *checked.applied.get(i)?;
+            let limit = self.limit_at(index, checked.replaced.as_ref());
+            let Algorithm::Concurrency {
+                lease_ms,
+                queue: Some(queue),
+                ..
+            } = limit.algorithm()
+            else {
+                return None;
+            };
+            first.get_or_insert(QueuedRefusal {
+                index,
+                max_wait_ms: queue.max_wait_ms,
+                max_waiting: queue.max_waiting,
+                lease_ms: *lease_ms,
+            });
+        }
+        first
+    }
+
+    /// The store key the request `facts` describes has for the limit at `index`, if that limit applies to it.
+    pub(in crate::admission) fn key_at(
+        &self,
+        facts: &RequestFacts<'_>,
+        index: usize,
+    ) -> Option<String> {
+        let keys = self.request_keys(facts).ok()?;
+        let key = keys
+            .iter()
+            .find(|&(at, _)| at == index)
+            .map(|(_, key)| key.to_owned());
+        key
+    }
+
+    /// What the store keys of the limit at `index` start with: the limit's name among every instance's waiting
+    /// requests (a plan's limit shares it across routes, as its keys do).
+    pub(in crate::admission) fn head_at(&self, index: usize) -> &str {
+        &self.key_heads[index]
+    }
+
+    /// `tollgate_queue_wait_seconds` of the limit at `index`, when its configuration has a queue.
+    pub(in crate::admission) fn queue_wait(&self, index: usize) -> Option<&metrics::Histogram> {
+        self.queue_waits.get(index)?.as_ref()
+    }
+
+    /// Asks the limiter again, for all the limits, what `checked` asked (the same replaced limits, `reserve`'s
+    /// reservation): all-or-nothing as the first time, so a refusal takes nothing from any limit.
+    pub(in crate::admission) async fn ask_again<R: Reserve>(
+        &self,
+        limiter: &RateLimiter,
+        facts: &RequestFacts<'_>,
+        checked: &Checked,
+        reserve: R,
+    ) -> Result<Checked, NotChecked> {
+        self.check_reserving(limiter, facts, checked.replaced.clone(), reserve)
+            .await
+    }
+}
