@@ -719,3 +719,133 @@ async fn on_redis_a_waiting_request_takes_nothing_from_rate_limits_until_admitte
     let redis = RedisServer::start();
     waiting_takes_nothing_from_rate_limits(Some(&redis)).await;
 }
+
+#[tokio::test]
+async fn on_redis_waiting_requests_are_woken_across_gateways_again_after_redis_restarts() {
+    let mut redis = RedisServer::start();
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    // As above: a waiter would ask again of itself only after 30 s.
+    let gateways = queue_gateways(
+        Some(&redis),
+        &upstream,
+        &gone,
+        &queued(1, "90s", "60s", 100),
+    )
+    .await;
+    let (a, b) = (&gateways[0], &gateways[1]);
+    let admin_b = serve_admin(b, None).await;
+    redis.restart();
+    // Both subscribers are back on the channel (fred subscribes again on reconnection), and both gateways decide on
+    // Redis again.
+    let subscribed = eventually(Duration::from_secs(10), async || {
+        redis
+            .cli(&["PUBSUB", "NUMSUB", "tollgate:slots"])
+            .is_some_and(|answer| answer.ends_with('2'))
+    })
+    .await;
+    assert!(
+        subscribed.is_some(),
+        "{:?}",
+        redis.cli(&["PUBSUB", "NUMSUB", "tollgate:slots"])
+    );
+    for gateway in [a, b] {
+        assert!(admitted_again(gateway).await, "deciding again");
+    }
+    let held = tokio::spawn(status(a.url("/hold")));
+    assert!(eventually(SOON, async || upstream.in_flight() == 1)
+        .await
+        .is_some());
+    let waiter = tokio::spawn(status(b.url("/waiter/hold")));
+    until_waiting(&admin_b, 1).await;
+    upstream.release(1);
+    assert_eq!(held.await.expect("held"), 200);
+    let woken = eventually(Duration::from_secs(10), async || {
+        upstream.arrivals().len() == 2
+    })
+    .await;
+    assert!(
+        woken.is_some(),
+        "the waiter was not woken: {:?}",
+        upstream.arrivals()
+    );
+    upstream.release(1);
+    assert_eq!(waiter.await.expect("waiter"), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_cluster_keys_in_two_slots_each_admit_exactly_max_and_wake_their_waiters() {
+    let cluster = common::cluster::RedisCluster::start();
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    // Two tenants whose keys live on different nodes (`--cluster create` gives each a third of the slots).
+    let node_of = |tenant: &str| {
+        let key = format!("tollgate:api:in-flight:{{{tenant}}}");
+        fred::util::redis_keyslot(key.as_bytes()) / 5461
+    };
+    let tenants: Vec<String> = (0..100).map(|i| format!("t{i}")).collect();
+    let first = tenants
+        .iter()
+        .find(|t| node_of(t) == 0)
+        .expect("a tenant on node 0");
+    let second = tenants
+        .iter()
+        .find(|t| node_of(t) == 2)
+        .expect("a tenant on node 2");
+    let store = format!(
+        "  backend: redis\n  url: {}\n  timeout: 2s\n  on_error: deny\n",
+        cluster.url()
+    );
+    let limits =
+        "      - { name: in-flight, key: \"header:x-tenant\", algorithm: concurrency, max: 2, \
+                  lease: 90s, queue: { max_wait: 60s, max_waiting: 100 } }\n";
+    let yaml = yaml(&store, &upstream, &gone, limits).replace("timeout: 1s", "timeout: 30s");
+    let gateways = [
+        common::start_gateway(&yaml).await,
+        common::start_gateway(&yaml).await,
+    ];
+    let send = |gateway: &TestGateway, tenant: &str| {
+        let request = client()
+            .get(gateway.url(&format!("/{tenant}/hold")))
+            .header("x-tenant", tenant);
+        tokio::spawn(async move { request.send().await.map_or(0, |r| r.status().as_u16()) })
+    };
+    // Three of each tenant at once over both gateways: two of each reach the upstream, one of each waits.
+    let mut requests = Vec::new();
+    for i in 0..3 {
+        for tenant in [first, second] {
+            requests.push(send(&gateways[i % 2], tenant));
+        }
+    }
+    let arrived = eventually(SOON, async || upstream.arrived() == 4).await;
+    assert!(arrived.is_some(), "{:?}", upstream.arrivals());
+    let of = |tenant: &str| {
+        let path = format!("/{tenant}/hold");
+        upstream.arrivals().iter().filter(|p| **p == path).count()
+    };
+    assert_eq!((of(first), of(second)), (2, 2), "{:?}", upstream.arrivals());
+    // Neither waiter is admitted while its key is full.
+    let still = eventually(Duration::from_millis(500), async || upstream.arrived() > 4).await;
+    assert!(still.is_none(), "{:?}", upstream.arrivals());
+    // One held request ends: its tenant's waiter is woken through the cluster's pub/sub, not by its timer (30 s).
+    upstream.release(1);
+    let woken = eventually(Duration::from_secs(10), async || upstream.arrived() == 5).await;
+    assert!(
+        woken.is_some(),
+        "no waiter woken: {:?}",
+        upstream.arrivals()
+    );
+    // Every request held ends (the other tenant's among them): its waiter is woken too.
+    upstream.release(4);
+    let woken = eventually(Duration::from_secs(10), async || upstream.arrived() == 6).await;
+    assert!(
+        woken.is_some(),
+        "the other waiter not woken: {:?}",
+        upstream.arrivals()
+    );
+    upstream.release(1);
+    for request in requests {
+        assert_eq!(request.await.expect("request"), 200);
+    }
+    assert_eq!((of(first), of(second)), (3, 3));
+}
