@@ -1,7 +1,11 @@
 //! What an answer says it cost: the token counts of a `usage` object (OpenAI chat completions, OpenAI Responses,
 //! Anthropic messages) or a number in a header, and how several reports in one stream add up.
 
-use serde_json::{Map, Value};
+use std::fmt;
+
+use serde::de::{IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer as _};
+use serde_json::value::RawValue;
 
 /// The tokens an answer reported it spent; `None` where it said nothing of that kind.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -37,6 +41,26 @@ pub(crate) struct Reported {
     cache_read: Option<u64>,
 }
 
+/// The members of a `usage` object that hold counts (their index in [`CountsVisitor`]'s answer); the others are
+/// skipped unread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum Member {
+    InputTokens,
+    PromptTokens,
+    OutputTokens,
+    CompletionTokens,
+    TotalTokens,
+    CacheCreationInputTokens,
+    CacheReadInputTokens,
+    #[serde(other)]
+    Other,
+}
+
+/// Reads a JSON object into the count of each [`Member`]: the last one named wins, as a JSON reader's map keeps
+/// it, and a value that is not a whole number from 0 to 2^64-1 counts as not reported.
+struct CountsVisitor;
+
 // === impl Usage ===
 
 impl Usage {
@@ -67,14 +91,18 @@ impl Reported {
     /// The counts of one `usage` object given as JSON text; `None` when it is not a JSON object. A count that is not
     /// a whole number from 0 to 2^64-1 is taken as not reported.
     pub(crate) fn parse(object: &[u8]) -> Option<Self> {
-        let map: Map<String, Value> = serde_json::from_slice(object).ok()?;
-        let count = |name: &str| map.get(name).and_then(Value::as_u64);
+        // Read member by member rather than into a `serde_json::Map`, which would allocate every key and hash it
+        // to be looked up seven times: this runs once per answer (per event of a stream) on a token route.
+        let mut deserializer = serde_json::Deserializer::from_slice(object);
+        let counts = deserializer.deserialize_map(CountsVisitor).ok()?;
+        deserializer.end().ok()?;
+        let count = |member: Member| counts[member as usize];
         Some(Self {
-            input: count("input_tokens").or_else(|| count("prompt_tokens")),
-            output: count("output_tokens").or_else(|| count("completion_tokens")),
-            total: count("total_tokens"),
-            cache_creation: count("cache_creation_input_tokens"),
-            cache_read: count("cache_read_input_tokens"),
+            input: count(Member::InputTokens).or(count(Member::PromptTokens)),
+            output: count(Member::OutputTokens).or(count(Member::CompletionTokens)),
+            total: count(Member::TotalTokens),
+            cache_creation: count(Member::CacheCreationInputTokens),
+            cache_read: count(Member::CacheReadInputTokens),
         })
     }
 
@@ -109,6 +137,29 @@ impl Reported {
             output_tokens: self.output,
             total_tokens: total,
         }
+    }
+}
+
+// === impl CountsVisitor ===
+
+impl<'de> Visitor<'de> for CountsVisitor {
+    type Value = [Option<u64>; Member::Other as usize];
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut counts = [None; Member::Other as usize];
+        while let Some(member) = map.next_key::<Member>()? {
+            if member == Member::Other {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            }
+            let value: &RawValue = map.next_value()?;
+            counts[member as usize] = serde_json::from_str::<u64>(value.get()).ok();
+        }
+        Ok(counts)
     }
 }
 
@@ -211,6 +262,21 @@ mod tests {
         assert!(read.is_missing());
         assert_eq!(Reported::parse(b"[1,2]"), None);
         assert_eq!(Reported::parse(b"null"), None);
+    }
+
+    #[test]
+    fn a_member_named_twice_counts_as_its_last_value_and_escaped_names_as_they_decode() {
+        // As a JSON reader that keeps the last of repeated keys reads it (the clients of the answer do).
+        let read = usage(
+            Dialect::OpenAi,
+            &[
+                r#"{"prompt_tokens":1,"prompt_tokens":7,"completion_tokens":3,"completion_tokens":"x","total_\u0074okens":9}"#,
+            ],
+        );
+        assert_eq!(read.input_tokens, Some(7));
+        assert_eq!(read.output_tokens, None);
+        assert_eq!(read.total_tokens, Some(9));
+        assert_eq!(Reported::parse(br#"{"prompt_tokens":1} trailing"#), None);
     }
 
     #[test]
