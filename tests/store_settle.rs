@@ -279,7 +279,53 @@ async fn on_redis_cluster_a_settlement_lands_in_every_slot_its_limits_are_in() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_the_memory_store_a_settlement_applies_off_the_callers_path() {
+async fn settlements_and_give_backs_are_queued_with_the_checks_without_a_task_each() {
+    const ANSWERS: u64 = 100;
+    let redis = RedisServer::start();
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let limiter = limiter(&redis, OnError::Deny, &recorder).await;
+    let bucket = slow_bucket(1_000);
+    let mut reservations = Vec::new();
+    for _ in 0..ANSWERS {
+        reservations.push(reserve(&limiter, "queued", &bucket, 4).await);
+    }
+    // Frozen, Redis answers nothing: work that waits for it stays alive meanwhile.
+    redis.pause();
+    let runtime = tokio::runtime::Handle::current().metrics();
+    let alive_before = runtime.num_alive_tasks();
+    for (i, (reserved, decided)) in reservations.into_iter().enumerate() {
+        let giver = limiter.giver(DecidedBy::Store);
+        if i % 2 == 0 {
+            // An answer whose status a limit does not count: its place is given back whole.
+            giver.give_back(vec![("queued".to_owned(), reserved)], decided);
+        } else {
+            let settlement = Settlement {
+                key: "queued".to_owned(),
+                limit: reserved,
+                actual: 1,
+            };
+            giver.settle(vec![settlement], decided);
+        }
+    }
+    let alive = runtime.num_alive_tasks();
+    redis.resume();
+    // The batcher's one call in flight, give or take the client's own: not one task per answer.
+    assert!(
+        alive <= alive_before + 5,
+        "{alive_before} tasks alive before {ANSWERS} answers ended, {alive} after"
+    );
+    // Each landed once: 50 gave 4 back, 50 gave 3 back, 50 x 1 spent.
+    let landed = eventually(LANDS_WITHIN, async || {
+        peek(&limiter, "queued", &bucket, 0).await.remaining == 1_000 - 50
+    })
+    .await;
+    let remaining = peek(&limiter, "queued", &bucket, 0).await.remaining;
+    assert!(landed.is_some(), "{remaining} left");
+    assert_eq!(counter(&recorder, "tollgate_settlements_failed_total"), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_memory_store_a_settlement_applies_at_once() {
     let limiter = RateLimiter::new(
         Backend::Memory,
         Duration::from_millis(500),
@@ -297,11 +343,8 @@ async fn with_the_memory_store_a_settlement_applies_off_the_callers_path() {
         }],
         decided,
     );
-    let landed = eventually(LANDS_WITHIN, async || {
-        !peek(&limiter, "owing", &bucket, 0).await.allowed
-    })
-    .await;
-    assert!(landed.is_some(), "the debt was added");
+    // Applied by the answer's end itself: no task, no store call to wait for.
+    assert!(!peek(&limiter, "owing", &bucket, 0).await.allowed);
     let waits = peek(&limiter, "owing", &bucket, 0).await.retry_after_ms;
     assert!(
         (3 * HOUR_MS - 60_000..=3 * HOUR_MS).contains(&waits),

@@ -72,12 +72,7 @@ impl StatusSettlement {
             // without limit.
             (None, Ending::Cut | Ending::Complete) => return,
         };
-        if back.is_empty() {
-            return;
-        }
-        // Off the client's path: the answer is already on its way.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(self.giver.give_back(back, self.asked));
-        }
+        // Queued with the store's other calls, never waited for: the answer is already on its way.
+        self.giver.give_back(back, self.asked);
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::deny_cache::DenyCache;
-use super::store::{LimitCheck, MemoryStore, RedisStore};
+use super::store::{LimitCheck, MemoryStore, RedisStore, StoreError};
 use super::Limit;
 
 /// Gives back to the store that decided a request what it took, or settles what it reserved (see
@@ -52,12 +52,11 @@ impl Giver {
     /// `decided` landed in; an equal one costs no store call. Only limits that took the reservation are settled (a
     /// shadow limit that denied took nothing, and has nothing to give back).
     ///
-    /// Never waits: the work is handed off to a task, off the client's path. With Redis it goes out in the next
-    /// script call with the other requests' checks and settlements (one call per hash slot on Cluster), and is
-    /// applied at most once: a call that fails or times out is not sent again (it may have run). A settlement
-    /// Redis did not confirm is counted in `tollgate_settlements_failed_total` and, under `on_error: local`,
-    /// applied to the in-process fallback instead; under `allow` or `deny` it is dropped. Outside a tokio runtime
-    /// nothing is settled.
+    /// Never waits, and starts no task: with Redis the settlement is queued for the next script call with the other
+    /// requests' checks and settlements (one call per hash slot on Cluster), and is applied at most once: a call
+    /// that fails or times out is not sent again (it may have run). A settlement Redis did not confirm is counted
+    /// in `tollgate_settlements_failed_total` and, under `on_error: local`, applied to the in-process fallback
+    /// instead; under `allow` or `deny` it is dropped. In this process it is applied at once.
     pub fn settle(self, settlements: Vec<Settlement>, decided: Instant) {
         let mut refunds = Vec::new();
         let mut debts = Vec::new();
@@ -69,78 +68,58 @@ impl Giver {
                 debts.push((key, limit.with_cost(actual - reserved)));
             }
         }
-        if refunds.is_empty() && debts.is_empty() || (self.redis.is_none() && self.local.is_none())
-        {
-            return;
+        if !debts.is_empty() {
+            self.clone().apply(debts, Owed::Debt, decided);
         }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                // Together, so that both join the same script call.
-                tokio::join!(
-                    self.apply(&refunds, Owed::Refund, decided),
-                    self.apply(&debts, Owed::Debt, decided)
-                );
-            });
-        }
+        self.apply(refunds, Owed::Refund, decided);
     }
 
     /// Gives back `taken` (store key and limit of every limit that consumed), on the windows the decision at
     /// `decided` landed in (or a moment before it: a sliding_log then gives back its oldest entries from then on).
-    /// With Redis it joins the next script call; a failure is handled as a settlement's (see
-    /// [`settle`](Self::settle)).
-    pub async fn give_back(self, taken: Vec<(String, Limit)>, decided: Instant) {
-        self.apply(&taken, Owed::Refund, decided).await;
+    /// Never waits: with Redis it is queued for the next script call, and a failure is handled as a settlement's
+    /// (see [`settle`](Self::settle)).
+    pub fn give_back(self, taken: Vec<(String, Limit)>, decided: Instant) {
+        self.apply(taken, Owed::Refund, decided);
     }
 
     /// Applies `owed` on each of `limits` (a store key and the limit with the amount as its cost) to the store
-    /// that decided the request, or on a Redis failure to the fallback under `on_error: local`.
-    async fn apply(&self, limits: &[(String, Limit)], owed: Owed, decided: Instant) {
+    /// that decided the request (queued for Redis), or on a Redis failure to the fallback under `on_error: local`.
+    fn apply(self, limits: Vec<(String, Limit)>, owed: Owed, decided: Instant) {
         if limits.is_empty() {
             return;
         }
-        let checks: Vec<LimitCheck<'_>> = limits
-            .iter()
-            .map(|(key, limit)| LimitCheck { key, limit })
-            .collect();
-        // Once given back: a denial remembered until then may no longer hold.
-        let forget_denials = || {
-            if owed == Owed::Refund {
-                for (key, _) in limits {
-                    self.denials.forget(key);
-                }
+        let Some(redis) = self.redis.clone() else {
+            if let Some(local) = &self.local {
+                apply_in(local, &limits, owed, decided);
+                self.forget_denials(&limits, owed);
             }
+            return;
         };
-        let local = match &self.redis {
-            Some(redis) => {
-                let at_ms = redis.redis_time_of(decided.into());
-                let result = match owed {
-                    Owed::Refund => redis.give_back(&checks, at_ms, None).await,
-                    Owed::Debt => redis.add_debts(&checks, at_ms, None).await,
-                };
-                let Err(error) = result else {
-                    forget_denials();
-                    return;
-                };
+        let at_ms = redis.redis_time_of(decided.into());
+        let landed = move |limits: Vec<(String, Limit)>, result: Result<(), StoreError>| {
+            if let Err(error) = result {
                 self.failed.increment(1);
                 tracing::debug!(%error, ?owed, "a request's settlement did not reach redis");
-                match &self.fallback {
-                    Some(fallback) => fallback,
-                    None => return,
-                }
+                let Some(fallback) = &self.fallback else {
+                    return;
+                };
+                apply_in(fallback, &limits, owed, decided);
             }
-            None => match &self.local {
-                Some(local) => local,
-                None => return,
-            },
+            self.forget_denials(&limits, owed);
         };
-        // Rounded so as never to be later than `decided`'s millisecond.
-        let elapsed_ms = decided.elapsed().as_micros().div_ceil(1000) as i64;
-        let at_ms = local.now_ms() - elapsed_ms;
         match owed {
-            Owed::Refund => local.give_back(at_ms, &checks),
-            Owed::Debt => local.add_debts(at_ms, &checks),
+            Owed::Refund => redis.give_back_queued(limits, at_ms, landed),
+            Owed::Debt => redis.add_debts_queued(limits, at_ms, landed),
         }
-        forget_denials();
+    }
+
+    /// Once given back: a denial this instance remembered for `limits`' keys may no longer hold.
+    fn forget_denials(&self, limits: &[(String, Limit)], owed: Owed) {
+        if owed == Owed::Refund {
+            for (key, _) in limits {
+                self.denials.forget(key);
+            }
+        }
     }
 
     /// Releases the slots of `concurrency` limits that an admitted request held (store key and limit of each):
@@ -170,5 +149,21 @@ impl Giver {
         if let Some(redis) = &self.redis {
             redis.hold(lease, held.to_vec());
         }
+    }
+}
+
+/// Applies `owed` on each of `limits` in the in-process store `local`, on the windows the decision at `decided`
+/// landed in.
+fn apply_in(local: &MemoryStore, limits: &[(String, Limit)], owed: Owed, decided: Instant) {
+    let checks: Vec<LimitCheck<'_>> = limits
+        .iter()
+        .map(|(key, limit)| LimitCheck { key, limit })
+        .collect();
+    // Rounded so as never to be later than `decided`'s millisecond.
+    let elapsed_ms = decided.elapsed().as_micros().div_ceil(1000) as i64;
+    let at_ms = local.now_ms() - elapsed_ms;
+    match owed {
+        Owed::Refund => local.give_back(at_ms, &checks),
+        Owed::Debt => local.add_debts(at_ms, &checks),
     }
 }

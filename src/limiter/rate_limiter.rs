@@ -292,7 +292,8 @@ impl RateLimiter {
         decided_by: DecidedBy,
         decided: Instant,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        self.giver(decided_by).give_back(taken, decided)
+        let giver = self.giver(decided_by);
+        async move { giver.give_back(taken, decided) }
     }
 
     /// What gives back, later, what a request decided by `decided_by` took: held by work that runs after the

@@ -65,8 +65,27 @@ pub(super) struct Pending {
     /// A settlement's (a give-back's or a debt's): when the request it settles was decided (Redis's ms), which the
     /// script is sent in place of a deadline.
     pub decided_ms: Option<u64>,
-    pub reply: oneshot::Sender<Result<Outcome, StoreError>>,
+    pub reply: Reply,
 }
+
+/// Where a queued request's outcome goes.
+#[derive(Debug)]
+pub(super) enum Reply {
+    /// To a caller waiting for it.
+    Waiting(oneshot::Sender<Result<Outcome, StoreError>>),
+    /// To work told whether a settlement landed, which nobody waits for.
+    Landed(Landed),
+}
+
+/// What is told whether a queued settlement landed: once, with its call's result, or with a timeout if it is
+/// dropped untold (past its deadline, its call abandoned).
+pub(crate) struct Landed {
+    then: Option<Then>,
+    budget: Duration,
+}
+
+/// The work a [`Landed`] tells.
+type Then = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 
 // === impl Batcher ===
 
@@ -100,7 +119,7 @@ impl Batcher {
                 request,
                 deadline: Instant::now() + budget,
                 decided_ms: None,
-                reply,
+                reply: Reply::Waiting(reply),
             })
             .map_err(|_| StoreError::Busy)?;
         // Dropped unanswered means past the deadline: abandoned with its call, or never sent.
@@ -124,13 +143,71 @@ impl Batcher {
                 request,
                 deadline: Instant::now() + budget,
                 decided_ms: Some(decided_ms),
-                reply,
+                reply: Reply::Waiting(reply),
             })
             .map_err(|_| StoreError::Busy)?;
         settled
             .await
             .unwrap_or(Err(StoreError::Timeout(budget)))
             .map(drop)
+    }
+
+    /// [`settle`](Self::settle) without waiting: `landed` is told whether it landed, from the task that runs the
+    /// call (or at once, when the queue is full).
+    pub(super) fn settle_then(
+        &self,
+        slot: Option<u16>,
+        request: EncodedRequest,
+        decided_ms: u64,
+        landed: Landed,
+    ) {
+        let pending = Pending {
+            slot,
+            request,
+            deadline: Instant::now() + landed.budget,
+            decided_ms: Some(decided_ms),
+            reply: Reply::Landed(landed),
+        };
+        if let Err(refused) = self.queue.try_send(pending) {
+            refused.into_inner().answer(Err(StoreError::Busy));
+        }
+    }
+}
+
+// === impl Landed ===
+
+impl Landed {
+    /// Tells `then` whether the settlement landed, or that it did not within `budget` if it is dropped untold.
+    pub(crate) fn new(
+        budget: Duration,
+        then: impl FnOnce(Result<(), StoreError>) + Send + 'static,
+    ) -> Self {
+        Self {
+            then: Some(Box::new(then)),
+            budget,
+        }
+    }
+
+    fn tell(mut self, result: Result<(), StoreError>) {
+        if let Some(then) = self.then.take() {
+            then(result);
+        }
+    }
+}
+
+impl Drop for Landed {
+    fn drop(&mut self) {
+        if let Some(then) = self.then.take() {
+            then(Err(StoreError::Timeout(self.budget)));
+        }
+    }
+}
+
+impl std::fmt::Debug for Landed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Landed")
+            .field("told", &self.then.is_none())
+            .finish()
     }
 }
 
@@ -139,7 +216,20 @@ impl Batcher {
 impl Pending {
     /// Answers the request (which may have stopped waiting: it timed out and fell back).
     pub(super) fn answer(self, result: Result<Outcome, StoreError>) {
-        let _ = self.reply.send(result);
+        match self.reply {
+            Reply::Waiting(reply) => {
+                let _ = reply.send(result);
+            }
+            Reply::Landed(landed) => landed.tell(result.map(drop)),
+        }
+    }
+
+    /// Whether nobody waits for the outcome any more (a settlement's is always awaited by its work).
+    fn abandoned(&self) -> bool {
+        match &self.reply {
+            Reply::Waiting(reply) => reply.is_closed(),
+            Reply::Landed(_) => false,
+        }
     }
 }
 
@@ -166,7 +256,7 @@ async fn coalesce<R: RunBatch>(
         // A request past its deadline has timed out (dropping it tells it so), and one whose caller is gone
         // needs no decision: deciding either would consume for nothing.
         let now = Instant::now();
-        batch.retain(|pending| pending.deadline > now && !pending.reply.is_closed());
+        batch.retain(|pending| pending.deadline > now && !pending.abandoned());
         let Some(deadline) = batch.iter().map(|pending| pending.deadline).min() else {
             continue;
         };

@@ -25,7 +25,7 @@ use self::leases::Leases;
 pub(crate) use self::outage::plain_words;
 use self::outage::Link;
 pub use self::resets::{Announcement, ResetNotice, DEFAULT_RESET_CHANNEL, DEFAULT_SLOTS_CHANNEL};
-use super::batcher::Batcher;
+use super::batcher::{Batcher, Landed};
 use super::redis_clock::RedisClock;
 use super::script::{EncodedRequest, Mode, CHECK_SCRIPT};
 use super::sentinel;
@@ -357,6 +357,56 @@ impl RedisStore {
         self.settle_in(checks, Mode::GiveBack, at_ms, now_ms).await
     }
 
+    /// [`give_back`](Self::give_back) queued without waiting, at Redis's time, for what a request decided at
+    /// `at_ms` took (`taken`: store key and limit, the amount as its cost): it joins the next script call (one per
+    /// hash slot on Redis Cluster), is sent at most once, and `landed` is told, for the limits of each call, whether
+    /// Redis confirmed it (from the task that ran the call; a call that fails or times out is not sent again).
+    pub fn give_back_queued<F>(&self, taken: Vec<(String, Limit)>, at_ms: i64, landed: F)
+    where
+        F: Fn(Vec<(String, Limit)>, Result<(), StoreError>) + Clone + Send + 'static,
+    {
+        self.queue_settlement(taken, Mode::GiveBack, at_ms, landed);
+    }
+
+    /// [`add_debts`](Self::add_debts) queued without waiting, as [`give_back_queued`](Self::give_back_queued).
+    pub fn add_debts_queued<F>(&self, owed: Vec<(String, Limit)>, at_ms: i64, landed: F)
+    where
+        F: Fn(Vec<(String, Limit)>, Result<(), StoreError>) + Clone + Send + 'static,
+    {
+        self.queue_settlement(owed, Mode::Debt, at_ms, landed);
+    }
+
+    /// Queues `limits` in `mode` for a request decided at `at_ms`, one queued request per hash slot.
+    fn queue_settlement<F>(&self, limits: Vec<(String, Limit)>, mode: Mode, at_ms: i64, landed: F)
+    where
+        F: Fn(Vec<(String, Limit)>, Result<(), StoreError>) + Clone + Send + 'static,
+    {
+        let connection = &self.connection;
+        let at = u64::try_from(at_ms).unwrap_or(0);
+        let groups = match slot_groups(&checks(&limits)) {
+            Some(groups) if connection.topology == RedisTopology::Cluster => groups,
+            _ => {
+                let group = checks(&limits);
+                let request = EncodedRequest::new(&group, mode);
+                let slot = connection.slot_of(&group);
+                let landed = Landed::new(GIVE_BACK_TIMEOUT, move |result| landed(limits, result));
+                self.batcher.settle_then(slot, request, at, landed);
+                return;
+            }
+        };
+        let mut limits: Vec<Option<(String, Limit)>> = limits.into_iter().map(Some).collect();
+        for group in groups {
+            let subset: Vec<(String, Limit)> =
+                group.iter().filter_map(|&i| limits[i].take()).collect();
+            let checks = checks(&subset);
+            let request = EncodedRequest::new(&checks, mode);
+            let slot = connection.slot_of(&checks);
+            let landed = landed.clone();
+            let then = Landed::new(GIVE_BACK_TIMEOUT, move |result| landed(subset, result));
+            self.batcher.settle_then(slot, request, at, then);
+        }
+    }
+
     /// [`settle_in`](Self::settle_in) for a request holding slots under `lease`.
     async fn settle_leased(
         &self,
@@ -529,4 +579,12 @@ fn probe_limit() -> Result<Limit, StoreError> {
         period_ms: 1_000,
     };
     Limit::new("probe", window, 1).map_err(|error| StoreError::Reply(error.to_string()))
+}
+
+/// The checks of `limits` (store key and limit each).
+fn checks(limits: &[(String, Limit)]) -> Vec<LimitCheck<'_>> {
+    limits
+        .iter()
+        .map(|(key, limit)| LimitCheck { key, limit })
+        .collect()
 }
