@@ -73,18 +73,29 @@ async fn post(
     input: u64,
     output: u64,
 ) -> (u16, reqwest::header::HeaderMap, String) {
-    let response = common::http_client::client()
-        .post(gateway.url(path))
-        .header("content-type", "application/json")
-        .header("x-test-input", input.to_string())
-        .header("x-test-output", output.to_string())
-        .body(body.to_string())
+    let client = common::http_client::client();
+    let response = reporting(&client, &gateway.url(path), body, (input, output))
         .send()
         .await
         .expect("gateway answers");
     let status = response.status().as_u16();
     let headers = response.headers().clone();
     (status, headers, response.text().await.unwrap_or_default())
+}
+
+/// A POST of `body` (JSON) to `url`, the upstream to report `input` and `output` tokens.
+fn reporting(
+    client: &reqwest::Client,
+    url: &str,
+    body: &Value,
+    (input, output): (u64, u64),
+) -> reqwest::RequestBuilder {
+    client
+        .post(url)
+        .header("content-type", "application/json")
+        .header("x-test-input", input.to_string())
+        .header("x-test-output", output.to_string())
+        .body(body.to_string())
 }
 
 fn chat(max_tokens: u64) -> Value {
@@ -214,33 +225,32 @@ async fn anthropic_and_header_answers_settle_as_they_report() {
     settles_to(&admin, "out", 5000 - 61).await;
 
     // A number in a header.
+    let (gateway, admin) = reading_x_tokens(&upstream).await;
+    let (status, _, _) = post(&gateway, "/header", &json!({}), 3, 4).await;
+    assert_eq!(status, 200);
+    settles_to(&admin, "tpm", 1000 - 7).await;
+}
+
+/// A gateway in front of `upstream` whose route reads its usage from `x-tokens` (a header or a trailer), reserving
+/// 110, with a limit `tpm` of 1000 tokens an hour; and its admin API's URL.
+async fn reading_x_tokens(upstream: &LlmUpstream) -> (TestGateway, String) {
     let usage = "    usage:\n      format: header:x-tokens\n      reserve: { prompt: 10, completion: 100 }\n";
-    let gateway = start_gateway(&config(
+    let yaml = config(
         None,
         &upstream.url(),
         usage,
         &tokens_per_hour("total_tokens", 1000),
-    ))
-    .await;
+    );
+    let gateway = start_gateway(&yaml).await;
     let admin = serve_admin(&gateway, None).await;
-    let (status, _, _) = post(&gateway, "/header", &json!({}), 3, 4).await;
-    assert_eq!(status, 200);
-    settles_to(&admin, "tpm", 1000 - 7).await;
+    (gateway, admin)
 }
 
 #[tokio::test]
 async fn usage_in_a_trailer_is_asked_for_read_settled_and_passed_on_over_http2() {
     use http_body_util::BodyExt;
     let upstream = LlmUpstream::start().await;
-    let usage = "    usage:\n      format: header:x-tokens\n      reserve: { prompt: 10, completion: 100 }\n";
-    let gateway = start_gateway(&config(
-        None,
-        &upstream.url(),
-        usage,
-        &tokens_per_hour("total_tokens", 1000),
-    ))
-    .await;
-    let admin = serve_admin(&gateway, None).await;
+    let (gateway, admin) = reading_x_tokens(&upstream).await;
     // An HTTP/1.1 client that takes no trailers: the gateway asks for them, as it reads them.
     let (status, _, body) = post(&gateway, "/trailer", &json!({}), 3, 4).await;
     assert_eq!((status, body.as_str()), (200, "ok"));
@@ -664,19 +674,14 @@ routes:
 async fn gated_stream(
     client: &reqwest::Client,
     url: &str,
-    (input, output): (u64, u64),
+    usage: (u64, u64),
     mib: u64,
 ) -> reqwest::Response {
     let mut streamed = chat(200);
     streamed["stream"] = json!(true);
     streamed["stream_options"] = json!({"include_usage": true});
-    let response = client
-        .post(url)
-        .header("content-type", "application/json")
-        .header("x-test-input", input.to_string())
-        .header("x-test-output", output.to_string())
+    let response = reporting(client, url, &streamed, usage)
         .header("x-test-mib", mib.to_string())
-        .body(streamed.to_string())
         .send()
         .await
         .expect("gateway answers");

@@ -64,6 +64,18 @@ async fn reserve(limiter: &RateLimiter, key: &str, limit: &Limit, cost: u64) -> 
     (reserved, Instant::now())
 }
 
+/// Settles what `reserved` (its cost) took on `key` at `decided`, decided by `limiter`'s store, at `actual`.
+fn settle(limiter: &RateLimiter, key: &str, reserved: Limit, actual: u64, decided: Instant) {
+    let settlement = Settlement {
+        key: key.to_owned(),
+        limit: reserved,
+        actual,
+    };
+    limiter
+        .giver(DecidedBy::Store)
+        .settle(vec![settlement], decided);
+}
+
 /// What a request of `cost` on `key` would get from `limiter` now, consuming nothing.
 async fn peek(
     limiter: &RateLimiter,
@@ -98,14 +110,7 @@ async fn a_debt_or_a_refund_settled_by_one_gateway_is_what_another_sees() {
 
     // Reserved 5, spent 13: 8 owed, 3 tokens below empty.
     let (reserved, decided) = reserve(&first, "owing", &bucket, 5).await;
-    let settlement = Settlement {
-        key: "owing".to_owned(),
-        limit: reserved,
-        actual: 13,
-    };
-    first
-        .giver(DecidedBy::Store)
-        .settle(vec![settlement], decided);
+    settle(&first, "owing", reserved, 13, decided);
     let landed = eventually(LANDS_WITHIN, async || {
         !peek(&second, "owing", &bucket, 0).await.allowed
     })
@@ -120,14 +125,7 @@ async fn a_debt_or_a_refund_settled_by_one_gateway_is_what_another_sees() {
 
     // Reserved the whole bucket, spent 3: 7 given back, and no more.
     let (reserved, decided) = reserve(&first, "refunded", &bucket, 10).await;
-    let settlement = Settlement {
-        key: "refunded".to_owned(),
-        limit: reserved,
-        actual: 3,
-    };
-    first
-        .giver(DecidedBy::Store)
-        .settle(vec![settlement], decided);
+    settle(&first, "refunded", reserved, 3, decided);
     let landed = eventually(LANDS_WITHIN, async || {
         peek(&second, "refunded", &bucket, 7).await.allowed
     })
@@ -162,15 +160,8 @@ async fn concurrent_settlements_go_out_together_and_each_applies_exactly_once() 
         .into_iter()
         .zip(&spent)
         .map(|((reserved, decided), &actual)| {
-            let giver = limiter.giver(DecidedBy::Store);
-            tokio::spawn(async move {
-                let settlement = Settlement {
-                    key: "shared".to_owned(),
-                    limit: reserved,
-                    actual,
-                };
-                giver.settle(vec![settlement], decided);
-            })
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move { settle(&limiter, "shared", reserved, actual, decided) })
         })
         .collect();
     for task in settling {
@@ -206,14 +197,7 @@ async fn a_settlement_while_redis_is_down_is_counted_follows_on_error_and_holds_
         (&local, on_local, local_decided),
         (&allow, on_allow, allow_decided),
     ] {
-        let settlement = Settlement {
-            key: "down".to_owned(),
-            limit: reserved,
-            actual: 13,
-        };
-        limiter
-            .giver(DecidedBy::Store)
-            .settle(vec![settlement], decided);
+        settle(limiter, "down", reserved, 13, decided);
     }
     // Handed off: settling waits for nothing.
     assert!(started.elapsed() < Duration::from_secs(1));
@@ -294,17 +278,12 @@ async fn settlements_and_give_backs_are_queued_with_the_checks_without_a_task_ea
     let runtime = tokio::runtime::Handle::current().metrics();
     let alive_before = runtime.num_alive_tasks();
     for (i, (reserved, decided)) in reservations.into_iter().enumerate() {
-        let giver = limiter.giver(DecidedBy::Store);
         if i % 2 == 0 {
             // An answer whose status a limit does not count: its place is given back whole.
-            giver.give_back(vec![("queued".to_owned(), reserved)], decided);
+            let taken = vec![("queued".to_owned(), reserved)];
+            limiter.giver(DecidedBy::Store).give_back(taken, decided);
         } else {
-            let settlement = Settlement {
-                key: "queued".to_owned(),
-                limit: reserved,
-                actual: 1,
-            };
-            giver.settle(vec![settlement], decided);
+            settle(&limiter, "queued", reserved, 1, decided);
         }
     }
     let alive = runtime.num_alive_tasks();
@@ -335,14 +314,7 @@ async fn with_the_memory_store_a_settlement_applies_at_once() {
     );
     let bucket = slow_bucket(10);
     let (reserved, decided) = reserve(&limiter, "owing", &bucket, 5).await;
-    limiter.giver(DecidedBy::Store).settle(
-        vec![Settlement {
-            key: "owing".to_owned(),
-            limit: reserved,
-            actual: 13,
-        }],
-        decided,
-    );
+    settle(&limiter, "owing", reserved, 13, decided);
     // Applied by the answer's end itself: no task, no store call to wait for.
     assert!(!peek(&limiter, "owing", &bucket, 0).await.allowed);
     let waits = peek(&limiter, "owing", &bucket, 0).await.retry_after_ms;
@@ -395,14 +367,7 @@ async fn a_refund_lifts_the_denial_this_gateway_remembers() {
     .await;
     assert!(remembered.is_some(), "the denial is remembered");
     // The answer spent 2 of the 10: 8 come back, and the next request of 5 is admitted.
-    limiter.giver(DecidedBy::Store).settle(
-        vec![Settlement {
-            key: "remembered".to_owned(),
-            limit: reserved,
-            actual: 2,
-        }],
-        decided,
-    );
+    settle(&limiter, "remembered", reserved, 2, decided);
     let admitted = eventually(LANDS_WITHIN, async || {
         limiter.check(&checks).await.expect("decided").allowed
     })
