@@ -247,7 +247,7 @@ async fn reading_x_tokens(upstream: &LlmUpstream) -> (TestGateway, String) {
 }
 
 #[tokio::test]
-async fn usage_in_a_trailer_is_asked_for_read_settled_and_passed_on_over_http2() {
+async fn usage_in_a_trailer_is_asked_for_read_settled_and_passed_on_to_clients_that_take_it() {
     use http_body_util::BodyExt;
     let upstream = LlmUpstream::start().await;
     let (gateway, admin) = reading_x_tokens(&upstream).await;
@@ -258,6 +258,17 @@ async fn usage_in_a_trailer_is_asked_for_read_settled_and_passed_on_over_http2()
     let (_, headers, _) = received.requests.last().expect("a request");
     assert_eq!(headers["te"], "trailers");
     settles_to(&admin, "tpm", 1000 - 7).await;
+
+    // An HTTP/1.1 client that takes trailers gets the upstream's, announced by its Trailer field.
+    let request = "POST /trailer HTTP/1.1\r\nhost: x\r\nte: trailers\r\nx-test-input: 1\r\nx-test-output: 1\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}";
+    let answer = common::http_client::raw(gateway.addr, request.as_bytes()).await;
+    let lower = answer.to_ascii_lowercase();
+    assert!(
+        lower.contains("\r\ntrailer: x-tokens\r\n")
+            && lower.ends_with("\r\n0\r\nx-tokens: 2\r\n\r\n"),
+        "{answer}"
+    );
+    settles_to(&admin, "tpm", 1000 - 9).await;
 
     // An HTTP/2 client gets the trailer as the upstream sent it, and its usage is settled too.
     let stream = tokio::net::TcpStream::connect(gateway.addr)
@@ -281,7 +292,7 @@ async fn usage_in_a_trailer_is_asked_for_read_settled_and_passed_on_over_http2()
     let trailers = collected.trailers().cloned().expect("trailers");
     assert_eq!(trailers["x-tokens"], "50");
     assert_eq!(&collected.to_bytes()[..], b"ok");
-    settles_to(&admin, "tpm", 1000 - 57).await;
+    settles_to(&admin, "tpm", 1000 - 59).await;
 }
 
 #[tokio::test]

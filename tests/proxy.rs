@@ -73,6 +73,28 @@ async fn forwards_method_path_query_body_and_forwarding_headers() {
 }
 
 #[tokio::test]
+async fn trailers_reach_a_client_that_takes_them() {
+    // hyper's server sends trailers over HTTP/1.1 only to a request with `TE: trailers`, as announced by `Trailer`.
+    let upstream = common::llm_upstream::LlmUpstream::start().await;
+    let gateway = start_gateway(
+        &yaml(&[upstream.url()], "5s").replace("path_prefix: /api", "path_prefix: /"),
+    )
+    .await;
+    let request = |te: &str| {
+        format!("POST /trailer HTTP/1.1\r\nhost: x\r\n{te}x-test-input: 2\r\nx-test-output: 3\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+    };
+    let taken = raw(gateway.addr, request("te: trailers\r\n").as_bytes()).await;
+    assert!(
+        taken
+            .to_ascii_lowercase()
+            .ends_with("\r\n0\r\nx-tokens: 5\r\n\r\n"),
+        "{taken}"
+    );
+    let not_taken = raw(gateway.addr, request("").as_bytes()).await;
+    assert!(not_taken.ends_with("\r\n0\r\n\r\n"), "{not_taken}");
+}
+
+#[tokio::test]
 async fn forwarded_host_fields_keep_the_port_the_client_asked_for() {
     let upstream = Upstream::start().await;
     let yaml =

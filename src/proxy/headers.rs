@@ -39,13 +39,13 @@ pub struct ForwardedFacts<'a> {
     pub reads_trailers: bool,
 }
 
-/// The hop-by-hop fields every message loses, whether or not `Connection` names them.
-const HOP_BY_HOP: [&HeaderName; 7] = [
+/// The hop-by-hop fields every message loses, whether or not `Connection` names them (RFC 9110 §7.6.1). `Trailer`
+/// is not one: it announces the trailer fields of the message, which go end to end.
+const HOP_BY_HOP: [&HeaderName; 6] = [
     &header::CONNECTION,
     &KEEP_ALIVE,
     &PROXY_CONNECTION,
     &header::TE,
-    &header::TRAILER,
     &header::TRANSFER_ENCODING,
     &header::UPGRADE,
 ];
@@ -54,27 +54,26 @@ const HOP_BY_HOP: [&HeaderName; 7] = [
 /// `any_one_hop_by_hop_field_is_found_and_removed` fails otherwise).
 fn hop_by_hop_index(name: &str) -> Option<usize> {
     // Matching the (lowercase) text is one length switch and at most one comparison; `HeaderName` equality
-    // would compare against each of the seven in turn.
+    // would compare against each of the six in turn.
     match name {
         "connection" => Some(0),
         "keep-alive" => Some(1),
         "proxy-connection" => Some(2),
         "te" => Some(3),
-        "trailer" => Some(4),
-        "transfer-encoding" => Some(5),
-        "upgrade" => Some(6),
+        "transfer-encoding" => Some(4),
+        "upgrade" => Some(5),
         _ => None,
     }
 }
 
-/// Whether a `Connection` token (any case) is `close` or one of the seven hop-by-hop names, which are removed anyway.
+/// Whether a `Connection` token (any case) is `close` or one of the six hop-by-hop names, which are removed anyway.
 fn names_no_other_field(token: &str) -> bool {
     let same = |known: &str| known.len() == token.len() && known.eq_ignore_ascii_case(token);
     same("close") || HOP_BY_HOP.iter().any(|name| same(name.as_str()))
 }
 
 /// Removes the hop-by-hop fields of RFC 9110 §7.6.1: `Connection` and every field it names, `Keep-Alive`,
-/// `Proxy-Connection`, `TE`, `Trailer`, `Transfer-Encoding` and `Upgrade`.
+/// `Proxy-Connection`, `TE`, `Transfer-Encoding` and `Upgrade`.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     let present = scan(headers);
     if present & 1 != 0 {
@@ -130,11 +129,11 @@ pub fn clean_client_fields(headers: &mut HeaderMap, rules: &ClientFieldRules) {
     }
 }
 
-/// Removes the fields named by `Connection` (the seven hop-by-hop fields are left to
+/// Removes the fields named by `Connection` (the six hop-by-hop fields are left to
 /// [`remove_present_hop_by_hop`]); with `keep_host`, never `Host`.
 #[cold]
 fn remove_connection_named(headers: &mut HeaderMap, keep_host: bool) {
-    // The usual tokens (`keep-alive`, `close`) name no field besides the seven, and are recognised from their text
+    // The usual tokens (`keep-alive`, `close`) name no field besides the six, and are recognised from their text
     // without parsing a `HeaderName` or collecting anything.
     let mut named: Vec<HeaderName> = Vec::new();
     for value in headers.get_all(header::CONNECTION) {
@@ -185,7 +184,7 @@ fn reads_as_protected(name: &str, rules: &ClientFieldRules) -> bool {
     PROTECTED.iter().any(|p| same(p)) || rules.protected.iter().any(|p| same(p.as_str()))
 }
 
-/// Which of the seven hop-by-hop fields (bits 0-6, in `HOP_BY_HOP`'s order) and of the client-address fields that
+/// Which of the six hop-by-hop fields (bits 0-5, in `HOP_BY_HOP`'s order) and of the client-address fields that
 /// only trusted proxies may send (`CLIENT_ADDRESS_FIELDS`) `headers` holds: one pass over the few fields present,
 /// since each lookup or removal hashes its name and most messages carry none of them.
 fn scan(headers: &HeaderMap) -> u16 {
@@ -204,7 +203,24 @@ fn scan(headers: &HeaderMap) -> u16 {
 /// The bit of [`scan`] for `Forwarded` or `X-Real-IP`.
 const CLIENT_ADDRESS_FIELDS: u16 = 1 << 7;
 
-/// Removes the seven hop-by-hop fields [`scan`] found (most upstream responses carry `Connection: keep-alive`); the
+/// The bit of [`scan`] for `TE`.
+const TE_FIELD: u16 = 1 << 3;
+
+/// Whether a `TE` field of `headers` lists `trailers` (any case, with or without parameters).
+#[cold]
+fn lists_trailers(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|coding| {
+            let name = coding.split(';').next().unwrap_or_default().trim();
+            name.eq_ignore_ascii_case("trailers")
+        })
+}
+
+/// Removes the six hop-by-hop fields [`scan`] found (most upstream responses carry `Connection: keep-alive`); the
 /// fields `Connection` names are the callers' to remove.
 fn remove_present_hop_by_hop(headers: &mut HeaderMap, present: u16) {
     if present & !CLIENT_ADDRESS_FIELDS == 0 {
@@ -232,8 +248,12 @@ fn remove_present_hop_by_hop(headers: &mut HeaderMap, present: u16) {
 /// alone).
 pub fn prepare_request(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) {
     let present = scan(headers);
+    // `TE: trailers` says the trailers will be taken: by the gateway itself, or by a client that asked for them
+    // (the gateway passes them on). Its other codings are the client's hop's.
+    let asks_trailers =
+        facts.reads_trailers || (present & TE_FIELD != 0 && lists_trailers(headers));
     remove_present_hop_by_hop(headers, present);
-    if facts.reads_trailers {
+    if asks_trailers {
         headers.insert(header::TE, HeaderValue::from_static("trailers"));
     }
     let peer = crate::key::ip_text(facts.peer);
@@ -463,17 +483,38 @@ mod tests {
     }
 
     #[test]
-    fn the_upstream_is_asked_for_trailers_only_where_the_gateway_reads_them() {
-        let mut h = HeaderMap::new();
-        h.insert(header::TE, HeaderValue::from_static("trailers, deflate"));
-        prepare_request(&mut h, &facts(false));
-        assert!(h.get(header::TE).is_none(), "the client's TE is its hop's");
+    fn the_upstream_is_asked_for_trailers_only_where_they_are_taken() {
         let reading = ForwardedFacts {
             reads_trailers: true,
             ..facts(false)
         };
-        prepare_request(&mut h, &reading);
-        assert_eq!(h[header::TE], "trailers");
+        for (te, facts, asked) in [
+            (None, facts(false), None),
+            (Some("deflate"), facts(false), None),
+            (
+                Some("deflate, Trailers;q=0.5"),
+                facts(false),
+                Some("trailers"),
+            ),
+            (None, reading, Some("trailers")),
+            (Some("deflate"), reading, Some("trailers")),
+        ] {
+            let mut h = HeaderMap::new();
+            if let Some(te) = te {
+                h.insert(header::TE, HeaderValue::from_static(te));
+            }
+            prepare_request(&mut h, &facts);
+            let forwarded = h.get(header::TE).map(|v| v.to_str().unwrap());
+            assert_eq!(forwarded, asked, "TE {te:?}");
+        }
+    }
+
+    #[test]
+    fn the_trailer_field_goes_end_to_end() {
+        let mut h = HeaderMap::new();
+        h.insert(header::TRAILER, HeaderValue::from_static("x-tokens"));
+        prepare_response(&mut h, Version::HTTP_11);
+        assert_eq!(h[header::TRAILER], "x-tokens");
     }
 
     #[test]
