@@ -849,3 +849,101 @@ async fn on_redis_cluster_keys_in_two_slots_each_admit_exactly_max_and_wake_thei
     }
     assert_eq!((of(first), of(second)), (3, 3));
 }
+
+#[tokio::test]
+async fn a_request_that_waited_is_timed_and_counted_once_whatever_it_asked() {
+    tollgate::telemetry::prometheus().expect("recorder");
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    // A route of its own: the series are this process's, shared with the other tests.
+    let yaml = yaml(
+        &store_yaml(None),
+        &upstream,
+        &gone,
+        &queued(1, "300ms", "600ms", 100),
+    )
+    .replace("name: api", "name: timed");
+    let gateway = common::start_gateway(&yaml).await;
+    let admin = serve_admin(&gateway, None).await;
+    let held = tokio::spawn(status(gateway.url("/hold")));
+    assert!(eventually(SOON, async || upstream.in_flight() == 1)
+        .await
+        .is_some());
+    // Asks every 100 ms (a third of its lease) for 600 ms, then is refused.
+    assert_eq!(status(gateway.url("/quick")).await, 429);
+    let waiter = tokio::spawn(status(gateway.url("/waiter/hold")));
+    let waiting = eventually(SOON, async || {
+        let (_, seen) =
+            json_answer(client().get(format!("{admin}/limits/timed/in-flight?key=127.0.0.1")))
+                .await;
+        seen["waiting"] == 1
+    })
+    .await;
+    assert!(waiting.is_some());
+    upstream.release(2);
+    assert_eq!(held.await.expect("held"), 200);
+    assert_eq!(waiter.await.expect("waiter"), 200);
+    let text = common::http_client::metrics_text(&admin).await;
+    let value = |series: &str| {
+        text.lines()
+            .find(|line| line.starts_with(series))
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    assert_eq!(
+        value(r#"tollgate_queue_wait_seconds_count{route="timed",limit="in-flight"}"#),
+        Some(2.0),
+        "{text}"
+    );
+    let decisions = |decision: &str| {
+        value(&format!(
+            r#"tollgate_decisions_total{{route="timed",limit="in-flight",decision="{decision}"}}"#
+        ))
+    };
+    assert_eq!(decisions("denied"), Some(1.0), "{text}");
+    assert_eq!(decisions("allowed"), Some(2.0), "{text}");
+}
+
+#[tokio::test]
+async fn on_redis_slots_taken_without_redis_count_in_redis_once_it_answers_until_they_end() {
+    let mut redis = RedisServer::start();
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    let store = store_yaml(Some(&redis)).replace("on_error: deny", "on_error: local");
+    let limits =
+        "      - { name: in-flight, key: ip, algorithm: concurrency, max: 1, lease: 2s }\n";
+    let yaml = yaml(&store, &upstream, &gone, limits).replace("timeout: 1s", "timeout: 30s");
+    let gateways = gateways_sharing(&yaml, Some(&redis)).await;
+    let (a, b) = (&gateways[0], &gateways[1]);
+    let key = "tollgate:api:in-flight:{127.0.0.1}";
+    // Redis is away: the first gateway's fallback gives a request the slot, which Redis knows nothing of.
+    redis.kill();
+    let held = tokio::spawn(status(a.url("/hold")));
+    assert!(eventually(SOON, async || upstream.in_flight() == 1)
+        .await
+        .is_some());
+    // Back, empty: the slot is added to Redis's count, and the other gateway finds the key full.
+    redis.restart();
+    let counted = eventually(SOON, async || status(b.url("/quick")).await == 429).await;
+    assert!(counted.is_some(), "the other gateway is never refused");
+    assert_eq!(redis.cli(&["ZCARD", key]).as_deref(), Some("1"));
+    // Renewed as any lease is, for longer than a lease.
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        assert_eq!(status(b.url("/quick")).await, 429, "still held");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Released in Redis when it ends: well before its lease (renewed at most 2/3 s ago) could end it.
+    upstream.release(1);
+    assert_eq!(held.await.expect("held"), 200);
+    let released = eventually(Duration::from_millis(1_000), async || {
+        redis.cli(&["ZCARD", key]).as_deref() == Some("0")
+    })
+    .await;
+    assert!(
+        released.is_some(),
+        "{:?}",
+        redis.cli(&["ZRANGE", key, "0", "-1", "WITHSCORES"])
+    );
+    assert!(admitted_again(b).await);
+}

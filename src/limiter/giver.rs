@@ -20,6 +20,9 @@ pub struct Giver {
     pub(super) failed: metrics::Counter,
     /// This instance's over-limit cache: a key given back to may admit before a denial it remembers ends.
     pub(super) denials: Arc<DenyCache>,
+    /// Redis, for a request the fallback decided while it was away: the slots it holds are adopted by Redis when it
+    /// answers again, and released there too.
+    pub(super) outage: Option<RedisStore>,
 }
 
 /// What one admitted request's reservation on one limit turned out to cost, once its answer is known: see
@@ -140,14 +143,20 @@ impl Giver {
                     local.slot_queues().released(key);
                 }
             }
+            if let Some(redis) = &self.outage {
+                redis.release_outside(lease, held);
+            }
         }
     }
 
     /// Keeps the slots of an admitted request (`held`, under `lease`) in Redis until
-    /// [`release_slots`](Self::release_slots): renewed while the request lives. Nothing to do in this process.
+    /// [`release_slots`](Self::release_slots): renewed while the request lives. Nothing to do in this process,
+    /// but for a request the fallback admitted while Redis was away: Redis adopts its slots once it answers.
     pub fn hold_slots(&self, held: &[(String, Limit)], lease: u64) {
         if let Some(redis) = &self.redis {
             redis.hold(lease, held.to_vec());
+        } else if let Some(redis) = &self.outage {
+            redis.hold_outside(lease, held.to_vec());
         }
     }
 }

@@ -307,12 +307,17 @@ impl RateLimiter {
             (decided_by != DecidedBy::Nobody && redis.is_none()).then(|| Arc::clone(&self.local));
         let fallback =
             (redis.is_some() && self.on_error == OnError::Local).then(|| Arc::clone(&self.local));
+        let outage = match (&self.backend, decided_by) {
+            (Backend::Redis(redis), DecidedBy::Fallback) => Some(redis.clone()),
+            _ => None,
+        };
         Giver {
             redis,
             local,
             fallback,
             failed: self.settlements_failed.clone(),
             denials: Arc::clone(&self.denials),
+            outage,
         }
     }
 
@@ -514,6 +519,8 @@ impl Health {
     fn recovered(&self, redis: &RedisStore) {
         // First: from here on requests go to Redis again, and each must find its key's carry pending.
         self.ledger.carry(redis);
+        // The slots the fallback gave requests still in flight count in Redis from now on.
+        redis.adopt_leases();
         self.breaker.record_success();
         if self.fallback_active.swap(false, Ordering::Relaxed) {
             metrics::gauge!("tollgate_store_fallback").set(0.0);

@@ -17,7 +17,8 @@
 --   mode   1 to commit (consume from every limit if all admit), 0 for a dry run that decides but consumes
 --          nothing, 2 to give back what a commit took, 3 to add a debt (a request settled for more than it
 --          reserved: the cost is the difference, see `add_debt`), 4 to renew the leases of a request still in
---          flight (concurrency limits; the other limits are left alone). Redis Cluster needs the dry run when a request's keys span
+--          flight (concurrency limits; the other limits are left alone), 5 to add the leases the in-process
+--          fallback took while Redis was away for a request still in flight (whatever the key holds). Redis Cluster needs the dry run when a request's keys span
 --          several hash slots: every slot is asked first, and committed only if all admit; should a slot's commit
 --          deny after all (another request took the room meanwhile), the slots that admitted give back what they
 --          took (see src/limiter/store/redis/cluster.rs).
@@ -47,7 +48,7 @@
 --
 -- Returns, packed as one MessagePack array: now_ms, then per entry:
 --   an entry past its deadline: -1 alone (whatever its count): it was neither decided nor counted.
---   a give-back, a debt or a renewal: 1 alone.
+--   a give-back, a debt, a renewal or an adoption of leases: 1 alone.
 --   a single request: all_allowed, then per limit: allowed, remaining, wait_ms, reset_after_ms, where wait_ms is
 --     delay_ms when the limit admits and retry_after_ms when it denies (the other is 0; the limit's capacity the
 --     gateway knows). A committed admission reports the state after consuming; a denial, and any dry run, the

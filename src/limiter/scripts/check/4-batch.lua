@@ -181,6 +181,23 @@ while a <= #input do
     end
     r = r + 1
     reply[r] = 1
+  elseif input[a] == 5 then
+    -- The leases of a request the in-process fallback admitted while Redis was away, still in flight: added whatever
+    -- the key holds, so that Redis counts the request until it ends. The key may hold more than max meanwhile, and
+    -- admits nobody until it is back under.
+    a = a + ENTRY_ARGS
+    for i = 0, n - 1 do
+      if input[a + 1] == 7 then
+        local key = KEYS[input[a]]
+        redis.call('ZADD', key, format('%d', now + input[a + 3]), format('%d', input[a + 4]))
+        if not explicit_time then
+          redis.call('PEXPIRE', key, format('%d', input[a + 3]))
+        end
+      end
+      a = a + LIMIT_ARGS
+    end
+    r = r + 1
+    reply[r] = 1
   elseif input[a] == 3 then
     -- A debt: `deadline` is when the request that owes it was decided.
     a = a + ENTRY_ARGS

@@ -37,6 +37,9 @@ struct Held {
     /// Renewed every third of the shortest lease among its limits.
     every: Duration,
     renewed: Instant,
+    /// Whether Redis holds them: not yet for a request the in-process fallback admitted while Redis was away,
+    /// until Redis answers again and adopts them (see [`RedisStore::adopt_leases`]).
+    in_redis: bool,
 }
 
 // === impl Leases ===
@@ -73,6 +76,7 @@ impl Leases {
         connection: &Arc<Connection>,
         lease: u64,
         keys: Vec<(String, Limit)>,
+        in_redis: bool,
     ) {
         let shortest = keys
             .iter()
@@ -86,6 +90,7 @@ impl Leases {
             keys,
             every: Duration::from_millis(shortest / 3),
             renewed: Instant::now(),
+            in_redis,
         };
         self.held.lock().insert(lease, held);
         if !self.renewing.swap(true, Ordering::AcqRel) {
@@ -93,9 +98,34 @@ impl Leases {
         }
     }
 
-    /// Stops renewing `lease`.
-    pub(super) fn release(&self, lease: u64) {
-        self.held.lock().remove(&lease);
+    /// Stops renewing `lease`; whether Redis held it.
+    pub(super) fn release(&self, lease: u64) -> bool {
+        self.held
+            .lock()
+            .remove(&lease)
+            .is_some_and(|held| held.in_redis)
+    }
+
+    /// The leases Redis does not hold yet (taken by the fallback), to be adopted.
+    fn outside(&self) -> Vec<(u64, Vec<(String, Limit)>)> {
+        self.held
+            .lock()
+            .iter()
+            .filter(|(_, h)| !h.in_redis)
+            .map(|(&lease, h)| (lease, h.keys.clone()))
+            .collect()
+    }
+
+    /// Marks `lease` held by Redis, now renewed; false when its request ended meanwhile.
+    fn adopted(&self, lease: u64) -> bool {
+        match self.held.lock().get_mut(&lease) {
+            Some(held) => {
+                held.in_redis = true;
+                held.renewed = Instant::now();
+                true
+            }
+            None => false,
+        }
     }
 
     /// The leases due for renewal, marked renewed.
@@ -103,7 +133,7 @@ impl Leases {
         let now = Instant::now();
         let mut held = self.held.lock();
         held.iter_mut()
-            .filter(|(_, h)| now.duration_since(h.renewed) >= h.every)
+            .filter(|(_, h)| h.in_redis && now.duration_since(h.renewed) >= h.every)
             .map(|(&lease, h)| {
                 h.renewed = now;
                 (lease, h.keys.clone())
@@ -152,5 +182,63 @@ async fn renew(leases: Weak<Leases>, connection: Arc<Connection>) {
                 tracing::debug!(%error, leases = refs.len(), "leases not renewed, tried again soon");
             }
         }
+    }
+}
+
+// === impl RedisStore ===
+
+impl super::RedisStore {
+    /// Redis answers again: adds to its count, in a task of its own, the slots that requests still in flight took
+    /// from the in-process fallback while it was away (`on_error: local`), so that they count against every
+    /// instance until they end, renewed and released as the others. One call per hash slot; what fails is tried
+    /// again at the next recovery, and a request that ended meanwhile is released at once.
+    pub fn adopt_leases(&self) {
+        let outside = self.leases.outside();
+        if outside.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let store = self.clone();
+        runtime.spawn(async move {
+            let connection = &store.connection;
+            let mut by_slot: HashMap<Option<u16>, Vec<(u64, EncodedRequest)>> = HashMap::new();
+            for (lease, keys) in &outside {
+                for (key, limit) in keys {
+                    let check = [LimitCheck { key, limit }];
+                    let request = EncodedRequest::new(&check, Mode::Adopt).leased(*lease);
+                    by_slot
+                        .entry(connection.slot_of(&check))
+                        .or_default()
+                        .push((*lease, request));
+                }
+            }
+            let mut failed = std::collections::HashSet::new();
+            for (slot, requests) in by_slot {
+                let refs: Vec<&EncodedRequest> = requests.iter().map(|(_, r)| r).collect();
+                let deadlines = vec![0; refs.len()];
+                let result = connection
+                    .run_script(
+                        connection.pool.next(),
+                        slot,
+                        &refs,
+                        &deadlines,
+                        None,
+                        RENEWAL_TIMEOUT,
+                    )
+                    .await;
+                if let Err(error) = result {
+                    tracing::debug!(%error, "slots taken without redis not adopted yet");
+                    failed.extend(requests.iter().map(|(lease, _)| *lease));
+                }
+            }
+            for (lease, keys) in outside {
+                if !failed.contains(&lease) && !store.leases.adopted(lease) {
+                    // Its request ended while Redis adopted its slots: they go at once.
+                    store.send_release(lease, keys);
+                }
+            }
+        });
     }
 }

@@ -267,13 +267,32 @@ impl RedisStore {
 
     /// Keeps the slots an admitted request holds under `lease` renewed (see [`release`](Self::release)).
     pub fn hold(&self, lease: u64, held: Vec<(String, Limit)>) {
-        self.leases.hold(&self.connection, lease, held);
+        self.leases.hold(&self.connection, lease, held, true);
+    }
+
+    /// Remembers the slots a request the in-process fallback admitted holds under `lease` (Redis was away), so that
+    /// Redis adopts them when it answers again ([`adopt_leases`](Self::adopt_leases)) and counts them until the
+    /// request ends ([`release_outside`](Self::release_outside)).
+    pub fn hold_outside(&self, lease: u64, held: Vec<(String, Limit)>) {
+        self.leases.hold(&self.connection, lease, held, false);
+    }
+
+    /// Releases the slots a request the fallback admitted held under `lease`: in Redis too if Redis adopted them.
+    pub fn release_outside(&self, lease: u64, held: Vec<(String, Limit)>) {
+        if self.leases.release(lease) {
+            self.send_release(lease, held);
+        }
     }
 
     /// Releases the slots a request held under `lease`: renewed no more, and removed from Redis by a give-back
     /// queued with the other checks, off the caller's path. One that fails leaves the slot until its lease ends.
     pub fn release(&self, lease: u64, held: Vec<(String, Limit)>) {
         self.leases.release(lease);
+        self.send_release(lease, held);
+    }
+
+    /// Removes the slots `held` under `lease` from Redis, off the caller's path.
+    fn send_release(&self, lease: u64, held: Vec<(String, Limit)>) {
         // An answer dropped outside any runtime (at shutdown) leaves its slot to its lease.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;

@@ -55,6 +55,9 @@ pub(super) enum Mode {
     Debt,
     /// Renew the leases of a request still in flight (its `concurrency` limits; the others are left alone).
     Renew,
+    /// Add to Redis's count the leases of a request still in flight that the in-process fallback admitted while
+    /// Redis was away (its `concurrency` limits; the others are left alone), whatever the keys hold.
+    Adopt,
 }
 
 /// One request's share of a script call, owned so that it can wait in the batch queue.
@@ -269,6 +272,7 @@ pub(super) fn command(
                 Mode::GiveBack => 2,
                 Mode::Debt => 3,
                 Mode::Renew => 4,
+                Mode::Adopt => 5,
             },
         );
         put(&mut packed, count as u64);
@@ -354,7 +358,10 @@ pub(super) fn parse_reply(
     for &count in runs {
         let request = requests.get(at).ok_or_else(wrong_length)?;
         at += count;
-        if matches!(request.mode, Mode::GiveBack | Mode::Debt | Mode::Renew) {
+        if matches!(
+            request.mode,
+            Mode::GiveBack | Mode::Debt | Mode::Renew | Mode::Adopt
+        ) {
             rest.split_off_first().ok_or_else(wrong_length)?;
             outcomes.push(Ok(Outcome {
                 allowed: true,
