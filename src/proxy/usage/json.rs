@@ -113,7 +113,7 @@ impl UsageScanner {
                     i += 1;
                     continue;
                 }
-                match string_stop(&bytes[i..]) {
+                match memchr2(b'"', b'\\', &bytes[i..]) {
                     None => {
                         self.key_bytes(&bytes[i..]);
                         i = bytes.len();
@@ -273,22 +273,6 @@ impl UsageScanner {
         }
         self.capture.clear();
     }
-}
-
-/// Where the string being read stops (its closing quote, or an escape) in `bytes`. Most strings of an answer are
-/// short (keys, ids, a few words of a streamed chunk): the first bytes are looked at one by one, where a call to
-/// memchr would cost more than they do; a long string's rest goes to memchr.
-#[inline]
-fn string_stop(bytes: &[u8]) -> Option<usize> {
-    const SHORT: usize = 16;
-    let head = bytes.len().min(SHORT);
-    if let Some(at) = bytes[..head]
-        .iter()
-        .position(|&byte| byte == b'"' || byte == b'\\')
-    {
-        return Some(at);
-    }
-    memchr2(b'"', b'\\', &bytes[head..]).map(|at| head + at)
 }
 
 #[cfg(test)]

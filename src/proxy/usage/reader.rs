@@ -1,9 +1,12 @@
 //! Reads what an answer reports it cost as its body goes by: a JSON body's `usage`, the usage events of a
 //! server-sent event stream, or a number in a header or trailer, chosen from the route's format and the answer's
-//! head. It holds at most one `usage` object, however long the answer.
+//! head. It holds at most one `usage` object and one short event, however long the answer.
+
+use std::sync::LazyLock;
 
 use http::header::{ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_TYPE};
 use http::{HeaderMap, HeaderName, HeaderValue};
+use memchr::memmem::Finder;
 
 use super::json::{Places, UsageScanner};
 use super::reported::{Dialect, Reported, Usage};
@@ -46,12 +49,25 @@ struct SseReading {
 }
 
 /// The current event's usage, kept when the event is dispatched.
+///
+/// Most events of a stream carry a few words of the answer and no usage. An event is held (up to
+/// [`HELD_EVENT_BYTES`]) rather than scanned as it comes, and scanned at its end only if it could name `usage`: a
+/// JSON key that reads `usage` is written with those letters or with a `\u` escape. A longer event is scanned as
+/// it comes, from its held start on.
 #[derive(Debug)]
 struct EventUsage {
     scanner: UsageScanner,
+    /// The current event's data while it is held (not scanned yet).
+    held: Vec<u8>,
+    /// The current event is being scanned as it comes.
+    scanning: bool,
     reported: Reported,
     any: bool,
 }
+
+/// The longest event held before it is scanned: a stream's memory for it (streamed answers' events are a few
+/// hundred bytes; a longer one is scanned as it comes).
+const HELD_EVENT_BYTES: usize = 4 * 1024;
 
 /// The reading of one answer's usage. Made from the answer's head, fed its body and trailers; [`UsageReader::usage`]
 /// says what was reported so far, and [`UsageReader::finish`] completes the reading at the body's end.
@@ -113,6 +129,8 @@ impl UsageReader {
                     parser: SseParser::new(),
                     events: EventUsage {
                         scanner: UsageScanner::new(Places::TopAndNested),
+                        held: Vec::new(),
+                        scanning: false,
                         reported: Reported::default(),
                         any: false,
                     },
@@ -184,12 +202,43 @@ impl UsageReader {
 
 // === impl EventUsage ===
 
+impl EventUsage {
+    /// Scans the held start of the event, and the rest of it as it comes.
+    fn scan_from_here(&mut self) {
+        self.scanning = true;
+        self.scanner.feed(&self.held);
+        self.held.clear();
+    }
+}
+
+/// Whether an event's data could name a `usage` key: with its letters, or escaped.
+fn may_name_usage(data: &[u8]) -> bool {
+    static USAGE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("usage"));
+    static ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("\\u"));
+    USAGE.find(data).is_some() || ESCAPE.find(data).is_some()
+}
+
 impl SseSink for EventUsage {
     fn data(&mut self, piece: &[u8]) {
-        self.scanner.feed(piece);
+        if self.scanning {
+            self.scanner.feed(piece);
+        } else if self.held.len() + piece.len() <= HELD_EVENT_BYTES {
+            self.held.extend_from_slice(piece);
+        } else {
+            self.scan_from_here();
+            self.scanner.feed(piece);
+        }
     }
 
     fn end(&mut self, dispatched: bool) {
+        if !self.scanning {
+            if !may_name_usage(&self.held) {
+                self.held.clear();
+                return;
+            }
+            self.scan_from_here();
+        }
+        self.scanning = false;
         if let Some(found) = self.scanner.take_found() {
             // An event cut off by the stream's end without its blank line is dispatched by `finish` only.
             if dispatched {
@@ -373,6 +422,33 @@ mod tests {
     }
 
     #[test]
+    fn events_are_scanned_only_when_they_may_name_usage_and_long_ones_as_they_come() {
+        assert!(!may_name_usage(
+            br#"{"choices":[{"delta":{"content":"use it"}}]}"#
+        ));
+        assert!(may_name_usage(br#"{"choices":[],"usage":null}"#));
+        assert!(may_name_usage(br#"{"us\u0061ge":{}}"#));
+        let long = format!(
+            "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{}\"}}}}],\"usage\":{{\"prompt_tokens\":3,\"completion_tokens\":4}}}}\n\n",
+            "x".repeat(3 * HELD_EVENT_BYTES)
+        );
+        for size in [1, 100, HELD_EVENT_BYTES - 1, long.len()] {
+            let pieces: Vec<&[u8]> = long.as_bytes().chunks(size).collect();
+            assert_eq!(
+                read(&UsageFormat::OpenAi, &sse(), &pieces),
+                usage(3, 4, 7),
+                "pieces of {size}"
+            );
+        }
+        let mut reader = UsageReader::new(&UsageFormat::OpenAi, &sse());
+        reader.feed(long.as_bytes());
+        let Mode::Sse(reading) = &reader.mode else {
+            panic!("an event stream is read as one")
+        };
+        assert!(reading.events.held.capacity() <= 2 * HELD_EVENT_BYTES);
+    }
+
+    #[test]
     fn json_answers_read_their_usage() {
         let json = headers(&[("content-type", "application/json")]);
         let chat = r#"{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#;
@@ -492,8 +568,17 @@ mod tests {
             count.clone().prop_map(|output| format!(
                 "event: message_delta\u{0}data: {{\"type\":\"message_delta\",\u{0}data: \"usage\":{{\"output_tokens\":{output}}}}}"
             )),
-            (count.clone(), count).prop_map(|(input, output)| format!(
+            (count.clone(), count.clone()).prop_map(|(input, output)| format!(
                 "event: response.completed\u{0}data: {{\"response\":{{\"output\":[],\"usage\":{{\"input_tokens\":{input},\"output_tokens\":{output}}}}}}}"
+            )),
+            // Longer than an event is held: scanned as it comes.
+            (count.clone(), count.clone()).prop_map(|(input, output)| format!(
+                "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{}\"}}}}],\"usage\":{{\"prompt_tokens\":{input},\"completion_tokens\":{output}}}}}",
+                "words ".repeat(HELD_EVENT_BYTES / 5)
+            )),
+            // A key that reads `usage` only once unescaped.
+            (count.clone(), count.clone()).prop_map(|(input, output)| format!(
+                "data: {{\"choices\":[],\"us\\u0061ge\":{{\"prompt_tokens\":{input},\"completion_tokens\":{output}}}}}"
             )),
             Just(": keep-alive".to_owned()),
             Just("event: ping\u{0}data: {\"type\": \"ping\"}".to_owned()),
