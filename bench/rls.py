@@ -7,6 +7,7 @@ per decision, concurrent HTTP/2 streams) on loopback, with the memory store and 
     python3 bench/rls.py --duration 20 --concurrency 128 --connections 8
     python3 bench/rls.py --only redis                 # the Redis rows alone
     python3 bench/rls.py --debug --duration 2 --warmup 1   # a check that it all runs (debug builds, no figures)
+    python3 bench/rls.py --binary /tmp/tollgate --load target/release/deps/rls_load-HASH   # builds nothing
 
 tollgate and Redis run on CPU 0 (tollgate with TOKIO_WORKER_THREADS=1, RUST_LOG=warn), the load on CPU 1 with
 one worker thread, as bench/run.sh places wrk. The limits admit everything (a sliding window, a GCRA and a token
@@ -167,9 +168,17 @@ def main():
     parser.add_argument("--keys", type=int, default=10000, help="distinct client addresses")
     parser.add_argument("--only", choices=sorted(STORES), help="one store's rows")
     parser.add_argument("--debug", action="store_true", help="debug builds: checks that it runs, no figures")
+    parser.add_argument("--binary", type=Path, help="this tollgate (with --load: nothing is built)")
+    parser.add_argument("--load", type=Path, help="this rls_load executable (from an earlier run's build)")
     args = parser.parse_args()
 
-    tollgate, load = build(args.debug)
+    if args.binary and args.load:
+        tollgate, load = args.binary, args.load
+    elif args.binary or args.load:
+        raise SystemExit("rls: --binary and --load go together")
+    else:
+        tollgate, load = build(args.debug)
+    print(f"rls: {tollgate}, load from {load}", file=sys.stderr)
     stores = [args.only] if args.only else ["memory", "redis"]
     rows = []
     with tempfile.TemporaryDirectory(prefix="tollgate-rls-bench-") as work:
