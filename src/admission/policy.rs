@@ -2,7 +2,9 @@
 //! an admitted response carries. The gateway's routes and the tower layer both call it, so that a capability
 //! added here (an allowlist, a header, consumers) reaches both at once and they never decide a request apart.
 
+use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,6 +39,29 @@ pub struct Policy {
     after_answer: Option<AfterAnswerMaker>,
     /// How the route's answers report the tokens they cost, on a route with `usage:`.
     usage: Option<Arc<RouteUsage>>,
+}
+
+/// The wait for a slot of a request `checked` refused, when only slots it may wait for are wanting (boxed: only a
+/// request that waits pays for its future); else the refusal as it stands. Only a route with a concurrency limit
+/// looks.
+#[allow(clippy::type_complexity)]
+fn wait_if_queued<'a, R: Reserve + 'a>(
+    limiter: &'a RateLimiter,
+    limits: &'a LimitSet,
+    facts: &'a RequestFacts<'a>,
+    reserve: R,
+    checked: Checked,
+) -> Result<Pin<Box<dyn Future<Output = Waited> + Send + 'a>>, Checked> {
+    let refusal = match limits.holds_slots() {
+        true => limits.queued_refusal(&checked),
+        false => None,
+    };
+    match refusal {
+        Some(refusal) => Ok(Box::pin(wait_for_slot(
+            limiter, limits, facts, reserve, checked, refusal,
+        ))),
+        None => Err(checked),
+    }
 }
 
 /// The refusal of a request the limiter did not decide.
@@ -246,39 +271,33 @@ impl Policy {
         // A moment before the decision, for the give-backs settled after the answer: they land on its windows (a
         // time never later than the decision's, see `StatusSettlement`).
         let settles_tokens = reserve.get().is_some() && limits.counts_tokens();
-        let mut asked = (limits.counts_statuses() || settles_tokens).then(Instant::now);
-        let mut checked = match limits
+        let asked = (limits.counts_statuses() || settles_tokens).then(Instant::now);
+        let checked = match limits
             .check_reserving(limiter, facts, replaced, reserve)
             .await
         {
             Ok(checked) => checked,
             Err(error) => return not_checked(error),
         };
-        if !checked.outcome.allowed {
-            let plan = caller.as_deref().and_then(|caller| caller.plan);
-            // Only a route with a concurrency limit may wait, and only when a slot with a queue is all it wants.
-            let queued = match limits.holds_slots() {
-                true => limits.queued_refusal(&checked),
-                false => None,
-            };
-            let Some(refusal) = queued else {
-                return Admission::Refused(Refusal::RateLimited { checked, plan });
-            };
-            // Boxed: only a request that waits pays for the waiting's future.
-            let waiting = Box::pin(wait_for_slot(
-                limiter, limits, facts, reserve, checked, refusal,
-            ));
-            match waiting.await {
-                Waited::Admitted(admitted, at) => {
-                    checked = admitted;
-                    asked = asked.map(|_| at);
+        let (checked, asked) = if checked.outcome.allowed {
+            (checked, asked)
+        } else {
+            match wait_if_queued(limiter, limits, facts, reserve, checked) {
+                Err(checked) => {
+                    let plan = caller.as_deref().and_then(|caller| caller.plan);
+                    return Admission::Refused(Refusal::RateLimited { checked, plan });
                 }
-                Waited::Refused(checked) => {
-                    return Admission::Refused(Refusal::RateLimited { checked, plan })
-                }
-                Waited::Failed(error) => return not_checked(error),
+                Ok(waiting) => match waiting.await {
+                    // What is settled after the answer lands where the last ask did.
+                    Waited::Admitted(checked, at) => (checked, asked.map(|_| at)),
+                    Waited::Refused(checked) => {
+                        let plan = caller.as_deref().and_then(|caller| caller.plan);
+                        return Admission::Refused(Refusal::RateLimited { checked, plan });
+                    }
+                    Waited::Failed(error) => return not_checked(error),
+                },
             }
-        }
+        };
         let delay_ms = limits.delay_ms(&checked);
         if delay_ms > 0 {
             // Held, as nginx's limit_req holds: a client that leaves meanwhile gives its place back, so the queue
