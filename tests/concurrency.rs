@@ -947,3 +947,65 @@ async fn on_redis_slots_taken_without_redis_count_in_redis_once_it_answers_until
     );
     assert!(admitted_again(b).await);
 }
+
+/// A plan's slot with a queue, shared by two routes, beside one route's own rate limit per consumer: a request on one
+/// route waits for the slot a request on the other holds, and the rate limit counts it once, when admitted.
+async fn a_plans_queue_spans_routes(redis: Option<&RedisServer>) {
+    let upstream = InFlightUpstream::start().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nstore:\n{}upstreams:\n  app: {{ targets: [\"{}\"], timeout: 30s }}\n\
+         consumers:\n  identify:\n    - api_key: {{ header: x-api-key }}\n  keys:\n    \
+         - {{ key: acme-key, consumer: acme, plan: pro }}\n  anonymous: reject\n  plans:\n    pro:\n      limits:\n        \
+         - {{ name: in-flight, key: consumer, algorithm: concurrency, max: 1, lease: 300ms, \
+         queue: {{ max_wait: 10s }} }}\nroutes:\n  - name: reports\n    match: {{ path_prefix: /reports }}\n    \
+         upstream: app\n    consumers: required\n  - name: chat\n    match: {{ path_prefix: /chat }}\n    \
+         upstream: app\n    consumers: required\n    limits:\n      \
+         - {{ name: hourly, key: consumer, algorithm: fixed_window, limit: 2, period: 1h }}\n",
+        store_yaml(redis),
+        upstream.url()
+    );
+    let gateways = gateways_sharing(&yaml, redis).await;
+    let gateway = &gateways[0];
+    let send = |path: &'static str| {
+        let request = client()
+            .get(gateway.url(path))
+            .header("x-api-key", "acme-key");
+        async move { request.send().await.map_or(0, |r| r.status().as_u16()) }
+    };
+    let held = tokio::spawn(send("/reports/hold"));
+    assert!(eventually(SOON, async || upstream.in_flight() == 1)
+        .await
+        .is_some());
+    let waiter = tokio::spawn(send("/chat/hold"));
+    // The plan's key, the same from every route.
+    let queues = gateway.gateway.limiter().slot_queues();
+    let waiting = eventually(SOON, async || {
+        queues.waiting("tollgate:consumer:in-flight:{acme}") == 1
+    })
+    .await;
+    assert!(
+        waiting.is_some(),
+        "the chat request does not wait for the plan's slot"
+    );
+    // Asking again every 100 ms meanwhile.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(upstream.arrived(), 1);
+    upstream.release(2);
+    assert_eq!(held.await.expect("held"), 200);
+    assert_eq!(waiter.await.expect("waiter"), 200);
+    assert_eq!(upstream.arrivals(), ["/reports/hold", "/chat/hold"]);
+    // The chat route's hourly limit counted the waiting request once: one more is admitted, then none.
+    assert_eq!(send("/chat/quick").await, 200, "waiting took nothing");
+    assert_eq!(send("/chat/quick").await, 429);
+}
+
+#[tokio::test]
+async fn in_memory_a_plans_queued_slot_is_waited_for_across_routes_and_rates_count_once() {
+    a_plans_queue_spans_routes(None).await;
+}
+
+#[tokio::test]
+async fn on_redis_a_plans_queued_slot_is_waited_for_across_routes_and_rates_count_once() {
+    let redis = RedisServer::start();
+    a_plans_queue_spans_routes(Some(&redis)).await;
+}
