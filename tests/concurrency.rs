@@ -1009,3 +1009,43 @@ async fn on_redis_a_plans_queued_slot_is_waited_for_across_routes_and_rates_coun
     let redis = RedisServer::start();
     a_plans_queue_spans_routes(Some(&redis)).await;
 }
+
+/// Redis goes away while a request waits: its next ask (a third of its lease later) is decided by `on_error`.
+async fn redis_gone_while_waiting(on_error: &str) -> (u16, usize) {
+    let mut redis = RedisServer::start();
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    let store =
+        store_yaml(Some(&redis)).replace("on_error: deny", &format!("on_error: {on_error}"));
+    let yaml = yaml(&store, &upstream, &gone, &queued(1, "300ms", "10s", 100))
+        .replace("timeout: 1s", "timeout: 30s");
+    let gateway = common::start_gateway(&yaml).await;
+    let admin = serve_admin(&gateway, None).await;
+    let held = tokio::spawn(status(gateway.url("/hold")));
+    assert!(eventually(SOON, async || upstream.in_flight() == 1)
+        .await
+        .is_some());
+    let waiter = tokio::spawn(status(gateway.url("/waiter/hold")));
+    until_waiting(&admin, 1).await;
+    redis.kill();
+    let answered = eventually(SOON, async || {
+        waiter.is_finished() || upstream.arrived() == 2
+    })
+    .await;
+    assert!(answered.is_some(), "the waiter waits on");
+    upstream.release(2);
+    let _ = held.await;
+    (waiter.await.expect("waiter"), upstream.arrived())
+}
+
+#[tokio::test]
+async fn on_redis_a_waiting_request_is_refused_with_503_when_redis_goes_away_under_on_error_deny() {
+    assert_eq!(redis_gone_while_waiting("deny").await, (503, 1));
+}
+
+#[tokio::test]
+async fn on_redis_a_waiting_request_is_decided_in_process_when_redis_goes_away_under_on_error_local(
+) {
+    // This instance's own count of the key is empty: the waiter is admitted.
+    assert_eq!(redis_gone_while_waiting("local").await, (200, 2));
+}
