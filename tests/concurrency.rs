@@ -1049,3 +1049,58 @@ async fn on_redis_a_waiting_request_is_decided_in_process_when_redis_goes_away_u
     // This instance's own count of the key is empty: the waiter is admitted.
     assert_eq!(redis_gone_while_waiting("local").await, (200, 2));
 }
+
+#[tokio::test]
+async fn on_redis_a_user_denied_the_slots_channel_still_releases_and_its_waiter_finds_the_slot()
+{
+    let redis = RedisServer::start_with_password("admin");
+    // Redis 7 gives a new user no pub/sub channel: the release script's announcement is refused.
+    assert_eq!(
+        redis
+            .cli(&[
+                "ACL",
+                "SETUSER",
+                "tollgate",
+                "on",
+                ">secret",
+                "~tollgate:*",
+                "+@all"
+            ])
+            .as_deref(),
+        Some("OK")
+    );
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    let store = format!(
+        "  backend: redis\n  url: redis://tollgate:secret@127.0.0.1:{}\n  timeout: 500ms\n  on_error: deny\n",
+        redis.port
+    );
+    // Asks again of itself every second; the lease would free a slot only 3 s after its last renewal.
+    let yaml = yaml(&store, &upstream, &gone, &queued(1, "3s", "10s", 100))
+        .replace("timeout: 1s", "timeout: 30s");
+    let gateway = common::start_gateway(&yaml).await;
+    let admin = serve_admin(&gateway, None).await;
+    let key = "tollgate:api:in-flight:{127.0.0.1}";
+    let held = tokio::spawn(status(gateway.url("/hold")));
+    assert!(eventually(SOON, async || upstream.in_flight() == 1)
+        .await
+        .is_some());
+    let waiter = tokio::spawn(status(gateway.url("/waiter/hold")));
+    until_waiting(&admin, 1).await;
+    upstream.release(1);
+    assert_eq!(held.await.expect("held"), 200);
+    let admitted = eventually(SOON, async || upstream.arrived() == 2).await;
+    assert!(admitted.is_some(), "the waiter never got the slot");
+    upstream.release(1);
+    assert_eq!(waiter.await.expect("waiter"), 200);
+    // Released by its script, not left to its lease.
+    let released = eventually(Duration::from_millis(1_000), async || {
+        redis.cli(&["ZCARD", key]).as_deref() == Some("0")
+    })
+    .await;
+    assert!(
+        released.is_some(),
+        "{:?}",
+        redis.cli(&["ZRANGE", key, "0", "-1"])
+    );
+}

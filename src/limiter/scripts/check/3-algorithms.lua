@@ -256,11 +256,13 @@ local function give_back(alg, k, p1, p2, p3, p4, cost, at)
   if alg == 7 then -- concurrency: the request's slot is released, whenever it ends
     local key, member = KEYS[k], format('%d', p3)
     -- A limit with a queue (p4 = 1) announces on ARGV[3] a slot freed on a key that was full for a request of its
-    -- cost: requests of every instance may be waiting for it. A key that was not full has nobody waiting.
+    -- cost: requests of every instance may be waiting for it. A key that was not full has nobody waiting. Protected
+    -- (pcall): a user the ACL denies the channel must still release, and fail none of the batch's other requests
+    -- (waiters then find the slot by their own timer).
     if p4 == 1 and ARGV[3] then
       local held = redis.call('ZCARD', key)
       if redis.call('ZREM', key, member) == 1 and held + cost > p1 then
-        redis.call('PUBLISH', ARGV[3], key)
+        redis.pcall('PUBLISH', ARGV[3], key)
       end
       return
     end
