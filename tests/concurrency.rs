@@ -1051,10 +1051,9 @@ async fn on_redis_a_waiting_request_is_decided_in_process_when_redis_goes_away_u
 }
 
 #[tokio::test]
-async fn on_redis_a_user_denied_the_slots_channel_still_releases_and_its_waiter_finds_the_slot()
-{
+async fn on_redis_a_user_denied_the_slots_channel_still_releases_and_its_waiter_finds_the_slot() {
     let redis = RedisServer::start_with_password("admin");
-    // Redis 7 gives a new user no pub/sub channel: the release script's announcement is refused.
+    // The resets' channel only: the release script's announcement is refused.
     assert_eq!(
         redis
             .cli(&[
@@ -1064,6 +1063,7 @@ async fn on_redis_a_user_denied_the_slots_channel_still_releases_and_its_waiter_
                 "on",
                 ">secret",
                 "~tollgate:*",
+                "&tollgate:resets",
                 "+@all"
             ])
             .as_deref(),
@@ -1081,6 +1081,14 @@ async fn on_redis_a_user_denied_the_slots_channel_still_releases_and_its_waiter_
     let gateway = common::start_gateway(&yaml).await;
     let admin = serve_admin(&gateway, None).await;
     let key = "tollgate:api:in-flight:{127.0.0.1}";
+    // Resets are still heard: the channel refused is not asked for with them.
+    let hearing = eventually(SOON, async || {
+        redis
+            .cli(&["PUBSUB", "NUMSUB", "tollgate:resets"])
+            .is_some_and(|answer| answer.ends_with('1'))
+    })
+    .await;
+    assert!(hearing.is_some(), "not subscribed to resets");
     let held = tokio::spawn(status(gateway.url("/hold")));
     assert!(eventually(SOON, async || upstream.in_flight() == 1)
         .await

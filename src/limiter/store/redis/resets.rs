@@ -89,25 +89,16 @@ impl RedisStore {
             let mut messages = subscriber.message_rx();
             let mut reconnections = subscriber.reconnect_rx();
             // Only a subscription that succeeded is made again on reconnection, so the first is retried until it
-            // does: Redis may not be up yet, or an ACL user may lack the channel until an operator grants it.
-            let mut warned = false;
-            let channels = vec![channel.clone(), slots.clone()];
-            while let Err(error) = subscriber.subscribe(channels.clone()).await {
-                // Redis being down is reported by the pool already; a refusal by Redis itself is news.
-                let unreachable = matches!(
-                    error.kind(),
-                    ErrorKind::IO
-                        | ErrorKind::Canceled
-                        | ErrorKind::Timeout
-                        | ErrorKind::Backpressure
-                );
-                if unreachable || std::mem::replace(&mut warned, true) {
-                    tracing::debug!(%error, %channel, %slots, "subscribing to resets and freed slots failed; retrying");
-                } else {
-                    tracing::warn!(%error, %channel, %slots, "cannot hear other instances' resets and freed slots; retrying");
-                }
+            // does: Redis may not be up yet, or an ACL user may lack the channel until an operator grants it. Resets
+            // first; freed slots apart, so that a user granted only the resets' channel still hears resets (waiting
+            // requests then find slots by their own timer).
+            let mut refusals = Refusals::default();
+            while let Err(error) = subscriber.subscribe(channel.as_str()).await {
+                refusals.failed(&error, &channel, "resets");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
+            let (mut hearing_slots, mut slot_refusals) = (false, Refusals::default());
+            let mut slots_retry = tokio::time::interval(Duration::from_secs(1));
             loop {
                 let go_on = tokio::select! {
                     message = messages.recv() => match message {
@@ -126,6 +117,13 @@ impl RedisStore {
                         Ok(_) | Err(RecvError::Lagged(_)) => hear(Announcement::MaybeMissed),
                         Err(RecvError::Closed) => false,
                     },
+                    _ = slots_retry.tick(), if !hearing_slots => {
+                        match subscriber.subscribe(slots.as_str()).await {
+                            Ok(()) => hearing_slots = true,
+                            Err(error) => slot_refusals.failed(&error, &slots, "freed slots"),
+                        }
+                        true
+                    }
                 };
                 if !go_on {
                     break;
@@ -134,5 +132,26 @@ impl RedisStore {
             let _ = subscriber.quit().await;
         });
         Ok(())
+    }
+}
+
+/// A subscription that failed, logged at WARN once if Redis itself refused it (an ACL denying the channel), else
+/// at DEBUG: Redis being down is reported by the pool already.
+#[derive(Debug, Default)]
+struct Refusals {
+    warned: bool,
+}
+
+impl Refusals {
+    fn failed(&mut self, error: &fred::error::Error, channel: &str, what: &str) {
+        let unreachable = matches!(
+            error.kind(),
+            ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Timeout | ErrorKind::Backpressure
+        );
+        if unreachable || std::mem::replace(&mut self.warned, true) {
+            tracing::debug!(%error, %channel, "subscribing to {what} failed; retrying");
+        } else {
+            tracing::warn!(%error, %channel, "cannot hear other instances' {what}; retrying");
+        }
     }
 }
