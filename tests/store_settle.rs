@@ -303,6 +303,79 @@ async fn settlements_and_give_backs_are_queued_with_the_checks_without_a_task_ea
     assert_eq!(counter(&recorder, "tollgate_settlements_failed_total"), 0.0);
 }
 
+/// Whether `limiter` gives one more slot of `slots` on `key` (held under a lease of its own from then on).
+async fn takes_a_slot(limiter: &RateLimiter, key: &str, slots: &Limit) -> bool {
+    let checks = [LimitCheck { key, limit: slots }];
+    let (outcome, _) = limiter
+        .check_leased(&checks, limiter.new_lease())
+        .await
+        .expect("decided");
+    outcome.allowed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_releases_are_queued_with_the_checks_without_a_task_each() {
+    const REQUESTS: u64 = 100;
+    let redis = RedisServer::start();
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let limiter = limiter(&redis, OnError::Deny, &recorder).await;
+    let slots = Limit::new(
+        "in-flight",
+        Algorithm::Concurrency {
+            max: REQUESTS,
+            lease_ms: 30_000,
+            queue: None,
+        },
+        1,
+    )
+    .expect("valid");
+    let mut leases = Vec::new();
+    for _ in 0..REQUESTS {
+        let lease = limiter.new_lease();
+        let checks = [LimitCheck {
+            key: "slots",
+            limit: &slots,
+        }];
+        let (outcome, _) = limiter.check_leased(&checks, lease).await.expect("decided");
+        assert!(outcome.allowed, "{outcome:?}");
+        leases.push(lease);
+    }
+    assert!(
+        !takes_a_slot(&limiter, "slots", &slots).await,
+        "every slot is held"
+    );
+    // Frozen, Redis answers nothing: work that waits for it stays alive meanwhile.
+    redis.pause();
+    let runtime = tokio::runtime::Handle::current().metrics();
+    let alive_before = runtime.num_alive_tasks();
+    for lease in leases {
+        let held = vec![("slots".to_owned(), slots.clone())];
+        limiter.giver(DecidedBy::Store).release_slots(held, lease);
+    }
+    let alive = runtime.num_alive_tasks();
+    redis.resume();
+    assert!(
+        alive <= alive_before + 5,
+        "{alive_before} tasks alive before {REQUESTS} requests ended, {alive} after"
+    );
+    // Every release landed: the key gives its `max` slots again, and not one more.
+    let freed = eventually(LANDS_WITHIN, async || {
+        takes_a_slot(&limiter, "slots", &slots).await
+    })
+    .await;
+    assert!(freed.is_some(), "no slot came back");
+    for taken in 1..REQUESTS {
+        assert!(
+            takes_a_slot(&limiter, "slots", &slots).await,
+            "slot {taken} of the released"
+        );
+    }
+    assert!(
+        !takes_a_slot(&limiter, "slots", &slots).await,
+        "more than max"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_memory_store_a_settlement_applies_at_once() {
     let limiter = RateLimiter::new(

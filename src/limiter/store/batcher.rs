@@ -153,19 +153,20 @@ impl Batcher {
     }
 
     /// [`settle`](Self::settle) without waiting: `landed` is told whether it landed, from the task that runs the
-    /// call (or at once, when the queue is full).
+    /// call (or at once, when the queue is full). `decided_ms` is `None` for what is not tied to a decision's
+    /// window (a slot's release), which then has a deadline as a check does.
     pub(super) fn settle_then(
         &self,
         slot: Option<u16>,
         request: EncodedRequest,
-        decided_ms: u64,
+        decided_ms: Option<u64>,
         landed: Landed,
     ) {
         let pending = Pending {
             slot,
             request,
             deadline: Instant::now() + landed.budget,
-            decided_ms: Some(decided_ms),
+            decided_ms,
             reply: Reply::Landed(landed),
         };
         if let Err(refused) = self.queue.try_send(pending) {

@@ -291,38 +291,28 @@ impl RedisStore {
         self.send_release(lease, held);
     }
 
-    /// Removes the slots `held` under `lease` from Redis, off the caller's path.
+    /// Removes the slots `held` under `lease` from Redis: queued for the next script call with the checks (one per
+    /// hash slot on Cluster), off the caller's path and with no task of its own. One that fails leaves the slot
+    /// until its lease ends.
     fn send_release(&self, lease: u64, held: Vec<(String, Limit)>) {
-        // An answer dropped outside any runtime (at shutdown) leaves its slot to its lease.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
+        let connection = &self.connection;
+        let all = checks(&held);
+        let groups = match slot_groups(&all) {
+            Some(groups) if connection.topology == RedisTopology::Cluster => groups,
+            _ => vec![(0..all.len()).collect()],
         };
-        let store = self.clone();
-        runtime.spawn(async move {
-            let checks: Vec<LimitCheck<'_>> = held
-                .iter()
-                .map(|(key, limit)| LimitCheck { key, limit })
-                .collect();
-            let connection = &store.connection;
-            let result = match slot_groups(&checks) {
-                Some(_) if connection.topology == RedisTopology::Cluster => {
-                    store
-                        .settle_leased(&checks, Mode::GiveBack, 0, None, lease)
-                        .await
+        for group in groups {
+            let subset: Vec<LimitCheck<'_>> = group.iter().map(|&i| all[i]).collect();
+            let request = EncodedRequest::new(&subset, Mode::GiveBack).leased(lease);
+            let landed = Landed::new(GIVE_BACK_TIMEOUT, |result| {
+                if let Err(error) = result {
+                    tracing::debug!(%error, "a slot was not released, its lease will end it");
                 }
-                _ => {
-                    let request = EncodedRequest::new(&checks, Mode::GiveBack).leased(lease);
-                    store
-                        .batcher
-                        .check(connection.slot_of(&checks), request, GIVE_BACK_TIMEOUT)
-                        .await
-                        .map(|_| ())
-                }
-            };
-            if let Err(error) = result {
-                tracing::debug!(%error, "a slot was not released, its lease will end it");
-            }
-        });
+            });
+            // On Redis's clock, as the slot was taken.
+            self.batcher
+                .settle_then(connection.slot_of(&subset), request, None, landed);
+        }
     }
 
     /// Decides several requests in one script call at `now_ms` (Redis's clock when `None`), one after another
@@ -409,7 +399,7 @@ impl RedisStore {
                 let request = EncodedRequest::new(&group, mode);
                 let slot = connection.slot_of(&group);
                 let landed = Landed::new(GIVE_BACK_TIMEOUT, move |result| landed(limits, result));
-                self.batcher.settle_then(slot, request, at, landed);
+                self.batcher.settle_then(slot, request, Some(at), landed);
                 return;
             }
         };
@@ -422,39 +412,8 @@ impl RedisStore {
             let slot = connection.slot_of(&checks);
             let landed = landed.clone();
             let then = Landed::new(GIVE_BACK_TIMEOUT, move |result| landed(subset, result));
-            self.batcher.settle_then(slot, request, at, then);
+            self.batcher.settle_then(slot, request, Some(at), then);
         }
-    }
-
-    /// [`settle_in`](Self::settle_in) for a request holding slots under `lease`.
-    async fn settle_leased(
-        &self,
-        checks: &[LimitCheck<'_>],
-        mode: Mode,
-        at_ms: i64,
-        now_ms: Option<i64>,
-        lease: u64,
-    ) -> Result<(), StoreError> {
-        let connection = &self.connection;
-        let at = u64::try_from(at_ms).unwrap_or(0);
-        let groups = match slot_groups(checks) {
-            Some(groups) if connection.topology == RedisTopology::Cluster => groups,
-            _ => vec![(0..checks.len()).collect()],
-        };
-        let calls = groups.iter().map(|group| {
-            let subset: Vec<LimitCheck<'_>> = group.iter().map(|&i| checks[i]).collect();
-            let request = EncodedRequest::new(&subset, mode).leased(lease);
-            let slot = connection.slot_of(&subset);
-            async move {
-                connection
-                    .run_encoded(slot, &request, at, now_ms, GIVE_BACK_TIMEOUT)
-                    .await
-            }
-        });
-        join_all(calls)
-            .await
-            .into_iter()
-            .try_for_each(|result| result.map(|_| ()))
     }
 
     /// Adds a debt on each of `checks` (its limit's cost is the amount owed) for a request admitted at `at_ms`
