@@ -51,6 +51,17 @@ async fn admitted_again(gateway: &TestGateway) -> bool {
         .is_some()
 }
 
+/// Sends `request` and returns once the upstream holds it (its slot taken): its status, once the upstream lets go.
+async fn holding(
+    upstream: &InFlightUpstream,
+    request: impl std::future::Future<Output = u16> + Send + 'static,
+) -> tokio::task::JoinHandle<u16> {
+    let request = tokio::spawn(request);
+    let held = eventually(SOON, async || upstream.in_flight() == 1).await;
+    assert!(held.is_some(), "the upstream does not hold the request");
+    request
+}
+
 /// Starts `n` requests to `/hold` spread over `gateways`, each answered with its status.
 fn hold(gateways: &[TestGateway], n: usize) -> Vec<tokio::task::JoinHandle<u16>> {
     (0..n)
@@ -174,10 +185,7 @@ async fn released_on_every_ending(redis: Option<&RedisServer>) {
     assert!(admitted_again(gateway).await, "after a complete answer");
 
     // The client goes away while the upstream holds its request.
-    let request = tokio::spawn(status(gateway.url("/hold")));
-    assert!(eventually(SOON, async || upstream.in_flight() == 1)
-        .await
-        .is_some());
+    let request = holding(&upstream, status(gateway.url("/hold"))).await;
     assert_eq!(status(gateway.url("/quick")).await, 429, "the slot is held");
     request.abort();
     assert!(admitted_again(gateway).await, "after the client went away");
@@ -266,10 +274,7 @@ async fn all_or_nothing_with_rate_limits(redis: Option<&RedisServer>) {
         }
     };
     // Refused for want of a slot: user b's minute is untouched.
-    let held = tokio::spawn(send("a", "/hold"));
-    assert!(eventually(SOON, async || upstream.in_flight() == 1)
-        .await
-        .is_some());
+    let held = holding(&upstream, send("a", "/hold")).await;
     assert_eq!(send("b", "/quick").await, 429);
     upstream.release(1);
     assert_eq!(held.await.expect("held"), 200);
@@ -334,10 +339,7 @@ async fn on_redis_a_killed_gateway_s_slots_come_back_within_its_lease() {
     std::fs::write(&config, format!("admin:\n  listen: 127.0.0.1:0\n{yaml}")).expect("config");
     let doomed = Tollgate::run(&config);
     let survivor = common::start_gateway(&yaml).await;
-    let held = tokio::spawn(status(doomed.url("/hold")));
-    assert!(eventually(SOON, async || upstream.in_flight() == 1)
-        .await
-        .is_some());
+    let held = holding(&upstream, status(doomed.url("/hold"))).await;
     assert_eq!(
         status(survivor.url("/quick")).await,
         429,
@@ -370,10 +372,7 @@ async fn on_redis_a_request_longer_than_its_lease_keeps_its_slot() {
     let gone = ReservedPort::new();
     let yaml = leased_yaml(&redis, &upstream, &gone);
     let gateways = gateways_sharing(&yaml, Some(&redis)).await;
-    let held = tokio::spawn(status(gateways[0].url("/hold")));
-    assert!(eventually(SOON, async || upstream.in_flight() == 1)
-        .await
-        .is_some());
+    let held = holding(&upstream, status(gateways[0].url("/hold"))).await;
     // Three leases long: renewed all along, never free to another instance.
     let until = std::time::Instant::now() + Duration::from_secs(3);
     while std::time::Instant::now() < until {
@@ -427,10 +426,7 @@ async fn waiters_are_admitted_in_arrival_order(redis: Option<&RedisServer>) {
     let gateways = queue_gateways(redis, &upstream, &gone, &queued(1, "30s", "10s", 100)).await;
     let gateway = &gateways[0];
     let admin = serve_admin(gateway, None).await;
-    let first = tokio::spawn(status(gateway.url("/hold")));
-    assert!(eventually(SOON, async || upstream.in_flight() == 1)
-        .await
-        .is_some());
+    let first = holding(&upstream, status(gateway.url("/hold"))).await;
     let mut waiters = Vec::new();
     for i in 1..=3 {
         waiters.push(tokio::spawn(status(gateway.url(&format!("/w{i}/hold")))));
@@ -471,10 +467,7 @@ async fn refused_once_max_wait_passes(redis: Option<&RedisServer>) {
     let gone = ReservedPort::new();
     let gateways = queue_gateways(redis, &upstream, &gone, &queued(1, "300ms", "700ms", 100)).await;
     let gateway = &gateways[0];
-    let held = tokio::spawn(status(gateway.url("/hold")));
-    assert!(eventually(SOON, async || upstream.in_flight() == 1)
-        .await
-        .is_some());
+    let held = holding(&upstream, status(gateway.url("/hold"))).await;
     let asked = std::time::Instant::now();
     let answer = client()
         .get(gateway.url("/quick"))
@@ -520,10 +513,7 @@ async fn one_past_max_waiting_is_refused_at_once(redis: Option<&RedisServer>) {
     let gateways = queue_gateways(redis, &upstream, &gone, &queued(1, "30s", "60s", 2)).await;
     let gateway = &gateways[0];
     let admin = serve_admin(gateway, None).await;
-    let held = tokio::spawn(status(gateway.url("/hold")));
-    assert!(eventually(SOON, async || upstream.in_flight() == 1)
-        .await
-        .is_some());
+    let held = holding(&upstream, status(gateway.url("/hold"))).await;
     let first = tokio::spawn(status(gateway.url("/w1/hold")));
     until_waiting(&admin, 1).await;
     let second = tokio::spawn(status(gateway.url("/w2/hold")));
@@ -564,10 +554,7 @@ async fn a_waiter_whose_client_left_takes_no_slot(redis: Option<&RedisServer>) {
     let gateways = queue_gateways(redis, &upstream, &gone, &queued(1, "30s", "60s", 100)).await;
     let gateway = &gateways[0];
     let admin = serve_admin(gateway, None).await;
-    let held = tokio::spawn(status(gateway.url("/hold")));
-    assert!(eventually(SOON, async || upstream.in_flight() == 1)
-        .await
-        .is_some());
+    let held = holding(&upstream, status(gateway.url("/hold"))).await;
     // First in line, then gone: its client gives up while it waits.
     let left = client()
         .get(gateway.url("/left/hold"))
@@ -651,10 +638,7 @@ async fn on_redis_a_release_on_one_gateway_wakes_a_request_waiting_on_another() 
     .await;
     let (a, b) = (&gateways[0], &gateways[1]);
     let admin_b = serve_admin(b, None).await;
-    let held = tokio::spawn(status(a.url("/hold")));
-    assert!(eventually(SOON, async || upstream.in_flight() == 1)
-        .await
-        .is_some());
+    let held = holding(&upstream, status(a.url("/hold"))).await;
     let waiter = tokio::spawn(status(b.url("/waiter/hold")));
     until_waiting(&admin_b, 1).await;
     upstream.release(1);
@@ -693,10 +677,7 @@ async fn waiting_takes_nothing_from_rate_limits(redis: Option<&RedisServer>) {
                 .unwrap_or(0)
         }
     };
-    let held = tokio::spawn(send("a", "/hold"));
-    assert!(eventually(SOON, async || upstream.in_flight() == 1)
-        .await
-        .is_some());
+    let held = holding(&upstream, send("a", "/hold")).await;
     let waiter = tokio::spawn(send("b", "/hold"));
     until_waiting(&admin, 1).await;
     // Long enough for the waiter to ask again several times (every 100 ms, a third of its lease).
@@ -752,10 +733,7 @@ async fn on_redis_waiting_requests_are_woken_across_gateways_again_after_redis_r
     for gateway in [a, b] {
         assert!(admitted_again(gateway).await, "deciding again");
     }
-    let held = tokio::spawn(status(a.url("/hold")));
-    assert!(eventually(SOON, async || upstream.in_flight() == 1)
-        .await
-        .is_some());
+    let held = holding(&upstream, status(a.url("/hold"))).await;
     let waiter = tokio::spawn(status(b.url("/waiter/hold")));
     until_waiting(&admin_b, 1).await;
     upstream.release(1);
@@ -865,10 +843,7 @@ async fn a_request_that_waited_is_timed_and_counted_once_whatever_it_asked() {
     .replace("name: api", "name: timed");
     let gateway = common::start_gateway(&yaml).await;
     let admin = serve_admin(&gateway, None).await;
-    let held = tokio::spawn(status(gateway.url("/hold")));
-    assert!(eventually(SOON, async || upstream.in_flight() == 1)
-        .await
-        .is_some());
+    let held = holding(&upstream, status(gateway.url("/hold"))).await;
     // Asks every 100 ms (a third of its lease) for 600 ms, then is refused.
     assert_eq!(status(gateway.url("/quick")).await, 429);
     let waiter = tokio::spawn(status(gateway.url("/waiter/hold")));
@@ -918,10 +893,7 @@ async fn on_redis_slots_taken_without_redis_count_in_redis_once_it_answers_until
     let key = "tollgate:api:in-flight:{127.0.0.1}";
     // Redis is away: the first gateway's fallback gives a request the slot, which Redis knows nothing of.
     redis.kill();
-    let held = tokio::spawn(status(a.url("/hold")));
-    assert!(eventually(SOON, async || upstream.in_flight() == 1)
-        .await
-        .is_some());
+    let held = holding(&upstream, status(a.url("/hold"))).await;
     // Back, empty: the slot is added to Redis's count, and the other gateway finds the key full.
     redis.restart();
     let counted = eventually(SOON, async || status(b.url("/quick")).await == 429).await;
@@ -972,10 +944,7 @@ async fn a_plans_queue_spans_routes(redis: Option<&RedisServer>) {
             .header("x-api-key", "acme-key");
         async move { request.send().await.map_or(0, |r| r.status().as_u16()) }
     };
-    let held = tokio::spawn(send("/reports/hold"));
-    assert!(eventually(SOON, async || upstream.in_flight() == 1)
-        .await
-        .is_some());
+    let held = holding(&upstream, send("/reports/hold")).await;
     let waiter = tokio::spawn(send("/chat/hold"));
     // The plan's key, the same from every route.
     let queues = gateway.gateway.limiter().slot_queues();
@@ -1021,10 +990,7 @@ async fn redis_gone_while_waiting(on_error: &str) -> (u16, usize) {
         .replace("timeout: 1s", "timeout: 30s");
     let gateway = common::start_gateway(&yaml).await;
     let admin = serve_admin(&gateway, None).await;
-    let held = tokio::spawn(status(gateway.url("/hold")));
-    assert!(eventually(SOON, async || upstream.in_flight() == 1)
-        .await
-        .is_some());
+    let held = holding(&upstream, status(gateway.url("/hold"))).await;
     let waiter = tokio::spawn(status(gateway.url("/waiter/hold")));
     until_waiting(&admin, 1).await;
     redis.kill();
@@ -1089,10 +1055,7 @@ async fn on_redis_a_user_denied_the_slots_channel_still_releases_and_its_waiter_
     })
     .await;
     assert!(hearing.is_some(), "not subscribed to resets");
-    let held = tokio::spawn(status(gateway.url("/hold")));
-    assert!(eventually(SOON, async || upstream.in_flight() == 1)
-        .await
-        .is_some());
+    let held = holding(&upstream, status(gateway.url("/hold"))).await;
     let waiter = tokio::spawn(status(gateway.url("/waiter/hold")));
     until_waiting(&admin, 1).await;
     upstream.release(1);

@@ -246,6 +246,20 @@ local function commit(k, alg, x, y, z, ttl, period, cost)
   end
 end
 
+-- Keeps the slot `member` of a request on the concurrency limit on key k for `lease` ms from now; with `held_only`,
+-- only if the key still holds it.
+local function hold_slot(k, lease, member, held_only)
+  local key, until_ms = KEYS[k], format('%d', now + lease)
+  if held_only then
+    redis.call('ZADD', key, 'XX', until_ms, format('%d', member))
+  else
+    redis.call('ZADD', key, until_ms, format('%d', member))
+  end
+  if not explicit_time then
+    redis.call('PEXPIRE', key, format('%d', lease))
+  end
+end
+
 -- Gives back `cost` of what a commit decided at `at` took from the limit on key k, on the same window: a window that
 -- has passed since holds nothing to give back, and no state goes below empty (or above full). `at` is never later
 -- than the decision (a time this process worked out from its own clock may be a little earlier), so a sliding_log

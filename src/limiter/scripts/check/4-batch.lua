@@ -165,34 +165,17 @@ while a <= #input do
     end
     r = r + 1
     reply[r] = 1
-  elseif input[a] == 4 then
-    -- A renewal of a request's leases (concurrency limits), still in flight: only a lease still held is renewed,
-    -- so that a slot freed meanwhile (expired while Redis was out of reach) is never taken back past `max`.
+  elseif input[a] == 4 or input[a] == 5 then
+    -- The leases (concurrency limits) of a request still in flight, for a lease more. 4, a renewal: only a lease
+    -- still held is renewed, so that a slot freed meanwhile (expired while Redis was out of reach) is never taken
+    -- back past `max`. 5, a request the in-process fallback admitted while Redis was away: added whatever the key
+    -- holds, so that Redis counts the request until it ends. The key may hold more than max meanwhile, and admits
+    -- nobody until it is back under.
+    local held_only = input[a] == 4
     a = a + ENTRY_ARGS
     for i = 0, n - 1 do
       if input[a + 1] == 7 then
-        local key = KEYS[input[a]]
-        redis.call('ZADD', key, 'XX', format('%d', now + input[a + 3]), format('%d', input[a + 4]))
-        if not explicit_time then
-          redis.call('PEXPIRE', key, format('%d', input[a + 3]))
-        end
-      end
-      a = a + LIMIT_ARGS
-    end
-    r = r + 1
-    reply[r] = 1
-  elseif input[a] == 5 then
-    -- The leases of a request the in-process fallback admitted while Redis was away, still in flight: added whatever
-    -- the key holds, so that Redis counts the request until it ends. The key may hold more than max meanwhile, and
-    -- admits nobody until it is back under.
-    a = a + ENTRY_ARGS
-    for i = 0, n - 1 do
-      if input[a + 1] == 7 then
-        local key = KEYS[input[a]]
-        redis.call('ZADD', key, format('%d', now + input[a + 3]), format('%d', input[a + 4]))
-        if not explicit_time then
-          redis.call('PEXPIRE', key, format('%d', input[a + 3]))
-        end
+        hold_slot(input[a], input[a + 3], input[a + 4], held_only)
       end
       a = a + LIMIT_ARGS
     end

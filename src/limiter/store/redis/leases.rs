@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 
 use super::connection::Connection;
 use crate::limiter::store::script::{EncodedRequest, Mode};
-use crate::limiter::store::LimitCheck;
+use crate::limiter::store::{LimitCheck, StoreError};
 use crate::limiter::{Limit, MIN_LEASE_MS};
 
 /// How often the renewing task looks for leases due: a third of the shortest lease allowed.
@@ -166,23 +166,24 @@ async fn renew(leases: Weak<Leases>, connection: Arc<Connection>) {
             }
         }
         for (slot, requests) in by_slot {
-            let refs: Vec<&EncodedRequest> = requests.iter().collect();
-            let deadlines = vec![0; refs.len()];
-            let renewed = connection
-                .run_script(
-                    connection.pool.next(),
-                    slot,
-                    &refs,
-                    &deadlines,
-                    None,
-                    RENEWAL_TIMEOUT,
-                )
-                .await;
-            if let Err(error) = renewed {
-                tracing::debug!(%error, leases = refs.len(), "leases not renewed, tried again soon");
+            if let Err(error) = call_on_slot(&connection, slot, requests.iter()).await {
+                tracing::debug!(%error, leases = requests.len(), "leases not renewed, tried again soon");
             }
         }
     }
+}
+
+/// One script call of `requests`, all on `slot`, that no request's deadline cuts short: within [`RENEWAL_TIMEOUT`].
+async fn call_on_slot<'a>(
+    connection: &Connection,
+    slot: Option<u16>,
+    requests: impl Iterator<Item = &'a EncodedRequest>,
+) -> Result<(), StoreError> {
+    let requests: Vec<&EncodedRequest> = requests.collect();
+    let deadlines = vec![0; requests.len()];
+    let client = connection.pool.next();
+    let call = connection.run_script(client, slot, &requests, &deadlines, None, RENEWAL_TIMEOUT);
+    call.await.map(drop)
 }
 
 // === impl RedisStore ===
@@ -216,19 +217,8 @@ impl super::RedisStore {
             }
             let mut failed = std::collections::HashSet::new();
             for (slot, requests) in by_slot {
-                let refs: Vec<&EncodedRequest> = requests.iter().map(|(_, r)| r).collect();
-                let deadlines = vec![0; refs.len()];
-                let result = connection
-                    .run_script(
-                        connection.pool.next(),
-                        slot,
-                        &refs,
-                        &deadlines,
-                        None,
-                        RENEWAL_TIMEOUT,
-                    )
-                    .await;
-                if let Err(error) = result {
+                let adopting = requests.iter().map(|(_, request)| request);
+                if let Err(error) = call_on_slot(connection, slot, adopting).await {
                     tracing::debug!(%error, "slots taken without redis not adopted yet");
                     failed.extend(requests.iter().map(|(lease, _)| *lease));
                 }
