@@ -890,6 +890,10 @@ fn node_id(cluster: &RedisCluster, index: usize) -> String {
     cluster.cli(index, &["CLUSTER", "MYID"]).expect("node id")
 }
 
+/// A fixed window no test outlives: it began at the epoch and ends some 140,000 years on, so that the counts a test
+/// compares are never cut short by a window's end (an hour's window ends on the hour, mid-test now and then).
+const ONE_WINDOW_MS: u64 = tollgate::limiter::MAX_SCALED;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_slot_migration_under_load_keeps_limits_shared_through_the_move() {
     use tollgate::limiter::{Backend, OnError, RateLimiter, SystemClock};
@@ -908,7 +912,7 @@ async fn cluster_slot_migration_under_load_keeps_limits_shared_through_the_move(
         "per-key",
         Algorithm::FixedWindow {
             limit: 1_000_000,
-            period_ms: 3_600_000,
+            period_ms: ONE_WINDOW_MS,
         },
         1,
     )
@@ -920,15 +924,20 @@ async fn cluster_slot_migration_under_load_keeps_limits_shared_through_the_move(
     let target_id = node_id(&cluster, target);
 
     // Load: one call after another, each result timed.
-    let stop = Arc::new(AtomicBool::new(false));
+    let (stop, calls) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicUsize::new(0)),
+    );
     let load = {
         let (limiter, stop, limit) = (Arc::clone(&limiter), Arc::clone(&stop), limit.clone());
+        let calls = Arc::clone(&calls);
         tokio::spawn(async move {
             let mut results = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 let check = LimitCheck { key, limit: &limit };
                 let ok = limiter.check(&[check]).await.is_ok_and(|o| o.allowed);
                 results.push((Instant::now(), ok, limiter.fallback_active()));
+                calls.fetch_add(1, Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
             results
@@ -988,7 +997,15 @@ async fn cluster_slot_migration_under_load_keeps_limits_shared_through_the_move(
         assert_eq!(handed.as_deref(), Some("OK"), "node {node}");
     }
     let moved = Instant::now();
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The load runs on for a while, and for at least a few calls however slow the machine.
+    let made = calls.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let ran_on = eventually(Duration::from_secs(10), async || {
+        calls.load(Ordering::SeqCst) > made + 10
+    })
+    .await;
+    assert!(ran_on.is_some(), "the load stalled after the move");
     stop.store(true, Ordering::Relaxed);
     let results = load.await.expect("load");
 
@@ -1074,7 +1091,7 @@ async fn cluster_checks_on_keys_already_migrated_are_decided_by_redis_while_the_
         "l",
         Algorithm::FixedWindow {
             limit: 1_000_000,
-            period_ms: 3_600_000,
+            period_ms: ONE_WINDOW_MS,
         },
         1,
     )
@@ -1096,6 +1113,8 @@ async fn cluster_checks_on_keys_already_migrated_are_decided_by_redis_while_the_
     // new node and `staying`'s on the old, 2 once all are, 3 once the slot is handed over.
     let phase = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
+    // How many rounds of the load asked for a new client while `moved`'s keys alone had moved (phase 1).
+    let new_while_moving = Arc::new(AtomicUsize::new(0));
     let mut loads = Vec::new();
     let mut new_clients = other_tags_in_the_slot_of("moved", 401).split_off(1);
     for limiter in &limiters {
@@ -1106,6 +1125,7 @@ async fn cluster_checks_on_keys_already_migrated_are_decided_by_redis_while_the_
             Arc::clone(&phase),
             limit.clone(),
         );
+        let new_while_moving = Arc::clone(&new_while_moving);
         let staying = staying.clone();
         loads.push(tokio::spawn(async move {
             // (phase, which request, decided by Redis and admitted, fallback flag)
@@ -1154,6 +1174,9 @@ async fn cluster_checks_on_keys_already_migrated_are_decided_by_redis_while_the_
                 {
                     let by_redis = matches!(decision, Ok((o, DecidedBy::Store)) if o.allowed);
                     results.push((at, which, by_redis, limiter.fallback_active()));
+                }
+                if at == 1 && !new_checks.is_empty() {
+                    new_while_moving.fetch_add(1, Ordering::SeqCst);
                 }
                 used.extend(new_keys.into_iter().flatten());
                 tokio::time::sleep(Duration::from_millis(2)).await;
@@ -1210,6 +1233,12 @@ async fn cluster_checks_on_keys_already_migrated_are_decided_by_redis_while_the_
     );
     phase.store(1, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(600)).await;
+    // A while, and enough rounds however slow the machine (each asks both of `moved`'s and a new client's keys).
+    let enough = eventually(Duration::from_secs(10), async || {
+        new_while_moving.load(Ordering::SeqCst) > 12
+    })
+    .await;
+    assert!(enough.is_some(), "the load stalled while the slot migrated");
     phase.store(2, Ordering::SeqCst);
     assert_eq!(migrate(&[&staying]).await.as_deref(), Some("OK"));
     tokio::time::sleep(Duration::from_millis(200)).await;
