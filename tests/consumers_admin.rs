@@ -33,7 +33,7 @@ fn yaml(store: &str) -> String {
       limits:
         - {{ name: hourly, key: consumer, algorithm: gcra, rate: 100/1h, burst: 20 }}
         - {{ name: daily, key: consumer, algorithm: fixed_window, limit: 1000, period: 1d }}
-        - {{ name: per-ip, key: [consumer, ip], algorithm: fixed_window, limit: 50, period: 1m }}
+        - {{ name: per-ip, key: [consumer, ip], algorithm: fixed_window, limit: 50, period: 1h }}
 routes:
   - name: api
     match: {{ path_prefix: /api }}

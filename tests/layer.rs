@@ -528,7 +528,7 @@ routes:
         key: ip
         algorithm: fixed_window
         limit: 3
-        period: 1m
+        period: 1h
   - name: api
     match: { path_prefix: /api }
     respond: { status: 200 }
@@ -644,8 +644,8 @@ routes:
     upstream: llm
     usage: { format: openai, reserve: { prompt: body_bytes, completion: max_tokens, completion_default: 100 } }
     limits:
-      - { name: tpm, key: ip, algorithm: fixed_window, limit: 1000, period: 1m, counts: total_tokens }
-      - { name: rpm, key: ip, algorithm: fixed_window, limit: 10, period: 1m }
+      - { name: tpm, key: ip, algorithm: fixed_window, limit: 1000, period: 1h, counts: total_tokens }
+      - { name: rpm, key: ip, algorithm: fixed_window, limit: 10, period: 1h }
 "#;
     let config = tollgate::config::parse(yaml, Path::new("layer-test.yaml")).unwrap();
     let refused = RateLimitLayer::from_route(&config, "chat").unwrap_err();
@@ -717,7 +717,7 @@ async fn redis_store_is_shared_between_apps_with_the_gateway_key_layout() {
                 ["ip"],
                 Algorithm::FixedWindow {
                     limit: 3,
-                    period_ms: 60_000,
+                    period_ms: 3_600_000,
                 },
             )
             .build()

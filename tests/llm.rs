@@ -588,8 +588,8 @@ routes:
     upstream: llm
     consumers: required
 {}    limits:
-      - {{ name: rpm, key: consumer, algorithm: fixed_window, limit: 10, period: 1m }}
-      - {{ name: tpm, key: consumer, algorithm: fixed_window, limit: 20000, period: 1m, counts: total_tokens }}
+      - {{ name: rpm, key: consumer, algorithm: fixed_window, limit: 10, period: 1h }}
+      - {{ name: tpm, key: consumer, algorithm: fixed_window, limit: 20000, period: 1h, counts: total_tokens }}
 "#,
         upstream.url(),
         openai("100")
@@ -620,7 +620,7 @@ routes:
     );
     let policy = headers["ratelimit-policy"].to_str().expect("text");
     assert!(
-        policy.contains("\"tpm\";q=20000;w=60") && policy.contains("\"pro.daily\";q=50000"),
+        policy.contains("\"tpm\";q=20000;w=3600") && policy.contains("\"pro.daily\";q=50000"),
         "{policy}"
     );
 

@@ -194,7 +194,7 @@ async fn cluster_store_checks_keys_in_three_slots_and_reloads_the_script_on_ever
         "one",
         Algorithm::FixedWindow {
             limit: 1,
-            period_ms: 60_000,
+            period_ms: 3_600_000,
         },
         1,
     )
@@ -203,7 +203,7 @@ async fn cluster_store_checks_keys_in_three_slots_and_reloads_the_script_on_ever
         "three",
         Algorithm::FixedWindow {
             limit: 3,
-            period_ms: 60_000,
+            period_ms: 3_600_000,
         },
         1,
     )
