@@ -46,8 +46,9 @@ pub fn config(yaml: &str) -> Config {
     }
 }
 
-/// Starts a gateway for `yaml` on 127.0.0.1 and a free port (the config's `listen` is ignored). When the store
-/// is Redis, waits until it is connected, so that no test request is decided by the fallback by accident.
+/// Starts a gateway for `yaml` on 127.0.0.1 and a free port (the config's `listen` is ignored), not in an hour's last
+/// minute (see [`away_from_the_hour_boundary`]). When the store is Redis, waits until it is connected, so that no
+/// test request is decided by the fallback by accident.
 pub async fn start_gateway(yaml: &str) -> TestGateway {
     start(config(yaml), true).await
 }
@@ -62,7 +63,21 @@ pub async fn start_gateway_without_waiting(yaml: &str) -> TestGateway {
     start(config(yaml), false).await
 }
 
+/// Waits, when the hour is in its last minute, until it has turned. Tests count in fixed windows of an hour or a day
+/// on the real clock (Redis's is this machine's), which begin on the hour: a test begun in the hour's last minute
+/// could see its window end midway and its counts split in two.
+pub async fn away_from_the_hour_boundary() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    let into_the_hour = now.as_secs() % 3_600;
+    if into_the_hour >= 3_540 {
+        tokio::time::sleep(Duration::from_secs(3_600 - into_the_hour + 1)).await;
+    }
+}
+
 async fn start(config: Config, wait_for_redis: bool) -> TestGateway {
+    away_from_the_hour_boundary().await;
     let limiter = Arc::new(
         tollgate::limiter::RateLimiter::from_settings(&config.store).expect("store settings"),
     );

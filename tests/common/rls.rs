@@ -24,8 +24,11 @@ pub struct TestRls {
     shutdown: Option<oneshot::Sender<()>>,
 }
 
-/// Starts the rate limit service of `config`; with Redis, waits until it is connected when `wait_for_redis`.
+/// Starts the rate limit service of `config` (not in an hour's last minute, see
+/// [`away_from_the_hour_boundary`](super::away_from_the_hour_boundary)); with Redis, waits until it is connected
+/// when `wait_for_redis`.
 pub async fn start_rls_with(config: &Config, wait_for_redis: bool) -> TestRls {
+    super::away_from_the_hour_boundary().await;
     let limiter = Arc::new(RateLimiter::from_settings(&config.store).expect("store settings"));
     if let (true, Backend::Redis(redis)) = (wait_for_redis, limiter.backend()) {
         assert!(
