@@ -25,19 +25,7 @@ pub(super) async fn peek_limit(
     let (store_key, settings, counted) =
         admin.locate(&headers, &route, &limit, query.key.as_deref())?;
     let decision = admin.peek(&store_key, &settings.limit).await?;
-    // What every limit's state says; a concurrency limit's slots, and other limits' windows, follow.
-    let mut state = json!({
-        "route": route,
-        "limit": limit,
-        "key": query.key,
-        "counted_key": counted,
-        "store_key": store_key,
-        "algorithm": settings.limit.algorithm().name(),
-        "capacity": decision.limit,
-        "remaining": decision.remaining,
-        "would_admit": decision.allowed,
-    });
-    let more = if settings.limit.algorithm().holds_slots() {
+    if settings.limit.algorithm().holds_slots() {
         // Slots in flight, and which instance holds them (a crashed one's until its leases end).
         let held = decision.limit.saturating_sub(decision.remaining);
         let limiter = admin.gateway.limiter();
@@ -45,25 +33,38 @@ pub(super) async fn peek_limit(
             .slot_holders(&store_key, held)
             .await
             .map_err(AdminError::Store)?;
-        json!({
+        return Ok(Json(json!({
+            "route": route,
+            "limit": limit,
+            "key": query.key,
+            "counted_key": counted,
+            "store_key": store_key,
+            "algorithm": settings.limit.algorithm().name(),
+            "capacity": decision.limit,
+            "remaining": decision.remaining,
+            "would_admit": decision.allowed,
             "held": held,
             "holders": holders,
             "instance": limiter.instance(),
             // Requests of this instance waiting for a slot of the key (`queue:`).
             "waiting": limiter.slot_queues().waiting(&store_key),
-        })
-    } else {
-        json!({
-            "counts": settings.counts.to_string(),
-            "used": decision.limit.saturating_sub(decision.remaining),
-            "retry_after_ms": decision.retry_after_ms,
-            "reset_after_ms": decision.reset_after_ms,
-        })
-    };
-    if let (Some(state), serde_json::Value::Object(more)) = (state.as_object_mut(), more) {
-        state.extend(more);
+        })));
     }
-    Ok(Json(state))
+    Ok(Json(json!({
+        "route": route,
+        "limit": limit,
+        "key": query.key,
+        "counted_key": counted,
+        "store_key": store_key,
+        "algorithm": settings.limit.algorithm().name(),
+        "counts": settings.counts.to_string(),
+        "capacity": decision.limit,
+        "remaining": decision.remaining,
+        "used": decision.limit.saturating_sub(decision.remaining),
+        "would_admit": decision.allowed,
+        "retry_after_ms": decision.retry_after_ms,
+        "reset_after_ms": decision.reset_after_ms,
+    })))
 }
 
 /// `DELETE /limits/{route}/{limit}?key=VALUE`: forgets that key's state, so its next request starts afresh.
