@@ -18,6 +18,12 @@ second move by 25% between identical runs, so it shows what a change to the requ
     python3 bench/gateway_cost.py --only llm      # a token route (JSON, SSE of 1 and 64 KB) against one limit
     python3 bench/gateway_cost.py --only concurrency   # a concurrency limit against one limit, both stores
     python3 bench/gateway_cost.py --jwt                    # print the bench token (for bench/pairs.sh)
+    python3 bench/gateway_cost.py --only nginx     # tollgate against nginx in this same harness, and the ratios
+    python3 bench/gateway_cost.py --idle 1000      # also the memory an idle keep-alive connection holds, both
+
+nginx is measured as tollgate is: the same upstream, the same wrk load, one worker (`worker_processes 1`,
+`master_process off`) under callgrind: `proxy_pass` against tollgate with limiting off, and `limit_req` (a zone
+that rejects nothing) against tollgate with one Redis `gcra` limit. The table ends with the two ratios.
 
 An nginx upstream (return 200) and a Redis are started on loopback; for each configuration tollgate runs under
 callgrind with one worker thread (TOKIO_WORKER_THREADS=1, as in bench/run.sh), takes a 3 s warm-up from wrk, then
@@ -103,12 +109,60 @@ CASES = [
     ("memory store, 1 concurrency limit", "memory-concurrency", "memory-concurrency", None, False, [], "get"),
     ("Redis, 1 limit", "redis-one", "redis-one", None, False, [], "get"),
     ("Redis, 1 concurrency limit", "redis-concurrency", "redis-concurrency", None, False, [], "get"),
+    # nginx in the same harness (bench/run.sh's proxies), against which the first and the last tollgate rows are read
+    ("Redis, 1 gcra limit", "redis-gcra", "redis-gcra", None, True, [], "get"),
+    ("nginx proxy_pass", "nginx-pass", "nginx-pass", None, True, [], "get"),
+    ("nginx proxy_pass with limit_req", "nginx-limit", "nginx-limit", None, True, [], "get"),
+]
+# The ratios printed under the table: (tollgate's case, nginx's case, what is compared).
+RATIOS = [
+    ("off", "nginx-pass", "limiting off / nginx proxy_pass"),
+    ("redis-gcra", "nginx-limit", "one Redis gcra limit / nginx limit_req"),
 ]
 # Names --only takes for several cases at once.
 GROUPS = {
     "llm": [case[1] for case in CASES if case[6] != "get"],
     "concurrency": ["memory-one", "memory-concurrency", "redis-one", "redis-concurrency"],
+    "nginx": ["off", "redis-gcra", "nginx-pass", "nginx-limit"],
 }
+
+
+def nginx_proxy_conf(work: Path, limit: bool) -> Path:
+    """An nginx proxy on tollgate's port in front of the same upstream, one worker, as bench/run.sh's: keep-alive
+    towards the upstream, X-Forwarded-For added (as tollgate adds it), and with `limit` a limit_req zone keyed by
+    the client address that rejects nothing."""
+    name = "nginx-limit" if limit else "nginx-pass"
+    folder = work / name
+    (folder / "logs").mkdir(parents=True, exist_ok=True)
+    limit_req = "limit_req zone=pass burst=1000000 nodelay;" if limit else ""
+    conf = folder / "nginx.conf"
+    conf.write_text(
+        f"""worker_processes 1;
+daemon off;
+master_process off;
+pid {folder}/nginx.pid;
+error_log {folder}/logs/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    keepalive_requests 10000000;
+    upstream origin {{
+        server 127.0.0.1:{UPSTREAM_PORT};
+        keepalive 256;
+    }}
+    limit_req_zone $binary_remote_addr zone=pass:10m rate=1000000r/s;
+    limit_req_status 429;
+    proxy_http_version 1.1;
+    proxy_set_header Connection "";
+    proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+    server {{
+        listen 127.0.0.1:{TOLLGATE_PORT} backlog=4096;
+        location / {{ {limit_req} proxy_pass http://origin; }}
+    }}
+}}
+"""
+    )
+    return conf
 
 
 def chat_completion() -> dict:
@@ -277,6 +331,57 @@ def heaviest(dump: Path, requests: int, count: int) -> list[tuple[str, float]]:
     ]
 
 
+def server_command(binary: Path, config: Path, work: Path) -> tuple[list[str], str]:
+    """The command line of the server a case measures, and the URL that answers 200 once it is ready."""
+    if config.stem.startswith("nginx-"):
+        conf = nginx_proxy_conf(work, limit=config.stem == "nginx-limit")
+        return ["nginx", "-p", str(conf.parent), "-c", str(conf)], f"http://127.0.0.1:{TOLLGATE_PORT}/"
+    return [str(binary), "--config", str(config)], f"http://127.0.0.1:{ADMIN_PORT}/readyz"
+
+
+def idle_memory(binary: Path, config: Path, work: Path, connections: int) -> float:
+    """The memory (VmRSS, bytes) one idle keep-alive connection holds: the server's RSS with `connections` open
+    after one request each, less its RSS before they opened, divided by their number. Not under callgrind."""
+    import socket
+
+    command, ready = server_command(binary, config, work)
+    env = dict(os.environ, TOKIO_WORKER_THREADS="1", RUST_LOG="warn",
+               BENCH_REDIS_URL=f"redis://127.0.0.1:{REDIS_PORT}", BENCH_UPSTREAM_URL=f"http://127.0.0.1:{UPSTREAM_PORT}")
+    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def rss() -> int:
+        for line in Path(f"/proc/{server.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    sockets = []
+    try:
+        wait_ready(ready, "server", server)
+        # Warm the server up with the same requests on connections that then close, so that what it allocates
+        # once (pools, buffers of the first request) is not counted per connection.
+        for _ in range(50):
+            urllib.request.urlopen(f"http://127.0.0.1:{TOLLGATE_PORT}/item", timeout=10).read()
+        time.sleep(0.5)
+        before = rss()
+        request = f"GET /item HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+        for _ in range(connections):
+            sock = socket.create_connection(("127.0.0.1", TOLLGATE_PORT))
+            sock.sendall(request)
+            sockets.append(sock)
+        for sock in sockets:
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                answer += sock.recv(4096)
+        time.sleep(1.0)
+        return (rss() - before) / connections
+    finally:
+        for sock in sockets:
+            sock.close()
+        server.terminate()
+        server.wait()
+
+
 def measure(
     binary: Path, config: Path, seconds: int, connections: int, work: Path, top: int, cache: bool,
     keep: Path | None, clients: int | None, headers: list[str], request: str,
@@ -287,15 +392,16 @@ def measure(
     env["BENCH_JWT_SECRET"] = JWT_SECRET
     out = work / f"callgrind.{config.stem}"
     simulate = ["--cache-sim=yes"] if cache else []
+    nginx = config.stem.startswith("nginx-")
+    command, ready = server_command(binary, config, work)
     gateway = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", *simulate, f"--callgrind-out-file={out}.%p", str(binary), "--config",
-         str(config)],
+        ["valgrind", "--tool=callgrind", *simulate, f"--callgrind-out-file={out}.%p", *command],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_ready(f"http://127.0.0.1:{ADMIN_PORT}/readyz", "tollgate", gateway)
+        wait_ready(ready, "nginx" if nginx else "tollgate", gateway)
         load(3, connections, clients, headers, request, work)
         subprocess.run(["callgrind_control", "--zero", str(gateway.pid)], check=True, capture_output=True)
         calls_before = script_calls()
@@ -332,6 +438,8 @@ def main() -> None:
     )
     parser.add_argument("--keep", type=Path, help="copy the callgrind dumps into this folder (for callgrind_annotate --inclusive=yes)")
     parser.add_argument("--jwt", action="store_true", help="print the bench/configs/*-jwt.yaml token and exit")
+    parser.add_argument("--idle", type=int, default=0, metavar="N",
+                        help="also measure the memory of one idle keep-alive connection (N open), tollgate and nginx")
     args = parser.parse_args()
     if args.jwt:
         print(jwt())
@@ -389,6 +497,7 @@ http {{
             )
             print(f"|---|--:|--:|--:|--:|{misses_rule}")
             profiles = []
+            costs: dict[str, float] = {}
             names = GROUPS.get(args.only, [args.only])
             cases = [case for case in CASES if case[1] in names or (args.only is None and case[4])]
             for label, _, name, clients, _, headers, request in cases:
@@ -404,6 +513,18 @@ http {{
                     flush=True,
                 )
                 profiles.append((label, functions))
+                costs[name] = cost
+            ratios = [(text, costs[ours] / costs[theirs]) for ours, theirs, text in RATIOS
+                      if ours in costs and theirs in costs]
+            if ratios:
+                print()
+                for text, ratio in ratios:
+                    print(f"instructions per request, {text}: {ratio:.2f}x")
+            if args.idle:
+                print()
+                for label, config in (("tollgate, limiting off", "off"), ("nginx proxy_pass", "nginx-pass")):
+                    held = idle_memory(args.binary, ROOT / "bench/configs" / f"{config}.yaml", work, args.idle)
+                    print(f"memory of an idle keep-alive connection, {label}: {held / 1024:.1f} KB ({args.idle} open)")
             for label, functions in profiles if args.top else []:
                 print(f"\n{label}: instructions per request by crate (inlined code counts where it was inlined), then")
                 print("in the function itself\n")
