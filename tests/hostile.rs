@@ -1223,6 +1223,98 @@ async fn a_query_key_is_one_bucket_under_every_spelling_and_ambiguous_when_repea
     assert_eq!(upstream.hits(), 3);
 }
 
+/// Key values and API keys that are not UTF-8 are keyed by their bytes: `z\xff`, `z\xfe` and `z\xfd` are three
+/// buckets (a lossy reading made them one, `z\u{FFFD}`), and neither is the bucket of the text `z\u{FFFD}` itself.
+#[tokio::test]
+async fn bytes_that_are_not_utf8_are_keys_of_their_own() {
+    use sha2::{Digest, Sha256};
+    let digest: String = Sha256::digest(b"z\xff")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let upstream = Upstream::start().await;
+    for redis in [true, false] {
+        let server = redis.then(RedisServer::start);
+        let yaml = format!(
+            r#"store:
+{store}upstreams:
+  backend:
+    targets: ["{upstream}"]
+consumers:
+  identify:
+    - api_key: {{ header: x-api-key }}
+    - api_key: {{ query: api_key }}
+  keys:
+    - {{ key: "sha256:{digest}", consumer: zff }}
+  forward: {{ consumer: X-Consumer-Id }}
+routes:
+  - name: header
+    match: {{ path_prefix: /header }}
+    upstream: backend
+    limits: [{{ name: per-tenant, key: [header:x-tenant], algorithm: sliding_log, limit: 1, period: 1h }}]
+  - name: query
+    match: {{ path_prefix: /query }}
+    upstream: backend
+    limits: [{{ name: per-tenant, key: [query:tenant], algorithm: sliding_log, limit: 1, period: 1h }}]
+  - name: keys
+    match: {{ path_prefix: /keys }}
+    upstream: backend
+    consumers: required
+"#,
+            store = common::store_yaml(server.as_ref()),
+            upstream = upstream.url(),
+        );
+        let gateways = common::gateways_sharing(&yaml, server.as_ref()).await;
+        let store = if redis { "redis" } else { "memory" };
+        let http = client();
+        let mut sent = 0;
+        let mut send = async |path: &str, header: Option<(&str, &[u8])>| {
+            let gateway = &gateways[sent % gateways.len()];
+            sent += 1;
+            let mut request = http.get(gateway.url(path));
+            if let Some((name, value)) = header {
+                let value = reqwest::header::HeaderValue::from_bytes(value).expect("value");
+                request = request.header(name, value);
+            }
+            let response = request.send().await.expect("send");
+            let status = response.status().as_u16();
+            let body = response.bytes().await.expect("body");
+            let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            (
+                status,
+                body["headers"]["x-consumer-id"].as_str().map(str::to_owned),
+            )
+        };
+        let values: [&[u8]; 4] = [b"z\xff", b"z\xfe", b"z\xfd", "z\u{FFFD}".as_bytes()];
+        for round in [200, 429] {
+            for value in values {
+                let (status, _) = send("/header", Some(("x-tenant", value))).await;
+                assert_eq!(status, round, "x-tenant: {value:?}, {store}");
+            }
+            for query in ["z%FF", "z%FE", "z%FD", "z%EF%BF%BD"] {
+                let (status, _) = send(&format!("/query?tenant={query}"), None).await;
+                assert_eq!(status, round, "?tenant={query}, {store}");
+            }
+        }
+        // The key whose digest the config lists is its bytes, in a header or a parameter; its neighbours are not.
+        let zff = (200, Some("zff".to_owned()));
+        assert_eq!(
+            send("/keys", Some(("x-api-key", b"z\xff"))).await,
+            zff,
+            "{store}"
+        );
+        assert_eq!(send("/keys?api_key=z%FF", None).await, zff, "{store}");
+        for value in [&b"z\xfe"[..], "z\u{FFFD}".as_bytes()] {
+            let (status, _) = send("/keys", Some(("x-api-key", value))).await;
+            assert_eq!(status, 401, "x-api-key: {value:?}, {store}");
+        }
+        for query in ["z%FE", "z%EF%BF%BD"] {
+            let (status, _) = send(&format!("/keys?api_key={query}"), None).await;
+            assert_eq!(status, 401, "?api_key={query}, {store}");
+        }
+    }
+}
+
 // === HTTP/2 (h2c) under the same clocks as HTTP/1.1 ===
 
 const HEADERS: u8 = 0x1;

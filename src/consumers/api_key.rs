@@ -5,22 +5,23 @@ use std::borrow::Cow;
 use sha2::{Digest, Sha256};
 
 use super::settings::CredentialSource;
-use crate::key::{query_parameter, QueryParameter, RequestFacts};
+use crate::key::{query_parameter, trimmed_value, QueryParameter, RequestFacts};
 
 /// What a request holds where an API key is looked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Presented<'r> {
     /// Nothing there: the next identifier is tried.
     Absent,
-    /// One value (surrounding whitespace removed).
-    One(Cow<'r, str>),
+    /// One value (surrounding whitespace removed), as the bytes it is: a key that is not UTF-8 is digested as it
+    /// was sent, never as a lossy reading that other bytes share.
+    One(Cow<'r, [u8]>),
     /// More than one: refused, since the upstream could read another copy than the one checked.
     Ambiguous,
 }
 
 /// The SHA-256 digest of an API key.
-pub fn digest(key: &str) -> [u8; 32] {
-    Sha256::digest(key.as_bytes()).into()
+pub fn digest(key: impl AsRef<[u8]>) -> [u8; 32] {
+    Sha256::digest(key.as_ref()).into()
 }
 
 /// Parses a `sha256:<64 hex digits>` digest as written in the config.
@@ -62,11 +63,9 @@ pub fn presented<'r>(source: &CredentialSource, facts: &RequestFacts<'r>) -> Pre
             if lines.next().is_some() {
                 return Presented::Ambiguous;
             }
-            // A key is printable ASCII; anything else cannot match one and is read as no key at all.
-            match value.to_str().map(str::trim) {
-                Ok("") => Presented::Absent,
-                Ok(key) => Presented::One(Cow::Borrowed(key)),
-                Err(_) => Presented::One(Cow::Borrowed("")),
+            match trimmed_value(value.as_bytes()) {
+                b"" => Presented::Absent,
+                key => Presented::One(Cow::Borrowed(key)),
             }
         }
         CredentialSource::Query(name) => query_value(facts.query, name),
@@ -119,7 +118,7 @@ mod tests {
         headers.insert("x-api-key", HeaderValue::from_static(" k1 "));
         assert_eq!(
             presented(&header, &facts(&headers, None)),
-            Presented::One("k1".into())
+            Presented::One(b"k1"[..].into())
         );
         headers.append("X-API-KEY", HeaderValue::from_static("k1"));
         assert_eq!(
@@ -129,8 +128,8 @@ mod tests {
 
         let none = HeaderMap::new();
         for (text, expected) in [
-            ("a=1&api_key=k2", Presented::One("k2".into())),
-            ("api_key=a%2Bb", Presented::One("a+b".into())),
+            ("a=1&api_key=k2", Presented::One(b"k2"[..].into())),
+            ("api_key=a%2Bb", Presented::One(b"a+b"[..].into())),
             ("api_key=", Presented::Absent),
             ("api_key=k2&api%5Fkey=k3", Presented::Ambiguous),
             ("api_key=k2&api_key=k2", Presented::Ambiguous),

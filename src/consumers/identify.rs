@@ -413,7 +413,7 @@ impl Consumers {
         &self.directory
     }
 
-    fn api_key(&self, key: &str) -> Result<Credential, CallerRefusal> {
+    fn api_key(&self, key: &[u8]) -> Result<Credential, CallerRefusal> {
         let digest = api_key::digest(key);
         // Keys issued at runtime first: revoking one takes effect, whatever the config lists.
         if let Some(consumer) = self.directory.consumer_of_key(&digest) {

@@ -5,6 +5,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use http::{HeaderMap, HeaderName, Method};
+use sha2::{Digest, Sha256};
 
 use super::client_ip::push_ip_text;
 
@@ -396,20 +397,18 @@ fn push_part(part: &KeyPart, facts: &RequestFacts<'_>, out: &mut String) -> Part
             if lines.next().is_some() {
                 return PartValue::Ambiguous;
             }
-            let text = String::from_utf8_lossy(value.as_bytes());
-            let trimmed = text.trim();
-            out.push_str(trimmed);
-            return if trimmed.is_empty() {
-                PartValue::Absent
-            } else {
-                PartValue::Present
-            };
+            let trimmed = trimmed_value(value.as_bytes());
+            if trimmed.is_empty() {
+                return PartValue::Absent;
+            }
+            push_key_text(out, trimmed);
+            return PartValue::Present;
         }
         KeyPart::Query(name) => {
             return match query_parameter(facts.query, name) {
                 QueryParameter::Ambiguous => PartValue::Ambiguous,
                 QueryParameter::One(v) if !v.is_empty() => {
-                    out.push_str(&v);
+                    push_key_text(out, &v);
                     PartValue::Present
                 }
                 _ => PartValue::Absent,
@@ -420,13 +419,42 @@ fn push_part(part: &KeyPart, facts: &RequestFacts<'_>, out: &mut String) -> Part
     PartValue::Present
 }
 
+/// A header value without its surrounding whitespace: Unicode whitespace when it is UTF-8, ASCII whitespace when
+/// it is not (its bytes are then kept as they are, see [`push_key_text`]).
+pub fn trimmed_value(bytes: &[u8]) -> &[u8] {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.trim().as_bytes(),
+        Err(_) => bytes.trim_ascii(),
+    }
+}
+
+/// Marks a key value written as the SHA-256 of its bytes: the replacement character, which a lossy decoding would
+/// have left where the bytes that are not UTF-8 stood.
+pub const BYTES_MARK: char = '\u{FFFD}';
+
+/// Appends `bytes`, a value read from a request, as key text: the text itself when it is UTF-8, otherwise
+/// [`BYTES_MARK`] and the SHA-256 of the bytes in hex. A lossy decoding would make `z\xff`, `z\xfe` and `z\xfd`
+/// one key, `z\u{FFFD}`; a digest of the bytes keeps two byte strings two keys. Text that itself starts with the
+/// mark is written as its digest too, so that no value can be written as another's digest.
+pub fn push_key_text(out: &mut String, bytes: &[u8]) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) if !text.starts_with(BYTES_MARK) => out.push_str(text),
+        _ => {
+            out.push(BYTES_MARK);
+            let start = out.len();
+            push_hex_digest(out, bytes);
+            debug_assert_eq!(out.len() - start, 64);
+        }
+    }
+}
+
 /// What a query holds of one parameter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum QueryParameter<'q> {
     /// No parameter of that name.
     Absent,
-    /// Exactly one, its value decoded (possibly empty).
-    One(Cow<'q, str>),
+    /// Exactly one, its value decoded (possibly empty): bytes, since a `%XX` escape may make them anything.
+    One(Cow<'q, [u8]>),
     /// More than one, under any spelling of the name.
     Ambiguous,
 }
@@ -447,8 +475,8 @@ pub fn query_parameter<'q>(query: Option<&'q str>, name: &str) -> QueryParameter
         }
         let (raw_name, raw_value) = pair.split_once('=').unwrap_or((pair, ""));
         let decoded_name = decode_component(raw_name);
-        let bare = decoded_name.strip_suffix("[]").unwrap_or(&decoded_name);
-        if !bare.eq_ignore_ascii_case(wanted) {
+        let bare = decoded_name.strip_suffix(b"[]").unwrap_or(&decoded_name);
+        if !bare.eq_ignore_ascii_case(wanted.as_bytes()) {
             continue;
         }
         if found != QueryParameter::Absent {
@@ -461,9 +489,9 @@ pub fn query_parameter<'q>(query: Option<&'q str>, name: &str) -> QueryParameter
 
 /// A query component as its sender meant it (`application/x-www-form-urlencoded`): `+` is a space, `%XX` a byte;
 /// borrowed when there is nothing to decode.
-fn decode_component(raw: &str) -> Cow<'_, str> {
+fn decode_component(raw: &str) -> Cow<'_, [u8]> {
     if !raw.contains(['%', '+']) {
-        return Cow::Borrowed(raw);
+        return Cow::Borrowed(raw.as_bytes());
     }
     let bytes = raw.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -485,17 +513,26 @@ fn decode_component(raw: &str) -> Cow<'_, str> {
         }
         i += 1;
     }
-    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
+    Cow::Owned(out)
 }
 
 /// Replaces `out[start..]` by its SHA-256 in hex.
 #[cold]
 fn digest_from(out: &mut String, start: usize) {
-    use sha2::{Digest, Sha256};
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(&out.as_bytes()[start..]);
     out.truncate(start);
-    for byte in digest {
+    push_hex(out, &digest);
+}
+
+/// Appends the SHA-256 of `bytes` in hex.
+#[cold]
+fn push_hex_digest(out: &mut String, bytes: &[u8]) {
+    push_hex(out, &Sha256::digest(bytes));
+}
+
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for &byte in bytes {
         out.push(char::from(HEX[usize::from(byte >> 4)]));
         out.push(char::from(HEX[usize::from(byte & 0xf)]));
     }
@@ -583,6 +620,42 @@ mod tests {
     }
 
     #[test]
+    fn bytes_that_are_not_utf8_are_keyed_by_their_digest() {
+        let text = |bytes: &[u8]| {
+            let mut out = String::new();
+            push_key_text(&mut out, bytes);
+            out
+        };
+        assert_eq!(text(b"acme"), "acme");
+        let keys = [
+            text(b"z\xff"),
+            text(b"z\xfe"),
+            text("z\u{FFFD}".as_bytes()),
+            text("\u{FFFD}z".as_bytes()),
+        ];
+        for (i, key) in keys.iter().enumerate() {
+            assert!(keys[..i].iter().all(|other| other != key), "{keys:?}");
+        }
+        assert_eq!(keys[2], "z\u{FFFD}");
+        assert!(keys[0].starts_with(BYTES_MARK) && keys[0].len() == 3 + 64);
+        assert!(keys[3].starts_with(BYTES_MARK) && keys[3].len() == 3 + 64);
+        // Trimmed as sent: Unicode whitespace around text, ASCII whitespace around other bytes.
+        assert_eq!(trimmed_value(b" z\xff\t"), b"z\xff");
+        let mut headers = HeaderMap::new();
+        headers.insert("x-tenant", HeaderValue::from_bytes(b"z\xfd").unwrap());
+        let by_header = spec(&["header:x-tenant"], MissingKey::Skip);
+        assert_eq!(
+            by_header.value(&facts(&headers, None)),
+            Ok(Some(text(b"z\xfd")))
+        );
+        let by_query = spec(&["query:tenant"], MissingKey::Skip);
+        assert_eq!(
+            by_query.value(&facts(&headers, Some("tenant=z%FD"))),
+            Ok(Some(text(b"z\xfd")))
+        );
+    }
+
+    #[test]
     fn ipv6_clients_are_keyed_by_their_prefix() {
         let key = |addr: &str, prefix: u8| {
             let mut out = String::new();
@@ -614,13 +687,13 @@ mod tests {
         ] {
             assert_eq!(
                 one(query),
-                QueryParameter::One(Cow::Borrowed("a")),
+                QueryParameter::One(Cow::Borrowed(b"a")),
                 "{query}"
             );
         }
         assert_eq!(
             one("tenant=a%2Bb+c"),
-            QueryParameter::One(Cow::Borrowed("a+b c"))
+            QueryParameter::One(Cow::Borrowed(b"a+b c"))
         );
         for query in [
             "tenant=a&TENANT=b",
