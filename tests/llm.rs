@@ -849,3 +849,71 @@ async fn a_settlement_finding_redis_gone_is_counted_under_on_error_allow_and_den
         settling_while_redis_is_gone(on_error).await;
     }
 }
+
+/// The value of the series `series` (its name and labels as the exposition writes them) in `metrics`, 0 if absent.
+fn series_value(metrics: &str, series: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Reported counts outside 0..2^53 (huge, negative, fractional, strings) are no usage: each answer is settled at
+/// its reservation (300) and counted as missing, none gives anything back, and the tokens counted never go down.
+async fn untrusted_counts_settle_at_the_reservation(redis: Option<&RedisServer>, route: &str) {
+    tollgate::telemetry::prometheus();
+    let upstream = LlmUpstream::start().await;
+    let yaml = config(
+        redis,
+        &upstream.url(),
+        &openai("100"),
+        &tokens_per_hour("total_tokens", 100_000),
+    )
+    .replace("name: chat", &format!("name: {route}"));
+    let gateway = start_gateway(&yaml).await;
+    let admin = serve_admin(&gateway, None).await;
+    let limit = format!("{route}/tpm");
+    let (status, _, _) = post(&gateway, "/v1/chat/completions", &chat(200), 60, 35).await;
+    assert_eq!(status, 200);
+    let mut used = 95;
+    settles_to(&admin, &limit, 100_000 - used).await;
+    let untrusted = [
+        r#"{"prompt_tokens":10,"completion_tokens":5,"total_tokens":18446744073709461616}"#,
+        r#"{"prompt_tokens":10,"completion_tokens":18446744073709551615}"#,
+        r#"{"prompt_tokens":-50,"completion_tokens":5,"total_tokens":-45}"#,
+        r#"{"prompt_tokens":10.5,"completion_tokens":5,"total_tokens":15.5}"#,
+        r#"{"prompt_tokens":"10","completion_tokens":"5","total_tokens":"15"}"#,
+        r#"{"prompt_tokens":9007199254740992,"completion_tokens":0}"#,
+    ];
+    let missing = format!("tollgate_usage_missing_total{{route=\"{route}\"}}");
+    let total = format!("tollgate_tokens_total{{route=\"{route}\",kind=\"total\"}}");
+    let client = common::http_client::client();
+    for (i, usage) in untrusted.into_iter().enumerate() {
+        let response = client
+            .post(gateway.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .header("x-test-usage", usage)
+            .body(chat(200).to_string())
+            .send()
+            .await
+            .expect("gateway answers");
+        assert_eq!(response.status(), 200, "{usage}");
+        response.bytes().await.expect("whole answer");
+        used += 300;
+        settles_to(&admin, &limit, 100_000 - used).await;
+        let metrics = common::http_client::metrics_text(&admin).await;
+        assert_eq!(series_value(&metrics, &missing), i as u64 + 1, "{usage}");
+        assert_eq!(series_value(&metrics, &total), used, "{usage}");
+    }
+}
+
+#[tokio::test]
+async fn untrusted_counts_are_no_usage_in_memory() {
+    untrusted_counts_settle_at_the_reservation(None, "numbers_memory").await;
+}
+
+#[tokio::test]
+async fn untrusted_counts_are_no_usage_on_redis() {
+    let redis = RedisServer::start();
+    untrusted_counts_settle_at_the_reservation(Some(&redis), "numbers_redis").await;
+}

@@ -1,7 +1,8 @@
 //! A real LLM-API-like upstream on a free loopback port: answers OpenAI chat completions and Anthropic messages, as
 //! JSON or streamed (server-sent events), with the usage the test asks for, and keeps every request body it received.
 //!
-//! The usage it reports is `x-test-input` and `x-test-output` (request headers; default 5 and 10). Paths:
+//! The usage it reports is `x-test-input` and `x-test-output` (request headers; default 5 and 10), or on OpenAI's
+//! path the `usage` object given whole as the text of `x-test-usage` (any JSON: huge, negative, a string). Paths:
 //! - `/v1/chat/completions`: OpenAI; streamed when the body says `"stream": true`, ending with the usage chunk only
 //!   when it asks for it (`stream_options.include_usage`).
 //! - `/v1/messages`: Anthropic; streamed when asked, input in `message_start`, output in the last `message_delta`.
@@ -142,11 +143,17 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
             sse(split(text))
         }
         "/v1/chat/completions" => {
-            reported();
+            let usage = match parts.headers.get("x-test-usage") {
+                Some(raw) => serde_json::from_slice(raw.as_bytes()).expect("x-test-usage is JSON"),
+                None => {
+                    reported();
+                    json!({"prompt_tokens":input,"completion_tokens":output,"total_tokens":input+output})
+                }
+            };
             json_answer(
                 200,
                 json!({"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}],
-                    "usage":{"prompt_tokens":input,"completion_tokens":output,"total_tokens":input+output}}),
+                    "usage":usage}),
             )
         }
         "/v1/messages" if stream => {

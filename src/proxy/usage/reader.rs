@@ -9,7 +9,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use memchr::memmem::Finder;
 
 use super::json::{Places, UsageScanner};
-use super::reported::{Dialect, Reported, Usage};
+use super::reported::{Dialect, Reported, Usage, MAX_COUNT};
 use super::sse::{SseParser, SseSink};
 
 /// How a route's answers report what they cost.
@@ -277,14 +277,15 @@ fn event_stream(headers: &HeaderMap) -> bool {
         .is_some_and(|media| media.trim().eq_ignore_ascii_case("text/event-stream"))
 }
 
-/// The whole number in the field `name` (the last, if repeated): ASCII digits only, no sign, no fraction.
+/// The whole number in the field `name` (the last, if repeated): ASCII digits only, no sign, no fraction, below
+/// [`MAX_COUNT`] (a larger one is no usage).
 fn header_count(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
     let value = headers.get_all(name).iter().next_back()?;
     let text = value.to_str().ok()?.trim();
     if text.is_empty() || !text.bytes().all(|byte| byte.is_ascii_digit()) {
         return None;
     }
-    text.parse().ok()
+    text.parse().ok().filter(|count| *count < MAX_COUNT)
 }
 
 #[cfg(test)]

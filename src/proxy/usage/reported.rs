@@ -39,6 +39,22 @@ pub(crate) struct Reported {
     total: Option<u64>,
     cache_creation: Option<u64>,
     cache_read: Option<u64>,
+    /// A count was not a number tollgate trusts (see [`MAX_COUNT`]): the answer's usage is unknown, whatever its
+    /// other counts say.
+    untrusted: bool,
+}
+
+/// Counts are trusted below 2^53: every JSON reader holds them exactly there (JavaScript's and Lua's numbers are
+/// doubles), and no answer spends that many tokens. A larger one would wrap or round on its way to a limit.
+pub const MAX_COUNT: u64 = 1 << 53;
+
+/// One count member as read: absent (or `null`), a trusted number, or anything else.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Count {
+    #[default]
+    Absent,
+    Trusted(u64),
+    Untrusted,
 }
 
 /// The members of a `usage` object that hold counts (their index in [`CountsVisitor`]'s answer); the others are
@@ -58,7 +74,7 @@ enum Member {
 }
 
 /// Reads a JSON object into the count of each [`Member`]: the last one named wins, as a JSON reader's map keeps
-/// it, and a value that is not a whole number from 0 to 2^64-1 counts as not reported.
+/// it; `null` is not reported, and a value that is not a whole number below [`MAX_COUNT`] is untrusted.
 struct CountsVisitor;
 
 // === impl Usage ===
@@ -89,15 +105,19 @@ impl Usage {
 
 impl Reported {
     /// The counts of one `usage` object given as JSON text; `None` when it is not a JSON object. A count that is not
-    /// a whole number from 0 to 2^64-1 is taken as not reported.
+    /// a whole number below [`MAX_COUNT`] (negative, fractional, a string, huge) makes the whole report untrusted.
     pub(crate) fn parse(object: &[u8]) -> Option<Self> {
         // Read member by member rather than into a `serde_json::Map`, which would allocate every key and hash it
         // to be looked up seven times: this runs once per answer (per event of a stream) on a token route.
         let mut deserializer = serde_json::Deserializer::from_slice(object);
         let counts = deserializer.deserialize_map(CountsVisitor).ok()?;
         deserializer.end().ok()?;
-        let count = |member: Member| counts[member as usize];
+        let count = |member: Member| match counts[member as usize] {
+            Count::Trusted(count) => Some(count),
+            Count::Absent | Count::Untrusted => None,
+        };
         Some(Self {
+            untrusted: counts.contains(&Count::Untrusted),
             input: count(Member::InputTokens).or(count(Member::PromptTokens)),
             output: count(Member::OutputTokens).or(count(Member::CompletionTokens)),
             total: count(Member::TotalTokens),
@@ -118,10 +138,15 @@ impl Reported {
         over(&mut self.total, later.total);
         over(&mut self.cache_creation, later.cache_creation);
         over(&mut self.cache_read, later.cache_read);
+        self.untrusted |= later.untrusted;
     }
 
-    /// What these fields mean in `dialect`.
+    /// What these fields mean in `dialect`: nothing known ([`Usage::MISSING`]) when a count was untrusted, or a
+    /// sum of them reaches [`MAX_COUNT`].
     pub(crate) fn usage(&self, dialect: Dialect) -> Usage {
+        if self.untrusted {
+            return Usage::MISSING;
+        }
         let input = match dialect {
             Dialect::OpenAi => self.input,
             Dialect::Anthropic => [self.input, self.cache_creation, self.cache_read]
@@ -132,32 +157,41 @@ impl Reported {
         let total = self
             .total
             .or_else(|| Some(input?.saturating_add(self.output?)));
-        Usage {
+        let usage = Usage {
             input_tokens: input,
             output_tokens: self.output,
             total_tokens: total,
+        };
+        let counts = [usage.input_tokens, usage.output_tokens, usage.total_tokens];
+        if counts.into_iter().flatten().any(|count| count >= MAX_COUNT) {
+            return Usage::MISSING;
         }
+        usage
     }
 }
 
 // === impl CountsVisitor ===
 
 impl<'de> Visitor<'de> for CountsVisitor {
-    type Value = [Option<u64>; Member::Other as usize];
+    type Value = [Count; Member::Other as usize];
 
     fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         formatter.write_str("a JSON object")
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut counts = [None; Member::Other as usize];
+        let mut counts = [Count::Absent; Member::Other as usize];
         while let Some(member) = map.next_key::<Member>()? {
             if member == Member::Other {
                 map.next_value::<IgnoredAny>()?;
                 continue;
             }
             let value: &RawValue = map.next_value()?;
-            counts[member as usize] = serde_json::from_str::<u64>(value.get()).ok();
+            counts[member as usize] = match serde_json::from_str::<Option<u64>>(value.get()) {
+                Ok(None) => Count::Absent,
+                Ok(Some(count)) if count < MAX_COUNT => Count::Trusted(count),
+                Ok(Some(_)) | Err(_) => Count::Untrusted,
+            };
         }
         Ok(counts)
     }
@@ -254,12 +288,34 @@ mod tests {
     }
 
     #[test]
-    fn counts_that_are_not_whole_numbers_are_not_reported() {
+    fn a_count_that_is_not_a_whole_number_below_2_53_makes_the_report_unknown() {
+        for count in [
+            "-1",
+            "2.5",
+            "\"9\"",
+            "9007199254740992",
+            "18446744073709461616",
+            "1e3",
+            "true",
+            "{}",
+        ] {
+            let object =
+                format!(r#"{{"prompt_tokens":10,"completion_tokens":{count},"total_tokens":20}}"#);
+            assert!(usage(Dialect::OpenAi, &[&object]).is_missing(), "{count}");
+        }
+        // Sticky over a stream: a later good report does not make an untrusted answer trusted.
         let read = usage(
-            Dialect::OpenAi,
-            &[r#"{"prompt_tokens":-1,"completion_tokens":2.5,"total_tokens":"9"}"#],
+            Dialect::Anthropic,
+            &[r#"{"input_tokens":-5}"#, r#"{"output_tokens":40}"#],
         );
         assert!(read.is_missing());
+        // null is not reported; the largest trusted count is 2^53 - 1.
+        let read = usage(
+            Dialect::OpenAi,
+            &[r#"{"prompt_tokens":9007199254740991,"completion_tokens":null}"#],
+        );
+        assert_eq!(read.input_tokens, Some(9_007_199_254_740_991));
+        assert_eq!(read.output_tokens, None);
         assert_eq!(Reported::parse(b"[1,2]"), None);
         assert_eq!(Reported::parse(b"null"), None);
     }
@@ -270,11 +326,11 @@ mod tests {
         let read = usage(
             Dialect::OpenAi,
             &[
-                r#"{"prompt_tokens":1,"prompt_tokens":7,"completion_tokens":3,"completion_tokens":"x","total_\u0074okens":9}"#,
+                r#"{"prompt_tokens":1,"prompt_tokens":7,"completion_tokens":"x","completion_tokens":2,"total_\u0074okens":9}"#,
             ],
         );
         assert_eq!(read.input_tokens, Some(7));
-        assert_eq!(read.output_tokens, None);
+        assert_eq!(read.output_tokens, Some(2));
         assert_eq!(read.total_tokens, Some(9));
         assert_eq!(Reported::parse(br#"{"prompt_tokens":1} trailing"#), None);
     }
@@ -287,14 +343,16 @@ mod tests {
     }
 
     #[test]
-    fn huge_counts_saturate_rather_than_wrap() {
+    fn sums_reaching_2_53_are_unknown_rather_than_rounded_or_wrapped() {
         let read = usage(
             Dialect::Anthropic,
-            &[
-                r#"{"input_tokens":18446744073709551615,"cache_read_input_tokens":1,"output_tokens":1}"#,
-            ],
+            &[r#"{"input_tokens":9007199254740991,"cache_read_input_tokens":1,"output_tokens":1}"#],
         );
-        assert_eq!(read.input_tokens, Some(u64::MAX));
-        assert_eq!(read.total_tokens, Some(u64::MAX));
+        assert!(read.is_missing());
+        let read = usage(
+            Dialect::OpenAi,
+            &[r#"{"prompt_tokens":9007199254740990,"completion_tokens":5}"#],
+        );
+        assert!(read.is_missing());
     }
 }

@@ -241,7 +241,16 @@ fn header_format_reads_the_header_or_a_later_trailer() {
     reader.trailers(&headers(&[("x-tokens-used", "50")]));
     reader.finish();
     assert_eq!(reader.usage(), Usage::total(50));
-    for bad in ["-1", "1.5", "1e3", "", "18446744073709551616", "+3", "0x10"] {
+    for bad in [
+        "-1",
+        "1.5",
+        "1e3",
+        "",
+        "18446744073709551616",
+        "9007199254740992",
+        "+3",
+        "0x10",
+    ] {
         let reader = UsageReader::new(&format, &headers(&[("x-tokens-used", bad)]));
         assert!(reader.usage().is_missing(), "{bad:?}");
     }
