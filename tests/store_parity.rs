@@ -8,11 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::redis::RedisServer;
+use http::{HeaderMap, StatusCode};
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
+use tollgate::admission::{Checked, LimitSet, LimitSettings};
+use tollgate::key::{Counts, KeyPart, KeySpec, MissingKey, TokenKind};
 use tollgate::limiter::store::{LimitCheck, MemoryStore, RedisStore};
 use tollgate::limiter::{
-    Algorithm, LeakyMode, Limit, ManualClock, Rate, MAX_LOG_ENTRIES, MAX_SCALED,
+    Algorithm, DenyCache, LeakyMode, Limit, ManualClock, Outcome, Rate, MAX_LOG_ENTRIES, MAX_SCALED,
 };
 
 fn algorithm() -> impl Strategy<Value = Algorithm> {
@@ -295,6 +298,153 @@ fn reserve_and_settle_sequences_decide_alike_in_both_stores() {
                 now,
                 at
             );
+        }
+        Ok(())
+    });
+    if let Err(failure) = result {
+        panic!("{failure}");
+    }
+}
+
+/// What a client is told of a request's `outcome` on a route of `limits`: its status and every rate-limit field
+/// (`Retry-After`, `RateLimit`, `RateLimit-Policy`, `X-RateLimit-*` and the token fields), as the gateway writes
+/// them.
+fn told(limits: &LimitSet, outcome: &Outcome) -> (u16, Vec<(String, String)>) {
+    let checked = Checked::of_every_limit(outcome.clone());
+    let mut headers = HeaderMap::new();
+    let status = if outcome.allowed {
+        limits.decorate(&mut headers, &checked);
+        StatusCode::OK
+    } else {
+        limits.decorate_refusal(&mut headers, &checked);
+        limits.deny_status()
+    };
+    let mut fields: Vec<(String, String)> = headers
+        .iter()
+        .map(|(name, value)| {
+            let value = value.to_str().expect("ASCII fields").to_owned();
+            (name.as_str().to_owned(), value)
+        })
+        .collect();
+    fields.sort();
+    (status.as_u16(), fields)
+}
+
+/// The over-limit cache answers what the store would have: a gateway on Redis remembers its denials in-process and
+/// answers from them while they hold, the memory store (asked every time) is the reference. Each step reserves
+/// any amount on a limit counting tokens, beside a limit counting requests, and may settle an earlier reservation
+/// for less (a refund) or more (a debt); the cache is told of settlements as the limiter's settlements tell it.
+/// Time only moves forward, as the cache's own (monotonic) clock does. Every step must tell the client the same:
+/// status and fields, and the same decision for each limit (what the rate limit service reports of each).
+#[test]
+fn remembered_denials_tell_what_the_store_would() {
+    let fx = fixture();
+    let config = ProptestConfig {
+        cases: 128,
+        source_file: Some(file!()),
+        ..ProptestConfig::default()
+    };
+    let mut runner = TestRunner::new(config);
+    // Most requests reserve the route's usual amount (a client's `max_tokens`), some another.
+    let step = (
+        prop_oneof![Just(0i64), 0i64..3_000, 0i64..60_000],
+        prop_oneof![3 => Just(None), 1 => (0u64..25).prop_map(Some)],
+        prop::option::of((0u64..70, any::<bool>())),
+    );
+    // Some routes have the token limit alone: a denial of it is the whole answer.
+    let inputs = (
+        algorithm(),
+        prop::option::of(algorithm()),
+        0u64..25,
+        prop::collection::vec(step, 1..60),
+    );
+    let result = runner.run(&inputs, |(tokens, requests, usual, steps)| {
+        let case = fx.case.fetch_add(1, Ordering::SeqCst);
+        let memory = MemoryStore::new(10_000, Arc::new(ManualClock::new(0)));
+        let cache = DenyCache::default();
+        let tok = Limit::new("tok", tokens, 1).expect("valid");
+        let req = requests.map(|requests| Limit::new("req", requests, 1).expect("valid"));
+        let by_ip = || KeySpec::new(vec![KeyPart::Ip], MissingKey::Ip);
+        let mut settings =
+            vec![LimitSettings::new(tok.clone(), by_ip())
+                .counting(Counts::Tokens(TokenKind::Output))];
+        settings.extend(
+            req.iter()
+                .map(|req| LimitSettings::new(req.clone(), by_ip())),
+        );
+        let limits =
+            LimitSet::new("r", "", settings, StatusCode::TOO_MANY_REQUESTS).reserving_tokens();
+        let (key_tok, key_req) = (format!("told{case}:tok"), format!("told{case}:req"));
+        let mut now: i64 = 1_700_000_000_000;
+        let mut reserved: std::collections::VecDeque<(i64, u64)> = Default::default();
+        for (i, (delta, cost, settle)) in steps.into_iter().enumerate() {
+            now += delta;
+            let cost = cost.unwrap_or(usual);
+            let reserving = tok.clone().with_cost(cost);
+            let mut checks = vec![LimitCheck {
+                key: &key_tok,
+                limit: &reserving,
+            }];
+            checks.extend(req.iter().map(|limit| LimitCheck {
+                key: &key_req,
+                limit,
+            }));
+            let expected = memory.check_at(now, &checks);
+            let actual = match cache.answer(&checks, now) {
+                Some(remembered) => remembered,
+                None => {
+                    let outcome = fx
+                        .runtime
+                        .block_on(fx.store.check(&checks, Some(now)))
+                        .expect("redis");
+                    cache.learn(&checks, &outcome, now);
+                    outcome
+                }
+            };
+            prop_assert_eq!(
+                told(&limits, &actual),
+                told(&limits, &expected),
+                "step {} at {} (reserving {})",
+                i,
+                now,
+                cost
+            );
+            prop_assert_eq!(&actual, &expected, "step {} at {}", i, now);
+            if expected.allowed {
+                reserved.push_back((now, cost));
+            }
+            let Some((used, newest)) = settle else {
+                continue;
+            };
+            let taken = if newest {
+                reserved.pop_back()
+            } else {
+                reserved.pop_front()
+            };
+            let Some((at, cost)) = taken else {
+                continue;
+            };
+            let owed = tok.clone().with_cost(used.abs_diff(cost));
+            let checks = [LimitCheck {
+                key: &key_tok,
+                limit: &owed,
+            }];
+            match used.cmp(&cost) {
+                std::cmp::Ordering::Equal => continue,
+                std::cmp::Ordering::Less => {
+                    memory.give_back_at(now, at, &checks);
+                    fx.runtime
+                        .block_on(fx.store.give_back(&checks, at, Some(now)))
+                        .expect("redis");
+                }
+                std::cmp::Ordering::Greater => {
+                    memory.add_debts_at(now, at, &checks);
+                    fx.runtime
+                        .block_on(fx.store.add_debts(&checks, at, Some(now)))
+                        .expect("redis");
+                }
+            }
+            cache.settled(&key_tok);
         }
         Ok(())
     });

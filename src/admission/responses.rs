@@ -78,12 +78,7 @@ fn rate_limited(limits: &LimitSet, checked: &Checked) -> Response<Body> {
         "retry_after_ms": retry_after_ms,
     });
     let mut response = json_response(limits.deny_status(), &body);
-    // At least 1: `Retry-After: 0` would invite an immediate retry that is still refused.
-    let seconds = retry_after_ms.div_ceil(1000).max(1);
-    response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-    limits.decorate(response.headers_mut(), checked);
+    limits.decorate_refusal(response.headers_mut(), checked);
     response
 }
 

@@ -94,7 +94,7 @@ impl Giver {
         let Some(redis) = self.redis.clone() else {
             if let Some(local) = &self.local {
                 apply_in(local, &limits, owed, decided);
-                self.forget_denials(&limits, owed);
+                self.forget_denials(&limits);
             }
             return;
         };
@@ -108,7 +108,7 @@ impl Giver {
                 };
                 apply_in(fallback, &limits, owed, decided);
             }
-            self.forget_denials(&limits, owed);
+            self.forget_denials(&limits);
         };
         match owed {
             Owed::Refund => redis.give_back_queued(limits, at_ms, landed),
@@ -116,12 +116,11 @@ impl Giver {
         }
     }
 
-    /// Once given back: a denial this instance remembered for `limits`' keys may no longer hold.
-    fn forget_denials(&self, limits: &[(String, Limit)], owed: Owed) {
-        if owed == Owed::Refund {
-            for (key, _) in limits {
-                self.denials.forget(key);
-            }
+    /// Once settled (given back or owed): a denial this instance remembered for `limits`' keys no longer says
+    /// what the store would, sooner (a refund) or later (a debt).
+    fn forget_denials(&self, limits: &[(String, Limit)]) {
+        for (key, _) in limits {
+            self.denials.settled(key);
         }
     }
 

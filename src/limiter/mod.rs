@@ -17,6 +17,7 @@ mod written;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Outcome};
+pub use deny_cache::DenyCache;
 pub use giver::{Giver, Settlement};
 pub use limit::{
     format_duration_ms, Algorithm, LeakyMode, Limit, LimitError, Rate, SlotQueue, MAX_LOG_ENTRIES,

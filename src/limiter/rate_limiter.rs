@@ -66,6 +66,8 @@ pub struct RateLimiter {
     on_error: OnError,
     health: Arc<Health>,
     denials: Arc<DenyCache>,
+    /// The over-limit cache's clock starts here: its times are milliseconds of this process's monotonic clock.
+    started: Instant,
     /// `tollgate_store_duration_seconds` and `tollgate_store_errors_total`, registered once.
     store_duration: metrics::Histogram,
     store_errors: metrics::Counter,
@@ -190,6 +192,7 @@ impl RateLimiter {
             on_error,
             health,
             denials,
+            started: Instant::now(),
             store_duration: metrics::histogram!("tollgate_store_duration_seconds"),
             store_errors: metrics::counter!("tollgate_store_errors_total"),
             settlements_failed: metrics::counter!("tollgate_settlements_failed_total"),
@@ -243,7 +246,7 @@ impl RateLimiter {
             Backend::Redis(redis) => redis,
         };
         let now = Instant::now();
-        if let Some(outcome) = self.cached_denial(checks, now) {
+        if let Some(outcome) = self.denials.answer(checks, self.cache_ms(now)) {
             return Ok((outcome, DecidedBy::Nobody));
         }
         if self.health.breaker.is_open() {
@@ -264,16 +267,9 @@ impl RateLimiter {
                 if !self.health.ready.load(Ordering::Acquire) {
                     self.health.recovered(redis);
                 }
-                if !outcome.allowed {
-                    // A shadow limit's denial is never enforced, so never answered from the cache either.
-                    for (check, decision) in checks.iter().zip(&outcome.decisions) {
-                        // Nor a slot's: one may come back at any moment, not at a time a decision can tell.
-                        if !check.limit.is_shadow() && !check.limit.algorithm().holds_slots() {
-                            self.denials
-                                .remember(check.key, check.limit, *decision, now);
-                        }
-                    }
-                }
+                // Stamped with when the call was sent, not when Redis decided: the waits it projects are then
+                // never longer than Redis's.
+                self.denials.learn(checks, &outcome, self.cache_ms(now));
                 return Ok((outcome, DecidedBy::Store));
             }
             Err(error) => error,
@@ -452,35 +448,10 @@ impl RateLimiter {
         }
     }
 
-    /// A denial answered in-process when one of the keys is known to be over its limit.
-    ///
-    /// Only the cached decisions are exact; the other limits of the request were not consulted, and are
-    /// reported as admitting with their full capacity (the headers and the body describe the denying limit).
-    fn cached_denial(&self, checks: &[LimitCheck<'_>], now: Instant) -> Option<Outcome> {
-        let cached = self
-            .denials
-            .lookup_each(checks.iter().map(|c| (c.key, c.limit)), now)?;
-        let decisions = cached
-            .into_iter()
-            .zip(checks)
-            .map(|(decision, check)| {
-                decision.unwrap_or_else(|| {
-                    let capacity = check.limit.algorithm().capacity();
-                    Decision {
-                        allowed: true,
-                        limit: capacity,
-                        remaining: capacity,
-                        retry_after_ms: 0,
-                        reset_after_ms: 0,
-                        delay_ms: 0,
-                    }
-                })
-            })
-            .collect();
-        Some(Outcome {
-            allowed: false,
-            decisions,
-        })
+    /// `instant` on the over-limit cache's clock.
+    fn cache_ms(&self, instant: Instant) -> i64 {
+        i64::try_from(instant.saturating_duration_since(self.started).as_millis())
+            .unwrap_or(i64::MAX)
     }
 
     fn fall_back(

@@ -1,7 +1,7 @@
 //! What a checked request's answer says of its limits: the status and the limit a refusal names, the rate-limit
 //! fields of an admitted answer, and how long a `leaky_bucket` in delay mode holds it.
 
-use http::header::HeaderMap;
+use http::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 use http::StatusCode;
 
 use super::super::headers;
@@ -29,6 +29,16 @@ impl LimitSet {
             .max()
             .unwrap_or(0);
         (limit, retry_after_ms)
+    }
+
+    /// Adds the fields of a refusal of `checked`: `Retry-After`, the longest wait in whole seconds rounded up and
+    /// at least 1 (`Retry-After: 0` would invite an immediate retry that is still refused), then the rate-limit
+    /// fields ([`decorate`](Self::decorate)).
+    pub fn decorate_refusal(&self, headers: &mut HeaderMap, checked: &Checked) {
+        let (_, retry_after_ms) = self.denial(checked);
+        let seconds = retry_after_ms.div_ceil(1000).max(1);
+        headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        self.decorate(headers, checked);
     }
 
     /// Adds `X-RateLimit-*`, `RateLimit-Policy` and `RateLimit` describing `checked`; where limits count tokens,

@@ -543,6 +543,23 @@ impl LimitSet {
     }
 }
 
+// === impl Checked ===
+
+impl Checked {
+    /// `outcome`, the store's answer for every limit of a set in order, as a checked request: for a caller that asks
+    /// the limiter itself and answers with the set's fields (a test that holds the clock).
+    pub fn of_every_limit(outcome: Outcome) -> Self {
+        let applied = (0..outcome.decisions.len()).collect();
+        Self {
+            outcome,
+            applied,
+            replaced: None,
+            decided_by: DecidedBy::Store,
+            lease: 0,
+        }
+    }
+}
+
 // === impl Replaced ===
 
 impl Replaced {
