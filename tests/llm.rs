@@ -917,3 +917,115 @@ async fn untrusted_counts_are_no_usage_on_redis() {
     let redis = RedisServer::start();
     untrusted_counts_settle_at_the_reservation(Some(&redis), "numbers_redis").await;
 }
+
+/// The label is not the body: 20 concurrent JSON requests labelled `text/plain` asking for 50,000 tokens each, on a
+/// 100,000-token limit, at an upstream that reads JSON whatever the header and writes all it is allowed: each body
+/// is read, capped at 10,000 and reserved as such, so the tokens spent stay within the limit. Then each other label
+/// (or none) is read alike, and a real form is forwarded byte for byte, reserving its bytes and the default.
+async fn json_bodies_are_bounded_whatever_their_label(redis: Option<&RedisServer>) {
+    let upstream = LlmUpstream::start().await;
+    let usage = "    usage:\n      format: openai\n      reserve: { prompt: body_bytes, completion: max_tokens, completion_default: 1000, completion_cap: 10000 }\n";
+    let yaml = config(
+        redis,
+        &upstream.url(),
+        usage,
+        &tokens_per_hour("total_tokens", 100_000),
+    );
+    let gateways = gateways_sharing(&yaml, redis).await;
+    let admin = serve_admin(&gateways[0], None).await;
+    let client = common::http_client::client();
+    let requests = (0..20).map(|i| {
+        client
+            .post(gateways[i % gateways.len()].url("/v1/chat/completions"))
+            .header("content-type", "text/plain")
+            .header("x-test-input", "100")
+            .header("x-test-output", "max")
+            .body(chat(50_000).to_string())
+            .send()
+    });
+    let answers = futures_util::future::join_all(requests).await;
+    let statuses: Vec<u16> = answers
+        .iter()
+        .map(|answer| answer.as_ref().expect("answers").status().as_u16())
+        .collect();
+    let admitted = statuses.iter().filter(|status| **status == 200).count();
+    assert!(
+        (1..20).contains(&admitted) && statuses.iter().all(|s| *s == 200 || *s == 429),
+        "{statuses:?}"
+    );
+    let spent = reported(&upstream);
+    assert!(
+        spent <= 100_000,
+        "spent {spent} of 100,000 ({admitted} admitted)"
+    );
+    for (_, headers, body) in upstream.received().requests {
+        let body: Value = serde_json::from_slice(&body).expect("JSON forwarded");
+        assert_eq!(body["max_tokens"], json!(10_000));
+        assert_eq!(headers["content-type"], "application/json");
+    }
+    eprintln!(
+        "20 concurrent text/plain requests: {admitted} admitted, {spent} tokens spent of 100,000"
+    );
+    settles_to(&admin, "tpm", 100_000 - spent).await;
+
+    let labels = [
+        Some("text/json"),
+        Some("application/octet-stream"),
+        Some("multipart/form-data; boundary=x"),
+        Some("application / json"),
+        None,
+    ];
+    for label in labels {
+        let mut request = client
+            .post(gateways[0].url("/v1/chat/completions"))
+            .header("x-test-output", "max")
+            .body(format!(" \r\n{}", chat(50_000)));
+        if let Some(label) = label {
+            request = request.header("content-type", label);
+        }
+        let before = upstream.received().requests.len();
+        let status = request.send().await.expect("answers").status();
+        let received = upstream.received().requests;
+        if status == 200 {
+            let body: Value = serde_json::from_slice(&received[before].2).expect("JSON");
+            assert_eq!(body["max_tokens"], json!(10_000), "{label:?}");
+        } else {
+            assert_eq!(status, 429, "{label:?}");
+            assert_eq!(received.len(), before, "{label:?}: refused, not forwarded");
+        }
+    }
+
+    // A real form: forwarded as it is, reserving its bytes and the default (1,000).
+    let form =
+        "--x\r\ncontent-disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n--x--\r\n";
+    let left = remaining(&admin, "tpm").await;
+    let answer = client
+        .post(gateways[0].url("/v1/completions"))
+        .header("content-type", "multipart/form-data; boundary=x")
+        .body(form)
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(answer.status(), 404, "the upstream has no such path");
+    let reserved = form.len() as u64 + 1000;
+    assert_eq!(
+        answer.headers()["x-ratelimit-remaining-tokens"],
+        (left - reserved).to_string().as_str()
+    );
+    let (_, headers, body) = upstream.received().requests.pop().expect("forwarded");
+    assert_eq!(&body[..], form.as_bytes());
+    assert_eq!(headers["content-type"], "multipart/form-data; boundary=x");
+    // A 4xx without usage gives its reservation back; what was asked shows in the limit's fields.
+    settles_to(&admin, "tpm", left).await;
+}
+
+#[tokio::test]
+async fn json_bodies_are_bounded_whatever_their_label_in_memory() {
+    json_bodies_are_bounded_whatever_their_label(None).await;
+}
+
+#[tokio::test]
+async fn json_bodies_are_bounded_whatever_their_label_across_two_gateways_on_redis() {
+    let redis = RedisServer::start();
+    json_bodies_are_bounded_whatever_their_label(Some(&redis)).await;
+}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
-use http::{HeaderMap, Request, Response, StatusCode, Version};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::json;
 
@@ -45,7 +45,10 @@ pub(super) async fn read_request(
         let reservation = Reservation::nothing(usage);
         return Ok((Request::from_parts(parts, Body::empty()), reservation));
     }
-    let (body, facts) = if usage.reads_body_fields() && is_json(&parts.headers) {
+    // The body is judged by its bytes, not its label: an upstream that reads JSON whatever the `Content-Type`
+    // (many OpenAI-compatible servers do) must never receive an unbounded JSON object labelled otherwise.
+    let object = looks_like_json_object(&bytes);
+    let (body, facts) = if usage.reads_body_fields() && (object || labelled_json(&parts.headers)) {
         match rewrite_request(usage.dialect(), &bytes, &settings.rewrites()) {
             Ok(rewritten) => (rewritten.body.unwrap_or(bytes), Some(rewritten.facts)),
             Err(error) => {
@@ -58,27 +61,46 @@ pub(super) async fn read_request(
     } else {
         (bytes, None)
     };
+    if facts.is_some() {
+        // Read as JSON, forwarded as JSON: the upstream reads the body tollgate bounded.
+        parts
+            .headers
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    }
     set_body_length(&mut parts.headers, body.len());
     usage.prepare_request(&mut parts.headers);
     let reservation = Reservation::new(usage, body.len(), facts.as_ref());
     Ok((Request::from_parts(parts, Body::from(body)), reservation))
 }
 
-/// Whether the body is JSON by its `Content-Type` (or says nothing of its type): a form or a file upload (audio
-/// transcriptions) is forwarded as it is, reserving the route's defaults.
-fn is_json(headers: &HeaderMap) -> bool {
+/// Whether the `Content-Type` says JSON (or nothing of the type): such a body that is not a JSON object is refused.
+fn labelled_json(headers: &HeaderMap) -> bool {
     let Some(value) = headers.get(CONTENT_TYPE) else {
         return true;
     };
-    let media = value
+    let media: String = value
         .to_str()
         .unwrap_or_default()
         .split(';')
         .next()
         .unwrap_or_default()
-        .trim()
+        .chars()
+        .filter(|c| !c.is_ascii_whitespace())
+        .collect::<String>()
         .to_ascii_lowercase();
     media == "application/json" || media.ends_with("+json")
+}
+
+/// Whether the body starts as a JSON object would, in any encoding a lenient reader accepts: its first byte that is
+/// not whitespace, a NUL or a byte-order mark's is `{` (UTF-16 and UTF-32 JSON, which such readers detect, read
+/// so too, and are then refused as not UTF-8). A form (`name=...`) or a real multipart body (`--boundary`) does not.
+fn looks_like_json_object(body: &[u8]) -> bool {
+    body.iter().find(|byte| {
+        !matches!(
+            byte,
+            b' ' | b'\t' | b'\n' | b'\r' | 0 | 0xEF | 0xBB | 0xBF | 0xFE | 0xFF
+        )
+    }) == Some(&b'{')
 }
 
 /// 413 for a body larger than `usage.max_request_bytes`, in the form of the gateway's other 413.

@@ -2,7 +2,9 @@
 //! JSON or streamed (server-sent events), with the usage the test asks for, and keeps every request body it received.
 //!
 //! The usage it reports is `x-test-input` and `x-test-output` (request headers; default 5 and 10), or on OpenAI's
-//! path the `usage` object given whole as the text of `x-test-usage` (any JSON: huge, negative, a string). Paths:
+//! path the `usage` object given whole as the text of `x-test-usage` (any JSON: huge, negative, a string).
+//! `x-test-output: max` spends all the body lets it write: its largest completion limit (`max_tokens`,
+//! `max_completion_tokens`), as a server that reads JSON whatever the `Content-Type` would. Paths:
 //! - `/v1/chat/completions`: OpenAI; streamed when the body says `"stream": true`, ending with the usage chunk only
 //!   when it asks for it (`stream_options.include_usage`).
 //! - `/v1/messages`: Anthropic; streamed when asked, input in `message_start`, output in the last `message_delta`.
@@ -125,7 +127,14 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
     let json: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let stream = json["stream"] == json!(true);
     let input = count(&parts.headers, "x-test-input", 5);
-    let output = count(&parts.headers, "x-test-output", 10);
+    let output = match parts.headers.get("x-test-output") {
+        Some(value) if value == "max" => ["max_tokens", "max_completion_tokens"]
+            .iter()
+            .filter_map(|field| json[*field].as_u64())
+            .max()
+            .unwrap_or(0),
+        _ => count(&parts.headers, "x-test-output", 10),
+    };
     let reporting = shared.clone();
     let reported = move || reporting.received.lock().reported.push((input, output));
     match path.as_str() {
