@@ -125,6 +125,10 @@ fn describe() {
         "tollgate_store_full_total",
         "Requests with a new key that the full in-process store had no room for (store.when_full decided them)."
     );
+    metrics::describe_counter!(
+        "tollgate_store_evicted_keys_total",
+        "Keys Redis evicted (INFO evicted_keys, read once a second): evicted limit state starts afresh and over-admits."
+    );
     metrics::describe_gauge!(
         "tollgate_store_fallback",
         "1 while requests are decided by the on_error policy because Redis failed."

@@ -575,8 +575,8 @@ async fn probe(
     }
 }
 
-/// Asks a Redis that answered whether it still does, every [`WATCH_INTERVAL`], with the probe's real limiter call;
-/// a failure counts as a request's would (the breaker, readiness, the fallback) and starts the probing that
+/// Asks a Redis that answered whether it still does, every [`WATCH_INTERVAL`], with the probe's real limiter call,
+/// and then how many keys it evicted (see [`RedisStore::read_evictions`]); a failure counts as a request's would (the breaker, readiness, the fallback) and starts the probing that
 /// notices the return. Quiet while a probe runs or Redis is already known to fail. Ends with the limiter.
 async fn watch(redis: RedisStore, health: Weak<Health>, timeout: Duration, on_error: OnError) {
     let budget = timeout.max(Duration::from_millis(250));
@@ -590,6 +590,9 @@ async fn watch(redis: RedisStore, health: Weak<Health>, timeout: Duration, on_er
         }
         drop(watched);
         let result = redis.probe(budget).await;
+        if result.is_ok() {
+            redis.read_evictions(budget).await;
+        }
         let (Err(error), Some(watched)) = (result, health.upgrade()) else {
             continue;
         };

@@ -12,6 +12,7 @@ use fred::types::CustomCommand;
 use tokio::time::Instant;
 
 use super::cluster::join_all;
+use super::evictions::Evictions;
 use super::migration::{self, Migrations};
 use super::outage::Link;
 use super::RedisTopology;
@@ -34,6 +35,8 @@ pub(super) struct Connection {
     pub(super) reconnecting: Arc<AtomicBool>,
     /// What the connections last said (why they fail, the eviction policy), and the outage's log.
     pub(super) link: Arc<Link>,
+    /// The evictions Redis reported, read by the once-a-second health check.
+    pub(super) evictions: Arc<Evictions>,
     /// Redis's time as the replies tell it, for the deadlines the script keeps.
     pub(super) clock: RedisClock,
     /// Where the Cluster slots being migrated go, for the calls Redis redirects there.

@@ -4,6 +4,7 @@
 
 mod cluster;
 mod connection;
+mod evictions;
 mod leases;
 mod migration;
 mod outage;
@@ -92,6 +93,8 @@ impl RedisStore {
         // password) may come from any connection of the pool.
         let link = Arc::new(Link::default());
         link.listen(pool.clients());
+        let evictions = Arc::new(evictions::Evictions::default());
+        evictions.read_on_connect(pool.clients(), topology);
         // Connection tasks run for the life of the pool and reconnect on their own.
         let _handles = pool.connect_pool();
         let script = Script::from_lua(CHECK_SCRIPT);
@@ -103,6 +106,7 @@ impl RedisStore {
             topology,
             reconnecting: Arc::new(AtomicBool::new(false)),
             link,
+            evictions,
             clock: RedisClock::default(),
             migrations: migration::Migrations::default(),
             slots_channel: std::sync::OnceLock::new(),
@@ -520,9 +524,23 @@ impl RedisStore {
     }
 
     /// What puts limits at risk although calls succeed: an eviction policy that may evict tollgate's keys, as
-    /// read at the last connection.
+    /// read at the last connection, and evictions seen lately (see [`read_evictions`](Self::read_evictions)).
     pub fn warnings(&self) -> Vec<String> {
-        self.connection.link.eviction().into_iter().collect()
+        let policy = self.connection.link.eviction();
+        let evicting = self.connection.evictions.warning();
+        policy.into_iter().chain(evicting).collect()
+    }
+
+    /// Reads how many keys Redis evicted (INFO's `evicted_keys`, on every primary), waiting at most `timeout` for
+    /// each: a rise is a WARN once per episode, counted in `tollgate_store_evicted_keys_total`, and named in
+    /// [`warnings`](Self::warnings) while the episode lasts. A Redis that does not answer is read next time.
+    pub async fn read_evictions(&self, timeout: Duration) {
+        let connection = &self.connection;
+        let client = connection.pool.next_connected();
+        connection
+            .evictions
+            .read(client, connection.topology, timeout)
+            .await;
     }
 
     /// Why no connection of the pool is up (the last attempt's failure, in Redis's words), or `None` while one is.
