@@ -257,6 +257,53 @@ async fn the_upstream_learns_the_caller_from_tollgate_only() {
     assert_eq!(headers["x-consumer-plan"], "anonymous");
 }
 
+/// `hide_credentials: true` takes the key that named the caller out of the request sent upstream, the header or
+/// the query parameter (the rest of the query as sent); an identifier without it forwards its key as before.
+#[tokio::test]
+async fn a_hidden_credential_never_reaches_the_upstream() {
+    let upstream = Upstream::start().await;
+    let yaml = gateway_yaml("  backend: memory\n", &upstream.url()).replace(
+        r#"    - api_key: { header: x-api-key }
+    - api_key: { query: api_key }"#,
+        r#"    - api_key: { header: x-api-key, hide_credentials: true }
+    - api_key: { query: api_key, hide_credentials: true }
+    - api_key: { header: x-shown-key }"#,
+    );
+    let gateway = common::start_gateway(&yaml).await;
+    let http = client();
+    let sent = async |target: &str, header: Option<(&str, &str)>| {
+        let mut request = http.get(gateway.url(target));
+        if let Some((name, value)) = header {
+            request = request.header(name, value);
+        }
+        let response = request.send().await.expect("send");
+        assert_eq!(response.status(), 200, "{target}");
+        let body = response.bytes().await.expect("body");
+        serde_json::from_slice::<Value>(&body).expect("json")
+    };
+    let echoed = sent("/a/x?keep=1", Some(("x-api-key", "pro-key-1"))).await;
+    assert_eq!(echoed["headers"]["x-consumer-id"], "acme");
+    assert_eq!(echoed["headers"].get("x-api-key"), None, "{echoed}");
+    assert_eq!(echoed["query"], "keep=1");
+    for (query, kept) in [
+        (
+            "a=1&api_key=pro-key-1&b=%41+c;d",
+            Value::from("a=1&b=%41+c;d"),
+        ),
+        ("api_key=pro-key-1", Value::Null),
+        ("x=1;API%5Fkey[]=pro-key-1", Value::from("x=1")),
+    ] {
+        let echoed = sent(&format!("/a/x?{query}"), None).await;
+        assert_eq!(echoed["headers"]["x-consumer-id"], "acme", "{query}");
+        assert_eq!(echoed["query"], kept, "{query}");
+    }
+    // Off by default: the upstream still gets the key of an identifier that does not hide it.
+    let echoed = sent("/a/x?keep=2", Some(("x-shown-key", "test"))).await;
+    assert_eq!(echoed["headers"]["x-consumer-id"], "bob");
+    assert_eq!(echoed["headers"]["x-shown-key"], "test");
+    assert_eq!(echoed["query"], "keep=2");
+}
+
 #[tokio::test]
 async fn plan_decisions_are_counted_by_plan_never_by_consumer() {
     // Counters are registered when the config is compiled: the recorder comes first.

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderValue, Request};
 use ipnet::IpNet;
 
 use super::after_answer::{AfterAnswer, AnswerGuard};
@@ -388,18 +388,24 @@ impl Policy {
     }
 
     /// Sets the forwarded consumer headers (`consumers.forward`) on the request going upstream: the identified
-    /// caller's, and never a client's own copies, whatever the route and the decision.
-    pub(super) fn forward_caller(&self, admitted: Option<&Admitted>, headers: &mut HeaderMap) {
+    /// caller's, and never a client's own copies, whatever the route and the decision; and takes out the
+    /// credential that named the caller where its identifier hides it (`hide_credentials`).
+    pub(super) fn forward_caller<B>(&self, admitted: Option<&Admitted>, request: &mut Request<B>) {
         let Some(policy) = &self.consumers else {
             return;
         };
         let forward = policy.consumers.forward();
+        let headers = request.headers_mut();
         for name in [&forward.consumer, &forward.plan].into_iter().flatten() {
             headers.remove(name);
         }
         let Some(caller) = admitted.and_then(|admitted| admitted.caller.as_deref()) else {
             return;
         };
+        if let Some(hidden) = &caller.hidden {
+            crate::consumers::hide(hidden, request);
+        }
+        let headers = request.headers_mut();
         let values = [
             (&forward.consumer, caller.consumer.as_deref()),
             (&forward.plan, self.plan_name(caller)),

@@ -80,7 +80,7 @@ impl Policy {
                 Admission::Exempt => None,
                 Admission::Admitted(admitted) => Some(admitted),
             };
-            self.forward_caller(admitted.as_ref(), request.headers_mut());
+            self.forward_caller(admitted.as_ref(), &mut request);
             let mut after = admitted.as_mut().and_then(|admitted| admitted.after.take());
             let mut response = match forward(request).await {
                 Ok(response) => response,

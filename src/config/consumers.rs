@@ -128,10 +128,22 @@ fn identifier(
     folder: &Path,
 ) -> Option<IdentifierSettings> {
     match (&raw.api_key, &raw.jwt) {
-        (Some(source), None) => credential_source(issues, &format!("{at}.api_key"), source)
-            .map(IdentifierSettings::ApiKey),
-        (None, Some(jwt)) => jwt_settings(issues, &format!("{at}.jwt"), jwt, folder)
-            .map(|settings| IdentifierSettings::Jwt(Box::new(settings))),
+        (Some(source), None) => {
+            credential_source(issues, &format!("{at}.api_key"), source).map(|credential| {
+                IdentifierSettings::ApiKey {
+                    source: credential,
+                    hide_credentials: source.hide_credentials,
+                }
+            })
+        }
+        (None, Some(jwt)) => {
+            jwt_settings(issues, &format!("{at}.jwt"), jwt, folder).map(|settings| {
+                IdentifierSettings::Jwt {
+                    settings: Box::new(settings),
+                    hide_credentials: jwt.hide_credentials,
+                }
+            })
+        }
         _ => {
             issues.add(at, "an identifier is exactly one of `api_key` and `jwt`");
             None

@@ -245,6 +245,7 @@ pub(crate) struct RawIdentifier {
 pub(crate) struct RawCredentialSource {
     pub header: Option<String>,
     pub query: Option<String>,
+    pub hide_credentials: bool,
 }
 
 /// `jwt:` of `identify:`.
@@ -264,6 +265,7 @@ pub(crate) struct RawJwt {
     pub leeway: Option<String>,
     pub consumer_claim: Option<String>,
     pub plan_claim: Option<String>,
+    pub hide_credentials: bool,
 }
 
 /// One entry of `keys:`.

@@ -245,13 +245,15 @@ fn consumers_summary(consumers: &ConsumersSettings, routes: &[RouteSettings]) ->
         .identify
         .iter()
         .map(|identifier| match identifier {
-            IdentifierSettings::ApiKey(CredentialSource::Header(name)) => {
-                format!("api_key header {name}")
-            }
-            IdentifierSettings::ApiKey(CredentialSource::Query(name)) => {
-                format!("api_key query {name}")
-            }
-            IdentifierSettings::Jwt(jwt) => {
+            IdentifierSettings::ApiKey {
+                source: CredentialSource::Header(name),
+                ..
+            } => format!("api_key header {name}"),
+            IdentifierSettings::ApiKey {
+                source: CredentialSource::Query(name),
+                ..
+            } => format!("api_key query {name}"),
+            IdentifierSettings::Jwt { settings: jwt, .. } => {
                 let algorithms: Vec<String> =
                     jwt.algorithms.iter().map(|a| format!("{a:?}")).collect();
                 let keys = match &jwt.keys {

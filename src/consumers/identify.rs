@@ -48,6 +48,9 @@ pub struct Caller {
     /// The consumer's own parameters for some of its plan's limits (by index in the plan), named
     /// `<plan>.<limit>` as the plan's limits are advertised.
     pub overrides: Option<Arc<[(usize, Limit)]>>,
+    /// The credential that named the caller, when its identifier hides it from the upstream
+    /// (`hide_credentials`): see [`hide`](super::hide()).
+    pub hidden: Option<CredentialSource>,
 }
 
 /// Why a caller is refused before any limit is asked.
@@ -75,13 +78,19 @@ pub enum CallerRefusal {
 /// One compiled entry of `identify:`.
 #[derive(Debug)]
 enum Identifier {
-    ApiKey(CredentialSource),
+    ApiKey {
+        source: CredentialSource,
+        /// The key, where the upstream must not see it (`hide_credentials`).
+        hidden: Option<CredentialSource>,
+    },
     Jwt {
         /// The header carrying `Bearer <token>`.
         header: HeaderName,
         /// `None` when the verifier could not be built (its JWKS file vanished since the config was checked):
         /// every token is then refused as `keys_unavailable`.
         verifier: Option<JwtVerifier>,
+        /// The header, where the upstream must not see it (`hide_credentials`).
+        hidden: Option<CredentialSource>,
     },
 }
 
@@ -113,6 +122,7 @@ enum Credential {
     Consumer {
         consumer: Arc<str>,
         plan: Option<usize>,
+        hidden: Option<CredentialSource>,
     },
 }
 
@@ -145,9 +155,20 @@ impl Consumers {
             .identify
             .iter()
             .map(|identifier| match identifier {
-                IdentifierSettings::ApiKey(source) => Identifier::ApiKey(source.clone()),
-                IdentifierSettings::Jwt(settings) => Identifier::Jwt {
+                IdentifierSettings::ApiKey {
+                    source,
+                    hide_credentials,
+                } => Identifier::ApiKey {
+                    source: source.clone(),
+                    hidden: hide_credentials.then(|| source.clone()),
+                },
+                IdentifierSettings::Jwt {
+                    settings,
+                    hide_credentials,
+                } => Identifier::Jwt {
                     header: settings.header.clone(),
+                    hidden: hide_credentials
+                        .then(|| CredentialSource::Header(settings.header.clone())),
                     verifier: JwtVerifier::new((**settings).clone())
                         .map_err(|error| {
                             tracing::error!(
@@ -223,7 +244,13 @@ impl Consumers {
         mode: ConsumerMode,
     ) -> Result<Caller, CallerRefusal> {
         match self.credential(facts)? {
-            Credential::Consumer { consumer, plan } => self.consumer(consumer, plan),
+            Credential::Consumer {
+                consumer,
+                plan,
+                hidden,
+            } => self
+                .consumer(consumer, plan)
+                .map(|caller| Caller { hidden, ..caller }),
             Credential::None => match (mode, self.anonymous) {
                 (ConsumerMode::Required, _) | (_, AnonymousPolicy::Reject) => {
                     Err(CallerRefusal::Missing)
@@ -235,6 +262,7 @@ impl Consumers {
                         _ => None,
                     },
                     overrides: None,
+                    hidden: None,
                 }),
             },
         }
@@ -244,12 +272,20 @@ impl Consumers {
     fn credential(&self, facts: &RequestFacts<'_>) -> Result<Credential, CallerRefusal> {
         for identifier in &self.identifiers {
             match identifier {
-                Identifier::ApiKey(source) => match api_key::presented(source, facts) {
+                Identifier::ApiKey { source, hidden } => match api_key::presented(source, facts) {
                     Presented::Absent => continue,
                     Presented::Ambiguous => return Err(CallerRefusal::Ambiguous),
-                    Presented::One(key) => return self.api_key(&key),
+                    Presented::One(key) => {
+                        return self
+                            .api_key(&key)
+                            .map(|credential| credential.hiding(hidden))
+                    }
                 },
-                Identifier::Jwt { header, verifier } => {
+                Identifier::Jwt {
+                    header,
+                    verifier,
+                    hidden,
+                } => {
                     let mut values = facts.headers.get_all(header).iter();
                     let value = match (values.next(), values.next()) {
                         (None, _) => continue,
@@ -271,6 +307,7 @@ impl Consumers {
                             Ok(token) => Ok(Credential::Consumer {
                                 plan: token.plan.as_deref().and_then(|p| self.plan_index(p)),
                                 consumer: token.consumer,
+                                hidden: hidden.clone(),
                             }),
                             Err(rejection) => Err(invalid_token(rejection)),
                         },
@@ -306,6 +343,7 @@ impl Consumers {
             consumer: Some(consumer),
             plan,
             overrides,
+            hidden: None,
         })
     }
 
@@ -403,7 +441,9 @@ impl Consumers {
     /// Whether the request carries a credential any identifier reads (verified or not).
     pub fn presents_credential(&self, facts: &RequestFacts<'_>) -> bool {
         self.identifiers.iter().any(|identifier| match identifier {
-            Identifier::ApiKey(source) => api_key::presented(source, facts) != Presented::Absent,
+            Identifier::ApiKey { source, .. } => {
+                api_key::presented(source, facts) != Presented::Absent
+            }
             Identifier::Jwt { header, .. } => facts.headers.contains_key(header),
         })
     }
@@ -420,12 +460,14 @@ impl Consumers {
             return Ok(Credential::Consumer {
                 consumer,
                 plan: None,
+                hidden: None,
             });
         }
         match self.static_keys.get(&digest) {
             Some(owner) => Ok(Credential::Consumer {
                 consumer: Arc::clone(&owner.consumer),
                 plan: owner.plan,
+                hidden: None,
             }),
             None => Err(CallerRefusal::Invalid {
                 scheme: "ApiKey",
@@ -451,13 +493,29 @@ fn invalid_token(rejection: TokenRejection) -> CallerRefusal {
     }
 }
 
+// === impl Credential ===
+
+impl Credential {
+    /// This credential, hidden from the upstream as `hidden` says.
+    fn hiding(self, hidden: &Option<CredentialSource>) -> Self {
+        match self {
+            Credential::Consumer { consumer, plan, .. } => Credential::Consumer {
+                consumer,
+                plan,
+                hidden: hidden.clone(),
+            },
+            Credential::None => Credential::None,
+        }
+    }
+}
+
 // === impl Identifier ===
 
 impl Identifier {
     /// The `WWW-Authenticate` scheme a client answers with.
     fn scheme(&self) -> &'static str {
         match self {
-            Identifier::ApiKey(_) => "ApiKey",
+            Identifier::ApiKey { .. } => "ApiKey",
             Identifier::Jwt { .. } => "Bearer",
         }
     }

@@ -4,6 +4,7 @@
 mod api_key;
 pub mod directory;
 mod failures;
+mod hide;
 mod identify;
 pub mod json;
 pub mod jwt;
@@ -14,6 +15,7 @@ pub use api_key::{
     digest as api_key_digest, digest_hex, parse_digest, parse_hex_digest, presented, Presented,
 };
 pub use failures::{FailureLimit, FailureSettings};
+pub use hide::hide;
 pub use identify::{Caller, CallerRefusal, Consumers};
 pub use overrides::overridden;
 pub use settings::{

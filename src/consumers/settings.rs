@@ -27,9 +27,20 @@ pub struct ConsumersSettings {
 #[derive(Debug, Clone)]
 pub enum IdentifierSettings {
     /// An API key in a header or a query parameter.
-    ApiKey(CredentialSource),
+    ApiKey {
+        /// Where the key is read.
+        source: CredentialSource,
+        /// `hide_credentials`: the key is removed from the request sent upstream once it named the caller.
+        hide_credentials: bool,
+    },
     /// A bearer JWT.
-    Jwt(Box<JwtSettings>),
+    Jwt {
+        /// The verifier's settings.
+        settings: Box<JwtSettings>,
+        /// `hide_credentials`: the token's header is removed from the request sent upstream once it named the
+        /// caller.
+        hide_credentials: bool,
+    },
 }
 
 /// Where a credential is read from.

@@ -467,24 +467,31 @@ pub fn query_parameter<'q>(query: Option<&'q str>, name: &str) -> QueryParameter
     let Some(query) = query else {
         return QueryParameter::Absent;
     };
-    let wanted = name.strip_suffix("[]").unwrap_or(name);
     let mut found = QueryParameter::Absent;
     for pair in query.split(['&', ';']) {
-        if pair.is_empty() {
-            continue;
-        }
-        let (raw_name, raw_value) = pair.split_once('=').unwrap_or((pair, ""));
-        let decoded_name = decode_component(raw_name);
-        let bare = decoded_name.strip_suffix(b"[]").unwrap_or(&decoded_name);
-        if !bare.eq_ignore_ascii_case(wanted.as_bytes()) {
+        if !names_parameter(pair, name) {
             continue;
         }
         if found != QueryParameter::Absent {
             return QueryParameter::Ambiguous;
         }
+        let raw_value = pair.split_once('=').map_or("", |(_, value)| value);
         found = QueryParameter::One(decode_component(raw_value));
     }
     found
+}
+
+/// Whether `pair`, one `name=value` of a query as written, is the parameter `name` under any spelling
+/// [`query_parameter`] reads.
+pub fn names_parameter(pair: &str, name: &str) -> bool {
+    if pair.is_empty() {
+        return false;
+    }
+    let wanted = name.strip_suffix("[]").unwrap_or(name);
+    let raw_name = pair.split_once('=').map_or(pair, |(name, _)| name);
+    let decoded = decode_component(raw_name);
+    let bare = decoded.strip_suffix(b"[]").unwrap_or(&decoded);
+    bare.eq_ignore_ascii_case(wanted.as_bytes())
 }
 
 /// A query component as its sender meant it (`application/x-www-form-urlencoded`): `+` is a space, `%XX` a byte;

@@ -36,8 +36,8 @@ fn credential_sources(consumers: &ConsumersSettings) -> Vec<CredentialSource> {
         .identify
         .iter()
         .filter_map(|identifier| match identifier {
-            IdentifierSettings::ApiKey(source) => Some(source.clone()),
-            IdentifierSettings::Jwt(_) => None,
+            IdentifierSettings::ApiKey { source, .. } => Some(source.clone()),
+            IdentifierSettings::Jwt { .. } => None,
         })
         .collect()
 }
