@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures_util::stream::{self, StreamExt};
 use parking_lot::Mutex;
 
+use super::last_reported::Report;
 use super::store::{LimitCheck, MemoryStore, RedisStore};
 use super::Limit;
 
@@ -24,6 +25,8 @@ const CONCURRENT_KEYS: usize = 64;
 #[derive(Debug, Default)]
 pub(super) struct FallbackLedger {
     keys: Mutex<HashMap<Box<str>, Limit>>,
+    /// What the fallback started keys from (Redis's last report of each): Redis counts it already.
+    seeds: Mutex<HashMap<Box<str>, Report>>,
     /// Keys Redis answers for again whose fallback admissions are not carried yet.
     pending: Arc<Pending>,
     /// The fallback store, whose state says how much each key took.
@@ -41,7 +44,7 @@ struct Pending {
 
 /// One key's carry: its limit until it is taken to be carried. The lock is held for the whole carry, so that a
 /// request on the key waits for a carry under way rather than running past it.
-type Slot = Arc<tokio::sync::Mutex<Option<Limit>>>;
+type Slot = Arc<tokio::sync::Mutex<Option<(Limit, Option<Report>)>>>;
 
 impl Pending {
     /// Carries `key` if nobody has yet, or waits for the carry under way; then forgets it. `Err` when Redis failed.
@@ -57,7 +60,7 @@ impl Pending {
         };
         let mut limit = slot.lock().await;
         let result = match limit.take() {
-            Some(taken) => carry_key(redis, local, key, &taken).await,
+            Some((taken, seed)) => carry_key(redis, local, key, &taken, seed).await,
             None => Ok(Carried::NOTHING),
         };
         drop(limit);
@@ -73,6 +76,14 @@ impl FallbackLedger {
     /// The fallback store whose admissions this ledger carries.
     pub(super) fn set_local(&self, local: Arc<MemoryStore>) {
         let _ = self.local.set(local);
+    }
+
+    /// Remembers what the fallback started `key` from: Redis's last report, which it counts already.
+    pub(super) fn seeded(&self, key: &str, report: Report) {
+        let mut seeds = self.seeds.lock();
+        if seeds.len() < MAX_KEYS || seeds.contains_key(key) {
+            seeds.insert(key.into(), report);
+        }
     }
 
     /// Remembers the keys of a request the fallback admitted.
@@ -97,6 +108,7 @@ impl FallbackLedger {
     /// admitted on. Requests on those keys meanwhile carry theirs first (`carry_first`).
     pub(super) fn carry(&self, redis: &RedisStore) {
         let keys = std::mem::take(&mut *self.keys.lock());
+        let mut seeds = std::mem::take(&mut *self.seeds.lock());
         let Some(local) = self.local.get() else {
             return;
         };
@@ -110,9 +122,10 @@ impl FallbackLedger {
             }
             for (key, limit) in keys {
                 // A key an earlier carry left (Redis failed again) keeps its slot.
+                let seed = seeds.remove(&key);
                 pending
                     .entry(key)
-                    .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(Some(limit))));
+                    .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(Some((limit, seed)))));
             }
             self.pending.any.store(true, Ordering::Release);
             // With what an earlier carry left when Redis failed again.
@@ -226,9 +239,15 @@ async fn carry_key(
     local: &MemoryStore,
     key: &str,
     limit: &Limit,
+    seed: Option<Report>,
 ) -> Result<Carried, ()> {
     let standing = local.peek(LimitCheck { key, limit });
-    let taken = standing.limit.saturating_sub(standing.remaining);
+    // What the key was started from is Redis's own count: only what the fallback took on top of it is carried.
+    let seeded = seed.map_or(0, |seed| local.seeded_taken(limit, seed.taken, seed.at_ms));
+    let taken = standing
+        .limit
+        .saturating_sub(standing.remaining)
+        .saturating_sub(seeded);
     let requests = taken.div_ceil(limit.cost());
     if requests == 0 {
         return Ok(Carried::NOTHING);

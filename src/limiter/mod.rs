@@ -7,6 +7,7 @@ mod clock;
 mod decision;
 mod deny_cache;
 mod giver;
+mod last_reported;
 mod limit;
 mod rate_limiter;
 mod settings;

@@ -11,6 +11,7 @@ use super::breaker::{CircuitBreaker, Tripped};
 use super::carry_over::FallbackLedger;
 use super::deny_cache::DenyCache;
 use super::giver::Giver;
+use super::last_reported::LastReported;
 use super::store::{Announcement, LimitCheck, MemoryStore, RedisStore, StoreError};
 use super::{Clock, Decision, Limit, Outcome, SlotQueues};
 
@@ -66,6 +67,9 @@ pub struct RateLimiter {
     on_error: OnError,
     health: Arc<Health>,
     denials: Arc<DenyCache>,
+    /// Under `on_error: local` with Redis, what Redis last said of each key, where the fallback starts it from;
+    /// `None` otherwise, so that no other policy pays for it.
+    reported: Option<Box<LastReported>>,
     /// The over-limit cache's clock starts here: its times are milliseconds of this process's monotonic clock.
     started: Instant,
     /// `tollgate_store_duration_seconds` and `tollgate_store_errors_total`, registered once.
@@ -185,6 +189,8 @@ impl RateLimiter {
                 on_error,
             ));
         }
+        let reported =
+            (matches!(backend, Backend::Redis(_)) && on_error == OnError::Local).then(Box::default);
         Self {
             backend,
             local,
@@ -192,6 +198,7 @@ impl RateLimiter {
             on_error,
             health,
             denials,
+            reported,
             started: Instant::now(),
             store_duration: metrics::histogram!("tollgate_store_duration_seconds"),
             store_errors: metrics::counter!("tollgate_store_errors_total"),
@@ -266,6 +273,9 @@ impl RateLimiter {
             Ok(outcome) => {
                 if !self.health.ready.load(Ordering::Acquire) {
                     self.health.recovered(redis);
+                }
+                if let Some(reported) = &self.reported {
+                    reported.remember(checks, &outcome, self.local.now_ms());
                 }
                 // Stamped with when the call was sent, not when Redis decided: the waits it projects are then
                 // never longer than Redis's.
@@ -454,6 +464,20 @@ impl RateLimiter {
             .unwrap_or(i64::MAX)
     }
 
+    /// Starts the keys of `checks` in the fallback from what Redis last said of them, once per outage: so that N
+    /// instances admit at most N × a limit in any window, what Redis admitted in it before the outage included.
+    /// The ledger learns what each key was started from, which Redis counts already and must not be carried.
+    #[cold]
+    fn seed(&self, reported: &LastReported, checks: &[LimitCheck<'_>]) {
+        let now_ms = self.local.now_ms();
+        for check in checks {
+            if let Some(report) = reported.take(check.key, now_ms) {
+                self.local.seed(*check, report.taken, report.at_ms);
+                self.health.ledger.seeded(check.key, report);
+            }
+        }
+    }
+
     fn fall_back(
         &self,
         checks: &[LimitCheck<'_>],
@@ -473,6 +497,9 @@ impl RateLimiter {
             }
             OnError::Deny => Err(Unavailable(error)),
             OnError::Local => {
+                if let Some(reported) = &self.reported {
+                    self.seed(reported, checks);
+                }
                 let outcome = self.local.check(checks);
                 if outcome.allowed {
                     self.health.ledger.record(checks);

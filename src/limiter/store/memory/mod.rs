@@ -313,6 +313,51 @@ impl MemoryStore {
         }
     }
 
+    /// Starts `check`'s key from what another store reported of it (Redis, before an outage): `taken` of its
+    /// capacity, taken at `at_ms`, in place of what this store held. Built as a debt on a fresh key at that time
+    /// (see [`algorithms::add_debt`]): a window's count in the window of `at_ms`, a log's entries all at `at_ms`
+    /// (never earlier than they were taken, so they leave no sooner), a bucket short of `taken` then. Nothing when
+    /// that is back to full by now, or when the store has no room for the key.
+    pub fn seed(&self, check: LimitCheck<'_>, taken: u64, at_ms: i64) {
+        let now_ms = self.clock.now_ms();
+        let limit = check.limit;
+        let Some((state, ttl_ms)) =
+            algorithms::add_debt(limit.algorithm(), None, at_ms, at_ms, taken)
+        else {
+            return;
+        };
+        let expires_at_ms = at_ms.saturating_add(ttl_ms as i64);
+        if expires_at_ms <= now_ms {
+            return;
+        }
+        let key = self.key_ref(check.key);
+        let mut shard = self.shards[key.shard()].lock();
+        let found = shard.entries.get_index_of(&key);
+        if found.is_none() && shard.make_room_for(0, now_ms, self.max_per_shard).is_err() {
+            self.full.increment(1);
+            return;
+        }
+        let entry = Entry {
+            state,
+            expires_at_ms,
+            used_ms: now_ms,
+            over_limit: taken.saturating_add(limit.cost()) > limit.algorithm().capacity(),
+        };
+        shard.store(key, found, entry, now_ms, self.max_per_shard);
+    }
+
+    /// How much of `limit`'s capacity a key [seeded](Self::seed) with `taken` at `at_ms` holds taken at the clock's
+    /// time from the seed alone: what of the key's state Redis counts already.
+    pub fn seeded_taken(&self, limit: &crate::limiter::Limit, taken: u64, at_ms: i64) -> u64 {
+        let now_ms = self.clock.now_ms();
+        let state = algorithms::add_debt(limit.algorithm(), None, at_ms, at_ms, taken)
+            .filter(|(_, ttl_ms)| at_ms.saturating_add(*ttl_ms as i64) > now_ms)
+            .map(|(state, _)| state);
+        let standing =
+            algorithms::evaluate(limit.algorithm(), state.as_ref(), now_ms, limit.cost()).standing;
+        standing.limit.saturating_sub(standing.remaining)
+    }
+
     /// The state of one limit for one key as it stands at the clock's time, consuming nothing.
     pub fn peek(&self, check: LimitCheck<'_>) -> Decision {
         let now_ms = self.clock.now_ms();
