@@ -1019,3 +1019,164 @@ async fn a_changed_ratelimit_file_is_loaded_once_it_has_settled() {
     assert_eq!(answer.overall_code, OK);
     assert!(answer.statuses[0].current_limit.is_none());
 }
+
+/// Per `generic_key` value 5 an hour; per client address 20 an hour; one of 30 for the property test.
+const COPIES: &str = r#"  domains:
+    edge:
+      descriptors:
+        - { key: generic_key, limits: [ { name: five, algorithm: fixed_window, limit: 5, period: 1h } ] }
+        - { key: remote_address, limits: [ { name: twenty, algorithm: fixed_window, limit: 20, period: 1h } ] }
+        - { key: tenant, limits: [ { name: thirty, algorithm: fixed_window, limit: 30, period: 1h } ] }
+"#;
+
+fn copies_in_memory() -> String {
+    format!("store:\n  backend: memory\nrls:\n  listen: 127.0.0.1:0\n{COPIES}")
+}
+
+/// The remaining counts of `answer`'s statuses, in order.
+fn remaining(
+    answer: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse,
+) -> Vec<u32> {
+    answer.statuses.iter().map(|s| s.limit_remaining).collect()
+}
+
+/// The same descriptor N times in one request costs N times its hits on one key, all or nothing, with a status
+/// per copy.
+async fn copies_are_each_charged(yaml: &str) {
+    let rls = start_rls(yaml).await;
+    let mut client = rls.client().await;
+    let copies = |value: &str, n: usize, hits: u64| {
+        request(
+            "edge",
+            vec![descriptor_taking(&[("generic_key", value)], hits); n],
+        )
+    };
+    // 7 of a limit of 5: refused, and nothing taken.
+    let seven = ask(&mut client, copies("a", 7, 1)).await;
+    assert_eq!(seven.overall_code, OVER_LIMIT);
+    assert_eq!(seven.statuses.len(), 7);
+    assert!(seven.statuses.iter().all(|s| s.code == OVER_LIMIT));
+    let four = ask(&mut client, copies("a", 4, 1)).await;
+    assert_eq!(four.overall_code, OK, "the refusal took nothing");
+    assert_eq!(remaining(&four), [1; 4], "four copies took four");
+    let two = ask(&mut client, copies("a", 2, 1)).await;
+    assert_eq!(two.overall_code, OVER_LIMIT, "two more than the one left");
+    // Two copies of 2 each take 4 of 5.
+    let twice = ask(&mut client, copies("b", 2, 2)).await;
+    assert_eq!((twice.overall_code, remaining(&twice)), (OK, vec![1, 1]));
+    let once = ask(&mut client, copies("b", 1, 2)).await;
+    assert_eq!(once.overall_code, OVER_LIMIT);
+}
+
+#[tokio::test]
+async fn copies_of_a_descriptor_are_each_charged_on_redis() {
+    let redis = RedisServer::start();
+    copies_are_each_charged(&on_redis(&redis, COPIES)).await;
+}
+
+#[tokio::test]
+async fn copies_of_a_descriptor_are_each_charged_in_memory() {
+    copies_are_each_charged(&copies_in_memory()).await;
+}
+
+/// After a refusal by one descriptor's limit, every other status still reads its own limit's count from the store
+/// (a denial remembered in-process answers only for the keys it knows).
+async fn every_status_reads_its_own_count(yaml: &str) {
+    let rls = start_rls(yaml).await;
+    let mut client = rls.client().await;
+    let both = || {
+        request(
+            "edge",
+            vec![
+                descriptor(&[("generic_key", "c")]),
+                descriptor(&[("remote_address", "192.0.2.9")]),
+            ],
+        )
+    };
+    for taken in 1..=5 {
+        let answer = ask(&mut client, both()).await;
+        assert_eq!(answer.overall_code, OK);
+        assert_eq!(remaining(&answer), [5 - taken, 20 - taken]);
+    }
+    for _ in 0..5 {
+        let answer = ask(&mut client, both()).await;
+        assert_eq!(answer.overall_code, OVER_LIMIT);
+        assert_eq!(remaining(&answer), [0, 15], "{answer:?}");
+    }
+}
+
+#[tokio::test]
+async fn after_a_refusal_every_status_reads_its_own_count_on_redis() {
+    let redis = RedisServer::start();
+    every_status_reads_its_own_count(&on_redis(&redis, COPIES)).await;
+}
+
+#[tokio::test]
+async fn after_a_refusal_every_status_reads_its_own_count_in_memory() {
+    every_status_reads_its_own_count(&copies_in_memory()).await;
+}
+
+/// Random requests of repeated descriptors with random hits take exactly their sum from the limit when admitted
+/// and nothing when refused, on both stores: each status reads what is left.
+#[test]
+fn repeated_descriptors_charge_exactly_their_sum_in_both_stores() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let redis = RedisServer::start();
+    let (memory, on_redis) = runtime.block_on(async {
+        (
+            start_rls(&copies_in_memory()).await,
+            start_rls(&on_redis(&redis, COPIES)).await,
+        )
+    });
+    let clients = runtime.block_on(async { [memory.client().await, on_redis.client().await] });
+    let config = Config {
+        cases: 24,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new(config);
+    // Requests: each the same descriptor 1 to 5 times, each copy taking 0 to 4.
+    let requests = prop::collection::vec(prop::collection::vec(0u64..5, 1..6), 1..12);
+    let case = std::sync::atomic::AtomicUsize::new(0);
+    let result = runner.run(&requests, |requests| {
+        let tenant = format!(
+            "t{}",
+            case.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        );
+        for client in &clients {
+            // A client is a handle on its channel: cloned, it still asks the same service.
+            let mut client = client.clone();
+            let mut left: u64 = 30;
+            for hits in &requests {
+                let descriptors = hits
+                    .iter()
+                    .map(|&h| descriptor_taking(&[("tenant", tenant.as_str())], h))
+                    .collect();
+                let answer = runtime.block_on(ask(&mut client, request("edge", descriptors)));
+                let sum: u64 = hits.iter().sum();
+                prop_assert_eq!(answer.statuses.len(), hits.len());
+                if sum <= left {
+                    left -= sum;
+                    prop_assert_eq!(answer.overall_code, OK);
+                    prop_assert!(
+                        answer
+                            .statuses
+                            .iter()
+                            .all(|s| u64::from(s.limit_remaining) == left),
+                        "{:?}",
+                        answer
+                    );
+                } else {
+                    prop_assert_eq!(answer.overall_code, OVER_LIMIT, "{} on {} left", sum, left);
+                }
+            }
+        }
+        Ok(())
+    });
+    if let Err(failure) = result {
+        panic!("{failure}");
+    }
+}

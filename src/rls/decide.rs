@@ -48,7 +48,8 @@ pub enum Found<'d> {
 pub struct Checked<'d> {
     /// The descriptor it applies to.
     pub descriptor: usize,
-    /// The limit, with the descriptor's hits as its cost.
+    /// The limit, with what the request takes from it as its cost: the descriptor's hits, summed over the copies
+    /// of a descriptor sent more than once.
     pub limit: Cow<'d, Limit>,
     /// Its decision; `None` when the store was not asked (a blocked rule refused the request first, or the store
     /// failed and `on_error: allow` admitted it).
@@ -85,13 +86,86 @@ pub async fn decide<'d>(
         });
     };
     let (found, matched) = find_rules(domain, descriptors);
-    let mut checked: Vec<Checked<'d>> = Vec::new();
-    let mut keys: Vec<String> = Vec::new();
+    let met = limits_met(domain, &found, &matched, descriptors, key_prefix);
     // A limit no request of this size can ever meet (hits above its capacity) refuses like a blocked rule.
     let mut refused_here = found.iter().any(
         |found| matches!(found, Found::Blocked { rule, .. } if !rule.is_some_and(|r| r.shadow)),
     );
+    let mut checked: Vec<Checked<'d>> = Vec::with_capacity(met.len());
+    for met in &met {
+        let (limit, impossible) = match with_cost(met.limit.clone(), met.hits) {
+            Ok(limit) => (limit, false),
+            Err(limit) => {
+                refused_here |= !limit.is_shadow();
+                (limit, true)
+            }
+        };
+        checked.push(Checked {
+            descriptor: met.descriptor,
+            limit,
+            decision: None,
+            impossible,
+        });
+    }
+    if refused_here {
+        return Ok(Decided {
+            found,
+            checked,
+            over_limit: true,
+        });
+    }
+    // One check per key (a copy's is its first's). A shadow limit no request of this size can meet is left out: it
+    // would only say "would deny".
+    let asked: Vec<usize> = (0..checked.len())
+        .filter(|&i| met[i].first == i && !checked[i].impossible)
+        .collect();
+    let checks: Vec<LimitCheck<'_>> = asked
+        .iter()
+        .map(|&i| LimitCheck {
+            key: &met[i].key,
+            limit: &checked[i].limit,
+        })
+        .collect();
+    let (outcome, _) = limiter.check_deciding(&checks).await?;
+    drop(checks);
+    // Empty when the store failed and `on_error: allow` admitted the request.
+    for (&i, decision) in asked.iter().zip(outcome.decisions) {
+        checked[i].decision = Some(decision);
+    }
+    for i in 0..checked.len() {
+        checked[i].decision = checked[met[i].first].decision;
+    }
+    Ok(Decided {
+        found,
+        checked,
+        over_limit: !outcome.allowed,
+    })
+}
+
+/// A limit a descriptor meets, on its store key.
+struct Met<'d> {
+    descriptor: usize,
+    limit: Cow<'d, Limit>,
+    key: String,
+    /// What every descriptor that meets this limit on this key takes together.
+    hits: u64,
+    /// The first limit met on the same key with the same parameters (itself if none before it).
+    first: usize,
+}
+
+/// Every limit the descriptors meet, in order, on its store key. A descriptor sent more than once (Envoy sends
+/// duplicates when a virtual host and a route both add one), or two that share a key (`share_threshold`), meet
+/// the same limit on the same key each time: each copy is charged, as envoyproxy/ratelimit charges each, so every
+/// copy carries the sum of their hits, and the store is asked once for the first.
+fn limits_met<'d>(
+    domain: &'d Domain,
+    found: &[Found<'d>],
+    matched: &[SharedEntries<'d>],
+    descriptors: &[Descriptor<'_>],
+    key_prefix: &str,
+) -> Vec<Met<'d>> {
     let scope = format!("rls:{}", domain.name);
+    let mut met: Vec<Met<'d>> = Vec::new();
     for (index, (found, descriptor)) in found.iter().zip(descriptors).enumerate() {
         let limits: Vec<Cow<'d, Limit>> = match found {
             Found::Limited(Some(rule)) => rule.limits.iter().map(Cow::Borrowed).collect(),
@@ -102,53 +176,31 @@ pub async fn decide<'d>(
             _ => continue,
         };
         for limit in limits {
-            let (limit, impossible) = match with_cost(limit, descriptor.hits) {
-                Ok(limit) => (limit, false),
-                Err(limit) => {
-                    refused_here |= !limit.is_shadow();
-                    (limit, true)
-                }
-            };
             let mut key = key_head(key_prefix, &scope, limit.name());
             push_entries(&mut key, &descriptor.entries, &matched[index]);
-            keys.push(key);
-            checked.push(Checked {
+            let first = met
+                .iter()
+                .position(|m| m.key == key && m.limit.algorithm() == limit.algorithm())
+                .unwrap_or(met.len());
+            met.push(Met {
                 descriptor: index,
                 limit,
-                decision: None,
-                impossible,
+                key,
+                hits: descriptor.hits,
+                first,
             });
         }
     }
-    if refused_here {
-        return Ok(Decided {
-            found,
-            checked,
-            over_limit: true,
-        });
+    for i in 0..met.len() {
+        let first = met[i].first;
+        if first != i {
+            met[first].hits = met[first].hits.saturating_add(met[i].hits);
+        }
     }
-    // A shadow limit no request of this size can meet is left out: it would only say "would deny".
-    let checks: Vec<LimitCheck<'_>> = checked
-        .iter()
-        .zip(&keys)
-        .filter(|(checked, _)| !checked.impossible)
-        .map(|(checked, key)| LimitCheck {
-            key,
-            limit: &checked.limit,
-        })
-        .collect();
-    let (outcome, _) = limiter.check_deciding(&checks).await?;
-    drop(checks);
-    // Empty when the store failed and `on_error: allow` admitted the request.
-    let asked = checked.iter_mut().filter(|checked| !checked.impossible);
-    for (checked, decision) in asked.zip(outcome.decisions) {
-        checked.decision = Some(decision);
+    for i in 0..met.len() {
+        met[i].hits = met[met[i].first].hits;
     }
-    Ok(Decided {
-        found,
-        checked,
-        over_limit: !outcome.allowed,
-    })
+    met
 }
 
 /// The rule each descriptor finds, with the rules replaced: a rule named in the `replaces` of another rule met by
