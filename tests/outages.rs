@@ -774,41 +774,6 @@ async fn an_evicting_maxmemory_policy_is_named_in_readyz() {
     assert!(readyz(&pair.admins[0]).await.1.get("warnings").is_none());
 }
 
-/// Writes `keys` keys of 1 KiB each into the Redis on `port` at once (one pipelined write): a Redis with a small
-/// `maxmemory` under an `allkeys-*` policy evicts to make room.
-fn flood_redis(port: u16, keys: usize, tag: &str) {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to redis");
-    let value = "x".repeat(1024);
-    let mut commands = String::new();
-    for i in 0..keys {
-        let key = format!("flood:{tag}:{i}");
-        commands.push_str(&format!(
-            "*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n{value}\r\n",
-            key.len(),
-            value.len()
-        ));
-    }
-    stream.write_all(commands.as_bytes()).expect("flood");
-    // Every reply read (one line each), so the flood is over when this returns.
-    let (mut replies, mut buffer) = (0, [0u8; 65536]);
-    while replies < keys {
-        let read = stream.read(&mut buffer).expect("replies");
-        assert!(read > 0, "redis closed the connection");
-        replies += buffer[..read].iter().filter(|&&b| b == b'\n').count();
-    }
-}
-
-/// `tollgate_store_evicted_keys_total` as the admin listener at `admin` says it (0 while never incremented).
-async fn evicted_keys_counted(admin: &str) -> f64 {
-    common::http_client::metrics_text(admin)
-        .await
-        .lines()
-        .find(|line| line.starts_with("tollgate_store_evicted_keys_total "))
-        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test]
 async fn evictions_redis_makes_are_warned_once_counted_and_named_in_readyz() {
     let redis = RedisServer::start_with(
@@ -829,7 +794,7 @@ async fn evictions_redis_makes_are_warned_once_counted_and_named_in_readyz() {
     // The policy is named from the start; nothing was evicted yet.
     let (_, body) = readyz(&admin).await;
     assert_eq!(body["warnings"].as_array().map(Vec::len), Some(1), "{body}");
-    assert_eq!(evicted_keys_counted(&admin).await, 0.0);
+    assert_eq!(common::http_client::evicted_keys_counted(&admin).await, 0.0);
     // A tenant at its limit.
     let client = client();
     for _ in 0..SHARED_LIMIT {
@@ -844,7 +809,7 @@ async fn evictions_redis_makes_are_warned_once_counted_and_named_in_readyz() {
     }
 
     let port = redis.port;
-    tokio::task::spawn_blocking(move || flood_redis(port, 20_000, "first"))
+    tokio::task::spawn_blocking(move || common::redis::flood(port, 20_000, "first"))
         .await
         .expect("flood");
     let stats = redis.cli(&["INFO", "stats"]).unwrap_or_default();
@@ -856,20 +821,20 @@ async fn evictions_redis_makes_are_warned_once_counted_and_named_in_readyz() {
             w.iter()
                 .any(|w| w.as_str().unwrap_or("").contains("evicted"))
         });
-        named && evicted_keys_counted(&admin).await > 0.0
+        named && common::http_client::evicted_keys_counted(&admin).await > 0.0
     })
     .await;
     assert!(told.is_some(), "{last}\n{}", gateway.log());
     // A warning, not a failure: limiting goes on (with what Redis still holds).
     assert_eq!(last["status"], "ready", "{last}");
-    let counted = evicted_keys_counted(&admin).await;
+    let counted = common::http_client::evicted_keys_counted(&admin).await;
     assert!(counted >= 1_000.0, "{counted}");
     // The episode goes on: counted again, never warned again.
-    tokio::task::spawn_blocking(move || flood_redis(port, 20_000, "second"))
+    tokio::task::spawn_blocking(move || common::redis::flood(port, 20_000, "second"))
         .await
         .expect("flood");
     let more = eventually(Duration::from_secs(10), async || {
-        evicted_keys_counted(&admin).await > counted
+        common::http_client::evicted_keys_counted(&admin).await > counted
     })
     .await;
     assert!(more.is_some(), "the second flood was not counted");

@@ -1334,3 +1334,82 @@ async fn cluster_checks_on_keys_already_migrated_are_decided_by_redis_while_the_
     assert_eq!(counts.lines().count(), new_keys.len(), "{counts}");
     assert!(counts.lines().all(|count| count == "1"), "{counts}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_evictions_on_any_primary_are_counted_and_named_in_readyz() {
+    let cluster = RedisCluster::start();
+    // The second primary alone may evict: the health check must read every primary, not the one it reaches.
+    for setting in [["maxmemory", "4mb"], ["maxmemory-policy", "allkeys-lru"]] {
+        let set = cluster.cli(1, &["CONFIG", "SET", setting[0], setting[1]]);
+        assert_eq!(set.as_deref(), Some("OK"));
+    }
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let store = format!(
+        "  backend: redis\n  url: {}\n  timeout: 500ms\nadmin:\n  listen: 127.0.0.1:0\n",
+        cluster.url()
+    );
+    let config = dir.path().join("gateway.yaml");
+    std::fs::write(&config, gateway_yaml(&store, PER_TENANT_3)).expect("write config");
+    let gateway = Tollgate::run(&config);
+    let admin = gateway.admin_url("");
+    let url = gateway.url("/spread");
+    assert!(
+        eventually(Duration::from_secs(10), async || get_status(&url, "t")
+            .await
+            == 200)
+        .await
+        .is_some()
+    );
+    // Where the primaries stand is read at connect; the flood comes after it.
+    let ready = eventually(Duration::from_secs(10), async || {
+        let body = client()
+            .get(format!("{admin}/readyz"))
+            .send()
+            .await
+            .expect("readyz")
+            .text()
+            .await
+            .unwrap_or_default();
+        body.contains("\"ready\"")
+    })
+    .await;
+    assert!(ready.is_some(), "{}", gateway.log());
+    assert_eq!(common::http_client::evicted_keys_counted(&admin).await, 0.0);
+
+    // Keys without a hash tag sent to the second node: the third of them its slots own are written (the others
+    // answer MOVED), 20 MB on a 4 MB limit. Where each primary stands is read at connect, in the background: on a
+    // loaded machine that reading may come after a first flood, which is then where counting starts, and only a
+    // later flood is news. Three floods at most.
+    let port = cluster.ports[1];
+    let mut last = String::new();
+    let mut told = None;
+    for round in 0..3 {
+        let tag = format!("cluster{round}");
+        tokio::task::spawn_blocking(move || common::redis::flood(port, 60_000, &tag))
+            .await
+            .expect("flood");
+        told = eventually(Duration::from_secs(5), async || {
+            last = client()
+                .get(format!("{admin}/readyz"))
+                .send()
+                .await
+                .expect("readyz")
+                .text()
+                .await
+                .unwrap_or_default();
+            last.contains("evicted")
+                && common::http_client::evicted_keys_counted(&admin).await > 0.0
+        })
+        .await;
+        if told.is_some() {
+            break;
+        }
+    }
+    assert!(told.is_some(), "{last}\n{}", gateway.log());
+    assert_eq!(
+        gateway.log().matches("redis is evicting keys").count(),
+        1,
+        "{}",
+        gateway.log()
+    );
+}

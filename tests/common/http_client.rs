@@ -45,3 +45,13 @@ pub async fn metrics_text(admin: &str) -> String {
         .await
         .expect("metrics text")
 }
+
+/// `tollgate_store_evicted_keys_total` as the admin listener at `admin` says it (0 while never incremented).
+pub async fn evicted_keys_counted(admin: &str) -> f64 {
+    metrics_text(admin)
+        .await
+        .lines()
+        .find(|line| line.starts_with("tollgate_store_evicted_keys_total "))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}

@@ -305,3 +305,28 @@ pub fn server_args(port: u16, extra: &[&str]) -> Vec<String> {
     .map(|a| (*a).to_owned())
     .collect()
 }
+
+/// Writes `keys` keys of 1 KiB each into the Redis on `port` at once (one pipelined write): a Redis with a small
+/// `maxmemory` under an `allkeys-*` policy evicts to make room.
+pub fn flood(port: u16, keys: usize, tag: &str) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to redis");
+    let value = "x".repeat(1024);
+    let mut commands = String::new();
+    for i in 0..keys {
+        let key = format!("flood:{tag}:{i}");
+        commands.push_str(&format!(
+            "*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n{value}\r\n",
+            key.len(),
+            value.len()
+        ));
+    }
+    stream.write_all(commands.as_bytes()).expect("flood");
+    // Every reply read (one line each), so the flood is over when this returns.
+    let (mut replies, mut buffer) = (0, [0u8; 65536]);
+    while replies < keys {
+        let read = stream.read(&mut buffer).expect("replies");
+        assert!(read > 0, "redis closed the connection");
+        replies += buffer[..read].iter().filter(|&&b| b == b'\n').count();
+    }
+}

@@ -172,8 +172,12 @@ async fn read_primaries(client: &Client, timeout: Duration) -> Vec<(String, u64)
         .with_options(&options)
         .custom(command, vec![Value::from("NODES")])
         .await;
-    let Ok(nodes) = nodes else {
-        return Vec::new();
+    let nodes = match nodes {
+        Ok(nodes) => nodes,
+        Err(error) => {
+            tracing::debug!(%error, "cannot list the cluster's primaries");
+            return Vec::new();
+        }
     };
     let mut readings = Vec::new();
     for address in primaries(&nodes) {
@@ -191,8 +195,10 @@ async fn read_primaries(client: &Client, timeout: Duration) -> Vec<(String, u64)
             .with_options(&on_node)
             .info(Some(InfoKind::Stats))
             .await;
-        if let Some(evicted) = info.ok().and_then(|info| evicted_keys(&info)) {
-            readings.push((address.to_owned(), evicted));
+        match info.map(|info| evicted_keys(&info)) {
+            Ok(Some(evicted)) => readings.push((address.to_owned(), evicted)),
+            Ok(None) => {}
+            Err(error) => tracing::debug!(%error, address, "cannot read evicted_keys"),
         }
     }
     readings
