@@ -113,7 +113,11 @@ async fn each_ending_settles_as_its_answer_reported() {
         &openai("100"),
         &tokens_per_hour("total_tokens", 100_000),
     )
-    .replace("name: chat", "name: endings");
+    .replace("name: chat", "name: endings")
+    .replace(
+        "stream_usage: inject\n",
+        "stream_usage: inject\n      read_on_timeout: 1s\n",
+    );
     let gateway = start_gateway(&yaml).await;
     let admin = serve_admin(&gateway, None).await;
     let mut used = 0;
@@ -161,7 +165,7 @@ async fn each_ending_settles_as_its_answer_reported() {
     assert_eq!(status, 500);
     settles_to(&admin, "endings/tpm", 100_000 - used).await;
 
-    // A client gone mid-stream, the stream having reported nothing: the prompt's part (100).
+    // A client gone mid-stream, the stream reporting nothing by read_on_timeout: the whole reservation (300).
     let response = common::http_client::client()
         .post(gateway.url("/cut/openai"))
         .header("content-type", "application/json")
@@ -174,22 +178,17 @@ async fn each_ending_settles_as_its_answer_reported() {
     let first = response.chunk().await.expect("a chunk").expect("data");
     assert!(!first.is_empty());
     drop(response);
-    used += 100;
+    used += 300;
     settles_to(&admin, "endings/tpm", 100_000 - used).await;
-
-    let metrics = common::http_client::metrics_text(&admin).await;
-    assert!(
-        metrics.contains(&format!(
-            "tollgate_tokens_total{{route=\"endings\",kind=\"total\"}} {used}"
-        )),
-        "{metrics}"
-    );
+    // Settling at the reservation leaves the limit as the reservation did: the tokens counted say when it ran.
+    let total = "tollgate_tokens_total{route=\"endings\",kind=\"total\"}";
+    series_reaches(&admin, total, used).await;
 }
 
 #[tokio::test]
 async fn anthropic_and_header_answers_settle_as_they_report() {
     let upstream = LlmUpstream::start().await;
-    let usage = "    usage:\n      format: anthropic\n      reserve: { prompt: body_bytes, completion: max_tokens, completion_cap: 500 }\n";
+    let usage = "    usage:\n      format: anthropic\n      reserve: { prompt: body_bytes, completion: max_tokens, completion_cap: 500 }\n      read_on_timeout: 1s\n";
     let limits = format!(
         "{}      - {{ name: out, key: ip, algorithm: sliding_window, limit: 5000, period: 1h, counts: output_tokens }}\n",
         tokens_per_hour("input_tokens", 5000)
@@ -209,7 +208,8 @@ async fn anthropic_and_header_answers_settle_as_they_report() {
     settles_to(&admin, "tpm", 5000 - 42).await;
     settles_to(&admin, "out", 5000 - 60).await;
 
-    // Cut after message_start: the input it reported, the one output token so far.
+    // Cut after message_start, the rest never coming: the whole reservation once read_on_timeout has passed (the
+    // body's bytes and max_tokens 400), never less than message_start reported.
     let response = common::http_client::client()
         .post(gateway.url("/cut/anthropic"))
         .header("content-type", "application/json")
@@ -221,8 +221,9 @@ async fn anthropic_and_header_answers_settle_as_they_report() {
     let mut response = response;
     response.chunk().await.expect("a chunk").expect("data");
     drop(response);
-    settles_to(&admin, "tpm", 5000 - 50).await;
-    settles_to(&admin, "out", 5000 - 61).await;
+    let prompt = streamed.to_string().len() as u64;
+    settles_to(&admin, "tpm", 5000 - 42 - prompt).await;
+    settles_to(&admin, "out", 5000 - 60 - 400).await;
 
     // A number in a header.
     let (gateway, admin) = reading_x_tokens(&upstream).await;
@@ -858,6 +859,21 @@ fn series_value(metrics: &str, series: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Waits until the series `series` of the gateway whose admin API is at `admin` reads `expected`.
+async fn series_reaches(admin: &str, series: &str, expected: u64) {
+    let mut last = None;
+    let reached = eventually(Duration::from_secs(10), async || {
+        let now = series_value(&common::http_client::metrics_text(admin).await, series);
+        last = Some(now);
+        now == expected
+    })
+    .await;
+    assert!(
+        reached.is_some(),
+        "{series}: expected {expected}, last read {last:?}"
+    );
+}
+
 /// Reported counts outside 0..2^53 (huge, negative, fractional, strings) are no usage: each answer is settled at
 /// its reservation (300) and counted as missing, none gives anything back, and the tokens counted never go down.
 async fn untrusted_counts_settle_at_the_reservation(redis: Option<&RedisServer>, route: &str) {
@@ -1028,4 +1044,94 @@ async fn json_bodies_are_bounded_whatever_their_label_in_memory() {
 async fn json_bodies_are_bounded_whatever_their_label_across_two_gateways_on_redis() {
     let redis = RedisServer::start();
     json_bodies_are_bounded_whatever_their_label(Some(&redis)).await;
+}
+
+/// Leaving early is not cheap: 15 clients each read the first event of a stream and leave before its usage; the
+/// upstream sends the rest only once they are gone (a concurrency limit's `tollgate_in_flight` says when), and
+/// tollgate reads on and settles each at what the upstream reported (129 + 3,903, more than the 300 reserved). A
+/// stream whose usage comes past `read_on_bytes` (1 MiB), or never (`read_on_timeout: 1s`), settles at its whole
+/// reservation.
+async fn leaving_early_settles_what_the_upstream_reported(
+    redis: Option<&RedisServer>,
+    route: &str,
+) {
+    tollgate::telemetry::prometheus();
+    let upstream = LlmUpstream::start().await;
+    let usage = openai("100").replace(
+        "stream_usage: inject\n",
+        "stream_usage: inject\n      read_on_timeout: 1s\n",
+    );
+    let limits = format!(
+        "{}      - {{ name: streams, key: ip, algorithm: concurrency, max: 100 }}\n",
+        tokens_per_hour("total_tokens", 1_000_000)
+    );
+    let yaml = config(redis, &upstream.url(), &usage, &limits)
+        .replace("name: chat", &format!("name: {route}"));
+    let gateway = start_gateway(&yaml).await;
+    let admin = serve_admin(&gateway, None).await;
+    let limit = format!("{route}/tpm");
+    let in_flight = format!("tollgate_in_flight{{route=\"{route}\",limit=\"streams\"}}");
+    let all_left = async || {
+        let gone = eventually(Duration::from_secs(10), async || {
+            let metrics = common::http_client::metrics_text(&admin).await;
+            series_value(&metrics, &in_flight) == 0
+        })
+        .await;
+        assert!(gone.is_some(), "the clients' answers ended");
+    };
+    let client = common::http_client::client();
+    for _ in 0..15 {
+        let url = gateway.url("/gated/openai");
+        let mut response = gated_stream(&client, &url, (129, 3903), 0).await;
+        first_piece(&mut response).await;
+        drop(response);
+    }
+    all_left().await;
+    for _ in 0..15 {
+        upstream.release();
+    }
+    let mut used = 15 * 4032;
+    settles_to(&admin, &limit, 1_000_000 - used).await;
+    let spent = reported(&upstream);
+    assert_eq!(spent, used);
+    eprintln!("15 streams left early: the upstream spent {spent}, counted {used}");
+    let missing = format!("tollgate_usage_missing_total{{route=\"{route}\"}}");
+
+    // The usage past read_on_bytes: the whole reservation.
+    let url = gateway.url("/gated/openai");
+    let mut response = gated_stream(&client, &url, (129, 3903), 2).await;
+    first_piece(&mut response).await;
+    drop(response);
+    all_left().await;
+    upstream.release();
+    used += 300;
+    series_reaches(&admin, &missing, 1).await;
+    settles_to(&admin, &limit, 1_000_000 - used).await;
+
+    // No usage ever (the stream is held open): the whole reservation once read_on_timeout has passed.
+    let mut response = client
+        .post(gateway.url("/cut/openai"))
+        .header("content-type", "application/json")
+        .body(chat(200).to_string())
+        .send()
+        .await
+        .expect("gateway answers");
+    response.chunk().await.expect("a chunk").expect("data");
+    drop(response);
+    used += 300;
+    series_reaches(&admin, &missing, 2).await;
+    settles_to(&admin, &limit, 1_000_000 - used).await;
+    let total = format!("tollgate_tokens_total{{route=\"{route}\",kind=\"total\"}}");
+    series_reaches(&admin, &total, used).await;
+}
+
+#[tokio::test]
+async fn leaving_early_settles_what_the_upstream_reported_in_memory() {
+    leaving_early_settles_what_the_upstream_reported(None, "early_memory").await;
+}
+
+#[tokio::test]
+async fn leaving_early_settles_what_the_upstream_reported_on_redis() {
+    let redis = RedisServer::start();
+    leaving_early_settles_what_the_upstream_reported(Some(&redis), "early_redis").await;
 }

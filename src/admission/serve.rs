@@ -104,7 +104,7 @@ impl Policy {
                         Some(reservation) => {
                             let (reader, usage) = reservation.reader(response.headers());
                             response.map(|body| {
-                                let read = UsageBody::new(body, reader, usage);
+                                let read = UsageBody::new(Body::new(body), reader, usage);
                                 Body::new(GuardedBody::new(read, after))
                             })
                         }

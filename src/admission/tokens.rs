@@ -12,7 +12,7 @@ use super::settle::StatusSettlement;
 use crate::key::TokenKind;
 use crate::limiter::{Giver, Limit, Settlement};
 use crate::proxy::usage::{
-    accept_readable_answers, BodyEnd, CompletionBound, Dialect, PromptBound, RequestFacts,
+    accept_readable_answers, BodyEnd, CompletionBound, Dialect, Handed, PromptBound, RequestFacts,
     SharedUsage, Usage, UsageFormat, UsageReader, UsageSettings,
 };
 
@@ -259,7 +259,37 @@ impl AfterAnswer for TokenSettlement {
         if let Some(statuses) = self.statuses.take() {
             statuses.settle(ending);
         }
-        let reading = self.usage.take();
+        let reading = match self.usage.take() {
+            None => None,
+            Some(Handed::Read(usage, end)) => Some((usage, end)),
+            Some(Handed::Cut(rest)) => {
+                // The client left before the usage came: the rest of the answer is read (discarded, bounded in
+                // bytes and time) to learn it, in a task that ends with the reading. Only an answer that may
+                // report what it spent is worth it.
+                let spending = self.status.is_some_and(|status| status.is_success());
+                match tokio::runtime::Handle::try_current() {
+                    Ok(runtime) if spending => {
+                        let settings = self.route.settings();
+                        let (bytes, timeout) = (settings.read_on_bytes, settings.read_on_timeout);
+                        runtime.spawn(async move {
+                            let reading = (*rest).read_on(bytes, timeout).await;
+                            self.settle(ending, Some(reading));
+                        });
+                        return;
+                    }
+                    _ => Some((rest.usage(), BodyEnd::Cut)),
+                }
+            }
+        };
+        self.settle(ending, reading);
+    }
+}
+
+// === impl TokenSettlement ===
+
+impl TokenSettlement {
+    /// Settles the token limits at what the answer that ended as `ending`, its body read as `reading`, spent.
+    fn settle(self: Box<Self>, ending: Ending, reading: Option<(Usage, BodyEnd)>) {
         let settled = settled(self.status, ending, reading, self.prompt, self.completion);
         let Settled::Tokens(tokens, missing) = settled else {
             let back = self
@@ -326,9 +356,12 @@ fn settled(
         _ => {}
     }
     let whole = end.map_or(ending == Ending::Complete, |end| end == BodyEnd::Complete);
-    if !whole {
-        // Cut short (the client left, the stream broke): what the stream reported so far, and at least the prompt,
-        // which the upstream read whatever became of the answer.
+    let reported = [usage.input_tokens, usage.output_tokens, usage.total_tokens];
+    let reserved = [prompt, completion, prompt.saturating_add(completion)];
+    let failed = end.map_or(ending == Ending::Failed, |end| end == BodyEnd::Failed);
+    if !whole && failed {
+        // The upstream broke the answer: what it reported so far, and at least the prompt, which it read whatever
+        // became of the answer.
         let input = usage.input_tokens.unwrap_or(prompt);
         let output = usage.output_tokens.unwrap_or(0);
         let total = usage
@@ -337,8 +370,15 @@ fn settled(
             .max(input);
         return Settled::Tokens([input, output, total], false);
     }
-    let reported = [usage.input_tokens, usage.output_tokens, usage.total_tokens];
-    let reserved = [prompt, completion, prompt.saturating_add(completion)];
+    if !whole {
+        // The client left and the usage stayed unknown (read on past its bounds, or no answer to read on): the
+        // whole reservation, and never less than what was reported so far.
+        let mut tokens = reserved;
+        for (count, reported) in tokens.iter_mut().zip(reported) {
+            *count = (*count).max(reported.unwrap_or(0));
+        }
+        return Settled::Tokens(tokens, true);
+    }
     let missing = usage.is_missing();
     let mut tokens = [0; 3];
     for (i, count) in tokens.iter_mut().enumerate() {
@@ -412,24 +452,40 @@ mod tests {
             ),
             Settled::Nothing
         );
-        // Cut mid-stream: what was reported so far, at least the prompt.
+        // The client left and the usage stayed unknown: the whole reservation, never less than reported so far.
         assert_eq!(
             settled(ok, Ending::Cut, read(Usage::MISSING, BodyEnd::Cut), 100, 50),
-            Settled::Tokens([100, 0, 100], false)
+            Settled::Tokens([100, 50, 150], true)
         );
         let started = Usage {
             input_tokens: Some(30),
-            output_tokens: Some(1),
-            total_tokens: Some(31),
+            output_tokens: Some(70),
+            total_tokens: Some(100),
         };
         assert_eq!(
             settled(ok, Ending::Cut, read(started, BodyEnd::Cut), 100, 50),
-            Settled::Tokens([30, 1, 31], false)
+            Settled::Tokens([100, 70, 150], true)
         );
-        // The client left before the head: the prompt.
+        // Read on to its end after the client left: what it reported.
+        assert_eq!(
+            settled(ok, Ending::Cut, read(started, BodyEnd::Complete), 100, 50),
+            Settled::Tokens([30, 70, 100], false)
+        );
+        // The upstream broke mid-stream: what was reported so far, at least the prompt.
+        assert_eq!(
+            settled(
+                ok,
+                Ending::Failed,
+                read(Usage::MISSING, BodyEnd::Failed),
+                100,
+                50
+            ),
+            Settled::Tokens([100, 0, 100], false)
+        );
+        // The client left before the head: the whole reservation.
         assert_eq!(
             settled(None, Ending::Cut, None, 100, 50),
-            Settled::Tokens([100, 0, 100], false)
+            Settled::Tokens([100, 50, 150], true)
         );
     }
 }

@@ -187,6 +187,8 @@ pub(crate) struct RawUsage {
     pub reserve: RawReserve,
     pub stream_usage: Option<String>,
     pub max_request_bytes: Option<u64>,
+    pub read_on_bytes: Option<u64>,
+    pub read_on_timeout: Option<String>,
 }
 
 /// `reserve:` of a route's `usage:`.

@@ -9,7 +9,10 @@ use crate::config::limits::limit_settings;
 use crate::config::model::*;
 use crate::config::raw::*;
 use crate::key::{TokenKind, PLAN_KEY_SCOPE};
-use crate::proxy::usage::{CompletionBound, PromptBound, UsageFormat, DEFAULT_MAX_REQUEST_BYTES};
+use crate::proxy::usage::{
+    CompletionBound, PromptBound, UsageFormat, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_ON_BYTES,
+    DEFAULT_READ_ON_TIMEOUT,
+};
 
 /// Methods a route may name. Extension methods are refused: a misspelt `GTE` would otherwise match nothing, silently.
 const METHODS: [&str; 9] = [
@@ -182,6 +185,13 @@ fn route_usage(
     if max_request_bytes == 0 {
         issues.add(format!("{at}.max_request_bytes"), "must be greater than 0");
     }
+    let read_on_bytes = raw.read_on_bytes.unwrap_or(DEFAULT_READ_ON_BYTES);
+    let read_on_timeout = match raw.read_on_timeout.as_deref() {
+        None => Some(DEFAULT_READ_ON_TIMEOUT),
+        Some(text) => {
+            super::checks::positive_duration(issues, &format!("{at}.read_on_timeout"), text)
+        }
+    };
     if issues.count() != before {
         return None;
     }
@@ -193,6 +203,8 @@ fn route_usage(
         completion_cap: reserve.completion_cap,
         inject_stream_usage,
         max_request_bytes,
+        read_on_bytes,
+        read_on_timeout: read_on_timeout?,
     })
 }
 

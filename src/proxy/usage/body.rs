@@ -1,12 +1,16 @@
 //! A response body that passes its frames through untouched while a [`UsageReader`] reads them, and hands what it
-//! read to a [`UsageSink`] exactly once: when the body ends, fails or is dropped.
+//! read to a [`UsageSink`] exactly once: when the body ends, fails or is dropped. Dropped before the usage is known
+//! (the client went away), it hands over the rest of the answer unread, for the usage to be read on ([`Unread`]).
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
+use axum::body::Body;
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::BodyExt;
 use parking_lot::Mutex;
 
 use super::reader::UsageReader;
@@ -15,12 +19,12 @@ use super::reported::Usage;
 /// How the body whose usage was read ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyEnd {
-    /// Its last frame was taken: the usage is all the answer reported (a stream's last event included even
-    /// without its blank line).
+    /// Its last frame was taken (or its usage was whole before: a header): the usage is all the answer reported
+    /// (a stream's last event included even without its blank line).
     Complete,
     /// It yielded an error: the usage is what the frames before it reported.
     Failed,
-    /// Dropped before its end (the client went away): the usage is what the events sent so far reported.
+    /// Dropped before its end (the client went away), or read on past a bound: the usage is what was read so far.
     Cut,
 }
 
@@ -28,6 +32,16 @@ pub enum BodyEnd {
 pub trait UsageSink: Send + 'static {
     /// The answer's usage as read when its body ended as `end` says.
     fn read(self, usage: Usage, end: BodyEnd);
+
+    /// The body was dropped before its end with more usage to learn: `rest` is the answer not read yet. By default
+    /// the usage read so far, cut.
+    fn cut(self, rest: Unread)
+    where
+        Self: Sized,
+    {
+        let usage = rest.usage();
+        self.read(usage, BodyEnd::Cut);
+    }
 }
 
 impl<F: FnOnce(Usage, BodyEnd) + Send + 'static> UsageSink for F {
@@ -36,104 +50,165 @@ impl<F: FnOnce(Usage, BodyEnd) + Send + 'static> UsageSink for F {
     }
 }
 
+/// The rest of an answer its client left before its usage was known, with the reader that read its start.
+pub struct Unread {
+    body: Body,
+    reader: UsageReader,
+}
+
+/// What a body handed to a [`SharedUsage`].
+#[derive(Debug)]
+pub enum Handed {
+    /// The usage, as the body ended.
+    Read(Usage, BodyEnd),
+    /// The body was dropped before its end with its usage still to come.
+    Cut(Box<Unread>),
+}
+
 /// A [`UsageSink`] that keeps the reading for whoever holds a clone: the work that runs after the answer takes it
 /// from there. The body hands its reading over before it is dropped, so work that runs when the body is dropped
 /// after it finds the reading there.
 #[derive(Debug, Clone, Default)]
-pub struct SharedUsage(Arc<Mutex<Option<(Usage, BodyEnd)>>>);
+pub struct SharedUsage(Arc<Mutex<Option<Handed>>>);
 
-pin_project_lite::pin_project! {
-    /// `inner`, its frames read by a [`UsageReader`] on their way through.
-    pub struct UsageBody<B, S: UsageSink> {
-        #[pin]
-        inner: B,
-        reading: Reading<S>,
+/// `inner`, its frames read by a [`UsageReader`] on their way through.
+pub struct UsageBody<S: UsageSink> {
+    inner: Body,
+    reader: UsageReader,
+    sink: Option<S>,
+}
+
+// === impl Unread ===
+
+impl Unread {
+    /// The usage read before the client left.
+    pub fn usage(&self) -> Usage {
+        self.reader.usage()
+    }
+
+    /// Reads the rest of the answer (discarded) for its usage: at most `max_bytes` more, for at most `timeout`.
+    /// Past either, or on an error, what was read by then, [`BodyEnd::Cut`] or [`BodyEnd::Failed`].
+    pub async fn read_on(mut self, max_bytes: u64, timeout: Duration) -> (Usage, BodyEnd) {
+        let end = {
+            let reading = async {
+                let mut read: u64 = 0;
+                while let Some(frame) = self.body.frame().await {
+                    let Ok(frame) = frame else {
+                        return BodyEnd::Failed;
+                    };
+                    if let Some(data) = frame.data_ref() {
+                        read = read.saturating_add(data.len() as u64);
+                        if read > max_bytes {
+                            return BodyEnd::Cut;
+                        }
+                        self.reader.feed(data);
+                    } else if let Some(trailers) = frame.trailers_ref() {
+                        self.reader.trailers(trailers);
+                    }
+                }
+                self.reader.finish();
+                BodyEnd::Complete
+            };
+            tokio::time::timeout(timeout, reading)
+                .await
+                .unwrap_or(BodyEnd::Cut)
+        };
+        (self.reader.usage(), end)
     }
 }
 
-/// The reader and the sink it hands over to; the sink is told on drop if it was not told before.
-struct Reading<S: UsageSink> {
-    reader: UsageReader,
-    sink: Option<S>,
+impl std::fmt::Debug for Unread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Unread")
+            .field("reader", &self.reader)
+            .finish_non_exhaustive()
+    }
 }
 
 // === impl SharedUsage ===
 
 impl SharedUsage {
-    /// The reading, once the body handed it over.
-    pub fn take(&self) -> Option<(Usage, BodyEnd)> {
+    /// What the body handed over, once it did.
+    pub fn take(&self) -> Option<Handed> {
         self.0.lock().take()
     }
 }
 
 impl UsageSink for SharedUsage {
     fn read(self, usage: Usage, end: BodyEnd) {
-        *self.0.lock() = Some((usage, end));
+        *self.0.lock() = Some(Handed::Read(usage, end));
+    }
+
+    fn cut(self, rest: Unread) {
+        *self.0.lock() = Some(Handed::Cut(Box::new(rest)));
     }
 }
 
 // === impl UsageBody ===
 
-impl<B: HttpBody, S: UsageSink> UsageBody<B, S> {
+impl<S: UsageSink> UsageBody<S> {
     /// `inner` read by `reader` (made from the answer's head), handing the reading to `sink` when it ends.
-    pub fn new(inner: B, reader: UsageReader, sink: S) -> Self {
-        let mut reading = Reading {
+    pub fn new(inner: Body, reader: UsageReader, sink: S) -> Self {
+        let mut body = Self {
+            inner,
             reader,
             sink: Some(sink),
         };
         // A body known empty may be dropped unpolled (HEAD, 204, 304): it is whole already.
-        if inner.is_end_stream() {
-            reading.end(BodyEnd::Complete);
+        if body.inner.is_end_stream() {
+            body.end(BodyEnd::Complete);
         }
-        Self { inner, reading }
+        body
+    }
+
+    fn end(&mut self, end: BodyEnd) {
+        if let Some(sink) = self.sink.take() {
+            if end == BodyEnd::Complete {
+                self.reader.finish();
+            }
+            sink.read(self.reader.usage(), end);
+        }
     }
 }
 
-impl<B, S> std::fmt::Debug for UsageBody<B, S>
-where
-    S: UsageSink,
-{
+impl<S: UsageSink> std::fmt::Debug for UsageBody<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UsageBody")
-            .field("reader", &self.reading.reader)
-            .field("ended", &self.reading.sink.is_none())
+            .field("reader", &self.reader)
+            .field("ended", &self.sink.is_none())
             .finish()
     }
 }
 
-impl<B, S> HttpBody for UsageBody<B, S>
-where
-    B: HttpBody<Data = Bytes>,
-    S: UsageSink,
-{
+impl<S: UsageSink + Unpin> HttpBody for UsageBody<S> {
     type Data = Bytes;
-    type Error = B::Error;
+    type Error = axum::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let mut this = self.project();
-        let polled = this.inner.as_mut().poll_frame(cx);
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 // A server stops polling a body after its trailers, or after a frame once the body says it has
                 // ended (hyper's HTTP/1 server does both): either was its last frame.
                 let last = if let Some(data) = frame.data_ref() {
-                    this.reading.reader.feed(data);
+                    this.reader.feed(data);
                     this.inner.is_end_stream()
                 } else if let Some(trailers) = frame.trailers_ref() {
-                    this.reading.reader.trailers(trailers);
+                    this.reader.trailers(trailers);
                     true
                 } else {
                     this.inner.is_end_stream()
                 };
                 if last {
-                    this.reading.end(BodyEnd::Complete);
+                    this.end(BodyEnd::Complete);
                 }
             }
-            Poll::Ready(Some(Err(_))) => this.reading.end(BodyEnd::Failed),
-            Poll::Ready(None) => this.reading.end(BodyEnd::Complete),
+            Poll::Ready(Some(Err(_))) => this.end(BodyEnd::Failed),
+            Poll::Ready(None) => this.end(BodyEnd::Complete),
             Poll::Pending => {}
         }
         polled
@@ -148,22 +223,23 @@ where
     }
 }
 
-// === impl Reading ===
-
-impl<S: UsageSink> Reading<S> {
-    fn end(&mut self, end: BodyEnd) {
-        if let Some(sink) = self.sink.take() {
-            if end == BodyEnd::Complete {
-                self.reader.finish();
-            }
-            sink.read(self.reader.usage(), end);
-        }
-    }
-}
-
-impl<S: UsageSink> Drop for Reading<S> {
+impl<S: UsageSink> Drop for UsageBody<S> {
     fn drop(&mut self) {
-        self.end(BodyEnd::Cut);
+        let Some(sink) = self.sink.take() else {
+            return;
+        };
+        if self.reader.is_whole() {
+            // The usage came whole before the body (a header): leaving early changes nothing.
+            sink.read(self.reader.usage(), BodyEnd::Complete);
+        } else if self.reader.may_learn_more() && !self.inner.is_end_stream() {
+            let reader = std::mem::replace(&mut self.reader, UsageReader::unreadable());
+            sink.cut(Unread {
+                body: std::mem::take(&mut self.inner),
+                reader,
+            });
+        } else {
+            sink.read(self.reader.usage(), BodyEnd::Cut);
+        }
     }
 }
 
@@ -179,6 +255,14 @@ mod tests {
     type Frames = Vec<Result<Frame<Bytes>, &'static str>>;
     type FramesBody =
         StreamBody<stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, &'static str>>>>;
+
+    /// What the body handed over, the rest of a cut one unread.
+    fn read(shared: &SharedUsage) -> Option<(Usage, BodyEnd)> {
+        shared.take().map(|handed| match handed {
+            Handed::Read(usage, end) => (usage, end),
+            Handed::Cut(rest) => (rest.usage(), BodyEnd::Cut),
+        })
+    }
 
     fn sse_reader() -> UsageReader {
         let mut head = HeaderMap::new();
@@ -219,28 +303,28 @@ mod tests {
         let mut frames: Frames = EVENTS.iter().map(|piece| data(piece)).collect();
         frames.push(Ok(Frame::trailers(trailers.clone())));
         let shared = SharedUsage::default();
-        let usage_body = UsageBody::new(body(frames), sse_reader(), shared.clone());
+        let usage_body = UsageBody::new(Body::new(body(frames)), sse_reader(), shared.clone());
         let collected = usage_body.collect().await.expect("no error");
         assert_eq!(collected.trailers(), Some(&trailers));
         assert_eq!(collected.to_bytes(), EVENTS.concat().as_bytes());
-        assert_eq!(shared.take(), Some((expected(), BodyEnd::Complete)));
-        assert_eq!(shared.take(), None, "handed over once");
+        assert_eq!(read(&shared), Some((expected(), BodyEnd::Complete)));
+        assert_eq!(read(&shared), None, "handed over once");
     }
 
     #[tokio::test]
     async fn a_body_cut_mid_stream_hands_over_what_was_read() {
         let shared = SharedUsage::default();
         let frames: Frames = EVENTS.iter().map(|piece| data(piece)).collect();
-        let mut usage_body = UsageBody::new(body(frames), sse_reader(), shared.clone());
+        let mut usage_body = UsageBody::new(Body::new(body(frames)), sse_reader(), shared.clone());
         for _ in 0..2 {
             usage_body.frame().await.expect("a frame").expect("data");
         }
-        assert_eq!(shared.take(), None);
+        assert_eq!(read(&shared), None);
         drop(usage_body);
-        assert_eq!(shared.take(), Some((Usage::MISSING, BodyEnd::Cut)));
+        assert_eq!(read(&shared), Some((Usage::MISSING, BodyEnd::Cut)));
 
         let mut usage_body = UsageBody::new(
-            body(EVENTS.iter().map(|piece| data(piece)).collect()),
+            Body::new(body(EVENTS.iter().map(|piece| data(piece)).collect())),
             sse_reader(),
             shared.clone(),
         );
@@ -248,7 +332,7 @@ mod tests {
             usage_body.frame().await.expect("a frame").expect("data");
         }
         drop(usage_body);
-        assert_eq!(shared.take(), Some((expected(), BodyEnd::Cut)));
+        assert_eq!(read(&shared), Some((expected(), BodyEnd::Cut)));
     }
 
     #[tokio::test]
@@ -257,9 +341,9 @@ mod tests {
         let mut frames: Frames = EVENTS[..3].iter().map(|piece| data(piece)).collect();
         frames.push(data("\n\n"));
         frames.push(Err("upstream reset"));
-        let usage_body = UsageBody::new(body(frames), sse_reader(), shared.clone());
+        let usage_body = UsageBody::new(Body::new(body(frames)), sse_reader(), shared.clone());
         assert!(usage_body.collect().await.is_err());
-        assert_eq!(shared.take(), Some((expected(), BodyEnd::Failed)));
+        assert_eq!(read(&shared), Some((expected(), BodyEnd::Failed)));
     }
 
     #[tokio::test]
@@ -274,7 +358,7 @@ mod tests {
             b"{\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":3}}",
         ));
         let mut usage_body = UsageBody::new(
-            json,
+            Body::new(json),
             UsageReader::new(&UsageFormat::OpenAi, &HeaderMap::new()),
             sink,
         );
@@ -312,7 +396,11 @@ mod tests {
             .await
             .expect("bind");
         let address = listener.local_addr().expect("address");
-        let body = std::sync::Mutex::new(Some(UsageBody::new(body, sse_reader(), shared.clone())));
+        let body = std::sync::Mutex::new(Some(UsageBody::new(
+            Body::new(body),
+            sse_reader(),
+            shared.clone(),
+        )));
         let server = tokio::spawn(async move {
             let (stream, _) = listener.accept().await.expect("accept");
             let service = hyper::service::service_fn(move |_request| {
@@ -339,7 +427,7 @@ mod tests {
         // hangs up.
         drop(sender);
         let _ = server.await;
-        shared.take()
+        read(shared)
     }
 
     #[tokio::test]
@@ -366,8 +454,8 @@ mod tests {
             &UsageFormat::Header(http::HeaderName::from_static("x-tokens")),
             &head,
         );
-        let usage_body = UsageBody::new(Full::new(Bytes::new()), reader, shared.clone());
+        let usage_body = UsageBody::new(Body::new(Full::new(Bytes::new())), reader, shared.clone());
         drop(usage_body);
-        assert_eq!(shared.take(), Some((Usage::total(7), BodyEnd::Complete)));
+        assert_eq!(read(&shared), Some((Usage::total(7), BodyEnd::Complete)));
     }
 }

@@ -9,11 +9,14 @@ mod request;
 mod settings;
 mod sse;
 
-pub use body::{BodyEnd, SharedUsage, UsageBody, UsageSink};
+pub use body::{BodyEnd, Handed, SharedUsage, Unread, UsageBody, UsageSink};
 pub use reader::{accept_readable_answers, UsageFormat, UsageFormatError, UsageReader};
 pub use reported::{Dialect, Usage};
 pub use request::{
     read_request, rewrite_request, set_body_length, RequestBodyError, RequestFacts, RequestShape,
     Rewrites, Rewritten,
 };
-pub use settings::{CompletionBound, PromptBound, UsageSettings, DEFAULT_MAX_REQUEST_BYTES};
+pub use settings::{
+    CompletionBound, PromptBound, UsageSettings, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_ON_BYTES,
+    DEFAULT_READ_ON_TIMEOUT,
+};

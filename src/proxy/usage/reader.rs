@@ -178,6 +178,27 @@ impl UsageReader {
         }
     }
 
+    /// A reader of nothing: what stands in for one handed over with the rest of its answer.
+    pub(super) fn unreadable() -> Self {
+        Self {
+            dialect: Dialect::OpenAi,
+            mode: Mode::Unreadable,
+            reported: Reported::default(),
+            any: false,
+            header_total: None,
+        }
+    }
+
+    /// Whether the usage is whole before the body ends: a header's number, read with the head.
+    pub fn is_whole(&self) -> bool {
+        matches!(self.mode, Mode::Header(_)) && self.header_total.is_some()
+    }
+
+    /// Whether more of the body could tell more of the usage (not a compressed body's).
+    pub fn may_learn_more(&self) -> bool {
+        !matches!(self.mode, Mode::Unreadable)
+    }
+
     /// What the answer reported so far ([`Usage::MISSING`] if nothing).
     pub fn usage(&self) -> Usage {
         if let Mode::Header(_) = self.mode {

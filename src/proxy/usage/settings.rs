@@ -6,6 +6,12 @@ use super::request::Rewrites;
 /// The default `usage.max_request_bytes`: 1 MiB.
 pub const DEFAULT_MAX_REQUEST_BYTES: u64 = 1 << 20;
 
+/// The default `usage.read_on_bytes`: 1 MiB.
+pub const DEFAULT_READ_ON_BYTES: u64 = 1 << 20;
+
+/// The default `usage.read_on_timeout`: 30 s.
+pub const DEFAULT_READ_ON_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// `usage:` of a route.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageSettings {
@@ -23,6 +29,10 @@ pub struct UsageSettings {
     pub inject_stream_usage: bool,
     /// Largest request body read (413 past it).
     pub max_request_bytes: u64,
+    /// After a client leaves before the usage is known, how much more of the answer is read to learn it.
+    pub read_on_bytes: u64,
+    /// ... and for how long at most.
+    pub read_on_timeout: std::time::Duration,
 }
 
 /// `reserve.prompt`.
