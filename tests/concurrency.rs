@@ -896,9 +896,16 @@ async fn on_redis_slots_taken_without_redis_count_in_redis_once_it_answers_until
     let held = holding(&upstream, status(a.url("/hold"))).await;
     // Back, empty: the slot is added to Redis's count, and the other gateway finds the key full.
     redis.restart();
-    let counted = eventually(SOON, async || status(b.url("/quick")).await == 429).await;
-    assert!(counted.is_some(), "the other gateway is never refused");
-    assert_eq!(redis.cli(&["ZCARD", key]).as_deref(), Some("1"));
+    let counted = eventually(SOON, async || {
+        redis.cli(&["ZCARD", key]).as_deref() == Some("1")
+    })
+    .await;
+    assert!(counted.is_some(), "the slot is never counted in redis");
+    assert_eq!(
+        status(b.url("/quick")).await,
+        429,
+        "the other gateway finds the key full"
+    );
     // Renewed as any lease is, for longer than a lease.
     let until = std::time::Instant::now() + Duration::from_secs(3);
     while std::time::Instant::now() < until {
@@ -994,6 +1001,12 @@ async fn redis_gone_while_waiting(on_error: &str) -> (u16, usize) {
     let waiter = tokio::spawn(status(gateway.url("/waiter/hold")));
     until_waiting(&admin, 1).await;
     redis.kill();
+    if on_error == "local" {
+        // The fallback counts the slot the request admitted through Redis holds: the waiter waits for its end.
+        let early = eventually(Duration::from_secs(1), async || upstream.arrived() == 2).await;
+        assert_eq!(early, None, "the fallback gave the slot a request holds");
+        upstream.release(1);
+    }
     let answered = eventually(SOON, async || {
         waiter.is_finished() || upstream.arrived() == 2
     })
@@ -1012,7 +1025,8 @@ async fn on_redis_a_waiting_request_is_refused_with_503_when_redis_goes_away_und
 #[tokio::test]
 async fn on_redis_a_waiting_request_is_decided_in_process_when_redis_goes_away_under_on_error_local(
 ) {
-    // This instance's own count of the key is empty: the waiter is admitted.
+    // Once the request admitted through Redis ends, this instance's own count of the key is empty: the waiter is
+    // admitted.
     assert_eq!(redis_gone_while_waiting("local").await, (200, 2));
 }
 
@@ -1074,4 +1088,184 @@ async fn on_redis_a_user_denied_the_slots_channel_still_releases_and_its_waiter_
         "{:?}",
         redis.cli(&["ZRANGE", key, "0", "-1"])
     );
+}
+
+// === what Redis goes through ===
+
+/// Two `tollgate` processes sharing `redis` in front of `upstream`, 4 slots per address with a lease of `lease`, a
+/// store deciding by `on_error`; their config's directory is kept as long as they run.
+fn pair_of_binaries(
+    redis: &RedisServer,
+    upstream: &InFlightUpstream,
+    gone: &ReservedPort,
+    lease: &str,
+) -> (tempfile::TempDir, Tollgate, Tollgate) {
+    let limits = format!(
+        "      - {{ name: in-flight, key: ip, algorithm: concurrency, max: 4, lease: {lease} }}\n"
+    );
+    let yaml = yaml(&store_yaml(Some(redis)), upstream, gone, &limits)
+        .replace("timeout: 1s", "timeout: 60s");
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let config = dir.path().join("gateway.yaml");
+    std::fs::write(&config, format!("admin:\n  listen: 127.0.0.1:0\n{yaml}")).expect("config");
+    let (a, b) = (Tollgate::run(&config), Tollgate::run(&config));
+    (dir, a, b)
+}
+
+/// Sends `n` requests to `url` and returns once the upstream holds all `n` (their slots taken).
+async fn hold_n(
+    upstream: &InFlightUpstream,
+    url: &str,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<u16>> {
+    let requests: Vec<_> = (0..n)
+        .map(|_| tokio::spawn(status(url.to_owned())))
+        .collect();
+    let held = eventually(SOON, async || upstream.in_flight() == n).await;
+    assert!(
+        held.is_some(),
+        "the upstream holds {}",
+        upstream.in_flight()
+    );
+    requests
+}
+
+/// Asks for a slot through `url` every 20 ms for `during`: how many were admitted.
+async fn admitted_during(url: &str, during: Duration) -> usize {
+    let until = std::time::Instant::now() + during;
+    let mut admitted = 0;
+    while std::time::Instant::now() < until {
+        admitted += usize::from(status(url.to_owned()).await == 200);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    admitted
+}
+
+/// A holds 4 slots of 4 when `outage` happens to Redis; B asks for a slot all along, and for 4 s after: none is given
+/// twice (never more than 4 at the upstream), the loss is said once and counted on A, and A's slots stay held until
+/// its requests end.
+async fn no_slot_given_twice(lease: &str, outage: impl AsyncFnOnce(&mut RedisServer)) {
+    let mut redis = RedisServer::start();
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    let (_dir, a, b) = pair_of_binaries(&redis, &upstream, &gone, lease);
+    let held = hold_n(&upstream, &a.url("/hold"), 4).await;
+    assert_eq!(status(b.url("/quick")).await, 429, "every slot is held");
+    let asking = {
+        let url = b.url("/quick");
+        tokio::spawn(async move { admitted_during(&url, Duration::from_secs(4)).await })
+    };
+    outage(&mut redis).await;
+    let asked_after = admitted_during(&b.url("/quick"), Duration::from_secs(4)).await;
+    let asked_along = asking.await.expect("asking");
+    assert_eq!(
+        (asked_along, asked_after, upstream.most_in_flight()),
+        (0, 0, 4),
+        "slots given again while their requests still ran"
+    );
+    let said = |log: String| {
+        log.lines()
+            .filter(|line| line.contains("WARN") && line.contains("redis lost state"))
+            .count()
+    };
+    assert_eq!(said(a.log()), 1, "{}", a.log());
+    let metrics = common::http_client::metrics_text(&a.admin_url("")).await;
+    assert!(
+        metrics.contains("tollgate_store_resets_total 1"),
+        "{metrics}"
+    );
+    upstream.release(4);
+    for request in held {
+        assert_eq!(request.await.expect("held"), 200);
+    }
+    let back = eventually(SOON, async || status(b.url("/quick")).await == 200).await;
+    assert!(
+        back.is_some(),
+        "the slots come back once their requests end"
+    );
+}
+
+#[tokio::test]
+async fn on_redis_no_slot_is_given_twice_after_redis_restarts_empty() {
+    no_slot_given_twice("30s", async |redis: &mut RedisServer| redis.restart()).await;
+}
+
+#[tokio::test]
+async fn on_redis_no_slot_is_given_twice_after_redis_refused_every_write_for_longer_than_a_lease() {
+    // Out of memory for 5 s: renewals refused, and every lease (1 s) ends in Redis meanwhile.
+    no_slot_given_twice("1s", async |redis: &mut RedisServer| {
+        assert_eq!(
+            redis.cli(&["CONFIG", "SET", "maxmemory", "1"]).as_deref(),
+            Some("OK")
+        );
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(
+            redis.cli(&["CONFIG", "SET", "maxmemory", "0"]).as_deref(),
+            Some("OK")
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn on_redis_a_crashed_sole_holder_s_lease_is_counted_as_expired() {
+    let redis = RedisServer::start();
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    let (_dir, doomed, survivor) = pair_of_binaries(&redis, &upstream, &gone, "1s");
+    let held = hold_n(&upstream, &doomed.url("/hold"), 4).await;
+    // SIGKILL: the process releases nothing and renews nothing; its leases end a second later.
+    drop(doomed);
+    for request in held {
+        let _ = request.await;
+    }
+    let back = eventually(SOON, async || status(survivor.url("/quick")).await == 200).await;
+    assert!(
+        back.is_some(),
+        "the slots came back once their leases ended"
+    );
+    let metrics = common::http_client::metrics_text(&survivor.admin_url("")).await;
+    assert!(
+        metrics.contains("tollgate_leases_expired_total 4"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn on_redis_the_fallback_counts_the_slots_this_instance_holds_through_redis() {
+    let redis = RedisServer::start();
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    let store = store_yaml(Some(&redis)).replace("on_error: deny", "on_error: local");
+    let yaml = yaml(&store, &upstream, &gone, &queued(4, "3s", "20s", 100))
+        .replace("timeout: 1s", "timeout: 60s");
+    let gateway = common::start_gateway(&yaml).await;
+    let admin = serve_admin(&gateway, None).await;
+    let held = hold_n(&upstream, &gateway.url("/hold"), 4).await;
+    let queued: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(status(gateway.url("/queued/hold"))))
+        .collect();
+    until_waiting(&admin, 4).await;
+    // Black-holed: every call times out, and the waiters ask the fallback (every second: a third of the lease).
+    redis.pause();
+    let admitted = eventually(Duration::from_secs(3), async || upstream.in_flight() > 4).await;
+    assert_eq!(
+        (admitted, upstream.most_in_flight()),
+        (None, 4),
+        "the fallback gave slots that requests admitted through redis hold"
+    );
+    // One of them ends: one waiter takes its slot.
+    upstream.release(1);
+    let next = eventually(SOON, async || upstream.arrived() == 5).await;
+    assert!(
+        next.is_some(),
+        "a waiter takes the slot freed: {}",
+        upstream.arrived()
+    );
+    assert_eq!(upstream.most_in_flight(), 4);
+    redis.resume();
+    upstream.release(7);
+    for request in held.into_iter().chain(queued) {
+        let _ = request.await;
+    }
 }

@@ -13,7 +13,7 @@ use super::deny_cache::DenyCache;
 use super::giver::Giver;
 use super::last_reported::LastReported;
 use super::store::{Announcement, LimitCheck, MemoryStore, RedisStore, StoreError};
-use super::{Clock, Decision, Limit, Outcome, SlotQueues};
+use super::{Algorithm, Clock, Decision, Limit, Outcome, SlotQueues};
 
 /// How often a probe asks a Redis that failed. Short: the connections reconnect at most 100 ms apart, and
 /// limiting is to be shared again within 300 ms of Redis answering; a probe while disconnected fails at once
@@ -142,6 +142,7 @@ impl RateLimiter {
         let local = Arc::new(MemoryStore::new(max_keys, clock));
         let denials = Arc::new(DenyCache::default());
         if let Backend::Redis(redis) = &backend {
+            let local_queues = local.slot_queues();
             // Held weakly: the listener ends with the limiter (tests make many; a reload keeps the one).
             let (local, denials) = (Arc::downgrade(&local), Arc::downgrade(&denials));
             let listening = redis.on_announcement(move |heard| {
@@ -168,6 +169,13 @@ impl RateLimiter {
             if let Err(error) = listening {
                 tracing::warn!(%error, "cannot listen for other instances' resets and freed slots");
             }
+            // Refused during a recovery window after Redis lost its data, waiting requests ask again at its end.
+            let queues = Arc::downgrade(local_queues);
+            redis.on_recovery_end(move || {
+                if let Some(queues) = queues.upgrade() {
+                    queues.wake_all();
+                }
+            });
         }
         let health = Arc::new(Health::default());
         health.ledger.set_local(Arc::clone(&local));
@@ -500,13 +508,74 @@ impl RateLimiter {
                 if let Some(reported) = &self.reported {
                     self.seed(reported, checks);
                 }
-                let outcome = self.local.check(checks);
+                let outcome = self.fallback_check(checks);
                 if outcome.allowed {
                     self.health.ledger.record(checks);
                 }
                 Ok((outcome, DecidedBy::Fallback))
             }
         }
+    }
+
+    /// The fallback's decision: a `concurrency` limit counts, besides the slots the fallback gave, those this
+    /// instance's requests hold through Redis (still in flight, whatever became of Redis), so that one instance
+    /// never has more than `max` in flight; the decision tells the configured `max`.
+    fn fallback_check(&self, checks: &[LimitCheck<'_>]) -> Outcome {
+        let Backend::Redis(redis) = &self.backend else {
+            return self.local.check(checks);
+        };
+        let held: Vec<u64> = checks
+            .iter()
+            .map(|c| match c.limit.algorithm().holds_slots() {
+                true => redis.slots_held(c.key),
+                false => 0,
+            })
+            .collect();
+        if held.iter().all(|&h| h == 0) {
+            return self.local.check(checks);
+        }
+        let narrowed: Vec<Limit> = checks
+            .iter()
+            .zip(&held)
+            .map(|(c, &h)| without_held(c.limit, h))
+            .collect();
+        let narrowed_checks: Vec<LimitCheck<'_>> = checks
+            .iter()
+            .zip(&narrowed)
+            .map(|(c, limit)| LimitCheck { key: c.key, limit })
+            .collect();
+        let mut outcome = self.local.check(&narrowed_checks);
+        for ((decision, check), &h) in outcome.decisions.iter_mut().zip(checks).zip(&held) {
+            let max = check.limit.algorithm().capacity();
+            if h > 0 {
+                decision.limit = max;
+                decision.remaining = decision.remaining.min(max.saturating_sub(h));
+            }
+        }
+        outcome
+    }
+}
+
+/// A `concurrency` limit with `held` of its slots taken already: the same limit with as many fewer, or one that
+/// admits nothing (a cost past its `max`) when none is left.
+fn without_held(limit: &Limit, held: u64) -> Limit {
+    let Algorithm::Concurrency {
+        max,
+        lease_ms,
+        queue,
+    } = *limit.algorithm()
+    else {
+        return limit.clone();
+    };
+    let fewer = Algorithm::Concurrency {
+        max: max.saturating_sub(held),
+        lease_ms,
+        queue,
+    };
+    match Limit::new(limit.name(), fewer, limit.cost()) {
+        Ok(fewer) if held > 0 => fewer.with_shadow(limit.is_shadow()),
+        _ if held > 0 => limit.clone().with_cost(max + 1),
+        _ => limit.clone(),
     }
 }
 

@@ -43,10 +43,15 @@
 --   6 leaky_bucket    burst, rate count, rate period_ms, max_delay_ms (0 in reject mode)
 --   7 concurrency     max, lease_ms, the request's lease id (unique per request and instance: the member of the
 --                     key's sorted set of leases), 1 when the limit has a queue; never in a run, cost 1
--- ARGV[3]  present when the batch releases a slot of a limit with a queue: the channel on which a slot freed on a
---          full key is announced (its key as the message), for the requests waiting for one on every instance.
+-- ARGV[3]  when the batch releases a slot of a limit with a queue: the channel on which a slot freed on a full key
+--          is announced (its key as the message), for the requests waiting for one on every instance; "" or absent
+--          otherwise.
+-- ARGV[4]  the marker key that tells whether Redis lost its data (see "lost state" in 2-state.lua), "" or absent
+--          for none (Redis Cluster, where no key is shared by every call, and explicit times).
+-- ARGV[5]  the epoch of the data the calling instance last saw in a reply (0: none yet).
 --
--- Returns, packed as one MessagePack array: now_ms, then per entry:
+-- Returns, packed as one MessagePack array: now_ms, the epoch of the data (0 without a marker), the end of the
+-- recovery window under way (0: none; see "lost state" in 2-state.lua), then per entry:
 --   an entry past its deadline: -1 alone (whatever its count): it was neither decided nor counted.
 --   a give-back, a debt, a renewal or an adoption of leases: 1 alone.
 --   a single request: all_allowed, then per limit: allowed, remaining, wait_ms, reset_after_ms, where wait_ms is

@@ -1,3 +1,49 @@
+-- === lost state ===
+--
+-- Concurrency slots are leases only their holders know they still need. Redis restarted without its data, a
+-- FLUSHALL, a failover to a replica that missed writes, or an episode in which no call could write (out of memory,
+-- a black hole) long enough for leases to end unrenewed: the slots live requests hold are then missing or expired
+-- in Redis, and would be given again. A marker key, read by every call, tells: "<epoch>:<last>:<from>:<until>",
+-- the epoch being when the data it vouches for began (ms), `last` the last call that wrote it (every instance's
+-- once-a-second health check runs this script, so a live deployment writes it at least every second). Missing
+-- (to a caller that saw an epoch before) or older than STALE_MS, the data is suspect: a new epoch begins with a
+-- recovery window of RECOVERY_MS during which a concurrency limit admits no new slot and frees no lease that
+-- ended after `from` (the last call before the dark episode; 0: keep all), while the holders, told by the new
+-- epoch in their next reply (their health check within a second), put their leases back. A caller that has seen
+-- no epoch yet (a gateway starting) opens no window on a missing marker: a cold start of every gateway is
+-- refused nothing. Should such a caller have re-created the marker after a loss, the first caller that saw the
+-- old epoch opens the window then (once per epoch).
+local RECOVERY_MS, STALE_MS, MARK_EVERY_MS = 2000, 2000, 200
+-- While recovering: until when, and the time from which ended leases are kept for their holders.
+local recovering_until, keep_from, epoch = 0, 0, 0
+local marker = ARGV[4]
+if marker and marker ~= '' and not explicit_time then
+  local known = tonumber(ARGV[5]) or 0
+  local born, last, from, till = string.match(redis.call('GET', marker) or '', '^(%d+):(%d+):(%d+):(%d+)$')
+  born, last, from, till = tonumber(born), tonumber(last), tonumber(from), tonumber(till)
+  local changed = true
+  if not born then
+    born, from, till = max(now, known + 1), 0, 0
+    if known > 0 then
+      till = now + RECOVERY_MS
+    end
+  elseif now - last > STALE_MS then
+    -- Always a later epoch than the one it replaces, whatever the clock did.
+    born, from, till = max(now, born + 1), last, now + RECOVERY_MS
+  elseif known > 0 and known < born and till == 0 then
+    from, till = 0, now + RECOVERY_MS
+  else
+    changed = now - last >= MARK_EVERY_MS
+  end
+  if changed then
+    redis.call('SET', marker, format('%d:%d:%d:%d', born, now, from, till))
+  end
+  epoch = born
+  if now < till then
+    recovering_until, keep_from = till, from
+  end
+end
+
 -- === state ===
 --
 -- Every counter is one string, written with its expiry in one command (`SET ... PX`): a command called from Lua

@@ -44,6 +44,16 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     write_back(k, true)
     raw[k] = false
     local key = KEYS[k]
+    if now < recovering_until then
+      -- Redis lost state: no new slot until the holders put theirs back; only leases that ended before the dark
+      -- episode are freed (see "lost state").
+      local expired = 0
+      if keep_from > 0 then
+        expired = redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', keep_from))
+      end
+      local held = redis.call('ZCARD', key)
+      return false, 0, 0, max(max_held - held, 0), expired, recovering_until - now, 0
+    end
     local expired = redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now))
     local held = redis.call('ZCARD', key)
     local standing = max(max_held - held, 0)
@@ -211,9 +221,10 @@ end
 local function commit(k, alg, x, y, z, ttl, period, cost)
   if alg == 7 then -- concurrency: the request's lease, x its id, y its length
     redis.call('ZADD', KEYS[k], format('%d', now + y), format('%d', x))
-    -- Every lease in the set ends within y of now (renewals too), and the set with the last.
+    -- Every lease in the set ends within y of now (renewals too); the set outlives the last by as long again, so
+    -- that the next request finds a lease its holder stopped renewing, frees it and counts it as expired.
     if not explicit_time then
-      redis.call('PEXPIRE', KEYS[k], format('%d', y))
+      redis.call('PEXPIRE', KEYS[k], format('%d', 2 * y))
     end
     return
   end
@@ -256,7 +267,7 @@ local function hold_slot(k, lease, member, held_only)
     redis.call('ZADD', key, until_ms, format('%d', member))
   end
   if not explicit_time then
-    redis.call('PEXPIRE', key, format('%d', lease))
+    redis.call('PEXPIRE', key, format('%d', 2 * lease))
   end
 end
 
@@ -273,7 +284,7 @@ local function give_back(alg, k, p1, p2, p3, p4, cost, at)
     -- cost: requests of every instance may be waiting for it. A key that was not full has nobody waiting. Protected
     -- (pcall): a user the ACL denies the channel must still release, and fail none of the batch's other requests
     -- (waiters then find the slot by their own timer).
-    if p4 == 1 and ARGV[3] then
+    if p4 == 1 and ARGV[3] and ARGV[3] ~= '' then
       local held = redis.call('ZCARD', key)
       if redis.call('ZREM', key, member) == 1 and held + cost > p1 then
         redis.pcall('PUBLISH', ARGV[3], key)

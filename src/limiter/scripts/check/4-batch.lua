@@ -120,10 +120,10 @@ local results = {
   nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
 }
 local reply = {
-  now, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+  now, epoch, recovering_until, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
   nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
 }
-local r = 1
+local r = 3
 
 -- A run of `count` requests whose `n` limits start at input[a]: replies each key's state before the run, then
 -- stores what the admitted requests leave.

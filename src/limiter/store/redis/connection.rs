@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use super::cluster::join_all;
 use super::evictions::Evictions;
+use super::lost::{Epoch, DEFAULT_MARKER};
 use super::migration::{self, Migrations};
 use super::outage::Link;
 use super::RedisTopology;
@@ -44,6 +45,11 @@ pub(super) struct Connection {
     /// Where the script announces that a slot of a full key with a queue came free (`<key_prefix>slots`), set
     /// once by [`RedisStore::with_key_prefix`](super::RedisStore::with_key_prefix); `tollgate:slots` until then.
     pub(super) slots_channel: std::sync::OnceLock<Value>,
+    /// The key every call checks to tell whether Redis lost its data (`<key_prefix>epoch`), set once by
+    /// [`RedisStore::with_key_prefix`](super::RedisStore::with_key_prefix); `tollgate:epoch` until then.
+    pub(super) marker: std::sync::OnceLock<Value>,
+    /// The epoch of Redis's data as the replies tell it.
+    pub(super) epoch: Epoch,
 }
 
 // === impl Connection ===
@@ -136,15 +142,36 @@ impl Connection {
         let channel = self
             .slots_channel
             .get_or_init(|| Value::from(super::DEFAULT_SLOTS_CHANNEL));
-        let command = script::command(&self.sha, now_ms, requests, deadlines, &runs, channel);
+        let command = script::command(
+            &self.sha,
+            now_ms,
+            requests,
+            deadlines,
+            &runs,
+            channel,
+            self.marker(now_ms),
+        );
         let reply = self.evalsha(client, slot, command, timeout).await?;
         let received = Instant::now();
         let reply = script::unpack_reply(&reply)?;
+        let (epoch, recovering_until) = script::epoch_of(&reply);
+        self.epoch
+            .observe(epoch, recovering_until, reply.first().copied().unwrap_or(0));
         let decided_at = reply.first().copied().unwrap_or_default();
         if now_ms.is_none() {
             self.clock.observe(decided_at, received);
         }
         Ok((decided_at, script::parse_reply(&reply, requests, &runs)?))
+    }
+
+    /// The marker a call checks, with the epoch this instance knows: none on Redis Cluster (no key is shared by
+    /// every call there) or with a test's explicit time.
+    fn marker(&self, now_ms: Option<i64>) -> Option<(&Value, u64)> {
+        if now_ms.is_some() || self.topology == RedisTopology::Cluster {
+            return None;
+        }
+        let marker = self.marker.get_or_init(|| Value::from(DEFAULT_MARKER));
+        Some((marker, self.epoch.known()))
     }
 
     /// Runs the script by hash on the node owning `slot`; on Redis Cluster, a call that Redis redirected because

@@ -106,14 +106,22 @@ impl Leases {
             .is_some_and(|held| held.in_redis)
     }
 
-    /// The leases Redis does not hold yet (taken by the fallback), to be adopted.
-    fn outside(&self) -> Vec<(u64, Vec<(String, Limit)>)> {
+    /// The leases Redis does not hold yet (taken by the fallback), to be adopted; with `all`, every lease held
+    /// (Redis lost them: see [`put_back`]).
+    fn outside(&self, all: bool) -> Vec<(u64, Vec<(String, Limit)>)> {
         self.held
             .lock()
             .iter()
-            .filter(|(_, h)| !h.in_redis)
+            .filter(|(_, h)| all || !h.in_redis)
             .map(|(&lease, h)| (lease, h.keys.clone()))
             .collect()
+    }
+
+    /// How many slots of `key` this instance's requests hold through Redis (not those the fallback gave them).
+    pub(super) fn held_on(&self, key: &str) -> u64 {
+        let held = self.held.lock();
+        let on_key = |h: &&Held| h.in_redis && h.keys.iter().any(|(k, _)| k == key);
+        held.values().filter(on_key).count() as u64
     }
 
     /// Marks `lease` held by Redis, now renewed; false when its request ended meanwhile.
@@ -186,49 +194,67 @@ async fn call_on_slot<'a>(
     call.await.map(drop)
 }
 
+/// Puts into Redis, whatever the keys hold, the leases `which` names (adopted: renewed and released as the others
+/// from now on): one call per hash slot. A lease whose request ended meanwhile is removed again at once; one whose
+/// call failed is left as it was (tried again at the next recovery, or the next loss). Redis answered again after
+/// an outage (the fallback's leases, `all` false), or lost its data (every lease, `all`: see `lost.rs`).
+pub(super) async fn put_back(leases: &Leases, connection: &Connection, all: bool) {
+    let outside = leases.outside(all);
+    if outside.is_empty() {
+        return;
+    }
+    let mut by_slot: HashMap<Option<u16>, Vec<(u64, EncodedRequest)>> = HashMap::new();
+    for (lease, keys) in &outside {
+        for (key, limit) in keys {
+            let check = [LimitCheck { key, limit }];
+            let request = EncodedRequest::new(&check, Mode::Adopt).leased(*lease);
+            by_slot
+                .entry(connection.slot_of(&check))
+                .or_default()
+                .push((*lease, request));
+        }
+    }
+    let mut failed = std::collections::HashSet::new();
+    for (slot, requests) in by_slot {
+        let adopting = requests.iter().map(|(_, request)| request);
+        if let Err(error) = call_on_slot(connection, slot, adopting).await {
+            tracing::debug!(%error, "slots held not put back in redis yet");
+            failed.extend(requests.iter().map(|(lease, _)| *lease));
+        }
+    }
+    let mut ended: HashMap<Option<u16>, Vec<EncodedRequest>> = HashMap::new();
+    for (lease, keys) in outside {
+        if failed.contains(&lease) || leases.adopted(lease) {
+            continue;
+        }
+        // Its request ended while its slots were put back: they go at once.
+        for (key, limit) in &keys {
+            let check = [LimitCheck { key, limit }];
+            let request = EncodedRequest::new(&check, Mode::GiveBack).leased(lease);
+            ended
+                .entry(connection.slot_of(&check))
+                .or_default()
+                .push(request);
+        }
+    }
+    for (slot, requests) in ended {
+        if let Err(error) = call_on_slot(connection, slot, requests.iter()).await {
+            tracing::debug!(%error, "a slot was not released, its lease will end it");
+        }
+    }
+}
+
 // === impl RedisStore ===
 
 impl super::RedisStore {
     /// Redis answers again: adds to its count, in a task of its own, the slots that requests still in flight took
     /// from the in-process fallback while it was away (`on_error: local`), so that they count against every
-    /// instance until they end, renewed and released as the others. One call per hash slot; what fails is tried
-    /// again at the next recovery, and a request that ended meanwhile is released at once.
+    /// instance until they end, renewed and released as the others (see [`put_back`]).
     pub fn adopt_leases(&self) {
-        let outside = self.leases.outside();
-        if outside.is_empty() {
-            return;
-        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let store = self.clone();
-        runtime.spawn(async move {
-            let connection = &store.connection;
-            let mut by_slot: HashMap<Option<u16>, Vec<(u64, EncodedRequest)>> = HashMap::new();
-            for (lease, keys) in &outside {
-                for (key, limit) in keys {
-                    let check = [LimitCheck { key, limit }];
-                    let request = EncodedRequest::new(&check, Mode::Adopt).leased(*lease);
-                    by_slot
-                        .entry(connection.slot_of(&check))
-                        .or_default()
-                        .push((*lease, request));
-                }
-            }
-            let mut failed = std::collections::HashSet::new();
-            for (slot, requests) in by_slot {
-                let adopting = requests.iter().map(|(_, request)| request);
-                if let Err(error) = call_on_slot(connection, slot, adopting).await {
-                    tracing::debug!(%error, "slots taken without redis not adopted yet");
-                    failed.extend(requests.iter().map(|(lease, _)| *lease));
-                }
-            }
-            for (lease, keys) in outside {
-                if !failed.contains(&lease) && !store.leases.adopted(lease) {
-                    // Its request ended while Redis adopted its slots: they go at once.
-                    store.send_release(lease, keys);
-                }
-            }
-        });
+        let (leases, connection) = (Arc::clone(&self.leases), Arc::clone(&self.connection));
+        runtime.spawn(async move { put_back(&leases, &connection, false).await });
     }
 }

@@ -6,6 +6,7 @@ mod cluster;
 mod connection;
 mod evictions;
 mod leases;
+mod lost;
 mod migration;
 mod outage;
 mod resets;
@@ -110,6 +111,8 @@ impl RedisStore {
             clock: RedisClock::default(),
             migrations: migration::Migrations::default(),
             slots_channel: std::sync::OnceLock::new(),
+            marker: std::sync::OnceLock::new(),
+            epoch: lost::Epoch::default(),
         });
         if topology == RedisTopology::Sentinel {
             let weak = Arc::downgrade(&connection);
@@ -120,6 +123,17 @@ impl RedisStore {
             })?;
         }
         let batcher = Batcher::start(connection.clone());
+        let leases = Arc::new(Leases::new());
+        // Held weakly: the connection must not keep alive what holds it.
+        let (held, weak) = (Arc::downgrade(&leases), Arc::downgrade(&connection));
+        connection.epoch.on_lost(move || {
+            let (Some(leases), Some(connection)) = (held.upgrade(), weak.upgrade()) else {
+                return;
+            };
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move { leases::put_back(&leases, &connection, true).await });
+            }
+        });
         Ok(Self {
             connection,
             batcher,
@@ -127,19 +141,25 @@ impl RedisStore {
             reset_channel: Arc::from(DEFAULT_RESET_CHANNEL),
             probe_key: Arc::from(DEFAULT_PROBE_KEY),
             probe_limit: Arc::new(probe_limit()?),
-            leases: Arc::new(Leases::new()),
+            leases,
         })
     }
 
     /// Names the keys of this store's own after `prefix` (the gateway's `store.key_prefix`): resets are announced
-    /// on `<prefix>resets`, slots freed for waiting requests on `<prefix>slots`, and the probe asks about
-    /// `<prefix>probe`, so that deployments sharing one Redis under
+    /// on `<prefix>resets`, slots freed for waiting requests on `<prefix>slots`, the probe asks about
+    /// `<prefix>probe`, and whether Redis lost its data is told by `<prefix>epoch`, so that deployments sharing one
+    /// Redis under
     /// different prefixes keep apart, and an ACL user limited to the prefix's keys may probe.
     #[must_use]
     pub fn with_key_prefix(self, prefix: &str) -> Self {
         // Slots freed on full keys are announced on `<prefix>slots` (the first prefix given, for the store's life).
         let channel = Value::from(format!("{prefix}slots"));
         let _ = self.connection.slots_channel.set(channel);
+        // And whether Redis lost its data is told by `<prefix>epoch`.
+        let _ = self
+            .connection
+            .marker
+            .set(Value::from(format!("{prefix}epoch")));
         Self {
             probe_key: Arc::from(format!("{prefix}probe")),
             ..self.with_reset_channel(&format!("{prefix}resets"))
@@ -267,6 +287,18 @@ impl RedisStore {
             *holders.entry(Leases::instance_of(id)).or_insert(0) += 1;
         }
         Ok(holders)
+    }
+
+    /// Calls `wake` whenever a recovery window after a loss of Redis's data ends (concurrency limits admitted no new
+    /// slot during it): the requests waiting for a slot ask again.
+    pub fn on_recovery_end(&self, wake: impl Fn() + Send + Sync + 'static) {
+        self.connection.epoch.on_window_end(wake);
+    }
+
+    /// How many slots of `key` (a `concurrency` limit's) this instance's requests in flight hold through Redis:
+    /// what the in-process fallback counts as taken while Redis is away.
+    pub fn slots_held(&self, key: &str) -> u64 {
+        self.leases.held_on(key)
     }
 
     /// Keeps the slots an admitted request holds under `lease` renewed (see [`release`](Self::release)).

@@ -228,6 +228,9 @@ pub(super) fn runs(requests: &[&EncodedRequest]) -> Vec<usize> {
 ///
 /// `deadlines` holds, per request, Redis's time in ms from which the script must leave it undecided (0: none): a
 /// run is given its earliest member's. A give-back's is instead the time its commit was decided at.
+///
+/// `marker`: the key that tells whether Redis lost its data, with the epoch this instance last saw (0: none), where
+/// every call shares one key (not on Redis Cluster); the reply then tells the epoch (see [`epoch_of`]).
 pub(super) fn command(
     sha: &Value,
     now_ms: Option<i64>,
@@ -235,6 +238,7 @@ pub(super) fn command(
     deadlines: &[u64],
     runs: &[usize],
     slots_channel: &Value,
+    marker: Option<(&Value, u64)>,
 ) -> Vec<Value> {
     let (mut integers, mut limits) = (0, 0);
     let mut at = 0;
@@ -304,8 +308,16 @@ pub(super) fn command(
     command.extend(keys);
     command.push(now_ms.map_or_else(|| Value::from(""), Value::Integer));
     command.push(Value::Bytes(packed.into_vec().into()));
-    if announces {
-        command.push(slots_channel.clone());
+    if announces || marker.is_some() {
+        command.push(if announces {
+            slots_channel.clone()
+        } else {
+            Value::from("")
+        });
+    }
+    if let Some((marker, epoch)) = marker {
+        command.push(marker.clone());
+        command.push(Value::Integer(i64::try_from(epoch).unwrap_or(0)));
     }
     command
 }
@@ -337,6 +349,18 @@ pub(super) fn unpack_reply(reply: &Value) -> Result<Vec<i64>, StoreError> {
     Ok(values)
 }
 
+/// The epoch of Redis's data a reply tells, and the end of the recovery window under way (Redis's ms; 0 for none,
+/// and both 0 without a marker): see [`command`]'s `marker`.
+pub(super) fn epoch_of(reply: &[i64]) -> (u64, u64) {
+    let at = |i: usize| {
+        reply
+            .get(i)
+            .and_then(|&value| u64::try_from(value).ok())
+            .unwrap_or(0)
+    };
+    (at(1), at(2))
+}
+
 /// Splits the script's reply into one outcome per request of `requests`, sent as `runs`: a request the script
 /// reached past its deadline is [`StoreError::Late`] (nothing was counted for it).
 pub(super) fn parse_reply(
@@ -352,7 +376,11 @@ pub(super) fn parse_reply(
             requests.len()
         ))
     };
-    let (&now_ms, mut rest) = reply.split_first().ok_or_else(wrong_length)?;
+    // The header: Redis's time, the epoch of its data and the end of a recovery window.
+    let [now_ms, _, _, ref rest @ ..] = *reply else {
+        return Err(wrong_length());
+    };
+    let mut rest = rest;
     let as_u64 = |v: i64| u64::try_from(v).unwrap_or(0);
     let mut at = 0;
     for &count in runs {

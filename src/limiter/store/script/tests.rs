@@ -29,7 +29,15 @@ fn a_batch_names_each_key_once_and_packs_the_requests() {
     let requests = [&first, &second];
     let runs = runs(&requests);
     assert_eq!(runs, [1, 1]);
-    let mut command = command(&sha, Some(77), &requests, &[0, 9], &runs, &Value::Null);
+    let mut command = command(
+        &sha,
+        Some(77),
+        &requests,
+        &[0, 9],
+        &runs,
+        &Value::Null,
+        None,
+    );
     let packed = command.pop().expect("packed requests");
     let strings: Vec<String> = command
         .iter()
@@ -86,6 +94,7 @@ fn consecutive_identical_committing_requests_form_runs() {
         &[0, 40, 30, 0],
         &[3, 1],
         &Value::Null,
+        None,
     )
     .pop()
     .expect("packed requests");
@@ -120,7 +129,7 @@ fn a_run_is_replayed_from_the_state_before_it() {
     let request = EncodedRequest::new(&checks, Mode::Commit);
     let now = EPOCH_MS + 10_500;
     // The window already counts 1 this second; the GCRA key is fresh.
-    let reply = [now, 1, now - 500, 1, 0, 0, 0, 0, 0];
+    let reply = [now, 0, 0, 1, now - 500, 1, 0, 0, 0, 0, 0];
     let outcomes = parse_reply(&reply, &[&request, &request, &request], &[3]).expect("well formed");
     let outcomes: Vec<Outcome> = outcomes.into_iter().map(|o| o.expect("decided")).collect();
     let allowed: Vec<bool> = outcomes.iter().map(|o| o.allowed).collect();
@@ -130,7 +139,7 @@ fn a_run_is_replayed_from_the_state_before_it() {
     // The shadow GCRA consumed for the two admitted requests only.
     let gcra_remaining: Vec<u64> = outcomes.iter().map(|o| o.decisions[1].remaining).collect();
     assert_eq!(gcra_remaining, [9, 8, 8]);
-    assert!(parse_reply(&reply[..8], &[&request, &request], &[2]).is_err());
+    assert!(parse_reply(&reply[..10], &[&request, &request], &[2]).is_err());
 }
 
 #[test]
@@ -150,6 +159,8 @@ fn the_reply_is_split_per_request() {
     // Per limit: allowed, remaining, wait (the delay when allowed, the retry when denied), reset.
     let reply = [
         123, // now
+        0,   // the epoch
+        0,   // no recovery window
         1, 1, 3, 250, 900, // request 1: allowed, one limit, held 250 ms
         0, 0, 0, 400, 1_000, 1, 4, 0, 600, // request 2: denied by the first of two
     ];
@@ -183,7 +194,7 @@ fn entries_reached_past_their_deadline_are_late_and_the_others_decided() {
     let one = encoded(&window, &["a"], Mode::Commit);
     let two = encoded(&window, &["a", "b"], Mode::Commit);
     // A run of two past its deadline, then one request decided.
-    let reply = [123, -1, 1, 1, 3, 0, 900];
+    let reply = [123, 0, 0, -1, 1, 1, 3, 0, 900];
     let outcomes = parse_reply(&reply, &[&two, &two, &one], &[2, 1]).expect("well formed");
     assert!(matches!(outcomes[0], Err(StoreError::Late)));
     assert!(matches!(outcomes[1], Err(StoreError::Late)));
@@ -196,11 +207,11 @@ fn a_reply_of_the_wrong_length_is_an_error() {
     let window = window();
     let one = encoded(&window, &["a"], Mode::Commit);
     let two = encoded(&window, &["a", "b"], Mode::Commit);
-    let reply = [123, 1, 1, 3, 0, 900];
+    let reply = [123, 0, 0, 1, 1, 3, 0, 900];
     assert!(parse_reply(&reply, &[&one], &[1]).is_ok());
     assert!(parse_reply(&reply, &[&two], &[1]).is_err());
     assert!(parse_reply(&reply, &[&one, &one], &[1, 1]).is_err());
-    assert!(parse_reply(&reply[..5], &[&one], &[1]).is_err());
+    assert!(parse_reply(&reply[..7], &[&one], &[1]).is_err());
     assert!(parse_reply(&reply, &[], &[]).is_err());
     assert!(parse_reply(&[], &[], &[]).is_err());
 }
