@@ -243,11 +243,16 @@ async fn the_runtime_plan_goes_ahead_of_the_tokens_claim() {
     let setup = setup(false).await;
     let consumers = setup.gateways[0].gateway.consumers().expect("consumers");
     let record = serde_json::from_value(json!({"plan": "pro"})).expect("record");
-    consumers.directory().put("bob", record).await.expect("put");
+    // A token's consumer is addressed with its identifier's prefix: the issuer's, by default.
+    consumers
+        .directory()
+        .put("auth.example.test:bob", record)
+        .await
+        .expect("put");
     let token = sign(&rsa_key("rsa-1"), &claims("bob", "free", json!({})));
     let (_, body, _) = setup.get(0, "/a/x", &token).await;
     assert_eq!(body["headers"]["x-consumer-plan"], "pro", "{body}");
-    assert_eq!(body["headers"]["x-consumer-id"], "bob");
+    assert_eq!(body["headers"]["x-consumer-id"], "auth.example.test:bob");
     assert_eq!(
         setup.statuses(&token, 6).await,
         [200, 200, 200, 200, 200, 429]
@@ -320,7 +325,11 @@ routes:
     // Another scheme leaves the next identifier to name the caller.
     let (status, body) = get("/open/x", "Digest username=\"u\"", Some("key-of-bob")).await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(consumer(&body).as_deref(), Some("bob"));
+    assert_eq!(
+        consumer(&body).as_deref(),
+        Some("bob"),
+        "an API-key consumer"
+    );
     // Where a credential is required, another scheme is none: 401 credential_required, not `malformed`.
     let (status, body) = get("/closed/x", "Basic dXNlcjpwYXNz", None).await;
     assert_eq!(
@@ -330,4 +339,111 @@ routes:
     // A bearer token that is not a JWT is still malformed.
     let (status, body) = get("/open/x", "Bearer not.a.token", None).await;
     assert_eq!((status, &body["reason"]), (401, &json!("malformed")));
+}
+
+/// One consumer, one credential source: a token whose `sub` is `zed` is the consumer `auth.example.test:zed`
+/// (its issuer's namespace), never the API-key consumer `zed`: it spends none of that quota and is not blocked with
+/// it, in both stores; `consumer_prefix: ""` joins them on purpose.
+#[tokio::test]
+async fn a_tokens_consumer_is_not_the_api_key_consumer_of_the_same_name() {
+    let rsa = rsa_key("rsa-1");
+    let jwks = JwksServer::start(jwks(&[&rsa])).await;
+    let upstream = Upstream::start().await;
+    let token = sign(&rsa, &claims("zed", "free", json!({})));
+    for (redis, prefix) in [(true, None), (false, None), (false, Some(""))] {
+        let server = redis.then(RedisServer::start);
+        let written = prefix.map_or(String::new(), |p| {
+            format!("\n        consumer_prefix: \"{p}\"")
+        });
+        let yaml = format!(
+            r#"listen: 127.0.0.1:0
+store:
+{store}upstreams:
+  backend:
+    targets: ["{upstream}"]
+consumers:
+  identify:
+    - api_key: {{ header: x-api-key }}
+    - jwt:
+        algorithms: [RS256]
+        jwks_url: http://{jwks}/.well-known/jwks.json
+        issuer: {ISSUER}
+        audiences: [api]
+        plan_claim: tier{written}
+  keys:
+    - {{ key: key-of-zed, consumer: zed, plan: free }}
+  forward: {{ consumer: X-Consumer-Id }}
+  plans:
+    free:
+      limits:
+        - {{ name: hourly, key: consumer, algorithm: sliding_log, limit: 3, period: 1h }}
+routes:
+  - name: a
+    match: {{ path_prefix: /a }}
+    upstream: backend
+"#,
+            store = store_yaml(server.as_ref()),
+            upstream = upstream.url(),
+            jwks = jwks.addr,
+        );
+        let gateways = gateways_sharing(&yaml, server.as_ref()).await;
+        let case = format!("redis: {redis}, consumer_prefix: {prefix:?}");
+        let probe = sign(&rsa, &claims("probe", "free", json!({})));
+        let send = async |i: usize, key: Option<&str>| {
+            let request = client().get(gateways[i % gateways.len()].url("/a/x"));
+            let request = match key {
+                None => request.header("x-api-key", "key-of-zed"),
+                Some(token) => request.bearer_auth(token),
+            };
+            let response = request.send().await.expect("send");
+            let status = response.status().as_u16();
+            let body = response.bytes().await.expect("body");
+            let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            (
+                status,
+                body["headers"]["x-consumer-id"].as_str().map(str::to_owned),
+            )
+        };
+        let ready = common::eventually(Duration::from_secs(5), async || {
+            let mut all = true;
+            for i in 0..gateways.len() {
+                all &= send(i, Some(&probe)).await.0 == 200;
+            }
+            all
+        })
+        .await;
+        assert!(ready.is_some(), "the JWKS was never fetched: {case}");
+        // The token's consumer takes one request, then the API-key consumer `zed` spends its whole quota (3, less
+        // the token's request when they are one consumer).
+        let first = send(0, Some(&token)).await;
+        let mut keyed = Vec::new();
+        for i in 0..4 {
+            keyed.push(send(i, None).await);
+        }
+        let zed = (200, Some("zed".to_owned()));
+        let refused = (429, None);
+        match prefix {
+            None => {
+                let apart = (200, Some("auth.example.test:zed".to_owned()));
+                assert_eq!(first, apart, "{case}");
+                assert_eq!(keyed, [zed.clone(), zed.clone(), zed, refused], "{case}");
+                assert_eq!(send(1, Some(&token)).await, apart, "{case}");
+                // Blocking the API-key consumer blocks no token.
+                let record = serde_json::from_value(json!({"blocked": true})).expect("record");
+                let consumers = gateways[0].gateway.consumers().expect("consumers");
+                consumers.directory().put("zed", record).await.expect("put");
+                assert_eq!(send(0, None).await.0, 403, "{case}");
+                assert_eq!(send(0, Some(&token)).await, apart, "{case}");
+            }
+            // Joined on purpose: the token's request spent one of the three.
+            Some(_) => {
+                assert_eq!(first, zed, "{case}");
+                assert_eq!(
+                    keyed,
+                    [zed.clone(), zed, refused.clone(), refused],
+                    "{case}"
+                );
+            }
+        }
+    }
 }

@@ -56,7 +56,7 @@ fn jwks_file(dir: &tempfile::TempDir, document: &str) -> JwtKeySource {
 
 fn acme(expires_at: u64) -> VerifiedToken {
     VerifiedToken {
-        consumer: Arc::from("acme"),
+        consumer: Arc::from("auth.example.test:acme"),
         plan: Some(Arc::from("pro")),
         expires_at,
     }
@@ -318,7 +318,7 @@ fn claims_are_read_from_the_configured_names_with_leeway() {
     assert_eq!(
         verifier.verify(&token),
         Ok(VerifiedToken {
-            consumer: Arc::from("c-7"),
+            consumer: Arc::from("jwt:c-7"),
             plan: Some(Arc::from("free")),
             expires_at: exp
         })

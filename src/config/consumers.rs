@@ -35,6 +35,7 @@ pub(crate) fn consumers(
             identifier(issues, &format!("consumers.identify[{i}]"), entry, folder)
         })
         .collect();
+    shared_prefixes(issues, &identify);
     let mut keys: Vec<StaticKey> = Vec::with_capacity(raw.keys.len());
     for (i, raw_key) in raw.keys.iter().enumerate() {
         let at = format!("consumers.keys[{i}]");
@@ -226,6 +227,10 @@ fn jwt_settings(issues: &mut Issues, at: &str, raw: &RawJwt, folder: &Path) -> O
     settings.leeway = leeway?;
     settings.consumer_claim = consumer_claim;
     settings.plan_claim = raw.plan_claim.clone();
+    settings.consumer_prefix = raw.consumer_prefix.clone();
+    if !consumer_prefix(issues, at, &settings) {
+        return None;
+    }
     // As the gateway will build it (a JWKS file read, a URL's scheme and roots, a secret's length), without fetching.
     if let Err(error) = JwtVerifier::check(&settings) {
         let field = match settings.keys {
@@ -240,6 +245,65 @@ fn jwt_settings(issues: &mut Issues, at: &str, raw: &RawJwt, folder: &Path) -> O
         return None;
     }
     Some(settings)
+}
+
+/// Two `jwt:` identifiers whose consumers would share ids by default (issuers that read alike) are an issue at the
+/// second's `issuer`: joining them takes the same `consumer_prefix` written in both.
+fn shared_prefixes(issues: &mut Issues, identify: &[IdentifierSettings]) {
+    let mut seen: Vec<(String, bool)> = Vec::new();
+    for (i, identifier) in identify.iter().enumerate() {
+        let IdentifierSettings::Jwt { settings, .. } = identifier else {
+            continue;
+        };
+        let prefix = settings.consumer_prefix();
+        let written = settings.consumer_prefix.is_some();
+        if seen.iter().any(|(p, w)| *p == prefix && !(*w && written)) {
+            issues.add(
+                format!("consumers.identify[{i}].jwt.issuer"),
+                format_args!(
+                    "another jwt identifier's consumer ids also begin with {prefix:?}: set consumer_prefix (the same in both joins them)"
+                ),
+            );
+        }
+        seen.push((prefix, written));
+    }
+}
+
+/// The longest prefix of a JWT identifier's consumer ids: half an id, so that a claim of 64 characters fits.
+const MAX_CONSUMER_PREFIX: usize = 64;
+
+/// Whether the consumer ids' prefix of a `jwt:` identifier (`consumer_prefix`, or the one its issuer gives) can
+/// begin consumer ids; an issue at the field it comes from when not.
+fn consumer_prefix(issues: &mut Issues, at: &str, settings: &JwtSettings) -> bool {
+    let prefix = settings.consumer_prefix();
+    let field = match settings.consumer_prefix {
+        Some(_) => "consumer_prefix",
+        None => "issuer",
+    };
+    if !prefix.chars().all(crate::consumers::consumer_id_char) {
+        issues.add(
+            format!("{at}.{field}"),
+            format_args!(
+                "consumer ids begin with {prefix:?}: only A-Z a-z 0-9 . _ : @ - may stand in one"
+            ),
+        );
+        return false;
+    }
+    if prefix.len() > MAX_CONSUMER_PREFIX {
+        let advice = match settings.consumer_prefix {
+            Some(_) => "",
+            None => " (set a shorter consumer_prefix)",
+        };
+        issues.add(
+            format!("{at}.{field}"),
+            format_args!(
+                "consumer ids would begin with {prefix:?}, {} characters: at most {MAX_CONSUMER_PREFIX}{advice}",
+                prefix.len()
+            ),
+        );
+        return false;
+    }
+    true
 }
 
 /// Where a `jwt:` identifier's keys come from: exactly one of `jwks_file`, `jwks_url` and `secret_env`.

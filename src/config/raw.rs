@@ -267,6 +267,7 @@ pub(crate) struct RawJwt {
     pub leeway: Option<String>,
     pub consumer_claim: Option<String>,
     pub plan_claim: Option<String>,
+    pub consumer_prefix: Option<String>,
     pub hide_credentials: bool,
 }
 

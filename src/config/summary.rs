@@ -261,7 +261,12 @@ fn consumers_summary(consumers: &ConsumersSettings, routes: &[RouteSettings]) ->
                     JwtKeySource::Url { url, .. } => format!("jwks_url {url}"),
                     JwtKeySource::Secret(_) => "secret_env".to_owned(),
                 };
-                format!("jwt {} ({}, {keys})", jwt.header, algorithms.join(","))
+                format!(
+                    "jwt {} ({}, {keys}, consumers {:?}...)",
+                    jwt.header,
+                    algorithms.join(","),
+                    jwt.consumer_prefix()
+                )
             }
         })
         .collect();

@@ -19,6 +19,6 @@ pub use hide::hide;
 pub use identify::{Caller, CallerRefusal, Consumers};
 pub use overrides::overridden;
 pub use settings::{
-    consumer_id, Anonymous, ConsumerMode, ConsumersSettings, CredentialSource, ForwardHeaders,
-    IdentifierSettings, Plan, StaticKey,
+    consumer_id, consumer_id_char, Anonymous, ConsumerMode, ConsumersSettings, CredentialSource,
+    ForwardHeaders, IdentifierSettings, Plan, StaticKey,
 };

@@ -105,11 +105,20 @@ pub struct Plan {
     pub limits: Vec<LimitSettings>,
 }
 
+/// Whether `c` may stand in a consumer id.
+pub fn consumer_id_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '@' | '-')
+}
+
 /// Whether `id` may name a consumer; the message says why not.
 pub fn consumer_id(id: &str) -> Result<(), String> {
-    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '@' | '-');
     // `.` and `..` would be path segments in the admin API's URLs, resolved away by clients and proxies.
-    if id.is_empty() || id.len() > 128 || !id.chars().all(allowed) || id == "." || id == ".." {
+    if id.is_empty()
+        || id.len() > 128
+        || !id.chars().all(consumer_id_char)
+        || id == "."
+        || id == ".."
+    {
         return Err(format!(
             "invalid consumer id {id:?} (1 to 128 of A-Z a-z 0-9 . _ : @ -, not . or ..)"
         ));

@@ -13,6 +13,7 @@ pub(crate) use bearer::other_scheme;
 pub use crypto::use_ring_for_signatures;
 pub use rejection::{JwtSetupError, TokenRejection};
 pub use settings::{
-    JwtKeySource, JwtSettings, DEFAULT_JWKS_REFRESH, TOKEN_CACHE_BYTES, TOKEN_CACHE_CAPACITY,
+    JwtKeySource, JwtSettings, DEFAULT_CONSUMER_PREFIX, DEFAULT_JWKS_REFRESH, TOKEN_CACHE_BYTES,
+    TOKEN_CACHE_CAPACITY,
 };
 pub use verifier::{JwtVerifier, VerifiedToken};

@@ -36,6 +36,10 @@ pub struct JwtSettings {
     pub consumer_claim: String,
     /// The claim naming the consumer's plan, if any (ignored when absent or not a string).
     pub plan_claim: Option<String>,
+    /// What the consumer claim is prefixed with to make the consumer id, so that a token's consumers live apart
+    /// from API-key consumers and other issuers' (see [`consumer_prefix`](Self::consumer_prefix)); `None`: the
+    /// default, from `issuer`. `Some("")` joins the claim's ids with the API keys' on purpose.
+    pub consumer_prefix: Option<String>,
 }
 
 /// Where the keys that verify tokens come from. Its `Debug` never shows the secret.
@@ -65,8 +69,46 @@ impl JwtSettings {
             leeway: Duration::ZERO,
             consumer_claim: "sub".to_owned(),
             plan_claim: None,
+            consumer_prefix: None,
         }
     }
+
+    /// The prefix of this identifier's consumer ids: `consumer_prefix` when set, otherwise the issuer without
+    /// its scheme, each run of characters a consumer id may not hold made one `:`, and a `:` after it
+    /// (`https://auth.example.com/realms/a` gives `auth.example.com:realms:a:`), or `jwt:` without an issuer.
+    pub fn consumer_prefix(&self) -> String {
+        match (&self.consumer_prefix, &self.issuer) {
+            (Some(prefix), _) => prefix.clone(),
+            (None, Some(issuer)) => issuer_prefix(issuer),
+            (None, None) => DEFAULT_CONSUMER_PREFIX.to_owned(),
+        }
+    }
+}
+
+/// The prefix of the consumer ids of an identifier with no issuer.
+pub const DEFAULT_CONSUMER_PREFIX: &str = "jwt:";
+
+/// The prefix an issuer gives its consumer ids by default (see [`JwtSettings::consumer_prefix`]).
+fn issuer_prefix(issuer: &str) -> String {
+    let bare = ["https://", "http://"]
+        .iter()
+        .find_map(|scheme| issuer.strip_prefix(scheme))
+        .unwrap_or(issuer);
+    let mut prefix = String::with_capacity(bare.len() + 1);
+    for c in bare.chars() {
+        if crate::consumers::consumer_id_char(c) {
+            prefix.push(c);
+        } else if !prefix.is_empty() && !prefix.ends_with(':') {
+            prefix.push(':');
+        }
+    }
+    if prefix.is_empty() {
+        return DEFAULT_CONSUMER_PREFIX.to_owned();
+    }
+    if !prefix.ends_with(':') {
+        prefix.push(':');
+    }
+    prefix
 }
 
 // === impl JwtKeySource ===
@@ -82,5 +124,37 @@ impl fmt::Debug for JwtKeySource {
                 .finish(),
             Self::Secret(secret) => write!(f, "Secret([{} bytes redacted])", secret.len()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_issuer_names_its_consumers_apart() {
+        let prefix = |issuer: Option<&str>, set: Option<&str>| {
+            let mut settings = JwtSettings::new(Vec::new(), JwtKeySource::Secret(Vec::new()));
+            settings.issuer = issuer.map(str::to_owned);
+            settings.consumer_prefix = set.map(str::to_owned);
+            settings.consumer_prefix()
+        };
+        assert_eq!(prefix(None, None), "jwt:");
+        assert_eq!(
+            prefix(Some("https://auth.example.com"), None),
+            "auth.example.com:"
+        );
+        assert_eq!(
+            prefix(Some("https://auth.example.com/"), None),
+            "auth.example.com:"
+        );
+        assert_eq!(
+            prefix(Some("https://kc.example.com:8443/realms/a b"), None),
+            "kc.example.com:8443:realms:a:b:"
+        );
+        assert_eq!(prefix(Some("urn:acme"), None), "urn:acme:");
+        assert_eq!(prefix(Some("https://"), None), "jwt:");
+        assert_eq!(prefix(Some("https://a.test"), Some("")), "");
+        assert_eq!(prefix(None, Some("idp-")), "idp-");
     }
 }

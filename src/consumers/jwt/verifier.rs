@@ -30,7 +30,7 @@ const REFETCH_AT_MOST_EVERY: Duration = Duration::from_secs(30);
 /// What a verified token says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifiedToken {
-    /// The consumer claim's value.
+    /// The consumer id: the identifier's `consumer_prefix` and the consumer claim's value.
     pub consumer: Arc<str>,
     /// The plan claim's value, when configured and present as a non-empty string.
     pub plan: Option<Arc<str>>,
@@ -53,6 +53,8 @@ pub(crate) struct Shared {
     /// One per allowed algorithm: jsonwebtoken requires every algorithm of a `Validation` to fit the key.
     validations: Vec<(Algorithm, Validation)>,
     consumer_claim: String,
+    /// What the consumer claim is prefixed with to make the consumer id (`consumer_prefix`).
+    consumer_prefix: String,
     plan_claim: Option<String>,
     leeway: u64,
     /// `None` until a JWKS URL is first fetched.
@@ -134,6 +136,7 @@ impl JwtVerifier {
                 algorithms: settings.algorithms.clone(),
                 validations,
                 consumer_claim: settings.consumer_claim.clone(),
+                consumer_prefix: settings.consumer_prefix(),
                 plan_claim: settings.plan_claim.clone(),
                 leeway: settings.leeway.as_secs(),
                 keys: ArcSwapOption::new(keys.map(Arc::new)),
@@ -295,6 +298,16 @@ impl Shared {
         if crate::consumers::consumer_id(&consumer).is_err() {
             return Err(TokenRejection::InvalidConsumerId);
         }
+        // The identifier's namespace: a `sub` of `zed` is never the API-key consumer `zed`, nor another issuer's.
+        let consumer = if self.consumer_prefix.is_empty() {
+            consumer
+        } else {
+            let id = format!("{}{consumer}", self.consumer_prefix);
+            if crate::consumers::consumer_id(&id).is_err() {
+                return Err(TokenRejection::InvalidConsumerId);
+            }
+            Arc::from(id)
+        };
         let plan = self.plan_claim.as_deref().and_then(string);
         // jsonwebtoken has checked `exp` is there and a non-negative number (an integer or not).
         let expires_at = match claims.get("exp") {
