@@ -1180,3 +1180,37 @@ fn repeated_descriptors_charge_exactly_their_sum_in_both_stores() {
         panic!("{failure}");
     }
 }
+
+/// `rls.headers: draft03` sends envoyproxy/ratelimit's names: `RateLimit-Limit`, `-Remaining` and `-Reset`, and
+/// none of the IETF draft's fields; by default the IETF draft's.
+#[tokio::test]
+async fn draft03_headers_carry_envoyproxy_ratelimits_names() {
+    let yaml = copies_in_memory().replace("  domains:", "  headers: draft03\n  domains:");
+    let rls = start_rls(&yaml).await;
+    let mut client = rls.client().await;
+    let ask_one =
+        |value: &'static str| request("edge", vec![descriptor(&[("generic_key", value)])]);
+    let admitted = ask(&mut client, ask_one("d")).await;
+    assert_eq!(admitted.overall_code, OK);
+    assert_eq!(header(&admitted, "ratelimit-limit"), Some("5"));
+    assert_eq!(header(&admitted, "ratelimit-remaining"), Some("4"));
+    assert!(header(&admitted, "ratelimit-reset").is_some());
+    for _ in 0..4 {
+        ask(&mut client, ask_one("d")).await;
+    }
+    let refused = ask(&mut client, ask_one("d")).await;
+    assert_eq!(refused.overall_code, OVER_LIMIT);
+    assert_eq!(header(&refused, "ratelimit-remaining"), Some("0"));
+    for ietf in [
+        "ratelimit",
+        "ratelimit-policy",
+        "retry-after",
+        "x-ratelimit-limit",
+    ] {
+        assert!(header(&refused, ietf).is_none(), "{ietf}: {refused:?}");
+    }
+    let ietf = start_rls(&copies_in_memory()).await;
+    let answer = ask(&mut ietf.client().await, ask_one("d")).await;
+    assert!(header(&answer, "ratelimit").is_some());
+    assert!(header(&answer, "ratelimit-limit").is_none());
+}

@@ -9,7 +9,9 @@ use super::limits::limit_settings;
 use super::raw::{Ordered, RawLimit};
 use super::validate::{check_name, socket_addr, unique_names, Issues};
 use crate::limiter::{LeakyMode, Limit};
-use crate::rls::{Domain, Node, RlsSettings, Rule, RuleKind, Unit, ValueMatch, WhenUnavailable};
+use crate::rls::{
+    Domain, HeaderNames, Node, RlsSettings, Rule, RuleKind, Unit, ValueMatch, WhenUnavailable,
+};
 
 /// `rls:` as written.
 #[derive(Debug, Deserialize)]
@@ -20,7 +22,17 @@ pub(crate) struct RawRls {
     pub config_dir: Option<String>,
     pub when_unavailable: RawWhenUnavailable,
     pub x_ratelimit_headers: bool,
+    pub headers: RawHeaderNames,
     pub health_follows_store: bool,
+}
+
+/// `rls.headers`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawHeaderNames {
+    #[default]
+    Ietf,
+    Draft03,
 }
 
 /// `rls.when_unavailable`
@@ -107,6 +119,7 @@ impl Default for RawRls {
             config_dir: None,
             when_unavailable: RawWhenUnavailable::default(),
             x_ratelimit_headers: false,
+            headers: RawHeaderNames::default(),
             health_follows_store: false,
         }
     }
@@ -155,6 +168,10 @@ pub(crate) fn rls(issues: &mut Issues, raw: &RawRls, folder: &Path) -> Option<Rl
             RawWhenUnavailable::OverLimit => WhenUnavailable::OverLimit,
         },
         x_ratelimit_headers: raw.x_ratelimit_headers,
+        headers: match raw.headers {
+            RawHeaderNames::Ietf => HeaderNames::Ietf,
+            RawHeaderNames::Draft03 => HeaderNames::Draft03,
+        },
         health_follows_store: raw.health_follows_store,
         config_dir,
     };

@@ -7,9 +7,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::Duration as EnvoyDuration;
-use http::header::{HeaderMap, HeaderValue, RETRY_AFTER};
+use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use super::decide::{Checked, Decided, Found};
+use super::domains::HeaderNames;
 use super::unit::{requests_per_unit, Unit};
 use crate::admission::{apply_rate_limit_fields, rate_limit_policy, Advertised};
 use crate::limiter::{Decision, Limit};
@@ -21,8 +22,24 @@ const X_RATELIMIT: [&str; 3] = [
     "x-ratelimit-reset",
 ];
 
-/// `decided` as Envoy reads it; `x_ratelimit_headers` keeps the `X-RateLimit-*` fields.
-pub fn response(decided: &Decided<'_>, x_ratelimit_headers: bool) -> RateLimitResponse {
+/// The IETF draft's fields, not sent under `rls.headers: draft03`.
+const RATELIMIT_POLICY: &str = "ratelimit-policy";
+const RATELIMIT: &str = "ratelimit";
+
+/// The fields `rls.headers: draft03` sends, each the `X-RateLimit-*` field of the same place in [`X_RATELIMIT`].
+const DRAFT03: [HeaderName; 3] = [
+    HeaderName::from_static("ratelimit-limit"),
+    HeaderName::from_static("ratelimit-remaining"),
+    HeaderName::from_static("ratelimit-reset"),
+];
+
+/// `decided` as Envoy reads it; `x_ratelimit_headers` keeps the `X-RateLimit-*` fields, `names` says which names
+/// the others go by.
+pub fn response(
+    decided: &Decided<'_>,
+    x_ratelimit_headers: bool,
+    names: HeaderNames,
+) -> RateLimitResponse {
     let statuses = decided
         .found
         .iter()
@@ -37,7 +54,7 @@ pub fn response(decided: &Decided<'_>, x_ratelimit_headers: bool) -> RateLimitRe
     RateLimitResponse {
         overall_code: overall as i32,
         statuses,
-        response_headers_to_add: headers(decided, x_ratelimit_headers),
+        response_headers_to_add: headers(decided, x_ratelimit_headers, names),
         ..RateLimitResponse::default()
     }
 }
@@ -148,7 +165,11 @@ fn explaining<'c, 'd>(checked: &[&'c Checked<'d>], over: bool) -> Option<&'c Che
 
 /// The fields tollgate's own answer would carry: `RateLimit-Policy` of the enforced limits met, `RateLimit` of the
 /// one that explains the answer, and `Retry-After` when refused.
-fn headers(decided: &Decided<'_>, x_ratelimit_headers: bool) -> Vec<EnvoyHeader> {
+fn headers(
+    decided: &Decided<'_>,
+    x_ratelimit_headers: bool,
+    names: HeaderNames,
+) -> Vec<EnvoyHeader> {
     let enforced: Vec<&Checked<'_>> = decided
         .checked
         .iter()
@@ -178,6 +199,18 @@ fn headers(decided: &Decided<'_>, x_ratelimit_headers: bool) -> Vec<EnvoyHeader>
         if let Some(ms) = retry_after_ms {
             // At least 1: `Retry-After: 0` would invite an immediate retry that is still refused.
             headers.insert(RETRY_AFTER, HeaderValue::from(ms.div_ceil(1000).max(1)));
+        }
+    }
+    if names == HeaderNames::Draft03 {
+        // The same numbers under envoyproxy/ratelimit's names: the limit, what is left and the seconds until it
+        // is full again, of the limit that explains the answer.
+        for (draft03, name) in DRAFT03.iter().zip(X_RATELIMIT) {
+            if let Some(value) = headers.get(name).cloned() {
+                headers.insert(draft03, value);
+            }
+        }
+        for name in [RATELIMIT_POLICY, RATELIMIT, RETRY_AFTER.as_str()] {
+            headers.remove(name);
         }
     }
     if !x_ratelimit_headers {

@@ -20,9 +20,23 @@ pub struct RlsSettings {
     pub when_unavailable: WhenUnavailable,
     /// Whether `response_headers_to_add` also carries `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
     pub x_ratelimit_headers: bool,
+    /// Which names the rate-limit fields of `response_headers_to_add` go by (`rls.headers`).
+    pub headers: HeaderNames,
     /// Whether the gRPC health check says NOT_SERVING while the store is degraded (default: SERVING, as the
     /// service still answers by `on_error`).
     pub health_follows_store: bool,
+}
+
+/// The names the rate-limit fields of an answer go by (`rls.headers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeaderNames {
+    /// The IETF draft's `RateLimit-Policy` and `RateLimit`, with `Retry-After` when refused: what tollgate's own
+    /// answers carry.
+    #[default]
+    Ietf,
+    /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` (the draft's third version), the names
+    /// envoyproxy/ratelimit sends with `LIMIT_RESPONSE_HEADERS_ENABLED`, so that a migration keeps what clients read.
+    Draft03,
 }
 
 /// The answer to a request the store could not decide, under `store.on_error: deny`.

@@ -9,7 +9,7 @@ mod unit;
 
 pub use decide::{decide, Checked, Decided, Descriptor, Found};
 pub use domains::{
-    pattern_matches, Domain, Matched, Node, RlsSettings, Rule, RuleKind, ValueMatch,
+    pattern_matches, Domain, HeaderNames, Matched, Node, RlsSettings, Rule, RuleKind, ValueMatch,
     WhenUnavailable, MAX_SHARED_DEPTH,
 };
 pub use service::{serve, RateLimitService};

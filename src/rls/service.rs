@@ -20,7 +20,7 @@ use tonic_health::ServingStatus;
 
 use super::answer::{self, from_envoy_unit};
 use super::decide::{decide, Decided, Descriptor, Found};
-use super::domains::{Domain, RlsSettings, WhenUnavailable};
+use super::domains::{Domain, HeaderNames, RlsSettings, WhenUnavailable};
 use crate::limiter::RateLimiter;
 
 /// How often the health check looks at the store, when it follows it.
@@ -45,6 +45,7 @@ struct Tables {
     domains: HashMap<String, Entry>,
     when_unavailable: WhenUnavailable,
     x_ratelimit_headers: bool,
+    headers: HeaderNames,
     health_follows_store: bool,
     /// The folder of envoyproxy/ratelimit files the domains were read from, if any.
     config_dir: Option<PathBuf>,
@@ -161,7 +162,11 @@ impl RateLimitService {
                     &counters.ok
                 };
                 counter.increment(1);
-                Ok(answer::response(&decided, tables.x_ratelimit_headers))
+                Ok(answer::response(
+                    &decided,
+                    tables.x_ratelimit_headers,
+                    tables.headers,
+                ))
             }
             Err(error) => {
                 // The limiter logs the outage once per reason; a line per request would flood the log.
@@ -263,6 +268,7 @@ impl Tables {
             domains,
             when_unavailable: settings.when_unavailable,
             x_ratelimit_headers: settings.x_ratelimit_headers,
+            headers: settings.headers,
             health_follows_store: settings.health_follows_store,
             config_dir: settings.config_dir.clone(),
             unknown: Counters::new(""),

@@ -507,3 +507,27 @@ fn a_status_count_in_the_rate_limit_service_is_a_located_error() {
         "{found}"
     );
 }
+
+#[test]
+fn rls_headers_name_a_known_set_or_are_a_located_error() {
+    let rls = |headers: &str| {
+        format!(
+            "rls:\n  listen: 127.0.0.1:0\n  headers: {headers}\n  domains:\n    edge:\n      descriptors:\n        - {{ key: k, limits: [ {{ name: l, algorithm: fixed_window, limit: 5, period: 1h }} ] }}\n"
+        )
+    };
+    for known in ["ietf", "draft03"] {
+        let parsed = parse(&rls(known));
+        assert!(
+            parsed.is_ok(),
+            "{known}: {:?}",
+            parsed.err().map(|e| e.to_string())
+        );
+    }
+    let error = parse(&rls("draft3")).unwrap_err().to_string();
+    assert!(
+        error.starts_with("t.yaml:3:")
+            && error.contains("rls.headers")
+            && error.contains("draft03"),
+        "{error}"
+    );
+}
