@@ -249,7 +249,7 @@ pub(super) async fn put_back(leases: &Leases, connection: &Connection, all: bool
 impl super::RedisStore {
     /// Redis answers again: adds to its count, in a task of its own, the slots that requests still in flight took
     /// from the in-process fallback while it was away (`on_error: local`), so that they count against every
-    /// instance until they end, renewed and released as the others (see [`put_back`]).
+    /// instance until they end, renewed and released as the others (see `put_back`).
     pub fn adopt_leases(&self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
