@@ -36,7 +36,9 @@ if marker and marker ~= '' and not explicit_time then
     changed = now - last >= MARK_EVERY_MS
   end
   if changed then
-    redis.call('SET', marker, format('%d:%d:%d:%d', born, now, from, till))
+    -- A day past the last call: an abandoned prefix still empties itself, and a live deployment (whose health
+    -- checks write it every second) never sees it expire.
+    redis.call('SET', marker, format('%d:%d:%d:%d', born, now, from, till), 'PX', 86400000)
   end
   epoch = born
   if now < till then
