@@ -422,7 +422,10 @@ async fn every_key_gets_an_expiry_and_the_store_empties_itself() {
         async || {
             // The lost-state marker lives a day past the last call (docs/operations.md); every limit's key goes.
             let keys = server.cli(&["KEYS", "*"]).expect("keys");
-            let left: Vec<&str> = keys.lines().filter(|k| !k.is_empty() && !k.ends_with("epoch")).collect();
+            let left: Vec<&str> = keys
+                .lines()
+                .filter(|k| !k.is_empty() && !k.ends_with("epoch"))
+                .collect();
             size = left.len().to_string();
             left.is_empty()
         },
