@@ -127,6 +127,17 @@ GROUPS = {
 }
 
 
+def nginx_main(folder: Path) -> str:
+    """The main context of an nginx.conf living in `folder`: one worker in the foreground, no master process (so
+    that callgrind follows the process that serves)."""
+    return f"""worker_processes 1;
+daemon off;
+master_process off;
+pid {folder}/nginx.pid;
+error_log {folder}/logs/error.log warn;
+events {{ worker_connections 4096; }}"""
+
+
 def nginx_proxy_conf(work: Path, limit: bool) -> Path:
     """An nginx proxy on tollgate's port in front of the same upstream, one worker, as bench/run.sh's: keep-alive
     towards the upstream, X-Forwarded-For added (as tollgate adds it), and with `limit` a limit_req zone keyed by
@@ -137,12 +148,7 @@ def nginx_proxy_conf(work: Path, limit: bool) -> Path:
     limit_req = "limit_req zone=pass burst=1000000 nodelay;" if limit else ""
     conf = folder / "nginx.conf"
     conf.write_text(
-        f"""worker_processes 1;
-daemon off;
-master_process off;
-pid {folder}/nginx.pid;
-error_log {folder}/logs/error.log warn;
-events {{ worker_connections 4096; }}
+        f"""{nginx_main(folder)}
 http {{
     access_log off;
     keepalive_requests 10000000;
@@ -459,12 +465,7 @@ def main() -> None:
             folder.mkdir(parents=True)
             (folder / "completions").write_text(chat_stream(size))
         (work / "nginx.conf").write_text(
-            f"""worker_processes 1;
-daemon off;
-master_process off;
-pid {work}/nginx.pid;
-error_log {work}/logs/error.log warn;
-events {{ worker_connections 1024; }}
+            f"""{nginx_main(work)}
 http {{
     access_log off;
     keepalive_requests 10000000;
