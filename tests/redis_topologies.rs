@@ -1362,14 +1362,7 @@ async fn cluster_evictions_on_any_primary_are_counted_and_named_in_readyz() {
     );
     // Where the primaries stand is read at connect; the flood comes after it.
     let ready = eventually(Duration::from_secs(10), async || {
-        let body = client()
-            .get(format!("{admin}/readyz"))
-            .send()
-            .await
-            .expect("readyz")
-            .text()
-            .await
-            .unwrap_or_default();
+        let body = common::http_client::readyz_text(&admin).await;
         body.contains("\"ready\"")
     })
     .await;
@@ -1389,14 +1382,7 @@ async fn cluster_evictions_on_any_primary_are_counted_and_named_in_readyz() {
             .await
             .expect("flood");
         told = eventually(Duration::from_secs(5), async || {
-            last = client()
-                .get(format!("{admin}/readyz"))
-                .send()
-                .await
-                .expect("readyz")
-                .text()
-                .await
-                .unwrap_or_default();
+            last = common::http_client::readyz_text(&admin).await;
             last.contains("evicted")
                 && common::http_client::evicted_keys_counted(&admin).await > 0.0
         })

@@ -46,6 +46,16 @@ pub async fn metrics_text(admin: &str) -> String {
         .expect("metrics text")
 }
 
+/// The body of `GET /readyz` on the admin listener at `admin` (empty when it could not be read).
+pub async fn readyz_text(admin: &str) -> String {
+    let response = client()
+        .get(format!("{admin}/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    response.text().await.unwrap_or_default()
+}
+
 /// `tollgate_store_evicted_keys_total` as the admin listener at `admin` says it (0 while never incremented).
 pub async fn evicted_keys_counted(admin: &str) -> f64 {
     metrics_text(admin)
