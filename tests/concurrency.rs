@@ -1269,3 +1269,101 @@ async fn on_redis_the_fallback_counts_the_slots_this_instance_holds_through_redi
         let _ = request.await;
     }
 }
+
+// === a reload that lowers max ===
+
+/// The config of a `tollgate` process in front of `upstream` whose route `api` allows `max` requests per address in
+/// flight, the others waiting up to 30 s for a slot; on `redis` or in memory.
+fn reloadable(
+    redis: Option<&RedisServer>,
+    upstream: &InFlightUpstream,
+    gone: &ReservedPort,
+    max: u64,
+) -> String {
+    let yaml = yaml(
+        &store_yaml(redis),
+        upstream,
+        gone,
+        &queued(max, "30s", "30s", 100),
+    )
+    .replace("timeout: 1s", "timeout: 60s");
+    format!("admin:\n  listen: 127.0.0.1:0\n{yaml}")
+}
+
+/// What `GET /limits` says of the client 127.0.0.1's slots on the process whose admin API is `admin`.
+async fn slots_seen(admin: &str) -> serde_json::Value {
+    json_answer(client().get(format!("{admin}/limits/api/in-flight?key=127.0.0.1")))
+        .await
+        .1
+}
+
+/// 4 requests in flight of a `max: 4`, 2 waiting; a SIGHUP lowers `max` to 2: `GET /limits` shows the 4 held, and
+/// the waiting requests go only while fewer than 2 are in flight.
+async fn a_lowered_max_is_shown_and_applies_to_waiting_requests(redis: Option<&RedisServer>) {
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join("gateway.yaml");
+    std::fs::write(&path, reloadable(redis, &upstream, &gone, 4)).expect("config");
+    let gateway = Tollgate::run(&path);
+    let admin = gateway.admin_url("");
+    let held = hold_n(&upstream, &gateway.url("/hold"), 4).await;
+    let waiting: Vec<_> = (1..=2)
+        .map(|i| tokio::spawn(status(gateway.url(&format!("/w{i}/hold")))))
+        .collect();
+    until_waiting(&admin, 2).await;
+    std::fs::write(&path, reloadable(redis, &upstream, &gone, 2)).expect("config");
+    let signalled = std::process::Command::new("kill")
+        .args(["-HUP", &gateway.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(signalled.success());
+    let reloaded = eventually(SOON, async || slots_seen(&admin).await["capacity"] == 2).await;
+    assert!(reloaded.is_some(), "{}", gateway.log());
+    let seen = slots_seen(&admin).await;
+    assert_eq!(
+        (&seen["held"], &seen["remaining"], &seen["waiting"]),
+        (
+            &serde_json::json!(4),
+            &serde_json::json!(0),
+            &serde_json::json!(2)
+        ),
+        "{seen}"
+    );
+    // One ends: 3 in flight, still more than the new max, so neither waiting request goes.
+    upstream.release(1);
+    let admitted = eventually(Duration::from_secs(2), async || upstream.arrived() > 4).await;
+    assert_eq!(
+        (admitted, upstream.in_flight()),
+        (None, 3),
+        "a waiting request was admitted past the lowered max"
+    );
+    // Two more end: 1 in flight, so one waiting request goes and the other waits (2 is the new max).
+    upstream.release(2);
+    let next = eventually(SOON, async || upstream.arrived() == 5).await;
+    assert!(
+        next.is_some(),
+        "the first waiting request goes once 1 is in flight"
+    );
+    let more = eventually(Duration::from_secs(1), async || upstream.arrived() > 5).await;
+    assert_eq!(
+        (more, upstream.in_flight()),
+        (None, 2),
+        "{:?}",
+        upstream.arrivals()
+    );
+    upstream.release(3);
+    for request in held.into_iter().chain(waiting) {
+        assert_eq!(request.await.expect("request"), 200);
+    }
+}
+
+#[tokio::test]
+async fn in_memory_a_lowered_max_is_shown_and_applies_to_requests_already_waiting() {
+    a_lowered_max_is_shown_and_applies_to_waiting_requests(None).await;
+}
+
+#[tokio::test]
+async fn on_redis_a_lowered_max_is_shown_and_applies_to_requests_already_waiting() {
+    a_lowered_max_is_shown_and_applies_to_waiting_requests(Some(&RedisServer::start())).await;
+}

@@ -26,13 +26,14 @@ pub(super) async fn peek_limit(
         admin.locate(&headers, &route, &limit, query.key.as_deref())?;
     let decision = admin.peek(&store_key, &settings.limit).await?;
     if settings.limit.algorithm().holds_slots() {
-        // Slots in flight, and which instance holds them (a crashed one's until its leases end).
-        let held = decision.limit.saturating_sub(decision.remaining);
+        // Slots in flight, and which instance holds them (a crashed one's until its leases end): counted from what
+        // the store holds, not from what `max` leaves, which a reload may have lowered below them.
         let limiter = admin.gateway.limiter();
         let holders = limiter
-            .slot_holders(&store_key, held)
+            .slot_holders(&store_key)
             .await
             .map_err(AdminError::Store)?;
+        let held: u64 = holders.values().sum();
         return Ok(Json(json!({
             "route": route,
             "limit": limit,

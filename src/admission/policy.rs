@@ -192,6 +192,15 @@ impl Policy {
         &self.limits
     }
 
+    /// The `max` of each `concurrency` limit its requests may be counted by (a plan's too), by the head of its
+    /// store keys.
+    pub fn slot_maxes(&self) -> impl Iterator<Item = (String, u64)> + '_ {
+        let plans = self.consumers.iter().flat_map(|c| &c.with_plan);
+        std::iter::once(&self.limits)
+            .chain(plans)
+            .flat_map(LimitSet::slot_maxes)
+    }
+
     /// Whether `client` is exempt from the limits.
     pub fn is_exempt(&self, client: IpAddr) -> bool {
         self.allow.iter().any(|net| net.contains(&client))
@@ -355,7 +364,12 @@ impl Policy {
     ) -> Box<dyn AfterAnswer> {
         let held = limits.slots_taken(facts, checked);
         let giver = limiter.giver(checked.decided_by);
-        let slots = Box::new(HeldSlots::new(giver, held, checked.lease));
+        let slots = Box::new(HeldSlots::new(
+            giver,
+            held,
+            checked.lease,
+            Arc::clone(limiter.slot_queues()),
+        ));
         match other {
             None => slots,
             Some(other) => Box::new(Both(other, slots)),

@@ -1,8 +1,10 @@
 //! The slots of `concurrency` limits an admitted request holds, released once its answer ends: its last byte sent,
 //! the client gone, the upstream failed, a stream or a WebSocket tunnel closed.
 
+use std::sync::Arc;
+
 use super::after_answer::{AfterAnswer, Ending};
-use crate::limiter::{Giver, Limit};
+use crate::limiter::{Giver, Limit, SlotQueues};
 
 /// The slots one admitted request holds, with the `tollgate_in_flight` gauge of each limit.
 pub(super) struct HeldSlots {
@@ -11,6 +13,8 @@ pub(super) struct HeldSlots {
     held: Vec<(String, Limit, metrics::Gauge)>,
     /// What the slots are held under in Redis.
     lease: u64,
+    /// The lines of waiting requests, which know the running config's `max` (see [`HeldSlots::ended`]).
+    queues: Arc<SlotQueues>,
 }
 
 // === impl HeldSlots ===
@@ -21,6 +25,7 @@ impl HeldSlots {
         giver: Giver,
         held: Vec<(String, Limit, metrics::Gauge)>,
         lease: u64,
+        queues: Arc<SlotQueues>,
     ) -> Self {
         for (_, _, gauge) in &held {
             gauge.increment(1.0);
@@ -30,7 +35,12 @@ impl HeldSlots {
             .map(|(key, limit, _)| (key.clone(), limit.clone()))
             .collect();
         giver.hold_slots(&renewed, lease);
-        Self { giver, held, lease }
+        Self {
+            giver,
+            held,
+            lease,
+            queues,
+        }
     }
 }
 
@@ -43,7 +53,18 @@ impl AfterAnswer for HeldSlots {
             .into_iter()
             .map(|(key, limit, gauge)| {
                 gauge.decrement(1.0);
-                (key, limit)
+                // A reload that lowered `max` since the request came: the release is of a key full at the new
+                // `max`, and announced as such to the requests waiting for it (they wait for the new one).
+                let running = key
+                    .rfind('{')
+                    .and_then(|brace| this.queues.running_max(&key[..=brace]));
+                match running {
+                    Some(max) if max < limit.algorithm().capacity() => {
+                        let limit = limit.with_max(max);
+                        (key, limit)
+                    }
+                    _ => (key, limit),
+                }
             })
             .collect();
         this.giver.release_slots(held, this.lease);

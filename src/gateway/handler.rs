@@ -98,11 +98,18 @@ impl Gateway {
         }
     }
 
-    /// Replaces the running config; requests in flight finish with the old one.
+    /// Replaces the running config; requests in flight finish with the old one, but those waiting for a slot are
+    /// admitted by the new config's `max`.
     pub fn reload(&self, config: &Config) {
         let directory = self.directory_for(config);
-        self.compiled
-            .store(Arc::new(CompiledConfig::new(config, directory.as_ref())));
+        let compiled = CompiledConfig::new(config, directory.as_ref());
+        let maxes: Vec<(String, u64)> = compiled
+            .routes
+            .iter()
+            .flat_map(|route| route.policy.slot_maxes())
+            .collect();
+        self.compiled.store(Arc::new(compiled));
+        self.limiter.slot_queues().set_running_max(maxes);
     }
 
     /// The consumer directory, made on the store of the first config that needs one: in Redis when the store

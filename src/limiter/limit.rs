@@ -466,6 +466,15 @@ impl Limit {
         self
     }
 
+    /// The same `concurrency` limit with `max` slots (the running config's, for a request that waited through a
+    /// reload); any other limit as it is. `max` is a validated config's, never 0.
+    pub fn with_max(mut self, max: u64) -> Self {
+        if let Algorithm::Concurrency { max: slots, .. } = &mut self.algorithm {
+            *slots = max;
+        }
+        self
+    }
+
     /// The same limit in shadow mode (`shadow: true`): decided, logged and counted, never enforced. A request
     /// it denies is still admitted, and consumes from it nothing; a request it admits consumes as usual.
     pub fn with_shadow(mut self, shadow: bool) -> Self {

@@ -427,18 +427,20 @@ impl RateLimiter {
         }
     }
 
-    /// How many slots of `key` (a `concurrency` limit's, holding `held` in all) each instance holds: from Redis's
-    /// leases, or all this instance's with the memory store.
+    /// How many slots of `key` (a `concurrency` limit's) each instance holds: from Redis's leases, or all this
+    /// instance's with the memory store; as many as are held, also past a `max` a reload lowered since.
     pub async fn slot_holders(
         &self,
         key: &str,
-        held: u64,
     ) -> Result<std::collections::BTreeMap<String, u64>, StoreError> {
         match &self.backend {
-            Backend::Memory => Ok((held > 0)
-                .then(|| (self.instance(), held))
-                .into_iter()
-                .collect()),
+            Backend::Memory => {
+                let held = self.local.slots_held(key);
+                Ok((held > 0)
+                    .then(|| (self.instance(), held))
+                    .into_iter()
+                    .collect())
+            }
             Backend::Redis(redis) => tokio::time::timeout(
                 self.timeout.max(Duration::from_secs(1)),
                 redis.lease_holders(key),

@@ -1,6 +1,7 @@
 //! The requests of this instance waiting for a slot of a full `concurrency` key (`queue:`): one line per key, in
 //! arrival order, whose first is woken when a slot of its key may have come free (a release heard in this process
-//! or over Redis's publish/subscribe), and a count per limit that bounds how many wait.
+//! or over Redis's publish/subscribe), a count per limit that bounds how many wait, and the `max` the running config
+//! gives each limit (a request that waits through a reload is admitted by the new one).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -13,6 +14,9 @@ use tokio::sync::Notify;
 #[derive(Debug, Default)]
 pub struct SlotQueues {
     lines: Mutex<Lines>,
+    /// Per limit (its store keys' common head): its `max` in the running config, once a reload set them. A waiting
+    /// request asks with its own config, which a reload may have replaced.
+    running_max: Mutex<HashMap<String, u64>>,
 }
 
 #[derive(Debug, Default)]
@@ -88,6 +92,19 @@ impl SlotQueues {
                 first.woken.notify_one();
             }
         }
+    }
+
+    /// The running config's `max` of every `concurrency` limit, by the head of its store keys: the waiting
+    /// requests ask with these from now on. Every line's first asks again at once: a raised `max` has room for it.
+    pub fn set_running_max(&self, maxes: impl IntoIterator<Item = (String, u64)>) {
+        *self.running_max.lock() = maxes.into_iter().collect();
+        self.wake_all();
+    }
+
+    /// The running config's `max` of the limit whose store keys start with `head`; `None` before a reload said,
+    /// or for a limit the running config no longer has (its waiting requests keep their own).
+    pub fn running_max(&self, head: &str) -> Option<u64> {
+        self.running_max.lock().get(head).copied()
     }
 
     /// How many requests of this instance wait for a slot of `key`.
@@ -197,5 +214,17 @@ mod tests {
         assert!(futures_util::FutureExt::now_or_never(b.woken()).is_none());
         queues.wake_all();
         assert!(futures_util::FutureExt::now_or_never(a.woken()).is_some());
+    }
+
+    #[test]
+    fn the_running_max_replaces_the_last_and_wakes_every_line() {
+        let queues = Arc::new(SlotQueues::default());
+        assert_eq!(queues.running_max("l"), None);
+        let a = queues.join("l", "k", 10).expect("a");
+        queues.set_running_max([("l".to_owned(), 2)]);
+        assert_eq!(queues.running_max("l"), Some(2));
+        assert!(futures_util::FutureExt::now_or_never(a.woken()).is_some());
+        queues.set_running_max([("other".to_owned(), 4)]);
+        assert_eq!(queues.running_max("l"), None, "a limit the config dropped");
     }
 }

@@ -1,10 +1,10 @@
 //! What a set's limits say of a request refused only for want of a slot it may wait for (`queue:` on a
 //! `concurrency` limit), and asking again for it.
 
-use super::{Checked, LimitSet, NotChecked};
+use super::{Checked, LimitSet, NotChecked, Replaced};
 use crate::admission::tokens::Reserve;
 use crate::key::RequestFacts;
-use crate::limiter::{Algorithm, RateLimiter};
+use crate::limiter::{Algorithm, Limit, RateLimiter, SlotQueues};
 
 /// A refusal that waiting may end: every limit that refused is a `concurrency` limit with a queue. Names the first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +79,9 @@ impl LimitSet {
     }
 
     /// Asks the limiter again, for all the limits, what `checked` asked (the same replaced limits, `reserve`'s
-    /// reservation): all-or-nothing as the first time, so a refusal takes nothing from any limit.
+    /// reservation): all-or-nothing as the first time, so a refusal takes nothing from any limit. Its
+    /// `concurrency` limits count to the `max` of the running config: a reload since the request came may have
+    /// changed it, and the request waited through it with the config it came under.
     pub(in crate::admission) async fn ask_again<R: Reserve>(
         &self,
         limiter: &RateLimiter,
@@ -87,7 +89,53 @@ impl LimitSet {
         checked: &Checked,
         reserve: R,
     ) -> Result<Checked, NotChecked> {
-        self.check_reserving(limiter, facts, checked.replaced.clone(), reserve)
+        let replaced = self.at_running_max(limiter.slot_queues(), checked.replaced.as_ref());
+        self.check_reserving(limiter, facts, replaced, reserve)
             .await
+    }
+
+    /// The `max` of each `concurrency` limit in the running config, by the head of its store keys.
+    pub(crate) fn slot_maxes(&self) -> impl Iterator<Item = (String, u64)> + '_ {
+        self.limits
+            .iter()
+            .zip(&self.key_heads)
+            .filter_map(|(settings, head)| match settings.limit.algorithm() {
+                Algorithm::Concurrency { max, .. } => Some((head.clone(), *max)),
+                _ => None,
+            })
+    }
+
+    /// `replaced`, and each `concurrency` limit it leaves as the set has it at the `max` the running config
+    /// gives it, where that differs (a limit a consumer's override replaces keeps the override's).
+    fn at_running_max(&self, queues: &SlotQueues, replaced: Option<&Replaced>) -> Option<Replaced> {
+        let mut changed: Vec<(usize, Limit)> = Vec::new();
+        for (index, settings) in self.limits.iter().enumerate() {
+            let Algorithm::Concurrency { max, .. } = settings.limit.algorithm() else {
+                continue;
+            };
+            if replaced.is_some_and(|replaced| replaced.get(index).is_some()) {
+                continue;
+            }
+            match queues.running_max(&self.key_heads[index]) {
+                Some(running) if running != *max => {
+                    changed.push((index, settings.limit.clone().with_max(running)));
+                }
+                _ => {}
+            }
+        }
+        if changed.is_empty() {
+            return replaced.cloned();
+        }
+        // Counted from the set's first limit: what `replaced` replaces moves to its index in the set.
+        if let Some(replaced) = replaced {
+            let offset = replaced.offset;
+            changed.extend(
+                replaced
+                    .limits
+                    .iter()
+                    .map(|(index, limit)| (index + offset, limit.clone())),
+            );
+        }
+        Some(Replaced::new(0, changed.into()))
     }
 }

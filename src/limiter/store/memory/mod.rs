@@ -371,6 +371,21 @@ impl MemoryStore {
         algorithms::evaluate(check.limit.algorithm(), state, now_ms, check.limit.cost()).standing
     }
 
+    /// The slots of the `concurrency` key `key` its requests in flight hold, however many its limit allows now (a
+    /// reload may have lowered `max` below them).
+    pub fn slots_held(&self, key: &str) -> u64 {
+        let now_ms = self.clock.now_ms();
+        let key = self.key_ref(key);
+        let shard = self.shards[key.shard()].lock();
+        match shard.entries.get(&key).filter(|e| e.expires_at_ms > now_ms) {
+            Some(Entry {
+                state: State::Slots(slots),
+                ..
+            }) => slots.held,
+            _ => 0,
+        }
+    }
+
     /// Forgets `key`; true if it was held (and not expired).
     pub fn reset(&self, key: &str) -> bool {
         let now_ms = self.clock.now_ms();
