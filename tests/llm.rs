@@ -150,7 +150,7 @@ async fn each_ending_settles_as_its_answer_reported() {
     settles_to(&admin, "endings/tpm", 100_000 - used).await;
 
     // No usage in the answer: settled at the reservation (300).
-    let (status, _, _) = post(&gateway, "/nousage", &chat(200), 1, 1).await;
+    let (status, _, _) = post(&gateway, "/nousage/chat/completions", &chat(200), 1, 1).await;
     assert_eq!(status, 200);
     used += 300;
     settles_to(&admin, "endings/tpm", 100_000 - used).await;
@@ -161,13 +161,13 @@ async fn each_ending_settles_as_its_answer_reported() {
     );
 
     // A 5xx: everything given back.
-    let (status, _, _) = post(&gateway, "/fail", &chat(200), 1, 1).await;
+    let (status, _, _) = post(&gateway, "/fail/chat/completions", &chat(200), 1, 1).await;
     assert_eq!(status, 500);
     settles_to(&admin, "endings/tpm", 100_000 - used).await;
 
     // A client gone mid-stream, the stream reporting nothing by read_on_timeout: the whole reservation (300).
     let response = common::http_client::client()
-        .post(gateway.url("/cut/openai"))
+        .post(gateway.url("/cut/chat/completions"))
         .header("content-type", "application/json")
         .body(chat(200).to_string())
         .send()
@@ -211,7 +211,7 @@ async fn anthropic_and_header_answers_settle_as_they_report() {
     // Cut after message_start, the rest never coming: the whole reservation once read_on_timeout has passed (the
     // body's bytes and max_tokens 400), never less than message_start reported.
     let response = common::http_client::client()
-        .post(gateway.url("/cut/anthropic"))
+        .post(gateway.url("/cut/messages"))
         .header("content-type", "application/json")
         .header("x-test-input", "8")
         .body(streamed.to_string())
@@ -419,14 +419,18 @@ async fn an_overspend_is_a_debt_the_next_request_waits_for(redis: Option<&RedisS
     .await;
     let (_, headers, body) = denial.expect("an answer");
     assert!(waited.is_some(), "not refused: {body}");
+    // In OpenAI's shape, tollgate's facts beside its members.
     let body: Value = serde_json::from_str(&body).expect("json");
-    let retry_after_ms = body["retry_after_ms"].as_u64().expect("retry_after_ms");
+    let retry_after_ms = body["error"]["retry_after_ms"]
+        .as_u64()
+        .expect("retry_after_ms");
     assert!(
         (23_000..=24_000).contains(&retry_after_ms),
         "retry_after_ms {retry_after_ms}"
     );
     assert_eq!(headers["retry-after"], "24");
-    assert_eq!(body["limit"], "out");
+    assert_eq!(headers["retry-after-ms"], retry_after_ms.to_string());
+    assert_eq!(body["error"]["limit"], "out");
 }
 
 #[tokio::test]
@@ -534,7 +538,8 @@ async fn a_body_past_max_request_bytes_is_413_and_a_reservation_past_the_limit_t
     let (status, _, body) = post(&gateway, "/v1/chat/completions", &large, 1, 1).await;
     assert_eq!(status, 413);
     let body: Value = serde_json::from_str(&body).expect("json");
-    assert_eq!(body["error"], "body_too_large");
+    assert_eq!(body["error"]["code"], "body_too_large", "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
     // Streamed without a declared length: read up to the bound, then refused.
     let text = large.to_string();
     let request = format!(
@@ -549,9 +554,9 @@ async fn a_body_past_max_request_bytes_is_413_and_a_reservation_past_the_limit_t
     let (status, _, body) = post(&gateway, "/v1/chat/completions", &chat(5000), 1, 1).await;
     assert_eq!(status, 413);
     let body: Value = serde_json::from_str(&body).expect("json");
-    assert_eq!(body["error"], "reservation_too_large");
-    assert_eq!(body["limit"], "tpm");
-    assert_eq!(body["capacity"], 1000);
+    assert_eq!(body["error"]["code"], "reservation_too_large", "{body}");
+    assert_eq!(body["error"]["limit"], "tpm");
+    assert_eq!(body["error"]["capacity"], 1000);
 
     // A body that is not JSON cannot be bounded: 400.
     let response = common::http_client::client()
@@ -677,11 +682,11 @@ routes:
         .expect("answer");
     assert_eq!(response.status(), 413);
     let refused: Value = serde_json::from_str(&response.text().await.expect("body")).expect("json");
-    assert_eq!(refused["limit"], "pro.daily", "{refused}");
-    assert_eq!(refused["capacity"], 250, "{refused}");
+    assert_eq!(refused["error"]["limit"], "pro.daily", "{refused}");
+    assert_eq!(refused["error"]["capacity"], 250, "{refused}");
 }
 
-/// A streamed request to `/gated/openai` at `url` (the upstream holds it after its first event until released),
+/// A streamed request to `/gated/chat/completions` at `url` (the upstream holds it after its first event until released),
 /// the upstream to report `input` and `output` after `mib` MiB of content; its answer, once its head came.
 async fn gated_stream(
     client: &reqwest::Client,
@@ -745,7 +750,7 @@ async fn a_100_mib_stream_passes_unbuffered_with_flat_memory_and_settles_its_las
         .no_proxy()
         .build()
         .expect("client");
-    let url = gateway.url("/gated/openai");
+    let url = gateway.url("/gated/chat/completions");
     let mut response = gated_stream(&client, &url, (1_000, 2_000), STREAMED_MIB).await;
     let first = first_piece(&mut response).await;
     upstream.release();
@@ -800,7 +805,7 @@ async fn settling_while_redis_is_gone(on_error: &str) -> (TestGateway, LlmUpstre
     let failed_before = settlements_failed(&admin).await;
     // Reserves 300 (prompt 100, max_tokens 200), reports 600: 300 owed.
     let client = common::http_client::client();
-    let url = gateway.url("/gated/openai");
+    let url = gateway.url("/gated/chat/completions");
     let mut response = gated_stream(&client, &url, (100, 500), 0).await;
     first_piece(&mut response).await;
     redis.kill();
@@ -1081,7 +1086,7 @@ async fn leaving_early_settles_what_the_upstream_reported(
     };
     let client = common::http_client::client();
     for _ in 0..15 {
-        let url = gateway.url("/gated/openai");
+        let url = gateway.url("/gated/chat/completions");
         let mut response = gated_stream(&client, &url, (129, 3903), 0).await;
         first_piece(&mut response).await;
         drop(response);
@@ -1098,7 +1103,7 @@ async fn leaving_early_settles_what_the_upstream_reported(
     let missing = format!("tollgate_usage_missing_total{{route=\"{route}\"}}");
 
     // The usage past read_on_bytes: the whole reservation.
-    let url = gateway.url("/gated/openai");
+    let url = gateway.url("/gated/chat/completions");
     let mut response = gated_stream(&client, &url, (129, 3903), 2).await;
     first_piece(&mut response).await;
     drop(response);
@@ -1110,7 +1115,7 @@ async fn leaving_early_settles_what_the_upstream_reported(
 
     // No usage ever (the stream is held open): the whole reservation once read_on_timeout has passed.
     let mut response = client
-        .post(gateway.url("/cut/openai"))
+        .post(gateway.url("/cut/chat/completions"))
         .header("content-type", "application/json")
         .body(chat(200).to_string())
         .send()
@@ -1134,4 +1139,328 @@ async fn leaving_early_settles_what_the_upstream_reported_in_memory() {
 async fn leaving_early_settles_what_the_upstream_reported_on_redis() {
     let redis = RedisServer::start();
     leaving_early_settles_what_the_upstream_reported(Some(&redis), "early_redis").await;
+}
+
+/// A gateway in front of `upstream` with an Anthropic route on `/v1/messages` (completions capped at 500) before an
+/// OpenAI route `chat` on `/v1/` (`openai("body_bytes")`, its `usage` block then given `extra` lines), each with a
+/// `tpm` limit of 100,000 tokens an hour per address; and its admin API's URL.
+async fn two_providers(
+    redis: Option<&RedisServer>,
+    upstream: &LlmUpstream,
+    extra: &str,
+) -> (Vec<TestGateway>, String) {
+    let tpm = tokens_per_hour("total_tokens", 100_000);
+    let yaml = format!(
+        "store:\n{}upstreams:\n  llm: {{ targets: [\"{}\"] }}\nroutes:\n  - name: anthropic\n    match: {{ path_prefix: /v1/messages }}\n    upstream: llm\n    usage:\n      format: anthropic\n      reserve: {{ prompt: body_bytes, completion: max_tokens, completion_cap: 500 }}\n    limits:\n{tpm}  - name: chat\n    match: {{ path_prefix: /v1/ }}\n    upstream: llm\n{}{extra}    limits:\n{tpm}",
+        store_yaml(redis),
+        upstream.url(),
+        openai("body_bytes"),
+    );
+    let gateways = gateways_sharing(&yaml, redis).await;
+    let admin = serve_admin(&gateways[0], None).await;
+    (gateways, admin)
+}
+
+/// POSTs `text` as it is (JSON) to `path`, the upstream to report `input` and `output`; the status, and what the
+/// answer says is left of the tightest token limit once this request's reservation was taken.
+async fn post_text(
+    gateway: &TestGateway,
+    path: &str,
+    text: &str,
+    input: u64,
+    output: u64,
+) -> (u16, u64) {
+    let response = common::http_client::client()
+        .post(gateway.url(path))
+        .header("content-type", "application/json")
+        .header("x-test-input", input.to_string())
+        .header("x-test-output", output.to_string())
+        .body(text.to_owned())
+        .send()
+        .await
+        .expect("gateway answers");
+    let status = response.status().as_u16();
+    let left = response.headers()["x-ratelimit-remaining-tokens"]
+        .to_str()
+        .expect("text")
+        .parse()
+        .expect("a number");
+    response.text().await.expect("a body");
+    (status, left)
+}
+
+/// The path and body of the last request the upstream received.
+fn last_received(upstream: &LlmUpstream) -> (String, String) {
+    let received = upstream.received();
+    let (path, _, body) = received.requests.last().expect("a request");
+    (
+        path.clone(),
+        String::from_utf8(body.to_vec()).expect("UTF-8"),
+    )
+}
+
+/// Only the endpoints that take a completion bound are rewritten and reserve a completion: on a `/v1/` route,
+/// embeddings and moderations (OpenAI), a token count and a batch (Anthropic) arrive byte for byte and reserve
+/// their bytes alone, while chat completions and messages are still capped and reserve their cap.
+async fn only_endpoints_with_a_bound_are_rewritten_and_reserve_it(redis: Option<&RedisServer>) {
+    let upstream = LlmUpstream::start().await;
+    let (gateways, admin) = two_providers(redis, &upstream, "").await;
+    let last = gateways.last().expect("a gateway");
+    let mut left = 100_000;
+
+    // Embeddings: as sent (no max_output_tokens written in), reserving the body's bytes, settled at what it reported.
+    let embeddings =
+        r#"{ "input" : ["hello",  "world"], "model":"text-embedding-3-small", "dimensions": 2 }"#;
+    let (status, reserved_left) = post_text(&gateways[0], "/v1/embeddings", embeddings, 3, 0).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        last_received(&upstream),
+        ("/v1/embeddings".to_owned(), embeddings.to_owned())
+    );
+    assert_eq!(reserved_left, left - embeddings.len() as u64);
+    left -= 3;
+    settles_to(&admin, "chat/tpm", left).await;
+
+    // Moderations report no usage: settled at the reservation, the body's bytes and nothing more.
+    let moderations = r#"{"input": "a sentence to judge", "model": "omni-moderation-latest"}"#;
+    let (status, _) = post_text(last, "/v1/moderations", moderations, 3, 0).await;
+    assert_eq!(status, 200);
+    assert_eq!(last_received(&upstream).1, moderations);
+    left -= moderations.len() as u64;
+    settles_to(&admin, "chat/tpm", left).await;
+
+    // Chat completions on the same route: capped at 200 and reserving it.
+    let (status, reserved_left) =
+        post_text(last, "/v1/chat/completions", &chat(5000).to_string(), 7, 3).await;
+    assert_eq!(status, 200);
+    let (path, forwarded) = last_received(&upstream);
+    assert_eq!(path, "/v1/chat/completions");
+    assert!(forwarded.contains(r#""max_tokens":200"#), "{forwarded}");
+    assert_eq!(reserved_left, left - forwarded.len() as u64 - 200);
+    left -= 10;
+    settles_to(&admin, "chat/tpm", left).await;
+
+    // Anthropic's token count and batches: as sent, their bytes alone (neither reports usage: settled at that).
+    let mut anthropic_left = 100_000;
+    let count =
+        r#"{"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "Hello"}]}"#;
+    let batch = r#"{"requests": [{"custom_id": "a", "params": {"model": "claude-sonnet-4-5", "max_tokens": 5000, "messages": []}}]}"#;
+    for (path, text) in [
+        ("/v1/messages/count_tokens", count),
+        ("/v1/messages/batches", batch),
+    ] {
+        let (status, reserved_left) = post_text(&gateways[0], path, text, 9, 0).await;
+        assert_eq!(status, 200, "{path}");
+        assert_eq!(last_received(&upstream), (path.to_owned(), text.to_owned()));
+        assert_eq!(reserved_left, anthropic_left - text.len() as u64, "{path}");
+        anthropic_left -= text.len() as u64;
+        settles_to(&admin, "anthropic/tpm", anthropic_left).await;
+    }
+    // Messages: capped at 500, and reserving it.
+    let message = json!({"model": "claude-sonnet-4-5", "max_tokens": 5000, "messages": [{"role": "user", "content": "Hello"}]});
+    let (status, reserved_left) =
+        post_text(last, "/v1/messages", &message.to_string(), 20, 30).await;
+    assert_eq!(status, 200);
+    let (_, forwarded) = last_received(&upstream);
+    assert!(forwarded.contains(r#""max_tokens":500"#), "{forwarded}");
+    assert_eq!(reserved_left, anthropic_left - forwarded.len() as u64 - 500);
+    settles_to(&admin, "anthropic/tpm", anthropic_left - 50).await;
+}
+
+#[tokio::test]
+async fn only_endpoints_with_a_bound_are_rewritten_and_reserve_it_in_memory() {
+    only_endpoints_with_a_bound_are_rewritten_and_reserve_it(None).await;
+}
+
+#[tokio::test]
+async fn only_endpoints_with_a_bound_are_rewritten_and_reserve_it_across_two_gateways_on_redis() {
+    let redis = RedisServer::start();
+    only_endpoints_with_a_bound_are_rewritten_and_reserve_it(Some(&redis)).await;
+}
+
+/// `usage.endpoints` replaces the defaults: with `[/embeddings]`, chat completions pass as sent (uncapped) and
+/// reserve their bytes alone, and embeddings are bounded.
+#[tokio::test]
+async fn usage_endpoints_says_which_endpoints_take_a_bound() {
+    let upstream = LlmUpstream::start().await;
+    let (gateways, admin) =
+        two_providers(None, &upstream, "      endpoints: [/embeddings]\n").await;
+    let text = chat(5000).to_string();
+    let (status, reserved_left) =
+        post_text(&gateways[0], "/v1/chat/completions", &text, 7, 3).await;
+    assert_eq!(status, 200);
+    assert_eq!(last_received(&upstream).1, text);
+    assert_eq!(reserved_left, 100_000 - text.len() as u64);
+    settles_to(&admin, "chat/tpm", 100_000 - 10).await;
+
+    let embeddings = r#"{"input": "hello", "model": "text-embedding-3-small"}"#;
+    let (status, reserved_left) = post_text(&gateways[0], "/v1/embeddings", embeddings, 3, 0).await;
+    assert_eq!(status, 200);
+    let forwarded = last_received(&upstream).1;
+    assert!(
+        forwarded.contains(r#""max_output_tokens":100"#),
+        "{forwarded}"
+    );
+    assert_eq!(reserved_left, 100_000 - 10 - forwarded.len() as u64 - 100);
+}
+
+/// A gateway whose three token routes (Anthropic on `/v1/messages`, OpenAI on `/v1/`, a `header:x-tokens` route on
+/// `/h/`) need an API key (`k1`, consumer acme) and allow one request an hour per consumer.
+async fn refusing(redis: Option<&RedisServer>, upstream: &LlmUpstream) -> TestGateway {
+    let route = |name: &str, prefix: &str, usage: &str| {
+        format!("  - name: {name}\n    match: {{ path_prefix: {prefix} }}\n    upstream: llm\n    consumers: required\n    usage: {usage}\n    limits:\n      - {{ name: hourly, key: consumer, algorithm: fixed_window, limit: 1, period: 1h }}\n")
+    };
+    let yaml = format!(
+        "store:\n{}consumers:\n  identify: [ {{ api_key: {{ header: x-api-key }} }} ]\n  keys: [ {{ key: k1, consumer: acme }} ]\nupstreams:\n  llm: {{ targets: [\"{}\"] }}\nroutes:\n{}{}{}",
+        store_yaml(redis),
+        upstream.url(),
+        route("anthropic", "/v1/messages", "{ format: anthropic, reserve: { completion_cap: 500 }, max_request_bytes: 2000 }"),
+        route("openai", "/v1/", "{ format: openai, reserve: { completion_default: 100 }, max_request_bytes: 2000 }"),
+        route("header", "/h/", "{ format: \"header:x-tokens\", reserve: { completion: 10 } }"),
+    );
+    start_gateway(&yaml).await
+}
+
+/// POSTs `body` to `path`, with the API key `k1` when `key`; the status, the fields and the JSON body.
+async fn refused(
+    gateway: &TestGateway,
+    path: &str,
+    key: bool,
+    body: String,
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let mut request = common::http_client::client()
+        .post(gateway.url(path))
+        .header("content-type", "application/json")
+        .body(body);
+    if key {
+        request = request.header("x-api-key", "k1");
+    }
+    let response = request.send().await.expect("gateway answers");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response.text().await.expect("a body");
+    let body = serde_json::from_str(&text).unwrap_or_else(|_| panic!("JSON: {text}"));
+    (status, headers, body)
+}
+
+/// The gateway's refusals on a token route speak the provider's dialect, so that its SDK shows them: OpenAI's
+/// `{"error": {message, type, param, code}}` and Anthropic's `{"type": "error", "error": {type, message}}`, with
+/// tollgate's facts beside and `retry-after-ms` beside `Retry-After`; a route with a `header:` format keeps
+/// tollgate's own body.
+async fn refusals_speak_the_providers_dialect(redis: Option<&RedisServer>) {
+    let upstream = LlmUpstream::start().await;
+    let gateway = refusing(redis, &upstream).await;
+    let message = json!({"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": [{"role": "user", "content": "Hello"}]}).to_string();
+    let large = format!("{{\"model\": \"x\", \"input\": \"{}\"}}", "x".repeat(3000));
+
+    // OpenAI: a rate limit.
+    let (status, _, _) =
+        refused(&gateway, "/v1/chat/completions", true, chat(10).to_string()).await;
+    assert_eq!(status, 200);
+    let (status, headers, body) =
+        refused(&gateway, "/v1/chat/completions", true, chat(10).to_string()).await;
+    assert_eq!(status, 429);
+    assert_eq!(headers["content-type"], "application/json");
+    let error = &body["error"];
+    let retry_after_ms = error["retry_after_ms"].as_u64().expect("retry_after_ms");
+    let text = error["message"].as_str().expect("a message");
+    assert!(text.contains("hourly") && text.contains("openai"), "{text}");
+    assert_eq!(
+        body,
+        json!({"error": {"message": text, "type": "rate_limit_exceeded", "param": null, "code": "rate_limit_exceeded",
+            "route": "openai", "limit": "hourly", "retry_after_ms": retry_after_ms}})
+    );
+    assert_eq!(headers["retry-after-ms"], retry_after_ms.to_string());
+    assert_eq!(
+        headers["retry-after"],
+        retry_after_ms.div_ceil(1000).to_string()
+    );
+    // A missing key, a body past max_request_bytes, a body that is not JSON.
+    for (path, key, text, status, code) in [
+        (
+            "/v1/chat/completions",
+            false,
+            chat(10).to_string(),
+            401,
+            "unauthorized",
+        ),
+        ("/v1/embeddings", true, large.clone(), 413, "body_too_large"),
+        (
+            "/v1/chat/completions",
+            true,
+            "{not json".to_owned(),
+            400,
+            "bad_request",
+        ),
+    ] {
+        let (got, _, body) = refused(&gateway, path, key, text).await;
+        assert_eq!(
+            (got, &body["error"]["type"], &body["error"]["code"]),
+            (status, &json!("invalid_request_error"), &json!(code)),
+            "{body}"
+        );
+        assert_eq!(body["error"]["param"], Value::Null, "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{body}"
+        );
+    }
+
+    // Anthropic: a rate limit.
+    let (status, _, _) = refused(&gateway, "/v1/messages", true, message.clone()).await;
+    assert_eq!(status, 200);
+    let (status, headers, body) = refused(&gateway, "/v1/messages", true, message.clone()).await;
+    assert_eq!(status, 429);
+    let error = &body["error"];
+    let retry_after_ms = error["retry_after_ms"].as_u64().expect("retry_after_ms");
+    let text = error["message"].as_str().expect("a message");
+    assert_eq!(
+        body,
+        json!({"type": "error", "error": {"type": "rate_limit_error", "message": text, "code": "rate_limited",
+            "route": "anthropic", "limit": "hourly", "retry_after_ms": retry_after_ms}})
+    );
+    assert_eq!(headers["retry-after-ms"], retry_after_ms.to_string());
+    for (key, text, status, kind) in [
+        (false, message.clone(), 401, "authentication_error"),
+        (true, large, 413, "request_too_large"),
+        (true, "{not json".to_owned(), 400, "invalid_request_error"),
+    ] {
+        let (got, _, body) = refused(&gateway, "/v1/messages", key, text).await;
+        assert_eq!(
+            (got, &body["type"], &body["error"]["type"]),
+            (status, &json!("error"), &json!(kind)),
+            "{body}"
+        );
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{body}"
+        );
+    }
+
+    // A route whose format names no provider: tollgate's own body, as on any route.
+    let (status, _, _) = refused(&gateway, "/h/x", true, "{}".to_owned()).await;
+    assert_eq!(status, 404, "the upstream's");
+    let (status, headers, body) = refused(&gateway, "/h/x", true, "{}".to_owned()).await;
+    assert_eq!(status, 429);
+    let retry_after_ms = body["retry_after_ms"].as_u64().expect("retry_after_ms");
+    assert_eq!(
+        body,
+        json!({"error": "rate_limited", "route": "header", "limit": "hourly", "retry_after_ms": retry_after_ms})
+    );
+    assert!(headers.get("retry-after-ms").is_none());
+}
+
+#[tokio::test]
+async fn refusals_speak_the_providers_dialect_in_memory() {
+    refusals_speak_the_providers_dialect(None).await;
+}
+
+#[tokio::test]
+async fn refusals_speak_the_providers_dialect_on_redis() {
+    let redis = RedisServer::start();
+    refusals_speak_the_providers_dialect(Some(&redis)).await;
 }

@@ -4,6 +4,7 @@
 //! the fields of an admitted response and the work kept for after the answer ([`AnswerGuard`]).
 
 mod after_answer;
+mod dialect;
 mod headers;
 mod held;
 mod limits;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::consumers::CallerRefusal;
 use crate::limiter::Unavailable;
+use crate::proxy::usage::RequestBodyError;
 
 use super::limits::Checked;
 
@@ -48,6 +49,12 @@ pub enum Refusal {
         /// What the limit holds.
         capacity: u64,
     },
+    /// The body of a request on a route with `usage:` is larger than `usage.max_request_bytes`: it cannot be read
+    /// whole, so its cost cannot be bounded.
+    BodyTooLarge,
+    /// The body of a request on a route with `usage:` is not the API's JSON: its cost cannot be bounded, and
+    /// guessing how the upstream reads it is how a budget is overrun.
+    BodyUnreadable(RequestBodyError),
 }
 
 impl From<crate::routing::Refusal> for Refusal {

@@ -1,5 +1,6 @@
-//! Every refusal as an HTTP answer, with a short JSON body naming the reason: the one place a [`Refusal`] becomes a
-//! response, for the gateway and the tower layer alike (which must refuse alike).
+//! Every refusal as an HTTP answer, with a short JSON body naming the reason (in the provider's error shape on an LLM
+//! API's route): the one place a [`Refusal`] becomes a response, for the gateway and the tower layer alike (which
+//! must refuse alike).
 
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 use serde_json::json;
 
+use super::dialect::shaped;
 use super::limits::{Checked, LimitSet};
 use super::policy::Policy;
 use super::refusal::Refusal;
@@ -20,9 +22,11 @@ use crate::routing;
 static DEFAULT_CHALLENGE: HeaderValue = HeaderValue::from_static("ApiKey realm=\"tollgate\"");
 
 /// The HTTP answer to `refusal`. `policy` is the one that refused it (a route's, the layer's); a request refused
-/// before any route has none.
+/// before any route has none. On a route whose `usage.format` names a provider, the body is in that provider's error
+/// shape (see `dialect.rs`), so that its SDKs show it; elsewhere it is tollgate's own.
 pub fn answer(refusal: Refusal, policy: Option<&Policy>) -> Response<Body> {
-    match refusal {
+    let scope = policy.map_or("", |p| p.limits().scope());
+    let refused = match refusal {
         Refusal::Unreadable(refusal) => unreadable(refusal),
         Refusal::NoRoute { path } => no_route(&path),
         Refusal::AmbiguousKey => unreadable(routing::Refusal::AmbiguousKey),
@@ -37,38 +41,64 @@ pub fn answer(refusal: Refusal, policy: Option<&Policy>) -> Response<Body> {
             Some(policy) => rate_limited(policy.limits_for_plan(plan), &checked),
             None => rate_limited_unexplained(),
         },
-        Refusal::Unavailable(error) => {
-            unavailable(policy.map_or("", |p| p.limits().scope()), &error)
-        }
+        Refusal::Unavailable(error) => unavailable(scope, &error),
         Refusal::ReservationTooLarge {
             limit,
             reserved,
             capacity,
-        } => json_response(
+        } => refused(
             StatusCode::PAYLOAD_TOO_LARGE,
-            &json!({
+            json!({
                 "error": "reservation_too_large",
-                "route": policy.map_or("", |p| p.limits().scope()),
+                "route": scope,
                 "limit": limit,
                 "reserved": reserved,
                 "capacity": capacity,
                 "message": "the request may spend more tokens than the limit ever holds: lower max_tokens or send a shorter prompt",
             }),
         ),
-    }
+        Refusal::BodyTooLarge => refused(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            json!({"error": "body_too_large", "message": "the request body is larger than usage.max_request_bytes"}),
+        ),
+        Refusal::BodyUnreadable(error) => refused(
+            StatusCode::BAD_REQUEST,
+            json!({"error": "bad_request", "message": error.to_string()}),
+        ),
+    };
+    let provider = policy
+        .and_then(Policy::usage)
+        .and_then(|usage| usage.provider());
+    let (mut parts, body) = refused.into_parts();
+    let body = match provider {
+        None => body,
+        Some(dialect) => shaped(dialect, parts.status, &mut parts.headers, body),
+    };
+    Response::from_parts(parts, Body::from(body.to_string()))
+}
+
+/// A refusal's answer with `status` and tollgate's JSON `body`, not yet written.
+fn refused(status: StatusCode, body: serde_json::Value) -> Response<serde_json::Value> {
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 /// 404 when no route matches.
-fn no_route(path: &str) -> Response<Body> {
-    json_response(
+fn no_route(path: &str) -> Response<serde_json::Value> {
+    refused(
         StatusCode::NOT_FOUND,
-        &json!({"error": "no_route", "path": path}),
+        json!({"error": "no_route", "path": path}),
     )
 }
 
 /// The answer to a denied request: `deny_status` (429 by default) with `Retry-After`, the rate-limit fields and a
 /// JSON body naming the limit.
-fn rate_limited(limits: &LimitSet, checked: &Checked) -> Response<Body> {
+fn rate_limited(limits: &LimitSet, checked: &Checked) -> Response<serde_json::Value> {
     let (limit, retry_after_ms) = limits.denial(checked);
     tracing::debug!(scope = %limits.scope(), limit, retry_after_ms, "rate limited");
     let body = json!({
@@ -77,16 +107,16 @@ fn rate_limited(limits: &LimitSet, checked: &Checked) -> Response<Body> {
         "limit": limit,
         "retry_after_ms": retry_after_ms,
     });
-    let mut response = json_response(limits.deny_status(), &body);
+    let mut response = refused(limits.deny_status(), body);
     limits.decorate_refusal(response.headers_mut(), checked);
     response
 }
 
 /// A denial whose limits are not at hand: 429 with `Retry-After: 1` and no fields.
-fn rate_limited_unexplained() -> Response<Body> {
-    let mut response = json_response(
+fn rate_limited_unexplained() -> Response<serde_json::Value> {
+    let mut response = refused(
         StatusCode::TOO_MANY_REQUESTS,
-        &json!({"error": "rate_limited"}),
+        json!({"error": "rate_limited"}),
     );
     response
         .headers_mut()
@@ -95,11 +125,11 @@ fn rate_limited_unexplained() -> Response<Body> {
 }
 
 /// The answer when the store failed and the policy is `on_error: deny`: 503 with `Retry-After: 1`.
-fn unavailable(scope: &str, error: &Unavailable) -> Response<Body> {
+fn unavailable(scope: &str, error: &Unavailable) -> Response<serde_json::Value> {
     // The limiter logs the outage, once per reason: a line per refused request would flood the log.
     tracing::debug!(scope, %error, "refusing: limiter unavailable");
     let body = json!({"error": "limiter_unavailable", "route": scope});
-    let mut response = json_response(StatusCode::SERVICE_UNAVAILABLE, &body);
+    let mut response = refused(StatusCode::SERVICE_UNAVAILABLE, body);
     response
         .headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -108,11 +138,11 @@ fn unavailable(scope: &str, error: &Unavailable) -> Response<Body> {
 
 /// The answer to a request refused before any limit was asked (see the README's security model): 400 (405 for
 /// CONNECT) with a JSON body naming the reason.
-fn unreadable(refusal: routing::Refusal) -> Response<Body> {
+fn unreadable(refusal: routing::Refusal) -> Response<serde_json::Value> {
     tracing::debug!(%refusal, "request refused");
-    json_response(
+    refused(
         refusal.status(),
-        &json!({"error": refusal.code(), "message": refusal.to_string()}),
+        json!({"error": refusal.code(), "message": refusal.to_string()}),
     )
 }
 
@@ -130,7 +160,10 @@ pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> Res
 /// The answer to a caller refused before any limit was asked (see docs/configuration.md, "Consumers and plans"): 401 with `WWW-Authenticate` for a
 /// credential missing or not verified (RFC 6750's `invalid_token` for a bearer token), 403 for a blocked
 /// consumer, 400 for a credential sent twice. The body names the reason's class, never the credential.
-fn caller_refused(refusal: &CallerRefusal, challenges: &HeaderValue) -> Response<Body> {
+fn caller_refused(
+    refusal: &CallerRefusal,
+    challenges: &HeaderValue,
+) -> Response<serde_json::Value> {
     tracing::debug!(%refusal, "caller refused");
     let (status, body, challenge) = match refusal {
         CallerRefusal::Missing => (
@@ -158,7 +191,7 @@ fn caller_refused(refusal: &CallerRefusal, challenges: &HeaderValue) -> Response
         ),
         CallerRefusal::Ambiguous => return unreadable(routing::Refusal::AmbiguousKey),
     };
-    let mut response = json_response(status, &body);
+    let mut response = refused(status, body);
     if let Some(challenge) = challenge {
         response
             .headers_mut()
@@ -169,11 +202,11 @@ fn caller_refused(refusal: &CallerRefusal, challenges: &HeaderValue) -> Response
 
 /// The answer to a request from an address past `consumers.failed_credentials`: 429 with `Retry-After`, its
 /// credential not checked.
-fn too_many_failed_credentials(wait: Duration) -> Response<Body> {
+fn too_many_failed_credentials(wait: Duration) -> Response<serde_json::Value> {
     let retry_after_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
     tracing::debug!(retry_after_ms, "credentials refused: too many failed");
     let body = json!({"error": "too_many_failed_credentials", "retry_after_ms": retry_after_ms});
-    let mut response = json_response(StatusCode::TOO_MANY_REQUESTS, &body);
+    let mut response = refused(StatusCode::TOO_MANY_REQUESTS, body);
     let seconds = retry_after_ms.div_ceil(1000).max(1);
     response
         .headers_mut()

@@ -108,6 +108,22 @@ impl RouteUsage {
         }
     }
 
+    /// The provider whose API the route fronts, when its format names one: its refusals are answered in that
+    /// provider's error shape, so that its clients show them.
+    pub fn provider(&self) -> Option<Dialect> {
+        match self.settings.format {
+            UsageFormat::OpenAi => Some(Dialect::OpenAi),
+            UsageFormat::Anthropic => Some(Dialect::Anthropic),
+            UsageFormat::Header(_) => None,
+        }
+    }
+
+    /// Whether a request for `path` (the path routes match) is for an endpoint that takes a completion bound
+    /// (`usage.endpoints`): only such a request's body is rewritten, and only it reserves a completion.
+    pub fn takes_bound(&self, path: &str) -> bool {
+        self.settings.endpoints.take(path)
+    }
+
     /// Whether the request body must be read as the API's JSON: to find its completion limit, or to rewrite it.
     pub fn reads_body_fields(&self) -> bool {
         let rewrites = self.settings.rewrites();
@@ -169,6 +185,15 @@ impl Reservation {
             completion: 0,
             route: Arc::clone(route),
             usage: SharedUsage::default(),
+        }
+    }
+
+    /// The reservation of a request of `body_len` bytes for an endpoint that takes no completion bound
+    /// (embeddings, moderations, a token count): its prompt alone, for it writes no completion.
+    pub fn prompt_only(route: &Arc<RouteUsage>, body_len: usize) -> Self {
+        Self {
+            completion: 0,
+            ..Self::new(route, body_len, None)
         }
     }
 

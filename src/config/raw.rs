@@ -189,6 +189,8 @@ pub(crate) struct RawUsage {
     pub max_request_bytes: Option<u64>,
     pub read_on_bytes: Option<u64>,
     pub read_on_timeout: Option<String>,
+    /// The path suffixes whose requests take a completion bound (the format's API's endpoints when absent).
+    pub endpoints: Option<Vec<String>>,
 }
 
 /// `reserve:` of a route's `usage:`.

@@ -449,8 +449,16 @@ fn usage_line(route: &str, usage: &UsageSettings) -> String {
     } else {
         ""
     };
+    let suffixes = usage.endpoints.as_slice();
+    let endpoints = if suffixes.iter().any(|suffix| suffix == "/") {
+        "every path".to_owned()
+    } else if suffixes.is_empty() {
+        "no path".to_owned()
+    } else {
+        format!("paths ending {}", suffixes.join(", "))
+    };
     format!(
-        "usage of {route}: format {format}, reserves prompt {prompt} + completion {completion}{stream}, body up to {} bytes\n",
+        "usage of {route}: format {format}, reserves prompt {prompt} + completion {completion} on {endpoints}{stream}, body up to {} bytes\n",
         usage.max_request_bytes
     )
 }
@@ -688,7 +696,7 @@ routes:
             "{text}"
         );
         assert!(
-            text.contains("usage of chat: format openai, reserves prompt the body's bytes + completion max_tokens (else 1024) capped at 4096 per choice, stream usage injected, body up to 1048576 bytes"),
+            text.contains("usage of chat: format openai, reserves prompt the body's bytes + completion max_tokens (else 1024) capped at 4096 per choice on paths ending /chat/completions, /completions, /responses, stream usage injected, body up to 1048576 bytes"),
             "{text}"
         );
     }

@@ -1,26 +1,30 @@
 //! The request side of a route with `usage:` (an LLM API): its body read whole, up to `usage.max_request_bytes`,
-//! rewritten as the route says (the completion cap, the default limit, the usage asked of a stream), and the
-//! tokens it may spend reserved from what the forwarded body says. Routes without `usage:` never come here.
+//! rewritten as the route says on an endpoint that takes a completion bound (the completion cap, the default limit,
+//! the usage asked of a stream), and the tokens it may spend reserved from what the forwarded body says. Routes
+//! without `usage:` never come here.
 
 use std::sync::Arc;
 
 use axum::body::Body;
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Version};
+use http::{HeaderMap, HeaderValue, Request, Response, Version};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use serde_json::json;
 
 use super::responses;
-use crate::admission::{json_response, Policy, Reservation, RouteUsage};
+use crate::admission::{answer, Policy, Refusal, Reservation, RouteUsage};
 use crate::key::RequestReading;
 use crate::limiter::RateLimiter;
 use crate::proxy::usage::{rewrite_request, set_body_length};
 
 /// Reads `request`'s body for `usage`, and makes the request forwarded and what it reserves; or the answer to a
-/// body that cannot be read (413 past `usage.max_request_bytes`, 400 for a body that is not the API's JSON).
+/// body that cannot be read (413 past `usage.max_request_bytes`, 400 for a body that is not the API's JSON), which
+/// `policy` refuses as the route speaks. `path` is the request's as routes match it: only an endpoint that takes a
+/// completion bound (`usage.endpoints`) has its body read as the API's and rewritten, and reserves a completion.
 pub(super) async fn read_request(
+    policy: &Policy,
     usage: &Arc<RouteUsage>,
+    path: &str,
     request: Request<Body>,
 ) -> Result<(Request<Body>, Reservation), Response<Body>> {
     let settings = usage.settings();
@@ -31,13 +35,13 @@ pub(super) async fn read_request(
         .get(http::header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|length| length > max) {
-        return Err(too_large(version));
+        return Err(too_large(policy, version));
     }
     let (mut parts, body) = request.into_parts();
     let limit = usize::try_from(max).unwrap_or(usize::MAX);
     let bytes: Bytes = match Limited::new(body, limit).collect().await {
         Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<LengthLimitError>() => return Err(too_large(version)),
+        Err(error) if error.is::<LengthLimitError>() => return Err(too_large(policy, version)),
         Err(error) => return Err(responses::client_body_failed(&*error)),
     };
     // A request without a body (a model list, a GET) asks for no completion: it reserves nothing.
@@ -45,18 +49,21 @@ pub(super) async fn read_request(
         let reservation = Reservation::nothing(usage);
         return Ok((Request::from_parts(parts, Body::empty()), reservation));
     }
+    // Embeddings, moderations, a token count: no completion to bound, so nothing to rewrite (an API answers a
+    // parameter it does not take with 400) and no completion to reserve. The body goes as it came.
+    if !usage.takes_bound(path) {
+        set_body_length(&mut parts.headers, bytes.len());
+        usage.prepare_request(&mut parts.headers);
+        let reservation = Reservation::prompt_only(usage, bytes.len());
+        return Ok((Request::from_parts(parts, Body::from(bytes)), reservation));
+    }
     // The body is judged by its bytes, not its label: an upstream that reads JSON whatever the `Content-Type`
     // (many OpenAI-compatible servers do) must never receive an unbounded JSON object labelled otherwise.
     let object = looks_like_json_object(&bytes);
     let (body, facts) = if usage.reads_body_fields() && (object || labelled_json(&parts.headers)) {
         match rewrite_request(usage.dialect(), &bytes, &settings.rewrites()) {
             Ok(rewritten) => (rewritten.body.unwrap_or(bytes), Some(rewritten.facts)),
-            Err(error) => {
-                return Err(json_response(
-                    StatusCode::BAD_REQUEST,
-                    &json!({"error": "bad_request", "message": error.to_string()}),
-                ))
-            }
+            Err(error) => return Err(answer(Refusal::BodyUnreadable(error), Some(policy))),
         }
     } else {
         (bytes, None)
@@ -103,12 +110,10 @@ fn looks_like_json_object(body: &[u8]) -> bool {
     }) == Some(&b'{')
 }
 
-/// 413 for a body larger than `usage.max_request_bytes`, in the form of the gateway's other 413.
-fn too_large(version: Version) -> Response<Body> {
-    let mut response = json_response(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        &json!({"error": "body_too_large", "message": "the request body is larger than usage.max_request_bytes"}),
-    );
+/// 413 for a body larger than `usage.max_request_bytes`, answered as the route refuses. The connection is closed
+/// after it (HTTP/1.x), as after the gateway's other 413: the rest of the body is not read.
+fn too_large(policy: &Policy, version: Version) -> Response<Body> {
+    let mut response = answer(Refusal::BodyTooLarge, Some(policy));
     if version < Version::HTTP_2 {
         response.headers_mut().insert(
             http::header::CONNECTION,
@@ -137,7 +142,7 @@ where
     F: FnOnce(Request<Body>) -> Fut,
     Fut: std::future::Future<Output = Result<Response<Body>, Response<Body>>>,
 {
-    let (request, reservation) = read_request(usage, request).await?;
+    let (request, reservation) = read_request(policy, usage, reading.path, request).await?;
     policy
         .serve_reserving(limiter, reading, request, &reservation, forward)
         .await

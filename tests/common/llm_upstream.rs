@@ -11,11 +11,13 @@
 //! - `/header`: the total in the response header `x-tokens`.
 //! - `/trailer`: the total in the trailer `x-tokens` (announced by `Trailer: x-tokens`), which hyper's server sends
 //!   over HTTP/1.1 only to a request with `TE: trailers`.
-//! - `/nousage`: a JSON answer without usage.
-//! - `/fail`: 500 with a JSON error body.
-//! - `/cut/openai`, `/cut/anthropic`: a stream that sends its first events (Anthropic's `message_start` carries
-//!   the input) and then nothing, held open until the client leaves.
-//! - `/gated/openai`: an OpenAI stream that sends its first event, waits until the test calls
+//! - `/v1/embeddings`, `/v1/moderations`: OpenAI's answers, the embeddings' usage with its input alone.
+//! - `/v1/messages/count_tokens`: Anthropic's count (`input_tokens`, no usage), `/v1/messages/batches` a batch.
+//! - `/nousage/chat/completions`: a JSON answer without usage.
+//! - `/fail/chat/completions`: 500 with a JSON error body.
+//! - `/cut/chat/completions`, `/cut/messages`: a stream that sends its first events (Anthropic's `message_start`
+//!   carries the input) and then nothing, held open until the client leaves.
+//! - `/gated/chat/completions`: an OpenAI stream that sends its first event, waits until the test calls
 //!   [`LlmUpstream::release`], then sends `x-test-mib` MiB (default 0) of content events of 16 KiB each and the
 //!   usage chunk.
 
@@ -203,17 +205,34 @@ async fn answer(State(shared): State<Arc<Shared>>, request: Request) -> Response
                 .body(Body::new(StreamBody::new(frames)))
                 .expect("response")
         }
-        "/nousage" => json_answer(200, json!({"id":"c","choices":[]})),
-        "/fail" => json_answer(500, json!({"error":{"message":"overloaded"}})),
-        "/cut/openai" => held(format!(
+        "/v1/embeddings" => {
+            reported();
+            json_answer(
+                200,
+                json!({"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5,-0.25]}],"model":"e",
+                    "usage":{"prompt_tokens":input,"total_tokens":input}}),
+            )
+        }
+        "/v1/moderations" => json_answer(
+            200,
+            json!({"id":"modr","model":"m","results":[{"flagged":false}]}),
+        ),
+        "/v1/messages/count_tokens" => json_answer(200, json!({"input_tokens": input})),
+        "/v1/messages/batches" => json_answer(
+            200,
+            json!({"id":"msgbatch_1","type":"message_batch","processing_status":"in_progress"}),
+        ),
+        "/nousage/chat/completions" => json_answer(200, json!({"id":"c","choices":[]})),
+        "/fail/chat/completions" => json_answer(500, json!({"error":{"message":"overloaded"}})),
+        "/cut/chat/completions" => held(format!(
             "data: {}\n\n",
             json!({"id":"c","choices":[{"index":0,"delta":{"content":"Hel"}}],"usage":null})
         )),
-        "/cut/anthropic" => held(format!(
+        "/cut/messages" => held(format!(
             "event: message_start\ndata: {}\n\n",
             json!({"type":"message_start","message":{"usage":{"input_tokens":input,"output_tokens":1}}})
         )),
-        "/gated/openai" => {
+        "/gated/chat/completions" => {
             let mib = count(&parts.headers, "x-test-mib", 0);
             gated(shared, mib, input, output)
         }
@@ -231,7 +250,7 @@ enum Gated {
     Done,
 }
 
-/// The `/gated/openai` stream: its first event, then (once released) `mib` MiB of 16 KiB events and the usage.
+/// The `/gated/chat/completions` stream: its first event, then (once released) `mib` MiB of 16 KiB events and the usage.
 fn gated(shared: Arc<Shared>, mib: u64, input: u64, output: u64) -> Response {
     const EVENT: usize = 16 * 1024;
     let head = r#"data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":""#;

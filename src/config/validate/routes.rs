@@ -10,8 +10,8 @@ use crate::config::model::*;
 use crate::config::raw::*;
 use crate::key::{TokenKind, PLAN_KEY_SCOPE};
 use crate::proxy::usage::{
-    CompletionBound, PromptBound, UsageFormat, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_ON_BYTES,
-    DEFAULT_READ_ON_TIMEOUT,
+    CompletionBound, Endpoints, PromptBound, UsageFormat, DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_READ_ON_BYTES, DEFAULT_READ_ON_TIMEOUT,
 };
 
 /// Methods a route may name. Extension methods are refused: a misspelt `GTE` would otherwise match nothing, silently.
@@ -192,10 +192,16 @@ fn route_usage(
             super::checks::positive_duration(issues, &format!("{at}.read_on_timeout"), text)
         }
     };
+    let endpoints = match (&raw.endpoints, &format) {
+        (Some(suffixes), _) => endpoints(issues, &format!("{at}.endpoints"), suffixes),
+        (None, Some(format)) => Some(Endpoints::of(format)),
+        (None, None) => None,
+    };
     if issues.count() != before {
         return None;
     }
     Some(UsageSettings {
+        endpoints: endpoints?,
         format: format?,
         prompt: prompt?,
         completion: completion?,
@@ -206,6 +212,37 @@ fn route_usage(
         read_on_bytes,
         read_on_timeout: read_on_timeout?,
     })
+}
+
+/// `usage.endpoints`: path suffixes of whole segments, each as a path is written (`/chat/completions`; `/` for
+/// every path), so that each can match a request path.
+fn endpoints(issues: &mut Issues, at: &str, suffixes: &[String]) -> Option<Endpoints> {
+    let before = issues.count();
+    for (i, suffix) in suffixes.iter().enumerate() {
+        let problem = if !suffix.starts_with('/') {
+            Some("must start with / (a path suffix of whole segments, like /chat/completions)")
+        } else if suffix.len() > 1 && suffix.ends_with('/') {
+            Some("must not end with / (a trailing / is ignored in request paths)")
+        } else if suffix
+            .split('/')
+            .skip(1)
+            .any(|segment| matches!(segment, "" | "." | ".."))
+            && suffix != "/"
+        {
+            Some("must not have an empty, . or .. segment: request paths are normalised and have none")
+        } else if suffix
+            .bytes()
+            .any(|b| matches!(b, b'?' | b'#' | b';' | b'%' | b'\\') || !b.is_ascii_graphic())
+        {
+            Some("must be a plain path: no query, fragment, parameters, escapes, spaces or non-ASCII")
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            issues.add(format!("{at}[{i}]"), format_args!("{suffix:?} {problem}"));
+        }
+    }
+    (issues.count() == before).then(|| Endpoints::suffixes(suffixes.iter().cloned()))
 }
 
 /// A number of tokens, or `word`.

@@ -432,6 +432,56 @@ fn a_token_route_reads_its_usage_and_its_limits_counts() {
 }
 
 #[test]
+fn usage_endpoints_replace_the_formats_and_bad_ones_are_located() {
+    use crate::proxy::usage::{Endpoints, UsageFormat};
+    let tpm = "      - { name: tpm, algorithm: sliding_window, limit: 100000, period: 1m, counts: total_tokens }\n";
+    let endpoints = |usage: &str| {
+        let config = parse(&llm_route(usage, tpm)).expect("valid");
+        config.routes[0]
+            .usage
+            .as_ref()
+            .expect("usage")
+            .endpoints
+            .clone()
+    };
+    assert_eq!(
+        endpoints("    usage: { format: openai, reserve: { completion_cap: 10 } }\n"),
+        Endpoints::of(&UsageFormat::OpenAi)
+    );
+    assert_eq!(
+        endpoints("    usage: { format: anthropic, reserve: { completion_cap: 10 } }\n").as_slice(),
+        ["/messages"]
+    );
+    assert_eq!(
+        endpoints("    usage: { format: \"header:x-tokens\", reserve: { completion: 10 } }\n"),
+        Endpoints::every()
+    );
+    assert_eq!(
+        endpoints("    usage: { format: openai, reserve: { completion_cap: 10 }, endpoints: [/generate, /] }\n")
+            .as_slice(),
+        ["/generate", "/"]
+    );
+    assert!(endpoints(
+        "    usage: { format: openai, reserve: { completion_cap: 10 }, endpoints: [] }\n"
+    )
+    .as_slice()
+    .is_empty());
+    let text = llm_route(
+        "    usage:\n      format: openai\n      reserve: { completion_cap: 10 }\n      endpoints:\n        - chat/completions\n        - /v1/chat/completions/\n        - /v1//x\n        - /x?y\n        - /messages\n",
+        tpm,
+    );
+    assert_eq!(
+        parse(&text).unwrap_err().to_string(),
+        concat!(
+            "t.yaml:10:11: routes[0].usage.endpoints[0]: \"chat/completions\" must start with / (a path suffix of whole segments, like /chat/completions)\n",
+            "t.yaml:11:11: routes[0].usage.endpoints[1]: \"/v1/chat/completions/\" must not end with / (a trailing / is ignored in request paths)\n",
+            "t.yaml:12:11: routes[0].usage.endpoints[2]: \"/v1//x\" must not have an empty, . or .. segment: request paths are normalised and have none\n",
+            "t.yaml:13:11: routes[0].usage.endpoints[3]: \"/x?y\" must be a plain path: no query, fragment, parameters, escapes, spaces or non-ASCII",
+        )
+    );
+}
+
+#[test]
 fn bad_usage_values_and_token_counts_without_usage_are_located() {
     let text = llm_route(
         "    usage:\n      format: gemini\n      reserve: { prompt: lots, completion: max_tokens, completion_default: 5000, completion_cap: 4096 }\n      stream_usage: always\n      max_request_bytes: 0\n",

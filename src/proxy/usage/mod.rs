@@ -17,6 +17,6 @@ pub use request::{
     Rewrites, Rewritten,
 };
 pub use settings::{
-    CompletionBound, PromptBound, UsageSettings, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_ON_BYTES,
-    DEFAULT_READ_ON_TIMEOUT,
+    CompletionBound, Endpoints, PromptBound, UsageSettings, ANTHROPIC_ENDPOINTS,
+    DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_ON_BYTES, DEFAULT_READ_ON_TIMEOUT, OPENAI_ENDPOINTS,
 };

@@ -33,7 +33,23 @@ pub struct UsageSettings {
     pub read_on_bytes: u64,
     /// ... and for how long at most.
     pub read_on_timeout: std::time::Duration,
+    /// The endpoints whose requests take a completion bound (`usage.endpoints`): only there is the body rewritten
+    /// and a completion reserved.
+    pub endpoints: Endpoints,
 }
+
+/// The endpoints that take a completion bound, as suffixes of the request path made of whole segments
+/// (`/chat/completions` takes `/v1/chat/completions`); `/` takes every path. Matched in any ASCII case and with a
+/// trailing `/` ignored, as routes match: a path written another way is still the endpoint it reaches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoints(Vec<String>);
+
+/// OpenAI's endpoints that take a completion bound: chat completions, legacy completions, Responses.
+pub const OPENAI_ENDPOINTS: [&str; 3] = ["/chat/completions", "/completions", "/responses"];
+
+/// Anthropic's endpoint that takes a completion bound: messages (not `/messages/count_tokens`, not
+/// `/messages/batches`, which end otherwise).
+pub const ANTHROPIC_ENDPOINTS: [&str; 1] = ["/messages"];
 
 /// `reserve.prompt`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,5 +82,86 @@ impl UsageSettings {
             completion_when_absent: self.completion_default.filter(|_| reads_limit),
             inject_stream_usage: self.inject_stream_usage,
         }
+    }
+}
+
+// === impl Endpoints ===
+
+impl Endpoints {
+    /// Every path takes a bound: what a `header:` format's route does by default (its API is not known).
+    pub fn every() -> Self {
+        Self(vec!["/".to_owned()])
+    }
+
+    /// The paths ending with one of `suffixes` (each a path of whole segments: see [`Endpoints`]).
+    pub fn suffixes<S: Into<String>>(suffixes: impl IntoIterator<Item = S>) -> Self {
+        Self(suffixes.into_iter().map(Into::into).collect())
+    }
+
+    /// The default of a route whose answers are read as `format`'s: the endpoints of its API that take a bound.
+    pub fn of(format: &UsageFormat) -> Self {
+        match format {
+            UsageFormat::OpenAi => Self::suffixes(OPENAI_ENDPOINTS),
+            UsageFormat::Anthropic => Self::suffixes(ANTHROPIC_ENDPOINTS),
+            UsageFormat::Header(_) => Self::every(),
+        }
+    }
+
+    /// The suffixes, as configured.
+    pub fn as_slice(&self) -> &[String] {
+        &self.0
+    }
+
+    /// Whether a request for `path` (the path routes match) takes a completion bound. Compares bytes in place:
+    /// this runs once per request on a token route, and allocates nothing.
+    pub fn take(&self, path: &str) -> bool {
+        let path = path.strip_suffix('/').unwrap_or(path).as_bytes();
+        self.0.iter().any(|suffix| {
+            let suffix = suffix.as_bytes();
+            suffix == b"/"
+                || (path.len() >= suffix.len()
+                    && path[path.len() - suffix.len()..].eq_ignore_ascii_case(suffix))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_are_suffixes_of_whole_segments_in_any_case() {
+        let openai = Endpoints::of(&UsageFormat::OpenAi);
+        for path in [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/responses",
+            "/v1/Chat/Completions/",
+            "/openai/deployments/gpt-4/chat/completions",
+        ] {
+            assert!(openai.take(path), "{path}");
+        }
+        for path in [
+            "/v1/embeddings",
+            "/v1/moderations",
+            "/v1/audio/speech",
+            "/v1/images/generations",
+            "/v1/xresponses",
+            "/v1/responses/resp_1/cancel",
+            "/v1/messages",
+            "/",
+            "",
+        ] {
+            assert!(!openai.take(path), "{path}");
+        }
+        let anthropic = Endpoints::of(&UsageFormat::Anthropic);
+        assert!(anthropic.take("/v1/messages"));
+        assert!(!anthropic.take("/v1/messages/count_tokens"));
+        assert!(!anthropic.take("/v1/messages/batches"));
+        let every = Endpoints::of(&UsageFormat::Header(http::HeaderName::from_static(
+            "x-tokens",
+        )));
+        assert!(every.take("/") && every.take("/anything/at/all"));
+        assert!(!Endpoints::suffixes(Vec::<String>::new()).take("/v1/chat/completions"));
     }
 }
