@@ -444,6 +444,91 @@ async fn an_overspend_is_a_debt_across_two_gateways_on_redis() {
     an_overspend_is_a_debt_the_next_request_waits_for(Some(&redis)).await;
 }
 
+/// An answer that spent more than its reservation leaves the key in debt, and the admin API shows it as used past
+/// the capacity (363 of 300), on every algorithm that counts tokens: the route's limits and the consumer's plan.
+async fn the_admin_api_shows_a_debt_as_used_past_the_capacity(redis: Option<&RedisServer>) {
+    let upstream = LlmUpstream::start().await;
+    let yaml = format!(
+        r#"store:
+{}consumers:
+  identify: [ {{ api_key: {{ header: x-api-key }} }} ]
+  keys: [ {{ key: k1, consumer: acme, plan: pro }} ]
+  plans:
+    pro:
+      limits:
+        - {{ name: daily, key: consumer, algorithm: fixed_window, limit: 300, period: 1d, counts: total_tokens }}
+upstreams:
+  llm: {{ targets: ["{}"] }}
+routes:
+  - name: chat
+    match: {{ path_prefix: / }}
+    upstream: llm
+    consumers: required
+    usage:
+      format: openai
+      reserve: {{ prompt: 0, completion: 10 }}
+    limits:
+      - {{ name: fixed, key: consumer, algorithm: fixed_window, limit: 300, period: 1h, counts: total_tokens }}
+      - {{ name: sliding, key: consumer, algorithm: sliding_window, limit: 300, period: 1h, counts: total_tokens }}
+      - {{ name: log, key: consumer, algorithm: sliding_log, limit: 300, period: 1h, counts: total_tokens }}
+      - {{ name: bucket, key: consumer, algorithm: token_bucket, rate: 300/1h, burst: 300, counts: total_tokens }}
+      - {{ name: gcra, key: consumer, algorithm: gcra, rate: 300/1h, burst: 300, counts: total_tokens }}
+      - {{ name: meter, key: consumer, algorithm: leaky_bucket, rate: 300/1h, burst: 300, counts: total_tokens }}
+"#,
+        store_yaml(redis),
+        upstream.url()
+    );
+    let gateway = start_gateway(&yaml).await;
+    let admin = serve_admin(&gateway, None).await;
+    let client = common::http_client::client();
+    let response = reporting(
+        &client,
+        &gateway.url("/v1/chat/completions"),
+        &chat(10),
+        (300, 63),
+    )
+    .header("x-api-key", "k1")
+    .send()
+    .await
+    .expect("answer");
+    assert_eq!(response.status(), 200);
+    response.text().await.expect("body");
+
+    for limit in ["fixed", "sliding", "log", "bucket", "gcra", "meter"] {
+        let url = format!("{admin}/limits/chat/{limit}?key=acme");
+        let mut last = Value::Null;
+        let settled = eventually(Duration::from_secs(5), async || {
+            last = common::http_client::json_answer(client.get(&url)).await.1;
+            last["used"] == 363
+        })
+        .await;
+        assert!(settled.is_some(), "{limit}: {last}");
+        assert_eq!(last["capacity"], 300, "{limit}: {last}");
+        assert_eq!(last["remaining"], 0, "{limit}: {last}");
+        assert_eq!(last["owed"], 63, "{limit}: {last}");
+        assert_eq!(last["would_admit"], false, "{limit}: {last}");
+    }
+    let (_, consumer) =
+        common::http_client::json_answer(client.get(format!("{admin}/consumers/acme"))).await;
+    let daily = consumer["limits"]
+        .as_array()
+        .and_then(|limits| limits.iter().find(|l| l["name"] == "daily"))
+        .unwrap_or_else(|| panic!("the plan's limit in {consumer}"));
+    assert_eq!(daily["used"], 363, "{daily}");
+    assert_eq!(daily["owed"], 63, "{daily}");
+}
+
+#[tokio::test]
+async fn the_admin_api_shows_a_debt_in_memory() {
+    the_admin_api_shows_a_debt_as_used_past_the_capacity(None).await;
+}
+
+#[tokio::test]
+async fn the_admin_api_shows_a_debt_on_redis() {
+    let redis = RedisServer::start();
+    the_admin_api_shows_a_debt_as_used_past_the_capacity(Some(&redis)).await;
+}
+
 #[tokio::test]
 async fn an_answer_that_used_less_leaves_the_rest_on_every_algorithm() {
     let upstream = LlmUpstream::start().await;

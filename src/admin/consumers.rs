@@ -519,7 +519,9 @@ async fn limit_state(
         "overridden": overridden,
         "capacity": decision.limit,
         "remaining": decision.remaining,
-        "used": decision.limit.saturating_sub(decision.remaining),
+        // Past the capacity while the consumer owes (answers that spent more than they reserved).
+        "used": decision.used(),
+        "owed": decision.owed,
         "would_admit": decision.allowed,
         "retry_after_ms": decision.retry_after_ms,
         "reset_after_ms": decision.reset_after_ms,

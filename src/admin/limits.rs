@@ -61,7 +61,9 @@ pub(super) async fn peek_limit(
         "counts": settings.counts.to_string(),
         "capacity": decision.limit,
         "remaining": decision.remaining,
-        "used": decision.limit.saturating_sub(decision.remaining),
+        // Past the capacity while the key owes (answers that spent more than they reserved).
+        "used": decision.used(),
+        "owed": decision.owed,
         "would_admit": decision.allowed,
         "retry_after_ms": decision.retry_after_ms,
         "reset_after_ms": decision.reset_after_ms,

@@ -20,6 +20,9 @@ pub struct Decision {
     pub reset_after_ms: u64,
     /// Milliseconds the request must be held before it conforms (`leaky_bucket` in `delay` mode); zero otherwise.
     pub delay_ms: u64,
+    /// How far the key stands past its capacity, where `remaining` stops at zero: a debt (answers that spent more
+    /// than they reserved), a limit lowered below what was already admitted, or a `leaky_bucket`'s held requests.
+    pub owed: u64,
 }
 
 /// The combined answer of every limit of a route, in the order of the route's limits.
@@ -40,6 +43,11 @@ impl Decision {
     /// How long until the limit is back to full capacity.
     pub fn reset_after(&self) -> Duration {
         Duration::from_millis(self.reset_after_ms)
+    }
+
+    /// What the key has used of the limit, past its capacity when it owes (`capacity - remaining + owed`).
+    pub fn used(&self) -> u64 {
+        self.limit.saturating_sub(self.remaining) + self.owed
     }
 }
 

@@ -209,6 +209,9 @@ impl Denial {
         Some(Decision {
             retry_after_ms: d.retry_after_ms.saturating_sub(elapsed).max(1),
             reset_after_ms: d.reset_after_ms.saturating_sub(elapsed),
+            // What a key owes pays off as time passes, by its algorithm: only the store knows it now (the admin API
+            // reads it there), and no answer to a request shows it.
+            owed: 0,
             ..d
         })
     }
@@ -233,6 +236,7 @@ mod tests {
             retry_after_ms,
             reset_after_ms: retry_after_ms + 1_000,
             delay_ms: 0,
+            owed: 0,
         }
     }
 

@@ -124,6 +124,7 @@ mod tests {
                 retry_after_ms: 0,
                 reset_after_ms,
                 delay_ms: 0,
+                owed: 0,
             }],
         };
         let reported = LastReported::default();

@@ -121,6 +121,7 @@ fn status(decided: &Decided<'_>, index: usize, found: &Found<'_>) -> DescriptorS
                 retry_after_ms: 0,
                 reset_after_ms: 0,
                 delay_ms: 0,
+                owed: 0,
             });
             DescriptorStatus {
                 code: if over { Code::OverLimit as i32 } else { ok },

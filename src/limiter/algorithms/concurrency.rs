@@ -27,6 +27,7 @@ pub fn evaluate(max: u64, state: Option<&SlotsState>, cost: u64) -> Transition<S
         retry_after_ms: if held + cost <= max { 0 } else { SLOT_RETRY_MS },
         reset_after_ms: wait(held),
         delay_ms: 0,
+        owed: 0,
     };
     if !standing.allowed {
         return Transition {

@@ -38,6 +38,7 @@ pub fn evaluate(
             retry_after_ms: 0,
             reset_after_ms: left,
             delay_ms: 0,
+            owed: 0,
         };
         return Transition {
             admitted,
@@ -61,6 +62,7 @@ pub fn evaluate(
         retry_after_ms: left,
         reset_after_ms: standing_reset,
         delay_ms: 0,
+        owed: count.saturating_sub(limit),
     };
     Transition {
         admitted: denied,

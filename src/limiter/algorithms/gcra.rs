@@ -66,6 +66,8 @@ pub fn evaluate(
     let allow_at = new_tat - tolerance;
     let to_ms = |ticks: i64| ceil_div(ticks.max(0) as u64, ticks_per_ms);
     let remaining = |ttl: i64| ((tolerance - ttl).max(0) as u64) / interval;
+    // Past the tolerance the key owes: whole emission intervals, rounded up.
+    let owed = |ttl: i64| ((ttl - tolerance).max(0) as u64).div_ceil(interval);
 
     let standing_ttl = (tat - now).max(0);
     let standing = Decision {
@@ -75,6 +77,7 @@ pub fn evaluate(
         retry_after_ms: 0,
         reset_after_ms: to_ms(standing_ttl),
         delay_ms: 0,
+        owed: owed(standing_ttl),
     };
     if now >= allow_at {
         let ttl = new_tat - now;

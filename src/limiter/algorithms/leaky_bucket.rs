@@ -42,6 +42,8 @@ pub fn evaluate(
     let water = state.map_or(0, |s| s.drained(capacity, max_delay_ms, per_ms, now_ms));
     let need = cost * unit;
     let room = |water: u64| capacity.saturating_sub(water) / unit;
+    // Past the capacity (held requests in delay mode, or a debt) the meter owes whole requests, rounded up.
+    let owed = |water: u64| water.saturating_sub(capacity).div_ceil(unit);
     let standing = Decision {
         allowed: true,
         limit: burst,
@@ -49,6 +51,7 @@ pub fn evaluate(
         retry_after_ms: 0,
         reset_after_ms: ceil_div(water, per_ms),
         delay_ms: 0,
+        owed: owed(water),
     };
     // How long until the meter has room for `need`.
     let wait = ceil_div((water + need).saturating_sub(capacity), per_ms);
@@ -59,6 +62,7 @@ pub fn evaluate(
             remaining: room(after),
             reset_after_ms: reset,
             delay_ms: wait,
+            owed: owed(after),
             ..standing
         };
         return Transition {

@@ -42,6 +42,7 @@ pub fn evaluate(
             retry_after_ms: 0,
             reset_after_ms: period_ms,
             delay_ms: 0,
+            owed: 0,
         };
         let standing = Decision {
             remaining: limit - count,
@@ -70,6 +71,7 @@ pub fn evaluate(
         retry_after_ms,
         reset_after_ms: standing_reset,
         delay_ms: 0,
+        owed: count.saturating_sub(limit),
     };
     Transition {
         admitted: denied,

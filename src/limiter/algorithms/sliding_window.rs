@@ -54,6 +54,7 @@ pub fn evaluate(
             retry_after_ms: 0,
             reset_after_ms: left + period_ms,
             delay_ms: 0,
+            owed: 0,
         };
         let standing = Decision {
             remaining: standing_remaining,
@@ -88,6 +89,7 @@ pub fn evaluate(
         retry_after_ms: retry_after_ms.max(1),
         reset_after_ms: standing_reset,
         delay_ms: 0,
+        owed: used.saturating_sub(capacity).div_ceil(period_ms),
     };
     Transition {
         admitted: denied,

@@ -61,6 +61,12 @@ pub fn evaluate(
     // Time to full: longer by the debt's refill time while the level is below zero.
     let to_full = |level: i64| ceil_div((capacity as i64 - level) as u64, per_ms);
     let tokens = |level: i64| level.max(0) as u64 / unit;
+    // Below zero the bucket owes: whole tokens, rounded up, as the script's signed floor division gives them.
+    let owed = if level < 0 {
+        level.unsigned_abs().div_ceil(unit)
+    } else {
+        0
+    };
     let standing_reset = to_full(level);
 
     if level >= need {
@@ -73,6 +79,7 @@ pub fn evaluate(
             retry_after_ms: 0,
             reset_after_ms: reset,
             delay_ms: 0,
+            owed: 0,
         };
         let standing = Decision {
             remaining: tokens(level),
@@ -98,6 +105,7 @@ pub fn evaluate(
         retry_after_ms: ceil_div((need - level) as u64, per_ms),
         reset_after_ms: standing_reset,
         delay_ms: 0,
+        owed,
     };
     Transition {
         admitted: denied,

@@ -337,6 +337,7 @@ mod tests {
                         retry_after_ms: 0,
                         reset_after_ms: 0,
                         delay_ms: 0,
+                        owed: 0,
                     }],
                 }));
             }

@@ -4,7 +4,9 @@
 -- as plain values:
 --   ok                          whether the limit admits the request
 --   remaining, reset            after consuming, when it admits
---   standing, standing_reset    remaining and reset as the state stands
+--   standing, standing_reset    remaining and reset as the state stands; remaining is below zero by what the key
+--                               owes past its capacity (a debt, a lowered limit, a leaky_bucket's held requests),
+--                               which the gateway shows in the admin API and never in headers
 --   retry                       ms until the request would be admitted, when it denies
 --   delay                       ms an admitted request must be held (leaky_bucket in delay mode)
 --   x, y, z, ttl                the state to store if the request is committed (see `commit`)
@@ -76,7 +78,7 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
       standing_reset = left
     end
     local free = capacity - used
-    local standing = free > 0 and (free - free % period) / period or 0
+    local standing = (free - free % period) / period
     if used + cost * period <= capacity then
       local after = free - cost * period
       return true, (after - after % period) / period, left + period, standing,
@@ -109,7 +111,7 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     if count > 0 then
       standing_reset = tonumber(newest[2]) + period - t
     end
-    local standing = max(limit - count, 0)
+    local standing = limit - count
     if count + cost <= limit then
       return true, limit - count - cost, period, standing, standing_reset, 0, 0, t
     end
@@ -133,7 +135,7 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     local level = level_of(b, capacity, capacity, per_ms, true)
     local need = cost * unit
     -- Below zero while the bucket is in debt (a settlement added more than was reserved).
-    local standing = level > 0 and (level - level % unit) / unit or 0
+    local standing = (level - level % unit) / unit
     local empty = capacity - level
     local standing_reset = (empty + -empty % per_ms) / per_ms
     if level >= need then
@@ -158,7 +160,7 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     if count > 0 then
       standing_reset = left
     end
-    local standing = count < limit and limit - count or 0
+    local standing = limit - count
     if count + cost <= limit then
       -- The key expires when its window ends.
       return true, limit - count - cost, left, standing, standing_reset, 0, 0, window_start, count + cost,
@@ -182,7 +184,7 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     -- Remaining requests count whole emission intervals of tolerance left; times in ms are ticks rounded up.
     local standing_ttl = tat > t and tat - t or 0
     local free = tolerance - standing_ttl
-    local standing = free > 0 and (free - free % interval) / interval or 0
+    local standing = (free - free % interval) / interval
     local standing_reset = (standing_ttl + -standing_ttl % ticks_per_ms) / ticks_per_ms
     if t >= allow_at then
       -- new_tat > t: the admission adds at least one interval to a TAT that is at least t.
@@ -202,7 +204,7 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
   local water = level_of(load(k, 6), 0, 2 * capacity + max_delay * per_ms, per_ms, false)
   local need = cost * unit
   local free = capacity - water
-  local standing = free > 0 and (free - free % unit) / unit or 0
+  local standing = (free - free % unit) / unit
   local standing_reset = (water + -water % per_ms) / per_ms
   local over = water + need - capacity
   local wait = over > 0 and (over + -over % per_ms) / per_ms or 0
@@ -210,7 +212,7 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     local after = water + need
     local reset = (after + -after % per_ms) / per_ms
     free = capacity - after
-    return true, free > 0 and (free - free % unit) / unit or 0, reset, standing, standing_reset, 0,
+    return true, (free - free % unit) / unit, reset, standing, standing_reset, 0,
       wait, after, now, nil, reset
   end
   return false, 0, 0, standing, standing_reset, wait - max_delay, 0

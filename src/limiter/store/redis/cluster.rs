@@ -272,6 +272,7 @@ mod tests {
             retry_after_ms: 0,
             reset_after_ms: 0,
             delay_ms: 0,
+            owed: 0,
         };
         let groups = vec![vec![0, 2], vec![1]];
         let outcomes = vec![

@@ -429,10 +429,12 @@ pub(super) fn parse_reply(
                 Decision {
                     allowed,
                     limit: limit.algorithm.capacity(),
+                    // Below zero: how far the key stands past its capacity (a debt), which headers never show.
                     remaining: as_u64(f[1]),
                     retry_after_ms: if allowed { 0 } else { wait },
                     reset_after_ms: as_u64(f[3]),
                     delay_ms: if allowed { wait } else { 0 },
+                    owed: f[1].min(0).unsigned_abs(),
                 }
             })
             .collect();
@@ -462,6 +464,7 @@ fn slots_decision(limit: &LimitSpec, allowed: bool, remaining: u64, expired: u64
         retry_after_ms: if allowed { 0 } else { SLOT_RETRY_MS },
         reset_after_ms: if remaining < max { SLOT_RETRY_MS } else { 0 },
         delay_ms: 0,
+        owed: 0,
     }
 }
 
