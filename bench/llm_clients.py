@@ -8,16 +8,25 @@ format (JSON and streamed, the streams cut into awkward pieces), optionally thro
                                                           # and keeps what the clients sent and were answered
     python3 bench/llm_clients.py --upstream-port 18080 --via http://127.0.0.1:8080
                                                           # clients -> tollgate (routed to 127.0.0.1:18080) -> upstream
+    python3 bench/llm_clients.py --refusals --tollgate target/debug/tollgate
+                                                          # starts tollgate (REFUSALS_CONFIG) and checks that each
+                                                          # client shows its refusals as the provider's errors
 
 It checks that each client reads the usage the answer carries and prints what each client sent (body and the
-headers that matter to reading usage). No network: everything is on 127.0.0.1; the API keys are dummies.
+headers that matter to reading usage). With --refusals it checks instead what each client makes of tollgate's
+refusals (status, the error's code and type, the message) and that a client allowed one retry waits what
+`retry-after-ms` says. No network: everything is on 127.0.0.1; the API keys are dummies.
 """
 
 import argparse
 import json
 import os
+import socket
+import subprocess
 import sys
+import tempfile
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 # === What the upstream answers (written after each API's documented examples) ===
@@ -256,6 +265,160 @@ def run_clients(base):
     return results
 
 
+# === Refusals, as the clients show them ===
+
+REFUSALS_CONFIG = """\
+listen: 127.0.0.1:{gateway_port}
+store: {{ backend: memory }}
+consumers:
+  # anthropic 2.x sends its key as `Authorization: Bearer`, earlier versions as `x-api-key`: either names `ant`.
+  identify: [ {{ api_key: {{ header: x-api-key }} }}, {{ api_key: {{ header: authorization }} }} ]
+  keys: [ {{ key: sk-ant-test, consumer: ant }}, {{ key: "Bearer sk-ant-test", consumer: ant }} ]
+upstreams:
+  llm: {{ targets: ["http://127.0.0.1:{upstream_port}"] }}
+routes:
+  - name: anthropic
+    match: {{ path_prefix: /v1/messages }}
+    upstream: llm
+    consumers: required
+    usage: {{ format: anthropic, reserve: {{ completion_cap: 4096 }} }}
+    limits:
+      - {{ name: rps, key: consumer, algorithm: gcra, rate: 1/1s, burst: 1 }}
+  - name: openai
+    match: {{ path_prefix: /v1 }}
+    upstream: llm
+    consumers: off
+    usage: {{ format: openai, reserve: {{ completion_default: 1024, completion_cap: 4096 }}, max_request_bytes: 8192 }}
+    limits:
+      - {{ name: rps, key: ip, algorithm: gcra, rate: 1/1s, burst: 1 }}
+      - {{ name: tph, key: ip, algorithm: fixed_window, limit: 3000, period: 1h, counts: total_tokens }}
+"""
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_tollgate(binary, upstream_port):
+    """tollgate on a free port with REFUSALS_CONFIG; (process, base URL)."""
+    port = free_port()
+    config = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    config.write(REFUSALS_CONFIG.format(gateway_port=port, upstream_port=upstream_port))
+    config.close()
+    process = subprocess.Popen([binary, "--config", config.name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            return process, "http://127.0.0.1:%d" % port
+        except OSError:
+            time.sleep(0.1)
+    process.kill()
+    sys.exit("tollgate did not start")
+
+
+class Timeline:
+    """The requests a client sent and the answers it got, with their times (httpx event hooks)."""
+
+    def __init__(self):
+        self.events = []
+
+    def request(self, request):
+        self.events.append(("request", time.monotonic(), None))
+
+    def response(self, response):
+        self.events.append(("response", time.monotonic(), response))
+
+    def retry_wait(self):
+        """(retry-after-ms of the first 429, seconds from it to the next request, the last status)."""
+        for index, (kind, at, response) in enumerate(self.events):
+            if kind == "response" and response.status_code == 429:
+                retried = next(t for k, t, _ in self.events[index + 1:] if k == "request")
+                last = [r for k, _, r in self.events if k == "response"][-1]
+                return int(response.headers["retry-after-ms"]), retried - at, last.status_code
+        return None
+
+
+def run_refusals(base):
+    import anthropic
+    import openai
+
+    messages = [{"role": "user", "content": "Say hello"}]
+    rows = []
+
+    def caught(name, call, check):
+        try:
+            call()
+            rows.append((name, "no error", False))
+        except (openai.APIStatusError, anthropic.APIStatusError) as error:
+            seen = {"status_code": error.status_code, "message": error.message}
+            if isinstance(error, openai.APIStatusError):
+                seen.update(code=error.code, type=error.type)
+            else:
+                seen.update(body_error_type=error.body["error"]["type"])
+            seen.update(headers={k: error.response.headers.get(k) for k in ("retry-after", "retry-after-ms")})
+            seen["class"] = type(error).__name__
+            rows.append((name, seen, check(error)))
+
+    oai = openai.OpenAI(base_url=base + "/v1", api_key="sk-test", max_retries=0)
+    chat = lambda **extra: oai.chat.completions.create(model="gpt-4.1", messages=messages, **extra)
+    chat(max_completion_tokens=50)
+    caught("openai: a rate limit", lambda: chat(max_completion_tokens=50),
+           lambda e: isinstance(e, openai.RateLimitError) and e.status_code == 429 and e.code == "rate_limit_exceeded"
+           and e.type == "rate_limit_exceeded" and e.response.headers.get("retry-after-ms") is not None)
+    caught("openai: more tokens than the limit holds", lambda: chat(max_completion_tokens=4000),
+           lambda e: e.status_code == 413 and e.code == "reservation_too_large" and e.type == "invalid_request_error"
+           and "3000" in e.message)
+    caught("openai: a body past max_request_bytes", lambda: oai.embeddings.create(model="e", input="x" * 10000),
+           lambda e: e.status_code == 413 and e.code == "body_too_large" and e.type == "invalid_request_error")
+
+    timeline = Timeline()
+    retrying = openai.OpenAI(base_url=base + "/v1", api_key="sk-test", max_retries=1,
+                             http_client=openai.DefaultHttpxClient(event_hooks={"request": [timeline.request], "response": [timeline.response]}))
+    retrying.chat.completions.create(model="gpt-4.1", messages=messages, max_completion_tokens=50)
+    retrying.chat.completions.create(model="gpt-4.1", messages=messages, max_completion_tokens=50)
+    waits = {"openai": timeline.retry_wait()}
+
+    ant = anthropic.Anthropic(base_url=base, api_key="sk-ant-test", max_retries=0)
+    stranger = anthropic.Anthropic(base_url=base, api_key="sk-ant-unknown", max_retries=0)
+    message = lambda client: client.messages.create(model="claude-sonnet-4-5", max_tokens=100, messages=messages)
+    caught("anthropic: an unknown key", lambda: message(stranger),
+           lambda e: isinstance(e, anthropic.AuthenticationError) and e.body["error"]["type"] == "authentication_error")
+    message(ant)
+    caught("anthropic: a rate limit", lambda: message(ant),
+           lambda e: isinstance(e, anthropic.RateLimitError) and e.status_code == 429
+           and e.body["error"]["type"] == "rate_limit_error" and e.response.headers.get("retry-after-ms") is not None)
+
+    timeline = Timeline()
+    retrying = anthropic.Anthropic(base_url=base, api_key="sk-ant-test", max_retries=1,
+                                   http_client=anthropic.DefaultHttpxClient(event_hooks={"request": [timeline.request], "response": [timeline.response]}))
+    message(retrying)
+    waits["anthropic"] = timeline.retry_wait()
+    return rows, waits
+
+
+def report_refusals(rows, waits):
+    failures = 0
+    for name, seen, ok in rows:
+        print("== %s: %s" % (name, "ok" if ok else "FAIL"))
+        print("   " + json.dumps(seen))
+        failures += not ok
+    for client, wait in waits.items():
+        if wait is None:
+            print("== %s with max_retries=1: FAIL, never refused" % client)
+            failures += 1
+            continue
+        said, waited, last = wait
+        # The client sleeps what the header says; the rest is its own work between the answer and the next request.
+        ok = said / 1000 <= waited <= said / 1000 + 0.25 and last == 200
+        print("== %s with max_retries=1: %s" % (client, "ok" if ok else "FAIL"))
+        print("   retry-after-ms said %d ms, the client sent its retry %.0f ms after the 429, which was answered %d"
+              % (said, waited * 1000, last))
+        failures += not ok
+    return failures
+
+
 NAMES = [
     "openai_chat",
     "openai_chat_stream",
@@ -272,12 +435,28 @@ def main():
     parser.add_argument("--upstream-port", type=int, default=0)
     parser.add_argument("--via", help="the gateway's URL (routes to the upstream); default: the upstream itself")
     parser.add_argument("--write-fixtures", metavar="DIR")
+    parser.add_argument("--refusals", action="store_true", help="check how the clients show tollgate's refusals")
+    parser.add_argument("--tollgate", metavar="BIN", help="with --refusals: the binary to start (else --via's gateway, run with REFUSALS_CONFIG)")
     args = parser.parse_args()
 
     server = ThreadingHTTPServer(("127.0.0.1", args.upstream_port), Upstream)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     upstream = "http://127.0.0.1:%d" % server.server_address[1]
     print("upstream on", upstream, file=sys.stderr)
+    if args.refusals:
+        process, base = start_tollgate(args.tollgate, server.server_address[1]) if args.tollgate else (None, args.via)
+        try:
+            failures = report_refusals(*run_refusals(base))
+        finally:
+            if process is not None:
+                process.terminate()
+                process.wait()
+        server.shutdown()
+        if failures:
+            print("%d failures" % failures)
+            sys.exit(1)
+        print("every client showed tollgate's refusals as its provider's errors")
+        return
     results = run_clients(args.via or upstream)
     server.shutdown()
 

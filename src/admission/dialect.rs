@@ -24,11 +24,11 @@ pub(super) fn shaped(
     let Value::Object(mut facts) = body else {
         return body;
     };
-    let code = match facts.remove("error") {
+    let code = match facts.shift_remove("error") {
         Some(Value::String(code)) => code,
         _ => String::from("refused"),
     };
-    let message = match facts.remove("message") {
+    let message = match facts.shift_remove("message") {
         Some(Value::String(message)) => Some(message),
         _ => None,
     };
@@ -186,9 +186,11 @@ mod tests {
             &mut HeaderMap::new(),
             tollgate,
         );
-        assert_eq!(anthropic["type"], "error");
-        assert_eq!(anthropic["error"]["type"], "rate_limit_error");
-        assert_eq!(anthropic["error"]["limit"], "tpm");
+        // Written in the provider's order, tollgate's facts after in theirs.
+        assert_eq!(
+            anthropic.to_string(),
+            r#"{"type":"error","error":{"type":"rate_limit_error","message":"Rate limit reached for limit tpm of route chat (tollgate). Please try again in 2.412s.","code":"rate_limited","route":"chat","limit":"tpm","retry_after_ms":2412}}"#
+        );
         let blocked = json!({"error": "forbidden", "reason": "consumer_blocked"});
         let anthropic = shaped(
             Dialect::Anthropic,
