@@ -1537,6 +1537,42 @@ async fn refusals_speak_the_providers_dialect(redis: Option<&RedisServer>) {
         json!({"error": "rate_limited", "route": "header", "limit": "hourly", "retry_after_ms": retry_after_ms})
     );
     assert!(headers.get("retry-after-ms").is_none());
+
+    // A blocked consumer: 403, OpenAI's invalid_request_error, Anthropic's permission_error.
+    let admin = serve_admin(&gateway, None).await;
+    let blocked = common::http_client::client()
+        .put(format!("{admin}/consumers/acme"))
+        .header("content-type", "application/json")
+        .body(r#"{"blocked":true}"#)
+        .send()
+        .await
+        .expect("admin answers");
+    assert_eq!(blocked.status(), 200);
+    let mut last = Value::Null;
+    let refused_403 = eventually(Duration::from_secs(5), async || {
+        let (status, _, body) = refused(&gateway, "/v1/messages", true, message.clone()).await;
+        last = body;
+        status == 403
+    })
+    .await;
+    assert!(refused_403.is_some(), "not blocked: {last}");
+    assert_eq!(last["error"]["type"], "permission_error", "{last}");
+    let (status, _, body) =
+        refused(&gateway, "/v1/chat/completions", true, chat(10).to_string()).await;
+    assert_eq!(status, 403);
+    assert_eq!(
+        (
+            &body["error"]["type"],
+            &body["error"]["code"],
+            &body["error"]["reason"]
+        ),
+        (
+            &json!("invalid_request_error"),
+            &json!("forbidden"),
+            &json!("consumer_blocked")
+        ),
+        "{body}"
+    );
 }
 
 #[tokio::test]
