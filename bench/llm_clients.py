@@ -336,7 +336,8 @@ class Timeline:
             if kind == "response" and response.status_code == 429:
                 retried = next(t for k, t, _ in self.events[index + 1:] if k == "request")
                 last = [r for k, _, r in self.events if k == "response"][-1]
-                return int(response.headers["retry-after-ms"]), retried - at, last.status_code
+                said = response.headers.get("retry-after-ms")
+                return (int(said) if said is not None else None), retried - at, last.status_code
         return None
 
 
@@ -356,10 +357,15 @@ def run_refusals(base):
             if isinstance(error, openai.APIStatusError):
                 seen.update(code=error.code, type=error.type)
             else:
-                seen.update(body_error_type=error.body["error"]["type"])
+                seen.update(body_error_type=anthropic_type(error))
             seen.update(headers={k: error.response.headers.get(k) for k in ("retry-after", "retry-after-ms")})
             seen["class"] = type(error).__name__
             rows.append((name, seen, check(error)))
+
+    def anthropic_type(error):
+        """`e.body["error"]["type"]`, or None where the body is not in Anthropic's shape."""
+        inner = error.body.get("error") if isinstance(error.body, dict) else None
+        return inner.get("type") if isinstance(inner, dict) else None
 
     oai = openai.OpenAI(base_url=base + "/v1", api_key="sk-test", max_retries=0)
     chat = lambda **extra: oai.chat.completions.create(model="gpt-4.1", messages=messages, **extra)
@@ -384,11 +390,11 @@ def run_refusals(base):
     stranger = anthropic.Anthropic(base_url=base, api_key="sk-ant-unknown", max_retries=0)
     message = lambda client: client.messages.create(model="claude-sonnet-4-5", max_tokens=100, messages=messages)
     caught("anthropic: an unknown key", lambda: message(stranger),
-           lambda e: isinstance(e, anthropic.AuthenticationError) and e.body["error"]["type"] == "authentication_error")
+           lambda e: isinstance(e, anthropic.AuthenticationError) and anthropic_type(e) == "authentication_error")
     message(ant)
     caught("anthropic: a rate limit", lambda: message(ant),
            lambda e: isinstance(e, anthropic.RateLimitError) and e.status_code == 429
-           and e.body["error"]["type"] == "rate_limit_error" and e.response.headers.get("retry-after-ms") is not None)
+           and anthropic_type(e) == "rate_limit_error" and e.response.headers.get("retry-after-ms") is not None)
 
     timeline = Timeline()
     retrying = anthropic.Anthropic(base_url=base, api_key="sk-ant-test", max_retries=1,
@@ -411,9 +417,9 @@ def report_refusals(rows, waits):
             continue
         said, waited, last = wait
         # The client sleeps what the header says; the rest is its own work between the answer and the next request.
-        ok = said / 1000 <= waited <= said / 1000 + 0.25 and last == 200
+        ok = said is not None and said / 1000 <= waited <= said / 1000 + 0.25 and last == 200
         print("== %s with max_retries=1: %s" % (client, "ok" if ok else "FAIL"))
-        print("   retry-after-ms said %d ms, the client sent its retry %.0f ms after the 429, which was answered %d"
+        print("   retry-after-ms said %s ms, the client sent its retry %.0f ms after the 429, which was answered %d"
               % (said, waited * 1000, last))
         failures += not ok
     return failures
