@@ -37,11 +37,21 @@ the password changed under the gateways (connections killed) then changed back; 
 (`maxmemory` below what it holds, `noeviction`) then given memory again; Redis down for 12 s, longer than the
 window route's period, with the load running 10 s on after it. Only loopback addresses are used, and
 every loop is bounded in count and time.
+
+Slots held (`--only slots`): two gateways (`--on-error`) in front of an upstream that holds requests and counts
+those in flight, a `concurrency` limit of `max: 4` on one key. Gateway A holds 4 requests at the upstream while
+gateway B asks for a slot of the key every 20 ms, through Redis restarted empty (leases of 30 s) and through Redis
+out of memory for 5 s (`maxmemory 1`, leases of 1 s: every lease ends unrenewed), and for 4 s after Redis answers
+again. The table gives the most requests ever in flight at the upstream against `max`, over the whole run (while
+Redis is away, `on_error: local` lets each instance decide alone: up to `max` per instance) and from the moment
+Redis answers again (never past `max`), what B admitted then, the WARN lines that said the loss, and how long after
+A's requests end B is admitted again.
 """
 
 import argparse
 import binascii
 import http.client
+import http.server
 import os
 import shutil
 import signal
@@ -248,7 +258,7 @@ class Gateway:
     """A tollgate process with routes for the steady load, the probes and the exactness check."""
 
     def __init__(self, binary: Path, folder: Path, name: str, redis_url: str | None, on_error: str,
-                 extra: str = "", wrapper: list[str] | None = None):
+                 extra: str = "", wrapper: list[str] | None = None, routes: str = ""):
         self.port = free_port()
         self.admin = admin = free_port()
         config = folder / f"{name}.yaml"
@@ -284,7 +294,7 @@ store:
     match: {{ path_prefix: /exact }}
     respond: {{ status: 200, body: "ok" }}
     limits: [{{ name: n, key: ["header:x-key"], algorithm: sliding_log, limit: {EXACT_LIMIT}, period: 1h }}]
-""")
+{routes}""")
         self.log_path = folder / f"{name}.log"
         self.log = open(self.log_path, "w")
         self.process = subprocess.Popen(
@@ -734,10 +744,175 @@ def descriptors(binary: Path, folder: Path) -> list[tuple[str, str]]:
         gateway.stop()
 
 
+SLOTS_MAX = 4
+
+
+class HoldingUpstream:
+    """An HTTP upstream on a loopback port that holds every request to a path ending in /hold until `release`
+    (others are answered at once), and counts the requests in flight: the most ever, and since `mark`."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.most = 0
+        self.most_since_mark = 0
+        self.released = threading.Event()
+        upstream = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                upstream.arrive()
+                try:
+                    if self.path.endswith("/hold"):
+                        upstream.released.wait(120)
+                    self.send_response(200)
+                    self.send_header("content-length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"ok")
+                except OSError:
+                    pass  # the gateway went away first (the run is over)
+                finally:
+                    upstream.leave()
+
+            def log_message(self, *_):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def arrive(self) -> None:
+        with self.lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            self.most_since_mark = max(self.most_since_mark, self.in_flight)
+
+    def leave(self) -> None:
+        with self.lock:
+            self.in_flight -= 1
+
+    def mark(self) -> None:
+        with self.lock:
+            self.most_since_mark = self.in_flight
+
+    def stop(self) -> None:
+        self.released.set()
+        self.server.shutdown()
+
+
+def hold_slot(gateway: Gateway, key: str) -> None:
+    """One request held at the upstream through `gateway` until released: its client waits as long (a client that
+    gave up would free its slot, while the upstream still ran the request)."""
+    connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=120)
+    try:
+        connection.request("GET", "/slots/hold", headers={"x-key": key})
+        connection.getresponse().read()
+    except (OSError, http.client.HTTPException):
+        pass
+    finally:
+        connection.close()
+
+
+def slots_redis_restarted(redis: Redis) -> None:
+    redis.stop()
+    shutil.rmtree(redis.folder, ignore_errors=True)
+    redis.start()
+
+
+def slots_redis_oom(redis: Redis) -> None:
+    redis.cli("CONFIG", "SET", "maxmemory", "1")
+    time.sleep(5)
+    redis.cli("CONFIG", "SET", "maxmemory", "0")
+
+
+SLOT_FAULTS = {
+    "restarted": ("Redis restarted empty with slots held", "30s", slots_redis_restarted),
+    "oom": ("Redis OOM (maxmemory tiny for 5 s) with slots held", "1s", slots_redis_oom),
+}
+
+
+def slots_held(binary: Path, folder: Path, on_error: str, name: str) -> list[tuple[str, str]]:
+    """Gateway A holds SLOTS_MAX requests of one key at the upstream; gateway B asks for a slot every 20 ms while
+    `fault` happens to Redis and 4 s after; then A's requests end."""
+    label, lease, fault = SLOT_FAULTS[name]
+    redis = Redis(free_port(), folder / f"slots-{name}-redis")
+    redis.start()
+    upstream = HoldingUpstream()
+    gateways: list[Gateway] = []
+    held: list[threading.Thread] = []
+    try:
+        extra = f'upstreams:\n  held: {{ targets: ["http://127.0.0.1:{upstream.port}"], timeout: 120s }}\n'
+        routes = f"""  - name: slots
+    match: {{ path_prefix: /slots }}
+    upstream: held
+    limits: [{{ name: in-flight, key: ["header:x-key"], algorithm: concurrency, max: {SLOTS_MAX}, lease: {lease} }}]
+"""
+        gateways = [Gateway(binary, folder, f"slots-{name}-{side}", redis.url(), on_error, extra=extra,
+                            routes=routes) for side in ("a", "b")]
+        a, b = gateways
+        held = [threading.Thread(target=hold_slot, args=(a, "k"), daemon=True) for _ in range(SLOTS_MAX)]
+        for thread in held:
+            thread.start()
+        deadline = time.monotonic() + 10
+        while upstream.in_flight < SLOTS_MAX:
+            if time.monotonic() > deadline:
+                sys.exit(f"chaos: gateway A never held {SLOTS_MAX} slots")
+            time.sleep(0.01)
+        counts = {"along": 0, "after": 0}
+        phase = ["along"]
+        stop = threading.Event()
+
+        def ask() -> None:
+            until = time.monotonic() + 60
+            while not stop.is_set() and time.monotonic() < until:
+                if b.get("/slots/quick", "k") == 200:
+                    counts[phase[0]] += 1
+                time.sleep(0.02)
+
+        asking = threading.Thread(target=ask, daemon=True)
+        asking.start()
+        time.sleep(0.5)
+        fault(redis)
+        phase[0] = "after"
+        upstream.mark()
+        time.sleep(4)
+        stop.set()
+        asking.join()
+        most, most_after = upstream.most, upstream.most_since_mark
+        upstream.released.set()
+        for thread in held:
+            thread.join(10)
+        ended = time.monotonic()
+        back = None
+        while time.monotonic() - ended < RECOVERY_BOUND_S:
+            if b.get("/slots/quick", "k") == 200:
+                back = time.monotonic() - ended
+                break
+            time.sleep(0.01)
+        warned = [sum("redis lost state" in line and "WARN" in line for line in g.log_text().splitlines())
+                  for g in gateways]
+        return [
+            ("most in flight at the upstream, whole run (max 4)", f"{most}"),
+            ("most in flight once Redis answered again (max 4)", f"{most_after}"),
+            ("admitted by B while Redis was away / once it answered again",
+             f"{counts['along']} / {counts['after']}"),
+            ("lost state said (WARN lines, A / B)", " / ".join(map(str, warned))),
+            ("B admitted again after A's requests ended",
+             f"{back * 1000:.0f} ms" if back is not None else f"> {RECOVERY_BOUND_S:.0f} s"),
+        ]
+    finally:
+        upstream.stop()
+        for gateway in gateways:
+            gateway.stop()
+        redis.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--binary", type=Path, default=ROOT / "target/release/tollgate")
-    parser.add_argument("--only", choices=["late-start", *FAULTS, "migration", "directory", "descriptors"])
+    parser.add_argument("--only", choices=["late-start", *FAULTS, "migration", "directory", "descriptors",
+                                           "slots"])
     parser.add_argument("--on-error", choices=["local", "deny", "allow"], default="local",
                         help="the gateways' store.on_error (default local)")
     args = parser.parse_args()
@@ -752,7 +927,7 @@ def main() -> None:
     rows = []
     gateways: list[Gateway] = []
     try:
-        if args.only in ("migration", "directory", "descriptors"):
+        if args.only in ("migration", "directory", "descriptors", "slots"):
             raise NoOutage  # the standalone Redis's faults are not asked for
         # Redis not up when the gateways start: they must connect once it is, however late.
         tally = Tally()
@@ -804,6 +979,10 @@ def main() -> None:
                         directory_flush(args.binary, folder)))
     if args.only in (None, "descriptors"):
         figures.append(("Out of file descriptors", descriptors(args.binary, folder)))
+    if args.only in (None, "slots"):
+        for name, (label, _, _) in SLOT_FAULTS.items():
+            figures.append((f"{label} (two gateways, max {SLOTS_MAX}, on_error: {args.on_error})",
+                            slots_held(args.binary, folder, args.on_error, name)))
 
     if rows:
         print(f"{'fault':<42} {'requests':>9} {'failed beyond policy':>21} {'over-admitted':>14} {'counted late':>13}"
