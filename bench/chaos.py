@@ -43,13 +43,14 @@ those in flight, a `concurrency` limit of `max: 4` on one key. Gateway A holds 4
 gateway B asks for a slot of the key every 20 ms, through Redis restarted empty (leases of 30 s) and through Redis
 out of memory for 5 s (`maxmemory 1`, leases of 1 s: every lease ends unrenewed), and for 4 s after Redis answers
 again. The table gives the most requests ever in flight at the upstream against `max`, over the whole run (while
-Redis is away, `on_error: local` lets each instance decide alone: up to `max` per instance) and from the moment
-Redis answers again (never past `max`), what B admitted then, the WARN lines that said the loss, and how long after
-A's requests end B is admitted again.
+Redis is away, `on_error: local` lets each instance decide alone: up to `max` per instance) and from B's first
+reply of Redis after the fault (never past `max`), what B admitted before and after it, the WARN lines that said the
+loss, and how long after A's requests end B is admitted again.
 """
 
 import argparse
 import binascii
+import datetime
 import http.client
 import http.server
 import os
@@ -749,13 +750,14 @@ SLOTS_MAX = 4
 
 class HoldingUpstream:
     """An HTTP upstream on a loopback port that holds every request to a path ending in /hold until `release`
-    (others are answered at once), and counts the requests in flight: the most ever, and since `mark`."""
+    (others are answered at once), and counts the requests in flight: the most ever, and at each arrival."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.in_flight = 0
         self.most = 0
-        self.most_since_mark = 0
+        # (wall-clock time, requests in flight then) at each arrival
+        self.arrivals: list[tuple[float, int]] = []
         self.released = threading.Event()
         upstream = self
 
@@ -786,19 +788,21 @@ class HoldingUpstream:
         with self.lock:
             self.in_flight += 1
             self.most = max(self.most, self.in_flight)
-            self.most_since_mark = max(self.most_since_mark, self.in_flight)
+            self.arrivals.append((time.time(), self.in_flight))
 
     def leave(self) -> None:
         with self.lock:
             self.in_flight -= 1
 
-    def mark(self) -> None:
-        with self.lock:
-            self.most_since_mark = self.in_flight
-
     def stop(self) -> None:
         self.released.set()
         self.server.shutdown()
+
+
+def logged_at(line: str) -> float:
+    """The wall-clock time a gateway's log line starts with (`2026-01-01T00:00:00.123456Z`)."""
+    stamp = line.split()[0].rstrip("Z")
+    return datetime.datetime.fromisoformat(stamp).replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
 def hold_slot(gateway: Gateway, key: str) -> None:
@@ -859,27 +863,30 @@ def slots_held(binary: Path, folder: Path, on_error: str, name: str) -> list[tup
             if time.monotonic() > deadline:
                 sys.exit(f"chaos: gateway A never held {SLOTS_MAX} slots")
             time.sleep(0.01)
-        counts = {"along": 0, "after": 0}
-        phase = ["along"]
+        admitted: list[float] = []
         stop = threading.Event()
 
         def ask() -> None:
             until = time.monotonic() + 60
             while not stop.is_set() and time.monotonic() < until:
                 if b.get("/slots/quick", "k") == 200:
-                    counts[phase[0]] += 1
+                    admitted.append(time.time())
                 time.sleep(0.02)
 
         asking = threading.Thread(target=ask, daemon=True)
         asking.start()
         time.sleep(0.5)
         fault(redis)
-        phase[0] = "after"
-        upstream.mark()
+        fixed = time.time()
         time.sleep(4)
         stop.set()
         asking.join()
-        most, most_after = upstream.most, upstream.most_since_mark
+        # From B's first reply of Redis after the fault (its "lost state" line): before it, `on_error` decided.
+        back_at = next((logged_at(line) for line in b.log_text().splitlines() if "redis lost state" in line), fixed)
+        still_held = upstream.in_flight
+        most = upstream.most
+        most_after = max([n for at, n in upstream.arrivals if at >= back_at] + [still_held])
+        along = sum(at < back_at for at in admitted)
         upstream.released.set()
         for thread in held:
             thread.join(10)
@@ -894,9 +901,9 @@ def slots_held(binary: Path, folder: Path, on_error: str, name: str) -> list[tup
                   for g in gateways]
         return [
             ("most in flight at the upstream, whole run (max 4)", f"{most}"),
-            ("most in flight once Redis answered again (max 4)", f"{most_after}"),
-            ("admitted by B while Redis was away / once it answered again",
-             f"{counts['along']} / {counts['after']}"),
+            ("most in flight once B reached Redis again (max 4)", f"{most_after}"),
+            ("admitted by B until it reached Redis again / after",
+             f"{along} / {len(admitted) - along}"),
             ("lost state said (WARN lines, A / B)", " / ".join(map(str, warned))),
             ("B admitted again after A's requests ended",
              f"{back * 1000:.0f} ms" if back is not None else f"> {RECOVERY_BOUND_S:.0f} s"),
