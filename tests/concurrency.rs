@@ -1100,11 +1100,20 @@ fn pair_of_binaries(
     gone: &ReservedPort,
     lease: &str,
 ) -> (tempfile::TempDir, Tollgate, Tollgate) {
+    pair_on(&store_yaml(Some(redis)), upstream, gone, lease)
+}
+
+/// [`pair_of_binaries`] on the store `store` says (a Redis Cluster).
+fn pair_on(
+    store: &str,
+    upstream: &InFlightUpstream,
+    gone: &ReservedPort,
+    lease: &str,
+) -> (tempfile::TempDir, Tollgate, Tollgate) {
     let limits = format!(
         "      - {{ name: in-flight, key: ip, algorithm: concurrency, max: 4, lease: {lease} }}\n"
     );
-    let yaml = yaml(&store_yaml(Some(redis)), upstream, gone, &limits)
-        .replace("timeout: 1s", "timeout: 60s");
+    let yaml = yaml(store, upstream, gone, &limits).replace("timeout: 1s", "timeout: 60s");
     let dir = tempfile::tempdir().expect("temporary directory");
     let config = dir.path().join("gateway.yaml");
     std::fs::write(&config, format!("admin:\n  listen: 127.0.0.1:0\n{yaml}")).expect("config");
@@ -1205,6 +1214,62 @@ async fn on_redis_no_slot_is_given_twice_after_redis_refused_every_write_for_lon
         );
     })
     .await;
+}
+
+#[tokio::test]
+async fn on_redis_cluster_no_slot_is_given_twice_after_the_node_holding_the_key_is_flushed() {
+    let cluster = common::cluster::RedisCluster::start();
+    let upstream = InFlightUpstream::start().await;
+    let gone = ReservedPort::new();
+    let store = format!(
+        "  backend: redis\n  url: {}\n  timeout: 500ms\n  on_error: deny\n",
+        cluster.url()
+    );
+    let (_dir, a, b) = pair_on(&store, &upstream, &gone, "30s");
+    let held = hold_n(&upstream, &a.url("/hold"), 4).await;
+    assert_eq!(status(b.url("/quick")).await, 429, "every slot is held");
+    let key = "tollgate:api:in-flight:{127.0.0.1}";
+    let per_node = cluster.keys_per_node("tollgate:*");
+    let owner = per_node
+        .iter()
+        .position(|keys| keys.iter().any(|k| k == key))
+        .expect("a node holds the key");
+    // The key's hash slot has its marker beside it, on the same node.
+    let slot = fred::util::redis_keyslot(key.as_bytes());
+    let marker = per_node[owner]
+        .iter()
+        .find(|k| k.ends_with("epoch") && fred::util::redis_keyslot(k.as_bytes()) == slot);
+    assert!(
+        marker.is_some(),
+        "no marker in the key's slot: {per_node:?}"
+    );
+    assert_eq!(cluster.cli(owner, &["FLUSHALL"]).as_deref(), Some("OK"));
+    let asked = admitted_during(&b.url("/quick"), Duration::from_secs(4)).await;
+    assert_eq!(
+        (asked, upstream.most_in_flight()),
+        (0, 4),
+        "slots given again while their requests still ran"
+    );
+    let said = a
+        .log()
+        .lines()
+        .filter(|line| line.contains("WARN") && line.contains("redis lost state"))
+        .count();
+    assert_eq!(said, 1, "{}", a.log());
+    let metrics = common::http_client::metrics_text(&a.admin_url("")).await;
+    assert!(
+        metrics.contains("tollgate_store_resets_total 1"),
+        "{metrics}"
+    );
+    upstream.release(4);
+    for request in held {
+        assert_eq!(request.await.expect("held"), 200);
+    }
+    let back = eventually(SOON, async || status(b.url("/quick")).await == 200).await;
+    assert!(
+        back.is_some(),
+        "the slots come back once their requests end"
+    );
 }
 
 #[tokio::test]

@@ -47,8 +47,11 @@
 --          is announced (its key as the message), for the requests waiting for one on every instance; "" or absent
 --          otherwise.
 -- ARGV[4]  the marker key that tells whether Redis lost its data (see "lost state" in 2-state.lua), "" or absent
---          for none (Redis Cluster, where no key is shared by every call, and explicit times).
+--          for none (explicit times, a call without keys on Redis Cluster, or one sent behind ASKING to the node
+--          its hash slot is migrating to). On Redis Cluster, the marker of the call's hash slot.
 -- ARGV[5]  the epoch of the data the calling instance last saw in a reply (0: none yet).
+-- ARGV[6]  "1" when the marker is one hash slot's (Redis Cluster): it vouches for the slot's data by being there
+--          alone (see "lost state").
 --
 -- Returns, packed as one MessagePack array: now_ms, the epoch of the data (0 without a marker), the end of the
 -- recovery window under way (0: none; see "lost state" in 2-state.lua), then per entry:

@@ -13,13 +13,27 @@
 -- no epoch yet (a gateway starting) opens no window on a missing marker: a cold start of every gateway is
 -- refused nothing. Should such a caller have re-created the marker after a loss, the first caller that saw the
 -- old epoch opens the window then (once per epoch).
+--
+-- On Redis Cluster no key is shared by every call: each hash slot has a marker of its own (ARGV[6] = "1"), in the
+-- slot, read in the same call as the slot's keys; a node restarted empty or flushed loses the markers of its slots
+-- with their keys. A slot no call touched for a while is not suspect there (its marker is written only by the calls
+-- on its keys), so such a marker vouches by being there alone. Read with pcall: on the node a slot is migrating
+-- from, a marker that moved already is refused as not local, and the call then goes on without it.
 local RECOVERY_MS, STALE_MS, MARK_EVERY_MS = 2000, 2000, 200
 -- While recovering: until when, and the time from which ended leases are kept for their holders.
 local recovering_until, keep_from, epoch = 0, 0, 0
 local marker = ARGV[4]
+local per_hash_slot = ARGV[6] == '1'
+local found = false
+if marker and marker ~= '' and not explicit_time then
+  found = redis.pcall('GET', marker)
+  if type(found) == 'table' and found.err then
+    marker = nil
+  end
+end
 if marker and marker ~= '' and not explicit_time then
   local known = tonumber(ARGV[5]) or 0
-  local born, last, from, till = string.match(redis.call('GET', marker) or '', '^(%d+):(%d+):(%d+):(%d+)$')
+  local born, last, from, till = string.match(found or '', '^(%d+):(%d+):(%d+):(%d+)$')
   born, last, from, till = tonumber(born), tonumber(last), tonumber(from), tonumber(till)
   local changed = true
   if not born then
@@ -27,7 +41,7 @@ if marker and marker ~= '' and not explicit_time then
     if known > 0 then
       till = now + RECOVERY_MS
     end
-  elseif now - last > STALE_MS then
+  elseif now - last > STALE_MS and not per_hash_slot then
     -- Always a later epoch than the one it replaces, whatever the clock did.
     born, from, till = max(now, born + 1), last, now + RECOVERY_MS
   elseif known > 0 and known < born and till == 0 then

@@ -13,13 +13,13 @@ use tokio::time::Instant;
 
 use super::cluster::join_all;
 use super::evictions::Evictions;
-use super::lost::{Epoch, DEFAULT_MARKER};
+use super::lost::{cluster_marker, Epoch, DEFAULT_MARKER};
 use super::migration::{self, Migrations};
 use super::outage::Link;
 use super::RedisTopology;
 use crate::limiter::store::batcher::{Pending, RunBatch};
 use crate::limiter::store::redis_clock::RedisClock;
-use crate::limiter::store::script::{self, EncodedRequest};
+use crate::limiter::store::script::{self, EncodedRequest, Marker};
 use crate::limiter::store::{LimitCheck, StoreError};
 use crate::limiter::Outcome;
 
@@ -48,6 +48,9 @@ pub(super) struct Connection {
     /// The key every call checks to tell whether Redis lost its data (`<key_prefix>epoch`), set once by
     /// [`RedisStore::with_key_prefix`](super::RedisStore::with_key_prefix); `tollgate:epoch` until then.
     pub(super) marker: std::sync::OnceLock<Value>,
+    /// The gateway's `key_prefix`, set once with the marker: on Redis Cluster each hash slot has a marker of its
+    /// own under it (see [`cluster_marker`]); `tollgate:` until then.
+    pub(super) key_prefix: std::sync::OnceLock<String>,
     /// The epoch of Redis's data as the replies tell it.
     pub(super) epoch: Epoch,
 }
@@ -149,14 +152,18 @@ impl Connection {
             deadlines,
             &runs,
             channel,
-            self.marker(now_ms),
+            self.marker(now_ms, slot),
         );
         let reply = self.evalsha(client, slot, command, timeout).await?;
         let received = Instant::now();
         let reply = script::unpack_reply(&reply)?;
         let (epoch, recovering_until) = script::epoch_of(&reply);
-        self.epoch
-            .observe(epoch, recovering_until, reply.first().copied().unwrap_or(0));
+        self.epoch.observe(
+            slot,
+            epoch,
+            recovering_until,
+            reply.first().copied().unwrap_or(0),
+        );
         let decided_at = reply.first().copied().unwrap_or_default();
         if now_ms.is_none() {
             self.clock.observe(decided_at, received);
@@ -164,14 +171,28 @@ impl Connection {
         Ok((decided_at, script::parse_reply(&reply, requests, &runs)?))
     }
 
-    /// The marker a call checks, with the epoch this instance knows: none on Redis Cluster (no key is shared by
-    /// every call there) or with a test's explicit time.
-    fn marker(&self, now_ms: Option<i64>) -> Option<(&Value, u64)> {
-        if now_ms.is_some() || self.topology == RedisTopology::Cluster {
+    /// The marker a call on `slot` checks, with the epoch this instance knows of it: on Redis Cluster the marker of
+    /// that hash slot (none for a call without keys), elsewhere the one every call shares; none with a test's
+    /// explicit time.
+    fn marker(&self, now_ms: Option<i64>, slot: Option<u16>) -> Option<Marker> {
+        if now_ms.is_some() {
             return None;
         }
+        if self.topology == RedisTopology::Cluster {
+            let slot = slot?;
+            let prefix = self.key_prefix.get().map_or("tollgate:", String::as_str);
+            return Some(Marker {
+                key: Value::from(cluster_marker(prefix, slot)),
+                known: self.epoch.known(Some(slot)),
+                per_hash_slot: true,
+            });
+        }
         let marker = self.marker.get_or_init(|| Value::from(DEFAULT_MARKER));
-        Some((marker, self.epoch.known()))
+        Some(Marker {
+            key: marker.clone(),
+            known: self.epoch.known(None),
+            per_hash_slot: false,
+        })
     }
 
     /// Runs the script by hash on the node owning `slot`; on Redis Cluster, a call that Redis redirected because

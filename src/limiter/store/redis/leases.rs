@@ -11,12 +11,18 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::connection::Connection;
+use super::RedisTopology;
 use crate::limiter::store::script::{EncodedRequest, Mode};
 use crate::limiter::store::{LimitCheck, StoreError};
 use crate::limiter::{Limit, MIN_LEASE_MS};
 
 /// How often the renewing task looks for leases due: a third of the shortest lease allowed.
 const TICK: Duration = Duration::from_millis(MIN_LEASE_MS / 3);
+/// How often a lease is renewed at least on Redis Cluster: a renewal is the one call of its holder on the lease's
+/// hash slot, and so how the holder learns that the node serving the slot lost it (its marker, `lost.rs`), which
+/// it must within the 2 s recovery window to put its leases back before others may take their slots. (Elsewhere
+/// every instance's once-a-second health check reads the one marker.)
+const CLUSTER_RENEWAL: Duration = Duration::from_secs(1);
 /// How long a renewal call may take: past a third of a lease it would be late anyway.
 const RENEWAL_TIMEOUT: Duration = Duration::from_millis(MIN_LEASE_MS / 3);
 
@@ -28,6 +34,16 @@ pub(super) struct Leases {
     next: AtomicU32,
     held: Mutex<HashMap<u64, Held>>,
     renewing: AtomicBool,
+}
+
+/// Which leases [`put_back`] puts into Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Which {
+    /// Those Redis does not hold yet (taken by the fallback while it was away): Redis answers again.
+    Outside,
+    /// Every lease held, or on Redis Cluster those with a key in the hash slot given: Redis lost them (see
+    /// `lost.rs`).
+    Lost(Option<u16>),
 }
 
 /// One request's leases: the key and limit of each of its `concurrency` limits.
@@ -86,9 +102,13 @@ impl Leases {
             })
             .min()
             .unwrap_or(MIN_LEASE_MS);
+        let mut every = Duration::from_millis(shortest / 3);
+        if connection.topology == RedisTopology::Cluster {
+            every = every.min(CLUSTER_RENEWAL);
+        }
         let held = Held {
             keys,
-            every: Duration::from_millis(shortest / 3),
+            every,
             renewed: Instant::now(),
             in_redis,
         };
@@ -106,13 +126,20 @@ impl Leases {
             .is_some_and(|held| held.in_redis)
     }
 
-    /// The leases Redis does not hold yet (taken by the fallback), to be adopted; with `all`, every lease held
-    /// (Redis lost them: see [`put_back`]).
-    fn outside(&self, all: bool) -> Vec<(u64, Vec<(String, Limit)>)> {
+    /// The leases `which` names, to be put into Redis.
+    fn outside(&self, which: Which) -> Vec<(u64, Vec<(String, Limit)>)> {
+        let in_slot = |slot: u16, keys: &[(String, Limit)]| {
+            keys.iter()
+                .any(|(key, _)| fred::util::redis_keyslot(key.as_bytes()) == slot)
+        };
         self.held
             .lock()
             .iter()
-            .filter(|(_, h)| all || !h.in_redis)
+            .filter(|(_, h)| match which {
+                Which::Outside => !h.in_redis,
+                Which::Lost(None) => true,
+                Which::Lost(Some(slot)) => in_slot(slot, &h.keys),
+            })
             .map(|(&lease, h)| (lease, h.keys.clone()))
             .collect()
     }
@@ -197,9 +224,9 @@ async fn call_on_slot<'a>(
 /// Puts into Redis, whatever the keys hold, the leases `which` names (adopted: renewed and released as the others
 /// from now on): one call per hash slot. A lease whose request ended meanwhile is removed again at once; one whose
 /// call failed is left as it was (tried again at the next recovery, or the next loss). Redis answered again after
-/// an outage (the fallback's leases, `all` false), or lost its data (every lease, `all`: see `lost.rs`).
-pub(super) async fn put_back(leases: &Leases, connection: &Connection, all: bool) {
-    let outside = leases.outside(all);
+/// an outage (the fallback's leases), or lost its data (every lease, or a Cluster hash slot's: see `lost.rs`).
+pub(super) async fn put_back(leases: &Leases, connection: &Connection, which: Which) {
+    let outside = leases.outside(which);
     if outside.is_empty() {
         return;
     }
@@ -255,6 +282,6 @@ impl super::RedisStore {
             return;
         };
         let (leases, connection) = (Arc::clone(&self.leases), Arc::clone(&self.connection));
-        runtime.spawn(async move { put_back(&leases, &connection, false).await });
+        runtime.spawn(async move { put_back(&leases, &connection, Which::Outside).await });
     }
 }

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::cluster::{join_all, merge};
 use super::connection::{answer_all, Connection};
 use crate::limiter::store::batcher::Pending;
-use crate::limiter::store::script::{EncodedRequest, Mode};
+use crate::limiter::store::script::{self, EncodedRequest, Mode};
 use crate::limiter::store::StoreError;
 use crate::limiter::Outcome;
 
@@ -160,7 +160,8 @@ impl Connection {
             };
             result = match self.migrations.target(client, slot, left).await {
                 Ok(Some(target)) => {
-                    let asked = self.ask(client, &target, slot, command.clone(), left).await;
+                    let command = script::without_marker(command.clone());
+                    let asked = self.ask(client, &target, slot, command, left).await;
                     if matches!(&asked, Err(StoreError::Redis(error)) if redirected(error)) {
                         self.migrations.forget(slot);
                     }

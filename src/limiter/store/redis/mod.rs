@@ -112,7 +112,12 @@ impl RedisStore {
             migrations: migration::Migrations::default(),
             slots_channel: std::sync::OnceLock::new(),
             marker: std::sync::OnceLock::new(),
-            epoch: lost::Epoch::default(),
+            key_prefix: std::sync::OnceLock::new(),
+            epoch: if topology == RedisTopology::Cluster {
+                lost::Epoch::per_hash_slot()
+            } else {
+                lost::Epoch::default()
+            },
         });
         if topology == RedisTopology::Sentinel {
             let weak = Arc::downgrade(&connection);
@@ -126,12 +131,13 @@ impl RedisStore {
         let leases = Arc::new(Leases::new());
         // Held weakly: the connection must not keep alive what holds it.
         let (held, weak) = (Arc::downgrade(&leases), Arc::downgrade(&connection));
-        connection.epoch.on_lost(move || {
+        connection.epoch.on_lost(move |slot| {
             let (Some(leases), Some(connection)) = (held.upgrade(), weak.upgrade()) else {
                 return;
             };
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move { leases::put_back(&leases, &connection, true).await });
+                let which = leases::Which::Lost(slot);
+                runtime.spawn(async move { leases::put_back(&leases, &connection, which).await });
             }
         });
         Ok(Self {
@@ -160,6 +166,8 @@ impl RedisStore {
             .connection
             .marker
             .set(Value::from(format!("{prefix}epoch")));
+        // On Redis Cluster, by `<prefix>{<tag>}epoch` in each hash slot.
+        let _ = self.connection.key_prefix.set(prefix.to_owned());
         Self {
             probe_key: Arc::from(format!("{prefix}probe")),
             ..self.with_reset_channel(&format!("{prefix}resets"))

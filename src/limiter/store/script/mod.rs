@@ -229,8 +229,8 @@ pub(super) fn runs(requests: &[&EncodedRequest]) -> Vec<usize> {
 /// `deadlines` holds, per request, Redis's time in ms from which the script must leave it undecided (0: none): a
 /// run is given its earliest member's. A give-back's is instead the time its commit was decided at.
 ///
-/// `marker`: the key that tells whether Redis lost its data, with the epoch this instance last saw (0: none), where
-/// every call shares one key (not on Redis Cluster); the reply then tells the epoch (see [`epoch_of`]).
+/// `marker`: the key that tells whether Redis lost its data (see [`Marker`]); the reply then tells the epoch (see
+/// [`epoch_of`]).
 pub(super) fn command(
     sha: &Value,
     now_ms: Option<i64>,
@@ -238,7 +238,7 @@ pub(super) fn command(
     deadlines: &[u64],
     runs: &[usize],
     slots_channel: &Value,
-    marker: Option<(&Value, u64)>,
+    marker: Option<Marker>,
 ) -> Vec<Value> {
     let (mut integers, mut limits) = (0, 0);
     let mut at = 0;
@@ -315,11 +315,43 @@ pub(super) fn command(
             Value::from("")
         });
     }
-    if let Some((marker, epoch)) = marker {
-        command.push(marker.clone());
-        command.push(Value::Integer(i64::try_from(epoch).unwrap_or(0)));
+    if let Some(marker) = marker {
+        command.push(marker.key);
+        command.push(Value::Integer(i64::try_from(marker.known).unwrap_or(0)));
+        if marker.per_hash_slot {
+            command.push(Value::from("1"));
+        }
     }
     command
+}
+
+/// `command` without its marker, for a call sent behind `ASKING` to the node a hash slot is migrating to: the
+/// slot's marker may not be there yet, and a call there must neither take it for lost nor create a second one
+/// (which would stop its migration with `BUSYKEY`).
+pub(super) fn without_marker(mut command: Vec<Value>) -> Vec<Value> {
+    let keys = command
+        .get(1)
+        .and_then(Value::as_i64)
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or(0);
+    // The script's name, the number of keys, the keys, the clock, the requests, the channel, then the marker.
+    if let Some(marker) = command.get_mut(2 + keys + 3) {
+        *marker = Value::from("");
+    }
+    command
+}
+
+/// The key that tells a call whether Redis lost its data (`lost.rs`), with the epoch this instance last saw of it
+/// (0: none).
+#[derive(Debug, Clone)]
+pub struct Marker {
+    /// `<key_prefix>epoch`, shared by every call; on Redis Cluster, the marker of the call's hash slot.
+    pub key: Value,
+    /// The epoch this instance last saw of it.
+    pub known: u64,
+    /// Whether it is one hash slot's (Cluster): it vouches for the slot by being there, and a slot with no call for
+    /// a while is not suspect (a standalone marker is written every second by every instance's health check).
+    pub per_hash_slot: bool,
 }
 
 /// The earlier of two deadlines, where 0 is none.
