@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Counts the instructions redis-server spends in tollgate's limiter script, per call and per request, under
 valgrind's callgrind: a count, not a time, so it is the same from run to run on a noisy machine and shows what a
-change to the limiter script (src/limiter/scripts/check/) costs or saves.
+change to the limiter script (crates/limiter/src/scripts/check/) costs or saves.
 
     python3 bench/script_cost.py            # needs redis-server and valgrind (apt-get install redis-server valgrind)
     python3 bench/script_cost.py --script /tmp/variant.lua --case 50:run     # a variant of the script, one case
@@ -9,7 +9,7 @@ change to the limiter script (src/limiter/scripts/check/) costs or saves.
 
 Each case sends CALLS script calls of a batch of requests, each request checking the three limits of
 bench/configs/redis-pass.yaml (sliding_window, token_bucket, gcra), encoded as the gateway encodes them (see
-src/limiter/store/script/). The count of a case minus the count of the same number of empty calls is the script's
+crates/limiter/src/store/script/). The count of a case minus the count of the same number of empty calls is the script's
 work. The empty call's own count (the script's fixed part: TIME, defining its functions) is that of an empty call
 minus a script that only returns, each less the count of loading the script without calling it: compiling the
 script is done once, not at every call (before session 19 it was counted, 30,000 of the 77,000 reported). "single"
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT_PATH = ROOT / "src/limiter/scripts/check"
+SCRIPT_PATH = ROOT / "crates/limiter/src/scripts/check"
 CALLS = 100
 # Per limit: algorithm id, four parameters, cost, shadow (the key index goes in front), as in redis-pass.yaml.
 LIMITS = [

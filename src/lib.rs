@@ -48,7 +48,7 @@ pub mod consumers;
 pub mod gateway;
 pub mod key;
 pub mod layer;
-pub mod limiter;
+pub use tollgate_limiter as limiter;
 pub mod proxy;
 pub mod reload;
 pub mod rls;

@@ -423,7 +423,7 @@ async fn cluster_batches_concurrent_requests_by_slot_and_stays_exact() {
     }
     assert_eq!(admitted, [7; 6]);
     // Each stored counter holds exactly the admitted requests. A fixed_window counter is the algorithm's id as one
-    // byte, then the window's start and its count as doubles (src/limiter/scripts/check/2-state.lua).
+    // byte, then the window's start and its count as doubles (crates/limiter/src/scripts/check/2-state.lua).
     for key in &keys {
         let fields = cluster
             .cli_cluster(&[

@@ -1,0 +1,55 @@
+//! Rate limiting independent of HTTP: limits, decisions, the algorithms and the stores that keep their state.
+//!
+//! `tollgate-limiter` is the core of the tollgate gateway as a crate of its own, with no HTTP, YAML or gRPC in its
+//! tree: a [`Limit`] names an [`Algorithm`] and its parameters; a [`RateLimiter`] checks a request's limits, each
+//! under its own key, all-or-nothing in one call, on the in-process store or on Redis (standalone, Sentinel or
+//! Cluster) shared by every process that uses it, and answers an [`Outcome`]: admitted or not, and per limit a
+//! [`Decision`] (what remains, how long to wait). `examples/alone.rs` runs two limits on one client:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use tollgate_limiter::store::LimitCheck;
+//! use tollgate_limiter::{Algorithm, Limit, RateLimiter, StoreSettings};
+//!
+//! let limiter = RateLimiter::from_settings(&StoreSettings::default())?;
+//! let per_minute = Limit::new("per-minute", Algorithm::FixedWindow { limit: 2, period_ms: 60_000 }, 1)?;
+//! let check = [LimitCheck { key: "per-minute:{203.0.113.7}", limit: &per_minute }];
+//! assert!(limiter.check(&check).await?.allowed);
+//! assert!(limiter.check(&check).await?.allowed);
+//! let refused = limiter.check(&check).await?;
+//! assert!(!refused.allowed && refused.decisions[0].retry_after_ms > 0);
+//! # Ok(()) }
+//! ```
+
+pub mod algorithms;
+mod breaker;
+mod carry_over;
+mod clock;
+mod decision;
+mod deny_cache;
+mod giver;
+mod last_reported;
+mod limit;
+mod rate_limiter;
+mod settings;
+mod slot_queues;
+pub mod store;
+mod units;
+mod written;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use decision::{Decision, Outcome};
+pub use deny_cache::DenyCache;
+pub use giver::{Giver, Settlement};
+pub use limit::{
+    format_duration_ms, Algorithm, LeakyMode, Limit, LimitError, Rate, SlotQueue, MAX_LOG_ENTRIES,
+    MAX_SCALED, MIN_LEASE_MS, SLOT_RETRY_MS,
+};
+pub use rate_limiter::{Backend, DecidedBy, OnError, RateLimiter, Readiness, Unavailable};
+pub use settings::{BackendKind, StoreSettings};
+pub use slot_queues::{Place, SlotQueues};
+/// What a full in-process store does with a new key's request (`StoreSettings::when_full`).
+pub use store::WhenFull;
+pub use units::{parse_duration, parse_rate, UnitError};
+pub use written::{replaced, Replaced, WrittenAlgorithm, WrittenQueue};
