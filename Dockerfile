@@ -5,21 +5,23 @@
 FROM rust:1-bookworm AS builder
 WORKDIR /build
 
-# Dependencies first, against stub sources: this layer is rebuilt only when Cargo.toml, Cargo.lock or benches/
-# change, not on every edit of src/. Cargo reads every target the manifest declares before building any, so the
+# Dependencies first, against stub sources: this layer is rebuilt only when a Cargo.toml, Cargo.lock or benches/
+# change, not on every edit of the sources (the gateway's src/ and the workspace's crates/). Cargo reads every target the manifest declares before building any, so the
 # `[[bench]]` files must be there too (they are not compiled by `cargo build`). tests/docker_compose.rs runs these
 # steps in a context laid out as these COPY lines say, so a file missing here fails the suite.
 COPY Cargo.toml Cargo.lock ./
+COPY crates/limiter/Cargo.toml ./crates/limiter/
 COPY benches ./benches
-RUN mkdir src \
+RUN mkdir src crates/limiter/src \
  && echo 'fn main() {}' > src/main.rs \
- && touch src/lib.rs \
+ && touch src/lib.rs crates/limiter/src/lib.rs \
  && cargo build --release --locked \
- && rm -rf src
+ && rm -rf src crates/limiter/src
 
 COPY src ./src
-# COPY keeps the files' own times, which may be older than the stubs' build: touch them so cargo rebuilds the crate.
-RUN touch src/main.rs src/lib.rs \
+COPY crates ./crates
+# COPY keeps the files' own times, which may be older than the stubs' build: touch them so cargo rebuilds the crates.
+RUN touch src/main.rs src/lib.rs crates/limiter/src/lib.rs \
  && cargo build --release --locked \
  && cp target/release/tollgate /usr/local/bin/tollgate
 

@@ -936,7 +936,9 @@ fn the_metrics_table_lists_every_series_the_program_has() {
         }
     }
     let mut source = String::new();
-    sources(&Path::new(REPO).join("src"), &mut source);
+    for package in ["src", "crates/limiter/src"] {
+        sources(&Path::new(REPO).join(package), &mut source);
+    }
     let mut registered: Vec<&str> = source
         .split("\"tollgate_")
         .skip(1)
