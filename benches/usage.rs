@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use http::{HeaderMap, HeaderValue};
-use tollgate::proxy::usage::{
-    read_request, rewrite_request, Dialect, Rewrites, UsageFormat, UsageReader,
-};
+use tollgate::usage::{read_request, rewrite_request, Dialect, Rewrites, UsageFormat, UsageReader};
 
 /// The frame size an upstream's body arrives in, about.
 const FRAME: usize = 16 * 1024;

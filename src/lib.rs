@@ -31,8 +31,9 @@
 //! The modules, from the outside in: [`gateway`] (the listener, then admission, then the route's action),
 //! [`layer`] (admission in front of any tower service), [`routing`] (the canonical request and the route table),
 //! [`admission`] (the one request path both share: allowlist, keys, one limiter call, refusals, delays, fields),
-//! [`key`] (client addresses and limiting keys), [`limiter`] (the algorithms and the Redis and in-process stores, without HTTP), [`config`],
-//! [`proxy`] and [`admin`].
+//! [`key`] (client addresses and limiting keys), [`limiter`] (the algorithms and the Redis and in-process stores,
+//! without HTTP), [`usage`] (what a request may cost and what its answer reports it cost, below admission and
+//! proxy), [`config`], [`proxy`] and [`admin`].
 
 // The connection task's future holds the Redis store's futures, whose fred types nest deeper than the compiler's default
 // of 128 when it proves the task is Send.
@@ -54,3 +55,4 @@ pub mod reload;
 pub mod rls;
 pub mod routing;
 pub mod telemetry;
+pub mod usage;

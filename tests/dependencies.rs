@@ -135,3 +135,77 @@ fn a_crate_is_named_only_as_the_start_of_a_path() {
     assert!(!names_crate("use my_bytes::Bytes;", "bytes"));
     assert!(!names_crate("let bytes = 1;", "bytes"));
 }
+
+/// The modules at the top of src/ (a folder or a file, `lib.rs` and `main.rs` aside) and, for each, the others its
+/// code names as `crate::other`.
+fn module_graph() -> Vec<(String, Vec<String>)> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut names: Vec<String> = fs::read_dir(&src)
+        .expect("src/ is readable")
+        .map(|entry| entry.expect("a readable directory entry").path())
+        .filter_map(|path| {
+            let name = path.file_stem()?.to_str()?.to_owned();
+            (path.is_dir() || path.extension().is_some_and(|ext| ext == "rs")).then_some(name)
+        })
+        .filter(|name| name != "lib" && name != "main")
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+        .iter()
+        .map(|name| {
+            let folder = src.join(name);
+            let code = if folder.is_dir() {
+                code_under("", &[&format!("src/{name}")])
+            } else {
+                fs::read_to_string(src.join(format!("{name}.rs"))).expect("a readable module")
+            };
+            let uses = (names.iter())
+                .filter(|other| *other != name && names_crate(&code, &format!("crate::{other}")))
+                .cloned()
+                .collect();
+            (name.clone(), uses)
+        })
+        .collect()
+}
+
+/// The layers of src/ hold: no two of its modules use each other, directly or through others (a cycle is where
+/// a change in one ripples through all of them, and where one concern has started to live in two places).
+#[test]
+fn no_modules_of_src_use_each_other_in_a_cycle() {
+    let graph = module_graph();
+    assert!(graph.len() > 5, "src/ read as {graph:?}");
+    let uses = |name: &str| {
+        graph
+            .iter()
+            .find(|(module, _)| module == name)
+            .map_or(&[][..], |(_, uses)| uses.as_slice())
+    };
+    // Depth first from every module; a module met again on the current path closes a cycle.
+    fn visit<'a>(
+        name: &'a str,
+        uses: &dyn Fn(&str) -> &'a [String],
+        path: &mut Vec<&'a str>,
+        done: &mut Vec<&'a str>,
+    ) {
+        if let Some(at) = path.iter().position(|on| *on == name) {
+            panic!(
+                "src/ modules in a cycle: {} -> {name}",
+                path[at..].join(" -> ")
+            );
+        }
+        if done.contains(&name) {
+            return;
+        }
+        path.push(name);
+        for next in uses(name) {
+            visit(next, uses, path, done);
+        }
+        path.pop();
+        done.push(name);
+    }
+    let mut done = Vec::new();
+    for (name, _) in &graph {
+        visit(name, &uses, &mut Vec::new(), &mut done);
+    }
+}

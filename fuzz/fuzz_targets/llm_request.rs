@@ -5,7 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value};
-use tollgate::proxy::usage::{read_request, rewrite_request, Dialect, RequestShape, Rewrites};
+use tollgate::usage::{read_request, rewrite_request, Dialect, RequestShape, Rewrites};
 
 fuzz_target!(|data: &[u8]| {
     // The first byte: the dialect (bit 0), whether to inject stream usage (bit 1), whether to cap (bit 2), the

@@ -3,7 +3,7 @@
 
 use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
-use tollgate::proxy::usage::{Usage, UsageFormat, UsageReader};
+use tollgate::usage::{Usage, UsageFormat, UsageReader};
 
 fn read(format: &UsageFormat, head: &HeaderMap, pieces: &[&[u8]], finish: bool) -> Usage {
     let mut reader = UsageReader::new(format, head);

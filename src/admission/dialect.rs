@@ -8,7 +8,7 @@ use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, StatusCode};
 use serde_json::{Map, Value};
 
-use crate::proxy::usage::Dialect;
+use crate::usage::Dialect;
 
 /// `retry-after-ms`: the wait in milliseconds, which the OpenAI and Anthropic SDKs prefer to `Retry-After`.
 static RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");

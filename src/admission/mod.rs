@@ -19,11 +19,11 @@ mod tokens;
 
 /// A limit with its key spec, as admission takes it (the key module's type, named here too).
 pub use crate::key::LimitSettings;
+/// A WebSocket tunnel's two ends (proxying opens tunnels; admission waits for them to close), named here too.
+pub use crate::proxy::{tunnel, TunnelClosed, TunnelOpen};
 #[cfg(test)]
 pub(crate) use after_answer::recording;
-pub use after_answer::{
-    tunnel, AfterAnswer, AnswerGuard, Ending, GuardedBody, TunnelClosed, TunnelOpen,
-};
+pub use after_answer::{AfterAnswer, AnswerGuard, Ending, GuardedBody};
 /// The rate-limit fields as tollgate's HTTP answers carry them, for Envoy's rate limit service to send the same.
 pub(crate) use headers::{
     apply as apply_rate_limit_fields, policy as rate_limit_policy, Advertised,

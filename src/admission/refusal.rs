@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::consumers::CallerRefusal;
 use crate::limiter::Unavailable;
-use crate::proxy::usage::RequestBodyError;
+use crate::usage::RequestBodyError;
 
 use super::limits::Checked;
 

@@ -9,13 +9,14 @@ use axum::BoxError;
 use bytes::Bytes;
 use http::{Request, Response};
 
-use super::after_answer::{AnswerGuard, Ending, GuardedBody, TunnelClosed};
+use super::after_answer::{AnswerGuard, Ending, GuardedBody};
 use super::policy::{Admission, Policy};
 use super::responses::answer;
 use super::tokens::{NoReservation, Reserve};
 use crate::key::RequestReading;
 use crate::limiter::RateLimiter;
-use crate::proxy::usage::UsageBody;
+use crate::proxy::TunnelClosed;
+use crate::usage::UsageBody;
 
 // === impl Policy ===
 

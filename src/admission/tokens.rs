@@ -11,7 +11,7 @@ use super::after_answer::{AfterAnswer, Ending};
 use super::settle::StatusSettlement;
 use crate::key::TokenKind;
 use crate::limiter::{Giver, Limit, Settlement};
-use crate::proxy::usage::{
+use crate::usage::{
     accept_readable_answers, BodyEnd, CompletionBound, Dialect, Handed, PromptBound, RequestFacts,
     SharedUsage, Usage, UsageFormat, UsageReader, UsageSettings,
 };

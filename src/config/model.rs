@@ -12,10 +12,10 @@ pub use crate::consumers::{ConsumerMode, ConsumersSettings};
 pub use crate::key::ClientIpHeader;
 pub use crate::key::LimitSettings;
 pub use crate::limiter::{BackendKind, StoreSettings};
-pub use crate::proxy::usage::UsageSettings;
 pub use crate::proxy::UpstreamSettings;
 pub use crate::rls::RlsSettings;
 pub use crate::routing::RouteMatch;
+pub use crate::usage::UsageSettings;
 
 /// A whole, valid configuration.
 #[derive(Debug, Clone)]

@@ -9,7 +9,7 @@ use crate::consumers::{
 };
 use crate::key::{Counts, MissingKey};
 use crate::limiter::{Algorithm, LeakyMode};
-use crate::proxy::usage::{CompletionBound, PromptBound, UsageFormat, UsageSettings};
+use crate::usage::{CompletionBound, PromptBound, UsageFormat, UsageSettings};
 
 /// Renders `config` as a short header and a table of routes, matches, limits and keys.
 pub fn render(config: &Config) -> String {

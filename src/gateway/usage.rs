@@ -15,7 +15,7 @@ use super::responses;
 use crate::admission::{answer, Policy, Refusal, Reservation, RouteUsage};
 use crate::key::RequestReading;
 use crate::limiter::RateLimiter;
-use crate::proxy::usage::{rewrite_request, set_body_length};
+use crate::usage::{rewrite_request, set_body_length};
 
 /// Reads `request`'s body for `usage`, and makes the request forwarded and what it reserves; or the answer to a
 /// body that cannot be read (413 past `usage.max_request_bytes`, 400 for a body that is not the API's JSON), which

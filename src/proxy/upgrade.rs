@@ -54,6 +54,31 @@ impl TunnelHold {
     }
 }
 
+/// Put in the extensions of a `101 Switching Protocols` answer by what opened its tunnel (the gateway's WebSocket
+/// proxying): the answer's body ends with its head, but the request lasts until the tunnel closes, and the work
+/// kept for after the answer (a concurrency slot) waits for that. See [`tunnel`].
+#[derive(Debug, Clone)]
+pub struct TunnelClosed(tokio::sync::watch::Receiver<()>);
+
+/// Held by a tunnel for as long as it is open; dropping it closes the [`TunnelClosed`] it was made with.
+#[derive(Debug)]
+pub struct TunnelOpen(#[allow(dead_code)] tokio::sync::watch::Sender<()>);
+
+/// A tunnel's two ends: the one it holds while open, the one its answer carries.
+pub fn tunnel() -> (TunnelOpen, TunnelClosed) {
+    let (open, closed) = tokio::sync::watch::channel(());
+    (TunnelOpen(open), TunnelClosed(closed))
+}
+
+// === impl TunnelClosed ===
+
+impl TunnelClosed {
+    /// Waits until the tunnel closes.
+    pub async fn closed(mut self) {
+        while self.0.changed().await.is_ok() {}
+    }
+}
+
 /// Copies bytes both ways between the client's and the upstream's upgraded connections until either side closes.
 /// Spawned as its own task: the handshake's response is already on its way back when the two sides switch. `hold`
 /// (the drain's, and the one admission waits on) is dropped with the tunnel.
@@ -61,7 +86,7 @@ pub(super) async fn splice(
     client: OnUpgrade,
     upstream: OnUpgrade,
     upstream_name: String,
-    hold: (Option<TunnelHold>, crate::admission::TunnelOpen),
+    hold: (Option<TunnelHold>, TunnelOpen),
 ) {
     let _hold = hold;
     let (client, upstream) = match tokio::try_join!(client, upstream) {

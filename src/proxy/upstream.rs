@@ -222,7 +222,7 @@ impl Upstream {
             if let Some(upstream_side) = switched {
                 upgrade::keep_upgrade_fields(&mut parts.headers, accepted.unwrap_or(protocol));
                 // Admission's work for after the answer (a concurrency slot) waits for the tunnel to close.
-                let (open, closed) = crate::admission::tunnel();
+                let (open, closed) = upgrade::tunnel();
                 parts.extensions.insert(closed);
                 tokio::spawn(upgrade::splice(
                     client_side,

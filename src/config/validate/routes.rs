@@ -9,7 +9,7 @@ use crate::config::limits::limit_settings;
 use crate::config::model::*;
 use crate::config::raw::*;
 use crate::key::{TokenKind, PLAN_KEY_SCOPE};
-use crate::proxy::usage::{
+use crate::usage::{
     CompletionBound, Endpoints, PromptBound, UsageFormat, DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_READ_ON_BYTES, DEFAULT_READ_ON_TIMEOUT,
 };

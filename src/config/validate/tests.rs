@@ -421,8 +421,8 @@ fn a_token_route_reads_its_usage_and_its_limits_counts() {
     let config = parse(&text).expect("valid");
     let route = &config.routes[0];
     let usage = route.usage.as_ref().expect("usage");
-    assert_eq!(usage.format, crate::proxy::usage::UsageFormat::Anthropic);
-    assert_eq!(usage.prompt, crate::proxy::usage::PromptBound::Tokens(500));
+    assert_eq!(usage.format, crate::usage::UsageFormat::Anthropic);
+    assert_eq!(usage.prompt, crate::usage::PromptBound::Tokens(500));
     assert_eq!(usage.completion_cap, Some(2048));
     assert_eq!(usage.max_request_bytes, 1 << 20);
     assert!(!usage.inject_stream_usage);
@@ -433,7 +433,7 @@ fn a_token_route_reads_its_usage_and_its_limits_counts() {
 
 #[test]
 fn usage_endpoints_replace_the_formats_and_bad_ones_are_located() {
-    use crate::proxy::usage::{Endpoints, UsageFormat};
+    use crate::usage::{Endpoints, UsageFormat};
     let tpm = "      - { name: tpm, algorithm: sliding_window, limit: 100000, period: 1m, counts: total_tokens }\n";
     let endpoints = |usage: &str| {
         let config = parse(&llm_route(usage, tpm)).expect("valid");

@@ -280,7 +280,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::proxy::usage::reported::{Dialect, Usage};
+    use crate::usage::reported::{Dialect, Usage};
 
     fn scan(places: Places, pieces: &[&[u8]]) -> Option<Usage> {
         let mut scanner = UsageScanner::new(places);

@@ -464,7 +464,7 @@ fn the_official_clients_bodies_read_as_they_were_sent() {
     macro_rules! sent {
         ($name:literal) => {
             include_bytes!(concat!(
-                "../../../../tests/fixtures/llm/",
+                "../../../tests/fixtures/llm/",
                 $name,
                 ".request.json"
             ))

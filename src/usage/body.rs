@@ -250,7 +250,7 @@ mod tests {
     use http_body_util::{BodyExt, Full, StreamBody};
 
     use super::*;
-    use crate::proxy::usage::reader::UsageFormat;
+    use crate::usage::reader::UsageFormat;
 
     type Frames = Vec<Result<Frame<Bytes>, &'static str>>;
     type FramesBody =

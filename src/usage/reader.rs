@@ -319,18 +319,14 @@ mod recorded {
     use http::{HeaderMap, HeaderValue};
 
     use super::{UsageFormat, UsageReader};
-    use crate::proxy::usage::Usage;
+    use crate::usage::Usage;
 
     macro_rules! recorded {
         ($name:literal, $response:literal) => {
             (
                 $name,
-                &include_bytes!(concat!("../../../tests/fixtures/llm/", $name, $response))[..],
-                include_str!(concat!(
-                    "../../../tests/fixtures/llm/",
-                    $name,
-                    ".usage.json"
-                )),
+                &include_bytes!(concat!("../../tests/fixtures/llm/", $name, $response))[..],
+                include_str!(concat!("../../tests/fixtures/llm/", $name, ".usage.json")),
             )
         };
     }

@@ -340,7 +340,7 @@ proptest! {
     fn a_stream_reads_the_last_report_of_each_count(stream in stream_strategy()) {
         // The expected counts, from the events as a client parses them with serde_json.
         let mut parser = SseParser::new();
-        let mut recorder = crate::proxy::usage::sse::tests::Recorder::default();
+        let mut recorder = crate::usage::sse::tests::Recorder::default();
         parser.feed(stream.as_bytes(), &mut recorder);
         parser.finish(&mut recorder);
         let (mut input, mut output) = (None, None);
