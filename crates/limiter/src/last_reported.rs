@@ -1,18 +1,18 @@
 //! The state Redis last reported for each key, kept under `on_error: local` so that the in-process fallback starts
 //! each key from what Redis had admitted in its window, not from empty.
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 
+use indexmap::IndexMap;
 use parking_lot::Mutex;
 
+use super::store::memory_keys::{KeyRef, StoredHash, StoredKey, SHARDS};
 use super::store::LimitCheck;
 use super::Outcome;
 
 /// Keys remembered at most: past it, a new key's report is dropped (its fallback starts from empty, as without
 /// this), so memory stays bounded whatever the number of keys Redis decides.
 const MAX_KEYS: usize = 100_000;
-const SHARDS: usize = 64;
 
 /// What one reply said of one key: only what the reply already carries, so remembering it costs no Redis call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,8 +25,9 @@ pub(super) struct Report {
     pub(super) until_ms: i64,
 }
 
-/// One shard's reports, by store key.
-type Reports = HashMap<Box<str>, Report>;
+/// One shard's reports, by store key: a key is hashed once (SipHash, keyed per process, as the in-process store
+/// hashes its keys: clients choose them), and that hash picks the shard and finds the entry.
+type Reports = IndexMap<StoredKey, Report, StoredHash>;
 
 /// The last [`Report`] of each key Redis decided, sharded so that concurrent requests rarely share a lock.
 #[derive(Debug)]
@@ -56,9 +57,10 @@ impl LastReported {
                 continue;
             }
             let taken = decision.limit.saturating_sub(decision.remaining);
-            let mut shard = self.shard(check.key);
+            let key = self.key_ref(check.key);
+            let mut shard = self.shards[key.shard()].lock();
             if taken == 0 || decision.reset_after_ms == 0 {
-                shard.remove(check.key);
+                shard.swap_remove(&key);
                 continue;
             }
             let report = Report {
@@ -67,7 +69,7 @@ impl LastReported {
                 until_ms: now_ms.saturating_add(decision.reset_after_ms as i64),
             };
             // Found in place, a key known already costs no allocation.
-            if let Some(held) = shard.get_mut(check.key) {
+            if let Some(held) = shard.get_mut(&key) {
                 *held = report;
                 continue;
             }
@@ -77,21 +79,29 @@ impl LastReported {
                     continue;
                 }
             }
-            shard.insert(check.key.into(), report);
+            let stored = StoredKey {
+                hash: key.hash,
+                text: check.key.into(),
+            };
+            shard.insert(stored, report);
         }
     }
 
     /// The last report of `key`, if it still says something at `now_ms`, forgotten once taken: the fallback
     /// starts the key from it once per outage.
     pub(super) fn take(&self, key: &str, now_ms: i64) -> Option<Report> {
-        self.shard(key)
-            .remove(key)
+        let key = self.key_ref(key);
+        self.shards[key.shard()]
+            .lock()
+            .swap_remove(&key)
             .filter(|report| report.until_ms > now_ms)
     }
 
-    fn shard(&self, key: &str) -> parking_lot::MutexGuard<'_, Reports> {
-        let index = self.hasher.hash_one(key) as usize % SHARDS;
-        self.shards[index].lock()
+    fn key_ref<'k>(&self, key: &'k str) -> KeyRef<'k> {
+        KeyRef {
+            hash: self.hasher.hash_one(key),
+            text: key,
+        }
     }
 }
 

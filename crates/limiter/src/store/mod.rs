@@ -10,6 +10,11 @@ mod sentinel;
 use thiserror::Error;
 
 pub use self::memory::{MemoryStore, WhenFull};
+/// Keys hashed once, as the in-process store holds them, for the limiter's other per-key maps.
+pub(crate) mod memory_keys {
+    pub(crate) use super::memory::keys::{KeyRef, StoredHash, StoredKey};
+    pub(crate) use super::memory::SHARDS;
+}
 pub use self::redis::{Announcement, RedisStore, RedisTopology, ResetNotice};
 // For the other users of Redis (the consumer directory): one way to build clients and to word their failures.
 pub use self::redis::{client_builder, plain_words};

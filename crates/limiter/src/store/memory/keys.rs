@@ -12,32 +12,32 @@ use super::SHARD_BITS;
 /// predictable), and that one hash picks the shard, finds the entry and stores it; with a hash per step it was
 /// three SipHashes a key, more than the decision itself.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) struct StoredKey {
-    pub(super) hash: u64,
-    pub(super) text: Box<str>,
+pub(crate) struct StoredKey {
+    pub(crate) hash: u64,
+    pub(crate) text: Box<str>,
 }
 
 /// A key as a request names it, hashed.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct KeyRef<'k> {
-    pub(super) hash: u64,
-    pub(super) text: &'k str,
+pub(crate) struct KeyRef<'k> {
+    pub(crate) hash: u64,
+    pub(crate) text: &'k str,
 }
 
 /// The map's hashing: the hash a key carries, as it is.
 #[derive(Debug, Clone, Copy, Default)]
-pub(super) struct StoredHash;
+pub(crate) struct StoredHash;
 
 /// What [`StoredHash`] builds: it is only ever given the one `u64` of a [`StoredKey`] or a [`KeyRef`].
 #[derive(Debug, Default)]
-pub(super) struct StoredHasher(u64);
+pub(crate) struct StoredHasher(u64);
 
 // === impl KeyRef, StoredKey ===
 
 impl KeyRef<'_> {
     /// The key's shard: the top bits of its hash mixed by a multiplication (Fibonacci hashing), so that the keys
     /// of one shard still differ in every bit the map itself uses.
-    pub(super) fn shard(&self) -> usize {
+    pub(crate) fn shard(&self) -> usize {
         (self.hash.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (u64::BITS - SHARD_BITS)) as usize
     }
 }

@@ -1,7 +1,7 @@
 //! The in-process store: the same algorithms over a sharded, bounded map, for one instance or as the fallback
 //! when Redis fails.
 
-mod keys;
+pub(crate) mod keys;
 mod shard;
 #[cfg(test)]
 mod tests;
@@ -21,7 +21,7 @@ use crate::{Clock, Decision, Outcome, SlotQueues};
 
 /// The shards are numbered by this many bits of a key's hash.
 const SHARD_BITS: u32 = 6;
-const SHARDS: usize = 1 << SHARD_BITS;
+pub(crate) const SHARDS: usize = 1 << SHARD_BITS;
 
 /// A bounded in-memory store of limit state, safe to share between threads.
 ///
