@@ -1149,6 +1149,35 @@ async fn admitted_during(url: &str, during: Duration) -> usize {
     }
     admitted
 }
+/// After a lost state: holder `a` said it once (one WARN, `tollgate_store_resets_total 1`), and once its 4 held
+/// requests end, `b` is admitted again.
+async fn lost_state_said_once_then_slots_come_back(
+    a: &Tollgate,
+    b: &Tollgate,
+    upstream: &InFlightUpstream,
+    held: Vec<tokio::task::JoinHandle<u16>>,
+) {
+    let said = a
+        .log()
+        .lines()
+        .filter(|line| line.contains("WARN") && line.contains("redis lost state"))
+        .count();
+    assert_eq!(said, 1, "{}", a.log());
+    let metrics = common::http_client::metrics_text(&a.admin_url("")).await;
+    assert!(
+        metrics.contains("tollgate_store_resets_total 1"),
+        "{metrics}"
+    );
+    upstream.release(4);
+    for request in held {
+        assert_eq!(request.await.expect("held"), 200);
+    }
+    let back = eventually(SOON, async || status(b.url("/quick")).await == 200).await;
+    assert!(
+        back.is_some(),
+        "the slots come back once their requests end"
+    );
+}
 
 /// A holds 4 slots of 4 when `outage` happens to Redis; B asks for a slot all along, and for 4 s after: none is given
 /// twice (never more than 4 at the upstream), the loss is said once and counted on A, and A's slots stay held until
@@ -1172,26 +1201,7 @@ async fn no_slot_given_twice(lease: &str, outage: impl AsyncFnOnce(&mut RedisSer
         (0, 0, 4),
         "slots given again while their requests still ran"
     );
-    let said = |log: String| {
-        log.lines()
-            .filter(|line| line.contains("WARN") && line.contains("redis lost state"))
-            .count()
-    };
-    assert_eq!(said(a.log()), 1, "{}", a.log());
-    let metrics = common::http_client::metrics_text(&a.admin_url("")).await;
-    assert!(
-        metrics.contains("tollgate_store_resets_total 1"),
-        "{metrics}"
-    );
-    upstream.release(4);
-    for request in held {
-        assert_eq!(request.await.expect("held"), 200);
-    }
-    let back = eventually(SOON, async || status(b.url("/quick")).await == 200).await;
-    assert!(
-        back.is_some(),
-        "the slots come back once their requests end"
-    );
+    lost_state_said_once_then_slots_come_back(&a, &b, &upstream, held).await;
 }
 
 #[tokio::test]
@@ -1250,26 +1260,7 @@ async fn on_redis_cluster_no_slot_is_given_twice_after_the_node_holding_the_key_
         (0, 4),
         "slots given again while their requests still ran"
     );
-    let said = a
-        .log()
-        .lines()
-        .filter(|line| line.contains("WARN") && line.contains("redis lost state"))
-        .count();
-    assert_eq!(said, 1, "{}", a.log());
-    let metrics = common::http_client::metrics_text(&a.admin_url("")).await;
-    assert!(
-        metrics.contains("tollgate_store_resets_total 1"),
-        "{metrics}"
-    );
-    upstream.release(4);
-    for request in held {
-        assert_eq!(request.await.expect("held"), 200);
-    }
-    let back = eventually(SOON, async || status(b.url("/quick")).await == 200).await;
-    assert!(
-        back.is_some(),
-        "the slots come back once their requests end"
-    );
+    lost_state_said_once_then_slots_come_back(&a, &b, &upstream, held).await;
 }
 
 #[tokio::test]
