@@ -551,12 +551,7 @@ routes:
     let (limiter, _clock) = manual_limiter();
     let layer = route_layer(&config, "api", limiter.clone());
     assert_eq!(layer.scope(), "api");
-    let names: Vec<&str> = layer
-        .limits()
-        .limits()
-        .iter()
-        .map(|l| l.limit.name())
-        .collect();
+    let names: Vec<&str> = layer.limits().limits().map(|l| l.limit.name()).collect();
     assert_eq!(names, ["per-ip", "per-tenant"]);
     let app = serve(layer, Peer::ConnectInfo).await;
     let client = client();

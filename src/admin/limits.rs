@@ -110,7 +110,6 @@ impl Admin {
             .ok_or_else(|| AdminError::UnknownRoute(route.to_owned()))?;
         let settings = limits
             .limits()
-            .iter()
             .find(|s| s.limit.name() == limit)
             .ok_or_else(|| AdminError::UnknownLimit(limit.to_owned()))?;
         let counted = counted_value(&settings.key, key, self.gateway.ipv6_prefix());

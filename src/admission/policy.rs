@@ -436,7 +436,7 @@ impl Policy {
     /// after the answer. Every capability that acts on admitted requests lives in one of these three, so that a
     /// route without any pays nothing for admission.
     pub(super) fn decides_nothing(&self) -> bool {
-        self.limits.limits().is_empty() && self.consumers.is_none() && self.after_answer.is_none()
+        self.limits.is_empty() && self.consumers.is_none() && self.after_answer.is_none()
     }
 
     /// The consumers of a route that identifies callers.

@@ -64,7 +64,7 @@ impl LimitSet {
                     && checked
                         .applied
                         .get(i)
-                        .is_some_and(|&limit| self.limits[limit].counts.tokens().is_some())
+                        .is_some_and(|&limit| self.limits[limit].settings.counts.tokens().is_some())
             });
         let explaining = if checked.outcome.allowed || tokens.clone().all(|(_, d)| d.allowed) {
             tokens.min_by_key(|(_, d)| d.remaining)
@@ -102,7 +102,7 @@ impl LimitSet {
             );
             return;
         }
-        let Some(advertised) = self.advertised.get(limit) else {
+        let Some(advertised) = self.limits.get(limit).map(|l| &l.advertised) else {
             return;
         };
         headers::apply(
@@ -144,7 +144,7 @@ impl LimitSet {
             .applied
             .get(decision)
             .and_then(|&index| self.limits.get(index))
-            .is_some_and(|settings| settings.limit.is_shadow())
+            .is_some_and(|l| l.settings.limit.is_shadow())
     }
 
     pub(super) fn name_of(&self, checked: &Checked, decision: usize) -> &str {
@@ -152,6 +152,6 @@ impl LimitSet {
             .applied
             .get(decision)
             .and_then(|&index| self.limits.get(index))
-            .map_or("", |settings| settings.limit.name())
+            .map_or("", |l| l.settings.limit.name())
     }
 }

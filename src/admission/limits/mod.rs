@@ -26,31 +26,20 @@ use crate::limiter::{DecidedBy, Limit, Outcome, RateLimiter, Unavailable};
 #[derive(Debug, Clone)]
 pub struct LimitSet {
     scope: String,
-    limits: Vec<LimitSettings>,
+    /// Each limit with what the set worked out for it once, in configuration order.
+    limits: Vec<SetLimit>,
     deny_status: StatusCode,
     /// The distinct ways the limits build their key (usually one: `ip` on every limit), each worked out once
     /// per request.
     key_specs: Vec<KeySpec>,
-    /// Per limit: its key spec's index in `key_specs`.
-    key_spec_of: Vec<usize>,
-    /// Per limit: the store key up to its value, `<prefix><route>:<limit>:{`.
-    key_heads: Vec<String>,
     /// Room for a request's keys: every head, and an IPv4 address with the closing brace after each.
     keys_capacity: usize,
-    /// Per limit: what the response fields say of it whatever the decision.
-    advertised: Vec<headers::Advertised>,
     /// `RateLimit-Policy`, rendered once.
     policy: Option<HeaderValue>,
-    /// `tollgate_decisions_total` of each limit, registered once.
-    decisions: Vec<DecisionCounters>,
     /// Whether some limit counts answers by status: an admitted request then keeps work for after its answer.
     counts_statuses: bool,
-    /// Per limit: `tollgate_in_flight` of a `concurrency` limit, `None` for the others.
-    in_flight: Vec<Option<metrics::Gauge>>,
     /// Whether some limit is a `concurrency` limit: an admitted request then holds slots until its answer ends.
     holds_slots: bool,
-    /// Per limit: `tollgate_queue_wait_seconds` of a `concurrency` limit with a queue, `None` for the others.
-    queue_waits: Vec<Option<metrics::Histogram>>,
     /// Whether some limit counts tokens (and applies).
     counts_tokens: bool,
     /// Whether the set's requests reserve tokens (its route reads `usage:`). A plan's token limits added to a set
@@ -59,6 +48,24 @@ pub struct LimitSet {
     /// The key spec slot of the limits that never apply (a plan's token limits on a route without `usage:`): its
     /// value is taken as absent, so those limits are skipped as a `missing: skip` limit is.
     inert_spec: Option<usize>,
+}
+
+/// One limit of a set, with what the set works out for it once rather than per request.
+#[derive(Debug, Clone)]
+struct SetLimit {
+    settings: LimitSettings,
+    /// Its key spec's index in the set's `key_specs`.
+    spec: usize,
+    /// The store key up to its value, `<prefix><route>:<limit>:{`.
+    head: String,
+    /// What the response fields say of it whatever the decision.
+    advertised: headers::Advertised,
+    /// Its `tollgate_decisions_total`, registered once.
+    decisions: DecisionCounters,
+    /// `tollgate_in_flight` of a `concurrency` limit.
+    in_flight: Option<metrics::Gauge>,
+    /// `tollgate_queue_wait_seconds` of a `concurrency` limit with a queue.
+    queue_wait: Option<metrics::Histogram>,
 }
 
 /// `tollgate_decisions_total{route,limit,decision}` of one limit.
@@ -146,16 +153,10 @@ impl LimitSet {
             limits: Vec::with_capacity(limits.len()),
             deny_status,
             key_specs: Vec::new(),
-            key_spec_of: Vec::new(),
-            key_heads: Vec::new(),
             keys_capacity: 0,
-            advertised: Vec::new(),
             policy: None,
-            decisions: Vec::new(),
             counts_statuses: false,
-            in_flight: Vec::new(),
             holds_slots: false,
-            queue_waits: Vec::new(),
             counts_tokens: false,
             reserves_tokens: false,
             inert_spec: None,
@@ -165,7 +166,7 @@ impl LimitSet {
             let counters = DecisionCounters::new(scope, settings.limit.name(), None);
             set.push(settings, head, counters, false);
         }
-        set.policy = headers::policy(set.limits.iter().map(|s| &s.limit));
+        set.policy = headers::policy(set.limits().map(|s| &s.limit));
         set
     }
 
@@ -192,9 +193,8 @@ impl LimitSet {
         set.policy = headers::policy(
             set.limits
                 .iter()
-                .zip(&set.key_spec_of)
-                .filter(|&(_, &spec)| Some(spec) != set.inert_spec)
-                .map(|(s, _)| &s.limit),
+                .filter(|l| Some(l.spec) != set.inert_spec)
+                .map(|l| &l.settings.limit),
         );
         set
     }
@@ -229,32 +229,32 @@ impl LimitSet {
                     self.key_specs.len() - 1
                 })
         };
-        self.key_spec_of.push(spec);
         self.keys_capacity += head.len() + 16;
-        self.key_heads.push(head);
-        self.advertised
-            .push(headers::Advertised::new(&settings.limit));
-        self.decisions.push(counters);
         self.counts_statuses |= settings.counts.statuses().is_some();
-        let holds_slots = settings.limit.algorithm().holds_slots();
-        self.holds_slots |= holds_slots;
-        self.in_flight.push(holds_slots.then(|| {
-            metrics::gauge!(
-                "tollgate_in_flight",
-                "route" => self.scope.clone(),
-                "limit" => settings.limit.name().to_owned(),
-            )
-        }));
-        self.queue_waits
-            .push(settings.limit.algorithm().slot_queue().map(|_| {
-                metrics::histogram!(
-                    "tollgate_queue_wait_seconds",
-                    "route" => self.scope.clone(),
-                    "limit" => settings.limit.name().to_owned(),
-                )
-            }));
         self.counts_tokens |= settings.counts.tokens().is_some() && !inert;
-        self.limits.push(settings);
+        let algorithm = settings.limit.algorithm();
+        self.holds_slots |= algorithm.holds_slots();
+        let labels = || {
+            [
+                ("route", self.scope.clone()),
+                ("limit", settings.limit.name().to_owned()),
+            ]
+        };
+        let in_flight = algorithm
+            .holds_slots()
+            .then(|| metrics::gauge!("tollgate_in_flight", &labels()));
+        let queue_wait = algorithm
+            .slot_queue()
+            .map(|_| metrics::histogram!("tollgate_queue_wait_seconds", &labels()));
+        self.limits.push(SetLimit {
+            advertised: headers::Advertised::new(&settings.limit),
+            settings,
+            spec,
+            head,
+            decisions: counters,
+            in_flight,
+            queue_wait,
+        });
     }
 
     /// The scope's name.
@@ -262,19 +262,24 @@ impl LimitSet {
         &self.scope
     }
 
+    /// Whether the set has no limit.
+    pub fn is_empty(&self) -> bool {
+        self.limits.is_empty()
+    }
+
     /// The limits, in configuration order.
-    pub fn limits(&self) -> &[LimitSettings] {
-        &self.limits
+    pub fn limits(&self) -> impl ExactSizeIterator<Item = &LimitSettings> + Clone + '_ {
+        self.limits.iter().map(|limit| &limit.settings)
     }
 
     /// The limit named `limit` and the store key it uses for the key value `value` (as `KeySpec::value` builds
     /// it: parts joined with `|`).
     pub fn key_for(&self, limit: &str, value: &str) -> Option<(String, &LimitSettings)> {
-        let index = self.limits.iter().position(|s| s.limit.name() == limit)?;
-        Some((
-            key_with_head(&self.key_heads[index], value),
-            &self.limits[index],
-        ))
+        let limit = self
+            .limits
+            .iter()
+            .find(|l| l.settings.limit.name() == limit)?;
+        Some((key_with_head(&limit.head, value), &limit.settings))
     }
 
     /// Builds the keys of `facts` and asks `limiter` once for all the limits that apply.
@@ -355,13 +360,13 @@ impl LimitSet {
         let reserved = keys
             .iter()
             .filter_map(|(index, _)| {
-                let kind = self.limits[index].counts.tokens()?;
+                let kind = self.limits[index].settings.counts.tokens()?;
                 let limit = self.limit_at(index, replaced);
                 let amount = reservation.tokens(kind);
                 let capacity = limit.algorithm().capacity();
                 if amount > capacity && !limit.is_shadow() && too_large.is_none() {
                     too_large = Some(NotChecked::TooLarge {
-                        limit: self.limits[index].limit.name().to_owned(),
+                        limit: self.limits[index].settings.limit.name().to_owned(),
                         reserved: amount,
                         capacity,
                     });
@@ -384,7 +389,7 @@ impl LimitSet {
         reservation: &Reservation,
     ) -> Vec<(String, Limit, TokenKind)> {
         self.each_taken(facts, checked, |index, key, limit| {
-            let kind = self.limits[index].counts.tokens()?;
+            let kind = self.limits[index].settings.counts.tokens()?;
             Some((
                 key.to_owned(),
                 limit.clone().with_cost(reservation.tokens(kind)),
@@ -419,7 +424,7 @@ impl LimitSet {
         checked: &Checked,
     ) -> Vec<(String, Limit, StatusSet)> {
         self.each_taken(facts, checked, |index, key, limit| {
-            let statuses = self.limits[index].counts.statuses()?;
+            let statuses = self.limits[index].settings.counts.statuses()?;
             Some((key.to_owned(), limit.clone(), statuses.clone()))
         })
     }
@@ -437,7 +442,7 @@ impl LimitSet {
         checked: &Checked,
     ) -> Vec<(String, Limit, metrics::Gauge)> {
         self.each_taken(facts, checked, |index, key, limit| {
-            let gauge = self.in_flight[index].clone()?;
+            let gauge = self.limits[index].in_flight.clone()?;
             Some((key.to_owned(), limit.clone(), gauge))
         })
     }
@@ -466,7 +471,7 @@ impl LimitSet {
     fn limit_at<'s>(&'s self, index: usize, replaced: Option<&'s Replaced>) -> &'s Limit {
         replaced
             .and_then(|replaced| replaced.get(index))
-            .unwrap_or(&self.limits[index].limit)
+            .unwrap_or(&self.limits[index].settings.limit)
     }
 
     /// The store keys a request is counted under, one per limit that applies, without asking the limiter.
@@ -488,8 +493,8 @@ impl LimitSet {
         if let Some(inert) = self.inert_spec {
             written[inert] = Written::Skipped;
         }
-        for (index, head) in self.key_heads.iter().enumerate() {
-            let spec = self.key_spec_of[index];
+        for (index, SetLimit { head, spec, .. }) in self.limits.iter().enumerate() {
+            let spec = *spec;
             let start = text.len();
             match &written[spec] {
                 Written::Skipped => continue,
@@ -520,7 +525,12 @@ impl LimitSet {
     /// A shadow limit that denies counts as `shadow_denied` (and is logged), whatever the request's fate.
     pub(super) fn count_decisions(&self, checked: &Checked) {
         for (i, decision) in checked.outcome.decisions.iter().enumerate() {
-            let Some(counters) = checked.applied.get(i).and_then(|&l| self.decisions.get(l)) else {
+            let Some(counters) = checked
+                .applied
+                .get(i)
+                .and_then(|&l| self.limits.get(l))
+                .map(|l| &l.decisions)
+            else {
                 continue;
             };
             let shadow = self.is_shadow(checked, i);

@@ -1,7 +1,7 @@
 //! What a set's limits say of a request refused only for want of a slot it may wait for (`queue:` on a
 //! `concurrency` limit), and asking again for it.
 
-use super::{Checked, LimitSet, NotChecked, Replaced};
+use super::{Checked, LimitSet, NotChecked, Replaced, SetLimit};
 use crate::admission::tokens::Reserve;
 use crate::key::RequestFacts;
 use crate::limiter::{Algorithm, Limit, RateLimiter, SlotQueues};
@@ -70,12 +70,12 @@ impl LimitSet {
     /// What the store keys of the limit at `index` start with: the limit's name among every instance's waiting
     /// requests (a plan's limit shares it across routes, as its keys do).
     pub(in crate::admission) fn head_at(&self, index: usize) -> &str {
-        &self.key_heads[index]
+        &self.limits[index].head
     }
 
     /// `tollgate_queue_wait_seconds` of the limit at `index`, when its configuration has a queue.
     pub(in crate::admission) fn queue_wait(&self, index: usize) -> Option<&metrics::Histogram> {
-        self.queue_waits.get(index)?.as_ref()
+        self.limits.get(index)?.queue_wait.as_ref()
     }
 
     /// Asks the limiter again, for all the limits, what `checked` asked (the same replaced limits, `reserve`'s
@@ -98,9 +98,8 @@ impl LimitSet {
     pub(crate) fn slot_maxes(&self) -> impl Iterator<Item = (String, u64)> + '_ {
         self.limits
             .iter()
-            .zip(&self.key_heads)
-            .filter_map(|(settings, head)| match settings.limit.algorithm() {
-                Algorithm::Concurrency { max, .. } => Some((head.clone(), *max)),
+            .filter_map(|limit| match limit.settings.limit.algorithm() {
+                Algorithm::Concurrency { max, .. } => Some((limit.head.clone(), *max)),
                 _ => None,
             })
     }
@@ -109,14 +108,14 @@ impl LimitSet {
     /// gives it, where that differs (a limit a consumer's override replaces keeps the override's).
     fn at_running_max(&self, queues: &SlotQueues, replaced: Option<&Replaced>) -> Option<Replaced> {
         let mut changed: Vec<(usize, Limit)> = Vec::new();
-        for (index, settings) in self.limits.iter().enumerate() {
+        for (index, SetLimit { settings, head, .. }) in self.limits.iter().enumerate() {
             let Algorithm::Concurrency { max, .. } = settings.limit.algorithm() else {
                 continue;
             };
             if replaced.is_some_and(|replaced| replaced.get(index).is_some()) {
                 continue;
             }
-            match queues.running_max(&self.key_heads[index]) {
+            match queues.running_max(head) {
                 Some(running) if running != *max => {
                     changed.push((index, settings.limit.clone().with_max(running)));
                 }

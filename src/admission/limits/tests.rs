@@ -130,7 +130,6 @@ fn request_keys_are_the_store_keys_of_the_limits_that_apply() {
         // One key at a time, as the admin API builds them.
         let expected: Vec<(usize, String)> = limits
             .limits()
-            .iter()
             .enumerate()
             .filter_map(|(index, settings)| {
                 let value = settings.key.value(&facts).expect("unambiguous")?;
