@@ -54,5 +54,6 @@ pub mod proxy;
 pub mod reload;
 pub mod rls;
 pub mod routing;
+pub mod server;
 pub mod telemetry;
 pub mod usage;

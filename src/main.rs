@@ -205,9 +205,9 @@ async fn run(config: Config, loaded_file: String) -> ExitCode {
     gateway.set_loaded_file(loaded_file.into_bytes().into());
     let admin = tollgate::admin::router_for(gateway.clone(), &config.admin);
     // Descriptors held back for the admin listener: out of descriptors, health checks and metrics still answer.
-    let reserve = tollgate::gateway::Reserve::new(tollgate::gateway::ADMIN_RESERVE);
+    let reserve = tollgate::server::Reserve::new(tollgate::server::ADMIN_RESERVE);
     let admin_listener =
-        tollgate::gateway::AdminListener::new(admin_listener, reserve).tap_io(|_| {});
+        tollgate::server::AdminListener::new(admin_listener, reserve).tap_io(|_| {});
     tokio::spawn(async move {
         // With the client's address, which the audit lines of consumer changes name.
         let admin = admin.into_make_service_with_connect_info::<std::net::SocketAddr>();

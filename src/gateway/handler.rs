@@ -12,7 +12,6 @@ use http::{Method, Request, Response, Version};
 
 use super::compiled::{Action, CompiledConfig, Route};
 use super::responses;
-use super::shutdown::Shutdown;
 use crate::admission::{answer, LimitSet, Refusal};
 use crate::config::Config;
 use crate::consumers::directory::Directory;
@@ -21,6 +20,7 @@ use crate::key::RequestReading;
 use crate::limiter::RateLimiter;
 use crate::proxy::{ForwardedFacts, ProxyError};
 use crate::routing::{self, CanonicalRequest, RequestTarget};
+use crate::server::Shutdown;
 
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -351,7 +351,7 @@ impl Gateway {
 ///
 /// Not an `async fn`, which would keep a second copy of the request in its future (see `Policy::serve`).
 #[allow(clippy::manual_async_fn)]
-pub(super) fn handle_on<G, B, P>(
+pub(crate) fn handle_on<G, B, P>(
     gateway: Option<G>,
     request: Request<B>,
     peer: SocketAddr,

@@ -20,11 +20,10 @@ use tokio::net::{TcpListener, TcpStream};
 use super::descriptors::{connection_error, out_of_descriptors, Exhaustion};
 use super::drain::{Drain, DrainWatcher};
 use super::h2_clock::{Activity, HeaderClock, IdleClosing, Tracked};
-use super::handler::handle_on;
 use super::http1::Http1Connection;
 use super::idle::ConnectionClock;
-use super::Gateway;
 use crate::config::ServerSettings;
+use crate::gateway::{handle_on, Gateway};
 use crate::proxy::ClientBody;
 
 /// Why serving stopped with an error.
