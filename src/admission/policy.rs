@@ -34,8 +34,9 @@ pub struct Policy {
     headers: bool,
     /// Consumers and plans, when the config has a `consumers:` block.
     consumers: Option<PolicyConsumers>,
-    /// What makes the work an admitted request keeps for after its answer, when its limits keep any: none today
-    /// outside tests (costs settled after the answer and concurrency slots will).
+    /// The tests of the after-the-answer seam: work made for every admitted request, whatever its limits keep.
+    /// Only in the crate's own tests: a running gateway keeps only what its limits make.
+    #[cfg(test)]
     after_answer: Option<AfterAnswerMaker>,
     /// How the route's answers report the tokens they cost, on a route with `usage:`.
     usage: Option<Arc<RouteUsage>>,
@@ -82,9 +83,11 @@ fn not_checked(error: NotChecked) -> Admission {
 }
 
 /// Makes the [`AfterAnswer`] work of one admitted request.
+#[cfg(test)]
 #[derive(Clone)]
 struct AfterAnswerMaker(Arc<dyn Fn() -> Box<dyn AfterAnswer> + Send + Sync>);
 
+#[cfg(test)]
 impl std::fmt::Debug for AfterAnswerMaker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("AfterAnswerMaker")
@@ -134,6 +137,7 @@ impl Policy {
             allow,
             headers,
             consumers: None,
+            #[cfg(test)]
             after_answer: None,
             usage: None,
         }
@@ -337,13 +341,9 @@ impl Policy {
         if limits.holds_slots() {
             after = Some(self.hold_slots(limiter, limits, facts, &checked, after));
         }
-        let after = match after {
-            Some(work) => Some(AnswerGuard::new(work)),
-            None => self
-                .after_answer
-                .as_ref()
-                .map(|make| AnswerGuard::new((make.0)())),
-        };
+        #[cfg(test)]
+        let after = after.or_else(|| self.after_answer.as_ref().map(|make| (make.0)()));
+        let after = after.map(AnswerGuard::new);
         Admission::Admitted(Admitted {
             checked,
             caller,
@@ -432,11 +432,15 @@ impl Policy {
         }
     }
 
-    /// Whether the policy has nothing to decide, add or keep for any request: no limits, no consumers, no work for
-    /// after the answer. Every capability that acts on admitted requests lives in one of these three, so that a
-    /// route without any pays nothing for admission.
+    /// Whether the policy has nothing to decide, add or keep for any request: no limits and no consumers. Every
+    /// capability that acts on admitted requests lives in one of these two (work kept for after the answer comes
+    /// from limits), so that a route without either pays nothing for admission.
     pub(super) fn decides_nothing(&self) -> bool {
-        self.limits.is_empty() && self.consumers.is_none() && self.after_answer.is_none()
+        #[cfg(test)]
+        if self.after_answer.is_some() {
+            return false;
+        }
+        self.limits.is_empty() && self.consumers.is_none()
     }
 
     /// The consumers of a route that identifies callers.
