@@ -4,6 +4,7 @@
 //! the fields of an admitted response and the work kept for after the answer ([`AnswerGuard`]).
 
 mod after_answer;
+mod counters;
 mod dialect;
 mod headers;
 mod held;
@@ -24,6 +25,7 @@ pub use crate::proxy::{tunnel, TunnelClosed, TunnelOpen};
 #[cfg(test)]
 pub(crate) use after_answer::recording;
 pub use after_answer::{AfterAnswer, AnswerGuard, Ending, GuardedBody};
+pub(crate) use counters::DecisionCounters;
 /// The rate-limit fields as tollgate's HTTP answers carry them, for Envoy's rate limit service to send the same.
 pub(crate) use headers::{
     apply as apply_rate_limit_fields, policy as rate_limit_policy, Advertised,

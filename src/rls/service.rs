@@ -21,6 +21,7 @@ use tonic_health::ServingStatus;
 use super::answer::{self, from_envoy_unit};
 use super::decide::{decide, Decided, Descriptor, Found};
 use super::domains::{Domain, HeaderNames, RlsSettings, WhenUnavailable};
+use crate::admission::DecisionCounters;
 use crate::limiter::RateLimiter;
 
 /// How often the health check looks at the store, when it follows it.
@@ -63,14 +64,6 @@ struct Entry {
 
 /// Looked up on every request: a fast hash (the names are the config's, not the callers').
 type ByName<V> = HashMap<String, V, foldhash::fast::RandomState>;
-
-/// `tollgate_decisions_total{route="rls:<domain>",descriptor,limit,decision}` of one limit of one rule.
-#[derive(Debug)]
-struct DecisionCounters {
-    allowed: metrics::Counter,
-    denied: metrics::Counter,
-    shadow_denied: metrics::Counter,
-}
 
 /// `tollgate_rls_requests_total{domain,code}` and `tollgate_rls_shadow_denied_total{domain}` of one domain.
 #[derive(Debug)]
@@ -259,7 +252,7 @@ impl Tables {
                 let entry = Entry {
                     domain: domain.clone(),
                     counters: Counters::new(&domain.name),
-                    decisions: DecisionCounters::of_domain(domain),
+                    decisions: decision_counters(domain),
                 };
                 (domain.name.clone(), entry)
             })
@@ -296,53 +289,39 @@ impl Entry {
             else {
                 continue;
             };
+            // A limit the store was not asked about (`on_error: allow`) decided nothing.
+            if checked.decision.is_none() && !checked.impossible {
+                continue;
+            }
             let refuses = checked.impossible || checked.decision.is_some_and(|d| !d.allowed);
-            let counter = match (checked.limit.is_shadow(), decided.over_limit, refuses) {
-                (true, _, true) => &counters.shadow_denied,
-                (false, true, true) => &counters.denied,
-                (_, false, false) if checked.decision.is_some() => &counters.allowed,
-                _ => continue,
-            };
-            counter.increment(1);
+            counters.count(checked.limit.is_shadow(), !decided.over_limit, refuses);
         }
     }
 }
 
-// === impl DecisionCounters ===
-
-impl DecisionCounters {
-    /// The counters of every limit of every rule of `domain`, registered (at 0) as the HTTP routes' are.
-    fn of_domain(domain: &Domain) -> ByName<ByName<DecisionCounters>> {
-        let route = format!("rls:{}", domain.name);
-        domain
-            .rules()
-            .into_iter()
-            .map(|rule| {
-                let limits = rule
-                    .limits
-                    .iter()
-                    .map(|limit| {
-                        let counter = |decision: &'static str| {
-                            metrics::counter!(
-                                "tollgate_decisions_total",
-                                "route" => route.clone(),
-                                "descriptor" => rule.path.clone(),
-                                "limit" => limit.name().to_owned(),
-                                "decision" => decision,
-                            )
-                        };
-                        let counters = DecisionCounters {
-                            allowed: counter("allowed"),
-                            denied: counter("denied"),
-                            shadow_denied: counter("shadow_denied"),
-                        };
-                        (limit.name().to_owned(), counters)
-                    })
-                    .collect();
-                (rule.path.clone(), limits)
-            })
-            .collect()
-    }
+/// The counters of every limit of every rule of `domain`, registered (at 0) as the HTTP routes' are: by the rule's
+/// path, then the limit's name.
+fn decision_counters(domain: &Domain) -> ByName<ByName<DecisionCounters>> {
+    let route = format!("rls:{}", domain.name);
+    domain
+        .rules()
+        .into_iter()
+        .map(|rule| {
+            let limits = rule
+                .limits
+                .iter()
+                .map(|limit| {
+                    let counters = DecisionCounters::new(&[
+                        ("route", &route),
+                        ("descriptor", &rule.path),
+                        ("limit", limit.name()),
+                    ]);
+                    (limit.name().to_owned(), counters)
+                })
+                .collect();
+            (rule.path.clone(), limits)
+        })
+        .collect()
 }
 
 // === impl Counters ===

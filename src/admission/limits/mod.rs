@@ -12,6 +12,7 @@ use http::header::HeaderValue;
 use http::StatusCode;
 use smallvec::SmallVec;
 
+use super::counters::{Counted, DecisionCounters};
 use super::headers;
 use super::tokens::{NoReservation, Reservation, Reserve};
 use crate::consumers::Plan;
@@ -66,14 +67,6 @@ struct SetLimit {
     in_flight: Option<metrics::Gauge>,
     /// `tollgate_queue_wait_seconds` of a `concurrency` limit with a queue.
     queue_wait: Option<metrics::Histogram>,
-}
-
-/// `tollgate_decisions_total{route,limit,decision}` of one limit.
-#[derive(Debug, Clone)]
-struct DecisionCounters {
-    allowed: metrics::Counter,
-    denied: metrics::Counter,
-    shadow_denied: metrics::Counter,
 }
 
 /// A request's limits, checked: the limiter's [`Outcome`] and which limits of the set it covers.
@@ -163,7 +156,8 @@ impl LimitSet {
         };
         for settings in limits {
             let head = key_head(key_prefix, scope, settings.limit.name());
-            let counters = DecisionCounters::new(scope, settings.limit.name(), None);
+            let counters =
+                DecisionCounters::new(&[("route", scope), ("limit", settings.limit.name())]);
             set.push(settings, head, counters, false);
         }
         set.policy = headers::policy(set.limits().map(|s| &s.limit));
@@ -178,7 +172,11 @@ impl LimitSet {
         for settings in &plan.limits {
             let name = settings.limit.name();
             let head = key_head(key_prefix, PLAN_KEY_SCOPE, name);
-            let counters = DecisionCounters::new(&self.scope, name, Some(&plan.name));
+            let counters = DecisionCounters::new(&[
+                ("route", &self.scope),
+                ("limit", name),
+                ("plan", &plan.name),
+            ]);
             let advertised = LimitSettings {
                 limit: settings
                     .limit
@@ -534,21 +532,15 @@ impl LimitSet {
                 continue;
             };
             let shadow = self.is_shadow(checked, i);
-            let counter = match (shadow, checked.outcome.allowed, decision.allowed) {
-                (true, _, false) => {
-                    tracing::info!(
-                        scope = %self.scope,
-                        limit = self.name_of(checked, i),
-                        retry_after_ms = decision.retry_after_ms,
-                        "shadow limit would deny"
-                    );
-                    &counters.shadow_denied
-                }
-                (_, true, _) => &counters.allowed,
-                (false, false, false) => &counters.denied,
-                (_, false, true) => continue,
-            };
-            counter.increment(1);
+            let counted = counters.count(shadow, checked.outcome.allowed, !decision.allowed);
+            if counted == Counted::ShadowDenied {
+                tracing::info!(
+                    scope = %self.scope,
+                    limit = self.name_of(checked, i),
+                    retry_after_ms = decision.retry_after_ms,
+                    "shadow limit would deny"
+                );
+            }
         }
     }
 }
@@ -597,35 +589,6 @@ impl RequestKeys {
             .iter()
             .zip(starts)
             .map(|(&(index, end), start)| (index, &self.text[start..end]))
-    }
-}
-
-// === impl DecisionCounters ===
-
-impl DecisionCounters {
-    /// The counters of `limit` on route `scope`; a plan's limit also carries its `plan` (never the consumer: one
-    /// series per consumer would grow without bound).
-    fn new(scope: &str, limit: &str, plan: Option<&str>) -> Self {
-        let counter = |decision: &'static str| match plan {
-            None => metrics::counter!(
-                "tollgate_decisions_total",
-                "route" => scope.to_owned(),
-                "limit" => limit.to_owned(),
-                "decision" => decision,
-            ),
-            Some(plan) => metrics::counter!(
-                "tollgate_decisions_total",
-                "route" => scope.to_owned(),
-                "limit" => limit.to_owned(),
-                "plan" => plan.to_owned(),
-                "decision" => decision,
-            ),
-        };
-        Self {
-            allowed: counter("allowed"),
-            denied: counter("denied"),
-            shadow_denied: counter("shadow_denied"),
-        }
     }
 }
 
