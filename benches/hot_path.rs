@@ -15,7 +15,7 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 
 use tollgate::admission::LimitSettings;
-use tollgate::admission::{Checked, LimitSet};
+use tollgate::admission::{Checked, LimitRequest, LimitSet};
 use tollgate::key::{store_key, ClientIpResolver, KeyPart, KeySpec, MissingKey, RequestFacts};
 use tollgate::limiter::store::{LimitCheck, MemoryStore};
 use tollgate::limiter::{
@@ -433,7 +433,7 @@ fn enforcement(c: &mut Criterion) {
         group.bench_function(name, |b| {
             b.iter(|| {
                 runtime
-                    .block_on(set.check(&limiter, black_box(&facts)))
+                    .block_on(set.check(&limiter, LimitRequest::of(black_box(&facts))))
                     .map(|v| v.outcome.allowed)
             })
         });
@@ -444,7 +444,7 @@ fn enforcement(c: &mut Criterion) {
     let _ = tollgate::telemetry::prometheus();
     check("limit_set_check_memory_three_limits_prometheus");
     let checked: Checked = runtime
-        .block_on(set.check(&limiter, &facts))
+        .block_on(set.check(&limiter, LimitRequest::of(&facts)))
         .expect("memory limiter always decides");
     group.bench_function("decorate_three_limits", |b| {
         b.iter_batched_ref(

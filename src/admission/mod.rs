@@ -30,7 +30,7 @@ pub(crate) use counters::DecisionCounters;
 pub(crate) use headers::{
     apply as apply_rate_limit_fields, policy as rate_limit_policy, Advertised,
 };
-pub use limits::{Checked, LimitSet, NotChecked, Replaced};
+pub use limits::{Checked, LimitRequest, LimitSet, NotChecked, Replaced};
 pub use policy::{Admission, Admitted, Policy};
 pub use refusal::Refusal;
 pub(crate) use responses::json_response;

@@ -13,12 +13,12 @@ use ipnet::IpNet;
 
 use super::after_answer::{AfterAnswer, AnswerGuard};
 use super::held::Held;
-use super::limits::{Checked, LimitSet, NotChecked, Replaced};
+use super::limits::{Checked, LimitRequest, LimitSet, NotChecked, Replaced};
 use super::queue::{wait_for_slot, Waited};
 use super::refusal::Refusal;
 use super::settle::StatusSettlement;
 use super::slots::{Both, HeldSlots};
-use super::tokens::{NoReservation, Reserve, RouteUsage};
+use super::tokens::{Reserve, RouteUsage};
 use crate::consumers::{Caller, CallerRefusal, ConsumerMode, Consumers};
 use crate::key::{AmbiguousKey, RequestFacts};
 use crate::limiter::RateLimiter;
@@ -211,15 +211,10 @@ impl Policy {
     }
 
     /// Decides the request `facts` describes: identifies its caller where the route does (refusing with 401, 403
-    /// or 400), asks `limiter` once for the route's limits and the caller's plan's, and holds an admitted request
-    /// for as long as a `leaky_bucket` in delay mode says.
-    pub async fn admit(&self, limiter: &RateLimiter, facts: &RequestFacts<'_>) -> Admission {
-        self.admit_reserving(limiter, facts, NoReservation).await
-    }
-
-    /// [`admit`](Self::admit), the token limits checked for what `reserve` reserves on them, and settled once the
-    /// answer ends.
-    pub(crate) async fn admit_reserving<R: Reserve>(
+    /// or 400), asks `limiter` once for the route's limits and the caller's plan's, the token limits for what
+    /// `reserve` reserves on them ([`NoReservation`](super::NoReservation) off a route with `usage:`), and holds
+    /// an admitted request for as long as a `leaky_bucket` in delay mode says.
+    pub async fn admit<R: Reserve>(
         &self,
         limiter: &RateLimiter,
         facts: &RequestFacts<'_>,
@@ -286,7 +281,14 @@ impl Policy {
         let settles_tokens = reserve.get().is_some() && limits.counts_tokens();
         let asked = (limits.counts_statuses() || settles_tokens).then(Instant::now);
         let checked = match limits
-            .check_reserving(limiter, facts, replaced, reserve)
+            .check(
+                limiter,
+                LimitRequest {
+                    facts,
+                    replaced,
+                    reserve,
+                },
+            )
             .await
         {
             Ok(checked) => checked,

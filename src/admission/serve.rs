@@ -12,7 +12,7 @@ use http::{Request, Response};
 use super::after_answer::{AnswerGuard, Ending, GuardedBody};
 use super::policy::{Admission, Policy};
 use super::responses::answer;
-use super::tokens::{NoReservation, Reserve};
+use super::tokens::Reserve;
 use crate::key::RequestReading;
 use crate::limiter::RateLimiter;
 use crate::proxy::TunnelClosed;
@@ -21,35 +21,18 @@ use crate::usage::UsageBody;
 // === impl Policy ===
 
 impl Policy {
-    /// Runs `request`, which `reading` describes, through this policy with `limiter`: a refusal is answered here;
-    /// an admitted (or allowlisted) request is passed to `forward`, and its response comes back with the rate-limit
-    /// fields and, when its limits keep work for after the answer, a body that runs that work when it ends. An
-    /// error from `forward` is returned as it is (its answer is the entry point's), after the work kept for the
-    /// answer has been told the upstream failed.
+    /// Runs `request`, which `reading` describes, through this policy with `limiter`, reserving `reserve` on the
+    /// token limits ([`NoReservation`](super::NoReservation) off a route with `usage:`; on one, the body already
+    /// read and rewritten): a refusal is answered here; an admitted (or allowlisted) request is passed to
+    /// `forward`, and its response comes back with the rate-limit fields and, when its limits keep work for after
+    /// the answer, a body that runs that work when it ends (and reads the answer's usage, which settles the
+    /// reservation). An error from `forward` is returned as it is (its answer is the entry point's), after the
+    /// work kept for the answer has been told the upstream failed.
     ///
     /// Not an `async fn`: one of those keeps a second copy of every argument (the request among them) in its
     /// future for as long as it lives, and hyper copies each request's future whole, so every byte of it costs.
     #[allow(clippy::manual_async_fn)]
-    pub fn serve<'a, B, R, E, F, Fut>(
-        &'a self,
-        limiter: &'a RateLimiter,
-        reading: RequestReading<'a>,
-        request: Request<B>,
-        forward: F,
-    ) -> impl Future<Output = Result<Response<Body>, E>> + use<'a, B, R, E, F, Fut>
-    where
-        F: FnOnce(Request<B>) -> Fut,
-        Fut: Future<Output = Result<Response<R>, E>>,
-        R: http_body::Body<Data = Bytes> + Send + 'static,
-        R::Error: Into<BoxError>,
-    {
-        self.serve_reserving(limiter, reading, request, NoReservation, forward)
-    }
-
-    /// [`serve`](Self::serve) for a request that reserves `reserve` on the token limits (its body already read and
-    /// rewritten): the answer's usage is read as its body passes, and settles the reservation when it ends.
-    #[allow(clippy::manual_async_fn)]
-    pub(crate) fn serve_reserving<'a, B, R, E, F, Fut, V>(
+    pub fn serve<'a, B, R, E, F, Fut, V>(
         &'a self,
         limiter: &'a RateLimiter,
         reading: RequestReading<'a>,
@@ -74,7 +57,7 @@ impl Policy {
             }
             let admission = {
                 let facts = reading.facts(request.method(), request.headers());
-                self.admit_reserving(limiter, &facts, reserve).await
+                self.admit(limiter, &facts, reserve).await
             };
             let mut admitted = match admission {
                 Admission::Refused(refusal) => return Ok(answer(refusal, Some(self))),

@@ -12,7 +12,7 @@ use http::{Method, Request, Response, Version};
 
 use super::compiled::{Action, CompiledConfig, Route};
 use super::responses;
-use crate::admission::{answer, LimitSet, Refusal};
+use crate::admission::{answer, LimitSet, NoReservation, Refusal};
 use crate::config::Config;
 use crate::consumers::directory::Directory;
 use crate::consumers::Consumers;
@@ -259,7 +259,7 @@ impl Gateway {
                 None => {
                     route
                         .policy
-                        .serve(&self.limiter, reading, request, forward)
+                        .serve(&self.limiter, reading, request, NoReservation, forward)
                         .await
                 }
                 // Boxed: a route without usage: carries no room for a body's reading and its reservation.

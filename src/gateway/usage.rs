@@ -144,6 +144,6 @@ where
 {
     let (request, reservation) = read_request(policy, usage, reading.path, request).await?;
     policy
-        .serve_reserving(limiter, reading, request, &reservation, forward)
+        .serve(limiter, reading, request, &reservation, forward)
         .await
 }

@@ -14,7 +14,7 @@ use tower::{Service, ServiceExt};
 
 use super::future::ResponseFuture;
 use super::rate_limit::{RateLimitLayer, Shared};
-use crate::admission::{answer, X_REQUEST_ID};
+use crate::admission::{answer, NoReservation, X_REQUEST_ID};
 use crate::key::RequestReading;
 use crate::routing::CanonicalRequest;
 
@@ -131,9 +131,13 @@ where
     };
     let served = shared
         .policy
-        .serve(&shared.limiter, reading, request, |request| {
-            inner.oneshot(request)
-        })
+        .serve(
+            &shared.limiter,
+            reading,
+            request,
+            NoReservation,
+            |request| inner.oneshot(request),
+        )
         .await?;
     // A refusal carries the request id; an admitted request's response is the inner service's own.
     Ok(if served.headers().contains_key(&X_REQUEST_ID) {

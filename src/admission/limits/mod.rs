@@ -93,6 +93,28 @@ pub struct Replaced {
     limits: Arc<[(usize, Limit)]>,
 }
 
+/// One request as a set's limits are checked for it.
+#[derive(Debug, Clone)]
+pub struct LimitRequest<'f, R = NoReservation> {
+    /// What the keys are made of.
+    pub facts: &'f RequestFacts<'f>,
+    /// The set's limits a consumer's overrides replace for this request, if any.
+    pub replaced: Option<Replaced>,
+    /// What the request reserves on the token limits ([`NoReservation`] off a route with `usage:`).
+    pub reserve: R,
+}
+
+impl<'f> LimitRequest<'f> {
+    /// A request of `facts`, checked against the set's own limits, reserving nothing.
+    pub fn of(facts: &'f RequestFacts<'f>) -> Self {
+        Self {
+            facts,
+            replaced: None,
+            reserve: NoReservation,
+        }
+    }
+}
+
 /// Why a request was not decided by the limiter.
 #[derive(Debug, thiserror::Error)]
 pub enum NotChecked {
@@ -280,34 +302,18 @@ impl LimitSet {
         Some((key_with_head(&limit.head, value), &limit.settings))
     }
 
-    /// Builds the keys of `facts` and asks `limiter` once for all the limits that apply.
-    pub async fn check(
+    /// Builds the request's keys and asks `limiter` once for all the limits that apply: the set's own, or what
+    /// replaces them for this caller, each token limit at what the request reserves on it.
+    pub async fn check<R: Reserve>(
         &self,
         limiter: &RateLimiter,
-        facts: &RequestFacts<'_>,
+        request: LimitRequest<'_, R>,
     ) -> Result<Checked, NotChecked> {
-        self.check_replacing(limiter, facts, None).await
-    }
-
-    /// [`check`](Self::check), with the limits `replaced` names in place of the set's own.
-    pub async fn check_replacing(
-        &self,
-        limiter: &RateLimiter,
-        facts: &RequestFacts<'_>,
-        replaced: Option<Replaced>,
-    ) -> Result<Checked, NotChecked> {
-        self.check_reserving(limiter, facts, replaced, NoReservation)
-            .await
-    }
-
-    /// [`check_replacing`](Self::check_replacing), each token limit checked for what `reserve` reserves on it.
-    pub(crate) async fn check_reserving<R: Reserve>(
-        &self,
-        limiter: &RateLimiter,
-        facts: &RequestFacts<'_>,
-        replaced: Option<Replaced>,
-        reserve: R,
-    ) -> Result<Checked, NotChecked> {
+        let LimitRequest {
+            facts,
+            replaced,
+            reserve,
+        } = request;
         let keys = self.request_keys(facts)?;
         let reserved: R::Reserved = self.reserved(&keys, replaced.as_ref(), reserve)?;
         let checks: SmallVec<[LimitCheck<'_>; INLINE_LIMITS]> = keys

@@ -1,7 +1,7 @@
 //! What a set's limits say of a request refused only for want of a slot it may wait for (`queue:` on a
 //! `concurrency` limit), and asking again for it.
 
-use super::{Checked, LimitSet, NotChecked, Replaced, SetLimit};
+use super::{Checked, LimitRequest, LimitSet, NotChecked, Replaced, SetLimit};
 use crate::admission::tokens::Reserve;
 use crate::key::RequestFacts;
 use crate::limiter::{Algorithm, Limit, RateLimiter, SlotQueues};
@@ -90,8 +90,12 @@ impl LimitSet {
         reserve: R,
     ) -> Result<Checked, NotChecked> {
         let replaced = self.at_running_max(limiter.slot_queues(), checked.replaced.as_ref());
-        self.check_reserving(limiter, facts, replaced, reserve)
-            .await
+        let request = LimitRequest {
+            facts,
+            replaced,
+            reserve,
+        };
+        self.check(limiter, request).await
     }
 
     /// The `max` of each `concurrency` limit in the running config, by the head of its store keys.

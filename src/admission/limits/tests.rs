@@ -68,7 +68,10 @@ async fn each_limit_is_keyed_by_its_own_spec_and_the_tightest_is_advertised() {
     let mut headers = HeaderMap::new();
     headers.insert("x-api-key", HeaderValue::from_static("k1"));
     let facts = facts_of(&headers);
-    let checked = limits.check(&limiter, &facts).await.expect("decided");
+    let checked = limits
+        .check(&limiter, LimitRequest::of(&facts))
+        .await
+        .expect("decided");
     assert!(checked.outcome.allowed);
 
     for (limit, value) in [
