@@ -99,14 +99,10 @@ pub fn readiness(
         );
     }
     let limiter = gateway.limiter();
-    let store = match limiter.backend() {
-        crate::limiter::Backend::Memory => "memory",
-        crate::limiter::Backend::Redis(_) => "redis",
-    };
     let readiness = limiter.readiness();
     let mut body = json!({
         "status": if readiness.ready { "ready" } else { "degraded" },
-        "store": store,
+        "store": limiter.backend().name(),
         "fallback_active": limiter.fallback_active(),
         "on_error": limiter.on_error().to_string(),
     });

@@ -5,23 +5,31 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::deny_cache::DenyCache;
-use super::store::{LimitCheck, MemoryStore, RedisStore, StoreError};
-use super::Limit;
+use super::store::{LimitCheck, MemoryStore};
+#[cfg(feature = "redis")]
+use super::store::{RedisStore, StoreError};
+use super::{DecidedBy, Limit};
 
 /// Gives back to the store that decided a request what it took, or settles what it reserved (see
 /// [`RateLimiter::giver`](super::RateLimiter::giver)).
 #[derive(Debug, Clone)]
 pub struct Giver {
-    pub(super) redis: Option<RedisStore>,
+    /// The in-process store, when it decided the request (the memory store, or the fallback while Redis failed).
     pub(super) local: Option<Arc<MemoryStore>>,
-    /// Where a settlement Redis could not take goes under `on_error: local`: the fallback, which then counts it.
-    pub(super) fallback: Option<Arc<MemoryStore>>,
-    /// `tollgate_settlements_failed_total`.
-    pub(super) failed: metrics::Counter,
     /// This instance's over-limit cache: a key given back to may admit before a denial it remembers ends.
     pub(super) denials: Arc<DenyCache>,
+    /// Redis, when it decided the request.
+    #[cfg(feature = "redis")]
+    pub(super) redis: Option<RedisStore>,
+    /// Where a settlement Redis could not take goes under `on_error: local`: the fallback, which then counts it.
+    #[cfg(feature = "redis")]
+    pub(super) fallback: Option<Arc<MemoryStore>>,
+    /// `tollgate_settlements_failed_total`.
+    #[cfg(feature = "redis")]
+    pub(super) failed: metrics::Counter,
     /// Redis, for a request the fallback decided while it was away: the slots it holds are adopted by Redis when it
     /// answers again, and released there too.
+    #[cfg(feature = "redis")]
     pub(super) outage: Option<RedisStore>,
 }
 
@@ -49,6 +57,27 @@ enum Owed {
 // === impl Giver ===
 
 impl Giver {
+    /// The giver of a limiter on the memory store: the store itself, unless nothing was taken.
+    pub(super) fn local(
+        decided_by: DecidedBy,
+        local: &Arc<MemoryStore>,
+        denials: &Arc<DenyCache>,
+    ) -> Self {
+        Self {
+            local: (decided_by != DecidedBy::Nobody).then(|| Arc::clone(local)),
+            denials: Arc::clone(denials),
+            #[cfg(feature = "redis")]
+            redis: None,
+            #[cfg(feature = "redis")]
+            fallback: None,
+            // Nothing to count: the memory store never fails a settlement.
+            #[cfg(feature = "redis")]
+            failed: metrics::Counter::noop(),
+            #[cfg(feature = "redis")]
+            outage: None,
+        }
+    }
+
     /// Settles what admitted requests reserved, once their answers are known: on each limit, an `actual` below
     /// the reservation gives the difference back, one above it adds the difference as a debt (past the limit's
     /// maximum if need be: later requests wait until it is paid), both on the key and the window the decision at
@@ -91,13 +120,26 @@ impl Giver {
         if limits.is_empty() {
             return;
         }
-        let Some(redis) = self.redis.clone() else {
-            if let Some(local) = &self.local {
-                apply_in(local, &limits, owed, decided);
-                self.forget_denials(&limits);
-            }
-            return;
-        };
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis.clone() {
+            return self.apply_on_redis(redis, limits, owed, decided);
+        }
+        if let Some(local) = &self.local {
+            apply_in(local, &limits, owed, decided);
+            self.forget_denials(&limits);
+        }
+    }
+
+    /// [`apply`](Self::apply) on Redis: queued for its next script call; on a failure, to the fallback under
+    /// `on_error: local`.
+    #[cfg(feature = "redis")]
+    fn apply_on_redis(
+        self,
+        redis: RedisStore,
+        limits: Vec<(String, Limit)>,
+        owed: Owed,
+        decided: Instant,
+    ) {
         let at_ms = redis.redis_time_of(decided.into());
         let landed = move |limits: Vec<(String, Limit)>, result: Result<(), StoreError>| {
             if let Err(error) = result {
@@ -128,10 +170,14 @@ impl Giver {
     /// in this process at once, in Redis off the caller's path (it must be called within a tokio runtime then).
     /// A limit with a queue wakes the first request waiting for its key: in this process here, and on every
     /// instance through Redis when it was full there (the release script announces it).
+    // The memory store holds slots without leases.
+    #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
     pub fn release_slots(self, held: Vec<(String, Limit)>, lease: u64) {
+        #[cfg(feature = "redis")]
         if let Some(redis) = &self.redis {
-            redis.release(lease, held);
-        } else if let Some(local) = &self.local {
+            return redis.release(lease, held);
+        }
+        if let Some(local) = &self.local {
             let checks: Vec<LimitCheck<'_>> = held
                 .iter()
                 .map(|(key, limit)| LimitCheck { key, limit })
@@ -142,6 +188,7 @@ impl Giver {
                     local.slot_queues().released(key);
                 }
             }
+            #[cfg(feature = "redis")]
             if let Some(redis) = &self.outage {
                 redis.release_outside(lease, held);
             }
@@ -151,7 +198,9 @@ impl Giver {
     /// Keeps the slots of an admitted request (`held`, under `lease`) in Redis until
     /// [`release_slots`](Self::release_slots): renewed while the request lives. Nothing to do in this process,
     /// but for a request the fallback admitted while Redis was away: Redis adopts its slots once it answers.
+    #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
     pub fn hold_slots(&self, held: &[(String, Limit)], lease: u64) {
+        #[cfg(feature = "redis")]
         if let Some(redis) = &self.redis {
             redis.hold(lease, held.to_vec());
         } else if let Some(redis) = &self.outage {

@@ -21,14 +21,26 @@
 //! assert!(!refused.allowed && refused.decisions[0].retry_after_ms > 0);
 //! # Ok(()) }
 //! ```
+//!
+//! # Features
+//!
+//! - `redis` (on by default): the Redis store ([`store::RedisStore`], `Backend::Redis`), its Lua, the fallback and
+//!   the circuit breaker, and the `fred` client in the tree. Without it (`default-features = false`) the crate has
+//!   the in-process store only and none of the Redis client's crates: [`Backend`] and [`store::StoreError`] lose
+//!   their `Redis` variants (both are `#[non_exhaustive]`, so code that matches them builds either way), and
+//!   [`RateLimiter::from_settings`] refuses settings whose `backend` is [`BackendKind::Redis`] with
+//!   [`store::StoreError::NoRedis`] rather than deciding alone what was meant to be shared.
 
 pub mod algorithms;
+#[cfg(feature = "redis")]
 mod breaker;
+#[cfg(feature = "redis")]
 mod carry_over;
 mod clock;
 mod decision;
 mod deny_cache;
 mod giver;
+#[cfg(feature = "redis")]
 mod last_reported;
 mod limit;
 mod rate_limiter;

@@ -3,10 +3,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::store::{RedisStore, StoreError, WhenFull};
+#[cfg(feature = "redis")]
+use super::store::RedisStore;
+use super::store::{StoreError, WhenFull};
 use super::{Backend, OnError, RateLimiter, SystemClock};
 
-/// Which store holds limit state.
+/// Which store holds limit state. `Redis` is a setting like any other, whatever the build: a limiter built from it
+/// without the crate's `redis` feature is refused ([`StoreError::NoRedis`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
     /// Redis (standalone, Sentinel or Cluster, by URL scheme).
@@ -83,14 +86,17 @@ impl Default for StoreSettings {
 impl RateLimiter {
     /// The limiter `store` describes, on the system clock. With Redis, connecting happens in the background (and
     /// goes on until Redis answers), so this must be called within a tokio runtime; it fails only for settings
-    /// that cannot name a Redis (a malformed URL).
+    /// that cannot name a Redis (a malformed URL), or that name one in a build without the `redis` feature.
     pub fn from_settings(store: &StoreSettings) -> Result<Self, StoreError> {
         let backend = match store.backend {
             BackendKind::Memory => Backend::Memory,
+            #[cfg(feature = "redis")]
             BackendKind::Redis => Backend::Redis(
                 RedisStore::connect(&store.url, store.pool_size, store.timeout)?
                     .with_key_prefix(&store.key_prefix),
             ),
+            #[cfg(not(feature = "redis"))]
+            BackendKind::Redis => return Err(StoreError::NoRedis),
         };
         let limiter = Self::new(
             backend,
@@ -104,5 +110,23 @@ impl RateLimiter {
             .local()
             .set_max_keys_per_limit(store.max_keys_per_limit);
         Ok(limiter)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(not(feature = "redis"))]
+    #[test]
+    fn settings_that_name_redis_are_refused_without_the_redis_store() {
+        let refused = RateLimiter::from_settings(&StoreSettings::redis("redis://127.0.0.1:6379"));
+        assert!(matches!(refused, Err(StoreError::NoRedis)), "{refused:?}");
+    }
+
+    #[test]
+    fn the_default_settings_build_the_memory_store() {
+        let limiter = RateLimiter::from_settings(&StoreSettings::default()).expect("memory");
+        assert_eq!(limiter.backend().name(), "memory");
     }
 }
