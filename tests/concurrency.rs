@@ -249,13 +249,13 @@ async fn in_memory_a_slot_comes_back_however_its_request_ends() {
     released_on_every_ending(None).await;
 }
 
-/// A rate limit per `x-user` (one a minute) beside one slot per address: a request refused by either takes nothing
-/// from the other.
+/// A rate limit per `x-user` (one in a window of 20000 days, which no test outlives) beside one slot per address: a
+/// request refused by either takes nothing from the other.
 async fn all_or_nothing_with_rate_limits(redis: Option<&RedisServer>) {
     let upstream = InFlightUpstream::start().await;
     let gone = ReservedPort::new();
     let limits = format!(
-        "{}      - {{ name: per-user, key: \"header:x-user\", algorithm: fixed_window, limit: 1, period: 1h }}\n",
+        "{}      - {{ name: per-user, key: \"header:x-user\", algorithm: fixed_window, limit: 1, period: 20000d }}\n",
         in_flight(1)
     );
     let gateways =
@@ -273,7 +273,7 @@ async fn all_or_nothing_with_rate_limits(redis: Option<&RedisServer>) {
                 .unwrap_or(0)
         }
     };
-    // Refused for want of a slot: user b's minute is untouched.
+    // Refused for want of a slot: user b's window is untouched.
     let held = holding(&upstream, send("a", "/hold")).await;
     assert_eq!(send("b", "/quick").await, 429);
     upstream.release(1);
@@ -653,13 +653,13 @@ async fn on_redis_a_release_on_one_gateway_wakes_a_request_waiting_on_another() 
     assert_eq!(upstream.arrivals(), ["/hold", "/waiter/hold"]);
 }
 
-/// A rate limit per `x-user` (two an hour) beside a slot with a queue: a request that waits, asking again many
-/// times, is counted by the rate limit once, when admitted.
+/// A rate limit per `x-user` (two in a window of 20000 days) beside a slot with a queue: a request that waits, asking
+/// again many times, is counted by the rate limit once, when admitted.
 async fn waiting_takes_nothing_from_rate_limits(redis: Option<&RedisServer>) {
     let upstream = InFlightUpstream::start().await;
     let gone = ReservedPort::new();
     let limits = format!(
-        "{}      - {{ name: per-user, key: \"header:x-user\", algorithm: fixed_window, limit: 2, period: 1h }}\n",
+        "{}      - {{ name: per-user, key: \"header:x-user\", algorithm: fixed_window, limit: 2, period: 20000d }}\n",
         queued(1, "300ms", "10s", 100)
     );
     let gateways = queue_gateways(redis, &upstream, &gone, &limits).await;
@@ -939,7 +939,7 @@ async fn a_plans_queue_spans_routes(redis: Option<&RedisServer>) {
          queue: {{ max_wait: 10s }} }}\nroutes:\n  - name: reports\n    match: {{ path_prefix: /reports }}\n    \
          upstream: app\n    consumers: required\n  - name: chat\n    match: {{ path_prefix: /chat }}\n    \
          upstream: app\n    consumers: required\n    limits:\n      \
-         - {{ name: hourly, key: consumer, algorithm: fixed_window, limit: 2, period: 1h }}\n",
+         - {{ name: hourly, key: consumer, algorithm: fixed_window, limit: 2, period: 20000d }}\n",
         store_yaml(redis),
         upstream.url()
     );

@@ -14,11 +14,12 @@ use common::redis::RedisServer;
 use common::{eventually, gateways_sharing, serve_admin, store_yaml, TestGateway};
 use tokio::net::TcpListener;
 
-/// Every algorithm, written to admit 3 in the window (or burst) and refill slowly.
+/// Every algorithm, written to admit 3 in the window (or burst) and refill slowly. The windows of the window
+/// algorithms are 20000 days long (2024-10-04 to 2079-07-08 on Redis's clock): none ends during a test.
 const ALGORITHMS: [&str; 6] = [
-    "{ algorithm: sliding_window, limit: 3, period: 1h }",
+    "{ algorithm: sliding_window, limit: 3, period: 20000d }",
     "{ algorithm: sliding_log, limit: 3, period: 1h }",
-    "{ algorithm: fixed_window, limit: 3, period: 1h }",
+    "{ algorithm: fixed_window, limit: 3, period: 20000d }",
     "{ algorithm: token_bucket, rate: 3/1h, burst: 3 }",
     "{ algorithm: gcra, rate: 3/1h, burst: 3 }",
     "{ algorithm: leaky_bucket, rate: 3/1h, burst: 3 }",

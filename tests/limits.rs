@@ -88,7 +88,8 @@ async fn sliding_log_admits_exactly_its_limit() {
 
 #[tokio::test]
 async fn sliding_window_admits_exactly_its_limit() {
-    let limits = "      - name: per-ip\n        key: ip\n        algorithm: sliding_window\n        limit: 10\n        period: 1h\n";
+    // A window of 20000 days (2024-10-04 to 2079-07-08 on Redis's clock): none ends during the test.
+    let limits = "      - name: per-ip\n        key: ip\n        algorithm: sliding_window\n        limit: 10\n        period: 20000d\n";
     for store in STORES {
         let s = setup(store, "", limits).await;
         let statuses = hammer(&s.gateway.url("/api"), 25, &[]).await;
@@ -356,7 +357,8 @@ async fn shadow_limits_are_decided_and_counted_but_never_enforced() {
 
 #[tokio::test]
 async fn a_request_held_by_a_delaying_limit_gives_its_place_back_when_its_client_leaves() {
-    // The meter holds the second request for an hour; the window counts every admitted request.
+    // The meter holds the second request for an hour; the window (of 20000 days, which no test outlives) counts
+    // every admitted request.
     let limits = "      - name: meter
         key: ip
         algorithm: leaky_bucket
@@ -368,7 +370,7 @@ async fn a_request_held_by_a_delaying_limit_gives_its_place_back_when_its_client
         key: ip
         algorithm: fixed_window
         limit: 100
-        period: 1d
+        period: 20000d
 ";
     for store in STORES {
         let s = setup(store, "", limits).await;
@@ -554,12 +556,12 @@ routes:
 }
 
 /// One limit of capacity `capacity` per algorithm, as YAML list items; the bucket algorithms keep their rate
-/// (their state is measured in it), so only the capacity changes between two calls.
+/// (their state is measured in it), so only the capacity changes between two calls. The windows are 20000 days
+/// long (2024-10-04 to 2079-07-08 on Redis's clock): none ends during a test.
 fn limit_of(algorithm: &str, capacity: u64) -> String {
     let params = match algorithm {
-        "fixed_window" | "sliding_window" | "sliding_log" => {
-            format!("limit: {capacity}\n        period: 1h")
-        }
+        "fixed_window" | "sliding_window" => format!("limit: {capacity}\n        period: 20000d"),
+        "sliding_log" => format!("limit: {capacity}\n        period: 1h"),
         "leaky_bucket" => format!("rate: 3/1h\n        burst: {capacity}\n        mode: reject"),
         _ => format!("rate: 3/1h\n        burst: {capacity}"),
     };
@@ -595,8 +597,8 @@ async fn a_raised_limit_applies_at_once_after_a_reload_on_every_instance() {
             let http = client();
             let get = |i: usize| http.get(at(i).url("/api")).send();
             let what = format!("{store:?} {algorithm}");
-            // Three admitted, then every instance has refused the key (and remembers it until its retry time,
-            // twenty minutes away at 3 an hour).
+            // Three admitted, then every instance has refused the key (and remembers it until its retry time: the
+            // window's end, or twenty minutes away at 3 an hour).
             let mut seen = Vec::new();
             for i in 0..3 + gateways.len() {
                 seen.push(get(i).await.expect("send").status().as_u16());

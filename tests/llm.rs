@@ -28,10 +28,11 @@ fn openai(prompt: &str) -> String {
     )
 }
 
-/// One limit `tpm` counting `counts`, keyed by client address, holding `limit` an hour in fixed windows.
-fn tokens_per_hour(counts: &str, limit: u64) -> String {
+/// One limit `tpm` counting `counts`, keyed by client address, holding `limit` in one fixed window of 20000 days
+/// (2024-10-04 to 2079-07-08 on Redis's clock), which no test outlives.
+fn tokens_per_window(counts: &str, limit: u64) -> String {
     format!(
-        "      - {{ name: tpm, key: ip, algorithm: fixed_window, limit: {limit}, period: 1h, counts: {counts} }}\n"
+        "      - {{ name: tpm, key: ip, algorithm: fixed_window, limit: {limit}, period: 20000d, counts: {counts} }}\n"
     )
 }
 
@@ -111,7 +112,7 @@ async fn each_ending_settles_as_its_answer_reported() {
         None,
         &upstream.url(),
         &openai("100"),
-        &tokens_per_hour("total_tokens", 100_000),
+        &tokens_per_window("total_tokens", 100_000),
     )
     .replace("name: chat", "name: endings")
     .replace(
@@ -191,7 +192,7 @@ async fn anthropic_and_header_answers_settle_as_they_report() {
     let usage = "    usage:\n      format: anthropic\n      reserve: { prompt: body_bytes, completion: max_tokens, completion_cap: 500 }\n      read_on_timeout: 1s\n";
     let limits = format!(
         "{}      - {{ name: out, key: ip, algorithm: sliding_window, limit: 5000, period: 1h, counts: output_tokens }}\n",
-        tokens_per_hour("input_tokens", 5000)
+        tokens_per_window("input_tokens", 5000)
     );
     let gateway = start_gateway(&config(None, &upstream.url(), usage, &limits)).await;
     let admin = serve_admin(&gateway, None).await;
@@ -240,7 +241,7 @@ async fn reading_x_tokens(upstream: &LlmUpstream) -> (TestGateway, String) {
         None,
         &upstream.url(),
         usage,
-        &tokens_per_hour("total_tokens", 1000),
+        &tokens_per_window("total_tokens", 1000),
     );
     let gateway = start_gateway(&yaml).await;
     let admin = serve_admin(&gateway, None).await;
@@ -303,7 +304,7 @@ async fn an_unreachable_upstream_gives_the_reservation_back() {
         None,
         &format!("http://{}", closed.addr()),
         &openai("100"),
-        &tokens_per_hour("total_tokens", 1000),
+        &tokens_per_window("total_tokens", 1000),
     );
     let gateway = start_gateway(&yaml).await;
     let admin = serve_admin(&gateway, None).await;
@@ -320,7 +321,7 @@ async fn reported_usage_stays_within_the_limit(redis: Option<&RedisServer>) {
         redis,
         &upstream.url(),
         &openai("body_bytes"),
-        "      - { name: tpm, key: ip, algorithm: sliding_window, limit: 2000, period: 1h, counts: total_tokens }\n      - { name: rpm, key: ip, algorithm: fixed_window, limit: 1000, period: 1h }\n",
+        "      - { name: tpm, key: ip, algorithm: sliding_window, limit: 2000, period: 20000d, counts: total_tokens }\n      - { name: rpm, key: ip, algorithm: fixed_window, limit: 1000, period: 20000d }\n",
     );
     let gateways = gateways_sharing(&yaml, redis).await;
     let admin = serve_admin(&gateways[0], None).await;
@@ -456,7 +457,7 @@ async fn the_admin_api_shows_a_debt_as_used_past_the_capacity(redis: Option<&Red
   plans:
     pro:
       limits:
-        - {{ name: daily, key: consumer, algorithm: fixed_window, limit: 300, period: 1d, counts: total_tokens }}
+        - {{ name: daily, key: consumer, algorithm: fixed_window, limit: 300, period: 20000d, counts: total_tokens }}
 upstreams:
   llm: {{ targets: ["{}"] }}
 routes:
@@ -468,8 +469,8 @@ routes:
       format: openai
       reserve: {{ prompt: 0, completion: 10 }}
     limits:
-      - {{ name: fixed, key: consumer, algorithm: fixed_window, limit: 300, period: 1h, counts: total_tokens }}
-      - {{ name: sliding, key: consumer, algorithm: sliding_window, limit: 300, period: 1h, counts: total_tokens }}
+      - {{ name: fixed, key: consumer, algorithm: fixed_window, limit: 300, period: 20000d, counts: total_tokens }}
+      - {{ name: sliding, key: consumer, algorithm: sliding_window, limit: 300, period: 20000d, counts: total_tokens }}
       - {{ name: log, key: consumer, algorithm: sliding_log, limit: 300, period: 1h, counts: total_tokens }}
       - {{ name: bucket, key: consumer, algorithm: token_bucket, rate: 300/1h, burst: 300, counts: total_tokens }}
       - {{ name: gcra, key: consumer, algorithm: gcra, rate: 300/1h, burst: 300, counts: total_tokens }}
@@ -534,8 +535,8 @@ async fn an_answer_that_used_less_leaves_the_rest_on_every_algorithm() {
     let upstream = LlmUpstream::start().await;
     let redis = RedisServer::start();
     let algorithms = [
-        "algorithm: fixed_window, limit: 1000, period: 1h",
-        "algorithm: sliding_window, limit: 1000, period: 1h",
+        "algorithm: fixed_window, limit: 1000, period: 20000d",
+        "algorithm: sliding_window, limit: 1000, period: 20000d",
         "algorithm: sliding_log, limit: 1000, period: 1h",
         "algorithm: token_bucket, rate: 1000/1h, burst: 1000",
         "algorithm: gcra, rate: 1000/1h, burst: 1000",
@@ -576,7 +577,7 @@ async fn the_forwarded_body_is_capped_and_asks_for_the_stream_usage() {
         None,
         &upstream.url(),
         &openai("body_bytes"),
-        &tokens_per_hour("output_tokens", 100_000),
+        &tokens_per_window("output_tokens", 100_000),
     );
     let gateway = start_gateway(&yaml).await;
     let (status, _, _) = post(&gateway, "/v1/chat/completions", &chat(5000), 1, 1).await;
@@ -615,7 +616,7 @@ async fn a_body_past_max_request_bytes_is_413_and_a_reservation_past_the_limit_t
         None,
         &upstream.url(),
         usage,
-        &tokens_per_hour("total_tokens", 1000),
+        &tokens_per_window("total_tokens", 1000),
     );
     let gateway = start_gateway(&yaml).await;
     let mut large = chat(10);
@@ -824,7 +825,7 @@ async fn a_100_mib_stream_passes_unbuffered_with_flat_memory_and_settles_its_las
         None,
         &upstream.url(),
         &openai("100"),
-        &tokens_per_hour("total_tokens", 1_000_000),
+        &tokens_per_window("total_tokens", 1_000_000),
     );
     let yaml = format!("listen: 127.0.0.1:0\nadmin:\n  listen: 127.0.0.1:0\n{yaml}");
     std::fs::write(&path, yaml).expect("config");
@@ -882,7 +883,7 @@ async fn settling_while_redis_is_gone(on_error: &str) -> (TestGateway, LlmUpstre
         Some(&redis),
         &upstream.url(),
         &openai("100"),
-        &tokens_per_hour("total_tokens", 1_000),
+        &tokens_per_window("total_tokens", 1_000),
     )
     .replace("on_error: deny", &format!("on_error: {on_error}"));
     let gateway = start_gateway(&yaml).await;
@@ -973,7 +974,7 @@ async fn untrusted_counts_settle_at_the_reservation(redis: Option<&RedisServer>,
         redis,
         &upstream.url(),
         &openai("100"),
-        &tokens_per_hour("total_tokens", 100_000),
+        &tokens_per_window("total_tokens", 100_000),
     )
     .replace("name: chat", &format!("name: {route}"));
     let gateway = start_gateway(&yaml).await;
@@ -1035,7 +1036,7 @@ async fn json_bodies_are_bounded_whatever_their_label(redis: Option<&RedisServer
         redis,
         &upstream.url(),
         usage,
-        &tokens_per_hour("total_tokens", 100_000),
+        &tokens_per_window("total_tokens", 100_000),
     );
     let gateways = gateways_sharing(&yaml, redis).await;
     let admin = serve_admin(&gateways[0], None).await;
@@ -1153,7 +1154,7 @@ async fn leaving_early_settles_what_the_upstream_reported(
     );
     let limits = format!(
         "{}      - {{ name: streams, key: ip, algorithm: concurrency, max: 100 }}\n",
-        tokens_per_hour("total_tokens", 1_000_000)
+        tokens_per_window("total_tokens", 1_000_000)
     );
     let yaml = config(redis, &upstream.url(), &usage, &limits)
         .replace("name: chat", &format!("name: {route}"));
@@ -1234,7 +1235,7 @@ async fn two_providers(
     upstream: &LlmUpstream,
     extra: &str,
 ) -> (Vec<TestGateway>, String) {
-    let tpm = tokens_per_hour("total_tokens", 100_000);
+    let tpm = tokens_per_window("total_tokens", 100_000);
     let yaml = format!(
         "store:\n{}upstreams:\n  llm: {{ targets: [\"{}\"] }}\nroutes:\n  - name: anthropic\n    match: {{ path_prefix: /v1/messages }}\n    upstream: llm\n    usage:\n      format: anthropic\n      reserve: {{ prompt: body_bytes, completion: max_tokens, completion_cap: 500 }}\n    limits:\n{tpm}  - name: chat\n    match: {{ path_prefix: /v1/ }}\n    upstream: llm\n{}{extra}    limits:\n{tpm}",
         store_yaml(redis),
@@ -1390,10 +1391,10 @@ async fn usage_endpoints_says_which_endpoints_take_a_bound() {
 }
 
 /// A gateway whose three token routes (Anthropic on `/v1/messages`, OpenAI on `/v1/`, a `header:x-tokens` route on
-/// `/h/`) need an API key (`k1`, consumer acme) and allow one request an hour per consumer.
+/// `/h/`) need an API key (`k1`, consumer acme) and allow one request per consumer in a window of 20000 days.
 async fn refusing(redis: Option<&RedisServer>, upstream: &LlmUpstream) -> TestGateway {
     let route = |name: &str, prefix: &str, usage: &str| {
-        format!("  - name: {name}\n    match: {{ path_prefix: {prefix} }}\n    upstream: llm\n    consumers: required\n    usage: {usage}\n    limits:\n      - {{ name: hourly, key: consumer, algorithm: fixed_window, limit: 1, period: 1h }}\n")
+        format!("  - name: {name}\n    match: {{ path_prefix: {prefix} }}\n    upstream: llm\n    consumers: required\n    usage: {usage}\n    limits:\n      - {{ name: hourly, key: consumer, algorithm: fixed_window, limit: 1, period: 20000d }}\n")
     };
     let yaml = format!(
         "store:\n{}consumers:\n  identify: [ {{ api_key: {{ header: x-api-key }} }} ]\n  keys: [ {{ key: k1, consumer: acme }} ]\nupstreams:\n  llm: {{ targets: [\"{}\"] }}\nroutes:\n{}{}{}",

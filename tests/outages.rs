@@ -1026,7 +1026,7 @@ fn seeded_yaml(url: &str) -> String {
     format!(
         "store:\n  backend: redis\n  url: {url}\n  timeout: 100ms\n  on_error: local\nroutes:\n{}{}{}",
         route("log", "algorithm: sliding_log, limit: 50, period: 1h"),
-        route("window", "algorithm: fixed_window, limit: 50, period: 1h"),
+        route("window", "algorithm: fixed_window, limit: 50, period: 20000d"),
         route("bucket", "algorithm: gcra, rate: 50/1h, burst: 50"),
     )
 }
@@ -1045,8 +1045,8 @@ async fn status_of(gateway: &TestGateway, path: &str) -> u16 {
 #[tokio::test]
 async fn through_an_outage_local_instances_admit_at_most_their_number_times_the_limit() {
     // Two instances, one Redis frozen once the key has 40 of its 50 taken: each fallback starts from what Redis
-    // last said of it, not from empty. Every request of the test falls in one window of an hour (the fixed
-    // window's: the gateways start away from the hour's end), so the bound is on everything admitted.
+    // last said of it, not from empty. Every request of the test falls in one window (the fixed window's lasts
+    // 20000 days, from 2024-10-04 to 2079-07-08), so the bound is on everything admitted.
     let redis = RedisServer::start();
     let yaml = seeded_yaml(&redis.url());
     let gateways = [start_gateway(&yaml).await, start_gateway(&yaml).await];

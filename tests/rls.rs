@@ -28,12 +28,13 @@ fn on_redis(redis: &RedisServer, rls: &str) -> String {
 }
 
 /// One domain `edge` with a descriptor `generic_key=<algorithm>` per algorithm, each admitting exactly 4 in the
-/// test's time (buckets refill far slower than the test runs).
+/// test's time (buckets refill far slower than the test runs; the windows last 20000 days, from 2024-10-04 to
+/// 2079-07-08 on Redis's clock).
 const EVERY_ALGORITHM: &str = r#"  domains:
     edge:
       descriptors:
-        - { key: generic_key, value: fixed_window, limits: [ { name: l, algorithm: fixed_window, limit: 4, period: 1h } ] }
-        - { key: generic_key, value: sliding_window, limits: [ { name: l, algorithm: sliding_window, limit: 4, period: 1h } ] }
+        - { key: generic_key, value: fixed_window, limits: [ { name: l, algorithm: fixed_window, limit: 4, period: 20000d } ] }
+        - { key: generic_key, value: sliding_window, limits: [ { name: l, algorithm: sliding_window, limit: 4, period: 20000d } ] }
         - { key: generic_key, value: sliding_log, limits: [ { name: l, algorithm: sliding_log, limit: 4, period: 1h } ] }
         - { key: generic_key, value: token_bucket, limits: [ { name: l, algorithm: token_bucket, rate: 1/1h, burst: 4 } ] }
         - { key: generic_key, value: gcra, limits: [ { name: l, algorithm: gcra, rate: 1/1h, burst: 4 } ] }
@@ -71,7 +72,8 @@ async fn every_algorithm_admits_exactly_its_capacity_across_two_instances() {
     }
 }
 
-/// Per client address 3 a minute (a sliding log); per address on the login path 1 a minute; by a header Envoy matched, 2 an hour.
+/// Per client address 3 a minute (a sliding log); per address on the login path 1 a minute; by a header Envoy
+/// matched, 2 in a window of 20000 days (which no test outlives).
 const EDGE: &str = r#"  domains:
     edge:
       descriptors:
@@ -84,7 +86,7 @@ const EDGE: &str = r#"  domains:
               limits: [ { name: login, algorithm: gcra, rate: 1/1m, burst: 1 } ]
         - key: header_match
           value: api-key
-          limits: [ { name: keyed, algorithm: fixed_window, limit: 2, period: 1h } ]
+          limits: [ { name: keyed, algorithm: fixed_window, limit: 2, period: 20000d } ]
 "#;
 
 #[tokio::test]
@@ -375,16 +377,21 @@ async fn envoys_limit_override_is_a_fixed_window_of_its_own() {
     );
 }
 
-/// The folder of envoyproxy/ratelimit files under tests/fixtures/rls.
-fn with_ratelimit_files(redis: &RedisServer) -> String {
+/// The folder of envoyproxy/ratelimit files under tests/fixtures/rls, in memory: their units are hours and days,
+/// fixed windows that would end mid-test on Redis's clock in an hour's last minute; the in-process store's test
+/// clock starts each at its beginning. What the files mean does not depend on the store (Redis's fixed windows
+/// are proven by `every_algorithm_admits_exactly_its_capacity_across_two_instances`).
+fn with_ratelimit_files() -> String {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/rls");
-    on_redis(redis, &format!("  config_dir: {}\n", dir.display()))
+    format!(
+        "store:\n  backend: memory\nrls:\n  listen: 127.0.0.1:0\n  config_dir: {}\n",
+        dir.display()
+    )
 }
 
 #[tokio::test]
 async fn ratelimit_files_decide_as_that_service_documents() {
-    let redis = RedisServer::start();
-    let rls = start_rls(&with_ratelimit_files(&redis)).await;
+    let rls = start_rls(&with_ratelimit_files()).await;
     let mut client = rls.client().await;
     let shared_client = client.clone();
     let admitted = async |domain: &str, entries: &[&[(&str, &str)]], times: usize| {
@@ -454,8 +461,7 @@ async fn ratelimit_files_decide_as_that_service_documents() {
 
 #[tokio::test]
 async fn a_replacing_rule_takes_the_place_of_the_rule_it_names() {
-    let redis = RedisServer::start();
-    let rls = start_rls(&with_ratelimit_files(&redis)).await;
+    let rls = start_rls(&with_ratelimit_files()).await;
     let mut client = rls.client().await;
     let specific: &[(&str, &str)] = &[("key_1", "value_1"), ("user", "bkthomps")];
     let replacing: &[(&str, &str)] = &[("key_2", "value_2"), ("user", "bkthomps")];
@@ -476,8 +482,7 @@ async fn a_replacing_rule_takes_the_place_of_the_rule_it_names() {
 
 #[tokio::test]
 async fn shadow_mode_answers_ok_and_still_counts() {
-    let redis = RedisServer::start();
-    let rls = start_rls(&with_ratelimit_files(&redis)).await;
+    let rls = start_rls(&with_ratelimit_files()).await;
     let mut client = rls.client().await;
     let user = |name: &str| {
         request(
@@ -1020,13 +1025,14 @@ async fn a_changed_ratelimit_file_is_loaded_once_it_has_settled() {
     assert!(answer.statuses[0].current_limit.is_none());
 }
 
-/// Per `generic_key` value 5 an hour; per client address 20 an hour; one of 30 for the property test.
+/// Per `generic_key` value 5, per client address 20, and one of 30 for the property test, each in a fixed window of
+/// 20000 days (2024-10-04 to 2079-07-08 on Redis's clock), which no test outlives.
 const COPIES: &str = r#"  domains:
     edge:
       descriptors:
-        - { key: generic_key, limits: [ { name: five, algorithm: fixed_window, limit: 5, period: 1h } ] }
-        - { key: remote_address, limits: [ { name: twenty, algorithm: fixed_window, limit: 20, period: 1h } ] }
-        - { key: tenant, limits: [ { name: thirty, algorithm: fixed_window, limit: 30, period: 1h } ] }
+        - { key: generic_key, limits: [ { name: five, algorithm: fixed_window, limit: 5, period: 20000d } ] }
+        - { key: remote_address, limits: [ { name: twenty, algorithm: fixed_window, limit: 20, period: 20000d } ] }
+        - { key: tenant, limits: [ { name: thirty, algorithm: fixed_window, limit: 30, period: 20000d } ] }
 "#;
 
 fn copies_in_memory() -> String {

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod binary;
+pub mod clock;
 pub mod cluster;
 pub mod h2;
 pub mod http_client;
@@ -24,12 +25,16 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tollgate::config::{self, Config};
 use tollgate::gateway::{self, Gateway};
-use tollgate::limiter::Backend;
+use tollgate::limiter::{Backend, BackendKind, RateLimiter, StoreSettings};
+
+use clock::TestClock;
 
 /// A gateway served in this process on a free port.
 pub struct TestGateway {
     pub addr: SocketAddr,
     pub gateway: Arc<Gateway>,
+    /// The in-process store's clock, when that is the store (Redis keeps its own).
+    pub clock: Option<Arc<TestClock>>,
     shutdown: Option<oneshot::Sender<()>>,
 }
 
@@ -46,9 +51,9 @@ pub fn config(yaml: &str) -> Config {
     }
 }
 
-/// Starts a gateway for `yaml` on 127.0.0.1 and a free port (the config's `listen` is ignored), not in an hour's last
-/// minute (see [`away_from_the_hour_boundary`]). When the store is Redis, waits until it is connected, so that no
-/// test request is decided by the fallback by accident.
+/// Starts a gateway for `yaml` on 127.0.0.1 and a free port (the config's `listen` is ignored). In memory, its
+/// store runs on a [`TestClock`], where no window of an hour, a day or a week ends during a test. When the store
+/// is Redis, waits until it is connected, so that no test request is decided by the fallback by accident.
 pub async fn start_gateway(yaml: &str) -> TestGateway {
     start(config(yaml), true).await
 }
@@ -63,31 +68,33 @@ pub async fn start_gateway_without_waiting(yaml: &str) -> TestGateway {
     start(config(yaml), false).await
 }
 
-/// Waits, when the hour is in its last minute, until it has turned. Tests count in fixed windows of an hour or a day
-/// on the real clock (Redis's is this machine's), which begin on the hour: a test begun in the hour's last minute
-/// could see its window end midway and its counts split in two.
-pub async fn away_from_the_hour_boundary() {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970");
-    let into_the_hour = now.as_secs() % 3_600;
-    if into_the_hour >= 3_540 {
-        tokio::time::sleep(Duration::from_secs(3_600 - into_the_hour + 1)).await;
-    }
-}
-
-async fn start(config: Config, wait_for_redis: bool) -> TestGateway {
-    away_from_the_hour_boundary().await;
-    let limiter = Arc::new(
-        tollgate::limiter::RateLimiter::from_settings(&config.store).expect("store settings"),
-    );
+/// The limiter `store` describes: in memory, on a [`TestClock`] (returned), so that every window a test uses
+/// begins when it starts; on Redis, on Redis's clock (and its fallback on the system's, as Redis's reports are).
+/// With Redis, waits until it is connected when `wait_for_redis`.
+pub async fn test_limiter(
+    store: &StoreSettings,
+    wait_for_redis: bool,
+) -> (Arc<RateLimiter>, Option<Arc<TestClock>>) {
+    let clock = (store.backend == BackendKind::Memory).then(|| Arc::new(TestClock::new()));
+    let limiter = match &clock {
+        Some(clock) => RateLimiter::from_settings_on(store, clock.clone()),
+        None => RateLimiter::from_settings(store),
+    };
+    let limiter = Arc::new(limiter.expect("store settings"));
     if let (true, Backend::Redis(redis)) = (wait_for_redis, limiter.backend()) {
         assert!(
             redis.wait_connected(Duration::from_secs(10)).await,
             "redis did not answer"
         );
     }
-    start_with_limiter(config, limiter).await
+    (limiter, clock)
+}
+
+async fn start(config: Config, wait_for_redis: bool) -> TestGateway {
+    let (limiter, clock) = test_limiter(&config.store, wait_for_redis).await;
+    let mut gateway = start_with_limiter(config, limiter).await;
+    gateway.clock = clock;
+    gateway
 }
 
 /// Starts a gateway for `config` deciding with `limiter` (e.g. one on a manual clock), on a free port.
@@ -110,6 +117,7 @@ pub async fn start_with_limiter(
     TestGateway {
         addr,
         gateway,
+        clock: None,
         shutdown: Some(tx),
     }
 }

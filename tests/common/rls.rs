@@ -3,7 +3,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -13,7 +12,6 @@ use envoy_types::pb::google::protobuf::UInt64Value;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tollgate::config::Config;
-use tollgate::limiter::{Backend, RateLimiter};
 use tollgate::rls::RateLimitService;
 use tonic::transport::Channel;
 
@@ -24,18 +22,10 @@ pub struct TestRls {
     shutdown: Option<oneshot::Sender<()>>,
 }
 
-/// Starts the rate limit service of `config` (not in an hour's last minute, see
-/// [`away_from_the_hour_boundary`](super::away_from_the_hour_boundary)); with Redis, waits until it is connected
-/// when `wait_for_redis`.
+/// Starts the rate limit service of `config` (in memory on a [`TestClock`](super::clock::TestClock), see
+/// [`test_limiter`](super::test_limiter)); with Redis, waits until it is connected when `wait_for_redis`.
 pub async fn start_rls_with(config: &Config, wait_for_redis: bool) -> TestRls {
-    super::away_from_the_hour_boundary().await;
-    let limiter = Arc::new(RateLimiter::from_settings(&config.store).expect("store settings"));
-    if let (true, Backend::Redis(redis)) = (wait_for_redis, limiter.backend()) {
-        assert!(
-            redis.wait_connected(Duration::from_secs(10)).await,
-            "redis did not answer"
-        );
-    }
+    let (limiter, _clock) = super::test_limiter(&config.store, wait_for_redis).await;
     let settings = config.rls.as_ref().expect("the config has an rls block");
     let service = Arc::new(RateLimitService::new(
         settings,

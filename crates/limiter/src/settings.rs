@@ -6,7 +6,7 @@ use std::time::Duration;
 #[cfg(feature = "redis")]
 use super::store::RedisStore;
 use super::store::{StoreError, WhenFull};
-use super::{Backend, OnError, RateLimiter, SystemClock};
+use super::{Backend, Clock, OnError, RateLimiter, SystemClock};
 
 /// Which store holds limit state. `Redis` is a setting like any other, whatever the build: a limiter built from it
 /// without the crate's `redis` feature is refused ([`StoreError::NoRedis`]).
@@ -88,6 +88,15 @@ impl RateLimiter {
     /// goes on until Redis answers), so this must be called within a tokio runtime; it fails only for settings
     /// that cannot name a Redis (a malformed URL), or that name one in a build without the `redis` feature.
     pub fn from_settings(store: &StoreSettings) -> Result<Self, StoreError> {
+        Self::from_settings_on(store, Arc::new(SystemClock))
+    }
+
+    /// [`from_settings`](Self::from_settings) with the in-process store on `clock` (a simulation's, a test's);
+    /// Redis keeps its own clock.
+    pub fn from_settings_on(
+        store: &StoreSettings,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, StoreError> {
         let backend = match store.backend {
             BackendKind::Memory => Backend::Memory,
             #[cfg(feature = "redis")]
@@ -103,7 +112,7 @@ impl RateLimiter {
             store.timeout,
             store.on_error,
             store.max_keys,
-            Arc::new(SystemClock),
+            clock,
         );
         limiter.local().set_when_full(store.when_full);
         limiter
