@@ -112,10 +112,10 @@ async fn exactly_max_admitted_and_in_flight(redis: Option<&RedisServer>) {
     );
 }
 
-#[tokio::test]
-async fn in_memory_exactly_max_are_admitted_when_requests_arrive_together() {
-    exactly_max_admitted_and_in_flight(None).await;
-}
+crate::each_store!(
+    exactly_max_are_admitted_when_requests_arrive_together,
+    exactly_max_admitted_and_in_flight
+);
 
 /// Three hundred requests from 60 clients at once, each held a moment at the upstream, never more than `max` there
 /// at once.
@@ -165,10 +165,10 @@ async fn never_more_than_max_at_the_upstream(redis: Option<&RedisServer>) {
     );
 }
 
-#[tokio::test]
-async fn in_memory_never_more_than_max_reach_the_upstream_at_once() {
-    never_more_than_max_at_the_upstream(None).await;
-}
+crate::each_store!(
+    never_more_than_max_reach_the_upstream_at_once,
+    never_more_than_max_at_the_upstream
+);
 
 async fn released_on_every_ending(redis: Option<&RedisServer>) {
     let upstream = InFlightUpstream::start().await;
@@ -244,10 +244,10 @@ async fn released_on_every_ending(redis: Option<&RedisServer>) {
     assert!(admitted_again(gateway).await, "after the WebSocket closed");
 }
 
-#[tokio::test]
-async fn in_memory_a_slot_comes_back_however_its_request_ends() {
-    released_on_every_ending(None).await;
-}
+crate::each_store!(
+    a_slot_comes_back_however_its_request_ends,
+    released_on_every_ending
+);
 
 /// A rate limit per `x-user` (one in a window of 20000 days, which no test outlives) beside one slot per address: a
 /// request refused by either takes nothing from the other.
@@ -288,34 +288,10 @@ async fn all_or_nothing_with_rate_limits(redis: Option<&RedisServer>) {
     assert_eq!(send("c", "/quick").await, 200);
 }
 
-#[tokio::test]
-async fn in_memory_a_request_refused_by_one_limit_takes_nothing_from_the_other() {
-    all_or_nothing_with_rate_limits(None).await;
-}
-
-#[tokio::test]
-async fn on_redis_exactly_max_are_admitted_across_two_gateways() {
-    let redis = RedisServer::start();
-    exactly_max_admitted_and_in_flight(Some(&redis)).await;
-}
-
-#[tokio::test]
-async fn on_redis_never_more_than_max_reach_the_upstream_from_two_gateways() {
-    let redis = RedisServer::start();
-    never_more_than_max_at_the_upstream(Some(&redis)).await;
-}
-
-#[tokio::test]
-async fn on_redis_a_slot_comes_back_however_its_request_ends() {
-    let redis = RedisServer::start();
-    released_on_every_ending(Some(&redis)).await;
-}
-
-#[tokio::test]
-async fn on_redis_a_request_refused_by_one_limit_takes_nothing_from_the_other() {
-    let redis = RedisServer::start();
-    all_or_nothing_with_rate_limits(Some(&redis)).await;
-}
+crate::each_store!(
+    a_request_refused_by_one_limit_takes_nothing_from_the_other,
+    all_or_nothing_with_rate_limits
+);
 
 /// One slot with a lease of a second, on `redis`, in front of `upstream`.
 fn leased_yaml(redis: &RedisServer, upstream: &InFlightUpstream, gone: &ReservedPort) -> String {
@@ -451,16 +427,10 @@ async fn waiters_are_admitted_in_arrival_order(redis: Option<&RedisServer>) {
     assert_eq!(waiting(&admin).await, 0);
 }
 
-#[tokio::test]
-async fn in_memory_waiting_requests_are_admitted_in_the_order_they_arrived() {
-    waiters_are_admitted_in_arrival_order(None).await;
-}
-
-#[tokio::test]
-async fn on_redis_waiting_requests_are_admitted_in_the_order_they_arrived() {
-    let redis = RedisServer::start();
-    waiters_are_admitted_in_arrival_order(Some(&redis)).await;
-}
+crate::each_store!(
+    waiting_requests_are_admitted_in_the_order_they_arrived,
+    waiters_are_admitted_in_arrival_order
+);
 
 async fn refused_once_max_wait_passes(redis: Option<&RedisServer>) {
     let upstream = InFlightUpstream::start().await;
@@ -495,16 +465,10 @@ async fn refused_once_max_wait_passes(redis: Option<&RedisServer>) {
     assert!(admitted_again(gateway).await);
 }
 
-#[tokio::test]
-async fn in_memory_a_waiting_request_is_refused_with_retry_after_once_max_wait_passes() {
-    refused_once_max_wait_passes(None).await;
-}
-
-#[tokio::test]
-async fn on_redis_a_waiting_request_is_refused_with_retry_after_once_max_wait_passes() {
-    let redis = RedisServer::start();
-    refused_once_max_wait_passes(Some(&redis)).await;
-}
+crate::each_store!(
+    a_waiting_request_is_refused_with_retry_after_once_max_wait_passes,
+    refused_once_max_wait_passes
+);
 
 async fn one_past_max_waiting_is_refused_at_once(redis: Option<&RedisServer>) {
     let upstream = InFlightUpstream::start().await;
@@ -537,16 +501,10 @@ async fn one_past_max_waiting_is_refused_at_once(redis: Option<&RedisServer>) {
     assert_eq!(upstream.most_in_flight(), 1);
 }
 
-#[tokio::test]
-async fn in_memory_one_request_past_max_waiting_is_refused_at_once() {
-    one_past_max_waiting_is_refused_at_once(None).await;
-}
-
-#[tokio::test]
-async fn on_redis_one_request_past_max_waiting_is_refused_at_once() {
-    let redis = RedisServer::start();
-    one_past_max_waiting_is_refused_at_once(Some(&redis)).await;
-}
+crate::each_store!(
+    one_request_past_max_waiting_is_refused_at_once,
+    one_past_max_waiting_is_refused_at_once
+);
 
 async fn a_waiter_whose_client_left_takes_no_slot(redis: Option<&RedisServer>) {
     let upstream = InFlightUpstream::start().await;
@@ -572,16 +530,10 @@ async fn a_waiter_whose_client_left_takes_no_slot(redis: Option<&RedisServer>) {
     assert!(admitted_again(gateway).await, "no slot left taken");
 }
 
-#[tokio::test]
-async fn in_memory_a_waiting_request_whose_client_left_takes_no_slot() {
-    a_waiter_whose_client_left_takes_no_slot(None).await;
-}
-
-#[tokio::test]
-async fn on_redis_a_waiting_request_whose_client_left_takes_no_slot() {
-    let redis = RedisServer::start();
-    a_waiter_whose_client_left_takes_no_slot(Some(&redis)).await;
-}
+crate::each_store!(
+    a_waiting_request_whose_client_left_takes_no_slot,
+    a_waiter_whose_client_left_takes_no_slot
+);
 
 /// Sixty requests at once from one client, over two gateways on Redis, each held a moment at the upstream: all
 /// wait their turn and are admitted, never more than `max` at the upstream at once.
@@ -611,16 +563,10 @@ async fn queued_requests_never_exceed_max(redis: Option<&RedisServer>) {
     );
 }
 
-#[tokio::test]
-async fn in_memory_queued_requests_never_put_more_than_max_at_the_upstream() {
-    queued_requests_never_exceed_max(None).await;
-}
-
-#[tokio::test]
-async fn on_redis_queued_requests_never_put_more_than_max_at_the_upstream_from_two_gateways() {
-    let redis = RedisServer::start();
-    queued_requests_never_exceed_max(Some(&redis)).await;
-}
+crate::each_store!(
+    queued_requests_never_put_more_than_max_at_the_upstream,
+    queued_requests_never_exceed_max
+);
 
 #[tokio::test]
 async fn on_redis_a_release_on_one_gateway_wakes_a_request_waiting_on_another() {
@@ -690,16 +636,10 @@ async fn waiting_takes_nothing_from_rate_limits(redis: Option<&RedisServer>) {
     assert_eq!(send("b", "/quick").await, 429);
 }
 
-#[tokio::test]
-async fn in_memory_a_waiting_request_takes_nothing_from_rate_limits_until_admitted() {
-    waiting_takes_nothing_from_rate_limits(None).await;
-}
-
-#[tokio::test]
-async fn on_redis_a_waiting_request_takes_nothing_from_rate_limits_until_admitted() {
-    let redis = RedisServer::start();
-    waiting_takes_nothing_from_rate_limits(Some(&redis)).await;
-}
+crate::each_store!(
+    a_waiting_request_takes_nothing_from_rate_limits_until_admitted,
+    waiting_takes_nothing_from_rate_limits
+);
 
 #[tokio::test]
 async fn on_redis_waiting_requests_are_woken_across_gateways_again_after_redis_restarts() {
@@ -975,16 +915,10 @@ async fn a_plans_queue_spans_routes(redis: Option<&RedisServer>) {
     assert_eq!(send("/chat/quick").await, 429);
 }
 
-#[tokio::test]
-async fn in_memory_a_plans_queued_slot_is_waited_for_across_routes_and_rates_count_once() {
-    a_plans_queue_spans_routes(None).await;
-}
-
-#[tokio::test]
-async fn on_redis_a_plans_queued_slot_is_waited_for_across_routes_and_rates_count_once() {
-    let redis = RedisServer::start();
-    a_plans_queue_spans_routes(Some(&redis)).await;
-}
+crate::each_store!(
+    a_plans_queued_slot_is_waited_for_across_routes_and_rates_count_once,
+    a_plans_queue_spans_routes
+);
 
 /// Redis goes away while a request waits: its next ask (a third of its lease later) is decided by `on_error`.
 async fn redis_gone_while_waiting(on_error: &str) -> (u16, usize) {

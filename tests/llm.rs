@@ -388,16 +388,10 @@ fn reported(upstream: &LlmUpstream) -> u64 {
         .sum()
 }
 
-#[tokio::test]
-async fn reported_usage_never_exceeds_the_limit_in_memory() {
-    reported_usage_stays_within_the_limit(None).await;
-}
-
-#[tokio::test]
-async fn reported_usage_never_exceeds_the_limit_across_two_gateways_on_redis() {
-    let redis = RedisServer::start();
-    reported_usage_stays_within_the_limit(Some(&redis)).await;
-}
+crate::each_store!(
+    reported_usage_never_exceeds_the_limit,
+    reported_usage_stays_within_the_limit
+);
 
 /// With an upstream that spends more than reserved, the overshoot is the debt, and the next request waits exactly
 /// until it is paid.
@@ -434,16 +428,10 @@ async fn an_overspend_is_a_debt_the_next_request_waits_for(redis: Option<&RedisS
     assert_eq!(body["error"]["limit"], "out");
 }
 
-#[tokio::test]
-async fn an_overspend_is_a_debt_in_memory() {
-    an_overspend_is_a_debt_the_next_request_waits_for(None).await;
-}
-
-#[tokio::test]
-async fn an_overspend_is_a_debt_across_two_gateways_on_redis() {
-    let redis = RedisServer::start();
-    an_overspend_is_a_debt_the_next_request_waits_for(Some(&redis)).await;
-}
+crate::each_store!(
+    an_overspend_is_a_debt,
+    an_overspend_is_a_debt_the_next_request_waits_for
+);
 
 /// An answer that spent more than its reservation leaves the key in debt, and the admin API shows it as used past
 /// the capacity (363 of 300), on every algorithm that counts tokens: the route's limits and the consumer's plan.
@@ -519,16 +507,10 @@ routes:
     assert_eq!(daily["owed"], 63, "{daily}");
 }
 
-#[tokio::test]
-async fn the_admin_api_shows_a_debt_in_memory() {
-    the_admin_api_shows_a_debt_as_used_past_the_capacity(None).await;
-}
-
-#[tokio::test]
-async fn the_admin_api_shows_a_debt_on_redis() {
-    let redis = RedisServer::start();
-    the_admin_api_shows_a_debt_as_used_past_the_capacity(Some(&redis)).await;
-}
+crate::each_store!(
+    the_admin_api_shows_a_debt,
+    the_admin_api_shows_a_debt_as_used_past_the_capacity
+);
 
 #[tokio::test]
 async fn an_answer_that_used_less_leaves_the_rest_on_every_algorithm() {
@@ -1126,16 +1108,10 @@ async fn json_bodies_are_bounded_whatever_their_label(redis: Option<&RedisServer
     settles_to(&admin, "tpm", left).await;
 }
 
-#[tokio::test]
-async fn json_bodies_are_bounded_whatever_their_label_in_memory() {
-    json_bodies_are_bounded_whatever_their_label(None).await;
-}
-
-#[tokio::test]
-async fn json_bodies_are_bounded_whatever_their_label_across_two_gateways_on_redis() {
-    let redis = RedisServer::start();
-    json_bodies_are_bounded_whatever_their_label(Some(&redis)).await;
-}
+crate::each_store!(
+    json_bodies_are_bounded_whatever_their_label,
+    json_bodies_are_bounded_whatever_their_label
+);
 
 /// Leaving early is not cheap: 15 clients each read the first event of a stream and leave before its usage; the
 /// upstream sends the rest only once they are gone (a concurrency limit's `tollgate_in_flight` says when), and
@@ -1353,16 +1329,10 @@ async fn only_endpoints_with_a_bound_are_rewritten_and_reserve_it(redis: Option<
     settles_to(&admin, "anthropic/tpm", anthropic_left - 50).await;
 }
 
-#[tokio::test]
-async fn only_endpoints_with_a_bound_are_rewritten_and_reserve_it_in_memory() {
-    only_endpoints_with_a_bound_are_rewritten_and_reserve_it(None).await;
-}
-
-#[tokio::test]
-async fn only_endpoints_with_a_bound_are_rewritten_and_reserve_it_across_two_gateways_on_redis() {
-    let redis = RedisServer::start();
-    only_endpoints_with_a_bound_are_rewritten_and_reserve_it(Some(&redis)).await;
-}
+crate::each_store!(
+    only_endpoints_with_a_bound_are_rewritten_and_reserve_it,
+    only_endpoints_with_a_bound_are_rewritten_and_reserve_it
+);
 
 /// `usage.endpoints` replaces the defaults: with `[/embeddings]`, chat completions pass as sent (uncapped) and
 /// reserve their bytes alone, and embeddings are bounded.
@@ -1576,13 +1546,7 @@ async fn refusals_speak_the_providers_dialect(redis: Option<&RedisServer>) {
     );
 }
 
-#[tokio::test]
-async fn refusals_speak_the_providers_dialect_in_memory() {
-    refusals_speak_the_providers_dialect(None).await;
-}
-
-#[tokio::test]
-async fn refusals_speak_the_providers_dialect_on_redis() {
-    let redis = RedisServer::start();
-    refusals_speak_the_providers_dialect(Some(&redis)).await;
-}
+crate::each_store!(
+    refusals_speak_the_providers_dialect,
+    refusals_speak_the_providers_dialect
+);

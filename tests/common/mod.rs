@@ -9,6 +9,7 @@ pub mod http_client;
 pub mod in_flight;
 pub mod jwt;
 pub mod llm_upstream;
+pub mod matrix;
 pub mod pki;
 pub mod raw_upstream;
 pub mod redis;
