@@ -28,7 +28,8 @@
 //! }
 //! ```
 //!
-//! The modules, from the outside in: [`gateway`] (the listener, then admission, then the route's action),
+//! The modules, from the outside in: [`server`] (listeners and connections, each request handed to one handler),
+//! [`gateway`] (the request path: admission, then the route's action),
 //! [`layer`] (admission in front of any tower service), [`routing`] (the canonical request and the route table),
 //! [`admission`] (the one request path both share: allowlist, keys, one limiter call, refusals, delays, fields),
 //! [`key`] (client addresses and limiting keys), [`limiter`] (the algorithms and the Redis and in-process stores,

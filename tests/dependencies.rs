@@ -209,3 +209,21 @@ fn no_modules_of_src_use_each_other_in_a_cycle() {
         visit(name, &uses, &mut Vec::new(), &mut done);
     }
 }
+
+/// The connections know nothing of the request path: `server` names no other module of src/ (routes, keys, limits,
+/// consumers, the config, admission, the gateway, the rate limit service) nor the limiter crate. Its one seam is
+/// the handler it is given. Were anything ever unavoidable it would be proxy's body or tunnel types; neither is
+/// needed: the handler wraps the request body itself, and a tunnel's drain hold is a bare `watch` receiver.
+#[test]
+fn the_server_uses_no_other_module_of_src() {
+    let graph = module_graph();
+    let (_, uses) = graph
+        .iter()
+        .find(|(module, _)| module == "server")
+        .expect("src/server is a module of src/");
+    assert!(uses.is_empty(), "src/server uses {uses:?}");
+    let code = code_under("", &["src/server"]);
+    for limiter in ["crate::limiter", "tollgate_limiter"] {
+        assert!(!names_crate(&code, limiter), "src/server uses {limiter}");
+    }
+}

@@ -169,8 +169,10 @@ impl Gateway {
     #[cold]
     #[inline(never)]
     fn hold_tunnel(&self, request: &mut Request<Body>) {
-        if let Some(hold) = self.shutdown.tunnel_hold() {
-            request.extensions_mut().insert(hold);
+        if let Some(hold) = self.shutdown.drain_hold() {
+            request
+                .extensions_mut()
+                .insert(crate::proxy::TunnelHold::new(hold));
         }
     }
 
@@ -351,7 +353,7 @@ impl Gateway {
 ///
 /// Not an `async fn`, which would keep a second copy of the request in its future (see `Policy::serve`).
 #[allow(clippy::manual_async_fn)]
-pub(crate) fn handle_on<G, B, P>(
+pub(super) fn handle_on<G, B, P>(
     gateway: Option<G>,
     request: Request<B>,
     peer: SocketAddr,

@@ -3,12 +3,12 @@
 mod compiled;
 mod handler;
 mod responses;
+mod serve;
 #[cfg(test)]
 mod tests;
 mod usage;
 
-pub use crate::server::{serve, ServeError};
 pub use compiled::CompiledConfig;
-pub(crate) use handler::handle_on;
 pub use handler::{Gateway, RequestView};
 pub use responses::readiness;
+pub use serve::serve;

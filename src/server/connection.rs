@@ -1,5 +1,5 @@
-//! The HTTP listener: accepts connections, applies the server limits, serves HTTP/1.1 (with WebSocket upgrades) and
-//! h2c, and drains in-flight requests on shutdown.
+//! One connection, from its opening to its close: told HTTP/2 from HTTP/1.1 by its first bytes, served by hyper
+//! under its clocks, each request held to the largest head and handed to the handler.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -8,129 +8,30 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use thiserror::Error;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
-use super::descriptors::{connection_error, out_of_descriptors, Exhaustion};
-use super::drain::{Drain, DrainWatcher};
+use super::drain::DrainWatcher;
 use super::h2_clock::{Activity, HeaderClock, IdleClosing, Tracked};
+use super::handler::BoxError;
 use super::http1::Http1Connection;
 use super::idle::ConnectionClock;
-use crate::config::ServerSettings;
-use crate::gateway::{handle_on, Gateway};
-use crate::proxy::ClientBody;
-
-/// Why serving stopped with an error.
-#[derive(Debug, Error)]
-pub enum ServeError {
-    /// In-flight requests did not finish within the grace period.
-    #[error("{0} connections still open after the shutdown grace period")]
-    GraceExpired(usize),
-}
-
-/// Serves `gateway` on `listener` until `shutdown` completes, then stops accepting and gives in-flight requests
-/// up to `settings.shutdown_grace` to finish.
-pub async fn serve(
-    listener: TcpListener,
-    gateway: Arc<Gateway>,
-    settings: &ServerSettings,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), ServeError> {
-    let builders = Arc::new(Builders::new(settings));
-    let drain = Drain::new();
-    gateway.shutdown().count(&drain);
-    tokio::pin!(shutdown);
-
-    let mut exhausted: Option<Exhaustion> = None;
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => {
-                    if let Some(episode) = exhausted.take() {
-                        episode.end();
-                    }
-                    accepted
-                }
-                Err(error) => {
-                    // Out of file descriptors: keep serving the connections we have, and back off (logged once
-                    // per episode) rather than spin on accepts that fail.
-                    let pause = if out_of_descriptors(&error) {
-                        match &mut exhausted {
-                            Some(episode) => episode.again(),
-                            None => exhausted.insert(Exhaustion::begin(&error)).pause(),
-                        }
-                    } else if connection_error(&error) {
-                        continue;
-                    } else {
-                        tracing::warn!(%error, "accept failed");
-                        Duration::from_millis(50)
-                    };
-                    tokio::select! {
-                        () = tokio::time::sleep(pause) => continue,
-                        () = &mut shutdown => break,
-                    }
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        let _ = stream.set_nodelay(true);
-        tokio::spawn(serve_connection(
-            stream,
-            peer,
-            gateway.clone(),
-            builders.clone(),
-            drain.watcher(),
-            settings.header_read_timeout,
-        ));
-    }
-
-    drop(listener);
-    let open = drain.open();
-    tracing::info!(
-        connections = open,
-        grace = ?settings.shutdown_grace,
-        "listener closed: in-flight requests get the grace period"
-    );
-    let finished = tokio::select! {
-        // The connections first: a cut (a second signal) with none left open cuts nothing.
-        biased;
-        finished = tokio::time::timeout(settings.shutdown_grace, drain.shutdown()) => finished.is_ok(),
-        () = gateway.shutdown().cut_requested() => false,
-    };
-    if finished {
-        tracing::info!(connections = open, "drained: every connection finished");
-        return Ok(());
-    }
-    let cut = drain.open();
-    tracing::warn!(
-        finished = open - cut.min(open),
-        cut,
-        "drain ended with connections still open: they are cut"
-    );
-    Err(ServeError::GraceExpired(cut))
-}
-
-/// What `auto` connections end with.
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use super::{Handler, Settings};
 
 /// The HTTP/2 connection preface, with which an h2c (prior knowledge) client opens its connection.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// The two ways a connection is served, built once.
-struct Builders {
-    /// `server.max_header_bytes`, held against every parsed request head.
+pub(super) struct Builders {
+    /// The largest request head, held against every parsed one.
     max_header_bytes: usize,
-    /// `server.keepalive_timeout` and `server.header_read_timeout`, for each HTTP/1.1 connection's clock.
+    /// For each connection's clocks.
     keepalive_timeout: Duration,
     header_read_timeout: Duration,
-    /// `server.body_read_timeout`, for each request body.
-    body_read_timeout: Duration,
     /// For connections whose first bytes are not the HTTP/2 preface: nearly all of them. Its timer is each
     /// connection's own clock (`idle`).
     http1: http1::Builder,
@@ -140,7 +41,7 @@ struct Builders {
 
 impl Builders {
     /// Both with the server's limits; `auto` repeats the HTTP/1 ones for the connections it serves over HTTP/1.1.
-    fn new(settings: &ServerSettings) -> Self {
+    pub(super) fn new(settings: &Settings) -> Self {
         let mut http1 = http1::Builder::new();
         http1
             .header_read_timeout(settings.header_read_timeout)
@@ -157,7 +58,6 @@ impl Builders {
             max_header_bytes: settings.max_header_bytes,
             keepalive_timeout: settings.keepalive_timeout,
             header_read_timeout: settings.header_read_timeout,
-            body_read_timeout: settings.body_read_timeout,
             http1,
             auto,
         }
@@ -195,32 +95,25 @@ async fn sniff(stream: &TcpStream, within: Duration) -> Opening {
 /// HTTP/1.1 connections are served by hyper's HTTP/1 connection directly rather than by `auto`, whose one future
 /// holds both protocols: its poll, run at every wake-up of the connection, reserved a 23 KB stack frame for the
 /// HTTP/2 side and touched every page of it. The opening is peeked at, not read, so nothing needs replaying.
-async fn serve_connection(
+pub(super) async fn serve_connection<H: Handler>(
     stream: TcpStream,
     peer: SocketAddr,
-    gateway: Arc<Gateway>,
+    handler: H,
     builders: Arc<Builders>,
     watcher: DrainWatcher,
     header_read_timeout: Duration,
 ) {
     let accepted = std::time::Instant::now();
     let opening = sniff(&stream, header_read_timeout).await;
-    let (max_header_bytes, body_read_timeout) =
-        (builders.max_header_bytes, builders.body_read_timeout);
+    let max_header_bytes = builders.max_header_bytes;
     // Nothing in this closure but what every request needs: the future it returns is built in place in the
-    // connection only while the closure stays this small (a WebSocket handshake's drain hold is taken in
-    // `Gateway::handle`; here it made every request copy its future once more).
+    // connection only while the closure stays this small (a WebSocket handshake's drain hold is taken by the
+    // handler; here it made every request copy its future once more).
     let service = service_fn(move |request: hyper::Request<Incoming>| {
-        // No gateway for a head over the limit. Nothing else is captured for it: the future is moved into the
+        // No handler for a head over the limit. Nothing else is captured for it: the future is moved into the
         // connection once per request, and each byte more in it is copied every time.
-        let gateway = (head_bytes(&request) <= max_header_bytes).then(|| gateway.clone());
-        // The body's errors are marked as the client's, so that they are never taken for an upstream failure, and
-        // its reading is held to `server.body_read_timeout`. Wrapped inside the future: a request made here and
-        // moved in would be copied with the future where it is built.
-        let prepare = move |request: hyper::Request<Incoming>| {
-            request.map(|body| Body::new(ClientBody::new(body, body_read_timeout)))
-        };
-        handle_on(gateway, request, peer, prepare)
+        let handler = (head_bytes(&request) <= max_header_bytes).then(|| handler.clone());
+        H::handle(handler, request, peer)
     });
     let result = match opening {
         Opening::Http1 => {
@@ -280,7 +173,7 @@ fn head_bytes<B>(request: &hyper::Request<B>) -> usize {
 /// it has had no request in flight for `keepalive_timeout`. Boxed and out of line, so that its poll stays out of the
 /// HTTP/1 connections' one.
 #[inline(never)]
-fn serve_auto<S>(
+fn serve_auto<S, B>(
     builders: &Builders,
     stream: HeaderClock<TcpStream>,
     service: S,
@@ -289,10 +182,11 @@ fn serve_auto<S>(
 where
     S: hyper::service::Service<
             hyper::Request<Incoming>,
-            Response = http::Response<Body>,
+            Response = http::Response<B>,
             Error = Infallible,
         > + Send
         + 'static,
+    B: http_body::Body<Data = bytes::Bytes, Error: Into<BoxError>> + Send + Unpin + 'static,
     S::Future: Send + 'static,
 {
     let activity = Activity::new();

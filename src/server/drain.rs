@@ -37,10 +37,10 @@ impl Drain {
         }
     }
 
-    /// A hold for a WebSocket tunnel, which the server waits for as for a connection until it is dropped: a tunnel
-    /// outlives the connection it came from.
-    pub(super) fn tunnel_hold(signal: &watch::Sender<()>) -> crate::proxy::TunnelHold {
-        crate::proxy::TunnelHold::new(signal.subscribe())
+    /// A hold on the drain counted by `signal` (a WebSocket tunnel's), which the server waits for as for a
+    /// connection until it is dropped: a tunnel outlives the connection it came from.
+    pub(super) fn hold(signal: &watch::Sender<()>) -> watch::Receiver<()> {
+        signal.subscribe()
     }
 
     /// What counts the connections being served (their number is its receivers'), for [`super::Shutdown`].
@@ -127,7 +127,7 @@ mod tests {
     async fn a_tunnel_s_hold_outlives_its_connection_and_shutdown_waits_for_it() {
         let drain = Drain::new();
         let watcher = drain.watcher();
-        let hold = Drain::tunnel_hold(&drain.counter());
+        let hold = Drain::hold(&drain.counter());
         // The connection ends at the upgrade; its tunnel goes on.
         watcher.watch(std::pin::pin!(async {}), |_| {}).await;
         assert_eq!(drain.open(), 1, "the tunnel counts as open");

@@ -5,10 +5,15 @@ mod connection;
 mod descriptors;
 mod drain;
 mod h2_clock;
+mod handler;
 mod http1;
 mod idle;
+mod listener;
+mod settings;
 mod shutdown;
 
-pub use connection::{serve, ServeError};
 pub use descriptors::{AdminListener, Reserve, ADMIN_RESERVE};
+pub use handler::{BoxError, Handler};
+pub use listener::{serve, ServeError};
+pub use settings::Settings;
 pub use shutdown::Shutdown;

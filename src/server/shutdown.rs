@@ -8,7 +8,7 @@ use tokio::sync::{watch, Notify};
 
 use super::drain::Drain;
 
-/// Where the gateway stands in its shutdown.
+/// Where the gateway stands in its shutdown: one per gateway, shared by the servers that serve it.
 #[derive(Debug, Default)]
 pub struct Shutdown {
     draining: AtomicBool,
@@ -42,9 +42,10 @@ impl Shutdown {
     }
 
     /// A hold for a WebSocket tunnel being opened, which the first server's drain waits for until it is dropped
-    /// (`None` when no server runs: the gateway serves through another front, tests or a layer).
-    pub(crate) fn tunnel_hold(&self) -> Option<crate::proxy::TunnelHold> {
-        self.servers.lock().first().map(Drain::tunnel_hold)
+    /// (`None` when no server runs: the handler serves through another front, tests or a layer). A bare receiver,
+    /// never read: what holds it (proxy's tunnel) need not know the server.
+    pub fn drain_hold(&self) -> Option<watch::Receiver<()>> {
+        self.servers.lock().first().map(Drain::hold)
     }
 
     /// The connections open now on every server of this gateway, WebSocket tunnels included.

@@ -1,0 +1,74 @@
+//! The gateway on a listener: `server`'s connections, each request handed to the gateway's request path.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use tokio::net::TcpListener;
+
+use super::handler::handle_on;
+use super::Gateway;
+use crate::config::ServerSettings;
+use crate::proxy::ClientBody;
+use crate::server::{self, ServeError};
+
+/// Serves `gateway` on `listener` until `shutdown` completes, then stops accepting and gives in-flight requests
+/// up to `settings.shutdown_grace` to finish.
+pub async fn serve(
+    listener: TcpListener,
+    gateway: Arc<Gateway>,
+    settings: &ServerSettings,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let connections = server::Settings {
+        header_read_timeout: settings.header_read_timeout,
+        keepalive_timeout: settings.keepalive_timeout,
+        max_header_bytes: settings.max_header_bytes,
+        shutdown_grace: settings.shutdown_grace,
+    };
+    let served = Served {
+        gateway: Arc::clone(&gateway),
+        body_read_timeout: settings.body_read_timeout,
+    };
+    server::serve(listener, served, &connections, gateway.shutdown(), shutdown).await
+}
+
+/// The gateway as the server's handler: with `server.body_read_timeout`, which each request's body is held to.
+#[derive(Debug, Clone)]
+struct Served {
+    gateway: Arc<Gateway>,
+    body_read_timeout: Duration,
+}
+
+impl server::Handler for Served {
+    type Body = Body;
+
+    /// The gateway's request future itself (see `handle_on`), with the body prepared inside it.
+    #[inline]
+    fn handle(
+        served: Option<Self>,
+        request: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> impl Future<Output = Result<Response<Body>, Infallible>> + Send + 'static {
+        let (gateway, body_read_timeout) = match served {
+            Some(Served {
+                gateway,
+                body_read_timeout,
+            }) => (Some(gateway), body_read_timeout),
+            // A head over the limit: its body is never read.
+            None => (None, Duration::ZERO),
+        };
+        // The body's errors are marked as the client's, so that they are never taken for an upstream failure, and
+        // its reading is held to `server.body_read_timeout`. Wrapped inside the future: a request made here and
+        // moved in would be copied with the future where it is built.
+        let prepare = move |request: Request<Incoming>| {
+            request.map(|body| Body::new(ClientBody::new(body, body_read_timeout)))
+        };
+        handle_on(gateway, request, peer, prepare)
+    }
+}
