@@ -4,10 +4,11 @@
 //! the fields of an admitted response and the work kept for after the answer ([`AnswerGuard`]).
 
 mod after_answer;
+mod check;
 mod counters;
 mod dialect;
 mod headers;
-mod held;
+mod identify;
 mod limits;
 mod policy;
 mod queue;
@@ -17,6 +18,7 @@ mod serve;
 mod settle;
 mod slots;
 mod tokens;
+mod wait;
 
 /// A limit with its key spec, as admission takes it (the key module's type, named here too).
 pub use crate::key::LimitSettings;

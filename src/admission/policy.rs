@@ -2,23 +2,21 @@
 //! an admitted response carries. The gateway's routes and the tower layer both call it, so that a capability
 //! added here (an allowlist, a header, consumers) reaches both at once and they never decide a request apart.
 
-use std::future::Future;
 use std::net::IpAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use http::{HeaderMap, HeaderValue, Request};
 use ipnet::IpNet;
 
 use super::after_answer::{AfterAnswer, AnswerGuard};
-use super::held::Held;
-use super::limits::{Checked, LimitRequest, LimitSet, NotChecked, Replaced};
-use super::queue::{wait_for_slot, Waited};
+use super::check::check;
+use super::limits::{Checked, LimitRequest, LimitSet, Replaced};
 use super::refusal::Refusal;
 use super::settle::StatusSettlement;
 use super::slots::{Both, HeldSlots};
 use super::tokens::{Reserve, RouteUsage};
+use super::wait::hold_for_delay;
 use crate::consumers::{Caller, CallerRefusal, ConsumerMode, Consumers};
 use crate::key::{AmbiguousKey, RequestFacts};
 use crate::limiter::RateLimiter;
@@ -42,46 +40,6 @@ pub struct Policy {
     usage: Option<Arc<RouteUsage>>,
 }
 
-/// The wait for a slot of a request `checked` refused, when only slots it may wait for are wanting (boxed: only a
-/// request that waits pays for its future); else the refusal as it stands. Only a route with a concurrency limit
-/// looks.
-#[allow(clippy::type_complexity)]
-fn wait_if_queued<'a, R: Reserve + 'a>(
-    limiter: &'a RateLimiter,
-    limits: &'a LimitSet,
-    facts: &'a RequestFacts<'a>,
-    reserve: R,
-    checked: Checked,
-) -> Result<Pin<Box<dyn Future<Output = Waited> + Send + 'a>>, Checked> {
-    let refusal = match limits.holds_slots() {
-        true => limits.queued_refusal(&checked),
-        false => None,
-    };
-    match refusal {
-        Some(refusal) => Ok(Box::pin(wait_for_slot(
-            limiter, limits, facts, reserve, checked, refusal,
-        ))),
-        None => Err(checked),
-    }
-}
-
-/// The refusal of a request the limiter did not decide.
-fn not_checked(error: NotChecked) -> Admission {
-    Admission::Refused(match error {
-        NotChecked::Ambiguous(_) => Refusal::AmbiguousKey,
-        NotChecked::Unavailable(error) => Refusal::Unavailable(error),
-        NotChecked::TooLarge {
-            limit,
-            reserved,
-            capacity,
-        } => Refusal::ReservationTooLarge {
-            limit,
-            reserved,
-            capacity,
-        },
-    })
-}
-
 /// Makes the [`AfterAnswer`] work of one admitted request.
 #[cfg(test)]
 #[derive(Clone)]
@@ -96,9 +54,9 @@ impl std::fmt::Debug for AfterAnswerMaker {
 
 /// How a route treats callers (see docs/configuration.md, "Consumers and plans").
 #[derive(Debug, Clone)]
-struct PolicyConsumers {
-    mode: ConsumerMode,
-    consumers: Arc<Consumers>,
+pub(super) struct PolicyConsumers {
+    pub(super) mode: ConsumerMode,
+    pub(super) consumers: Arc<Consumers>,
     /// Per plan (indexed as [`Consumers::plans`]): the route's limits followed by the plan's.
     with_plan: Vec<LimitSet>,
 }
@@ -224,44 +182,9 @@ impl Policy {
         if self.is_exempt(facts.client_ip) {
             return Admission::Exempt;
         }
-        // Boxed, and only on routes that identify callers: a route without consumers carries no room for one.
-        let caller = match self.identifying() {
-            None => None,
-            Some(policy) => {
-                let consumers = &policy.consumers;
-                let failures = consumers.failures();
-                // An address past its failed credentials has its credentials refused unchecked.
-                if let Some(wait) = failures
-                    .and_then(|f| f.blocked_for(facts.client_ip, facts.ipv6_prefix))
-                    .filter(|_| consumers.presents_credential(facts))
-                {
-                    return Admission::Refused(Refusal::TooManyFailedCredentials { wait });
-                }
-                match consumers.identify(facts, policy.mode) {
-                    Ok(caller) => Some(Box::new(caller)),
-                    Err(refusal) => {
-                        if let (CallerRefusal::Invalid { .. }, Some(failures)) =
-                            (&refusal, failures)
-                        {
-                            // Boxed: only a failure pays for the count's future.
-                            let counted = Box::pin(failures.count(
-                                limiter,
-                                facts.client_ip,
-                                facts.ipv6_prefix,
-                            ));
-                            if let Some(wait) = counted.await {
-                                return Admission::Refused(Refusal::TooManyFailedCredentials {
-                                    wait,
-                                });
-                            }
-                        }
-                        return Admission::Refused(match refusal {
-                            CallerRefusal::Ambiguous => Refusal::AmbiguousKey,
-                            refusal => Refusal::Caller(refusal),
-                        });
-                    }
-                }
-            }
+        let caller = match self.identify(limiter, facts).await {
+            Ok(caller) => caller,
+            Err(refusal) => return Admission::Refused(refusal),
         };
         let limits = self.limits_for(caller.as_deref());
         let identified;
@@ -276,62 +199,47 @@ impl Policy {
                 (&identified, replaced)
             }
         };
-        // A moment before the decision, for the give-backs settled after the answer: they land on its windows (a
-        // time never later than the decision's, see `StatusSettlement`).
-        let settles_tokens = reserve.get().is_some() && limits.counts_tokens();
-        let asked = (limits.counts_statuses() || settles_tokens).then(Instant::now);
-        let checked = match limits
-            .check(
-                limiter,
-                LimitRequest {
-                    facts,
-                    replaced,
-                    reserve,
-                },
-            )
-            .await
-        {
+        let plan = caller.as_deref().and_then(|caller| caller.plan);
+        let request = LimitRequest {
+            facts,
+            replaced,
+            reserve,
+        };
+        let (checked, asked) = match check(limiter, limits, request, plan).await {
             Ok(checked) => checked,
-            Err(error) => return not_checked(error),
+            Err(refusal) => return Admission::Refused(refusal),
         };
-        let (checked, asked) = if checked.outcome.allowed {
-            (checked, asked)
-        } else {
-            match wait_if_queued(limiter, limits, facts, reserve, checked) {
-                Err(checked) => {
-                    let plan = caller.as_deref().and_then(|caller| caller.plan);
-                    return Admission::Refused(Refusal::RateLimited { checked, plan });
-                }
-                Ok(waiting) => match waiting.await {
-                    // What is settled after the answer lands where the last ask did.
-                    Waited::Admitted(checked, at) => (checked, asked.map(|_| at)),
-                    Waited::Refused(checked) => {
-                        let plan = caller.as_deref().and_then(|caller| caller.plan);
-                        return Admission::Refused(Refusal::RateLimited { checked, plan });
-                    }
-                    Waited::Failed(error) => return not_checked(error),
-                },
-            }
-        };
-        let delay_ms = limits.delay_ms(&checked);
-        if delay_ms > 0 {
-            // Held, as nginx's limit_req holds: a client that leaves meanwhile gives its place back, so the queue
-            // moves on without it.
-            let taken = limits.taken(facts, &checked);
-            let held = Held::new(limiter.give_back(taken, checked.decided_by, Instant::now()));
-            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-            held.forwarded();
-        }
+        hold_for_delay(limiter, limits, facts, &checked).await;
+        let after = self.kept_for_after(limiter, limits, facts, &checked, asked, reserve);
+        Admission::Admitted(Admitted {
+            checked,
+            caller,
+            after,
+        })
+    }
+
+    /// The work an admitted request keeps for after its answer, when its limits keep any: the give-backs of
+    /// limits that count by status and of token reservations (asked at `asked`), and its concurrency slots.
+    fn kept_for_after<R: Reserve>(
+        &self,
+        limiter: &RateLimiter,
+        limits: &LimitSet,
+        facts: &RequestFacts<'_>,
+        checked: &Checked,
+        asked: Option<Instant>,
+        reserve: R,
+    ) -> Option<AnswerGuard> {
         // Boxed, and only on routes whose limits keep work for after the answer: one box for statuses and tokens.
+        let settles_tokens = reserve.get().is_some() && limits.counts_tokens();
         let mut after: Option<Box<dyn AfterAnswer>> = asked.and_then(|asked| {
             let giver = limiter.giver(checked.decided_by);
             let statuses = limits.counts_statuses().then(|| {
-                let taken = limits.taken_by_status(facts, &checked);
+                let taken = limits.taken_by_status(facts, checked);
                 StatusSettlement::new(giver.clone(), taken, asked)
             });
             match reserve.get() {
                 Some(reservation) if settles_tokens => {
-                    let taken = limits.taken_tokens(facts, &checked, reservation);
+                    let taken = limits.taken_tokens(facts, checked, reservation);
                     Some(
                         Box::new(reservation.settlement(giver, taken, asked, statuses))
                             as Box<dyn AfterAnswer>,
@@ -341,16 +249,11 @@ impl Policy {
             }
         });
         if limits.holds_slots() {
-            after = Some(self.hold_slots(limiter, limits, facts, &checked, after));
+            after = Some(self.hold_slots(limiter, limits, facts, checked, after));
         }
         #[cfg(test)]
         let after = after.or_else(|| self.after_answer.as_ref().map(|make| (make.0)()));
-        let after = after.map(AnswerGuard::new);
-        Admission::Admitted(Admitted {
-            checked,
-            caller,
-            after,
-        })
+        after.map(AnswerGuard::new)
     }
 
     /// The slots an admitted request took, to be released when its answer ends, beside the work `other` keeps for
@@ -446,7 +349,7 @@ impl Policy {
     }
 
     /// The consumers of a route that identifies callers.
-    fn identifying(&self) -> Option<&PolicyConsumers> {
+    pub(super) fn identifying(&self) -> Option<&PolicyConsumers> {
         self.consumers
             .as_ref()
             .filter(|policy| policy.mode != ConsumerMode::Off)

@@ -1,11 +1,34 @@
-//! A request held by a `leaky_bucket` in delay mode: if it never leaves the hold (its client went away, the
+//! Wait: a request held by a `leaky_bucket` in delay mode; if it never leaves the hold (its client went away, the
 //! connection closed), what it took is given back, as nginx's `limit_req` queue moves on without it.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use super::limits::{Checked, LimitSet};
+use crate::key::RequestFacts;
+use crate::limiter::RateLimiter;
+
+/// Holds an admitted request for as long as a `leaky_bucket` in delay mode asks (not at all elsewhere).
+pub(super) async fn hold_for_delay(
+    limiter: &RateLimiter,
+    limits: &LimitSet,
+    facts: &RequestFacts<'_>,
+    checked: &Checked,
+) {
+    let delay_ms = limits.delay_ms(checked);
+    if delay_ms > 0 {
+        // Held, as nginx's limit_req holds: a client that leaves meanwhile gives its place back, so the queue
+        // moves on without it.
+        let taken = limits.taken(facts, checked);
+        let held = Held::new(limiter.give_back(taken, checked.decided_by, Instant::now()));
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        held.forwarded();
+    }
+}
 
 /// Gives back a held request's place when dropped, unless [`forwarded`](Self::forwarded) said it left the hold.
-pub(super) struct Held {
+struct Held {
     give_back: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
@@ -14,14 +37,14 @@ pub(super) struct Held {
 impl Held {
     /// Holds `give_back` (what returns the place), to be run if the request is dropped while held. Boxed: only
     /// held requests pay for it.
-    pub(super) fn new(give_back: impl Future<Output = ()> + Send + 'static) -> Self {
+    fn new(give_back: impl Future<Output = ()> + Send + 'static) -> Self {
         Self {
             give_back: Some(Box::pin(give_back)),
         }
     }
 
     /// The request left the hold to be forwarded: its place stays taken.
-    pub(super) fn forwarded(mut self) {
+    fn forwarded(mut self) {
         self.give_back = None;
     }
 }
