@@ -2,6 +2,7 @@
 
 mod common;
 
+use common::config_builder::ConfigBuilder;
 use common::http_client::{client, json_answer};
 use common::redis::RedisServer;
 use common::{eventually, serve_admin, start_gateway};
@@ -9,22 +10,17 @@ use serde_json::Value;
 
 const TOKEN: &str = "s3cret-admin-token";
 
+/// A route `/demo` answering 200 itself, 3 a minute per client address, on `redis` or in memory.
 fn yaml(redis: Option<&RedisServer>) -> String {
-    let store = common::store_yaml(redis);
-    format!(
-        r#"store:
-{store}routes:
-  - name: demo
-    match: {{ path_prefix: /demo }}
-    respond: {{ status: 200 }}
-    limits:
-      - name: per-ip
-        key: ip
-        algorithm: sliding_log
-        limit: 3
-        period: 1m
-"#
-    )
+    ConfigBuilder::new()
+        .store(redis)
+        .route("demo", "/demo")
+        .limit(
+            "per-ip",
+            "ip",
+            "algorithm: sliding_log, limit: 3, period: 1m",
+        )
+        .build()
 }
 
 /// `GET /demo` on `gateway`'s status.

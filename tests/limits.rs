@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::config_builder::ConfigBuilder;
 use common::http_client::client;
 use common::redis::RedisServer;
 use common::upstream::Upstream;
@@ -38,21 +39,14 @@ async fn setup(store: Store, trusted: &str, limits: &str) -> Setup {
 }
 
 fn gateway_yaml(store: String, trusted: &str, upstream: &str, limits: &str) -> String {
-    format!(
-        r#"listen: 127.0.0.1:0
-store:
-{store}client_ip:
-  trusted_proxies: [{trusted}]
-upstreams:
-  backend:
-    targets: ["{upstream}"]
-routes:
-  - name: api
-    match: {{ path_prefix: /api }}
-    upstream: backend
-    limits:
-{limits}"#
-    )
+    ConfigBuilder::new()
+        .store_yaml(&store)
+        .top(&format!("client_ip:\n  trusted_proxies: [{trusted}]\n"))
+        .upstream("backend", upstream)
+        .route("api", "/api")
+        .to("backend")
+        .limits_yaml(limits)
+        .build()
 }
 
 /// Sends `n` GETs one after another; returns the statuses.

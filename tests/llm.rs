@@ -6,6 +6,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::config_builder::ConfigBuilder;
 use common::llm_upstream::LlmUpstream;
 use common::redis::RedisServer;
 use common::{eventually, gateways_sharing, serve_admin, start_gateway, store_yaml, TestGateway};
@@ -14,10 +15,14 @@ use serde_json::{json, Value};
 /// A config with one upstream at `upstream` and the route `chat` on `/`, with `usage` and `limits` (each written
 /// as a route's fields, indented by four spaces).
 fn config(redis: Option<&RedisServer>, upstream: &str, usage: &str, limits: &str) -> String {
-    format!(
-        "store:\n{}upstreams:\n  llm: {{ targets: [\"{upstream}\"] }}\nroutes:\n  - name: chat\n    match: {{ path_prefix: / }}\n    upstream: llm\n{usage}    limits:\n{limits}",
-        store_yaml(redis)
-    )
+    ConfigBuilder::new()
+        .store(redis)
+        .upstream("llm", upstream)
+        .route("chat", "/")
+        .to("llm")
+        .route_yaml(usage)
+        .limits_yaml(limits)
+        .build()
 }
 
 /// The usage block of an OpenAI route reserving `prompt` (a number or body_bytes) and the request's `max_tokens`
@@ -809,7 +814,7 @@ async fn a_100_mib_stream_passes_unbuffered_with_flat_memory_and_settles_its_las
         &openai("100"),
         &tokens_per_window("total_tokens", 1_000_000),
     );
-    let yaml = format!("listen: 127.0.0.1:0\nadmin:\n  listen: 127.0.0.1:0\n{yaml}");
+    let yaml = format!("admin:\n  listen: 127.0.0.1:0\n{yaml}");
     std::fs::write(&path, yaml).expect("config");
     let gateway = common::binary::Tollgate::run(&path);
     let pid = gateway.pid();

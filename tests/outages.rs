@@ -7,6 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::binary::Tollgate;
+use common::config_builder::ConfigBuilder;
 use common::http_client::{client, json_answer};
 use common::redis::RedisServer;
 use common::{
@@ -20,26 +21,23 @@ use tollgate::limiter::{Algorithm, Limit};
 /// Slack over the store timeout for a request on a loaded two-core machine.
 const SLACK: Duration = Duration::from_millis(700);
 
+/// A route `/demo` answering 200 itself, `limit` a minute per client address, on `redis` with `on_error` and a
+/// time budget of `timeout_ms`.
 fn yaml(redis: &RedisServer, on_error: &str, timeout_ms: u64, limit: u64) -> String {
-    format!(
-        r#"store:
-  backend: redis
-  url: {url}
-  timeout: {timeout_ms}ms
-  on_error: {on_error}
-routes:
-  - name: demo
-    match: {{ path_prefix: /demo }}
-    respond: {{ status: 200, body: "ok" }}
-    limits:
-      - name: per-ip
-        key: ip
-        algorithm: sliding_log
-        limit: {limit}
-        period: 1m
-"#,
-        url = redis.url()
-    )
+    let store = format!(
+        "  backend: redis\n  url: {}\n  timeout: {timeout_ms}ms\n  on_error: {on_error}\n",
+        redis.url()
+    );
+    ConfigBuilder::new()
+        .store_yaml(&store)
+        .route("demo", "/demo")
+        .respond(200, "ok")
+        .limit(
+            "per-ip",
+            "ip",
+            &format!("algorithm: sliding_log, limit: {limit}, period: 1m"),
+        )
+        .build()
 }
 
 /// Sends `n` requests one by one; returns (status, latency) of each.

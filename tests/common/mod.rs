@@ -4,6 +4,7 @@
 pub mod binary;
 pub mod clock;
 pub mod cluster;
+pub mod config_builder;
 pub mod h2;
 pub mod http_client;
 pub mod in_flight;
