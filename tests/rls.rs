@@ -300,20 +300,22 @@ fn every_algorithm_to_lower() -> String {
     )
 }
 
-#[tokio::test]
-async fn hits_addend_zero_takes_nothing_and_is_refused_only_over_the_limit_on_redis() {
-    let redis = RedisServer::start();
-    hits_addend_zero_takes_nothing(&on_redis(&redis, &every_algorithm_to_lower())).await;
+/// The rate limit service with `domains` on `redis`, or in memory.
+fn on_store(redis: Option<&RedisServer>, domains: &str) -> String {
+    match redis {
+        Some(redis) => on_redis(redis, domains),
+        None => format!("store:\n  backend: memory\nrls:\n  listen: 127.0.0.1:0\n{domains}"),
+    }
 }
 
-#[tokio::test]
-async fn hits_addend_zero_takes_nothing_and_is_refused_only_over_the_limit_in_memory() {
-    let yaml = format!(
-        "store:\n  backend: memory\nrls:\n  listen: 127.0.0.1:0\n{}",
-        every_algorithm_to_lower()
-    );
-    hits_addend_zero_takes_nothing(&yaml).await;
+async fn hits_addend_zero_on_every_algorithm(redis: Option<&RedisServer>) {
+    hits_addend_zero_takes_nothing(&on_store(redis, &every_algorithm_to_lower())).await;
 }
+
+crate::each_store!(
+    hits_addend_zero_takes_nothing_and_is_refused_only_over_the_limit,
+    hits_addend_zero_on_every_algorithm
+);
 
 #[tokio::test]
 async fn hits_addend_zero_on_a_redis_that_fails_follows_on_error() {
@@ -1036,7 +1038,7 @@ const COPIES: &str = r#"  domains:
 "#;
 
 fn copies_in_memory() -> String {
-    format!("store:\n  backend: memory\nrls:\n  listen: 127.0.0.1:0\n{COPIES}")
+    on_store(None, COPIES)
 }
 
 /// The remaining counts of `answer`'s statuses, in order.
@@ -1048,8 +1050,8 @@ fn remaining(
 
 /// The same descriptor N times in one request costs N times its hits on one key, all or nothing, with a status
 /// per copy.
-async fn copies_are_each_charged(yaml: &str) {
-    let rls = start_rls(yaml).await;
+async fn copies_are_each_charged(redis: Option<&RedisServer>) {
+    let rls = start_rls(&on_store(redis, COPIES)).await;
     let mut client = rls.client().await;
     let copies = |value: &str, n: usize, hits: u64| {
         request(
@@ -1074,21 +1076,15 @@ async fn copies_are_each_charged(yaml: &str) {
     assert_eq!(once.overall_code, OVER_LIMIT);
 }
 
-#[tokio::test]
-async fn copies_of_a_descriptor_are_each_charged_on_redis() {
-    let redis = RedisServer::start();
-    copies_are_each_charged(&on_redis(&redis, COPIES)).await;
-}
-
-#[tokio::test]
-async fn copies_of_a_descriptor_are_each_charged_in_memory() {
-    copies_are_each_charged(&copies_in_memory()).await;
-}
+crate::each_store!(
+    copies_of_a_descriptor_are_each_charged,
+    copies_are_each_charged
+);
 
 /// After a refusal by one descriptor's limit, every other status still reads its own limit's count from the store
 /// (a denial remembered in-process answers only for the keys it knows).
-async fn every_status_reads_its_own_count(yaml: &str) {
-    let rls = start_rls(yaml).await;
+async fn every_status_reads_its_own_count(redis: Option<&RedisServer>) {
+    let rls = start_rls(&on_store(redis, COPIES)).await;
     let mut client = rls.client().await;
     let both = || {
         request(
@@ -1111,16 +1107,10 @@ async fn every_status_reads_its_own_count(yaml: &str) {
     }
 }
 
-#[tokio::test]
-async fn after_a_refusal_every_status_reads_its_own_count_on_redis() {
-    let redis = RedisServer::start();
-    every_status_reads_its_own_count(&on_redis(&redis, COPIES)).await;
-}
-
-#[tokio::test]
-async fn after_a_refusal_every_status_reads_its_own_count_in_memory() {
-    every_status_reads_its_own_count(&copies_in_memory()).await;
-}
+crate::each_store!(
+    after_a_refusal_every_status_reads_its_own_count,
+    every_status_reads_its_own_count
+);
 
 /// Random requests of repeated descriptors with random hits take exactly their sum from the limit when admitted
 /// and nothing when refused, on both stores: each status reads what is left.
