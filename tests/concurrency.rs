@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::binary::Tollgate;
+use common::config_builder::ConfigBuilder;
 use common::http_client::{client, json_answer};
 use common::in_flight::InFlightUpstream;
 use common::redis::RedisServer;
@@ -19,14 +20,17 @@ const SOON: Duration = Duration::from_secs(5);
 /// A gateway config in front of `upstream`: route `api` (everything) with `limits`, route `gone` (`/gone`) to an
 /// address that refuses connections, limited to one in flight.
 fn yaml(store: &str, upstream: &InFlightUpstream, gone: &ReservedPort, limits: &str) -> String {
-    format!(
-        "listen: 127.0.0.1:0\nstore:\n{store}upstreams:\n  app: {{ targets: [\"{}\"], timeout: 1s }}\n  \
-         gone: {{ targets: [\"http://{}\"] }}\nroutes:\n  - name: gone\n    match: {{ path_prefix: /gone }}\n    \
-         upstream: gone\n    limits:\n      - {{ name: one, key: ip, algorithm: concurrency, max: 1 }}\n  \
-         - name: api\n    match: {{ path_prefix: / }}\n    upstream: app\n    limits:\n{limits}",
-        upstream.url(),
-        gone.addr()
-    )
+    ConfigBuilder::new()
+        .store_yaml(store)
+        .upstream_with("app", &upstream.url(), "timeout: 1s")
+        .upstream("gone", &format!("http://{}", gone.addr()))
+        .route("gone", "/gone")
+        .to("gone")
+        .limit("one", "ip", "algorithm: concurrency, max: 1")
+        .route("api", "/")
+        .to("app")
+        .limits_yaml(limits)
+        .build()
 }
 
 /// One `concurrency` limit per client address.

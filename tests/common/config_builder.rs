@@ -82,6 +82,15 @@ impl ConfigBuilder {
         self
     }
 
+    /// An upstream `name` with one target, `url`, and `settings` as a flow mapping's entries (`timeout: 1s`).
+    pub fn upstream_with(mut self, name: &str, url: &str, settings: &str) -> Self {
+        let _ = writeln!(
+            self.upstreams,
+            "  {name}: {{ targets: [\"{url}\"], {settings} }}"
+        );
+        self
+    }
+
     /// A route `name` matching the path prefix `prefix`; it answers 200 itself until [`to`](Self::to) names an
     /// upstream.
     pub fn route(mut self, name: &str, prefix: &str) -> Self {
