@@ -123,6 +123,48 @@ fn route_usage(
         Some(text) => issues.check(format!("{at}.format"), text.parse::<UsageFormat>()),
     };
     let reserve = &raw.reserve;
+    let (prompt, completion) = usage_reserve(issues, at, reserve);
+    let inject_stream_usage =
+        stream_usage(issues, at, raw.stream_usage.as_deref(), format.as_ref());
+    let max_request_bytes = raw.max_request_bytes.unwrap_or(DEFAULT_MAX_REQUEST_BYTES);
+    if max_request_bytes == 0 {
+        issues.add(format!("{at}.max_request_bytes"), "must be greater than 0");
+    }
+    let read_on_bytes = raw.read_on_bytes.unwrap_or(DEFAULT_READ_ON_BYTES);
+    let read_on_timeout = match raw.read_on_timeout.as_deref() {
+        None => Some(DEFAULT_READ_ON_TIMEOUT),
+        Some(text) => {
+            super::checks::positive_duration(issues, &format!("{at}.read_on_timeout"), text)
+        }
+    };
+    let endpoints = match (&raw.endpoints, &format) {
+        (Some(suffixes), _) => endpoints(issues, &format!("{at}.endpoints"), suffixes),
+        (None, Some(format)) => Some(Endpoints::of(format)),
+        (None, None) => None,
+    };
+    if issues.count() != before {
+        return None;
+    }
+    Some(UsageSettings {
+        endpoints: endpoints?,
+        format: format?,
+        prompt: prompt?,
+        completion: completion?,
+        completion_default: reserve.completion_default,
+        completion_cap: reserve.completion_cap,
+        inject_stream_usage,
+        max_request_bytes,
+        read_on_bytes,
+        read_on_timeout: read_on_timeout?,
+    })
+}
+
+/// `usage.reserve`: the bounds a request reserves before its answer says what it cost.
+fn usage_reserve(
+    issues: &mut Issues,
+    at: &str,
+    reserve: &RawReserve,
+) -> (Option<PromptBound>, Option<CompletionBound>) {
     let prompt = match reserve.prompt.as_deref() {
         None | Some("body_bytes") => Some(PromptBound::BodyBytes),
         Some(text) => issues.check(
@@ -162,10 +204,21 @@ fn route_usage(
             issues.add(format!("{at}.reserve.{field}"), "must be greater than 0");
         }
     }
-    let inject_stream_usage = match raw.stream_usage.as_deref() {
+    (prompt, completion)
+}
+
+/// `usage.stream_usage`: whether OpenAI streams are asked for their usage (`inject`), which only OpenAI's format
+/// knows how to ask.
+fn stream_usage(
+    issues: &mut Issues,
+    at: &str,
+    value: Option<&str>,
+    format: Option<&UsageFormat>,
+) -> bool {
+    match value {
         None | Some("off") => false,
         Some("inject") => {
-            if format.as_ref().is_some_and(|f| *f != UsageFormat::OpenAi) {
+            if format.is_some_and(|f| *f != UsageFormat::OpenAi) {
                 issues.add(
                     format!("{at}.stream_usage"),
                     "inject asks OpenAI streams for their usage: it needs format: openai",
@@ -180,38 +233,7 @@ fn route_usage(
             );
             false
         }
-    };
-    let max_request_bytes = raw.max_request_bytes.unwrap_or(DEFAULT_MAX_REQUEST_BYTES);
-    if max_request_bytes == 0 {
-        issues.add(format!("{at}.max_request_bytes"), "must be greater than 0");
     }
-    let read_on_bytes = raw.read_on_bytes.unwrap_or(DEFAULT_READ_ON_BYTES);
-    let read_on_timeout = match raw.read_on_timeout.as_deref() {
-        None => Some(DEFAULT_READ_ON_TIMEOUT),
-        Some(text) => {
-            super::checks::positive_duration(issues, &format!("{at}.read_on_timeout"), text)
-        }
-    };
-    let endpoints = match (&raw.endpoints, &format) {
-        (Some(suffixes), _) => endpoints(issues, &format!("{at}.endpoints"), suffixes),
-        (None, Some(format)) => Some(Endpoints::of(format)),
-        (None, None) => None,
-    };
-    if issues.count() != before {
-        return None;
-    }
-    Some(UsageSettings {
-        endpoints: endpoints?,
-        format: format?,
-        prompt: prompt?,
-        completion: completion?,
-        completion_default: reserve.completion_default,
-        completion_cap: reserve.completion_cap,
-        inject_stream_usage,
-        max_request_bytes,
-        read_on_bytes,
-        read_on_timeout: read_on_timeout?,
-    })
 }
 
 /// `usage.endpoints`: path suffixes of whole segments, each as a path is written (`/chat/completions`; `/` for
