@@ -27,10 +27,13 @@ TOLLGATE = ROOT / "target/release/tollgate"
 # Functions that run at every poll of a proxied request's tasks (the connection task, the request future, the
 # upstream connection task), and what limit checks run through.
 HOT = [
+    "tollgate::server::connection::serve_connection::{{closure}}",
+    "tollgate::server::connection::serve_connection::{{closure}}::{{closure}}::{{closure}}",
+    # The same two in builds from before the connections moved to server/, to compare with (`--binary`).
     "tollgate::gateway::server::serve_connection::{{closure}}",
+    "tollgate::gateway::server::serve_connection::{{closure}}::{{closure}}::{{closure}}",
     # The connection task before session 20 (hyper-util's `auto` connection).
     "tollgate::gateway::server::serve::{{closure}}::{{closure}}",
-    "tollgate::gateway::server::serve_connection::{{closure}}::{{closure}}::{{closure}}",
     "tollgate::gateway::handler::Gateway::route_request::{{closure}}",
     "tollgate::proxy::pool::open::{{closure}}::{{closure}}",
     "tollgate::limiter::store::batcher::coalesce::{{closure}}",

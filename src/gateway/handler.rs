@@ -345,11 +345,11 @@ impl Gateway {
     }
 }
 
-/// [`Gateway::handle`] for a request read from a connection: `prepare` makes the request the gateway reads (the
-/// server marks its body's errors as the client's), and no gateway (`None`) means its head was over
-/// `server.max_header_bytes`. The server's request future is this one, and not a second one around
-/// `Gateway::handle`'s: hyper copies each request's future whole, and every level of futures is copied again where
-/// it is built.
+/// [`Gateway::handle`] for a request read from a connection: `prepare` makes the request the gateway reads (its
+/// body's errors marked as the client's), and no gateway (`None`) means its head was over
+/// `server.max_header_bytes`. The server's request future is this one (returned by the gateway's
+/// [`Handler`](crate::server::Handler)), and not a second one around `Gateway::handle`'s: hyper copies each
+/// request's future whole, and every level of futures is copied again where it is built.
 ///
 /// Not an `async fn`, which would keep a second copy of the request in its future (see `Policy::serve`).
 #[allow(clippy::manual_async_fn)]

@@ -1,4 +1,5 @@
-//! The gateway itself: per request, find the route, build the keys, ask the limiter, then forward or refuse.
+//! The gateway's request path: per request, find the route, build the keys, ask the limiter, then forward or refuse;
+//! the connections that read the requests are `server`'s.
 
 mod compiled;
 mod handler;

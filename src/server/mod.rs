@@ -11,6 +11,8 @@ mod idle;
 mod listener;
 mod settings;
 mod shutdown;
+#[cfg(test)]
+mod tests;
 
 pub use descriptors::{AdminListener, Reserve, ADMIN_RESERVE};
 pub use handler::{BoxError, Handler};
