@@ -43,18 +43,28 @@
 /// CIDR networks, as `trusted_proxies` and allowlists take them.
 pub use ipnet::IpNet;
 
+#[cfg(feature = "gateway")]
 pub mod admin;
+// Crate-internal items of it that only the gateway uses are unused in a library build without it.
+#[cfg_attr(not(feature = "gateway"), allow(unused_imports, dead_code))]
 pub mod admission;
+#[cfg_attr(not(feature = "gateway"), allow(unused_imports))]
 pub mod config;
 pub mod consumers;
+#[cfg(feature = "gateway")]
 pub mod gateway;
 pub mod key;
+#[cfg(feature = "layer")]
 pub mod layer;
 pub use tollgate_limiter as limiter;
+#[cfg_attr(not(feature = "gateway"), allow(unused_imports, dead_code))]
 pub mod proxy;
+#[cfg(feature = "gateway")]
 pub mod reload;
 pub mod rls;
 pub mod routing;
+#[cfg(feature = "gateway")]
 pub mod server;
+#[cfg(feature = "gateway")]
 pub mod telemetry;
 pub mod usage;

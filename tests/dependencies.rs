@@ -227,3 +227,79 @@ fn the_server_uses_no_other_module_of_src() {
         assert!(!names_crate(&code, limiter), "src/server uses {limiter}");
     }
 }
+
+/// The crates a build of the gateway package with `features` compiles for this host, as `cargo tree` lists them
+/// (normal and build dependencies, each once, the package itself included). Offline: the lockfile and the
+/// registry's copy are local.
+fn crates_in_build(features: &str) -> Vec<String> {
+    let output = std::process::Command::new(env!("CARGO"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "tree",
+            "--offline",
+            "--package",
+            "tollgate",
+            "--no-default-features",
+        ])
+        .args([
+            "--features",
+            features,
+            "--edges",
+            "normal,build",
+            "--prefix",
+            "none",
+        ])
+        .output()
+        .expect("cargo tree runs");
+    assert!(
+        output.status.success(),
+        "cargo tree failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut crates: Vec<String> = String::from_utf8(output.stdout)
+        .expect("cargo tree prints UTF-8")
+        .lines()
+        .map(|line| line.replace(" (*)", "").replace(" (proc-macro)", ""))
+        .filter(|line| !line.is_empty())
+        .collect();
+    crates.sort();
+    crates.dedup();
+    crates
+}
+
+/// Most crates a library user of the tower layer on Redis compiles (docs/library.md gives the command and the
+/// figure): the layer does not bring the gateway's server, command line, gRPC or JWT along.
+const LAYER_AND_REDIS_AT_MOST: usize = 171;
+
+#[test]
+fn the_layer_on_redis_builds_without_the_gateway_s_crates() {
+    let crates = crates_in_build("layer,redis");
+    assert!(
+        crates.len() <= LAYER_AND_REDIS_AT_MOST,
+        "features layer,redis compile {} crates, more than {LAYER_AND_REDIS_AT_MOST}:\n{}",
+        crates.len(),
+        crates.join("\n")
+    );
+    let named = |name: &str| {
+        crates
+            .iter()
+            .any(|line| line.split(' ').next() == Some(name))
+    };
+    for absent in [
+        "tonic",
+        "tonic-health",
+        "envoy-types",
+        "clap",
+        "jsonwebtoken",
+        "mimalloc",
+        "rlimit",
+        "tracing-subscriber",
+        "metrics-exporter-prometheus",
+    ] {
+        assert!(!named(absent), "features layer,redis compile {absent}");
+    }
+    assert!(
+        named("fred"),
+        "features layer,redis compile no Redis client"
+    );
+}

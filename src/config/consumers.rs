@@ -1,17 +1,13 @@
 //! The `consumers:` block: identifiers, static keys, the anonymous policy, forwarded headers and plans.
 
+use http::HeaderName;
 use std::path::Path;
-use std::time::Duration;
-
-use http::{HeaderName, Uri};
-use jsonwebtoken::Algorithm;
 
 use super::limits::limit_settings;
 use super::raw::{
-    RawAnonymous, RawConsumers, RawCredentialSource, RawIdentifier, RawJwt, RawPlan, RawStaticKey,
+    RawAnonymous, RawConsumers, RawCredentialSource, RawIdentifier, RawPlan, RawStaticKey,
 };
 use super::validate::{check_name, unique_names, Issues};
-use crate::consumers::jwt::{JwtKeySource, JwtSettings, JwtVerifier, DEFAULT_JWKS_REFRESH};
 use crate::consumers::{
     api_key_digest, consumer_id, parse_digest, Anonymous, ConsumersSettings, CredentialSource,
     FailureLimit, FailureSettings, ForwardHeaders, IdentifierSettings, Plan, StaticKey,
@@ -35,7 +31,8 @@ pub(crate) fn consumers(
             identifier(issues, &format!("consumers.identify[{i}]"), entry, folder)
         })
         .collect();
-    shared_prefixes(issues, &identify);
+    #[cfg(feature = "jwt")]
+    super::jwt::shared_prefixes(issues, &identify);
     let mut keys: Vec<StaticKey> = Vec::with_capacity(raw.keys.len());
     for (i, raw_key) in raw.keys.iter().enumerate() {
         let at = format!("consumers.keys[{i}]");
@@ -122,6 +119,8 @@ pub(crate) fn consumers(
     })
 }
 
+// A `jwt:` identifier's files are read relative to `folder`.
+#[cfg_attr(not(feature = "jwt"), allow(unused_variables))]
 fn identifier(
     issues: &mut Issues,
     at: &str,
@@ -137,232 +136,22 @@ fn identifier(
                 }
             })
         }
-        (None, Some(jwt)) => {
-            jwt_settings(issues, &format!("{at}.jwt"), jwt, folder).map(|settings| {
-                IdentifierSettings::Jwt {
-                    settings: Box::new(settings),
-                    hide_credentials: jwt.hide_credentials,
-                }
-            })
+        #[cfg(feature = "jwt")]
+        (None, Some(jwt)) => super::jwt::jwt_settings(issues, &format!("{at}.jwt"), jwt, folder)
+            .map(|settings| IdentifierSettings::Jwt {
+                settings: Box::new(settings),
+                hide_credentials: jwt.hide_credentials,
+            }),
+        #[cfg(not(feature = "jwt"))]
+        (None, Some(_)) => {
+            issues.add(
+                format!("{at}.jwt"),
+                "this build of tollgate has no JWT consumers (its `jwt` feature is off)",
+            );
+            None
         }
         _ => {
             issues.add(at, "an identifier is exactly one of `api_key` and `jwt`");
-            None
-        }
-    }
-}
-
-/// `jwt:` of `identify:`. A `jwks_file` is read here, so that a missing or unusable one is a located error that
-/// stops the start or the reload; a `jwks_url` is only fetched once the gateway runs (start in any order).
-fn jwt_settings(issues: &mut Issues, at: &str, raw: &RawJwt, folder: &Path) -> Option<JwtSettings> {
-    let before = issues.count();
-    let header = match &raw.header {
-        Some(name) => header_name(issues, &format!("{at}.header"), Some(name)),
-        None => Some(http::header::AUTHORIZATION),
-    };
-    if raw.algorithms.is_empty() {
-        issues.add(
-            format!("{at}.algorithms"),
-            "needs at least one of RS256, ES256, EdDSA, HS256",
-        );
-    }
-    let algorithms: Vec<Algorithm> = raw
-        .algorithms
-        .iter()
-        .enumerate()
-        .filter_map(|(i, name)| {
-            let algorithm = match name.as_str() {
-                "RS256" => Some(Algorithm::RS256),
-                "ES256" => Some(Algorithm::ES256),
-                "EdDSA" => Some(Algorithm::EdDSA),
-                "HS256" => Some(Algorithm::HS256),
-                _ => None,
-            };
-            if algorithm.is_none() {
-                issues.add(
-                    format!("{at}.algorithms[{i}]"),
-                    format_args!("unsupported algorithm {name:?} (use RS256, ES256, EdDSA, HS256)"),
-                );
-            }
-            algorithm
-        })
-        .collect();
-    let keys = jwt_keys(issues, at, raw, folder);
-    // A shared secret and public keys in one identifier would let a token signed with the public key as an HMAC
-    // secret through: HS256 goes with `secret_env` and only there.
-    let hs256 = algorithms.contains(&Algorithm::HS256);
-    match (&keys, hs256) {
-        (Some(JwtKeySource::Secret(_)), _) if algorithms.iter().any(|a| *a != Algorithm::HS256) => {
-            issues.add(
-                format!("{at}.algorithms"),
-                "a secret_env verifies HS256 only",
-            );
-        }
-        (Some(JwtKeySource::File(_) | JwtKeySource::Url { .. }), true) => {
-            issues.add(
-                format!("{at}.algorithms"),
-                "HS256 needs secret_env; keys from a JWKS verify RS256, ES256 and EdDSA",
-            );
-        }
-        _ => {}
-    }
-    let leeway = match &raw.leeway {
-        Some(text) => issues.check(format!("{at}.leeway"), parse_duration(text)),
-        None => Some(Duration::ZERO),
-    };
-    let consumer_claim = raw
-        .consumer_claim
-        .clone()
-        .unwrap_or_else(|| "sub".to_owned());
-    if consumer_claim.is_empty() {
-        issues.add(format!("{at}.consumer_claim"), "names a claim: not empty");
-    }
-    if issues.count() != before {
-        return None;
-    }
-    let mut settings = JwtSettings::new(algorithms, keys?);
-    settings.header = header?;
-    settings.issuer = raw.issuer.clone();
-    settings.audiences = raw.audiences.clone();
-    settings.leeway = leeway?;
-    settings.consumer_claim = consumer_claim;
-    settings.plan_claim = raw.plan_claim.clone();
-    settings.consumer_prefix = raw.consumer_prefix.clone();
-    if !consumer_prefix(issues, at, &settings) {
-        return None;
-    }
-    // As the gateway will build it (a JWKS file read, a URL's scheme and roots, a secret's length), without fetching.
-    if let Err(error) = JwtVerifier::check(&settings) {
-        let field = match settings.keys {
-            JwtKeySource::File(_) => "jwks_file",
-            JwtKeySource::Url { .. } => "jwks_url",
-            JwtKeySource::Secret(_) => "secret_env",
-        };
-        // The error names its field first, as the location does already.
-        let text = error.to_string();
-        let text = text.strip_prefix(&format!("{field} ")).unwrap_or(&text);
-        issues.add(format!("{at}.{field}"), text);
-        return None;
-    }
-    Some(settings)
-}
-
-/// Two `jwt:` identifiers whose consumers would share ids by default (issuers that read alike) are an issue at the
-/// second's `issuer`: joining them takes the same `consumer_prefix` written in both.
-fn shared_prefixes(issues: &mut Issues, identify: &[IdentifierSettings]) {
-    let mut seen: Vec<(String, bool)> = Vec::new();
-    for (i, identifier) in identify.iter().enumerate() {
-        let IdentifierSettings::Jwt { settings, .. } = identifier else {
-            continue;
-        };
-        let prefix = settings.consumer_prefix();
-        let written = settings.consumer_prefix.is_some();
-        if seen.iter().any(|(p, w)| *p == prefix && !(*w && written)) {
-            issues.add(
-                format!("consumers.identify[{i}].jwt.issuer"),
-                format_args!(
-                    "another jwt identifier's consumer ids also begin with {prefix:?}: set consumer_prefix (the same in both joins them)"
-                ),
-            );
-        }
-        seen.push((prefix, written));
-    }
-}
-
-/// The longest prefix of a JWT identifier's consumer ids: half an id, so that a claim of 64 characters fits.
-const MAX_CONSUMER_PREFIX: usize = 64;
-
-/// Whether the consumer ids' prefix of a `jwt:` identifier (`consumer_prefix`, or the one its issuer gives) can
-/// begin consumer ids; an issue at the field it comes from when not.
-fn consumer_prefix(issues: &mut Issues, at: &str, settings: &JwtSettings) -> bool {
-    let prefix = settings.consumer_prefix();
-    let field = match settings.consumer_prefix {
-        Some(_) => "consumer_prefix",
-        None => "issuer",
-    };
-    if !prefix.chars().all(crate::consumers::consumer_id_char) {
-        issues.add(
-            format!("{at}.{field}"),
-            format_args!(
-                "consumer ids begin with {prefix:?}: only A-Z a-z 0-9 . _ : @ - may stand in one"
-            ),
-        );
-        return false;
-    }
-    if prefix.len() > MAX_CONSUMER_PREFIX {
-        let advice = match settings.consumer_prefix {
-            Some(_) => "",
-            None => " (set a shorter consumer_prefix)",
-        };
-        issues.add(
-            format!("{at}.{field}"),
-            format_args!(
-                "consumer ids would begin with {prefix:?}, {} characters: at most {MAX_CONSUMER_PREFIX}{advice}",
-                prefix.len()
-            ),
-        );
-        return false;
-    }
-    true
-}
-
-/// Where a `jwt:` identifier's keys come from: exactly one of `jwks_file`, `jwks_url` and `secret_env`.
-fn jwt_keys(issues: &mut Issues, at: &str, raw: &RawJwt, folder: &Path) -> Option<JwtKeySource> {
-    match (&raw.jwks_file, &raw.jwks_url, &raw.secret_env) {
-        (Some(file), None, None) => Some(JwtKeySource::File(folder.join(file))),
-        (None, Some(url), None) => {
-            let refresh = match &raw.jwks_refresh {
-                Some(text) => {
-                    let refresh =
-                        issues.check(format!("{at}.jwks_refresh"), parse_duration(text))?;
-                    if refresh.is_zero() {
-                        issues.add(format!("{at}.jwks_refresh"), "must be greater than 0");
-                        return None;
-                    }
-                    refresh
-                }
-                None => DEFAULT_JWKS_REFRESH,
-            };
-            let parsed = url.parse::<Uri>().ok().filter(|uri| {
-                matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some()
-            });
-            match parsed {
-                Some(url) => Some(JwtKeySource::Url { url, refresh }),
-                None => {
-                    issues.add(
-                        format!("{at}.jwks_url"),
-                        format_args!("invalid URL {url:?} (use http://host/path or https://...)"),
-                    );
-                    None
-                }
-            }
-        }
-        (None, None, Some(variable)) => match std::env::var(variable) {
-            // RFC 7518 §3.2: an HS256 key is at least as long as the hash, 32 bytes.
-            Ok(secret) if secret.len() >= 32 => Some(JwtKeySource::Secret(secret.into_bytes())),
-            Ok(secret) if !secret.is_empty() => {
-                issues.add(
-                    format!("{at}.secret_env"),
-                    format_args!(
-                        "the secret in {variable} is {} bytes; HS256 needs at least 32 (RFC 7518 §3.2)",
-                        secret.len()
-                    ),
-                );
-                None
-            }
-            _ => {
-                issues.add(
-                    format!("{at}.secret_env"),
-                    format_args!("the environment variable {variable} is not set or empty"),
-                );
-                None
-            }
-        },
-        _ => {
-            issues.add(
-                at,
-                "takes exactly one of jwks_file, jwks_url and secret_env",
-            );
             None
         }
     }
@@ -434,7 +223,7 @@ pub(crate) fn check_consumer_id(issues: &mut Issues, at: &str, id: &str) {
     }
 }
 
-fn header_name(issues: &mut Issues, at: &str, name: Option<&str>) -> Option<HeaderName> {
+pub(super) fn header_name(issues: &mut Issues, at: &str, name: Option<&str>) -> Option<HeaderName> {
     let name = name?;
     issues.check(
         at,

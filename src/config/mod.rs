@@ -3,6 +3,8 @@
 mod consumers;
 mod error;
 mod interpolate;
+#[cfg(feature = "jwt")]
+mod jwt;
 mod limits;
 mod load;
 mod locate;

@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 use super::{format_duration_ms, BackendKind, Config, LimitSettings, RouteAction, RouteSettings};
+#[cfg(feature = "jwt")]
 use crate::consumers::jwt::JwtKeySource;
 use crate::consumers::{
     Anonymous, ConsumerMode, ConsumersSettings, CredentialSource, IdentifierSettings,
@@ -253,6 +254,7 @@ fn consumers_summary(consumers: &ConsumersSettings, routes: &[RouteSettings]) ->
                 source: CredentialSource::Query(name),
                 ..
             } => format!("api_key query {name}"),
+            #[cfg(feature = "jwt")]
             IdentifierSettings::Jwt { settings: jwt, .. } => {
                 let algorithms: Vec<String> =
                     jwt.algorithms.iter().map(|a| format!("{a:?}")).collect();

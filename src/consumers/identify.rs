@@ -3,11 +3,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use http::{HeaderName, HeaderValue};
+#[cfg(feature = "jwt")]
+use http::HeaderName;
+use http::HeaderValue;
 
 use super::api_key::{self, Presented};
 use super::directory::{ConsumerRecord, Directory, LimitOverride};
 use super::failures::FailureLimit;
+#[cfg(feature = "jwt")]
 use super::jwt::{other_scheme, JwtVerifier, TokenRejection};
 use super::overrides::overridden;
 use super::settings::{
@@ -83,6 +86,7 @@ enum Identifier {
         /// The key, where the upstream must not see it (`hide_credentials`).
         hidden: Option<CredentialSource>,
     },
+    #[cfg(feature = "jwt")]
     Jwt {
         /// The header carrying `Bearer <token>`.
         header: HeaderName,
@@ -162,6 +166,7 @@ impl Consumers {
                     source: source.clone(),
                     hidden: hide_credentials.then(|| source.clone()),
                 },
+                #[cfg(feature = "jwt")]
                 IdentifierSettings::Jwt {
                     settings,
                     hide_credentials,
@@ -281,6 +286,7 @@ impl Consumers {
                             .map(|credential| credential.hiding(hidden))
                     }
                 },
+                #[cfg(feature = "jwt")]
                 Identifier::Jwt {
                     header,
                     verifier,
@@ -444,6 +450,7 @@ impl Consumers {
             Identifier::ApiKey { source, .. } => {
                 api_key::presented(source, facts) != Presented::Absent
             }
+            #[cfg(feature = "jwt")]
             Identifier::Jwt { header, .. } => facts.headers.contains_key(header),
         })
     }
@@ -485,6 +492,7 @@ impl Consumers {
     }
 }
 
+#[cfg(feature = "jwt")]
 /// The refusal of a bearer token.
 fn invalid_token(rejection: TokenRejection) -> CallerRefusal {
     CallerRefusal::Invalid {
@@ -516,6 +524,7 @@ impl Identifier {
     fn scheme(&self) -> &'static str {
         match self {
             Identifier::ApiKey { .. } => "ApiKey",
+            #[cfg(feature = "jwt")]
             Identifier::Jwt { .. } => "Bearer",
         }
     }

@@ -7,6 +7,7 @@ mod failures;
 mod hide;
 mod identify;
 pub mod json;
+#[cfg(feature = "jwt")]
 pub mod jwt;
 mod overrides;
 mod settings;

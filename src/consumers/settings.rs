@@ -3,6 +3,7 @@
 use http::HeaderName;
 
 use super::failures::FailureSettings;
+#[cfg(feature = "jwt")]
 use super::jwt::JwtSettings;
 use crate::key::LimitSettings;
 
@@ -33,6 +34,7 @@ pub enum IdentifierSettings {
         /// `hide_credentials`: the key is removed from the request sent upstream once it named the caller.
         hide_credentials: bool,
     },
+    #[cfg(feature = "jwt")]
     /// A bearer JWT.
     Jwt {
         /// The verifier's settings.

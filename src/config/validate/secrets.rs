@@ -31,12 +31,15 @@ pub(crate) fn mark_credential_keys<'a>(
 }
 
 /// Where the consumers' API-key identifiers read keys.
+// Without JWT consumers, every identifier reads an API key.
+#[cfg_attr(not(feature = "jwt"), allow(clippy::unnecessary_filter_map))]
 fn credential_sources(consumers: &ConsumersSettings) -> Vec<CredentialSource> {
     consumers
         .identify
         .iter()
         .filter_map(|identifier| match identifier {
             IdentifierSettings::ApiKey { source, .. } => Some(source.clone()),
+            #[cfg(feature = "jwt")]
             IdentifierSettings::Jwt { .. } => None,
         })
         .collect()
