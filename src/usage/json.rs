@@ -107,33 +107,7 @@ impl UsageScanner {
         let mut i = 0;
         while i < bytes.len() {
             if self.in_string {
-                if self.escaped {
-                    self.escaped = false;
-                    self.key_byte(bytes[i]);
-                    i += 1;
-                    continue;
-                }
-                match memchr2(b'"', b'\\', &bytes[i..]) {
-                    None => {
-                        self.key_bytes(&bytes[i..]);
-                        i = bytes.len();
-                    }
-                    Some(offset) => {
-                        let at = i + offset;
-                        self.key_bytes(&bytes[i..at]);
-                        if bytes[at] == b'\\' {
-                            self.escaped = true;
-                            self.key_byte(b'\\');
-                        } else {
-                            self.in_string = false;
-                            if self.reading_key {
-                                self.reading_key = false;
-                                self.key_read();
-                            }
-                        }
-                        i = at + 1;
-                    }
-                }
+                i = self.string_bytes(bytes, i);
                 continue;
             }
             match bytes[i] {
@@ -149,27 +123,10 @@ impl UsageScanner {
                     }
                 }
                 open @ (b'{' | b'[') => {
-                    let object = open == b'{';
-                    if object && self.capture_depth.is_none() && self.slot == Slot::Usage {
-                        self.capture_depth = Some(self.depth + 1);
-                        self.capture.clear();
-                        self.capture_long = false;
+                    if open == b'{' && self.capture_depth.is_none() && self.slot == Slot::Usage {
                         capture_from = Some(i);
                     }
-                    self.depth = self.depth.saturating_add(1);
-                    if (1..=2).contains(&self.depth) {
-                        let bit = 1 << (self.depth - 1);
-                        if object {
-                            self.objects |= bit;
-                        } else {
-                            self.objects &= !bit;
-                        }
-                    }
-                    if self.depth == 2 {
-                        self.in_parent = object && self.slot == Slot::Parent;
-                    }
-                    self.expect_key = object;
-                    self.slot = Slot::Nothing;
+                    self.open(open == b'{');
                 }
                 b'}' | b']' => {
                     self.depth = self.depth.saturating_sub(1);
@@ -196,6 +153,57 @@ impl UsageScanner {
                 self.capture_piece(&bytes[from..]);
             }
         }
+    }
+
+    /// Reads on inside a string from `bytes[i]`: a key's bytes are kept when a key is being read; returns where
+    /// reading goes on (past the closing quote, or the end of the piece).
+    fn string_bytes(&mut self, bytes: &[u8], i: usize) -> usize {
+        if self.escaped {
+            self.escaped = false;
+            self.key_byte(bytes[i]);
+            return i + 1;
+        }
+        let Some(offset) = memchr2(b'"', b'\\', &bytes[i..]) else {
+            self.key_bytes(&bytes[i..]);
+            return bytes.len();
+        };
+        let at = i + offset;
+        self.key_bytes(&bytes[i..at]);
+        if bytes[at] == b'\\' {
+            self.escaped = true;
+            self.key_byte(b'\\');
+        } else {
+            self.in_string = false;
+            if self.reading_key {
+                self.reading_key = false;
+                self.key_read();
+            }
+        }
+        at + 1
+    }
+
+    /// An object (`object`) or an array opens: the usage object starts its capture, and the two levels the reader
+    /// follows note which kind they are.
+    fn open(&mut self, object: bool) {
+        if object && self.capture_depth.is_none() && self.slot == Slot::Usage {
+            self.capture_depth = Some(self.depth + 1);
+            self.capture.clear();
+            self.capture_long = false;
+        }
+        self.depth = self.depth.saturating_add(1);
+        if (1..=2).contains(&self.depth) {
+            let bit = 1 << (self.depth - 1);
+            if object {
+                self.objects |= bit;
+            } else {
+                self.objects &= !bit;
+            }
+        }
+        if self.depth == 2 {
+            self.in_parent = object && self.slot == Slot::Parent;
+        }
+        self.expect_key = object;
+        self.slot = Slot::Nothing;
     }
 
     fn in_object(&self) -> bool {
