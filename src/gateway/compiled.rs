@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::admission::{LimitSet, Policy, RouteUsage};
-use crate::config::{Config, DirectResponse, RouteAction};
+use crate::config::{Config, DirectResponse, RouteAction, RouteSettings};
 use crate::consumers::directory::Directory;
 use crate::consumers::Consumers;
 use crate::key::ClientIpResolver;
@@ -81,45 +81,7 @@ impl CompiledConfig {
         let routes: Vec<Route> = config
             .routes
             .iter()
-            .filter_map(|route| {
-                let action = match &route.action {
-                    // Validation guarantees the upstream exists.
-                    RouteAction::Upstream(name) => {
-                        Action::Upstream(upstreams.get(name.as_str())?.clone())
-                    }
-                    RouteAction::Respond(direct) => Action::Respond(direct.clone()),
-                    // A file for layers only: nothing to serve.
-                    RouteAction::LimitsOnly => return None,
-                };
-                let mut policy = Policy::new(
-                    LimitSet::new(
-                        &route.name,
-                        &config.store.key_prefix,
-                        route.limits.clone(),
-                        route.deny_status,
-                    ),
-                    route.allow.clone(),
-                    route.headers,
-                );
-                if let Some(usage) = &route.usage {
-                    let usage = RouteUsage::new(&route.name, usage.clone());
-                    policy = policy.with_usage(Arc::new(usage));
-                }
-                if let Some(consumers) = &consumers {
-                    policy = policy.with_consumers(
-                        route.consumers,
-                        Arc::clone(consumers),
-                        &config.store.key_prefix,
-                    );
-                }
-                Some(Route {
-                    name: route.name.clone(),
-                    matcher: Matcher::new(&route.matcher),
-                    action,
-                    policy,
-                    metrics: RouteMetrics::new(&route.name),
-                })
-            })
+            .filter_map(|route| Route::new(route, config, &upstreams, consumers.as_ref()))
             .collect();
         let routes_connect = routes
             .iter()
@@ -170,5 +132,56 @@ impl CompiledConfig {
                 .map(|i| &self.routes[i]),
             None => self.routes.iter().find(|r| r.matcher.matches(target)),
         }
+    }
+}
+
+// === impl Route ===
+
+impl Route {
+    /// The route `route` of `config`, with its upstream among `upstreams` and the config's `consumers`; `None` for
+    /// a route of a file for layers only (nothing to serve).
+    fn new(
+        route: &RouteSettings,
+        config: &Config,
+        upstreams: &HashMap<&str, Arc<Upstream>>,
+        consumers: Option<&Arc<Consumers>>,
+    ) -> Option<Self> {
+        let action = match &route.action {
+            // Validation guarantees the upstream exists.
+            RouteAction::Upstream(name) => {
+                Action::Upstream(Arc::clone(upstreams.get(name.as_str())?))
+            }
+            RouteAction::Respond(direct) => Action::Respond(direct.clone()),
+            // A file for layers only: nothing to serve.
+            RouteAction::LimitsOnly => return None,
+        };
+        let mut policy = Policy::new(
+            LimitSet::new(
+                &route.name,
+                &config.store.key_prefix,
+                route.limits.clone(),
+                route.deny_status,
+            ),
+            route.allow.clone(),
+            route.headers,
+        );
+        if let Some(usage) = &route.usage {
+            let usage = RouteUsage::new(&route.name, usage.clone());
+            policy = policy.with_usage(Arc::new(usage));
+        }
+        if let Some(consumers) = consumers {
+            policy = policy.with_consumers(
+                route.consumers,
+                Arc::clone(consumers),
+                &config.store.key_prefix,
+            );
+        }
+        Some(Route {
+            name: route.name.clone(),
+            matcher: Matcher::new(&route.matcher),
+            action,
+            policy,
+            metrics: RouteMetrics::new(&route.name),
+        })
     }
 }
