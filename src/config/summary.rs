@@ -6,7 +6,7 @@ use super::{format_duration_ms, BackendKind, Config, LimitSettings, RouteAction,
 #[cfg(feature = "jwt")]
 use crate::consumers::jwt::JwtKeySource;
 use crate::consumers::{
-    Anonymous, ConsumerMode, ConsumersSettings, CredentialSource, IdentifierSettings,
+    Anonymous, ConsumerMode, ConsumersSettings, CredentialSource, IdentifierSettings, Plan,
 };
 use crate::key::{Counts, MissingKey};
 use crate::limiter::{Algorithm, LeakyMode};
@@ -242,36 +242,7 @@ fn upstream_line(upstream: &crate::proxy::UpstreamSettings) -> String {
 
 /// The `consumers:` block: how callers are identified, then one row per plan limit with the routes it applies on.
 fn consumers_summary(consumers: &ConsumersSettings, routes: &[RouteSettings]) -> String {
-    let identify: Vec<String> = consumers
-        .identify
-        .iter()
-        .map(|identifier| match identifier {
-            IdentifierSettings::ApiKey {
-                source: CredentialSource::Header(name),
-                ..
-            } => format!("api_key header {name}"),
-            IdentifierSettings::ApiKey {
-                source: CredentialSource::Query(name),
-                ..
-            } => format!("api_key query {name}"),
-            #[cfg(feature = "jwt")]
-            IdentifierSettings::Jwt { settings: jwt, .. } => {
-                let algorithms: Vec<String> =
-                    jwt.algorithms.iter().map(|a| format!("{a:?}")).collect();
-                let keys = match &jwt.keys {
-                    JwtKeySource::File(path) => format!("jwks_file {}", path.display()),
-                    JwtKeySource::Url { url, .. } => format!("jwks_url {url}"),
-                    JwtKeySource::Secret(_) => "secret_env".to_owned(),
-                };
-                format!(
-                    "jwt {} ({}, {keys}, consumers {:?}...)",
-                    jwt.header,
-                    algorithms.join(","),
-                    jwt.consumer_prefix()
-                )
-            }
-        })
-        .collect();
+    let identify: Vec<String> = consumers.identify.iter().map(identifier_summary).collect();
     let anonymous = match &consumers.anonymous {
         Anonymous::NoPlan => "no plan".to_owned(),
         Anonymous::Plan(plan) => format!("plan {plan}"),
@@ -304,57 +275,97 @@ fn consumers_summary(consumers: &ConsumersSettings, routes: &[RouteSettings]) ->
     ]
     .map(str::to_owned)];
     for plan in &consumers.plans {
-        // Anonymous callers never reach a route that requires a credential.
-        let anonymous_plan = consumers.anonymous == Anonymous::Plan(plan.name.clone());
-        let used_on: Vec<&str> = routes
-            .iter()
-            .filter(|route| match route.consumers {
-                ConsumerMode::Off => false,
-                ConsumerMode::Optional => true,
-                ConsumerMode::Required => !anonymous_plan,
-            })
-            .map(|route| route.name.as_str())
-            .collect();
-        let used_on = if used_on.is_empty() {
-            "(none)".to_owned()
-        } else {
-            used_on.join(", ")
-        };
-        if plan.limits.is_empty() {
-            rows.push([
-                plan.name.clone(),
-                "(none)".to_owned(),
-                String::new(),
-                String::new(),
-                String::new(),
-                String::new(),
-                used_on,
-            ]);
-            continue;
-        }
-        for (i, settings) in plan.limits.iter().enumerate() {
-            let first = i == 0;
-            rows.push([
-                if first {
-                    plan.name.clone()
-                } else {
-                    String::new()
-                },
-                settings.limit.name().to_owned(),
-                settings.limit.algorithm().name().to_owned(),
-                parameters(settings.limit.algorithm()),
-                settings.key.to_string(),
-                cost(settings),
-                if first {
-                    used_on.clone()
-                } else {
-                    String::new()
-                },
-            ]);
-        }
+        rows.extend(plan_rows(plan, consumers, routes));
     }
     out.push_str(&table(&rows));
     out
+}
+
+/// One way of identifying callers, as `tollgate check` lists it.
+fn identifier_summary(identifier: &IdentifierSettings) -> String {
+    match identifier {
+        IdentifierSettings::ApiKey {
+            source: CredentialSource::Header(name),
+            ..
+        } => format!("api_key header {name}"),
+        IdentifierSettings::ApiKey {
+            source: CredentialSource::Query(name),
+            ..
+        } => format!("api_key query {name}"),
+        #[cfg(feature = "jwt")]
+        IdentifierSettings::Jwt { settings: jwt, .. } => {
+            let algorithms: Vec<String> = jwt.algorithms.iter().map(|a| format!("{a:?}")).collect();
+            let keys = match &jwt.keys {
+                JwtKeySource::File(path) => format!("jwks_file {}", path.display()),
+                JwtKeySource::Url { url, .. } => format!("jwks_url {url}"),
+                JwtKeySource::Secret(_) => "secret_env".to_owned(),
+            };
+            format!(
+                "jwt {} ({}, {keys}, consumers {:?}...)",
+                jwt.header,
+                algorithms.join(","),
+                jwt.consumer_prefix()
+            )
+        }
+    }
+}
+
+/// The rows of one plan's limits, with the routes it is used on.
+fn plan_rows(
+    plan: &Plan,
+    consumers: &ConsumersSettings,
+    routes: &[RouteSettings],
+) -> Vec<[String; 7]> {
+    let mut rows = Vec::new();
+    // Anonymous callers never reach a route that requires a credential.
+    let anonymous_plan = consumers.anonymous == Anonymous::Plan(plan.name.clone());
+    let used_on: Vec<&str> = routes
+        .iter()
+        .filter(|route| match route.consumers {
+            ConsumerMode::Off => false,
+            ConsumerMode::Optional => true,
+            ConsumerMode::Required => !anonymous_plan,
+        })
+        .map(|route| route.name.as_str())
+        .collect();
+    let used_on = if used_on.is_empty() {
+        "(none)".to_owned()
+    } else {
+        used_on.join(", ")
+    };
+    if plan.limits.is_empty() {
+        rows.push([
+            plan.name.clone(),
+            "(none)".to_owned(),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+            used_on,
+        ]);
+        return rows;
+    }
+    for (i, settings) in plan.limits.iter().enumerate() {
+        let first = i == 0;
+        rows.push([
+            if first {
+                plan.name.clone()
+            } else {
+                String::new()
+            },
+            settings.limit.name().to_owned(),
+            settings.limit.algorithm().name().to_owned(),
+            parameters(settings.limit.algorithm()),
+            settings.key.to_string(),
+            cost(settings),
+            if first {
+                used_on.clone()
+            } else {
+                String::new()
+            },
+        ]);
+    }
+    rows
 }
 
 fn route_rows(route: &RouteSettings) -> Vec<[String; 8]> {
