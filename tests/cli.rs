@@ -451,3 +451,73 @@ routes:
         );
     }
 }
+
+/// The consumers block as `tollgate check` prints it: how callers are identified, the anonymous policy, and each
+/// plan's limits with the routes they apply on (a route that requires a credential is not the anonymous plan's).
+#[test]
+fn check_prints_the_identifiers_and_each_plan_s_limits_with_their_routes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = r#"store: { backend: memory }
+consumers:
+  identify:
+    - api_key: { header: x-api-key }
+    - api_key: { query: key }
+  anonymous: { plan: free }
+  keys:
+    - { key: k1, consumer: acme, plan: pro }
+  plans:
+    free: { limits: [{ name: calls, key: ip, algorithm: fixed_window, limit: 10, period: 1m }] }
+    pro:
+      limits:
+        - { name: calls, key: consumer, algorithm: fixed_window, limit: 100, period: 1m }
+        - { name: burst, key: consumer, algorithm: gcra, rate: 5/s, burst: 10 }
+    empty: {}
+routes:
+  - { name: open, match: { path_prefix: /open }, respond: { status: 200 }, consumers: optional }
+  - { name: paid, match: { path_prefix: /paid }, respond: { status: 200 }, consumers: required }
+"#;
+    let path = write_config(&dir, "consumers.yaml", yaml);
+    let output = tollgate(&["check", "--config", path.to_str().expect("path")]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains(
+            "consumers: identify api_key header x-api-key, api_key query key   static keys 1   anonymous plan free"
+        ),
+        "{stdout}"
+    );
+    let row = |plan: &str, limit: &str| -> Vec<String> {
+        stdout
+            .lines()
+            .map(|line| {
+                line.split_whitespace()
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+            .find(|words| {
+                words.first().map(String::as_str) == Some(plan)
+                    && words.get(1).map(String::as_str) == Some(limit)
+            })
+            .unwrap_or_else(|| panic!("no row {plan} {limit} in:\n{stdout}"))
+    };
+    // The anonymous plan is used only where a credential is optional; the others wherever callers are identified.
+    assert_eq!(
+        row("free", "calls").last().map(String::as_str),
+        Some("open")
+    );
+    assert_eq!(row("pro", "calls").last().map(String::as_str), Some("paid"));
+    assert!(
+        row("pro", "calls").join(" ").ends_with("open, paid"),
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.split_whitespace().take(2).eq(["burst", "gcra"])),
+        "{stdout}"
+    );
+    assert_eq!(
+        row("empty", "(none)").last().map(String::as_str),
+        Some("paid")
+    );
+}
