@@ -264,52 +264,11 @@ fn descriptor_rule(issues: &mut Issues, at: &str, path: &str, raw: &RawDescripto
     );
     let mut limits = Vec::with_capacity(raw.limits.len());
     for (j, limit) in raw.limits.iter().enumerate() {
-        let at = format!("{at}.limits[{j}]");
-        if limit.key.is_some() {
-            issues.add(
-                format!("{at}.key"),
-                "a descriptor's limits are keyed by the descriptor's entries: remove key",
-            );
-            continue;
-        }
-        let Some(settings) = limit_settings(issues, &at, limit) else {
+        let Some(limit) = descriptor_limit(issues, &format!("{at}.limits[{j}]"), limit) else {
             continue;
         };
-        if let Some(kind) = settings.counts.tokens() {
-            issues.add(
-                format!("{at}.counts"),
-                format_args!(
-                    "{} counts what answers report, and the rate limit service never sees an answer: count requests",
-                    kind.name()
-                ),
-            );
-            continue;
-        }
-        if settings.counts.statuses().is_some() {
-            issues.add(
-                format!("{at}.counts"),
-                "a limit that counts answers by status needs to see the answer, and the rate limit service never \
-                 does: count requests",
-            );
-            continue;
-        }
-        if let LeakyMode::Delay { .. } = leaky_mode(&settings.limit) {
-            issues.add(
-                format!("{at}.mode"),
-                "the rate limit service answers at once and cannot hold a request: use mode: reject",
-            );
-            continue;
-        }
-        if settings.limit.algorithm().holds_slots() {
-            issues.add(
-                format!("{at}.algorithm"),
-                "the rate limit service never sees a request end, so it could never release a slot: concurrency \
-                 limits belong on the gateway's routes",
-            );
-            continue;
-        }
-        let shadow = settings.limit.is_shadow() || raw.shadow_mode;
-        limits.push(settings.limit.with_shadow(shadow));
+        let shadow = limit.is_shadow() || raw.shadow_mode;
+        limits.push(limit.with_shadow(shadow));
     }
     if limits.is_empty() && !raw.unlimited {
         return None;
@@ -326,6 +285,53 @@ fn descriptor_rule(issues: &mut Issues, at: &str, path: &str, raw: &RawDescripto
         replaces: raw.replaces.clone(),
         shadow: raw.shadow_mode,
     })
+}
+
+/// One limit of a descriptor: what the rate limit service can apply, which never sees a request's key parts, its
+/// answer or its end.
+fn descriptor_limit(issues: &mut Issues, at: &str, limit: &RawLimit) -> Option<Limit> {
+    if limit.key.is_some() {
+        issues.add(
+            format!("{at}.key"),
+            "a descriptor's limits are keyed by the descriptor's entries: remove key",
+        );
+        return None;
+    }
+    let settings = limit_settings(issues, at, limit)?;
+    if let Some(kind) = settings.counts.tokens() {
+        issues.add(
+            format!("{at}.counts"),
+            format_args!(
+                "{} counts what answers report, and the rate limit service never sees an answer: count requests",
+                kind.name()
+            ),
+        );
+        return None;
+    }
+    if settings.counts.statuses().is_some() {
+        issues.add(
+            format!("{at}.counts"),
+            "a limit that counts answers by status needs to see the answer, and the rate limit service never \
+             does: count requests",
+        );
+        return None;
+    }
+    if let LeakyMode::Delay { .. } = leaky_mode(&settings.limit) {
+        issues.add(
+            format!("{at}.mode"),
+            "the rate limit service answers at once and cannot hold a request: use mode: reject",
+        );
+        return None;
+    }
+    if settings.limit.algorithm().holds_slots() {
+        issues.add(
+            format!("{at}.algorithm"),
+            "the rate limit service never sees a request end, so it could never release a slot: concurrency \
+             limits belong on the gateway's routes",
+        );
+        return None;
+    }
+    Some(settings.limit)
 }
 
 fn leaky_mode(limit: &Limit) -> LeakyMode {

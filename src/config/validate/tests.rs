@@ -550,6 +550,22 @@ fn a_token_count_in_the_rate_limit_service_is_a_located_error() {
 }
 
 #[test]
+fn a_delay_or_a_concurrency_limit_in_the_rate_limit_service_is_a_located_error() {
+    let found = rls_limit_problem(
+        "{ name: smooth, algorithm: leaky_bucket, rate: 1/s, burst: 2, mode: delay, max_delay: 1s }",
+    );
+    assert!(
+        found.ends_with(".mode: the rate limit service answers at once and cannot hold a request: use mode: reject"),
+        "{found}"
+    );
+    let found = rls_limit_problem("{ name: slots, algorithm: concurrency, max: 4 }");
+    assert!(
+        found.ends_with(".algorithm: the rate limit service never sees a request end, so it could never release a slot: concurrency limits belong on the gateway's routes"),
+        "{found}"
+    );
+}
+
+#[test]
 fn a_status_count_in_the_rate_limit_service_is_a_located_error() {
     let found = rls_limit_problem("{ name: failed, algorithm: sliding_log, limit: 5, period: 15m, counts: { status: [401] } }");
     assert!(
