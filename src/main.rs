@@ -153,31 +153,10 @@ fn init_tracing(format: LogFormat) {
 /// Runs the gateway on `config`, loaded from `loaded_file` (the config file's text as read).
 async fn run(config: Config, loaded_file: String) -> ExitCode {
     tollgate::telemetry::prometheus();
-    let limiter = match tollgate::limiter::RateLimiter::from_settings(&config.store) {
-        Ok(limiter) => Arc::new(limiter),
-        Err(error) => {
-            eprintln!("{}: store.url: {error}", config.source.display());
-            return ExitCode::from(EXIT_INVALID);
-        }
+    let limiter = match connect_store(&config).await {
+        Ok(limiter) => limiter,
+        Err(code) => return code,
     };
-    if let Backend::Redis(redis) = limiter.backend() {
-        if redis.wait_connected(Duration::from_secs(2)).await {
-            tracing::info!(url = %config::summary::redact(&config.store.url), "connected to redis");
-        } else {
-            let consequence = match config.store.on_error {
-                OnError::Local => {
-                    "limits are enforced by this instance alone (in-process store) until it answers"
-                }
-                OnError::Allow => "requests are admitted UNLIMITED until it answers",
-                OnError::Deny => "requests are refused with 503 until it answers",
-            };
-            tracing::warn!(
-                url = %config::summary::redact(&config.store.url),
-                "REDIS IS UNREACHABLE: {consequence} (store.on_error: {})",
-                config.store.on_error
-            );
-        }
-    }
 
     let listener = match TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
@@ -203,48 +182,14 @@ async fn run(config: Config, loaded_file: String) -> ExitCode {
         .map_or(config.admin.listen, |a| a);
     let gateway = Arc::new(Gateway::new(&config, limiter.clone()));
     gateway.set_loaded_file(loaded_file.into_bytes().into());
-    let admin = tollgate::admin::router_for(gateway.clone(), &config.admin);
-    // Descriptors held back for the admin listener: out of descriptors, health checks and metrics still answer.
-    let reserve = tollgate::server::Reserve::new(tollgate::server::ADMIN_RESERVE);
-    let admin_listener =
-        tollgate::server::AdminListener::new(admin_listener, reserve).tap_io(|_| {});
-    tokio::spawn(async move {
-        // With the client's address, which the audit lines of consumer changes name.
-        let admin = admin.into_make_service_with_connect_info::<std::net::SocketAddr>();
-        if let Err(error) = axum::serve(admin_listener, admin).await {
-            tracing::error!(%error, "admin listener failed");
-        }
-    });
+    spawn_admin(admin_listener, &gateway, &config);
     // When the listeners close (after the drain's delay): the rate limit service's closes with the gateway's.
     let (closing, closed) = tokio::sync::watch::channel(None::<Instant>);
-    let mut rls_served = None;
-    let rls = match &config.rls {
-        None => None,
-        Some(settings) => match TcpListener::bind(settings.listen).await {
-            Ok(listener) => {
-                let service = Arc::new(tollgate::rls::RateLimitService::new(
-                    settings,
-                    &config.store.key_prefix,
-                    limiter.clone(),
-                ));
-                let rls_addr = listener.local_addr().map_or(settings.listen, |a| a);
-                tracing::info!(listen = %rls_addr, domains = settings.domains.len(), "rate limit service listening");
-                // It drains as the gateway does: NOT_SERVING from the signal, its listener closed with the
-                // gateway's, and the calls in flight answered within the same grace period.
-                rls_served = Some(tokio::spawn(serve_rls(
-                    listener,
-                    Arc::clone(&service),
-                    closed.clone(),
-                )));
-                Some(service)
-            }
-            Err(error) => {
-                eprintln!(
-                    "tollgate: cannot listen on {} (rls): {error}",
-                    settings.listen
-                );
-                return ExitCode::from(EXIT_FAILURE);
-            }
+    let (rls, rls_served) = match &config.rls {
+        None => (None, None),
+        Some(settings) => match start_rls(settings, &config, &limiter, closed.clone()).await {
+            Ok((service, served)) => (Some(service), Some(served)),
+            Err(code) => return code,
         },
     };
     tokio::spawn(purge_expired_keys(limiter));
@@ -293,6 +238,53 @@ async fn run(config: Config, loaded_file: String) -> ExitCode {
             ExitCode::SUCCESS
         }
     }
+}
+
+/// The store of `config`, waiting up to 2 s for Redis to answer and saying plainly what happens while it does not;
+/// `Err` with the exit code when the store settings cannot make one.
+async fn connect_store(config: &Config) -> Result<Arc<tollgate::limiter::RateLimiter>, ExitCode> {
+    let limiter = match tollgate::limiter::RateLimiter::from_settings(&config.store) {
+        Ok(limiter) => Arc::new(limiter),
+        Err(error) => {
+            eprintln!("{}: store.url: {error}", config.source.display());
+            return Err(ExitCode::from(EXIT_INVALID));
+        }
+    };
+    if let Backend::Redis(redis) = limiter.backend() {
+        if redis.wait_connected(Duration::from_secs(2)).await {
+            tracing::info!(url = %config::summary::redact(&config.store.url), "connected to redis");
+        } else {
+            let consequence = match config.store.on_error {
+                OnError::Local => {
+                    "limits are enforced by this instance alone (in-process store) until it answers"
+                }
+                OnError::Allow => "requests are admitted UNLIMITED until it answers",
+                OnError::Deny => "requests are refused with 503 until it answers",
+            };
+            tracing::warn!(
+                url = %config::summary::redact(&config.store.url),
+                "REDIS IS UNREACHABLE: {consequence} (store.on_error: {})",
+                config.store.on_error
+            );
+        }
+    }
+    Ok(limiter)
+}
+
+/// Serves the admin API on `admin_listener`, with descriptors held back for it: out of descriptors, health checks
+/// and metrics still answer.
+fn spawn_admin(admin_listener: TcpListener, gateway: &Arc<Gateway>, config: &Config) {
+    let admin = tollgate::admin::router_for(Arc::clone(gateway), &config.admin);
+    let reserve = tollgate::server::Reserve::new(tollgate::server::ADMIN_RESERVE);
+    let admin_listener =
+        tollgate::server::AdminListener::new(admin_listener, reserve).tap_io(|_| {});
+    tokio::spawn(async move {
+        // With the client's address, which the audit lines of consumer changes name.
+        let admin = admin.into_make_service_with_connect_info::<std::net::SocketAddr>();
+        if let Err(error) = axum::serve(admin_listener, admin).await {
+            tracing::error!(%error, "admin listener failed");
+        }
+    });
 }
 
 /// Completes when the listener must close: on SIGINT or SIGTERM readiness fails (`draining`, and the rate limit
@@ -410,6 +402,42 @@ fn reload_on_sighup(
         #[cfg(not(unix))]
         drop((gateway, rls, path));
     }
+}
+
+/// Starts Envoy's rate limit service on `settings.listen`. It drains as the gateway does: NOT_SERVING from the
+/// signal, its listener closed with the gateway's (`closed`), and the calls in flight answered within the same
+/// grace period. `Err` with the exit code when its address cannot be bound.
+async fn start_rls(
+    settings: &tollgate::rls::RlsSettings,
+    config: &Config,
+    limiter: &Arc<tollgate::limiter::RateLimiter>,
+    closed: tokio::sync::watch::Receiver<Option<Instant>>,
+) -> Result<
+    (
+        Arc<tollgate::rls::RateLimitService>,
+        tokio::task::JoinHandle<()>,
+    ),
+    ExitCode,
+> {
+    let listener = match TcpListener::bind(settings.listen).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!(
+                "tollgate: cannot listen on {} (rls): {error}",
+                settings.listen
+            );
+            return Err(ExitCode::from(EXIT_FAILURE));
+        }
+    };
+    let service = Arc::new(tollgate::rls::RateLimitService::new(
+        settings,
+        &config.store.key_prefix,
+        Arc::clone(limiter),
+    ));
+    let rls_addr = listener.local_addr().map_or(settings.listen, |a| a);
+    tracing::info!(listen = %rls_addr, domains = settings.domains.len(), "rate limit service listening");
+    let served = tokio::spawn(serve_rls(listener, Arc::clone(&service), closed));
+    Ok((service, served))
 }
 
 /// Serves Envoy's rate limit service on `listener` until `closed` says the listeners close; completes once the
