@@ -5,7 +5,8 @@ use std::path::Path;
 
 use super::limits::limit_settings;
 use super::raw::{
-    RawAnonymous, RawConsumers, RawCredentialSource, RawIdentifier, RawPlan, RawStaticKey,
+    RawAnonymous, RawConsumers, RawCredentialSource, RawFailedCredentials, RawIdentifier, RawPlan,
+    RawStaticKey,
 };
 use super::validate::{check_name, unique_names, Issues};
 use crate::consumers::{
@@ -50,7 +51,43 @@ pub(crate) fn consumers(
             "keys are listed but no `api_key` identifier reads them (add `- api_key: { header: x-api-key }` to identify)",
         );
     }
-    let anonymous = match &raw.anonymous {
+    let anonymous = anonymous(issues, raw.anonymous.as_ref(), &plan_exists);
+    let forward = ForwardHeaders {
+        consumer: header_name(
+            issues,
+            "consumers.forward.consumer",
+            raw.forward.consumer.as_deref(),
+        ),
+        plan: header_name(
+            issues,
+            "consumers.forward.plan",
+            raw.forward.plan.as_deref(),
+        ),
+    };
+    let failed_credentials = raw
+        .failed_credentials
+        .as_ref()
+        .and_then(|failures| failed_credentials(issues, failures));
+    if issues.count() != before {
+        return None;
+    }
+    Some(ConsumersSettings {
+        identify,
+        keys,
+        anonymous,
+        forward,
+        plans,
+        failed_credentials,
+    })
+}
+
+/// `consumers.anonymous`: what a caller without a credential gets (no plan, a plan named in `plans`, or 401).
+fn anonymous(
+    issues: &mut Issues,
+    anonymous: Option<&RawAnonymous>,
+    plan_exists: &impl Fn(&str) -> bool,
+) -> Anonymous {
+    match anonymous {
         None => Anonymous::NoPlan,
         Some(RawAnonymous::Word(word)) if word == "reject" => Anonymous::Reject,
         Some(RawAnonymous::Word(word)) => {
@@ -70,53 +107,36 @@ pub(crate) fn consumers(
             );
             Anonymous::NoPlan
         }
-    };
-    let forward = ForwardHeaders {
-        consumer: header_name(
-            issues,
-            "consumers.forward.consumer",
-            raw.forward.consumer.as_deref(),
-        ),
-        plan: header_name(
-            issues,
-            "consumers.forward.plan",
-            raw.forward.plan.as_deref(),
-        ),
-    };
-    let failed_credentials = raw.failed_credentials.as_ref().and_then(|failures| {
-        let at = "consumers.failed_credentials";
-        if failures.limit == 0 {
-            issues.add(format!("{at}.limit"), "must be greater than 0");
-        }
-        let period_ms = issues.check(format!("{at}.period"), parse_duration(&failures.period));
-        let period_ms = period_ms.map(|p| u64::try_from(p.as_millis()).unwrap_or(u64::MAX));
-        match period_ms {
-            Some(0) => {
-                issues.add(format!("{at}.period"), "must be greater than 0");
-                None
-            }
-            Some(period_ms) if failures.limit > 0 => {
-                let settings = FailureSettings {
-                    limit: failures.limit,
-                    period_ms,
-                };
-                // Built once here as the gateway will build it, so that a bound it breaks is a located error.
-                issues.check(at, FailureLimit::new(settings, "").map(|_| settings))
-            }
-            _ => None,
-        }
-    });
-    if issues.count() != before {
-        return None;
     }
-    Some(ConsumersSettings {
-        identify,
-        keys,
-        anonymous,
-        forward,
-        plans,
-        failed_credentials,
-    })
+}
+
+/// `consumers.failed_credentials`: how many wrong credentials an address may send in a period before its
+/// credentials are refused unchecked.
+fn failed_credentials(
+    issues: &mut Issues,
+    failures: &RawFailedCredentials,
+) -> Option<FailureSettings> {
+    let at = "consumers.failed_credentials";
+    if failures.limit == 0 {
+        issues.add(format!("{at}.limit"), "must be greater than 0");
+    }
+    let period_ms = issues.check(format!("{at}.period"), parse_duration(&failures.period));
+    let period_ms = period_ms.map(|p| u64::try_from(p.as_millis()).unwrap_or(u64::MAX));
+    match period_ms {
+        Some(0) => {
+            issues.add(format!("{at}.period"), "must be greater than 0");
+            None
+        }
+        Some(period_ms) if failures.limit > 0 => {
+            let settings = FailureSettings {
+                limit: failures.limit,
+                period_ms,
+            };
+            // Built once here as the gateway will build it, so that a bound it breaks is a located error.
+            issues.check(at, FailureLimit::new(settings, "").map(|_| settings))
+        }
+        _ => None,
+    }
 }
 
 // A `jwt:` identifier's files are read relative to `folder`.
