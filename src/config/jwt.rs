@@ -26,52 +26,9 @@ pub(super) fn jwt_settings(
         Some(name) => header_name(issues, &format!("{at}.header"), Some(name)),
         None => Some(http::header::AUTHORIZATION),
     };
-    if raw.algorithms.is_empty() {
-        issues.add(
-            format!("{at}.algorithms"),
-            "needs at least one of RS256, ES256, EdDSA, HS256",
-        );
-    }
-    let algorithms: Vec<Algorithm> = raw
-        .algorithms
-        .iter()
-        .enumerate()
-        .filter_map(|(i, name)| {
-            let algorithm = match name.as_str() {
-                "RS256" => Some(Algorithm::RS256),
-                "ES256" => Some(Algorithm::ES256),
-                "EdDSA" => Some(Algorithm::EdDSA),
-                "HS256" => Some(Algorithm::HS256),
-                _ => None,
-            };
-            if algorithm.is_none() {
-                issues.add(
-                    format!("{at}.algorithms[{i}]"),
-                    format_args!("unsupported algorithm {name:?} (use RS256, ES256, EdDSA, HS256)"),
-                );
-            }
-            algorithm
-        })
-        .collect();
+    let algorithms = jwt_algorithms(issues, at, &raw.algorithms);
     let keys = jwt_keys(issues, at, raw, folder);
-    // A shared secret and public keys in one identifier would let a token signed with the public key as an HMAC
-    // secret through: HS256 goes with `secret_env` and only there.
-    let hs256 = algorithms.contains(&Algorithm::HS256);
-    match (&keys, hs256) {
-        (Some(JwtKeySource::Secret(_)), _) if algorithms.iter().any(|a| *a != Algorithm::HS256) => {
-            issues.add(
-                format!("{at}.algorithms"),
-                "a secret_env verifies HS256 only",
-            );
-        }
-        (Some(JwtKeySource::File(_) | JwtKeySource::Url { .. }), true) => {
-            issues.add(
-                format!("{at}.algorithms"),
-                "HS256 needs secret_env; keys from a JWKS verify RS256, ES256 and EdDSA",
-            );
-        }
-        _ => {}
-    }
+    keys_fit_algorithms(issues, at, keys.as_ref(), &algorithms);
     let leeway = match &raw.leeway {
         Some(text) => issues.check(format!("{at}.leeway"), parse_duration(text)),
         None => Some(Duration::ZERO),
@@ -111,6 +68,64 @@ pub(super) fn jwt_settings(
         return None;
     }
     Some(settings)
+}
+
+/// `algorithms`: the signatures a token may carry, by their JOSE names.
+fn jwt_algorithms(issues: &mut Issues, at: &str, names: &[String]) -> Vec<Algorithm> {
+    if names.is_empty() {
+        issues.add(
+            format!("{at}.algorithms"),
+            "needs at least one of RS256, ES256, EdDSA, HS256",
+        );
+    }
+    names
+        .iter()
+        .enumerate()
+        .filter_map(|(i, name)| {
+            let algorithm = match name.as_str() {
+                "RS256" => Some(Algorithm::RS256),
+                "ES256" => Some(Algorithm::ES256),
+                "EdDSA" => Some(Algorithm::EdDSA),
+                "HS256" => Some(Algorithm::HS256),
+                _ => None,
+            };
+            if algorithm.is_none() {
+                issues.add(
+                    format!("{at}.algorithms[{i}]"),
+                    format_args!("unsupported algorithm {name:?} (use RS256, ES256, EdDSA, HS256)"),
+                );
+            }
+            algorithm
+        })
+        .collect()
+}
+
+/// The keys and the algorithms go together: a shared secret verifies HS256 alone, a JWKS the public-key algorithms
+/// alone.
+fn keys_fit_algorithms(
+    issues: &mut Issues,
+    at: &str,
+    keys: Option<&JwtKeySource>,
+    algorithms: &[Algorithm],
+) {
+    // A shared secret and public keys in one identifier would let a token signed with the public key as an HMAC
+    // secret through: HS256 goes with `secret_env` and only there.
+    let hs256 = algorithms.contains(&Algorithm::HS256);
+    match (keys, hs256) {
+        (Some(JwtKeySource::Secret(_)), _) if algorithms.iter().any(|a| *a != Algorithm::HS256) => {
+            issues.add(
+                format!("{at}.algorithms"),
+                "a secret_env verifies HS256 only",
+            );
+        }
+        (Some(JwtKeySource::File(_) | JwtKeySource::Url { .. }), true) => {
+            issues.add(
+                format!("{at}.algorithms"),
+                "HS256 needs secret_env; keys from a JWKS verify RS256, ES256 and EdDSA",
+            );
+        }
+        _ => {}
+    }
 }
 
 /// Two `jwt:` identifiers whose consumers would share ids by default (issuers that read alike) are an issue at the
