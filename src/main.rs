@@ -210,23 +210,10 @@ async fn run(config: Config, loaded_file: String) -> ExitCode {
     let listen = listener.local_addr().map_or(config.listen, |a| a);
     tracing::info!(%listen, admin = %admin_addr, routes = config.routes.len(), "tollgate listening");
     let served = gateway::serve(listener, gateway.clone(), &config.server, shutdown).await;
-    let rls_finished = match rls_served {
-        None => true,
-        Some(served) => {
-            let closed_at = *closed.borrow();
-            let deadline = closed_at.unwrap_or_else(Instant::now) + config.server.shutdown_grace;
-            tokio::select! {
-                biased;
-                _ = served => true,
-                () = tokio::time::sleep_until(deadline.into()) => false,
-                () = gateway.shutdown().cut_requested() => false,
-            }
-        }
-    };
-    if !rls_finished {
-        tracing::warn!(
-            "rate limit service calls still in flight after the grace period: they are cut"
-        );
+    if let Some(rls_served) = rls_served {
+        let closed_at = *closed.borrow();
+        let deadline = closed_at.unwrap_or_else(Instant::now) + config.server.shutdown_grace;
+        rls_drained(rls_served, deadline, &gateway).await;
     }
     match served {
         Ok(()) => {
@@ -285,6 +272,22 @@ fn spawn_admin(admin_listener: TcpListener, gateway: &Arc<Gateway>, config: &Con
             tracing::error!(%error, "admin listener failed");
         }
     });
+}
+
+/// Waits for the rate limit service's calls in flight until `deadline` (the gateway's grace period) or a second
+/// signal, and says when they are cut.
+async fn rls_drained(served: tokio::task::JoinHandle<()>, deadline: Instant, gateway: &Gateway) {
+    let finished = tokio::select! {
+        biased;
+        _ = served => true,
+        () = tokio::time::sleep_until(deadline.into()) => false,
+        () = gateway.shutdown().cut_requested() => false,
+    };
+    if !finished {
+        tracing::warn!(
+            "rate limit service calls still in flight after the grace period: they are cut"
+        );
+    }
 }
 
 /// Completes when the listener must close: on SIGINT or SIGTERM readiness fails (`draining`, and the rate limit

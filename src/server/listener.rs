@@ -80,6 +80,16 @@ pub async fn serve<H: Handler>(
     }
 
     drop(listener);
+    drain_connections(&drain, settings, shutdown).await
+}
+
+/// The listener closed: the connections still open get `shutdown_grace` to finish their requests, or less when a
+/// second signal asks for the cut; `Err` with how many were cut.
+async fn drain_connections(
+    drain: &Drain,
+    settings: &Settings,
+    shutdown: &Shutdown,
+) -> Result<(), ServeError> {
     let open = drain.open();
     tracing::info!(
         connections = open,
