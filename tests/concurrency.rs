@@ -1357,12 +1357,7 @@ async fn a_lowered_max_is_shown_and_applies_to_waiting_requests(redis: Option<&R
     }
 }
 
-#[tokio::test]
-async fn in_memory_a_lowered_max_is_shown_and_applies_to_requests_already_waiting() {
-    a_lowered_max_is_shown_and_applies_to_waiting_requests(None).await;
-}
-
-#[tokio::test]
-async fn on_redis_a_lowered_max_is_shown_and_applies_to_requests_already_waiting() {
-    a_lowered_max_is_shown_and_applies_to_waiting_requests(Some(&RedisServer::start())).await;
-}
+crate::each_store!(
+    a_lowered_max_is_shown_and_applies_to_requests_already_waiting,
+    a_lowered_max_is_shown_and_applies_to_waiting_requests
+);

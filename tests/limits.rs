@@ -414,27 +414,17 @@ async fn a_request_held_by_a_delaying_limit_gives_its_place_back_when_its_client
 async fn a_flood_of_new_keys_does_not_reset_a_key_over_its_limit() {
     // The memory store holds 640 keys; 2,000 new ones must not push out the victim's full log.
     let upstream = Upstream::start().await;
-    let yaml = format!(
-        r#"listen: 127.0.0.1:0
-store:
-  backend: memory
-  max_keys: 640
-upstreams:
-  backend:
-    targets: ["{}"]
-routes:
-  - name: api
-    match: {{ path_prefix: /api }}
-    upstream: backend
-    limits:
-      - name: per-key
-        key: [header:x-api-key]
-        algorithm: sliding_log
-        limit: 5
-        period: 30s
-"#,
-        upstream.url()
-    );
+    let yaml = ConfigBuilder::new()
+        .store_yaml("  backend: memory\n  max_keys: 640\n")
+        .upstream("backend", &upstream.url())
+        .route("api", "/api")
+        .to("backend")
+        .limit(
+            "per-key",
+            "[header:x-api-key]",
+            "algorithm: sliding_log, limit: 5, period: 30s",
+        )
+        .build();
     let gateway = start_gateway(&yaml).await;
     let url = gateway.url("/api");
     let victim = hammer(&url, 8, &[("x-api-key", "victim")]).await;
@@ -480,28 +470,19 @@ async fn when_full_decides_new_keys_while_the_store_holds_only_keys_over_their_l
     for when_full in ["deny", "allow"] {
         // 64 keys, one a shard; each key is over its limit after one request, so none may be displaced: of 100
         // new keys at most 64 find room.
-        let yaml = format!(
-            r#"listen: 127.0.0.1:0
-store:
-  backend: memory
-  max_keys: 64
-  when_full: {when_full}
-upstreams:
-  backend:
-    targets: ["{}"]
-routes:
-  - name: api
-    match: {{ path_prefix: /api }}
-    upstream: backend
-    limits:
-      - name: per-key
-        key: [header:x-api-key]
-        algorithm: sliding_log
-        limit: 1
-        period: 1m
-"#,
-            upstream.url()
-        );
+        let yaml = ConfigBuilder::new()
+            .store_yaml(&format!(
+                "  backend: memory\n  max_keys: 64\n  when_full: {when_full}\n"
+            ))
+            .upstream("backend", &upstream.url())
+            .route("api", "/api")
+            .to("backend")
+            .limit(
+                "per-key",
+                "[header:x-api-key]",
+                "algorithm: sliding_log, limit: 1, period: 1m",
+            )
+            .build();
         let gateway = start_gateway(&yaml).await;
         let client = client();
         let before = full_total();
@@ -626,26 +607,17 @@ async fn one_route_flooding_the_memory_store_leaves_room_for_every_other() {
     // 640 keys, at most 160 of one limit (a quarter): 2,000 keys over their limit on one route cannot take the
     // room the other routes' new clients need.
     let upstream = Upstream::start().await;
-    let yaml = format!(
-        r#"listen: 127.0.0.1:0
-store:
-  backend: memory
-  max_keys: 640
-upstreams:
-  backend:
-    targets: ["{}"]
-routes:
-  - name: flooded
-    match: {{ path_prefix: /flooded }}
-    upstream: backend
-    limits: [{{ name: per-key, key: [header:x-key], algorithm: sliding_log, limit: 1, period: 1m }}]
-  - name: other
-    match: {{ path_prefix: /other }}
-    upstream: backend
-    limits: [{{ name: per-key, key: [header:x-key], algorithm: sliding_log, limit: 100, period: 1m }}]
-"#,
-        upstream.url()
-    );
+    let per_key = |limit: u32| format!("algorithm: sliding_log, limit: {limit}, period: 1m");
+    let yaml = ConfigBuilder::new()
+        .store_yaml("  backend: memory\n  max_keys: 640\n")
+        .upstream("backend", &upstream.url())
+        .route("flooded", "/flooded")
+        .to("backend")
+        .limit("per-key", "[header:x-key]", &per_key(1))
+        .route("other", "/other")
+        .to("backend")
+        .limit("per-key", "[header:x-key]", &per_key(100))
+        .build();
     let gateway = start_gateway(&yaml).await;
     let client = client();
     for i in 0..2_000 {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::binary::{Tollgate, BIN};
+use common::config_builder::ConfigBuilder;
 use common::h2::{h2_frame, H2_PREFACE};
 use common::http_client::{client, json_answer, metrics_text};
 use common::upstream::Upstream;
@@ -17,27 +18,18 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tollgate::reload::{Polled, Watcher};
 
 fn limits_yaml(limit: u64, body: &str) -> String {
-    format!(
-        r#"listen: 127.0.0.1:0
-admin:
-  listen: 127.0.0.1:0
-store:
-  backend: memory
-routes:
-  - name: version
-    match: {{ path: /version }}
-    respond: {{ status: 200, body: "{body}" }}
-  - name: demo
-    match: {{ path_prefix: /demo }}
-    respond: {{ status: 200, body: "{body}" }}
-    limits:
-      - name: per-ip
-        key: ip
-        algorithm: sliding_log
-        limit: {limit}
-        period: 1m
-"#
-    )
+    ConfigBuilder::new()
+        .admin()
+        .route_at("version", "/version")
+        .respond(200, body)
+        .route("demo", "/demo")
+        .respond(200, body)
+        .limit(
+            "per-ip",
+            "ip",
+            &format!("algorithm: sliding_log, limit: {limit}, period: 1m"),
+        )
+        .build()
 }
 
 fn write(path: &std::path::Path, text: &str) {
@@ -157,22 +149,13 @@ async fn sigterm_drains(workers: Option<&str>) {
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("gateway.yaml");
-    let yaml = format!(
-        r#"listen: 127.0.0.1:0
-admin:
-  listen: 127.0.0.1:0
-server:
-  shutdown_grace: 10s
-upstreams:
-  backend:
-    targets: ["{upstream}"]
-routes:
-  - name: api
-    match: {{ path_prefix: /api }}
-    upstream: backend
-"#,
-        upstream = upstream.url()
-    );
+    let yaml = ConfigBuilder::new()
+        .admin()
+        .top("server:\n  shutdown_grace: 10s\n")
+        .upstream("backend", &upstream.url())
+        .route("api", "/api")
+        .to("backend")
+        .build();
     write(&path, &yaml);
     let mut process = spawn(&path, workers);
     let url = process.url("/api/slow");
@@ -211,18 +194,12 @@ routes:
 /// A gateway process with a direct-response route `/hello`, an admin listener, and `server` settings.
 fn draining_gateway(dir: &tempfile::TempDir, server: &str) -> Tollgate {
     let path = dir.path().join("gateway.yaml");
-    let yaml = format!(
-        r#"listen: 127.0.0.1:0
-admin:
-  listen: 127.0.0.1:0
-server:
-{server}
-routes:
-  - name: hello
-    match: {{ path_prefix: /hello }}
-    respond: {{ status: 200, body: "hello" }}
-"#
-    );
+    let yaml = ConfigBuilder::new()
+        .admin()
+        .top(&format!("server:\n{server}\n"))
+        .route("hello", "/hello")
+        .respond(200, "hello")
+        .build();
     write(&path, &yaml);
     spawn(&path, None)
 }
@@ -322,22 +299,13 @@ async fn a_second_sigterm_ends_the_drain_at_once() {
 /// A gateway process proxying `/api` to `upstream` (whose `/slow` answers after 3 s), with `server` settings.
 fn proxying_gateway(dir: &tempfile::TempDir, server: &str, upstream: &Upstream) -> Tollgate {
     let path = dir.path().join("gateway.yaml");
-    let yaml = format!(
-        r#"listen: 127.0.0.1:0
-admin:
-  listen: 127.0.0.1:0
-server:
-{server}
-upstreams:
-  backend:
-    targets: ["{upstream}"]
-routes:
-  - name: api
-    match: {{ path_prefix: /api }}
-    upstream: backend
-"#,
-        upstream = upstream.url()
-    );
+    let yaml = ConfigBuilder::new()
+        .admin()
+        .top(&format!("server:\n{server}\n"))
+        .upstream("backend", &upstream.url())
+        .route("api", "/api")
+        .to("backend")
+        .build();
     write(&path, &yaml);
     spawn(&path, None)
 }
@@ -574,22 +542,13 @@ async fn a_streamed_answer_flows_through_the_grace_period_then_is_cut() {
     let upstream = endless_stream_upstream().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("gateway.yaml");
-    let yaml = format!(
-        r#"listen: 127.0.0.1:0
-admin:
-  listen: 127.0.0.1:0
-server:
-  shutdown_delay: 0s
-  shutdown_grace: 2s
-upstreams:
-  backend:
-    targets: ["http://{upstream}"]
-routes:
-  - name: api
-    match: {{ path_prefix: /api }}
-    upstream: backend
-"#
-    );
+    let yaml = ConfigBuilder::new()
+        .admin()
+        .top("server:\n  shutdown_delay: 0s\n  shutdown_grace: 2s\n")
+        .upstream("backend", &format!("http://{upstream}"))
+        .route("api", "/api")
+        .to("backend")
+        .build();
     write(&path, &yaml);
     let mut process = spawn(&path, None);
     let mut response = reqwest::Client::builder()

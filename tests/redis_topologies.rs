@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::binary::Tollgate;
 use common::cluster::RedisCluster;
+use common::config_builder::ConfigBuilder;
 use common::http_client::client;
 use common::pki::TestCa;
 use common::redis::RedisServer;
@@ -25,16 +26,12 @@ use tollgate::limiter::{Algorithm, LeakyMode, Limit, ManualClock, Rate};
 
 /// A gateway config with one direct-response route `/spread` and `limits` (YAML list items, indented by 6).
 fn gateway_yaml(store: &str, limits: &str) -> String {
-    format!(
-        r#"listen: 127.0.0.1:0
-store:
-{store}routes:
-  - name: spread
-    match: {{ path_prefix: /spread }}
-    respond: {{ status: 200, body: "ok" }}
-    limits:
-{limits}"#
-    )
+    ConfigBuilder::new()
+        .store_yaml(store)
+        .route("spread", "/spread")
+        .respond(200, "ok")
+        .limits_yaml(limits)
+        .build()
 }
 
 /// Three limits keyed by client address, tenant header and route: on Redis Cluster their keys hash to three

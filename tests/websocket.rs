@@ -14,6 +14,7 @@ use axum::response::Response;
 use axum::routing::{any, get};
 use axum::{Json, Router};
 use common::binary::Tollgate;
+use common::config_builder::ConfigBuilder;
 use common::pki::{Issued, TestCa};
 use common::upstream::serve_tls;
 use common::{eventually, serve_admin, start_gateway};
@@ -155,27 +156,13 @@ async fn gateway_naming(
     name: &str,
     limits: &str,
 ) -> common::TestGateway {
-    let limits = if limits.is_empty() {
-        String::new()
-    } else {
-        format!("    limits:\n{limits}")
-    };
-    start_gateway(&format!(
-        r#"listen: 127.0.0.1:0
-store:
-  backend: memory
-upstreams:
-  {name}:
-    targets: ["http://{}"]
-    timeout: 5s
-routes:
-  - name: api
-    match: {{ path_prefix: /api }}
-    upstream: {name}
-{limits}"#,
-        upstream.addr
-    ))
-    .await
+    let yaml = ConfigBuilder::new()
+        .upstream_with(name, &format!("http://{}", upstream.addr), "timeout: 5s")
+        .route("api", "/api")
+        .to(name)
+        .limits_yaml(limits)
+        .build();
+    start_gateway(&yaml).await
 }
 
 /// Sends a raw request head on a new connection and reads the response head, byte by byte so that nothing after it
@@ -545,23 +532,16 @@ async fn a_websocket_reaches_an_https_upstream_over_tls() {
     let dir = tempfile::tempdir().expect("temp dir");
     let ca = TestCa::new(dir.path(), "upstream");
     let upstream = WebSocketUpstream::start_tls(&ca.issue("server", &["ws.internal"])).await;
-    let gateway = start_gateway(&format!(
-        r#"listen: 127.0.0.1:0
-store:
-  backend: memory
-upstreams:
-  secure:
-    targets: ["https://{}"]
-    tls: {{ ca_file: {:?}, server_name: ws.internal }}
-routes:
-  - name: api
-    match: {{ path_prefix: /api }}
-    upstream: secure
-"#,
-        upstream.addr,
+    let tls = format!(
+        "tls: {{ ca_file: {:?}, server_name: ws.internal }}",
         ca.ca_file.display().to_string()
-    ))
-    .await;
+    );
+    let yaml = ConfigBuilder::new()
+        .upstream_with("secure", &format!("https://{}", upstream.addr), &tls)
+        .route("api", "/api")
+        .to("secure")
+        .build();
+    let gateway = start_gateway(&yaml).await;
     let (mut socket, response) = connect(&gateway, "/api/ws").await;
     assert_eq!(response.status(), 101);
     let seen: Value = serde_json::from_str(&next_text(&mut socket).await).expect("json");
@@ -598,23 +578,13 @@ async fn on_sigterm_open_websockets_get_the_grace_period_then_the_rest_are_cut()
     let upstream = WebSocketUpstream::start().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("gateway.yaml");
-    let yaml = format!(
-        r#"listen: 127.0.0.1:0
-admin:
-  listen: 127.0.0.1:0
-server:
-  shutdown_delay: 0s
-  shutdown_grace: 5s
-upstreams:
-  ws:
-    targets: ["http://{}"]
-routes:
-  - name: api
-    match: {{ path_prefix: /api }}
-    upstream: ws
-"#,
-        upstream.addr
-    );
+    let yaml = ConfigBuilder::new()
+        .admin()
+        .top("server:\n  shutdown_delay: 0s\n  shutdown_grace: 5s\n")
+        .upstream("ws", &format!("http://{}", upstream.addr))
+        .route("api", "/api")
+        .to("ws")
+        .build();
     std::fs::write(&path, yaml).expect("write config");
     let mut command = Tollgate::command(&path);
     command.env("RUST_LOG", "warn");

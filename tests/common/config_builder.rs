@@ -30,7 +30,8 @@ pub struct ConfigBuilder {
 #[derive(Debug, Clone)]
 struct Route {
     name: String,
-    prefix: String,
+    /// The `match:` mapping's entries (`path_prefix: /api`).
+    matcher: String,
     /// `upstream: NAME` or `respond: {...}`.
     target: String,
     /// Further route fields, each line indented by four spaces.
@@ -70,6 +71,11 @@ impl ConfigBuilder {
         self
     }
 
+    /// An admin listener on a free port.
+    pub fn admin(self) -> Self {
+        self.top("admin:\n  listen: 127.0.0.1:0\n")
+    }
+
     /// A top-level block as written (`server:`, `client_ip:`, `consumers:`...), ending with a newline.
     pub fn top(mut self, block: &str) -> Self {
         self.top.push_str(block);
@@ -93,10 +99,20 @@ impl ConfigBuilder {
 
     /// A route `name` matching the path prefix `prefix`; it answers 200 itself until [`to`](Self::to) names an
     /// upstream.
-    pub fn route(mut self, name: &str, prefix: &str) -> Self {
+    pub fn route(self, name: &str, prefix: &str) -> Self {
+        self.route_matching(name, &format!("path_prefix: {prefix}"))
+    }
+
+    /// A route `name` matching the path `path` alone (`match: { path: ... }`).
+    pub fn route_at(self, name: &str, path: &str) -> Self {
+        self.route_matching(name, &format!("path: {path}"))
+    }
+
+    /// A route `name` whose `match:` mapping has `entries` as written.
+    pub fn route_matching(mut self, name: &str, entries: &str) -> Self {
         self.routes.push(Route {
             name: name.to_owned(),
-            prefix: prefix.to_owned(),
+            matcher: entries.to_owned(),
             target: "respond: { status: 200 }".to_owned(),
             extra: String::new(),
             limits: String::new(),
@@ -148,8 +164,8 @@ impl ConfigBuilder {
         for route in &self.routes {
             let _ = write!(
                 yaml,
-                "  - name: {}\n    match: {{ path_prefix: {} }}\n    {}\n{}",
-                route.name, route.prefix, route.target, route.extra
+                "  - name: {}\n    match: {{ {} }}\n    {}\n{}",
+                route.name, route.matcher, route.target, route.extra
             );
             if !route.limits.is_empty() {
                 let _ = write!(yaml, "    limits:\n{}", route.limits);
