@@ -12,7 +12,7 @@ use super::settle::StatusSettlement;
 use crate::key::TokenKind;
 use crate::limiter::{Giver, Limit, Settlement};
 use crate::usage::{
-    accept_readable_answers, BodyEnd, CompletionBound, Dialect, Handed, PromptBound, RequestFacts,
+    accept_readable_answers, BodyEnd, BodyFacts, CompletionBound, Dialect, Handed, PromptBound,
     SharedUsage, Usage, UsageFormat, UsageReader, UsageSettings,
 };
 
@@ -150,7 +150,7 @@ impl RouteUsage {
 impl Reservation {
     /// What a request of `body_len` bytes, whose forwarded body says `facts` (`None` when it was not read), reserves
     /// on `route`.
-    pub fn new(route: &Arc<RouteUsage>, body_len: usize, facts: Option<&RequestFacts>) -> Self {
+    pub fn new(route: &Arc<RouteUsage>, body_len: usize, facts: Option<&BodyFacts>) -> Self {
         let settings = &route.settings;
         let prompt = match settings.prompt {
             PromptBound::BodyBytes => body_len as u64,

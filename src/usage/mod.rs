@@ -13,7 +13,7 @@ pub use body::{BodyEnd, Handed, SharedUsage, Unread, UsageBody, UsageSink};
 pub use reader::{accept_readable_answers, UsageFormat, UsageFormatError, UsageReader};
 pub use reported::{Dialect, Usage};
 pub use request::{
-    read_request, rewrite_request, set_body_length, RequestBodyError, RequestFacts, RequestShape,
+    read_request, rewrite_request, set_body_length, BodyFacts, RequestBodyError, RequestShape,
     Rewrites, Rewritten,
 };
 pub use settings::{

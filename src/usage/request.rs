@@ -27,9 +27,10 @@ pub enum RequestShape {
     Other,
 }
 
-/// What a request body says of the cost of its answer.
+/// What a request body says of the cost of its answer: the body's facts, not the request's (its method, fields,
+/// client, which admission reads as [`crate::key::RequestFacts`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RequestFacts {
+pub struct BodyFacts {
     pub shape: RequestShape,
     /// The largest completion limit the body names: OpenAI's `max_tokens`, `max_completion_tokens`,
     /// `max_output_tokens`; Anthropic's `max_tokens`. `None` when it names none (or only `null`).
@@ -85,7 +86,7 @@ pub struct Rewritten {
     /// `Content-Length` ([`set_body_length`]).
     pub body: Option<Bytes>,
     /// What the forwarded body says.
-    pub facts: RequestFacts,
+    pub facts: BodyFacts,
 }
 
 /// The members of a JSON object, each value as its text in the body.
@@ -110,7 +111,7 @@ const BOOLEAN: &str = "true, false or null";
 const OPENAI_LIMITS: [&str; 3] = ["max_tokens", "max_completion_tokens", "max_output_tokens"];
 
 /// What `body` says of its answer's cost, read as an API of `dialect` reads it.
-pub fn read_request(dialect: Dialect, body: &[u8]) -> Result<RequestFacts, RequestBodyError> {
+pub fn read_request(dialect: Dialect, body: &[u8]) -> Result<BodyFacts, RequestBodyError> {
     let text = std::str::from_utf8(body).map_err(|_| RequestBodyError::NotUtf8)?;
     let members = Members::parse(text)?;
     facts(dialect, &members)
@@ -159,7 +160,7 @@ pub fn set_body_length(headers: &mut HeaderMap, length: usize) {
     headers.insert(CONTENT_LENGTH, HeaderValue::from(length));
 }
 
-fn facts(dialect: Dialect, members: &Members<'_>) -> Result<RequestFacts, RequestBodyError> {
+fn facts(dialect: Dialect, members: &Members<'_>) -> Result<BodyFacts, RequestBodyError> {
     let limits: &[&'static str] = match dialect {
         Dialect::OpenAi => &OPENAI_LIMITS,
         Dialect::Anthropic => &OPENAI_LIMITS[..1],
@@ -193,7 +194,7 @@ fn facts(dialect: Dialect, members: &Members<'_>) -> Result<RequestFacts, Reques
         Dialect::OpenAi if members.get("prompt").is_some() => RequestShape::Completions,
         Dialect::OpenAi => RequestShape::Other,
     };
-    Ok(RequestFacts {
+    Ok(BodyFacts {
         shape,
         max_tokens,
         choices,
@@ -224,7 +225,7 @@ fn cap_completion(
     dialect: Dialect,
     text: &str,
     members: &Members<'_>,
-    facts: &RequestFacts,
+    facts: &BodyFacts,
     cap: u64,
     rewrites: &Rewrites,
     edits: &mut Vec<Edit>,
@@ -254,7 +255,7 @@ fn cap_completion(
 fn set_absent_completion(
     text: &str,
     members: &Members<'_>,
-    facts: &RequestFacts,
+    facts: &BodyFacts,
     limit: u64,
     edits: &mut Vec<Edit>,
 ) {

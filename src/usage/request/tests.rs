@@ -2,11 +2,11 @@ use proptest::prelude::*;
 
 use super::*;
 
-fn facts(dialect: Dialect, body: &str) -> Result<RequestFacts, RequestBodyError> {
+fn facts(dialect: Dialect, body: &str) -> Result<BodyFacts, RequestBodyError> {
     read_request(dialect, body.as_bytes())
 }
 
-fn rewrite(dialect: Dialect, body: &str, rewrites: Rewrites) -> (String, RequestFacts) {
+fn rewrite(dialect: Dialect, body: &str, rewrites: Rewrites) -> (String, BodyFacts) {
     let rewritten = rewrite_request(dialect, body.as_bytes(), &rewrites).expect("readable");
     let body = rewritten.body.map_or_else(
         || body.to_owned(),
@@ -36,7 +36,7 @@ fn reads_each_apis_completion_limit_and_streaming() {
     .expect("readable");
     assert_eq!(
         chat,
-        RequestFacts {
+        BodyFacts {
             shape: RequestShape::Chat,
             max_tokens: Some(300),
             choices: 1,
@@ -69,7 +69,7 @@ fn reads_each_apis_completion_limit_and_streaming() {
     .expect("readable");
     assert_eq!(
         anthropic,
-        RequestFacts {
+        BodyFacts {
             shape: RequestShape::Messages,
             max_tokens: Some(1024),
             choices: 1,
