@@ -511,21 +511,14 @@ async fn limit_state(
         }));
     };
     let decision = admin.peek(&store_key, &limit).await?;
-    Ok(json!({
+    let shown = json!({
         "name": name,
         "algorithm": limit.algorithm().name(),
         "counts": settings.counts.to_string(),
         "store_key": store_key,
         "overridden": overridden,
-        "capacity": decision.limit,
-        "remaining": decision.remaining,
-        // Past the capacity while the consumer owes (answers that spent more than they reserved).
-        "used": decision.used(),
-        "owed": decision.owed,
-        "would_admit": decision.allowed,
-        "retry_after_ms": decision.retry_after_ms,
-        "reset_after_ms": decision.reset_after_ms,
-    }))
+    });
+    Ok(super::limits::with_state(shown, &decision))
 }
 
 /// The store key of a plan limit for consumer `id` on `plan`; `None` for a limit keyed by more than the consumer

@@ -4,11 +4,12 @@ use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::Json;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::{Admin, AdminError};
 use crate::admission::LimitSettings;
 use crate::key::{push_client_key, KeyPart, KeySpec};
+use crate::limiter::Decision;
 
 #[derive(Debug, Deserialize)]
 pub(super) struct KeyQuery {
@@ -51,7 +52,7 @@ pub(super) async fn peek_limit(
             "waiting": limiter.slot_queues().waiting(&store_key),
         })));
     }
-    Ok(Json(json!({
+    let shown = json!({
         "route": route,
         "limit": limit,
         "key": query.key,
@@ -59,15 +60,23 @@ pub(super) async fn peek_limit(
         "store_key": store_key,
         "algorithm": settings.limit.algorithm().name(),
         "counts": settings.counts.to_string(),
-        "capacity": decision.limit,
-        "remaining": decision.remaining,
+    });
+    Ok(Json(with_state(shown, &decision)))
+}
+
+/// `shown` (an object) with what `decision` says of the key's state, as every peek shows it.
+pub(super) fn with_state(mut shown: Value, decision: &Decision) -> Value {
+    if let Value::Object(fields) = &mut shown {
+        fields.insert("capacity".into(), decision.limit.into());
+        fields.insert("remaining".into(), decision.remaining.into());
         // Past the capacity while the key owes (answers that spent more than they reserved).
-        "used": decision.used(),
-        "owed": decision.owed,
-        "would_admit": decision.allowed,
-        "retry_after_ms": decision.retry_after_ms,
-        "reset_after_ms": decision.reset_after_ms,
-    })))
+        fields.insert("used".into(), decision.used().into());
+        fields.insert("owed".into(), decision.owed.into());
+        fields.insert("would_admit".into(), decision.allowed.into());
+        fields.insert("retry_after_ms".into(), decision.retry_after_ms.into());
+        fields.insert("reset_after_ms".into(), decision.reset_after_ms.into());
+    }
+    shown
 }
 
 /// `DELETE /limits/{route}/{limit}?key=VALUE`: forgets that key's state, so its next request starts afresh.

@@ -3,12 +3,12 @@
 use http::HeaderName;
 use std::path::Path;
 
-use super::limits::limit_settings;
+use super::limits::limit_list;
 use super::raw::{
     RawAnonymous, RawConsumers, RawCredentialSource, RawFailedCredentials, RawIdentifier, RawPlan,
     RawStaticKey,
 };
-use super::validate::{check_name, unique_names, Issues};
+use super::validate::{check_name, Issues};
 use crate::consumers::{
     api_key_digest, consumer_id, parse_digest, Anonymous, ConsumersSettings, CredentialSource,
     FailureLimit, FailureSettings, ForwardHeaders, IdentifierSettings, Plan, StaticKey,
@@ -292,20 +292,7 @@ fn plan_settings(issues: &mut Issues, name: &str, raw: &RawPlan) -> Option<Plan>
     let at = format!("consumers.plans.{name}");
     let before = issues.count();
     check_name(issues, &at, "plan", name);
-    unique_names(
-        issues,
-        "limit",
-        raw.limits
-            .iter()
-            .enumerate()
-            .map(|(j, l)| (format!("{at}.limits[{j}]"), l.name.as_str())),
-    );
-    let limits = raw
-        .limits
-        .iter()
-        .enumerate()
-        .filter_map(|(j, limit)| limit_settings(issues, &format!("{at}.limits[{j}]"), limit))
-        .collect();
+    let limits = limit_list(issues, &at, &raw.limits);
     (issues.count() == before).then(|| Plan {
         name: name.to_owned(),
         limits,

@@ -2,9 +2,30 @@
 
 use super::model::LimitSettings;
 use super::raw::{KeyParts, RawCounts, RawLimit, RawMissing};
-use super::validate::{check_name, Issues};
+use super::validate::{check_name, unique_names, Issues};
 use crate::key::{Counts, KeyPart, KeySpec, MissingKey, StatusSet, TokenKind};
 use crate::limiter::{Limit, WrittenAlgorithm, WrittenQueue};
+
+/// Validates a list of `limits:` at `at` (`routes[1]`, `consumers.plans.free`): each entry, and their names
+/// unique in it.
+pub(crate) fn limit_list(issues: &mut Issues, at: &str, raw: &[RawLimit]) -> Vec<LimitSettings> {
+    unique_limit_names(issues, at, raw);
+    raw.iter()
+        .enumerate()
+        .filter_map(|(j, limit)| limit_settings(issues, &format!("{at}.limits[{j}]"), limit))
+        .collect()
+}
+
+/// Reports a name given to two entries of the `limits:` at `at`, on the later one.
+pub(crate) fn unique_limit_names(issues: &mut Issues, at: &str, raw: &[RawLimit]) {
+    unique_names(
+        issues,
+        "limit",
+        raw.iter()
+            .enumerate()
+            .map(|(j, l)| (format!("{at}.limits[{j}]"), l.name.as_str())),
+    );
+}
 
 /// Validates one entry of `limits:` at `at` (`routes[1].limits[0]`).
 pub(crate) fn limit_settings(

@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::limits::limit_settings;
+use super::limits::{limit_settings, unique_limit_names};
 use super::raw::{Ordered, RawLimit};
-use super::validate::{check_name, socket_addr, unique_names, Issues};
+use super::validate::{check_name, socket_addr, Issues};
 use crate::limiter::{LeakyMode, Limit};
 use crate::rls::{
     Domain, HeaderNames, Node, RlsSettings, Rule, RuleKind, Unit, ValueMatch, WhenUnavailable,
@@ -190,42 +190,94 @@ fn check_domain_name(issues: &mut Issues, at: &str, name: &str) {
     }
 }
 
-/// One level of descriptors in tollgate's form, at `at` (`rls.domains.edge.descriptors`), under `parent` (the
-/// path of the level above, `generic_key_login.`).
-fn descriptors(issues: &mut Issues, at: &str, parent: &str, raw: &[RawDescriptor]) -> Vec<Node> {
+/// A descriptor as one of the two file forms writes it: tollgate's (`rls.domains`) or envoyproxy/ratelimit's.
+trait DescriptorForm: Sized {
+    fn key(&self) -> &str;
+    fn value(&self) -> Option<&str>;
+    fn share_threshold(&self) -> bool;
+    fn children(&self) -> &[Self];
+    /// Its rule at `at`, whose path is `path` (`generic_key_login.remote_address`), if it has one.
+    fn rule(&self, issues: &mut Issues, at: &str, path: &str) -> Option<Rule>;
+}
+
+impl DescriptorForm for RawDescriptor {
+    fn key(&self) -> &str {
+        &self.key
+    }
+    fn value(&self) -> Option<&str> {
+        self.value.as_deref()
+    }
+    fn share_threshold(&self) -> bool {
+        self.share_threshold
+    }
+    fn children(&self) -> &[Self] {
+        &self.descriptors
+    }
+    fn rule(&self, issues: &mut Issues, at: &str, path: &str) -> Option<Rule> {
+        descriptor_rule(issues, at, path, self)
+    }
+}
+
+impl DescriptorForm for RawEnvoyDescriptor {
+    fn key(&self) -> &str {
+        &self.key
+    }
+    fn value(&self) -> Option<&str> {
+        self.value.as_deref()
+    }
+    fn share_threshold(&self) -> bool {
+        self.share_threshold
+    }
+    fn children(&self) -> &[Self] {
+        &self.descriptors
+    }
+    fn rule(&self, issues: &mut Issues, at: &str, path: &str) -> Option<Rule> {
+        if self.quota_mode {
+            issues.add(
+                format!("{at}.quota_mode"),
+                "quota_mode is not supported by tollgate's rate limit service (remove it: the descriptor's limit is \
+                 then enforced)",
+            );
+        }
+        self.rate_limit.as_ref().and_then(|rate_limit| {
+            envoy_rule(
+                issues,
+                &format!("{at}.rate_limit"),
+                path,
+                rate_limit,
+                self.shadow_mode,
+            )
+        })
+    }
+}
+
+/// One level of descriptors, in either form, at `at` (`rls.domains.edge.descriptors`), under `parent` (the path
+/// of the level above, `generic_key_login.`).
+fn descriptors<D: DescriptorForm>(
+    issues: &mut Issues,
+    at: &str,
+    parent: &str,
+    raw: &[D],
+) -> Vec<Node> {
     let mut nodes = Vec::with_capacity(raw.len());
     for (i, descriptor) in raw.iter().enumerate() {
         let at = format!("{at}[{i}]");
         let before = issues.count();
-        let value = value_match(
-            issues,
-            &at,
-            &descriptor.key,
-            descriptor.value.as_deref(),
-            descriptor.share_threshold,
-        );
-        let path = format!(
-            "{parent}{}",
-            step(&descriptor.key, descriptor.value.as_deref())
-        );
-        unique_level(
-            issues,
-            &at,
-            &nodes,
-            &descriptor.key,
-            descriptor.value.as_deref(),
-        );
-        let rule = descriptor_rule(issues, &at, &path, descriptor);
+        let (key, written) = (descriptor.key(), descriptor.value());
+        let value = value_match(issues, &at, key, written, descriptor.share_threshold());
+        let path = format!("{parent}{}", step(key, written));
+        unique_level(issues, &at, &nodes, key, written);
+        let rule = descriptor.rule(issues, &at, &path);
         let children = descriptors(
             issues,
             &format!("{at}.descriptors"),
             &format!("{path}."),
-            &descriptor.descriptors,
+            descriptor.children(),
         );
         if issues.count() == before {
             if let Some(value) = value {
                 nodes.push(Node {
-                    key: descriptor.key.clone(),
+                    key: key.to_owned(),
                     value,
                     rule,
                     descriptors: children,
@@ -254,14 +306,7 @@ fn descriptor_rule(issues: &mut Issues, at: &str, path: &str, raw: &RawDescripto
     if let Some(name) = &raw.name {
         check_name(issues, &format!("{at}.name"), "descriptor", name);
     }
-    unique_names(
-        issues,
-        "limit",
-        raw.limits
-            .iter()
-            .enumerate()
-            .map(|(j, l)| (format!("{at}.limits[{j}]"), l.name.as_str())),
-    );
+    unique_limit_names(issues, at, &raw.limits);
     let mut limits = Vec::with_capacity(raw.limits.len());
     for (j, limit) in raw.limits.iter().enumerate() {
         let Some(limit) = descriptor_limit(issues, &format!("{at}.limits[{j}]"), limit) else {
@@ -428,76 +473,12 @@ pub(crate) fn ratelimit_file(
     } else {
         check_domain_name(issues, "domain", &raw.domain);
     }
-    let descriptors = envoy_descriptors(issues, "descriptors", "", &raw.descriptors);
+    let descriptors = descriptors(issues, "descriptors", "", &raw.descriptors);
     (issues.count() == before).then(|| Domain {
         name: raw.domain.clone(),
         descriptors,
         file: Some(file.to_owned()),
     })
-}
-
-fn envoy_descriptors(
-    issues: &mut Issues,
-    at: &str,
-    parent: &str,
-    raw: &[RawEnvoyDescriptor],
-) -> Vec<Node> {
-    let mut nodes = Vec::with_capacity(raw.len());
-    for (i, descriptor) in raw.iter().enumerate() {
-        let at = format!("{at}[{i}]");
-        let before = issues.count();
-        let value = value_match(
-            issues,
-            &at,
-            &descriptor.key,
-            descriptor.value.as_deref(),
-            descriptor.share_threshold,
-        );
-        let path = format!(
-            "{parent}{}",
-            step(&descriptor.key, descriptor.value.as_deref())
-        );
-        unique_level(
-            issues,
-            &at,
-            &nodes,
-            &descriptor.key,
-            descriptor.value.as_deref(),
-        );
-        if descriptor.quota_mode {
-            issues.add(
-                format!("{at}.quota_mode"),
-                "quota_mode is not supported by tollgate's rate limit service (remove it: the descriptor's limit is \
-                 then enforced)",
-            );
-        }
-        let rule = descriptor.rate_limit.as_ref().and_then(|rate_limit| {
-            envoy_rule(
-                issues,
-                &format!("{at}.rate_limit"),
-                &path,
-                rate_limit,
-                descriptor.shadow_mode,
-            )
-        });
-        let children = envoy_descriptors(
-            issues,
-            &format!("{at}.descriptors"),
-            &format!("{path}."),
-            &descriptor.descriptors,
-        );
-        if issues.count() == before {
-            if let Some(value) = value {
-                nodes.push(Node {
-                    key: descriptor.key.clone(),
-                    value,
-                    rule,
-                    descriptors: children,
-                });
-            }
-        }
-    }
-    nodes
 }
 
 /// `rate_limit:` of an envoyproxy/ratelimit descriptor: `requests_per_unit` per aligned window of one `unit`, a

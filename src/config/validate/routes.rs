@@ -5,7 +5,7 @@ use http::{HeaderName, HeaderValue, Method, StatusCode};
 use super::checks::{check_name, networks, unique_names};
 use super::file::Reader;
 use super::issues::Issues;
-use crate::config::limits::limit_settings;
+use crate::config::limits::limit_list;
 use crate::config::model::*;
 use crate::config::raw::*;
 use crate::key::{TokenKind, PLAN_KEY_SCOPE};
@@ -61,20 +61,7 @@ fn route_settings(
     let consumers = route_consumers(issues, at, raw, has_consumers);
     let matcher = route_match(issues, &format!("{at}.match"), &raw.matcher);
     let action = route_action(issues, at, raw, upstreams, reader);
-    unique_names(
-        issues,
-        "limit",
-        raw.limits
-            .iter()
-            .enumerate()
-            .map(|(j, l)| (format!("{at}.limits[{j}]"), l.name.as_str())),
-    );
-    let limits: Vec<LimitSettings> = raw
-        .limits
-        .iter()
-        .enumerate()
-        .filter_map(|(j, l)| limit_settings(issues, &format!("{at}.limits[{j}]"), l))
-        .collect();
+    let limits = limit_list(issues, at, &raw.limits);
     let deny_status = deny_status(issues, &format!("{at}.deny_status"), raw.deny_status);
     let allow = networks(issues, &format!("{at}.allow"), &raw.allow);
     let usage = raw

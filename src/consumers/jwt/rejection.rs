@@ -66,70 +66,46 @@ pub enum JwtSetupError {
 
 // === impl TokenRejection ===
 
-impl TokenRejection {
-    /// The class, as put in the 401 body and `error_description`.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Self::Malformed => "malformed",
-            Self::AlgorithmNotAllowed => "algorithm_not_allowed",
-            Self::UnknownKey => "unknown_key",
-            Self::BadSignature => "bad_signature",
-            Self::Expired => "expired",
-            Self::NotYetValid => "not_yet_valid",
-            Self::WrongIssuer => "wrong_issuer",
-            Self::WrongAudience => "wrong_audience",
-            Self::MissingClaim => "missing_claim",
-            Self::InvalidConsumerId => "invalid_consumer_id",
-            Self::KeysUnavailable => "keys_unavailable",
-        }
-    }
+/// Each class's name, written once: the `reason` and the `WWW-Authenticate` value are made from it at compile time.
+macro_rules! token_rejection_classes {
+    ($($variant:ident => $reason:literal,)*) => {
+        impl TokenRejection {
+            /// Every class, for tests and docs.
+            pub const ALL: &'static [TokenRejection] = &[$(Self::$variant,)*];
 
-    /// The `WWW-Authenticate` value of the 401 (RFC 6750 §3), built without allocating.
-    pub fn www_authenticate(&self) -> &'static str {
-        match self {
-            Self::Malformed => r#"Bearer error="invalid_token", error_description="malformed""#,
-            Self::AlgorithmNotAllowed => {
-                r#"Bearer error="invalid_token", error_description="algorithm_not_allowed""#
+            /// The class, as put in the 401 body and `error_description`.
+            pub fn reason(&self) -> &'static str {
+                match self {
+                    $(Self::$variant => $reason,)*
+                }
             }
-            Self::UnknownKey => r#"Bearer error="invalid_token", error_description="unknown_key""#,
-            Self::BadSignature => {
-                r#"Bearer error="invalid_token", error_description="bad_signature""#
-            }
-            Self::Expired => r#"Bearer error="invalid_token", error_description="expired""#,
-            Self::NotYetValid => {
-                r#"Bearer error="invalid_token", error_description="not_yet_valid""#
-            }
-            Self::WrongIssuer => {
-                r#"Bearer error="invalid_token", error_description="wrong_issuer""#
-            }
-            Self::WrongAudience => {
-                r#"Bearer error="invalid_token", error_description="wrong_audience""#
-            }
-            Self::MissingClaim => {
-                r#"Bearer error="invalid_token", error_description="missing_claim""#
-            }
-            Self::InvalidConsumerId => {
-                r#"Bearer error="invalid_token", error_description="invalid_consumer_id""#
-            }
-            Self::KeysUnavailable => {
-                r#"Bearer error="invalid_token", error_description="keys_unavailable""#
+
+            /// The `WWW-Authenticate` value of the 401 (RFC 6750 §3), built without allocating.
+            pub fn www_authenticate(&self) -> &'static str {
+                match self {
+                    $(Self::$variant => concat!(
+                        r#"Bearer error="invalid_token", error_description=""#,
+                        $reason,
+                        '"'
+                    ),)*
+                }
             }
         }
-    }
+    };
+}
 
-    /// Every class, for tests and docs.
-    pub const ALL: [TokenRejection; 10] = [
-        Self::Malformed,
-        Self::AlgorithmNotAllowed,
-        Self::UnknownKey,
-        Self::BadSignature,
-        Self::Expired,
-        Self::NotYetValid,
-        Self::WrongIssuer,
-        Self::WrongAudience,
-        Self::MissingClaim,
-        Self::KeysUnavailable,
-    ];
+token_rejection_classes! {
+    Malformed => "malformed",
+    AlgorithmNotAllowed => "algorithm_not_allowed",
+    UnknownKey => "unknown_key",
+    BadSignature => "bad_signature",
+    Expired => "expired",
+    NotYetValid => "not_yet_valid",
+    WrongIssuer => "wrong_issuer",
+    WrongAudience => "wrong_audience",
+    MissingClaim => "missing_claim",
+    InvalidConsumerId => "invalid_consumer_id",
+    KeysUnavailable => "keys_unavailable",
 }
 
 #[cfg(test)]
