@@ -1,6 +1,6 @@
 //! Check: one limiter call for every limit that applies to the request (the route's, the caller's plan's, at what
-//! it reserves), a wait where only a queued slot is wanting, and the refusal when the limits say no or the limiter
-//! cannot decide.
+//! it reserves; or the limits Envoy's descriptors meet), a wait where only a queued slot is wanting, and the refusal
+//! when the limits say no or the limiter cannot decide.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -11,6 +11,7 @@ use super::queue::{wait_for_slot, Waited};
 use super::refusal::Refusal;
 use super::tokens::Reserve;
 use crate::key::RequestFacts;
+use crate::limiter::store::LimitCheck;
 use crate::limiter::RateLimiter;
 
 /// Checks `request` against `limits` (a caller on `plan` is refused in its plan's name), waiting for a slot where
@@ -36,6 +37,29 @@ pub(super) async fn check<R: Reserve>(
         Waited::Admitted(checked, at) => Ok((checked, asked.map(|_| at))),
         Waited::Refused(checked) => Err(Refusal::RateLimited { checked, plan }),
         Waited::Failed(error) => Err(not_checked(error)),
+    }
+}
+
+/// Checks limits their caller keyed itself (Envoy's descriptors, see `rls/`), each at what the request takes from
+/// it, in the limiter call a route's limits make ([`Checked::ask`]): all or nothing, the store's decision of each
+/// in order. Refused as a route's request is: [`Refusal::RateLimited`] when a limit refuses (its `checked` says
+/// which), [`Refusal::Unavailable`] when the store failed and `on_error` refuses; where `on_error` admits, a failed
+/// store admits with no decision.
+pub async fn check_keyed(
+    limiter: &RateLimiter,
+    checks: &[LimitCheck<'_>],
+) -> Result<Checked, Refusal> {
+    let applied = (0..checks.len()).collect();
+    let checked = Checked::ask(limiter, checks, applied, 0)
+        .await
+        .map_err(|error| not_checked(error.into()))?;
+    if checked.outcome.allowed {
+        Ok(checked)
+    } else {
+        Err(Refusal::RateLimited {
+            checked,
+            plan: None,
+        })
     }
 }
 

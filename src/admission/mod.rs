@@ -27,6 +27,7 @@ pub use crate::proxy::{tunnel, TunnelClosed, TunnelOpen};
 #[cfg(test)]
 pub(crate) use after_answer::recording;
 pub use after_answer::{AfterAnswer, AnswerGuard, Ending, GuardedBody};
+pub use check::check_keyed;
 pub(crate) use counters::DecisionCounters;
 /// The rate-limit fields as tollgate's HTTP answers carry them, for Envoy's rate limit service to send the same.
 pub(crate) use headers::{

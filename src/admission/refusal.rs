@@ -1,6 +1,6 @@
-//! Why a request is not forwarded, as a typed value: the entry points turn it into their own answer (an HTTP
-//! response through [`answer`](super::answer), a gRPC status for a rate limit service), so that what is refused
-//! and why is decided once, and how it is said is decided per protocol.
+//! Why a request is not admitted, as a typed value: the entry points turn it into their own answer (an HTTP
+//! response through [`answer`](super::answer), a gRPC answer through `rls/refusal.rs` for Envoy's rate limit
+//! service), so that what is refused and why is decided once, and how it is said is decided per protocol.
 
 use std::time::Duration;
 
@@ -28,6 +28,9 @@ pub enum Refusal {
         /// How long until a credential from the address is checked again.
         wait: Duration,
     },
+    /// The request leaves out what its entry point needs to decide it (a request of Envoy's with no domain, no
+    /// descriptor, or a limit override in no known unit): the reason, as the caller is told it.
+    Invalid(&'static str),
     /// A key part occurs more than once in the request: refused rather than counted on a guess.
     AmbiguousKey,
     /// A limit denied the request.

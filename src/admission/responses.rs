@@ -30,6 +30,10 @@ pub fn answer(refusal: Refusal, policy: Option<&Policy>) -> Response<Body> {
         Refusal::Unreadable(refusal) => unreadable(refusal),
         Refusal::NoRoute { path } => no_route(&path),
         Refusal::AmbiguousKey => unreadable(routing::Refusal::AmbiguousKey),
+        Refusal::Invalid(reason) => refused(
+            StatusCode::BAD_REQUEST,
+            json!({"error": "bad_request", "message": reason}),
+        ),
         Refusal::Caller(refusal) => caller_refused(
             &refusal,
             policy

@@ -46,7 +46,7 @@ pub fn response(
         .enumerate()
         .map(|(index, found)| status(decided, index, found))
         .collect();
-    let overall = if decided.over_limit {
+    let overall = if decided.over_limit() {
         Code::OverLimit
     } else {
         Code::Ok
@@ -59,8 +59,9 @@ pub fn response(
     }
 }
 
-/// The answer when the store failed and the policy is to refuse with `OVER_LIMIT`: every descriptor over.
-pub fn unavailable(descriptors: usize) -> RateLimitResponse {
+/// Every descriptor OVER_LIMIT, with `Retry-After: 1` and no other field: the answer when the store failed and
+/// `on_error` refuses under `rls.when_unavailable: over_limit`.
+pub fn every_descriptor_over(descriptors: usize) -> RateLimitResponse {
     let over = DescriptorStatus {
         code: Code::OverLimit as i32,
         ..DescriptorStatus::default()
@@ -176,7 +177,7 @@ fn headers(
         .iter()
         .filter(|checked| !checked.limit.is_shadow())
         .collect();
-    let Some(shown) = explaining(&enforced, decided.over_limit) else {
+    let Some(shown) = explaining(&enforced, decided.over_limit()) else {
         return Vec::new();
     };
     let mut headers = HeaderMap::new();
@@ -190,7 +191,7 @@ fn headers(
             &Advertised::new(&shown.limit),
         );
     }
-    if decided.over_limit {
+    if decided.over_limit() {
         let retry_after_ms = enforced
             .iter()
             .filter_map(|c| c.decision)

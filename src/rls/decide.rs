@@ -1,5 +1,5 @@
 //! Deciding one request of Envoy's: the rule each descriptor finds, the rules replaced, then every limit that
-//! applies in one all-or-nothing call on the store (the limiter call admission makes for a route's limits).
+//! applies, on its store key, checked through admission as a route's limits are (one all-or-nothing call).
 
 use std::borrow::Cow;
 
@@ -7,9 +7,10 @@ use smallvec::SmallVec;
 
 use super::domains::{Domain, Matched, Rule, RuleKind, MAX_SHARED_DEPTH};
 use super::unit::Unit;
+use crate::admission::{check_keyed, Refusal};
 use crate::key::{key_head, seal_key};
 use crate::limiter::store::LimitCheck;
-use crate::limiter::{Decision, Limit, RateLimiter, Unavailable};
+use crate::limiter::{Decision, Limit, Outcome, RateLimiter};
 
 /// One descriptor of a request, as Envoy sent it.
 #[derive(Debug, Clone)]
@@ -59,31 +60,33 @@ pub struct Checked<'d> {
 }
 
 /// The answer to one request, before it is written for Envoy.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Decided<'d> {
     /// Per descriptor of the request, in its order.
     pub found: Vec<Found<'d>>,
     /// Every limit that applied, in the order they were checked.
     pub checked: Vec<Checked<'d>>,
-    /// Whether the request is refused (nothing was then taken from any limit).
-    pub over_limit: bool,
+    /// Why the request is refused, if it is: a limit refused it ([`Refusal::RateLimited`]: nothing was then taken
+    /// from any limit), or the store failed and `on_error` refuses ([`Refusal::Unavailable`]: nothing decided).
+    pub refusal: Option<Refusal>,
 }
 
-/// Decides `descriptors` of a request to `domain` (`None`: a domain not configured, where nothing limits).
-/// Store keys are `<key_prefix>rls:<domain>:<limit>:{<entries>}`: the descriptor's entries are the hash tag, so
-/// a descriptor's limits share a Redis Cluster slot.
+/// Decides `descriptors` of a request to `domain` (`None`: a domain not configured, where nothing limits): the
+/// rules they find, then every limit that applies checked through admission ([`check_keyed`]), refused as a
+/// route's request is. Store keys are `<key_prefix>rls:<domain>:<limit>:{<entries>}`: the descriptor's entries
+/// are the hash tag, so a descriptor's limits share a Redis Cluster slot.
 pub async fn decide<'d>(
     domain: Option<&'d Domain>,
     descriptors: &[Descriptor<'_>],
     key_prefix: &str,
     limiter: &RateLimiter,
-) -> Result<Decided<'d>, Unavailable> {
+) -> Decided<'d> {
     let Some(domain) = domain else {
-        return Ok(Decided {
+        return Decided {
             found: vec![Found::Nothing; descriptors.len()],
             checked: Vec::new(),
-            over_limit: false,
-        });
+            refusal: None,
+        };
     };
     let (found, matched) = find_rules(domain, descriptors);
     let met = limits_met(domain, &found, &matched, descriptors, key_prefix);
@@ -108,11 +111,20 @@ pub async fn decide<'d>(
         });
     }
     if refused_here {
-        return Ok(Decided {
+        // Refused whatever the store holds: it is not asked, and nothing is taken.
+        let unasked = Outcome {
+            allowed: false,
+            decisions: Vec::new(),
+        };
+        let refusal = Refusal::RateLimited {
+            checked: crate::admission::Checked::of_every_limit(unasked),
+            plan: None,
+        };
+        return Decided {
             found,
             checked,
-            over_limit: true,
-        });
+            refusal: Some(refusal),
+        };
     }
     // One check per key (a copy's is its first's). A shadow limit no request of this size can meet is left out: it
     // would only say "would deny".
@@ -126,20 +138,41 @@ pub async fn decide<'d>(
             limit: &checked[i].limit,
         })
         .collect();
-    let (outcome, _) = limiter.check_deciding(&checks).await?;
+    let answered = check_keyed(limiter, &checks).await;
     drop(checks);
+    let decisions = match &answered {
+        Ok(asked) | Err(Refusal::RateLimited { checked: asked, .. }) => {
+            asked.outcome.decisions.as_slice()
+        }
+        // The store failed and `on_error` refuses: nothing was decided.
+        Err(_) => &[],
+    };
     // Empty when the store failed and `on_error: allow` admitted the request.
-    for (&i, decision) in asked.iter().zip(outcome.decisions) {
-        checked[i].decision = Some(decision);
+    for (&i, decision) in asked.iter().zip(decisions) {
+        checked[i].decision = Some(*decision);
     }
     for i in 0..checked.len() {
         checked[i].decision = checked[met[i].first].decision;
     }
-    Ok(Decided {
+    Decided {
         found,
         checked,
-        over_limit: !outcome.allowed,
-    })
+        refusal: answered.err(),
+    }
+}
+
+// === impl Decided ===
+
+impl Decided<'_> {
+    /// Whether the limits refused the request (OVER_LIMIT).
+    pub fn over_limit(&self) -> bool {
+        matches!(self.refusal, Some(Refusal::RateLimited { .. }))
+    }
+
+    /// Whether the limits decided the request: not when the store failed and `on_error` refused it.
+    pub fn limits_decided(&self) -> bool {
+        !matches!(self.refusal, Some(Refusal::Unavailable(_)))
+    }
 }
 
 /// A limit a descriptor meets, on its store key.

@@ -6,6 +6,8 @@ mod answer;
 mod decide;
 mod domains;
 #[cfg(feature = "rls")]
+mod refusal;
+#[cfg(feature = "rls")]
 mod service;
 mod unit;
 

@@ -18,10 +18,11 @@ use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
 
-use super::answer::{self, from_envoy_unit};
+use super::answer::from_envoy_unit;
 use super::decide::{decide, Decided, Descriptor, Found};
-use super::domains::{Domain, HeaderNames, RlsSettings, WhenUnavailable};
-use crate::admission::DecisionCounters;
+use super::domains::{Domain, RlsSettings};
+use super::refusal::{self, Answering, Code};
+use crate::admission::{DecisionCounters, Refusal};
 use crate::limiter::RateLimiter;
 
 /// How often the health check looks at the store, when it follows it.
@@ -44,9 +45,7 @@ pub struct RateLimitService {
 #[derive(Debug)]
 struct Tables {
     domains: HashMap<String, Entry>,
-    when_unavailable: WhenUnavailable,
-    x_ratelimit_headers: bool,
-    headers: HeaderNames,
+    answering: Answering,
     health_follows_store: bool,
     /// The folder of envoyproxy/ratelimit files the domains were read from, if any.
     config_dir: Option<PathBuf>,
@@ -68,9 +67,8 @@ type ByName<V> = HashMap<String, V, foldhash::fast::RandomState>;
 /// `tollgate_rls_requests_total{domain,code}` and `tollgate_rls_shadow_denied_total{domain}` of one domain.
 #[derive(Debug)]
 struct Counters {
-    ok: metrics::Counter,
-    over_limit: metrics::Counter,
-    unavailable: metrics::Counter,
+    /// `tollgate_rls_requests_total` of each [`Code`], at its index in [`Code::ALL`].
+    requests: [metrics::Counter; Code::ALL.len()],
     shadow_denied: metrics::Counter,
 }
 
@@ -122,17 +120,8 @@ impl RateLimitService {
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, Status> {
         let started = Instant::now();
-        if request.domain.is_empty() {
-            return Err(Status::invalid_argument(
-                "rate limit domain must not be empty",
-            ));
-        }
-        if request.descriptors.is_empty() {
-            return Err(Status::invalid_argument(
-                "rate limit descriptor list must not be empty",
-            ));
-        }
-        let descriptors = descriptors(request)?;
+        let descriptors =
+            descriptors(request).map_err(|reason| refusal::status(&Refusal::Invalid(reason)))?;
         let tables = self.tables.load();
         let entry = tables.domains.get(&request.domain);
         let counters = entry.map_or(&tables.unknown, |entry| &entry.counters);
@@ -143,46 +132,29 @@ impl RateLimitService {
             &self.limiter,
         )
         .await;
-        let answer = match decided {
-            Ok(decided) => {
-                count_shadow_denials(&decided, &counters.shadow_denied);
-                if let Some(entry) = entry {
-                    entry.count_decisions(&decided);
-                }
-                let counter = if decided.over_limit {
-                    &counters.over_limit
-                } else {
-                    &counters.ok
-                };
-                counter.increment(1);
-                Ok(answer::response(
-                    &decided,
-                    tables.x_ratelimit_headers,
-                    tables.headers,
-                ))
+        if decided.limits_decided() {
+            count_shadow_denials(&decided, &counters.shadow_denied);
+            if let Some(entry) = entry {
+                entry.count_decisions(&decided);
             }
-            Err(error) => {
-                // The limiter logs the outage once per reason; a line per request would flood the log.
-                tracing::debug!(domain = %request.domain, %error, "rls: store unavailable");
-                counters.unavailable.increment(1);
-                match tables.when_unavailable {
-                    WhenUnavailable::Unavailable => {
-                        Err(Status::unavailable("rate limit store unavailable"))
-                    }
-                    WhenUnavailable::OverLimit => {
-                        Ok(answer::unavailable(request.descriptors.len()))
-                    }
-                }
-            }
-        };
+        }
+        counters.requests[refusal::code(&decided) as usize].increment(1);
+        let answer = refusal::answer(&decided, tables.answering);
         self.duration.record(started.elapsed().as_secs_f64());
         answer
     }
 }
 
 /// The request's descriptors as the decision takes them: each one's hits (its own `hits_addend`, else the
-/// request's, at least 1) and Envoy's limit override.
-fn descriptors(request: &RateLimitRequest) -> Result<Vec<Descriptor<'_>>, Status> {
+/// request's, at least 1) and Envoy's limit override; refused when it names no domain or no descriptor, or an
+/// override in no known unit (the reason, as [`Refusal::Invalid`] says it).
+fn descriptors(request: &RateLimitRequest) -> Result<Vec<Descriptor<'_>>, &'static str> {
+    if request.domain.is_empty() {
+        return Err("rate limit domain must not be empty");
+    }
+    if request.descriptors.is_empty() {
+        return Err("rate limit descriptor list must not be empty");
+    }
     let request_hits = u64::from(request.hits_addend.max(1));
     request
         .descriptors
@@ -191,9 +163,8 @@ fn descriptors(request: &RateLimitRequest) -> Result<Vec<Descriptor<'_>>, Status
             let limit_override = match &descriptor.limit {
                 None => None,
                 Some(limit) => {
-                    let unit = from_envoy_unit(limit.unit).ok_or_else(|| {
-                        Status::invalid_argument("a descriptor's limit override needs a known unit")
-                    })?;
+                    let unit = from_envoy_unit(limit.unit)
+                        .ok_or("a descriptor's limit override needs a known unit")?;
                     Some((u64::from(limit.requests_per_unit), unit))
                 }
             };
@@ -259,9 +230,11 @@ impl Tables {
             .collect();
         Self {
             domains,
-            when_unavailable: settings.when_unavailable,
-            x_ratelimit_headers: settings.x_ratelimit_headers,
-            headers: settings.headers,
+            answering: Answering {
+                when_unavailable: settings.when_unavailable,
+                x_ratelimit_headers: settings.x_ratelimit_headers,
+                headers: settings.headers,
+            },
             health_follows_store: settings.health_follows_store,
             config_dir: settings.config_dir.clone(),
             unknown: Counters::new(""),
@@ -294,7 +267,7 @@ impl Entry {
                 continue;
             }
             let refuses = checked.impossible || checked.decision.is_some_and(|d| !d.allowed);
-            counters.count(checked.limit.is_shadow(), !decided.over_limit, refuses);
+            counters.count(checked.limit.is_shadow(), !decided.over_limit(), refuses);
         }
     }
 }
@@ -336,9 +309,7 @@ impl Counters {
             )
         };
         Self {
-            ok: requests("ok"),
-            over_limit: requests("over_limit"),
-            unavailable: requests("unavailable"),
+            requests: Code::ALL.map(|code| requests(code.label())),
             shadow_denied: metrics::counter!(
                 "tollgate_rls_shadow_denied_total",
                 "domain" => domain.to_owned(),

@@ -332,15 +332,10 @@ impl LimitSet {
         } else {
             0
         };
-        let (outcome, decided_by) = limiter.check_leased(&checks, lease).await?;
+        let applied = keys.ends.iter().map(|&(index, _)| index).collect();
+        let mut checked = Checked::ask(limiter, &checks, applied, lease).await?;
         drop(checks);
-        let checked = Checked {
-            outcome,
-            applied: keys.ends.iter().map(|&(index, _)| index).collect(),
-            replaced,
-            decided_by,
-            lease,
-        };
+        checked.replaced = replaced;
         // A request refused only for want of a slot it may wait for is counted once it is admitted or refused for
         // good (see `queue.rs`), not at each time it asks.
         if checked.outcome.allowed || !self.holds_slots || self.queued_refusal(&checked).is_none() {
@@ -554,6 +549,27 @@ impl LimitSet {
 // === impl Checked ===
 
 impl Checked {
+    /// Asks `limiter` once for `checks`, all or nothing: the one call to the limiter every entry point's limits
+    /// make (a route's and the layer's through [`LimitSet::check`], Envoy's descriptors through
+    /// [`check_keyed`](super::check::check_keyed)). `applied[i]` is the index of the limit `checks[i]` is of;
+    /// `lease` holds the request's `concurrency` slots (0: none). A failed store is `Err` where `on_error` refuses;
+    /// where it admits, the outcome is allowed with no decision.
+    pub(in crate::admission) async fn ask(
+        limiter: &RateLimiter,
+        checks: &[LimitCheck<'_>],
+        applied: SmallVec<[usize; INLINE_LIMITS]>,
+        lease: u64,
+    ) -> Result<Self, Unavailable> {
+        let (outcome, decided_by) = limiter.check_leased(checks, lease).await?;
+        Ok(Self {
+            outcome,
+            applied,
+            replaced: None,
+            decided_by,
+            lease,
+        })
+    }
+
     /// `outcome`, the store's answer for every limit of a set in order, as a checked request: for a caller that asks
     /// the limiter itself and answers with the set's fields (a test that holds the clock).
     pub fn of_every_limit(outcome: Outcome) -> Self {
