@@ -244,12 +244,7 @@ pub(super) async fn reset_limit(
             ),
         ));
     };
-    let existed = admin
-        .gateway
-        .limiter()
-        .reset(&store_key)
-        .await
-        .map_err(AdminError::Store)?;
+    let existed = admin.reset(&store_key).await?;
     tracing::info!(
         target: "tollgate::audit",
         who,

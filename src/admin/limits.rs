@@ -87,12 +87,7 @@ pub(super) async fn reset_limit(
     headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, AdminError> {
     let (store_key, _, _) = admin.locate(&headers, &route, &limit, query.key.as_deref())?;
-    let existed = admin
-        .gateway
-        .limiter()
-        .reset(&store_key)
-        .await
-        .map_err(AdminError::Store)?;
+    let existed = admin.reset(&store_key).await?;
     tracing::info!(%route, %limit, %store_key, existed, "limit reset through the admin API");
     Ok(Json(
         json!({"reset": true, "existed": existed, "store_key": store_key}),

@@ -134,6 +134,12 @@ impl Admin {
             .map_err(AdminError::Store)
     }
 
+    /// Forgets the state under `key`; whether there was one.
+    async fn reset(&self, key: &str) -> Result<bool, AdminError> {
+        let limiter = self.gateway.limiter();
+        limiter.reset(key).await.map_err(AdminError::Store)
+    }
+
     fn authorize(&self, headers: &HeaderMap) -> Result<(), AdminError> {
         let Some(token) = &self.token else {
             return Ok(());

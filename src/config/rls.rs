@@ -192,26 +192,16 @@ fn check_domain_name(issues: &mut Issues, at: &str, name: &str) {
 
 /// A descriptor as one of the two file forms writes it: tollgate's (`rls.domains`) or envoyproxy/ratelimit's.
 trait DescriptorForm: Sized {
-    fn key(&self) -> &str;
-    fn value(&self) -> Option<&str>;
-    fn share_threshold(&self) -> bool;
-    fn children(&self) -> &[Self];
+    /// Its key, its value as written, `share_threshold`, and the descriptors nested in it.
+    fn entry(&self) -> (&str, Option<&str>, bool, &[Self]);
     /// Its rule at `at`, whose path is `path` (`generic_key_login.remote_address`), if it has one.
     fn rule(&self, issues: &mut Issues, at: &str, path: &str) -> Option<Rule>;
 }
 
 impl DescriptorForm for RawDescriptor {
-    fn key(&self) -> &str {
-        &self.key
-    }
-    fn value(&self) -> Option<&str> {
-        self.value.as_deref()
-    }
-    fn share_threshold(&self) -> bool {
-        self.share_threshold
-    }
-    fn children(&self) -> &[Self] {
-        &self.descriptors
+    fn entry(&self) -> (&str, Option<&str>, bool, &[Self]) {
+        let value = self.value.as_deref();
+        (&self.key, value, self.share_threshold, &self.descriptors)
     }
     fn rule(&self, issues: &mut Issues, at: &str, path: &str) -> Option<Rule> {
         descriptor_rule(issues, at, path, self)
@@ -219,17 +209,9 @@ impl DescriptorForm for RawDescriptor {
 }
 
 impl DescriptorForm for RawEnvoyDescriptor {
-    fn key(&self) -> &str {
-        &self.key
-    }
-    fn value(&self) -> Option<&str> {
-        self.value.as_deref()
-    }
-    fn share_threshold(&self) -> bool {
-        self.share_threshold
-    }
-    fn children(&self) -> &[Self] {
-        &self.descriptors
+    fn entry(&self) -> (&str, Option<&str>, bool, &[Self]) {
+        let value = self.value.as_deref();
+        (&self.key, value, self.share_threshold, &self.descriptors)
     }
     fn rule(&self, issues: &mut Issues, at: &str, path: &str) -> Option<Rule> {
         if self.quota_mode {
@@ -263,8 +245,8 @@ fn descriptors<D: DescriptorForm>(
     for (i, descriptor) in raw.iter().enumerate() {
         let at = format!("{at}[{i}]");
         let before = issues.count();
-        let (key, written) = (descriptor.key(), descriptor.value());
-        let value = value_match(issues, &at, key, written, descriptor.share_threshold());
+        let (key, written, share_threshold, children) = descriptor.entry();
+        let value = value_match(issues, &at, key, written, share_threshold);
         let path = format!("{parent}{}", step(key, written));
         unique_level(issues, &at, &nodes, key, written);
         let rule = descriptor.rule(issues, &at, &path);
@@ -272,7 +254,7 @@ fn descriptors<D: DescriptorForm>(
             issues,
             &format!("{at}.descriptors"),
             &format!("{path}."),
-            descriptor.children(),
+            children,
         );
         if issues.count() == before {
             if let Some(value) = value {

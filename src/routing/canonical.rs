@@ -33,24 +33,9 @@ pub struct CanonicalRequest<'a> {
 /// Why a request has no single reading, and is refused before routing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 pub enum Refusal {
-    /// `*` or an authority-form target where a path was due.
-    #[error("the request target must be a path")]
-    NotAPath,
-    /// A `%` that does not start two hex digits.
-    #[error("the path has a malformed percent-encoding")]
-    BadEscape,
-    /// `%2F` in the path (unless `server.escaped_slashes: keep`).
-    #[error("the path has an escaped slash (%2F)")]
-    EscapedSlash,
-    /// `\` or `%5C` in the path.
-    #[error("the path has a backslash")]
-    Backslash,
-    /// `%00` in the path.
-    #[error("the path has an escaped NUL (%00)")]
-    Nul,
-    /// Escapes in the path that are not UTF-8.
-    #[error("the path's escapes are not UTF-8")]
-    NotUtf8,
+    /// The path has no normal form (see [`PathError`]).
+    #[error(transparent)]
+    Path(#[from] PathError),
     /// HTTP/1.1 without `Host` (RFC 9112 §3.2).
     #[error("an HTTP/1.1 request needs exactly one Host field")]
     MissingHost,
@@ -84,14 +69,7 @@ impl<'a> CanonicalRequest<'a> {
         uri: &'a Uri,
         headers: &HeaderMap,
     ) -> Result<Self, Refusal> {
-        Self::read(
-            method,
-            version,
-            uri,
-            headers,
-            version == Version::HTTP_11,
-            PathRules::default(),
-        )
+        Self::with_rules(method, version, uri, headers, PathRules::default())
     }
 
     /// [`new`](Self::new) with the gateway's `rules` for paths.
@@ -141,14 +119,7 @@ impl<'a> CanonicalRequest<'a> {
         if is_case_variant(method) {
             return Err(Refusal::MethodCase);
         }
-        let path = normalize_path_with(uri.path(), rules).map_err(|error| match error {
-            PathError::NotAPath => Refusal::NotAPath,
-            PathError::BadEscape => Refusal::BadEscape,
-            PathError::EscapedSlash => Refusal::EscapedSlash,
-            PathError::Backslash => Refusal::Backslash,
-            PathError::Nul => Refusal::Nul,
-            PathError::NotUtf8 => Refusal::NotUtf8,
-        })?;
+        let path = normalize_path_with(uri.path(), rules)?;
         let (host, host_field) = canonical_host(version, uri, headers, host_required)?;
         Ok(Self {
             path,
