@@ -283,6 +283,21 @@ impl UsageScanner {
     }
 }
 
+/// `bytes` cut at each of `cuts` (sorted, at most its length): the pieces a body may arrive in, for the tests that
+/// read every split as the whole.
+#[cfg(test)]
+pub(super) fn cut_at(bytes: &[u8], mut cuts: Vec<usize>) -> Vec<&[u8]> {
+    cuts.sort_unstable();
+    let mut pieces = Vec::with_capacity(cuts.len() + 1);
+    let mut from = 0;
+    for cut in cuts {
+        pieces.push(&bytes[from..cut]);
+        from = cut;
+    }
+    pieces.push(&bytes[from..]);
+    pieces
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -388,16 +403,7 @@ mod tests {
     proptest! {
         #[test]
         fn any_split_of_a_document_reads_as_the_whole(cuts in proptest::collection::vec(0..CHAT.len(), 0..8)) {
-            let mut cuts = cuts;
-            cuts.sort_unstable();
-            let bytes = CHAT.as_bytes();
-            let mut pieces = Vec::new();
-            let mut from = 0;
-            for cut in cuts {
-                pieces.push(&bytes[from..cut]);
-                from = cut;
-            }
-            pieces.push(&bytes[from..]);
+            let pieces = cut_at(CHAT.as_bytes(), cuts);
             prop_assert_eq!(scan(Places::Top, &pieces), whole(Places::Top, CHAT));
         }
 

@@ -259,16 +259,8 @@ fn header_format_reads_the_header_or_a_later_trailer() {
 }
 
 fn split<'a>(bytes: &'a [u8], cuts: &[prop::sample::Index]) -> Vec<&'a [u8]> {
-    let mut cuts: Vec<usize> = cuts.iter().map(|cut| cut.index(bytes.len() + 1)).collect();
-    cuts.sort_unstable();
-    let mut pieces = Vec::new();
-    let mut from = 0;
-    for cut in cuts {
-        pieces.push(&bytes[from..cut]);
-        from = cut;
-    }
-    pieces.push(&bytes[from..]);
-    pieces
+    let cuts = cuts.iter().map(|cut| cut.index(bytes.len() + 1)).collect();
+    crate::usage::json::cut_at(bytes, cuts)
 }
 
 /// A generated stream of the three APIs' framings: events in any order, any line end, comments, pings,
