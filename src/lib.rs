@@ -28,13 +28,18 @@
 //! }
 //! ```
 //!
-//! The modules, from the outside in: [`server`] (listeners and connections, each request handed to one handler),
-//! [`gateway`] (the request path: admission, then the route's action),
+//! The modules, from the outside in:
+// The gateway's own modules are there (and linked) with the `gateway` feature only.
+#![cfg_attr(
+    feature = "gateway",
+    doc = "[`server`] (listeners and connections, each request handed to one handler), [`gateway`] (the request \
+           path: admission, then the route's action), [`admin`] (the admin API),"
+)]
 //! [`layer`] (admission in front of any tower service), [`routing`] (the canonical request and the route table),
 //! [`admission`] (the one request path both share: allowlist, keys, one limiter call, refusals, delays, fields),
 //! [`key`] (client addresses and limiting keys), [`limiter`] (the algorithms and the Redis and in-process stores,
 //! without HTTP), [`usage`] (what a request may cost and what its answer reports it cost, below admission and
-//! proxy), [`config`], [`proxy`] and [`admin`].
+//! proxy), [`config`] and [`proxy`].
 
 // The connection task's future holds the Redis store's futures, whose fred types nest deeper than the compiler's default
 // of 128 when it proves the task is Send.
@@ -48,7 +53,6 @@ pub mod admin;
 // Crate-internal items of it that only the gateway uses are unused in a library build without it.
 #[cfg_attr(not(feature = "gateway"), allow(unused_imports, dead_code))]
 pub mod admission;
-#[cfg_attr(not(feature = "gateway"), allow(unused_imports))]
 pub mod config;
 pub mod consumers;
 #[cfg(feature = "gateway")]

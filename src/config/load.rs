@@ -11,7 +11,8 @@ use super::locate::{Locator, Position};
 use super::model::{Config, ConsumersSettings, RlsSettings};
 use super::raw::{RawConfig, RawConsumers};
 use super::rls::{ratelimit_file, ratelimit_files, RawRatelimitFile};
-use super::validate::{secret_api_keys, validate, Issues, Reader};
+use super::secrets::secret_api_keys;
+use super::validate::{validate, Issues, Reader};
 
 /// Reads and validates the config file at `path`, taking `${VAR}` values from the process environment.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {

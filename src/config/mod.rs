@@ -1,24 +1,41 @@
-//! The YAML configuration: parsing, environment interpolation, units, validation with file locations.
+//! The configuration: its model (what the rest of tollgate runs on) and, with the `yaml` feature, the reading of a
+//! YAML file into it: environment interpolation, units, validation with file locations.
 
+// Reading a file: everything from the text to the validated model. Without `yaml` a program builds the model's
+// values in code (the tower layer's builder), and compiles no YAML parser.
+#[cfg(feature = "yaml")]
 mod consumers;
+#[cfg(feature = "yaml")]
 mod error;
+#[cfg(feature = "yaml")]
 mod interpolate;
-#[cfg(feature = "jwt")]
+#[cfg(all(feature = "yaml", feature = "jwt"))]
 mod jwt;
+#[cfg(feature = "yaml")]
 mod limits;
+#[cfg(feature = "yaml")]
 mod load;
+#[cfg(feature = "yaml")]
 mod locate;
-mod model;
+#[cfg(feature = "yaml")]
 mod raw;
+#[cfg(feature = "yaml")]
 mod rls;
-pub mod summary;
+#[cfg(feature = "yaml")]
 mod validate;
 
+mod model;
+mod secrets;
+pub mod summary;
+
+#[cfg(feature = "yaml")]
 pub use error::{ConfigError, Problem};
+#[cfg(feature = "yaml")]
 pub use load::{load, load_for_layers, load_with_text, parse, parse_for_layers, parse_with_env};
 pub use model::*;
+#[cfg(feature = "yaml")]
 pub(crate) use rls::ratelimit_files;
-pub(crate) use validate::{mark_credential_keys, secret_api_keys};
+pub(crate) use secrets::{mark_credential_keys, secret_api_keys};
 
 /// What may name a consumer (a consumers' word, named here as the config checks it).
 pub use crate::consumers::consumer_id;

@@ -142,8 +142,8 @@ pub enum RouteAction {
     Upstream(String),
     /// Answer directly.
     Respond(DirectResponse),
-    /// Neither: a route of a file read for tower layers ([`load_for_layers`](super::load_for_layers)), which limit
-    /// whatever service they wrap. The gateway serves no such route.
+    /// Neither: a route of a file read for tower layers (`config::load_for_layers`, with the `yaml` feature), which
+    /// limit whatever service they wrap. The gateway serves no such route.
     LimitsOnly,
 }
 

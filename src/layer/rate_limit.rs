@@ -60,7 +60,7 @@ impl RateLimitLayer {
     /// A builder holding what the route named `route` of a gateway config says: its limits (named as in the file),
     /// `deny_status`, `headers` and `allow`, with the config's `store.key_prefix` and `client_ip.trusted_proxies`. The
     /// route's `match:` and its `upstream` / `respond` are not used: the layer limits whatever it wraps, and a file
-    /// read with [`config::load_for_layers`](crate::config::load_for_layers) (or `parse_for_layers`) needs neither.
+    /// read with `config::load_for_layers` (or `parse_for_layers`; both with the `yaml` feature) needs neither.
     ///
     /// The store is still to be chosen, usually [`RateLimiter::from_settings`] with the config's `store:`,
     /// shared between the layers of one config:

@@ -7,12 +7,12 @@ use super::checks::socket_addr;
 use super::client_ip::client_ip;
 use super::issues::{Issue, Issues};
 use super::routes::routes;
-use super::secrets::secret_api_keys;
 use super::server::server;
 use super::store::store;
 use super::upstreams::upstreams;
 use crate::config::model::*;
 use crate::config::raw::*;
+use crate::config::secrets::secret_api_keys;
 
 /// Who reads a config file, which decides what a route needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
