@@ -1153,14 +1153,14 @@ async fn cluster_checks_on_keys_already_migrated_are_decided_by_redis_while_the_
                     .collect();
                 // Together, so that they share script calls.
                 let decided = tokio::join!(
-                    limiter.check_deciding(&one),
-                    limiter.check_deciding(&two),
-                    limiter.check_deciding(&other),
+                    limiter.check_leased(&one, 0),
+                    limiter.check_leased(&two, 0),
+                    limiter.check_leased(&other, 0),
                     async {
                         if new_checks.is_empty() {
                             None
                         } else {
-                            Some(limiter.check_deciding(&new_checks).await)
+                            Some(limiter.check_leased(&new_checks, 0).await)
                         }
                     }
                 );

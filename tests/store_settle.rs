@@ -58,7 +58,7 @@ async fn reserve(limiter: &RateLimiter, key: &str, limit: &Limit, cost: u64) -> 
         key,
         limit: &reserved,
     }];
-    let (outcome, by) = limiter.check_deciding(&checks).await.expect("decided");
+    let (outcome, by) = limiter.check_leased(&checks, 0).await.expect("decided");
     assert!(outcome.allowed, "{outcome:?}");
     assert_eq!(by, DecidedBy::Store);
     (reserved, Instant::now())
@@ -239,7 +239,7 @@ async fn on_redis_cluster_a_settlement_lands_in_every_slot_its_limits_are_in() {
         key,
         limit: &reserved,
     });
-    let (outcome, by) = first.check_deciding(&checks).await.expect("decided");
+    let (outcome, by) = first.check_leased(&checks, 0).await.expect("decided");
     assert!(outcome.allowed && by == DecidedBy::Store, "{outcome:?}");
     let decided = Instant::now();
     // One owes 8, the other gives 4 back.
@@ -481,7 +481,7 @@ async fn what_admitted_requests_spend_exceeds_the_limit_by_their_underestimates_
                     key: "budget",
                     limit: &reserved,
                 }];
-                let (outcome, by) = gateway.check_deciding(&checks).await.expect("decided");
+                let (outcome, by) = gateway.check_leased(&checks, 0).await.expect("decided");
                 if !outcome.allowed {
                     return None;
                 }

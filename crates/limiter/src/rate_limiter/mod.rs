@@ -142,17 +142,9 @@ impl RateLimiter {
     /// Redis out of service. When Redis fails, answers per the `on_error` policy: `Ok` with an empty outcome for
     /// `allow`, `Err(Unavailable)` for `deny`, the in-process decision for `local`.
     pub async fn check(&self, checks: &[LimitCheck<'_>]) -> Result<Outcome, Unavailable> {
-        self.check_deciding(checks)
+        self.check_leased(checks, 0)
             .await
             .map(|(outcome, _)| outcome)
-    }
-
-    /// [`check`](Self::check), also saying which store decided: where [`give_back`](Self::give_back) must go.
-    pub async fn check_deciding(
-        &self,
-        checks: &[LimitCheck<'_>],
-    ) -> Result<(Outcome, DecidedBy), Unavailable> {
-        self.check_leased(checks, 0).await
     }
 
     /// A lease id for a request with `concurrency` limits: what its slots are held under in Redis, renewed and
@@ -165,8 +157,9 @@ impl RateLimiter {
         }
     }
 
-    /// [`check_deciding`](Self::check_deciding), the slots of the request's `concurrency` limits held under
-    /// `lease` (from [`new_lease`](Self::new_lease); 0 when it has none).
+    /// [`check`](Self::check), also saying which store decided (where [`give_back`](Self::give_back) must go), the
+    /// slots of the request's `concurrency` limits held under `lease` (from [`new_lease`](Self::new_lease); 0 when
+    /// it has none).
     // The memory store holds slots without leases.
     #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
     pub async fn check_leased(
