@@ -12,6 +12,7 @@ mod identify;
 mod limits;
 mod policy;
 mod queue;
+mod read;
 mod refusal;
 mod responses;
 mod serve;
@@ -35,7 +36,8 @@ pub(crate) use headers::{
 };
 pub use limits::{Checked, LimitRequest, LimitSet, NotChecked, Replaced};
 pub use policy::{Admission, Admitted, Policy};
+pub use read::{ensure_request_id, set_request_id, Arrival, RequestView, X_REQUEST_ID};
 pub use refusal::Refusal;
+pub use responses::answer;
 pub(crate) use responses::json_response;
-pub use responses::{answer, ensure_request_id, X_REQUEST_ID};
 pub use tokens::{NoReservation, Reservation, Reserve, RouteUsage};

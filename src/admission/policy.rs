@@ -38,6 +38,10 @@ pub struct Policy {
     after_answer: Option<AfterAnswerMaker>,
     /// How the route's answers report the tokens they cost, on a route with `usage:`.
     usage: Option<Arc<RouteUsage>>,
+    /// The bits of an IPv6 client address that key it (`client_ip.ipv6_prefix`).
+    ipv6_prefix: u8,
+    /// Whether the route matches paths in any case (a `path` key part then counts them in lower case).
+    path_any_case: bool,
 }
 
 /// Makes the [`AfterAnswer`] work of one admitted request.
@@ -98,7 +102,32 @@ impl Policy {
             #[cfg(test)]
             after_answer: None,
             usage: None,
+            ipv6_prefix: 64,
+            path_any_case: false,
         }
+    }
+
+    /// The same policy keying IPv6 clients by their network of `bits` (`client_ip.ipv6_prefix`; 64 unless said).
+    pub fn with_ipv6_prefix(mut self, bits: u8) -> Self {
+        self.ipv6_prefix = bits;
+        self
+    }
+
+    /// The same policy on a route that matches paths in any case (`yes`) or with regard to it: a `path` key part
+    /// then counts them in lower case. A layer has no routes: with regard to case, unless said.
+    pub fn matching_paths_in_any_case(mut self, yes: bool) -> Self {
+        self.path_any_case = yes;
+        self
+    }
+
+    /// The bits of an IPv6 client address that key it.
+    pub(super) fn ipv6_prefix(&self) -> u8 {
+        self.ipv6_prefix
+    }
+
+    /// Whether the route matches paths in any case.
+    pub(super) fn matches_paths_in_any_case(&self) -> bool {
+        self.path_any_case
     }
 
     /// The same policy on a route whose answers report their tokens as `usage` says: its requests reserve on its
@@ -283,7 +312,7 @@ impl Policy {
 
     /// The store keys a request would be counted under, its caller identified, without asking the limiter: none
     /// when the caller is refused (nothing is counted then), an error when a key part or credential occurs twice.
-    pub fn keys(&self, facts: &RequestFacts<'_>) -> Result<Vec<String>, AmbiguousKey> {
+    pub(super) fn keys(&self, facts: &RequestFacts<'_>) -> Result<Vec<String>, AmbiguousKey> {
         let caller = match self
             .identifying()
             .map(|p| p.consumers.identify(facts, p.mode))

@@ -217,26 +217,3 @@ fn too_many_failed_credentials(wait: Duration) -> Response<serde_json::Value> {
         .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     response
 }
-
-/// The request's `x-request-id`, generated (128 random bits, hex) and set on it when the client sent none or an
-/// unusable one (empty, over 200 bytes). The gateway and the tower layer both answer with it.
-pub fn ensure_request_id(headers: &mut http::HeaderMap) -> http::HeaderValue {
-    if let Some(id) = headers.get(&X_REQUEST_ID) {
-        if !id.is_empty() && id.len() <= 200 {
-            return id.clone();
-        }
-    }
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut id = [0u8; 32];
-    for (digits, byte) in id.chunks_exact_mut(2).zip(fastrand::u128(..).to_be_bytes()) {
-        digits[0] = HEX[usize::from(byte >> 4)];
-        digits[1] = HEX[usize::from(byte & 0xf)];
-    }
-    let value =
-        http::HeaderValue::from_bytes(&id).unwrap_or_else(|_| http::HeaderValue::from_static("0"));
-    headers.insert(X_REQUEST_ID.clone(), value.clone());
-    value
-}
-
-/// `x-request-id`.
-pub static X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");

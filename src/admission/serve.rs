@@ -3,6 +3,7 @@
 //! answer the work kept for after it. Entry points supply only how to forward, so none can skip a step.
 
 use std::future::Future;
+use std::net::IpAddr;
 
 use axum::body::Body;
 use axum::BoxError;
@@ -13,15 +14,16 @@ use super::after_answer::{AnswerGuard, Ending, GuardedBody};
 use super::policy::{Admission, Policy};
 use super::responses::answer;
 use super::tokens::Reserve;
-use crate::key::RequestReading;
 use crate::limiter::RateLimiter;
 use crate::proxy::TunnelClosed;
+use crate::routing::CanonicalRequest;
 use crate::usage::UsageBody;
 
 // === impl Policy ===
 
 impl Policy {
-    /// Runs `request`, which `reading` describes, through this policy with `limiter`, reserving `reserve` on the
+    /// Runs `request`, whose canonical reading is `canonical`, from `client_ip`, through this policy with `limiter`
+    /// (admission reads it from those, see [`RequestFacts`](crate::key::RequestFacts)), reserving `reserve` on the
     /// token limits ([`NoReservation`](super::NoReservation) off a route with `usage:`; on one, the body already
     /// read and rewritten): a refusal is answered here; an admitted (or allowlisted) request is passed to
     /// `forward`, and its response comes back with the rate-limit fields and, when its limits keep work for after
@@ -35,7 +37,8 @@ impl Policy {
     pub fn serve<'a, B, R, E, F, Fut, V>(
         &'a self,
         limiter: &'a RateLimiter,
-        reading: RequestReading<'a>,
+        canonical: &'a CanonicalRequest<'a>,
+        client_ip: IpAddr,
         mut request: Request<B>,
         reserve: V,
         forward: F,
@@ -56,7 +59,7 @@ impl Policy {
                     .map(|response| response.map(Body::new));
             }
             let admission = {
-                let facts = reading.facts(request.method(), request.headers());
+                let facts = self.facts(canonical, client_ip, &request);
                 self.admit(limiter, &facts, reserve).await
             };
             let mut admitted = match admission {

@@ -164,7 +164,9 @@ impl Route {
             ),
             route.allow.clone(),
             route.headers,
-        );
+        )
+        .with_ipv6_prefix(config.client_ip.ipv6_prefix)
+        .matching_paths_in_any_case(!route.matcher.case_sensitive);
         if let Some(usage) = &route.usage {
             let usage = RouteUsage::new(&route.name, usage.clone());
             policy = policy.with_usage(Arc::new(usage));

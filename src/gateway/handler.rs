@@ -7,22 +7,19 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use axum::body::Body;
-use http::header::{self, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, Version};
 
 use super::compiled::{Action, CompiledConfig, Route};
 use super::responses;
-use crate::admission::{answer, LimitSet, NoReservation, Refusal};
+use crate::admission::{answer, Arrival, LimitSet, NoReservation, Refusal, RequestView};
 use crate::config::Config;
 use crate::consumers::directory::Directory;
 use crate::consumers::Consumers;
-use crate::key::RequestReading;
 use crate::limiter::RateLimiter;
 use crate::proxy::{ForwardedFacts, ProxyError};
 use crate::routing::{self, CanonicalRequest, RequestTarget};
 use crate::server::Shutdown;
-
-static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The gateway: a compiled config (replaced atomically on reload) and the limiter (kept across reloads, so
 /// counters survive them).
@@ -254,14 +251,19 @@ impl Gateway {
                     .headers_mut()
                     .insert(http::header::HOST, field.clone());
             }
-            let route_path = canonical.route_path();
-            let reading = reading_of(compiled, route, &canonical, &route_path, &uri, client_ip);
             let forward = |request| self.act(compiled, route, request, &canonical, peer);
             let served = match route.policy.usage() {
                 None => {
                     route
                         .policy
-                        .serve(&self.limiter, reading, request, NoReservation, forward)
+                        .serve(
+                            &self.limiter,
+                            &canonical,
+                            client_ip,
+                            request,
+                            NoReservation,
+                            forward,
+                        )
                         .await
                 }
                 // Boxed: a route without usage: carries no room for a body's reading and its reservation.
@@ -270,7 +272,8 @@ impl Gateway {
                         &self.limiter,
                         &route.policy,
                         usage,
-                        reading,
+                        &canonical,
+                        client_ip,
                         request,
                         forward,
                     ));
@@ -381,7 +384,10 @@ where
         // Before anything reads or writes a field: what `Connection` names is the client's own fields, never
         // tollgate's.
         crate::proxy::clean_client_fields(request.headers_mut(), &compiled.client_fields);
-        let request_id = crate::admission::ensure_request_id(request.headers_mut());
+        let Arrival {
+            request_id,
+            client_ip,
+        } = Arrival::of(&mut request, peer.ip(), &compiled.client_ip);
         // The request is gone (upstream) by the time the access line is written: keep what it needs, but only
         // when the line will be written (the clock read included).
         let logged =
@@ -392,7 +398,6 @@ where
                     request.uri().path().to_owned(),
                 )
             });
-        let client_ip = compiled.client_ip.resolve(peer.ip(), request.headers());
         let http1 = request.version() <= Version::HTTP_11;
         let (route, mut response) = gateway
             .route_request(&compiled, request, peer, client_ip)
@@ -414,9 +419,7 @@ where
                 request_id = request_id.to_str().unwrap_or_default(),
             );
         }
-        response
-            .headers_mut()
-            .insert(X_REQUEST_ID.clone(), request_id);
+        crate::admission::set_request_id(response.headers_mut(), request_id);
         // Draining: a keep-alive client is told to reconnect, by then to an instance the balancer still sends to.
         if http1 && gateway.shutdown.is_draining() {
             response
@@ -435,30 +438,18 @@ fn directory_on(store: &crate::limiter::StoreSettings) -> Arc<Directory> {
     })
 }
 
-/// How the gateway reads a request, without deciding it (nothing is counted): see [`Gateway::view`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestView {
-    /// The route that takes it, if any.
-    pub route: Option<String>,
-    /// The client address, resolved through trusted proxies.
-    pub client_ip: IpAddr,
-    /// Whether the client is on the route's allowlist (and so skips its limits).
-    pub allowlisted: bool,
-    /// The store key of each limit that applies (none when allowlisted).
-    pub keys: Vec<String>,
-}
-
 impl Gateway {
     /// How the running config reads `request` from `peer`: its route, client, allowlist verdict and keys, by the
-    /// same steps as the request path; or the refusal the request path answers it with. For tools and tests that
-    /// check that a request and the request forwarded for it read the same (see the README's security model).
+    /// same steps as the request path (admission's, on the route that takes it); or the refusal the request path
+    /// answers it with. For tools and tests that check that a request and the request forwarded for it read the
+    /// same (see the README's security model).
     pub fn view<B>(
         &self,
         request: &Request<B>,
         peer: SocketAddr,
     ) -> Result<RequestView, routing::Refusal> {
         let compiled = self.compiled.load();
-        // The fields as the request path reads them: cleaned as they arrive.
+        // The fields as the request path reads them: cleaned as they arrive. A copy: a tool's, never the path's.
         let mut cleaned = Request::new(());
         *cleaned.method_mut() = request.method().clone();
         *cleaned.uri_mut() = request.uri().clone();
@@ -468,33 +459,13 @@ impl Gateway {
         let request = &cleaned;
         let client_ip = compiled.client_ip.resolve(peer.ip(), request.headers());
         let (canonical, route) = read(&compiled, request, request.uri())?;
-        let mut view = RequestView {
-            route: route.map(|r| r.name.clone()),
-            client_ip,
-            allowlisted: false,
-            keys: Vec::new(),
-        };
-        let Some(route) = route else {
-            return Ok(view);
-        };
-        view.allowlisted = route.policy.is_exempt(client_ip);
-        if !view.allowlisted {
-            let route_path = canonical.route_path();
-            let reading = reading_of(
-                &compiled,
-                route,
-                &canonical,
-                &route_path,
-                request.uri(),
-                client_ip,
-            );
-            let facts = reading.facts(request.method(), request.headers());
-            view.keys = route
+        match route {
+            None => Ok(RequestView::unrouted(client_ip)),
+            Some(route) => route
                 .policy
-                .keys(&facts)
-                .map_err(|_| routing::Refusal::AmbiguousKey)?;
+                .view(&canonical, client_ip, request)
+                .map_err(|_| routing::Refusal::AmbiguousKey),
         }
-        Ok(view)
     }
 }
 
@@ -518,29 +489,9 @@ fn read<'r, 'u, B>(
     let route = compiled.route_for(&RequestTarget {
         method: request.method(),
         host: canonical.host.as_deref(),
-        path: &canonical.route_path(),
+        path: canonical.route_path(),
     });
     Ok((canonical, route))
-}
-
-/// What the keys of `route`'s limits are built from, besides the request's method and fields.
-fn reading_of<'a>(
-    compiled: &CompiledConfig,
-    route: &'a Route,
-    canonical: &'a CanonicalRequest<'_>,
-    route_path: &'a str,
-    uri: &'a http::Uri,
-    client_ip: IpAddr,
-) -> RequestReading<'a> {
-    RequestReading {
-        client_ip,
-        ipv6_prefix: compiled.client_ip.ipv6_prefix(),
-        route: &route.name,
-        path: route_path,
-        path_any_case: !route.matcher.is_case_sensitive(),
-        host: canonical.host.as_deref(),
-        query: uri.query(),
-    }
 }
 
 fn proxy_failure(route: &Route, error: &ProxyError) -> Response<Body> {

@@ -9,7 +9,8 @@ mod serve;
 mod tests;
 mod usage;
 
+pub use crate::admission::RequestView;
 pub use compiled::CompiledConfig;
-pub use handler::{Gateway, RequestView};
+pub use handler::Gateway;
 pub use responses::readiness;
 pub use serve::serve;

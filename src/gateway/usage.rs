@@ -13,8 +13,8 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use super::responses;
 use crate::admission::{answer, Policy, Refusal, Reservation, RouteUsage};
-use crate::key::RequestReading;
 use crate::limiter::RateLimiter;
+use crate::routing::CanonicalRequest;
 use crate::usage::{rewrite_request, set_body_length};
 
 /// Reads `request`'s body for `usage`, and makes the request forwarded and what it reserves; or the answer to a
@@ -134,7 +134,8 @@ pub(super) async fn serve<'a, F, Fut>(
     limiter: &'a RateLimiter,
     policy: &'a Policy,
     usage: &'a Arc<RouteUsage>,
-    reading: RequestReading<'a>,
+    canonical: &'a CanonicalRequest<'a>,
+    client_ip: std::net::IpAddr,
     request: Request<Body>,
     forward: F,
 ) -> Result<Response<Body>, Response<Body>>
@@ -142,8 +143,16 @@ where
     F: FnOnce(Request<Body>) -> Fut,
     Fut: std::future::Future<Output = Result<Response<Body>, Response<Body>>>,
 {
-    let (request, reservation) = read_request(policy, usage, reading.path, request).await?;
+    let path = canonical.route_path();
+    let (request, reservation) = read_request(policy, usage, path, request).await?;
     policy
-        .serve(limiter, reading, request, &reservation, forward)
+        .serve(
+            limiter,
+            canonical,
+            client_ip,
+            request,
+            &reservation,
+            forward,
+        )
         .await
 }

@@ -11,8 +11,7 @@ pub use client_ip::{believed_hops, ip_text, push_ip_text, ClientIpHeader, Client
 pub use limit::{Counts, LimitSettings, StatusSet, TokenKind};
 pub use spec::{
     names_parameter, push_client_key, push_key_text, query_parameter, trimmed_value, AmbiguousKey,
-    KeyPart, KeyPartError, KeySpec, MissingKey, QueryParameter, RequestFacts, RequestReading,
-    BYTES_MARK,
+    KeyPart, KeyPartError, KeySpec, MissingKey, QueryParameter, RequestFacts, BYTES_MARK,
 };
 pub use store_key::{
     key_head, key_with_head, seal_key, store_key, MAX_PLAIN_KEY_LEN, PLAN_KEY_SCOPE,

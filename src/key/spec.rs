@@ -59,75 +59,38 @@ const CREDENTIAL_HEADERS: [HeaderName; 3] = [
     http::header::COOKIE,
 ];
 
-/// What the key of a request may be built from.
+/// One request as every step after routing reads it: admission builds it once per request (from the canonical
+/// request, the client address and the route's policy), keys are built from it, callers identified from it, and the
+/// limits' work kept for after the answer takes its keys from it. It borrows: the normalised strings from the
+/// [`CanonicalRequest`](crate::routing::CanonicalRequest) that owns them, the method and fields from the request,
+/// the route's parts from its policy; nothing is copied per request. Copy: identifying a caller makes a second
+/// value with the caller's parts filled in.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestFacts<'a> {
-    /// The client address, already resolved through trusted proxies.
+    /// The client address, resolved through trusted proxies: the `ip` key part, allowlists, failed credentials.
     pub client_ip: IpAddr,
     /// The bits of an IPv6 client address that key it (`client_ip.ipv6_prefix`): 64 keys each /64.
     pub ipv6_prefix: u8,
-    /// The matched route's name.
+    /// The matched route's name (a layer's scope): the `route` key part.
     pub route: &'a str,
-    /// The request method.
+    /// The request method: the `method` key part.
     pub method: &'a Method,
-    /// The request path, as routes match it (normalised, without `;` parameters).
+    /// The request path as routes match it (normalised, without `;` parameters): the `path` key part, and which
+    /// endpoint of an LLM API is called.
     pub path: &'a str,
     /// Whether the route matches paths in any case: a `path` part is then counted in lower case. A trailing `/` is
     /// never counted (`/login/` is `/login` to routes).
     pub path_any_case: bool,
-    /// The request host without port, if any.
+    /// The request host, lower-cased, without port, if any: the `host` key part.
     pub host: Option<&'a str>,
-    /// The request headers.
+    /// The request's fields (cleaned of what `Connection` names): `header:` key parts and credentials.
     pub headers: &'a HeaderMap,
-    /// The raw query string, if any.
+    /// The raw query string, if any: `query:` key parts and credentials sent as parameters.
     pub query: Option<&'a str>,
-    /// The consumer id, once admission has identified the caller.
+    /// The consumer id, once admission has identified the caller: the `consumer` key part.
     pub consumer: Option<&'a str>,
-    /// The caller's plan name, once admission has identified the caller.
+    /// The caller's plan name, once admission has identified the caller: the `plan` key part.
     pub plan: Option<&'a str>,
-}
-
-/// What an entry point read of a request before admission, all but what the request itself holds (its method and
-/// fields): with those, the request's [`RequestFacts`]. Borrowed from the entry point's reading (the route, the
-/// canonical path), never from the request, so that the request can be handed on once admitted.
-#[derive(Debug, Clone, Copy)]
-pub struct RequestReading<'a> {
-    /// The client address, already resolved through trusted proxies.
-    pub client_ip: IpAddr,
-    /// The bits of an IPv6 client address that key it (`client_ip.ipv6_prefix`).
-    pub ipv6_prefix: u8,
-    /// The matched route's name (the layer's scope).
-    pub route: &'a str,
-    /// The request path, as routes match it (normalised, without `;` parameters).
-    pub path: &'a str,
-    /// Whether the route matches paths in any case.
-    pub path_any_case: bool,
-    /// The request host without port, if any.
-    pub host: Option<&'a str>,
-    /// The raw query string, if any.
-    pub query: Option<&'a str>,
-}
-
-impl<'a> RequestReading<'a> {
-    /// The facts of the request this reading is of, whose method and fields are `method` and `headers`.
-    pub fn facts<'f>(&self, method: &'f Method, headers: &'f HeaderMap) -> RequestFacts<'f>
-    where
-        'a: 'f,
-    {
-        RequestFacts {
-            client_ip: self.client_ip,
-            ipv6_prefix: self.ipv6_prefix,
-            route: self.route,
-            method,
-            path: self.path,
-            path_any_case: self.path_any_case,
-            host: self.host,
-            headers,
-            query: self.query,
-            consumer: None,
-            plan: None,
-        }
-    }
 }
 
 // === impl RequestFacts ===

@@ -333,20 +333,18 @@ impl Builder {
                 });
             }
         }
+        let client_ip = ClientIpResolver::new(self.trusted_proxies)
+            .with_header(self.client_ip_header)
+            .with_ipv6_prefix(self.ipv6_prefix);
         let limits = LimitSet::new(&scope, &self.key_prefix, own, self.deny_status);
-        let mut policy = Policy::new(limits, self.allow, self.headers);
+        let mut policy =
+            Policy::new(limits, self.allow, self.headers).with_ipv6_prefix(client_ip.ipv6_prefix());
         if let Some((settings, mode)) = &consumers {
             let directory = self.directory.unwrap_or_else(Directory::in_memory);
             let consumers = Arc::new(Consumers::new(settings, &self.key_prefix, directory));
             policy = policy.with_consumers(*mode, consumers, &self.key_prefix);
         }
-        Ok(RateLimitLayer::new(
-            limiter,
-            policy,
-            ClientIpResolver::new(self.trusted_proxies)
-                .with_header(self.client_ip_header)
-                .with_ipv6_prefix(self.ipv6_prefix),
-        ))
+        Ok(RateLimitLayer::new(limiter, policy, client_ip))
     }
 }
 

@@ -14,8 +14,7 @@ use tower::{Service, ServiceExt};
 
 use super::future::ResponseFuture;
 use super::rate_limit::{RateLimitLayer, Shared};
-use crate::admission::{answer, NoReservation, X_REQUEST_ID};
-use crate::key::RequestReading;
+use crate::admission::{answer, set_request_id, Arrival, NoReservation, X_REQUEST_ID};
 use crate::routing::CanonicalRequest;
 
 /// The client address assumed when a request carries no `ConnectInfo<SocketAddr>` (see the module docs).
@@ -97,15 +96,15 @@ where
 {
     // As the gateway: the client's request id, or one made now, goes to the inner service and on a refusal.
     let mut request = request;
-    let request_id = crate::admission::ensure_request_id(request.headers_mut());
+    let peer = peer_ip(&shared, &request);
+    let Arrival {
+        request_id,
+        client_ip,
+    } = Arrival::of(&mut request, peer, &shared.client_ip);
     let with_id = |mut response: Response<Body>| {
-        response
-            .headers_mut()
-            .insert(crate::admission::X_REQUEST_ID.clone(), request_id.clone());
+        set_request_id(response.headers_mut(), request_id);
         response
     };
-    let peer = peer_ip(&shared, &request);
-    let client_ip = shared.client_ip.resolve(peer, request.headers());
     // Keys see the request as the gateway does (see the README's security model): `/a/../b` and `/b` share a key,
     // and a request with no single reading (two Hosts, `post`, a bad escape) is refused as the gateway refuses it.
     // The target is cloned (its bytes shared) so that the reading outlives the request handed on.
@@ -119,21 +118,12 @@ where
         Ok(canonical) => canonical,
         Err(refusal) => return Ok(with_id(answer(refusal.into(), None))),
     };
-    let route_path = canonical.route_path();
-    let reading = RequestReading {
-        client_ip,
-        ipv6_prefix: shared.client_ip.ipv6_prefix(),
-        route: shared.policy.limits().scope(),
-        path: &route_path,
-        path_any_case: false,
-        host: canonical.host.as_deref(),
-        query: uri.query(),
-    };
     let served = shared
         .policy
         .serve(
             &shared.limiter,
-            reading,
+            &canonical,
+            client_ip,
             request,
             NoReservation,
             |request| inner.oneshot(request),

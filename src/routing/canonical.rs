@@ -15,7 +15,11 @@ const STANDARD_METHODS: [&str; 9] = [
     "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
 ];
 
-/// One reading of a request, shared by everything that looks at it.
+/// One reading of a request's target, shared by everything that looks at it: it owns the strings normalisation made
+/// (a path rewritten, a host lower-cased), which routing ([`RequestTarget`](super::RequestTarget)) and admission
+/// ([`RequestFacts`](crate::key::RequestFacts)) borrow rather than copy. Kept apart from those views because they
+/// also borrow the request's method and fields, and the request is handed on by value once admitted while this
+/// reading (the path the upstream gets) lives on.
 #[derive(Debug, Clone)]
 pub struct CanonicalRequest<'a> {
     /// The normalised path (see [`normalize_path_with`]): what the upstream receives; routes match it without its
@@ -28,6 +32,11 @@ pub struct CanonicalRequest<'a> {
     /// (absolute form, HTTP/2), or a `Host` written another way (upper case, trailing dot). `None` when the
     /// client's field is already canonical, as it nearly always is.
     pub host_field: Option<HeaderValue>,
+    /// The raw query string, if any, as the target has it (key parts decode its parameters as they read them).
+    pub query: Option<&'a str>,
+    /// [`path`](Self::path) without the `;` parameters of its segments, when it has any (nearly no path does):
+    /// made once, with the rest of the reading, for routing and keys to borrow.
+    params_removed: Option<String>,
 }
 
 /// Why a request has no single reading, and is refused before routing.
@@ -90,10 +99,9 @@ impl<'a> CanonicalRequest<'a> {
         )
     }
 
-    /// The path routes match and keys count: [`path`](Self::path) without the `;` parameters of its segments
-    /// (borrowed when it has none, as nearly every path has).
-    pub fn route_path(&self) -> Cow<'_, str> {
-        without_parameters(&self.path)
+    /// The path routes match and keys count: [`path`](Self::path) without the `;` parameters of its segments.
+    pub fn route_path(&self) -> &str {
+        self.params_removed.as_deref().unwrap_or(&self.path)
     }
 
     /// The canonical reading of a request that a server has already accepted, for the tower layer: the same as
@@ -121,10 +129,16 @@ impl<'a> CanonicalRequest<'a> {
         }
         let path = normalize_path_with(uri.path(), rules)?;
         let (host, host_field) = canonical_host(version, uri, headers, host_required)?;
+        let params_removed = match without_parameters(&path) {
+            Cow::Borrowed(_) => None,
+            Cow::Owned(stripped) => Some(stripped),
+        };
         Ok(Self {
             path,
             host,
             host_field,
+            query: uri.query(),
+            params_removed,
         })
     }
 }

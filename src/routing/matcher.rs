@@ -40,7 +40,8 @@ pub(super) enum HostPattern {
     Suffix(String),
 }
 
-/// The parts of a request that routes match on, all from the canonical request.
+/// The parts of a request that routes match on: a borrow of the canonical request (its host and the path
+/// [`route_path`](super::CanonicalRequest::route_path) gives) and of the request's method, made for the match alone.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestTarget<'a> {
     /// The request method.

@@ -1,0 +1,142 @@
+//! Read: a request as admission takes it from every entry point: its id and its client as it arrives
+//! ([`Arrival`]), then, on its route, the one view every later step reads ([`RequestFacts`]), or the view tools get
+//! of it without deciding it ([`RequestView`]).
+
+use std::net::IpAddr;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Request};
+
+use super::policy::Policy;
+use crate::key::{AmbiguousKey, ClientIpResolver, RequestFacts};
+use crate::routing::CanonicalRequest;
+
+/// `x-request-id`.
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// What admission reads of a request as it arrives, before any route: what the gateway and the layer both answer
+/// and log with.
+#[derive(Debug, Clone)]
+pub struct Arrival {
+    /// The request's `x-request-id`: the client's, or one made now (see [`ensure_request_id`]).
+    pub request_id: HeaderValue,
+    /// The client address, resolved through trusted proxies.
+    pub client_ip: IpAddr,
+}
+
+/// How admission reads a request without deciding it (nothing is counted): what the gateway's `view` gives tools
+/// and tests that check that a request and the request forwarded for it read the same. Owned, unlike
+/// [`RequestFacts`]: made for a tool, never on the request path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestView {
+    /// The route that takes it, if any.
+    pub route: Option<String>,
+    /// The client address, resolved through trusted proxies.
+    pub client_ip: IpAddr,
+    /// Whether the client is on the route's allowlist (and so skips its limits).
+    pub allowlisted: bool,
+    /// The store key of each limit that applies (none when allowlisted).
+    pub keys: Vec<String>,
+}
+
+// === impl Arrival ===
+
+impl Arrival {
+    /// Reads `request`, from a connection whose peer is `peer`, as it arrives: its id (set on it when made here)
+    /// and its client, as `clients` resolves it.
+    pub fn of<B>(request: &mut Request<B>, peer: IpAddr, clients: &ClientIpResolver) -> Self {
+        let request_id = ensure_request_id(request.headers_mut());
+        let client_ip = clients.resolve(peer, request.headers());
+        Self {
+            request_id,
+            client_ip,
+        }
+    }
+}
+
+// === impl RequestView ===
+
+impl RequestView {
+    /// The view of a request from `client_ip` that no route takes.
+    pub fn unrouted(client_ip: IpAddr) -> Self {
+        Self {
+            route: None,
+            client_ip,
+            allowlisted: false,
+            keys: Vec::new(),
+        }
+    }
+}
+
+// === impl Policy ===
+
+impl Policy {
+    /// `request`, whose canonical reading is `canonical`, from `client_ip`, as every step after routing reads it on
+    /// this policy's route. Borrows all it holds (see [`RequestFacts`]).
+    pub(super) fn facts<'f, B>(
+        &'f self,
+        canonical: &'f CanonicalRequest<'_>,
+        client_ip: IpAddr,
+        request: &'f Request<B>,
+    ) -> RequestFacts<'f> {
+        RequestFacts {
+            client_ip,
+            ipv6_prefix: self.ipv6_prefix(),
+            route: self.limits().scope(),
+            method: request.method(),
+            path: canonical.route_path(),
+            path_any_case: self.matches_paths_in_any_case(),
+            host: canonical.host.as_deref(),
+            headers: request.headers(),
+            query: canonical.query,
+            consumer: None,
+            plan: None,
+        }
+    }
+
+    /// How this policy's route reads `request` (its canonical reading `canonical`, from `client_ip`) without deciding
+    /// it: its allowlist verdict and the keys it would be counted under, by the same steps as admission; an error
+    /// when a key part or credential occurs twice (refused as ambiguous on the request path).
+    pub fn view<B>(
+        &self,
+        canonical: &CanonicalRequest<'_>,
+        client_ip: IpAddr,
+        request: &Request<B>,
+    ) -> Result<RequestView, AmbiguousKey> {
+        let allowlisted = self.is_exempt(client_ip);
+        let keys = if allowlisted {
+            Vec::new()
+        } else {
+            self.keys(&self.facts(canonical, client_ip, request))?
+        };
+        Ok(RequestView {
+            route: Some(self.limits().scope().to_owned()),
+            client_ip,
+            allowlisted,
+            keys,
+        })
+    }
+}
+
+/// The request's `x-request-id`, generated (128 random bits, hex) and set on it when the client sent none or an
+/// unusable one (empty, over 200 bytes). The gateway and the tower layer both answer with it.
+pub fn ensure_request_id(headers: &mut HeaderMap) -> HeaderValue {
+    if let Some(id) = headers.get(&X_REQUEST_ID) {
+        if !id.is_empty() && id.len() <= 200 {
+            return id.clone();
+        }
+    }
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = [0u8; 32];
+    for (digits, byte) in id.chunks_exact_mut(2).zip(fastrand::u128(..).to_be_bytes()) {
+        digits[0] = HEX[usize::from(byte >> 4)];
+        digits[1] = HEX[usize::from(byte & 0xf)];
+    }
+    let value = HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("0"));
+    headers.insert(X_REQUEST_ID.clone(), value.clone());
+    value
+}
+
+/// Sets `request_id` on an answer's `headers` as its `x-request-id`.
+pub fn set_request_id(headers: &mut HeaderMap, request_id: HeaderValue) {
+    headers.insert(X_REQUEST_ID.clone(), request_id);
+}
