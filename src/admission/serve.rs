@@ -17,7 +17,6 @@ use super::tokens::Reserve;
 use crate::limiter::RateLimiter;
 use crate::proxy::TunnelClosed;
 use crate::routing::CanonicalRequest;
-use crate::usage::UsageBody;
 
 // === impl Policy ===
 
@@ -89,10 +88,9 @@ impl Policy {
                     match reserve.get() {
                         None => response.map(|body| Body::new(GuardedBody::new(body, after))),
                         Some(reservation) => {
-                            let (reader, usage) = reservation.reader(response.headers());
+                            let reader = reservation.reader(response.headers());
                             response.map(|body| {
-                                let read = UsageBody::new(Body::new(body), reader, usage);
-                                Body::new(GuardedBody::new(read, after))
+                                Body::new(GuardedBody::reading(Body::new(body), reader, after))
                             })
                         }
                     }

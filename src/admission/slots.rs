@@ -81,6 +81,11 @@ impl AfterAnswer for Both {
         self.1.status(status);
     }
 
+    fn usage(&mut self, handed: crate::usage::Handed) {
+        // The token settlement, when there is one, is the first: slots read no usage.
+        self.0.usage(handed);
+    }
+
     fn ended(self: Box<Self>, ending: Ending) {
         let Both(first, second) = *self;
         first.ended(ending);

@@ -13,7 +13,7 @@ use crate::key::TokenKind;
 use crate::limiter::{Giver, Limit, Settlement};
 use crate::usage::{
     accept_readable_answers, BodyEnd, BodyFacts, CompletionBound, Dialect, Handed, PromptBound,
-    SharedUsage, Usage, UsageFormat, UsageReader, UsageSettings,
+    Usage, UsageFormat, UsageReader, UsageSettings,
 };
 
 /// A route's `usage:`, compiled: its settings and its series.
@@ -34,7 +34,6 @@ pub struct Reservation {
     /// The completion's bound, every answer the request asks for included.
     pub completion: u64,
     route: Arc<RouteUsage>,
-    usage: SharedUsage,
 }
 
 /// Whether a request reserves tokens: [`NoReservation`] on routes without `usage:` (the type makes the token code
@@ -66,7 +65,8 @@ pub(super) struct TokenSettlement {
     prompt: u64,
     completion: u64,
     route: Arc<RouteUsage>,
-    usage: SharedUsage,
+    /// What the answer's body reported it cost, once handed over.
+    usage: Option<Handed>,
     /// A moment before the decision (see `StatusSettlement`).
     asked: Instant,
     status: Option<StatusCode>,
@@ -174,7 +174,6 @@ impl Reservation {
             prompt,
             completion,
             route: Arc::clone(route),
-            usage: SharedUsage::default(),
         }
     }
 
@@ -184,7 +183,6 @@ impl Reservation {
             prompt: 0,
             completion: 0,
             route: Arc::clone(route),
-            usage: SharedUsage::default(),
         }
     }
 
@@ -206,12 +204,9 @@ impl Reservation {
         }
     }
 
-    /// The reader of the answer whose head is `headers`, and where it hands what it read.
-    pub(super) fn reader(&self, headers: &HeaderMap) -> (UsageReader, SharedUsage) {
-        (
-            UsageReader::new(&self.route.settings.format, headers),
-            self.usage.clone(),
-        )
+    /// The reader of the answer whose head is `headers`.
+    pub(super) fn reader(&self, headers: &HeaderMap) -> UsageReader {
+        UsageReader::new(&self.route.settings.format, headers)
     }
 
     /// The settlement of what an admitted request took on its token limits (`taken`: store key, the limit with its
@@ -229,7 +224,7 @@ impl Reservation {
             prompt: self.prompt,
             completion: self.completion,
             route: Arc::clone(&self.route),
-            usage: self.usage.clone(),
+            usage: None,
             asked,
             status: None,
             statuses,
@@ -278,6 +273,10 @@ impl AfterAnswer for TokenSettlement {
         if let Some(statuses) = &mut self.statuses {
             statuses.status(status);
         }
+    }
+
+    fn usage(&mut self, handed: Handed) {
+        self.usage = Some(handed);
     }
 
     fn ended(mut self: Box<Self>, ending: Ending) {

@@ -9,7 +9,7 @@ mod request;
 mod settings;
 mod sse;
 
-pub use body::{BodyEnd, Handed, SharedUsage, Unread, UsageBody, UsageSink};
+pub use body::{BodyEnd, Handed, Unread};
 pub use reader::{accept_readable_answers, UsageFormat, UsageFormatError, UsageReader};
 pub use reported::{Dialect, Usage};
 pub use request::{

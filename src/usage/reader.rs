@@ -178,17 +178,6 @@ impl UsageReader {
         }
     }
 
-    /// A reader of nothing: what stands in for one handed over with the rest of its answer.
-    pub(super) fn unreadable() -> Self {
-        Self {
-            dialect: Dialect::OpenAi,
-            mode: Mode::Unreadable,
-            reported: Reported::default(),
-            any: false,
-            header_total: None,
-        }
-    }
-
     /// Whether the usage is whole before the body ends: a header's number, read with the head.
     pub fn is_whole(&self) -> bool {
         matches!(self.mode, Mode::Header(_)) && self.header_total.is_some()
