@@ -110,8 +110,9 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: B,
         guard: AnswerGuard,
-        // The answer's usage being read, on a route with `usage:`; `None` elsewhere, and once handed over.
-        usage: Option<UsageRead<B>>,
+        // The answer's usage being read, on a route with `usage:`; `None` elsewhere, and once handed over. Boxed:
+        // the bodies of routes without `usage:` carry no room for a reader.
+        usage: Option<Box<UsageRead<B>>>,
     }
 
     impl<B> PinnedDrop for GuardedBody<B> {
@@ -119,7 +120,8 @@ pin_project_lite::pin_project! {
             let this = this.project();
             // Dropped before its end: what was read goes to the work before the guard, dropped next, ends it.
             if let Some(read) = this.usage.take() {
-                let handed = Handed::dropped(read.reader, || (read.rest)(this.inner));
+                let UsageRead { reader, rest } = *read;
+                let handed = Handed::dropped(reader, || rest(this.inner));
                 this.guard.usage(handed);
             }
         }
@@ -176,10 +178,10 @@ impl GuardedBody<Body> {
         if body.inner.is_end_stream() {
             body.guard.usage(Handed::ended(reader, BodyEnd::Complete));
         } else {
-            body.usage = Some(UsageRead {
+            body.usage = Some(Box::new(UsageRead {
                 reader,
                 rest: |body| (!body.is_end_stream()).then(|| std::mem::take(body.get_mut())),
-            });
+            }));
         }
         body
     }
