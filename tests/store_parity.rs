@@ -206,6 +206,48 @@ fn a_give_back_decides_alike_in_both_stores() {
     }
 }
 
+/// A give-back on a `sliding_log` after its admission's entries have left the interval frees nothing: the entries
+/// from its time on are then others' admitted since, and removing them would admit past the limit.
+#[test]
+fn a_give_back_after_its_entries_left_the_log_frees_nothing_in_either_store() {
+    let fx = fixture();
+    let memory = MemoryStore::new(10_000, Arc::new(ManualClock::new(0)));
+    let log = Algorithm::SlidingLog {
+        limit: 10,
+        period_ms: 1_000,
+    };
+    let (whole, one) = (
+        Limit::new("l", log, 10).expect("valid"),
+        Limit::new("l", log, 1).expect("valid"),
+    );
+    let key = "late-give-back";
+    let check = |limit: &Limit, now: i64| {
+        let checks = [LimitCheck { key, limit }];
+        let expected = memory.check_at(now, &checks);
+        let actual = fx
+            .runtime
+            .block_on(fx.store.check(&checks, Some(now)))
+            .expect("redis");
+        assert_eq!(actual, expected, "at {now}");
+        actual.allowed
+    };
+    let t0: i64 = 1_700_000_000_000;
+    assert!(check(&whole, t0));
+    // A period and a half later the first ten have left; ten more fill the log.
+    assert!(check(&whole, t0 + 1_500));
+    // The first request's answer comes back unused a moment later: nothing of it is left to give back.
+    let checks = [LimitCheck { key, limit: &whole }];
+    memory.give_back_at(t0 + 1_600, t0, &checks);
+    fx.runtime
+        .block_on(fx.store.give_back(&checks, t0, Some(t0 + 1_600)))
+        .expect("redis");
+    assert!(
+        !check(&one, t0 + 1_600),
+        "ten admitted in the last second already"
+    );
+    assert!(check(&one, t0 + 2_500), "once they leave");
+}
+
 /// Reservations settled after their answers leave both stores in the same state: each step reserves any amount
 /// (zero, up to the capacity, or past it), and settles an earlier admitted reservation a while later for less
 /// (given back), more (a debt, up to several capacities) or exactly what it reserved, on the window it landed in.

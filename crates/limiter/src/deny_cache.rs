@@ -184,10 +184,7 @@ impl Denial {
             // In delay mode a request is admitted `max_delay` before the meter has room: the units come back
             // relative to the room, that much later than the admission.
             Algorithm::LeakyBucket { rate, mode, .. } => {
-                let max_delay = match mode {
-                    super::LeakyMode::Reject => 0,
-                    super::LeakyMode::Delay { max_delay_ms } => max_delay_ms,
-                };
+                let max_delay = mode.max_delay_ms();
                 retry.min(retry.saturating_add(max_delay).saturating_sub(refill_ms(
                     short,
                     rate.period_ms(),

@@ -270,10 +270,7 @@ impl Algorithm {
             Algorithm::SlidingWindow { period_ms, .. } => 2 * period_ms,
             Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => self.window_ms(),
             Algorithm::LeakyBucket { mode, .. } => {
-                let held = match mode {
-                    LeakyMode::Reject => 0,
-                    LeakyMode::Delay { max_delay_ms } => max_delay_ms,
-                };
+                let held = mode.max_delay_ms();
                 self.window_ms() + held
             }
             Algorithm::Concurrency { lease_ms, .. } => lease_ms,
@@ -340,10 +337,7 @@ impl Algorithm {
                 ("rate period (in ms)", rate.period_ms),
             ],
             Algorithm::LeakyBucket { rate, burst, mode } => {
-                let max_delay_ms = match mode {
-                    LeakyMode::Reject => 0,
-                    LeakyMode::Delay { max_delay_ms } => max_delay_ms,
-                };
+                let max_delay_ms = mode.max_delay_ms();
                 vec![
                     ("burst", burst),
                     ("rate count", rate.count),
@@ -409,10 +403,7 @@ impl Algorithm {
                 ]
             }
             Algorithm::LeakyBucket { rate, burst, mode } => {
-                let held = match mode {
-                    LeakyMode::Reject => 0,
-                    LeakyMode::Delay { max_delay_ms } => wide(max_delay_ms, rate.count),
-                };
+                let held = wide(mode.max_delay_ms(), rate.count);
                 vec![(
                     "burst × rate period + max_delay × rate count",
                     wide(burst, rate.period_ms) + held,

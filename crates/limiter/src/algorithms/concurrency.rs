@@ -2,6 +2,7 @@
 //! answer ends. In this process a key's state is the number of slots held; Redis keeps a lease per request instead
 //! (`scripts/check/3-algorithms.lua`), so that the slots of an instance that died come back.
 
+use super::settle::Settlement;
 use super::Transition;
 use crate::{Decision, SLOT_RETRY_MS};
 
@@ -49,16 +50,24 @@ pub fn evaluate(max: u64, state: Option<&SlotsState>, cost: u64) -> Transition<S
     }
 }
 
-/// The state once `cost` slots are released, with how long to keep it: until released, or a moment when none is
-/// held (a key back to empty is no state at all).
-pub fn release(state: &SlotsState, cost: u64) -> (SlotsState, u64) {
-    let held = state.held.saturating_sub(cost);
-    (SlotsState { held }, if held > 0 { HELD_TTL_MS } else { 1 })
+/// The state once `settlement` is applied, with how long to keep it: a give-back releases slots (they belong to no
+/// window), kept until released or a moment when none is held (a key back to empty is no state at all); a
+/// request in flight never owes more of them, since slots are held and released whole.
+pub fn settle(state: Option<&SlotsState>, settlement: Settlement) -> Option<(SlotsState, u64)> {
+    let Settlement::GiveBack(cost) = settlement else {
+        return None;
+    };
+    let held = state?.held.saturating_sub(cost);
+    Some((SlotsState { held }, if held > 0 { HELD_TTL_MS } else { 1 }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn release(state: &SlotsState, cost: u64) -> (SlotsState, u64) {
+        settle(Some(state), Settlement::GiveBack(cost)).expect("released")
+    }
 
     #[test]
     fn admits_until_every_slot_is_held_and_again_once_one_is_released() {
@@ -84,5 +93,12 @@ mod tests {
         let (state, ttl) = release(&SlotsState { held: 0 }, 1);
         assert_eq!((state.held, ttl), (0, 1), "never below empty");
         assert_eq!(release(&SlotsState { held: 2 }, 1).1, HELD_TTL_MS);
+        let held = SlotsState { held: 1 };
+        assert_eq!(
+            settle(Some(&held), Settlement::Debt(1)),
+            None,
+            "owes no slot"
+        );
+        assert_eq!(settle(None, Settlement::GiveBack(1)), None);
     }
 }

@@ -1,5 +1,6 @@
 //! `fixed_window`: a counter per aligned window (`now − now mod period`), reset when the window ends.
 
+use super::settle::{kept_until, Settlement};
 use super::Transition;
 use crate::Decision;
 
@@ -73,6 +74,32 @@ pub fn evaluate(
         },
         ttl_ms: standing_reset,
     }
+}
+
+/// The count of the window `at_ms` fell in once `settlement` is applied at `now_ms`, with how long to keep it; `None`
+/// once that window has ended (see [`Settlement`]).
+pub fn settle(
+    limit: u64,
+    period_ms: u64,
+    state: Option<&FixedWindowState>,
+    now_ms: i64,
+    at_ms: i64,
+    settlement: Settlement,
+) -> Option<(FixedWindowState, u64)> {
+    let period = period_ms as i64;
+    let landed = at_ms - at_ms.rem_euclid(period);
+    if landed + period <= now_ms {
+        return None;
+    }
+    let count = match state {
+        Some(s) if s.window_start_ms == landed => s.count,
+        _ => settlement.or_fresh(0)?,
+    };
+    let state = FixedWindowState {
+        window_start_ms: landed,
+        count: settlement.taken(count, 1, 2 * limit),
+    };
+    Some((state, kept_until(landed + period, now_ms)))
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! `gcra`: the generic cell rate algorithm with redis-cell's `CL.THROTTLE` semantics. `burst: B, rate: N/P`
 //! behaves as `CL.THROTTLE key B-1 N P`: a fresh key admits B requests at once, then one every P/N.
 
+use super::settle::Settlement;
 use super::{ceil_div, Transition};
 use crate::{Decision, Rate};
 
@@ -104,6 +105,32 @@ pub fn evaluate(
         next: GcraState { tat },
         ttl_ms: to_ms(standing_ttl),
     }
+}
+
+/// The theoretical arrival time once `settlement` is applied at `now_ms`, with how long to keep it (see
+/// [`Settlement`]): a debt moves it later, up to two tolerances ahead of now.
+pub fn settle(
+    rate: Rate,
+    burst: u64,
+    state: Option<&GcraState>,
+    now_ms: i64,
+    settlement: Settlement,
+) -> Option<(GcraState, u64)> {
+    let Ticks {
+        ticks_per_ms,
+        interval,
+    } = Ticks::of(rate);
+    let now = (now_ms - EPOCH_MS) * ticks_per_ms as i64;
+    // How far the TAT is ahead of now (a TAT in the past is now).
+    let ahead = match state {
+        Some(s) => (s.tat - now).max(0) as u64,
+        None => settlement.or_fresh(0)?,
+    };
+    let ahead = settlement.taken(ahead, interval, 2 * interval * burst);
+    let state = GcraState {
+        tat: now + ahead as i64,
+    };
+    Some((state, ceil_div(ahead, ticks_per_ms).max(1)))
 }
 
 #[cfg(test)]

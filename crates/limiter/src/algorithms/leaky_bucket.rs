@@ -2,6 +2,7 @@
 //! the meter is refused; in `delay` mode it is admitted late, once it conforms (nginx `limit_req` without
 //! `nodelay`), unless that is more than `max_delay` away.
 
+use super::settle::Settlement;
 use super::token_bucket::BucketState;
 use super::{ceil_div, Transition};
 use crate::{Decision, Rate};
@@ -35,10 +36,7 @@ pub fn evaluate(
     let unit = rate.period_ms();
     let per_ms = rate.count();
     let capacity = burst * unit;
-    let max_delay_ms = match mode {
-        LeakyMode::Reject => 0,
-        LeakyMode::Delay { max_delay_ms } => max_delay_ms,
-    };
+    let max_delay_ms = mode.max_delay_ms();
     let water = state.map_or(0, |s| s.drained(capacity, max_delay_ms, per_ms, now_ms));
     let need = cost * unit;
     let room = |water: u64| capacity.saturating_sub(water) / unit;
@@ -92,6 +90,46 @@ pub fn evaluate(
         ttl_ms: standing.reset_after_ms,
     }
 }
+
+/// The meter once `settlement` is applied at `now_ms`, with how long to keep it (see [`Settlement`]): a debt
+/// overflows it, up to the most it can hold.
+pub fn settle(
+    rate: Rate,
+    burst: u64,
+    mode: LeakyMode,
+    state: Option<&BucketState>,
+    now_ms: i64,
+    settlement: Settlement,
+) -> Option<(BucketState, u64)> {
+    let (unit, per_ms) = (rate.period_ms(), rate.count());
+    let capacity = burst * unit;
+    let max_delay_ms = mode.max_delay_ms();
+    let water = match state {
+        Some(s) => s.drained(capacity, max_delay_ms, per_ms, now_ms),
+        None => settlement.or_fresh(0)?,
+    };
+    let water = settlement.taken(water, unit, 2 * capacity + max_delay_ms * per_ms);
+    let state = BucketState {
+        level: water as i64,
+        updated_ms: now_ms,
+        capacity: 0,
+    };
+    Some((state, ceil_div(water, per_ms).max(1)))
+}
+
+// === impl LeakyMode ===
+
+impl LeakyMode {
+    /// The longest a request may be held: 0 in `reject` mode.
+    pub fn max_delay_ms(self) -> u64 {
+        match self {
+            LeakyMode::Reject => 0,
+            LeakyMode::Delay { max_delay_ms } => max_delay_ms,
+        }
+    }
+}
+
+// === impl BucketState ===
 
 impl BucketState {
     /// A `leaky_bucket` meter's water at `now_ms`. More than the parameters can hold (the most held requests add,

@@ -3,18 +3,26 @@
 //! Each function mirrors a section of the Redis script (`scripts/check/`) integer for integer, so that the memory
 //! store and the Redis store make the same decision for the same sequence of timestamps.
 
+/// `state` as `State::$variant`'s inner state, or `None` (absent, or another algorithm's).
+macro_rules! typed {
+    ($state:expr, $variant:ident) => {
+        $state.and_then(|s| match s {
+            State::$variant(s) => Some(s),
+            _ => None,
+        })
+    };
+}
+
 pub mod concurrency;
-mod debt;
 pub mod fixed_window;
 pub mod gcra;
-mod give_back;
 pub mod leaky_bucket;
+mod settle;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
 
-pub use self::debt::add_debt;
-pub use self::give_back::give_back;
+pub use self::settle::{settle, Settlement};
 use super::{Algorithm, Decision, Outcome};
 
 /// The state one key holds, whichever algorithm it belongs to.
@@ -74,52 +82,31 @@ pub fn evaluate(
     }
     match *algorithm {
         Algorithm::FixedWindow { limit, period_ms } => {
-            let state = state.and_then(|s| match s {
-                State::FixedWindow(s) => Some(s),
-                _ => None,
-            });
+            let state = typed!(state, FixedWindow);
             fixed_window::evaluate(limit, period_ms, state, now_ms, cost).map(State::FixedWindow)
         }
         Algorithm::SlidingWindow { limit, period_ms } => {
-            let state = state.and_then(|s| match s {
-                State::Window(s) => Some(s),
-                _ => None,
-            });
+            let state = typed!(state, Window);
             sliding_window::evaluate(limit, period_ms, state, now_ms, cost).map(State::Window)
         }
         Algorithm::SlidingLog { limit, period_ms } => {
-            let state = state.and_then(|s| match s {
-                State::Log(s) => Some(s),
-                _ => None,
-            });
+            let state = typed!(state, Log);
             sliding_log::evaluate(limit, period_ms, state, now_ms, cost).map(State::Log)
         }
         Algorithm::TokenBucket { rate, burst } => {
-            let state = state.and_then(|s| match s {
-                State::Bucket(s) => Some(s),
-                _ => None,
-            });
+            let state = typed!(state, Bucket);
             token_bucket::evaluate(rate, burst, state, now_ms, cost).map(State::Bucket)
         }
         Algorithm::Gcra { rate, burst } => {
-            let state = state.and_then(|s| match s {
-                State::Gcra(s) => Some(s),
-                _ => None,
-            });
+            let state = typed!(state, Gcra);
             gcra::evaluate(rate, burst, state, now_ms, cost).map(State::Gcra)
         }
         Algorithm::LeakyBucket { rate, burst, mode } => {
-            let state = state.and_then(|s| match s {
-                State::Meter(s) => Some(s),
-                _ => None,
-            });
+            let state = typed!(state, Meter);
             leaky_bucket::evaluate(rate, burst, mode, state, now_ms, cost).map(State::Meter)
         }
         Algorithm::Concurrency { max, .. } => {
-            let state = state.and_then(|s| match s {
-                State::Slots(s) => Some(s),
-                _ => None,
-            });
+            let state = typed!(state, Slots);
             concurrency::evaluate(max, state, cost).map(State::Slots)
         }
     }

@@ -3,6 +3,7 @@
 
 use imbl::Vector;
 
+use super::settle::{kept_until, Settlement};
 use super::Transition;
 use crate::Decision;
 
@@ -79,6 +80,56 @@ pub fn evaluate(
         next: log,
         ttl_ms: standing_reset,
     }
+}
+
+/// The log once `settlement` is applied at `now_ms` for an admission decided at `at_ms`, with how long to keep it;
+/// `None` once entries of that time have left the interval (see [`Settlement`]).
+///
+/// A give-back removes the oldest entries from `at_ms` on. `at_ms` is never later than the decision (one worked out
+/// from this process's clock may be a little earlier): they are the decision's own, or others' from a moment
+/// before it, which leaves the log no emptier than removing the decision's would. Entries at one millisecond are
+/// alike (the script removes the highest-numbered members of each, which keeps its numbering unbroken). A debt
+/// adds entries at `at_ms`.
+pub fn settle(
+    limit: u64,
+    period_ms: u64,
+    state: Option<&LogState>,
+    now_ms: i64,
+    at_ms: i64,
+    settlement: Settlement,
+) -> Option<(LogState, u64)> {
+    let period = period_ms as i64;
+    let mut log = match state {
+        Some(log) => log.clone(),
+        None => settlement.or_fresh(LogState::default())?,
+    };
+    // The key's time never runs backwards (see `evaluate`).
+    let now = log.back().map_or(now_ms, |&newest| now_ms.max(newest));
+    if at_ms <= now - period {
+        return None;
+    }
+    if let Settlement::GiveBack(mut to_remove) = settlement {
+        log.retain(|&t| {
+            let remove = t >= at_ms && to_remove > 0;
+            to_remove -= u64::from(remove);
+            !remove
+        });
+        let ttl = log
+            .back()
+            .map_or(1, |&newest| kept_until(newest + period, now_ms));
+        return Some((log, ttl));
+    }
+    while log.front().is_some_and(|&t| t <= now - period) {
+        log.pop_front();
+    }
+    let held = log.len() as u64;
+    let add = settlement.taken(held, 1, 2 * limit).saturating_sub(held);
+    // After the entries of the same millisecond, which keeps the log sorted (and, in Redis, numbered).
+    let position = log.iter().take_while(|&&t| t <= at_ms).count();
+    for _ in 0..add {
+        log.insert(position, at_ms);
+    }
+    Some((log, kept_until(now + period, now_ms)))
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! `sliding_window`: counts of the current and previous aligned windows, the previous one weighted by how much of
 //! it still overlaps the sliding interval (Cloudflare's approximation). O(1) memory per key.
 
+use super::settle::{kept_until, Settlement};
 use super::Transition;
 use crate::Decision;
 
@@ -74,19 +75,11 @@ pub fn evaluate(
         };
     }
 
-    // Denied: how long until the weighted estimate leaves room for `cost`.
-    let retry_after_ms = if current + cost <= limit {
-        // Room appears within this window, as the previous window's weight decays.
-        left - ((limit - current - cost) * period_ms) / previous
-    } else {
-        // Only after this window ends, once the current count (then previous) has decayed enough.
-        left + period_ms - ((limit - cost) * period_ms) / current
-    };
     let denied = Decision {
         allowed: false,
         limit,
         remaining: standing_remaining,
-        retry_after_ms: retry_after_ms.max(1),
+        retry_after_ms: retry_after_ms(limit, period_ms, left, (previous, current), cost),
         reset_after_ms: standing_reset,
         delay_ms: 0,
         owed: used.saturating_sub(capacity).div_ceil(period_ms),
@@ -101,6 +94,65 @@ pub fn evaluate(
         },
         ttl_ms: standing_reset,
     }
+}
+
+/// How long a request of `cost` denied with `left` ms of the current window to go waits until the weighted estimate
+/// of the counts (`previous`, `current`) leaves room for it.
+fn retry_after_ms(
+    limit: u64,
+    period_ms: u64,
+    left: u64,
+    (previous, current): (u64, u64),
+    cost: u64,
+) -> u64 {
+    let wait = if current + cost <= limit {
+        // Room appears within this window, as the previous window's weight decays.
+        left - ((limit - current - cost) * period_ms) / previous
+    } else {
+        // Only after this window ends, once the current count (then previous) has decayed enough.
+        left + period_ms - ((limit - cost) * period_ms) / current
+    };
+    wait.max(1)
+}
+
+/// The counts once `settlement` is applied at `now_ms` to the window `at_ms` fell in, with how long to keep them;
+/// `None` once that window is no longer the current or the previous one (see [`Settlement`]).
+pub fn settle(
+    limit: u64,
+    period_ms: u64,
+    state: Option<&WindowState>,
+    now_ms: i64,
+    at_ms: i64,
+    settlement: Settlement,
+) -> Option<(WindowState, u64)> {
+    let period = period_ms as i64;
+    let landed = at_ms - at_ms.rem_euclid(period);
+    if landed + 2 * period <= now_ms {
+        return None;
+    }
+    let fresh = |previous| WindowState {
+        window_start_ms: landed,
+        current: 0,
+        previous,
+    };
+    let mut state = match state {
+        // The window it landed in, or the next one (where it counts as the previous window).
+        Some(s) if s.window_start_ms == landed || s.window_start_ms == landed + period => *s,
+        // A debt on a key whose clock ran further ahead goes to its previous window too.
+        Some(s) if s.window_start_ms > landed => settlement.or_fresh(*s)?,
+        Some(s) if s.window_start_ms == landed - period => settlement.or_fresh(fresh(s.current))?,
+        _ => settlement.or_fresh(fresh(0))?,
+    };
+    let most = 2 * limit;
+    if state.window_start_ms == landed {
+        state.current = settlement.taken(state.current, 1, most);
+    } else {
+        state.previous = settlement.taken(state.previous, 1, most);
+    }
+    Some((
+        state,
+        kept_until(state.window_start_ms + 2 * period, now_ms),
+    ))
 }
 
 #[cfg(test)]

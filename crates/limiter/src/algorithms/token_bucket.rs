@@ -1,5 +1,6 @@
 //! `token_bucket`: `burst` tokens refilled continuously at `rate`, with fractional refill kept exactly.
 
+use super::settle::Settlement;
 use super::{ceil_div, Transition};
 use crate::{Decision, Rate};
 
@@ -117,6 +118,31 @@ pub fn evaluate(
         },
         ttl_ms: standing_reset,
     }
+}
+
+/// The bucket once `settlement` is applied at `now_ms`, with how long to keep it (see [`Settlement`]): a debt takes
+/// it below empty, down to minus its capacity.
+pub fn settle(
+    rate: Rate,
+    burst: u64,
+    state: Option<&BucketState>,
+    now_ms: i64,
+    settlement: Settlement,
+) -> Option<(BucketState, u64)> {
+    let (unit, per_ms) = (rate.period_ms(), rate.count());
+    let capacity = burst * unit;
+    let level = match state {
+        Some(s) => s.refilled(capacity, per_ms, now_ms),
+        None => settlement.or_fresh(capacity as i64)?,
+    };
+    // What the bucket lacks of full.
+    let taken = settlement.taken((capacity as i64 - level) as u64, unit, 2 * capacity);
+    let state = BucketState {
+        level: capacity as i64 - taken as i64,
+        updated_ms: now_ms,
+        capacity,
+    };
+    Some((state, ceil_div(taken, per_ms).max(1)))
 }
 
 #[cfg(test)]

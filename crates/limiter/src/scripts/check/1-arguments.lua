@@ -16,7 +16,7 @@
 --          arguments one by one in Lua cost more than deciding the requests). Per entry:
 --   mode   1 to commit (consume from every limit if all admit), 0 for a dry run that decides but consumes
 --          nothing, 2 to give back what a commit took, 3 to add a debt (a request settled for more than it
---          reserved: the cost is the difference, see `add_debt`), 4 to renew the leases of a request still in
+--          reserved: the cost is the difference, see `settle`), 4 to renew the leases of a request still in
 --          flight (concurrency limits; the other limits are left alone), 5 to add the leases the in-process
 --          fallback took while Redis was away for a request still in flight (whatever the key holds). Redis Cluster needs the dry run when a request's keys span
 --          several hash slots: every slot is asked first, and committed only if all admit; should a slot's commit

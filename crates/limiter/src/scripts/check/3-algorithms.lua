@@ -219,7 +219,8 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
 end
 
 -- Stores the state an admission leaves: in the cache for every algorithm but sliding_log, which writes its
--- sorted set at once (`x` is its time, `period` and `cost` its parameters).
+-- sorted set at once (`cost` entries at `x`, `period` its parameter; `y` the key's own time when it is later than
+-- `x`, a debt's).
 local function commit(k, alg, x, y, z, ttl, period, cost)
   if alg == 7 then -- concurrency: the request's lease, x its id, y its length
     redis.call('ZADD', KEYS[k], format('%d', now + y), format('%d', x))
@@ -234,8 +235,8 @@ local function commit(k, alg, x, y, z, ttl, period, cost)
     store((k - 1) * 6, x, y, z, ttl)
     return
   end
-  local key, t = KEYS[k], x
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', t - period))
+  local key, t, newest = KEYS[k], x, y or x
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', newest - period))
   -- Members are "<ms>-<n>", n counting the entries already at this millisecond: entries at the newest
   -- millisecond are never pruned, so n only grows and every member is unique, however many requests share
   -- a millisecond.
@@ -255,7 +256,7 @@ local function commit(k, alg, x, y, z, ttl, period, cost)
   end
   -- From the key's own (never backwards) time, which may be ahead of `now`.
   if not explicit_time then
-    redis.call('PEXPIRE', key, format('%d', max(t - now + period, 1)))
+    redis.call('PEXPIRE', key, format('%d', max(newest - now + period, 1)))
   end
 end
 
@@ -273,22 +274,37 @@ local function hold_slot(k, lease, member, held_only)
   end
 end
 
--- Gives back `cost` of what a commit decided at `at` took from the limit on key k, on the same window: a window that
--- has passed since holds nothing to give back, and no state goes below empty (or above full). `at` is never later
--- than the decision (a time this process worked out from its own clock may be a little earlier), so a sliding_log
--- gives back its oldest members from `at` on: the decision's own, or others' from a moment before it, which leave
--- the log no emptier than the decision's would. At each millisecond the newest members go, so that the numbering
--- there stays unbroken (see `commit`).
-local function give_back(alg, k, p1, p2, p3, p4, cost, at)
-  if alg == 7 then -- concurrency: the request's slot is released, whenever it ends
+-- What a key holds taken (a count, a bucket's scaled units, a GCRA's ticks) once `delta` of it is settled: given
+-- back (delta < 0) never below empty, owed (delta > 0) never past `most`.
+local function settled(held, delta, most)
+  held = held + delta
+  if delta < 0 then
+    return held > 0 and held or 0
+  end
+  return held < most and held or most
+end
+
+-- Settles `amount` for a commit decided at `at` on the limit on key k, on the window it was decided in: given back
+-- (a held request whose client left, a Cluster slot whose request another slot denied, a refund), or with `debt`
+-- added as a debt (a request that settled for more than it reserved), even past the maximum: a window's counter
+-- goes over its limit, a bucket below empty, a GCRA's TAT later, a meter over full, a log gets entries at `at`.
+-- A window that has passed since holds nothing of it. A give-back finds nothing to give back to on a key that holds
+-- nothing of that window, and takes no state below empty; a debt on a key forgotten meanwhile starts it fresh, and
+-- is carried at most one capacity beyond full (the state holds at most twice the capacity, p1 for every algorithm),
+-- which keeps every integer exact. Mirrors the algorithms' `settle` (crates/limiter/src/algorithms/settle.rs).
+local function settle(alg, k, p1, p2, p3, p4, amount, at, debt)
+  if alg == 7 then -- concurrency: the request's slot is released, whenever it ends; a slot is owed whole
+    if debt then -- (never sent)
+      return
+    end
     local key, member = KEYS[k], format('%d', p3)
     -- A limit with a queue (p4 = 1) announces on ARGV[3] a slot freed on a key that was full for a request of its
-    -- cost: requests of every instance may be waiting for it. A key that was not full has nobody waiting. Protected
-    -- (pcall): a user the ACL denies the channel must still release, and fail none of the batch's other requests
-    -- (waiters then find the slot by their own timer).
+    -- amount: requests of every instance may be waiting for it. A key that was not full has nobody waiting.
+    -- Protected (pcall): a user the ACL denies the channel must still release, and fail none of the batch's other
+    -- requests (waiters then find the slot by their own timer).
     if p4 == 1 and ARGV[3] and ARGV[3] ~= '' then
       local held = redis.call('ZCARD', key)
-      if redis.call('ZREM', key, member) == 1 and held + cost > p1 then
+      if redis.call('ZREM', key, member) == 1 and held + amount > p1 then
         redis.pcall('PUBLISH', ARGV[3], key)
       end
       return
@@ -296,82 +312,21 @@ local function give_back(alg, k, p1, p2, p3, p4, cost, at)
     redis.call('ZREM', key, member)
     return
   end
-  if alg == 2 then -- sliding_log
-    local key, from = KEYS[k], format('%d', at)
-    while cost > 0 do
-      local first = log_read('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-      if #first == 0 then
-        return
-      end
-      local score = first[2]
-      local held = log_read('ZCOUNT', key, score, score)
-      local members = {}
-      for j = held, max(held - cost + 1, 1), -1 do
-        members[#members + 1] = score .. '-' .. format('%d', j)
-      end
-      redis.call('ZREM', key, unpack(members))
-      cost = cost - #members
-      from = '(' .. score
+  local most, delta = 2 * p1, -amount
+  if debt then
+    -- A decision is never later than its settlement.
+    if at > now then
+      at = now
     end
-    return
+    amount = min(amount, most)
+    delta = amount
   end
-  local b = load(k, alg)
-  if alg == 1 then -- sliding_window
-    local period, start = p2, cache[b + 2]
-    local landed = at - at % period
-    if start == landed then
-      store(b, start, max((cache[b + 3] or 0) - cost, 0), cache[b + 4], start + 2 * period - now)
-    elseif start == landed + period then
-      store(b, start, cache[b + 3], max((cache[b + 4] or 0) - cost, 0), start + 2 * period - now)
-    end
-  elseif alg == 3 then -- token_bucket
-    local burst, per_ms, unit = p1, p2, p3
-    local capacity = burst * unit
-    raise_to(b, capacity)
-    local level = min(level_of(b, capacity, capacity, per_ms, true) + cost * unit, capacity)
-    local empty = capacity - level
-    store(b, level, now, capacity, (empty + -empty % per_ms) / per_ms)
-  elseif alg == 4 then -- fixed_window
-    local period, start = p2, cache[b + 2]
-    if start == at - at % period then
-      store(b, start, max((cache[b + 3] or 0) - cost, 0), nil, start + period - now)
-    end
-  elseif alg == 5 then -- gcra
-    local ticks_per_ms, interval = p2, p3
-    local t = (now - GCRA_EPOCH_MS) * ticks_per_ms
-    local tat = cache[b + 2]
-    if tat then
-      tat = max(tat - interval * cost, t)
-      local ahead = tat - t
-      store(b, tat, nil, nil, (ahead + -ahead % ticks_per_ms) / ticks_per_ms)
-    end
-  else -- leaky_bucket
-    local burst, per_ms, unit, max_delay = p1, p2, p3, p4
-    local water = level_of(b, 0, 2 * burst * unit + max_delay * per_ms, per_ms, false)
-    water = max(water - cost * unit, 0)
-    store(b, water, now, nil, (water + -water % per_ms) / per_ms)
-  end
-end
-
--- Adds `cost` as a debt owed by a request decided at `at` on the limit on key k (it settled for more than it
--- reserved), on the window it landed in, even past the maximum: a window's counter goes over its limit, a bucket
--- below empty, a GCRA's TAT later, a meter over full, a log gets entries at `at`. A window gone by takes nothing; a
--- key forgotten meanwhile starts fresh. At most one capacity beyond full is carried (the state holds at most twice
--- the capacity, p1 for every algorithm), which keeps every integer exact.
-local function add_debt(alg, k, p1, p2, p3, p4, cost, at)
-  if alg == 7 then -- concurrency owes nothing: a slot is held whole (never sent)
-    return
-  end
-  if at > now then
-    at = now
-  end
-  local most = 2 * p1
-  cost = min(cost, most)
   if alg == 2 then -- sliding_log
     local period = p2
     write_back(k, true)
     raw[k] = false
     local key = KEYS[k]
+    -- The key's own time, which never runs backwards (see `evaluate`).
     local t = now
     local newest = log_read('ZRANGE', key, -1, -1, 'WITHSCORES')
     if newest[2] and tonumber(newest[2]) > t then
@@ -380,87 +335,86 @@ local function add_debt(alg, k, p1, p2, p3, p4, cost, at)
     if at <= t - period then
       return
     end
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', t - period))
-    local add = min(cost, most - redis.call('ZCARD', key))
-    if add > 0 then
-      -- Numbered after the members already at that millisecond (see `commit`).
-      local score = format('%d', at)
-      local seq = redis.call('ZCOUNT', key, score, score)
-      local args = {}
-      for j = 1, add do
-        args[#args + 1] = score
-        args[#args + 1] = score .. '-' .. format('%d', seq + j)
-        if #args >= 200 then
-          redis.call('ZADD', key, unpack(args))
-          args = {}
-        end
-      end
-      if #args > 0 then
-        redis.call('ZADD', key, unpack(args))
-      end
+    if debt then
+      -- Entries at `at`, numbered after those already there, by `commit`.
+      local held = redis.call('ZCOUNT', key, '(' .. format('%d', t - period), '+inf')
+      commit(k, 2, at, t, nil, nil, period, max(settled(held, amount, most) - held, 0))
+      return
     end
-    if not explicit_time then
-      redis.call('PEXPIRE', key, format('%d', max(t - now + period, 1)))
+    -- `at` is never later than the decision (a time this process worked out from its own clock may be a little
+    -- earlier), so the oldest members from `at` on go: the decision's own, or others' from a moment before it,
+    -- which leave the log no emptier than the decision's would. At each millisecond the newest members go, so that
+    -- the numbering there stays unbroken (see `commit`).
+    local from = format('%d', at)
+    while amount > 0 do
+      local first = log_read('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      if #first == 0 then
+        return
+      end
+      local score = first[2]
+      local held = log_read('ZCOUNT', key, score, score)
+      local members = {}
+      for j = held, max(held - amount + 1, 1), -1 do
+        members[#members + 1] = score .. '-' .. format('%d', j)
+      end
+      redis.call('ZREM', key, unpack(members))
+      amount = amount - #members
+      from = '(' .. score
     end
     return
   end
   local b = load(k, alg)
-  if alg == 1 then -- sliding_window
-    local period = p2
+  if not cache[b + 2] and not debt then -- no state: nothing to give back to
+    return
+  end
+  -- sliding_window and fixed_window: the counts of aligned windows
+  if alg == 1 or alg == 4 then
+    local period, sliding = p2, alg == 1 -- sliding_window
     local landed = at - at % period
-    if landed + 2 * period <= now then
+    local start, current, previous = cache[b + 2], cache[b + 3] or 0, cache[b + 4] or 0
+    local kept = sliding and 2 * period or period
+    if landed + kept <= now then
       return
     end
-    local start, current, previous = cache[b + 2], 0, 0
-    if start and start >= landed then
-      current, previous = cache[b + 3] or 0, cache[b + 4] or 0
-    elseif start == landed - period then
-      start, previous = landed, cache[b + 3] or 0
-    else
-      start = landed
+    -- The window it landed in, or for a sliding_window the next one (where it counts as the previous window).
+    if start ~= landed and not (sliding and start == landed + period) then
+      if not debt then
+        return
+      end
+      if sliding and start and start > landed then
+        -- A debt on a key whose clock ran further ahead goes to its previous window too.
+      elseif sliding and start == landed - period then
+        start, current, previous = landed, 0, current
+      else
+        start, current, previous = landed, 0, 0
+      end
     end
     if start == landed then
-      current = min(current + cost, most)
+      current = settled(current, delta, most)
     else
-      previous = min(previous + cost, most)
+      previous = settled(previous, delta, most)
     end
-    store(b, start, current, previous, max(start + 2 * period - now, 1))
-  elseif alg == 3 then -- token_bucket
+    store(b, start, current, sliding and previous or nil, start + kept - now)
+  elseif alg == 3 then -- token_bucket: what the bucket lacks of full, below empty in debt
     local burst, per_ms, unit = p1, p2, p3
     local capacity = burst * unit
     raise_to(b, capacity)
-    local level = max(level_of(b, capacity, capacity, per_ms, true) - cost * unit, -capacity)
-    local empty = capacity - level
-    store(b, level, now, capacity, max((empty + -empty % per_ms) / per_ms, 1))
-  elseif alg == 4 then -- fixed_window
-    local period = p2
-    local landed = at - at % period
-    if landed + period <= now then
-      return
-    end
-    local count = 0
-    if cache[b + 2] == landed then
-      count = cache[b + 3] or 0
-    end
-    store(b, landed, min(count + cost, most), nil, max(landed + period - now, 1))
-  elseif alg == 5 then -- gcra
+    local taken = capacity - level_of(b, capacity, capacity, per_ms, true)
+    taken = settled(taken, delta * unit, 2 * capacity)
+    store(b, capacity - taken, now, capacity, (taken + -taken % per_ms) / per_ms)
+  elseif alg == 5 then -- gcra: how far the TAT is ahead of now (a TAT in the past is now)
     local burst, ticks_per_ms, interval = p1, p2, p3
     local t = (now - GCRA_EPOCH_MS) * ticks_per_ms
-    local ceiling = t + 2 * interval * burst
-    local tat = cache[b + 2] or t
-    if tat > ceiling then
-      tat = ceiling
-    elseif tat < t then
-      tat = t
+    local ahead = (cache[b + 2] or t) - t
+    if ahead < 0 then
+      ahead = 0
     end
-    tat = min(tat + cost * interval, ceiling)
-    local ahead = tat - t
-    store(b, tat, nil, nil, max((ahead + -ahead % ticks_per_ms) / ticks_per_ms, 1))
-  else -- leaky_bucket
+    ahead = settled(ahead, delta * interval, 2 * interval * burst)
+    store(b, t + ahead, nil, nil, (ahead + -ahead % ticks_per_ms) / ticks_per_ms)
+  else -- leaky_bucket: the water, up to the most these parameters hold
     local burst, per_ms, unit, max_delay = p1, p2, p3, p4
     local full = 2 * burst * unit + max_delay * per_ms
-    local water = min(level_of(b, 0, full, per_ms, false) + cost * unit, full)
-    store(b, water, now, nil, max((water + -water % per_ms) / per_ms, 1))
+    local water = settled(level_of(b, 0, full, per_ms, false), delta * unit, full)
+    store(b, water, now, nil, (water + -water % per_ms) / per_ms)
   end
 end
-

@@ -156,11 +156,13 @@ a = 1
 while a <= #input do
   local commit_mode = input[a] == 1
   local count, n, deadline = input[a + 1], input[a + 2], input[a + 3]
-  if input[a] == 2 then
-    -- A give-back: `deadline` is when its commit was decided.
+  if input[a] == 2 or input[a] == 3 then
+    -- A give-back (2) or a debt (3): `deadline` is when its commit was decided.
+    local debt = input[a] == 3
     a = a + ENTRY_ARGS
     for i = 0, n - 1 do
-      give_back(input[a + 1], input[a], input[a + 2], input[a + 3], input[a + 4], input[a + 5], input[a + 6], deadline)
+      settle(input[a + 1], input[a], input[a + 2], input[a + 3], input[a + 4], input[a + 5], input[a + 6], deadline,
+        debt)
       a = a + LIMIT_ARGS
     end
     r = r + 1
@@ -177,15 +179,6 @@ while a <= #input do
       if input[a + 1] == 7 then
         hold_slot(input[a], input[a + 3], input[a + 4], held_only)
       end
-      a = a + LIMIT_ARGS
-    end
-    r = r + 1
-    reply[r] = 1
-  elseif input[a] == 3 then
-    -- A debt: `deadline` is when the request that owes it was decided.
-    a = a + ENTRY_ARGS
-    for i = 0, n - 1 do
-      add_debt(input[a + 1], input[a], input[a + 2], input[a + 3], input[a + 4], input[a + 5], input[a + 6], deadline)
       a = a + LIMIT_ARGS
     end
     r = r + 1

@@ -16,7 +16,7 @@ use smallvec::SmallVec;
 use self::keys::KeyRef;
 use self::shard::{forget_one, limit_of, Entry, NoRoom, Shard};
 use super::{LimitCheck, INLINE_LIMITS};
-use crate::algorithms::{self, State, Transition};
+use crate::algorithms::{self, Settlement, State, Transition};
 use crate::{Clock, Decision, Outcome, SlotQueues};
 
 /// The shards are numbered by this many bits of a key's hash.
@@ -152,53 +152,15 @@ impl MemoryStore {
             })
             .collect();
 
-        // Room for the new keys is made before anything is committed, so that a request refused for want of it
-        // consumes nothing anywhere.
-        let mut refused: SmallVec<[(usize, NoRoom); INLINE_LIMITS]> = SmallVec::new();
         let admitted = transitions
             .iter()
             .enumerate()
             .all(|(i, e)| e.admitted.allowed || checks[i].limit.is_shadow());
-        if admitted {
-            for i in 0..keys.len() {
-                let hashed = &keys[i];
-                if hashed.found.is_some() || !transitions[i].admitted.allowed {
-                    continue;
-                }
-                // Earlier new keys of this request in the same shard, not yet inserted, need their room too.
-                let pending = keys[..i]
-                    .iter()
-                    .enumerate()
-                    .filter(|&(j, k)| {
-                        k.shard == hashed.shard
-                            && k.found.is_none()
-                            && transitions[j].admitted.allowed
-                            && !refused.iter().any(|&(r, _)| r == j)
-                    })
-                    .count();
-                // Of those, the ones of the same limit count against its own bound.
-                let limit = limit_of(hashed.key.text);
-                let pending_in_limit = keys[..i]
-                    .iter()
-                    .enumerate()
-                    .filter(|&(j, k)| {
-                        k.shard == hashed.shard
-                            && k.found.is_none()
-                            && transitions[j].admitted.allowed
-                            && limit_of(k.key.text) == limit
-                            && !refused.iter().any(|&(r, _)| r == j)
-                    })
-                    .count();
-                let max_per_limit = self.max_per_limit_shard.load(Ordering::Relaxed);
-                let shard = guard_for(&mut guards, hashed.shard);
-                let room = shard
-                    .make_room_in_limit(limit, pending_in_limit, now_ms, max_per_limit)
-                    .and_then(|()| shard.make_room_for(pending, now_ms, self.max_per_shard));
-                if let Err(no_room) = room {
-                    refused.push((i, no_room));
-                }
-            }
-        }
+        let refused = if admitted {
+            self.make_room_for_new_keys(&mut guards, &keys, &transitions, now_ms)
+        } else {
+            SmallVec::new()
+        };
         if !refused.is_empty() {
             self.full.increment(1);
             let enforced = refused.iter().any(|&(i, _)| !checks[i].limit.is_shadow());
@@ -235,47 +197,66 @@ impl MemoryStore {
         )
     }
 
+    /// Makes room in their shards for the keys that a request `transitions` admit adds (none held yet) before
+    /// anything is committed, so that a request refused for want of it consumes nothing anywhere: the keys refused
+    /// room, by index, and why.
+    fn make_room_for_new_keys(
+        &self,
+        guards: &mut [Guard<'_>],
+        keys: &[HashedCheck<'_>],
+        transitions: &[Transition<State>],
+        now_ms: i64,
+    ) -> SmallVec<[(usize, NoRoom); INLINE_LIMITS]> {
+        let mut refused: SmallVec<[(usize, NoRoom); INLINE_LIMITS]> = SmallVec::new();
+        for (i, hashed) in keys.iter().enumerate() {
+            if hashed.found.is_some() || !transitions[i].admitted.allowed {
+                continue;
+            }
+            // Earlier new keys of this request in the same shard, not yet inserted, need their room too; of those,
+            // the ones of the same limit count against its own bound.
+            let limit = limit_of(hashed.key.text);
+            let (pending, pending_in_limit) = keys[..i]
+                .iter()
+                .enumerate()
+                .filter(|&(j, k)| {
+                    k.shard == hashed.shard
+                        && k.found.is_none()
+                        && transitions[j].admitted.allowed
+                        && !refused.iter().any(|&(r, _)| r == j)
+                })
+                .fold((0, 0), |(all, same), (_, k)| {
+                    (all + 1, same + usize::from(limit_of(k.key.text) == limit))
+                });
+            let max_per_limit = self.max_per_limit_shard.load(Ordering::Relaxed);
+            let shard = guard_for(guards, hashed.shard);
+            let room = shard
+                .make_room_in_limit(limit, pending_in_limit, now_ms, max_per_limit)
+                .and_then(|()| shard.make_room_for(pending, now_ms, self.max_per_shard));
+            if let Err(no_room) = room {
+                refused.push((i, no_room));
+            }
+        }
+        refused
+    }
+
     /// This store's time, in ms: what [`give_back`](Self::give_back) takes an admission's time in.
     pub fn now_ms(&self) -> i64 {
         self.clock.now_ms()
     }
 
     /// Gives back, at the clock's time, what `checks` took when they were admitted at `at_ms` (see
-    /// [`algorithms::give_back`]).
+    /// [`algorithms::settle`]).
     pub fn give_back(&self, at_ms: i64, checks: &[LimitCheck<'_>]) {
         self.give_back_at(self.clock.now_ms(), at_ms, checks);
     }
 
     /// [`give_back`](Self::give_back) at `now_ms`.
     pub fn give_back_at(&self, now_ms: i64, at_ms: i64, checks: &[LimitCheck<'_>]) {
-        for check in checks {
-            let key = self.key_ref(check.key);
-            let mut shard = self.shards[key.shard()].lock();
-            let Some(entry) = shard
-                .entries
-                .get_mut(&key)
-                .filter(|e| e.expires_at_ms > now_ms)
-            else {
-                continue;
-            };
-            let limit = check.limit;
-            let given = algorithms::give_back(
-                limit.algorithm(),
-                Some(&entry.state),
-                now_ms,
-                at_ms,
-                limit.cost(),
-            );
-            if let Some((state, ttl_ms)) = given {
-                entry.over_limit = matches!(state, State::Slots(s) if s.held > 0);
-                entry.state = state;
-                entry.expires_at_ms = now_ms + ttl_ms as i64;
-            }
-        }
+        self.settle_at(now_ms, at_ms, checks, Settlement::GiveBack);
     }
 
     /// Adds, at the clock's time, a debt on each of `checks` (its limit's cost is the amount owed) for a request
-    /// admitted at `at_ms` that settled for more than it reserved (see [`algorithms::add_debt`]).
+    /// admitted at `at_ms` that settled for more than it reserved (see [`algorithms::settle`]).
     pub fn add_debts(&self, at_ms: i64, checks: &[LimitCheck<'_>]) {
         self.add_debts_at(self.clock.now_ms(), at_ms, checks);
     }
@@ -283,31 +264,51 @@ impl MemoryStore {
     /// [`add_debts`](Self::add_debts) at `now_ms`. A key forgotten since the admission (it expired once back to
     /// full) is held again if the store has room for it; without room the debt is dropped.
     pub fn add_debts_at(&self, now_ms: i64, at_ms: i64, checks: &[LimitCheck<'_>]) {
+        self.settle_at(now_ms, at_ms, checks, Settlement::Debt);
+    }
+
+    /// Settles on each of `checks` its limit's cost (`settlement` of it) for a request admitted at `at_ms`.
+    fn settle_at(
+        &self,
+        now_ms: i64,
+        at_ms: i64,
+        checks: &[LimitCheck<'_>],
+        settlement: fn(u64) -> Settlement,
+    ) {
         for check in checks {
             let key = self.key_ref(check.key);
             let mut shard = self.shards[key.shard()].lock();
             let found = shard.entries.get_index_of(&key);
-            let state = found
+            let held = found
                 .and_then(|index| shard.entries.get_index(index))
                 .map(|(_, entry)| entry)
-                .filter(|e| e.expires_at_ms > now_ms)
-                .map(|e| &e.state);
+                .filter(|e| e.expires_at_ms > now_ms);
+            let used_ms = held.map_or(now_ms, |e| e.used_ms);
             let limit = check.limit;
+            let settlement = settlement(limit.cost());
+            let state = held.map(|e| &e.state);
             let Some((state, ttl_ms)) =
-                algorithms::add_debt(limit.algorithm(), state, now_ms, at_ms, limit.cost())
+                algorithms::settle(limit.algorithm(), state, now_ms, at_ms, settlement)
             else {
                 continue;
             };
+            // Only a debt finds no key: a give-back has nothing to give back to.
             if found.is_none() && shard.make_room_for(0, now_ms, self.max_per_shard).is_err() {
                 self.full.increment(1);
                 continue;
             }
+            let (used_ms, over_limit) = match settlement {
+                Settlement::GiveBack(_) => {
+                    (used_ms, matches!(state, State::Slots(s) if s.held > 0))
+                }
+                // In debt: never displaced before it is paid.
+                Settlement::Debt(_) => (now_ms, true),
+            };
             let entry = Entry {
                 state,
                 expires_at_ms: now_ms + ttl_ms as i64,
-                used_ms: now_ms,
-                // In debt: never displaced before it is paid.
-                over_limit: true,
+                used_ms,
+                over_limit,
             };
             shard.store(key, found, entry, now_ms, self.max_per_shard);
         }
@@ -315,15 +316,19 @@ impl MemoryStore {
 
     /// Starts `check`'s key from what another store reported of it (Redis, before an outage): `taken` of its
     /// capacity, taken at `at_ms`, in place of what this store held. Built as a debt on a fresh key at that time
-    /// (see [`algorithms::add_debt`]): a window's count in the window of `at_ms`, a log's entries all at `at_ms`
+    /// (see [`algorithms::settle`]): a window's count in the window of `at_ms`, a log's entries all at `at_ms`
     /// (never earlier than they were taken, so they leave no sooner), a bucket short of `taken` then. Nothing when
     /// that is back to full by now, or when the store has no room for the key.
     pub fn seed(&self, check: LimitCheck<'_>, taken: u64, at_ms: i64) {
         let now_ms = self.clock.now_ms();
         let limit = check.limit;
-        let Some((state, ttl_ms)) =
-            algorithms::add_debt(limit.algorithm(), None, at_ms, at_ms, taken)
-        else {
+        let Some((state, ttl_ms)) = algorithms::settle(
+            limit.algorithm(),
+            None,
+            at_ms,
+            at_ms,
+            Settlement::Debt(taken),
+        ) else {
             return;
         };
         let expires_at_ms = at_ms.saturating_add(ttl_ms as i64);
@@ -350,9 +355,15 @@ impl MemoryStore {
     /// time from the seed alone: what of the key's state Redis counts already.
     pub fn seeded_taken(&self, limit: &crate::Limit, taken: u64, at_ms: i64) -> u64 {
         let now_ms = self.clock.now_ms();
-        let state = algorithms::add_debt(limit.algorithm(), None, at_ms, at_ms, taken)
-            .filter(|(_, ttl_ms)| at_ms.saturating_add(*ttl_ms as i64) > now_ms)
-            .map(|(state, _)| state);
+        let state = algorithms::settle(
+            limit.algorithm(),
+            None,
+            at_ms,
+            at_ms,
+            Settlement::Debt(taken),
+        )
+        .filter(|(_, ttl_ms)| at_ms.saturating_add(*ttl_ms as i64) > now_ms)
+        .map(|(state, _)| state);
         let standing =
             algorithms::evaluate(limit.algorithm(), state.as_ref(), now_ms, limit.cost()).standing;
         standing.limit.saturating_sub(standing.remaining)

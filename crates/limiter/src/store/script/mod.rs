@@ -15,7 +15,7 @@ use crate::algorithms::gcra::{GcraState, Ticks};
 use crate::algorithms::sliding_window::WindowState;
 use crate::algorithms::token_bucket::BucketState;
 use crate::algorithms::{self, State};
-use crate::{Algorithm, Decision, LeakyMode, Outcome, SLOT_RETRY_MS};
+use crate::{Algorithm, Decision, Outcome, SLOT_RETRY_MS};
 
 /// The script, reviewed as Lua in its own files, one per part, joined in their order into the one script Redis
 /// runs (and whose SHA1 it is called by).
@@ -81,6 +81,22 @@ struct LimitSpec {
     lease: u64,
     cost: u64,
     shadow: bool,
+}
+
+// === impl Mode ===
+
+impl Mode {
+    /// The entry's mode as the script reads it (see the header of the script).
+    fn id(self) -> u64 {
+        match self {
+            Mode::DryRun => 0,
+            Mode::Commit => 1,
+            Mode::GiveBack => 2,
+            Mode::Debt => 3,
+            Mode::Renew => 4,
+            Mode::Adopt => 5,
+        }
+    }
 }
 
 // === impl EncodedRequest ===
@@ -268,17 +284,7 @@ pub(super) fn command(
             .reduce(earliest)
             .unwrap_or(0);
         at += count;
-        put(
-            &mut packed,
-            match request.mode {
-                Mode::DryRun => 0,
-                Mode::Commit => 1,
-                Mode::GiveBack => 2,
-                Mode::Debt => 3,
-                Mode::Renew => 4,
-                Mode::Adopt => 5,
-            },
-        );
+        put(&mut packed, request.mode.id());
         put(&mut packed, count as u64);
         put(&mut packed, request.limits() as u64);
         put(&mut packed, deadline);
@@ -308,12 +314,20 @@ pub(super) fn command(
     command.extend(keys);
     command.push(now_ms.map_or_else(|| Value::from(""), Value::Integer));
     command.push(Value::Bytes(packed.into_vec().into()));
-    if announces || marker.is_some() {
-        command.push(if announces {
-            slots_channel.clone()
-        } else {
-            Value::from("")
-        });
+    let channel = announces.then(|| slots_channel.clone());
+    push_channel_and_marker(&mut command, channel, marker);
+    command
+}
+
+/// Appends the arguments after the requests (`ARGV[3]` on): the channel on which the call announces a slot freed on
+/// a full key, when it releases one of a limit with a queue, and the marker; neither when the call needs none.
+fn push_channel_and_marker(
+    command: &mut Vec<Value>,
+    channel: Option<Value>,
+    marker: Option<Marker>,
+) {
+    if channel.is_some() || marker.is_some() {
+        command.push(channel.unwrap_or_else(|| Value::from("")));
     }
     if let Some(marker) = marker {
         command.push(marker.key);
@@ -322,7 +336,6 @@ pub(super) fn command(
             command.push(Value::from("1"));
         }
     }
-    command
 }
 
 /// `command` without its marker, for a call sent behind `ASKING` to the node a hash slot is migrating to: the
@@ -413,7 +426,6 @@ pub(super) fn parse_reply(
         return Err(wrong_length());
     };
     let mut rest = rest;
-    let as_u64 = |v: i64| u64::try_from(v).unwrap_or(0);
     let mut at = 0;
     for &count in runs {
         let request = requests.get(at).ok_or_else(wrong_length)?;
@@ -449,36 +461,40 @@ pub(super) fn parse_reply(
             replay_run(request, this, now_ms, count, &mut outcomes)?;
             continue;
         }
-        let decisions = this[1..]
-            .chunks_exact(REPLY_FIELDS)
-            .zip(&request.limits)
-            .map(|(f, limit)| {
-                let allowed = f[0] == 1;
-                let wait = as_u64(f[2]);
-                if limit.algorithm.holds_slots() {
-                    return slots_decision(limit, allowed, as_u64(f[1]), as_u64(f[3]));
-                }
-                Decision {
-                    allowed,
-                    limit: limit.algorithm.capacity(),
-                    // Below zero: how far the key stands past its capacity (a debt), which headers never show.
-                    remaining: as_u64(f[1]),
-                    retry_after_ms: if allowed { 0 } else { wait },
-                    reset_after_ms: as_u64(f[3]),
-                    delay_ms: if allowed { wait } else { 0 },
-                    owed: f[1].min(0).unsigned_abs(),
-                }
-            })
-            .collect();
         outcomes.push(Ok(Outcome {
             allowed: this[0] == 1,
-            decisions,
+            decisions: this[1..]
+                .chunks_exact(REPLY_FIELDS)
+                .zip(&request.limits)
+                .map(|(fields, limit)| decision_of(limit, fields))
+                .collect(),
         }));
     }
     if !rest.is_empty() || at != requests.len() {
         return Err(wrong_length());
     }
     Ok(outcomes)
+}
+
+/// One limit's decision from its fields in a single request's reply: allowed, remaining, the wait (the delay when it
+/// admits, the retry when it denies) and the reset.
+fn decision_of(limit: &LimitSpec, fields: &[i64]) -> Decision {
+    let as_u64 = |v: i64| u64::try_from(v).unwrap_or(0);
+    let allowed = fields[0] == 1;
+    let wait = as_u64(fields[2]);
+    if limit.algorithm.holds_slots() {
+        return slots_decision(limit, allowed, as_u64(fields[1]), as_u64(fields[3]));
+    }
+    Decision {
+        allowed,
+        limit: limit.algorithm.capacity(),
+        // Below zero: how far the key stands past its capacity (a debt), which headers never show.
+        remaining: as_u64(fields[1]),
+        retry_after_ms: if allowed { 0 } else { wait },
+        reset_after_ms: as_u64(fields[3]),
+        delay_ms: if allowed { wait } else { 0 },
+        owed: fields[1].min(0).unsigned_abs(),
+    }
 }
 
 /// A `concurrency` limit's decision from its reply, whose last field is how many expired leases the call freed
@@ -595,10 +611,7 @@ fn script_params(algorithm: &Algorithm) -> [u64; 5] {
             [GCRA, burst, ticks.ticks_per_ms, ticks.interval, 0]
         }
         Algorithm::LeakyBucket { rate, burst, mode } => {
-            let max_delay_ms = match mode {
-                LeakyMode::Reject => 0,
-                LeakyMode::Delay { max_delay_ms } => max_delay_ms,
-            };
+            let max_delay_ms = mode.max_delay_ms();
             [
                 LEAKY_BUCKET,
                 burst,

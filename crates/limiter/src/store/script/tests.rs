@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::algorithms::gcra::EPOCH_MS;
-use crate::{Limit, Rate};
+use crate::{LeakyMode, Limit, Rate};
 
 fn limit(algorithm: Algorithm) -> Limit {
     Limit::new("l", algorithm, 2).expect("valid")
