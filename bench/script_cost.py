@@ -70,7 +70,8 @@ def batch(requests: int, shape: str) -> tuple[list[str], bytes]:
     entries = 1 if shape == "run" and requests else requests
     for r in range(entries):
         client = f"c{r}" if shape == "distinct" else "c"
-        packed += [1, requests if shape == "run" else 1, len(LIMITS)]
+        # mode (commit), count, limits, deadline (none)
+        packed += [1, requests if shape == "run" else 1, len(LIMITS), 0]
         for i, limit in enumerate(LIMITS):
             key = f"bench:api:l{i}:{{{client}}}"
             if key not in keys:
