@@ -18,7 +18,7 @@ use crate::consumers::directory::Directory;
 use crate::consumers::Consumers;
 use crate::limiter::RateLimiter;
 use crate::proxy::{ForwardedFacts, ProxyError};
-use crate::routing::{self, CanonicalRequest, RequestTarget};
+use crate::routing::{self, CanonicalRequest};
 use crate::server::Shutdown;
 
 /// The gateway: a compiled config (replaced atomically on reload) and the limiter (kept across reloads, so
@@ -486,11 +486,7 @@ fn read<'r, 'u, B>(
         request.headers(),
         compiled.path_rules,
     )?;
-    let route = compiled.route_for(&RequestTarget {
-        method: request.method(),
-        host: canonical.host.as_deref(),
-        path: canonical.route_path(),
-    });
+    let route = compiled.route_for(&canonical.target(request.method()));
     Ok((canonical, route))
 }
 

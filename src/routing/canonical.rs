@@ -7,6 +7,7 @@ use http::header::{HeaderMap, HeaderValue, HOST};
 use http::{Method, StatusCode, Uri, Version};
 use thiserror::Error;
 
+use super::matcher::RequestTarget;
 use super::path::{normalize_path_with, without_parameters, PathError, PathRules};
 
 /// The methods of RFC 9110 §9 and PATCH: a case variant of one of them (`post`) is refused, since routes and
@@ -16,7 +17,7 @@ const STANDARD_METHODS: [&str; 9] = [
 ];
 
 /// One reading of a request's target, shared by everything that looks at it: it owns the strings normalisation made
-/// (a path rewritten, a host lower-cased), which routing ([`RequestTarget`](super::RequestTarget)) and admission
+/// (a path rewritten, a host lower-cased), which routing ([`target`](Self::target)) and admission
 /// ([`RequestFacts`](crate::key::RequestFacts)) borrow rather than copy. Kept apart from those views because they
 /// also borrow the request's method and fields, and the request is handed on by value once admitted while this
 /// reading (the path the upstream gets) lives on.
@@ -102,6 +103,15 @@ impl<'a> CanonicalRequest<'a> {
     /// The path routes match and keys count: [`path`](Self::path) without the `;` parameters of its segments.
     pub fn route_path(&self) -> &str {
         self.params_removed.as_deref().unwrap_or(&self.path)
+    }
+
+    /// What routes match of the request whose method is `method`: a borrow of this reading.
+    pub fn target<'t>(&'t self, method: &'t Method) -> RequestTarget<'t> {
+        RequestTarget {
+            method,
+            host: self.host.as_deref(),
+            path: self.route_path(),
+        }
     }
 
     /// The canonical reading of a request that a server has already accepted, for the tower layer: the same as

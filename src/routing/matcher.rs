@@ -41,7 +41,8 @@ pub(super) enum HostPattern {
 }
 
 /// The parts of a request that routes match on: a borrow of the canonical request (its host and the path
-/// [`route_path`](super::CanonicalRequest::route_path) gives) and of the request's method, made for the match alone.
+/// [`route_path`](super::CanonicalRequest::route_path) gives) and of the request's method, made for the match alone
+/// ([`CanonicalRequest::target`](super::CanonicalRequest::target)).
 #[derive(Debug, Clone, Copy)]
 pub struct RequestTarget<'a> {
     /// The request method.
