@@ -379,6 +379,38 @@ async fn envoys_limit_override_is_a_fixed_window_of_its_own() {
     );
 }
 
+#[tokio::test]
+async fn requests_it_cannot_decide_are_invalid_arguments_and_take_nothing() {
+    let rls = start_rls(&on_store(None, EDGE)).await;
+    let mut client = rls.client().await;
+    let by_address = || descriptor(&[("remote_address", "192.0.2.7")]);
+    let in_unit = |unit: i32| {
+        let mut d = descriptor(&[("remote_address", "192.0.2.7")]);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 5,
+            unit,
+        });
+        d
+    };
+    let invalid = [
+        request("", vec![by_address()]),
+        request("edge", Vec::new()),
+        // UNKNOWN, and a unit this build does not know, beside a descriptor that would be limited.
+        request("edge", vec![by_address(), in_unit(0)]),
+        request("edge", vec![by_address(), in_unit(99)]),
+    ];
+    for refused in invalid {
+        let status = client
+            .should_rate_limit(refused)
+            .await
+            .expect_err("not a request the service can decide");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    }
+    // Nothing was taken from the address's 3 a minute.
+    let first = ask(&mut client, request("edge", vec![by_address()])).await;
+    assert_eq!(remaining(&first), [2]);
+}
+
 /// The folder of envoyproxy/ratelimit files under tests/fixtures/rls, in memory: their units are hours and days,
 /// fixed windows that would end mid-test on Redis's clock in an hour's last minute; the in-process store's test
 /// clock starts each at its beginning. What the files mean does not depend on the store (Redis's fixed windows
@@ -533,6 +565,19 @@ async fn with_redis_down_on_error_decides() {
     let refuse = start_rls_with(&config("deny", "over_limit"), false).await;
     let answer = ask(&mut refuse.client().await, by_address()).await;
     assert_eq!(answer.overall_code, OVER_LIMIT);
+    // Every descriptor over, with only `Retry-After: 1`: no limit was read.
+    let two = request(
+        "edge",
+        vec![
+            descriptor(&[("remote_address", "192.0.2.1")]),
+            descriptor(&[("generic_key", "elsewhere")]),
+        ],
+    );
+    let answer = ask(&mut refuse.client().await, two).await;
+    let codes: Vec<i32> = answer.statuses.iter().map(|s| s.code).collect();
+    assert_eq!(codes, [OVER_LIMIT, OVER_LIMIT]);
+    assert_eq!(header(&answer, "retry-after"), Some("1"));
+    assert_eq!(answer.response_headers_to_add.len(), 1);
 
     let allow = start_rls_with(&config("allow", "unavailable"), false).await;
     let mut client = allow.client().await;

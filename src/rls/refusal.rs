@@ -106,3 +106,16 @@ pub(super) fn status(refusal: &Refusal) -> Status {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_code_stands_at_its_own_index() {
+        // The service's counters are an array indexed by the code.
+        for (index, code) in Code::ALL.into_iter().enumerate() {
+            assert_eq!(code as usize, index, "{}", code.label());
+        }
+    }
+}
