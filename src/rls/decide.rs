@@ -90,26 +90,12 @@ pub async fn decide<'d>(
     };
     let (found, matched) = find_rules(domain, descriptors);
     let met = limits_met(domain, &found, &matched, descriptors, key_prefix);
-    // A limit no request of this size can ever meet (hits above its capacity) refuses like a blocked rule.
-    let mut refused_here = found.iter().any(
+    let mut checked: Vec<Checked<'d>> = met.iter().map(at_its_cost).collect();
+    // A blocked rule refuses whatever the store holds, and so does a limit no request of this size can ever meet
+    // (hits above its capacity); in shadow, either only observes.
+    let refused_here = found.iter().any(
         |found| matches!(found, Found::Blocked { rule, .. } if !rule.is_some_and(|r| r.shadow)),
-    );
-    let mut checked: Vec<Checked<'d>> = Vec::with_capacity(met.len());
-    for met in &met {
-        let (limit, impossible) = match with_cost(met.limit.clone(), met.hits) {
-            Ok(limit) => (limit, false),
-            Err(limit) => {
-                refused_here |= !limit.is_shadow();
-                (limit, true)
-            }
-        };
-        checked.push(Checked {
-            descriptor: met.descriptor,
-            limit,
-            decision: None,
-            impossible,
-        });
-    }
+    ) || checked.iter().any(|c| c.impossible && !c.limit.is_shadow());
     if refused_here {
         // Refused whatever the store holds: it is not asked, and nothing is taken.
         let unasked = Outcome {
@@ -172,6 +158,20 @@ impl Decided<'_> {
     /// Whether the limits decided the request: not when the store failed and `on_error` refused it.
     pub fn limits_decided(&self) -> bool {
         !matches!(self.refusal, Some(Refusal::Unavailable(_)))
+    }
+}
+
+/// `met`'s limit at what the request takes from it, not yet decided: impossible when it can never take that much.
+fn at_its_cost<'d>(met: &Met<'d>) -> Checked<'d> {
+    let (limit, impossible) = match with_cost(met.limit.clone(), met.hits) {
+        Ok(limit) => (limit, false),
+        Err(limit) => (limit, true),
+    };
+    Checked {
+        descriptor: met.descriptor,
+        limit,
+        decision: None,
+        impossible,
     }
 }
 
