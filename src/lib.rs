@@ -50,8 +50,6 @@ pub use ipnet::IpNet;
 
 #[cfg(feature = "gateway")]
 pub mod admin;
-// Crate-internal items of it that only the gateway uses are unused in a library build without it.
-#[cfg_attr(not(feature = "gateway"), allow(unused_imports, dead_code))]
 pub mod admission;
 pub mod config;
 pub mod consumers;
@@ -61,7 +59,6 @@ pub mod key;
 #[cfg(feature = "layer")]
 pub mod layer;
 pub use tollgate_limiter as limiter;
-#[cfg_attr(not(feature = "gateway"), allow(unused_imports, dead_code))]
 pub mod proxy;
 #[cfg(feature = "gateway")]
 pub mod reload;
@@ -71,4 +68,5 @@ pub mod routing;
 pub mod server;
 #[cfg(feature = "gateway")]
 pub mod telemetry;
+mod tunnel;
 pub mod usage;

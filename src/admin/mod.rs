@@ -236,7 +236,8 @@ impl IntoResponse for AdminError {
             ),
             AdminError::Directory(error) => {
                 let (status, code) = match &error {
-                    DirectoryError::Unavailable(_) => {
+                    // The gateway always has the Redis store: `NoRedis` is a library build's.
+                    DirectoryError::Unavailable(_) | DirectoryError::NoRedis => {
                         (StatusCode::SERVICE_UNAVAILABLE, "directory_unavailable")
                     }
                     DirectoryError::Unreadable { .. } => {

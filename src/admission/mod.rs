@@ -23,14 +23,16 @@ mod wait;
 
 /// A limit with its key spec, as admission takes it (the key module's type, named here too).
 pub use crate::key::LimitSettings;
-/// A WebSocket tunnel's two ends (proxying opens tunnels; admission waits for them to close), named here too.
-pub use crate::proxy::{tunnel, TunnelClosed, TunnelOpen};
+/// A WebSocket tunnel's two ends: proxying opens tunnels, admission waits for them to close.
+pub use crate::tunnel::{tunnel, TunnelClosed, TunnelOpen};
 #[cfg(test)]
 pub(crate) use after_answer::recording;
 pub use after_answer::{AfterAnswer, AnswerGuard, Ending, GuardedBody};
 pub use check::check_keyed;
+#[cfg(feature = "rls")]
 pub(crate) use counters::DecisionCounters;
 /// The rate-limit fields as tollgate's HTTP answers carry them, for Envoy's rate limit service to send the same.
+#[cfg(feature = "rls")]
 pub(crate) use headers::{
     apply as apply_rate_limit_fields, policy as rate_limit_policy, Advertised,
 };
@@ -39,5 +41,6 @@ pub use policy::{Admission, Admitted, Policy};
 pub use read::{ensure_request_id, set_request_id, Arrival, RequestView, X_REQUEST_ID};
 pub use refusal::Refusal;
 pub use responses::answer;
+#[cfg(feature = "gateway")]
 pub(crate) use responses::json_response;
 pub use tokens::{NoReservation, Reservation, Reserve, RouteUsage};

@@ -150,7 +150,8 @@ fn unreadable(refusal: routing::Refusal) -> Response<serde_json::Value> {
     )
 }
 
-/// A response with a JSON body.
+/// A response with a JSON body (the gateway's own answers: its errors and health).
+#[cfg(feature = "gateway")]
 pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Body> {
     let mut response = Response::new(Body::from(body.to_string()));
     *response.status_mut() = status;

@@ -15,8 +15,8 @@ use super::policy::{Admission, Policy};
 use super::responses::answer;
 use super::tokens::Reserve;
 use crate::limiter::RateLimiter;
-use crate::proxy::TunnelClosed;
 use crate::routing::CanonicalRequest;
+use crate::tunnel::TunnelClosed;
 
 // === impl Policy ===
 

@@ -313,7 +313,7 @@ impl AfterAnswer for TokenSettlement {
 
 impl TokenSettlement {
     /// Settles the token limits at what the answer that ended as `ending`, its body read as `reading`, spent.
-    fn settle(self: Box<Self>, ending: Ending, reading: Option<(Usage, BodyEnd)>) {
+    fn settle(self, ending: Ending, reading: Option<(Usage, BodyEnd)>) {
         let settled = settled(self.status, ending, reading, self.prompt, self.completion);
         let Settled::Tokens(tokens, missing) = settled else {
             let back = self

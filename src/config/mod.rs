@@ -25,6 +25,8 @@ mod rls;
 mod validate;
 
 mod model;
+// Applied to the config's limits as it is read, and to the tower layer's own.
+#[cfg(any(feature = "yaml", feature = "layer"))]
 mod secrets;
 pub mod summary;
 
@@ -33,8 +35,10 @@ pub use error::{ConfigError, Problem};
 #[cfg(feature = "yaml")]
 pub use load::{load, load_for_layers, load_with_text, parse, parse_for_layers, parse_with_env};
 pub use model::*;
-#[cfg(feature = "yaml")]
+// The gateway's reload reads `rls.config_dir` again.
+#[cfg(feature = "gateway")]
 pub(crate) use rls::ratelimit_files;
+#[cfg(feature = "layer")]
 pub(crate) use secrets::{mark_credential_keys, secret_api_keys};
 
 /// What may name a consumer (a consumers' word, named here as the config checks it).

@@ -23,6 +23,7 @@ pub(crate) fn secret_api_keys(
 }
 
 /// [`secret_api_keys`] for limits outside a config: the tower layer's own, beside `consumers`.
+#[cfg(feature = "layer")]
 pub(crate) fn mark_credential_keys<'a>(
     limits: impl Iterator<Item = &'a mut LimitSettings>,
     consumers: &ConsumersSettings,

@@ -1,16 +1,27 @@
 //! Forwarding admitted requests to a route's upstream: connection pools, round robin, TLS, header rewriting,
-//! WebSocket tunnels.
+//! WebSocket tunnels. Without the `gateway` feature only what the config describes an upstream with is here
+//! (its settings and TLS), and none of hyper's client.
 
+#[cfg(feature = "gateway")]
 mod body;
+#[cfg(feature = "gateway")]
 mod headers;
+#[cfg(feature = "gateway")]
 mod pool;
+mod settings;
 mod tls;
+#[cfg(feature = "gateway")]
 mod upgrade;
+#[cfg(feature = "gateway")]
 mod upstream;
 
+#[cfg(feature = "gateway")]
 pub use body::{discard, ClientBody, ClientBodyError, Discarding, LimitedBody};
+#[cfg(feature = "gateway")]
 pub use headers::{clean_client_fields, prepare_request, ClientFieldRules, ForwardedFacts, VIA};
+pub use settings::UpstreamSettings;
 pub use tls::{TlsDialer, TlsFieldError, TlsFiles, UpstreamTls};
+#[cfg(feature = "gateway")]
 pub(crate) use upgrade::TunnelHold;
-pub use upgrade::{tunnel, TunnelClosed, TunnelOpen};
-pub use upstream::{ProxyError, Upstream, UpstreamSettings};
+#[cfg(feature = "gateway")]
+pub use upstream::{ProxyError, Upstream};

@@ -136,7 +136,7 @@ impl fmt::Debug for UpstreamTls {
 
 impl TlsDialer {
     /// The TLS handshake over a new TCP connection.
-    pub(crate) async fn handshake(&self, tcp: TcpStream) -> std::io::Result<TlsStream<TcpStream>> {
+    pub async fn handshake(&self, tcp: TcpStream) -> std::io::Result<TlsStream<TcpStream>> {
         self.connector.connect(self.server_name.clone(), tcp).await
     }
 }

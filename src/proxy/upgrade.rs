@@ -5,6 +5,8 @@ use http::{Method, Request, Version};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 
+use crate::tunnel::TunnelOpen;
+
 /// The `Upgrade` value of a WebSocket opening handshake (RFC 6455 §4.1: an HTTP/1.1 `GET` whose `Connection` names
 /// `upgrade` and whose `Upgrade` names `websocket`), or `None` for any other request, whose `Upgrade` is dropped
 /// with the other hop-by-hop fields. HTTP/2 has no `Upgrade`; its WebSocket (RFC 8441) is not proxied.
@@ -51,31 +53,6 @@ pub(crate) struct TunnelHold {
 impl TunnelHold {
     pub(crate) fn new(held: tokio::sync::watch::Receiver<()>) -> Self {
         Self { _held: held }
-    }
-}
-
-/// Put in the extensions of a `101 Switching Protocols` answer by what opened its tunnel (the gateway's WebSocket
-/// proxying): the answer's body ends with its head, but the request lasts until the tunnel closes, and the work
-/// kept for after the answer (a concurrency slot) waits for that. See [`tunnel`].
-#[derive(Debug, Clone)]
-pub struct TunnelClosed(tokio::sync::watch::Receiver<()>);
-
-/// Held by a tunnel for as long as it is open; dropping it closes the [`TunnelClosed`] it was made with.
-#[derive(Debug)]
-pub struct TunnelOpen(#[allow(dead_code)] tokio::sync::watch::Sender<()>);
-
-/// A tunnel's two ends: the one it holds while open, the one its answer carries.
-pub fn tunnel() -> (TunnelOpen, TunnelClosed) {
-    let (open, closed) = tokio::sync::watch::channel(());
-    (TunnelOpen(open), TunnelClosed(closed))
-}
-
-// === impl TunnelClosed ===
-
-impl TunnelClosed {
-    /// Waits until the tunnel closes.
-    pub async fn closed(mut self) {
-        while self.0.changed().await.is_ok() {}
     }
 }
 

@@ -13,7 +13,7 @@ use thiserror::Error;
 
 use super::headers::{self, ForwardedFacts};
 use super::pool::{ConnectionPool, PoolSettings, SendError};
-use super::tls::UpstreamTls;
+use super::settings::UpstreamSettings;
 use super::upgrade;
 
 /// Idle keep-alive connections kept per target, and how long each is kept unused.
@@ -21,23 +21,6 @@ const POOL: PoolSettings = PoolSettings {
     max_idle: 1024,
     idle_timeout: Duration::from_secs(60),
 };
-
-/// What one upstream is (one entry of the config's `upstreams:`).
-#[derive(Debug, Clone)]
-pub struct UpstreamSettings {
-    /// Its key in `upstreams:`.
-    pub name: String,
-    /// `http[s]://host[:port][/base-path]` targets, used round robin.
-    pub targets: Vec<Uri>,
-    /// Time to wait for the response head, default 30s.
-    pub timeout: Duration,
-    /// Time to wait for a connection (TCP, then the TLS handshake of `https` targets), default 5s.
-    pub connect_timeout: Duration,
-    /// Whether the client's `Host` goes to the upstream (default) or the target's own host and port replace it.
-    pub pass_host_header: bool,
-    /// How `https` targets are verified; `Some` exactly when there is one.
-    pub tls: Option<UpstreamTls>,
-}
 
 /// A named upstream with a connection pool per target.
 #[derive(Debug)]
@@ -222,7 +205,7 @@ impl Upstream {
             if let Some(upstream_side) = switched {
                 upgrade::keep_upgrade_fields(&mut parts.headers, accepted.unwrap_or(protocol));
                 // Admission's work for after the answer (a concurrency slot) waits for the tunnel to close.
-                let (open, closed) = upgrade::tunnel();
+                let (open, closed) = crate::tunnel::tunnel();
                 parts.extensions.insert(closed);
                 tokio::spawn(upgrade::splice(
                     client_side,

@@ -2,6 +2,7 @@
 //! read by every request without a lock, kept in this process or shared by every instance through Redis.
 
 mod record;
+#[cfg(feature = "redis")]
 mod redis;
 mod snapshot;
 
@@ -12,6 +13,7 @@ use arc_swap::ArcSwap;
 use thiserror::Error;
 
 pub use self::record::{ConsumerRecord, KeyRecord, LimitOverride, RandomError, KEY_PREFIX};
+#[cfg(feature = "redis")]
 use self::redis::RedisSync;
 use self::snapshot::Snapshot;
 use crate::limiter::{BackendKind, StoreSettings};
@@ -40,6 +42,11 @@ pub enum DirectoryError {
     /// Other writers kept changing the same record while this change was tried.
     #[error("consumer {0:?} changed concurrently too many times; try again")]
     Contended(String),
+    /// The settings name Redis, and this build has no Redis store (the `redis` feature is off).
+    #[error(
+        "store.backend is redis, but this build has no redis store (the `redis` feature is off)"
+    )]
+    NoRedis,
     /// No random key could be made.
     #[error(transparent)]
     Random(#[from] RandomError),
@@ -58,6 +65,7 @@ struct View {
 #[derive(Debug)]
 enum Store {
     Memory,
+    #[cfg(feature = "redis")]
     Redis(RedisSync),
 }
 
@@ -91,6 +99,7 @@ impl Directory {
     /// `key_prefix`. Connects in the background, and keeps reconnecting for as long as the directory lives;
     /// until the first read it holds no consumer. Must be called within a tokio runtime; fails only for a URL
     /// that names no Redis.
+    #[cfg(feature = "redis")]
     pub fn redis(store: &StoreSettings) -> Result<Arc<Self>, DirectoryError> {
         let view = Arc::<View>::default();
         let sync = RedisSync::start(&store.url, &store.key_prefix, Arc::clone(&view))?;
@@ -103,7 +112,10 @@ impl Directory {
     /// The directory that goes with the limiter `store` describes: in Redis when limits are, else in memory.
     pub fn from_settings(store: &StoreSettings) -> Result<Arc<Self>, DirectoryError> {
         match store.backend {
+            #[cfg(feature = "redis")]
             BackendKind::Redis => Self::redis(store),
+            #[cfg(not(feature = "redis"))]
+            BackendKind::Redis => Err(DirectoryError::NoRedis),
             BackendKind::Memory => Ok(Self::in_memory()),
         }
     }
@@ -152,6 +164,7 @@ impl Directory {
     pub fn synced(&self) -> bool {
         match self.store {
             Store::Memory => true,
+            #[cfg(feature = "redis")]
             Store::Redis(_) => self.view.snapshot.load().version.is_some(),
         }
     }
@@ -252,6 +265,7 @@ impl Directory {
                 let next = self.view.snapshot.load().with_all(records);
                 self.view.snapshot.store(Arc::new(next));
             }
+            #[cfg(feature = "redis")]
             Store::Redis(sync) => sync.import(records).await?,
         }
         Ok(count)
@@ -259,6 +273,8 @@ impl Directory {
 
     /// Applies `edit` to `id`'s record where changes are made. With `replaces_unreadable`, a record that cannot
     /// be read counts as none (deleting must always be possible); otherwise it fails the change.
+    // In memory every record is readable: only Redis's records can be unreadable.
+    #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
     async fn change<T>(
         &self,
         id: &str,
@@ -276,6 +292,7 @@ impl Directory {
                 }
                 Ok((before, outcome))
             }
+            #[cfg(feature = "redis")]
             Store::Redis(sync) => sync.change(id, replaces_unreadable, edit).await,
         }
     }
@@ -283,6 +300,9 @@ impl Directory {
 
 // === impl View ===
 
+// The directory's Redis sync replaces the view's snapshot as it reads changes; in memory, changes replace it
+// directly (`Directory::change`).
+#[cfg(feature = "redis")]
 impl View {
     /// Puts `id`'s record as read at change `version` of the store (after change `change`, which was to this
     /// record) into the snapshot. False when the snapshot is not complete afterwards, and everything should be
@@ -390,6 +410,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "redis")]
     fn a_record_is_applied_and_the_snapshot_complete_only_after_the_next_change() {
         let view = View::default();
         view.replace_all(Snapshot::from_records([], Some(4)));
@@ -413,6 +434,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "redis")]
     fn before_the_first_full_read_nothing_is_complete() {
         let view = View::default();
         assert!(!view.apply("acme", Some(pro()), 1, 1, None));

@@ -101,6 +101,7 @@ impl KeyRecord {
 
 /// A fresh random lineage for the directory's change counter (see `scripts/write.lua`): 64 bits, so that two
 /// counters started at different times never share one.
+#[cfg(feature = "redis")]
 pub(super) fn lineage_token() -> Result<String, RandomError> {
     Ok(hex(&random::<8>()?))
 }
@@ -120,7 +121,7 @@ fn hex(bytes: &[u8]) -> String {
 /// general-purpose generator (fastrand) does not promise.
 fn random<const N: usize>() -> Result<[u8; N], RandomError> {
     let mut bytes = [0u8; N];
-    getrandom::fill(&mut bytes).map_err(|error| RandomError(error.to_string()))?;
+    getrandom::getrandom(&mut bytes).map_err(|error| RandomError(error.to_string()))?;
     Ok(bytes)
 }
 

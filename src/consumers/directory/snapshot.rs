@@ -19,6 +19,7 @@ pub(super) struct Snapshot {
     /// `None` before the first full read (and always for the in-process directory).
     pub(super) version: Option<u64>,
     /// The lineage of the counter `version` counts in (see the scripts): `None` when the store has none yet.
+    #[cfg(feature = "redis")]
     pub(super) lineage: Option<Arc<str>>,
 }
 
@@ -26,6 +27,8 @@ type Map<K, V> = imbl::GenericHashMap<K, V, RandomState, imbl::shared_ptr::Defau
 
 // === impl Snapshot ===
 
+// What the directory's Redis sync builds a snapshot from and compares it with (and the tests build one with).
+#[cfg(any(feature = "redis", test))]
 impl Snapshot {
     /// Every record of the store at `version`.
     pub(super) fn from_records(
@@ -41,7 +44,10 @@ impl Snapshot {
         }
         snapshot
     }
+}
 
+#[cfg(feature = "redis")]
+impl Snapshot {
     /// This snapshot, its counter's lineage `lineage`.
     pub(super) fn in_lineage(mut self, lineage: Option<&str>) -> Self {
         self.lineage = lineage.map(Arc::from);
@@ -62,7 +68,9 @@ impl Snapshot {
         };
         version < had || (self.lineage.is_some() && self.lineage.as_deref() != lineage)
     }
+}
 
+impl Snapshot {
     pub(super) fn consumer(&self, id: &str) -> Option<&Arc<ConsumerRecord>> {
         self.consumers.get(id)
     }
