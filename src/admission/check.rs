@@ -41,7 +41,7 @@ pub(super) async fn check<R: Reserve>(
 }
 
 /// Checks limits their caller keyed itself (Envoy's descriptors, see `rls/`), each at what the request takes from
-/// it, in the limiter call a route's limits make ([`Checked::ask`]): all or nothing, the store's decision of each
+/// it, in the limiter call a route's limits make (`Checked::ask`): all or nothing, the store's decision of each
 /// in order. Refused as a route's request is: [`Refusal::RateLimited`] when a limit refuses (its `checked` says
 /// which), [`Refusal::Unavailable`] when the store failed and `on_error` refuses; where `on_error` admits, a failed
 /// store admits with no decision.
