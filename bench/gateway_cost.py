@@ -302,13 +302,17 @@ def script_calls() -> int:
     return 0
 
 
-def check_usage_read() -> None:
-    """Exits unless the token route read the usage of every answer (else the figure leaves out the settling)."""
+def check_usage_read(connections: int) -> None:
+    """Exits unless the token route read the usage of every answer it sent whole (else the figure leaves out the
+    settling). wrk stops with a request in flight on each connection, twice (the warm-up and the measured run): a
+    request whose client left before its answer is settled at its reservation and counted missing, so up to two per
+    connection are."""
     with urllib.request.urlopen(f"http://127.0.0.1:{ADMIN_PORT}/metrics", timeout=30) as response:
         metrics = response.read().decode()
     counted = any(line.startswith("tollgate_tokens_total") for line in metrics.splitlines())
     missing = [line for line in metrics.splitlines() if line.startswith("tollgate_usage_missing_total")]
-    if not counted or any(not line.endswith(" 0") for line in missing):
+    cut = sum(float(line.rsplit(" ", 1)[1]) for line in missing)
+    if not counted or cut > 2 * connections:
         sys.exit(f"gateway_cost: the token route did not read every answer's usage: {missing or 'no tokens counted'}")
 
 
@@ -415,7 +419,7 @@ def measure(
         requests = load(seconds, connections, clients, headers, request, work)
         calls = script_calls() - calls_before
         if "tokens" in config.stem:
-            check_usage_read()
+            check_usage_read(connections)
         subprocess.run(["callgrind_control", "--dump", str(gateway.pid)], check=True, capture_output=True)
         dumps = sorted(work.glob(f"callgrind.{config.stem}.{gateway.pid}.*"))
         if not dumps:
