@@ -41,7 +41,7 @@ pub(super) async fn check<R: Reserve>(
 }
 
 /// Checks limits their caller keyed itself (Envoy's descriptors, see `rls/`), each at what the request takes from
-/// it, in the limiter call a route's limits make (`Checked::ask`): all or nothing, the store's decision of each
+/// it, in the limiter call a route's limits make (`Checked::answered`): all or nothing, the store's decision of each
 /// in order. Refused as a route's request is: [`Refusal::RateLimited`] when a limit refuses (its `checked` says
 /// which), [`Refusal::Unavailable`] when the store failed and `on_error` refuses; where `on_error` admits, a failed
 /// store admits with no decision.
@@ -50,9 +50,11 @@ pub async fn check_keyed(
     checks: &[LimitCheck<'_>],
 ) -> Result<Checked, Refusal> {
     let applied = (0..checks.len()).collect();
-    let checked = Checked::ask(limiter, checks, applied, 0)
+    let answer = limiter
+        .check_leased(checks, 0)
         .await
         .map_err(|error| not_checked(error.into()))?;
+    let checked = Checked::answered(answer, applied, 0);
     if checked.outcome.allowed {
         Ok(checked)
     } else {

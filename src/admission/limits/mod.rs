@@ -333,7 +333,8 @@ impl LimitSet {
             0
         };
         let applied = keys.ends.iter().map(|&(index, _)| index).collect();
-        let mut checked = Checked::ask(limiter, &checks, applied, lease).await?;
+        let answer = limiter.check_leased(&checks, lease).await?;
+        let mut checked = Checked::answered(answer, applied, lease);
         drop(checks);
         checked.replaced = replaced;
         // A request refused only for want of a slot it may wait for is counted once it is admitted or refused for
@@ -549,25 +550,25 @@ impl LimitSet {
 // === impl Checked ===
 
 impl Checked {
-    /// Asks `limiter` once for `checks`, all or nothing: the one call to the limiter every entry point's limits
-    /// make (a route's and the layer's through [`LimitSet::check`], Envoy's descriptors through
-    /// [`check_keyed`](super::check::check_keyed)). `applied[i]` is the index of the limit `checks[i]` is of;
-    /// `lease` holds the request's `concurrency` slots (0: none). A failed store is `Err` where `on_error` refuses;
-    /// where it admits, the outcome is allowed with no decision.
-    pub(in crate::admission) async fn ask(
-        limiter: &RateLimiter,
-        checks: &[LimitCheck<'_>],
+    /// The store's `answer` to one all-or-nothing limiter call (`check_leased`) for a request's limits, as a checked
+    /// request: the one way every entry point's limits are asked (a route's and the layer's through
+    /// [`LimitSet::check`], Envoy's descriptors through [`check_keyed`](super::check::check_keyed)). `applied[i]` is
+    /// the index of the limit the call's `i`-th check is of; `lease` holds the request's `concurrency` slots (0:
+    /// none). A sync constructor rather than an `async fn` around the call: a nested future costs every limiting
+    /// request its own poll and drop.
+    pub(in crate::admission) fn answered(
+        answer: (Outcome, DecidedBy),
         applied: SmallVec<[usize; INLINE_LIMITS]>,
         lease: u64,
-    ) -> Result<Self, Unavailable> {
-        let (outcome, decided_by) = limiter.check_leased(checks, lease).await?;
-        Ok(Self {
+    ) -> Self {
+        let (outcome, decided_by) = answer;
+        Self {
             outcome,
             applied,
             replaced: None,
             decided_by,
             lease,
-        })
+        }
     }
 
     /// `outcome`, the store's answer for every limit of a set in order, as a checked request: for a caller that asks

@@ -33,6 +33,7 @@ pub enum Settlement {
 /// The state `state` becomes at `now_ms` once `settlement` is applied for an admission decided at `at_ms`, with
 /// how long it must be kept (ms); `None` when nothing is to change (the window it landed in has gone by, or a
 /// give-back finds nothing of the admission to give back to). A state of another algorithm counts as absent.
+#[inline]
 pub fn settle(
     algorithm: &Algorithm,
     state: Option<&State>,

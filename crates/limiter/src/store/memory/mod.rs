@@ -310,7 +310,11 @@ impl MemoryStore {
                 used_ms,
                 over_limit,
             };
-            shard.store(key, found, entry, now_ms, self.max_per_shard);
+            match found {
+                // Found under this lock: the entry is still there.
+                Some(index) => shard.entries[index] = entry,
+                None => shard.store(key, None, entry, now_ms, self.max_per_shard),
+            }
         }
     }
 
