@@ -410,21 +410,31 @@ async fn a_request_held_by_a_delaying_limit_gives_its_place_back_when_its_client
     }
 }
 
-#[tokio::test]
-async fn a_flood_of_new_keys_does_not_reset_a_key_over_its_limit() {
-    // The memory store holds 640 keys; 2,000 new ones must not push out the victim's full log.
-    let upstream = Upstream::start().await;
-    let yaml = ConfigBuilder::new()
-        .store_yaml("  backend: memory\n  max_keys: 640\n")
+/// A gateway on `store` (its entries as written) routing `/api` to `upstream` under one `sliding_log` limit per
+/// `x-api-key`, of `window` (`limit: 5, period: 30s`).
+fn per_api_key_yaml(store: &str, upstream: &Upstream, window: &str) -> String {
+    ConfigBuilder::new()
+        .store_yaml(store)
         .upstream("backend", &upstream.url())
         .route("api", "/api")
         .to("backend")
         .limit(
             "per-key",
             "[header:x-api-key]",
-            "algorithm: sliding_log, limit: 5, period: 30s",
+            &format!("algorithm: sliding_log, {window}"),
         )
-        .build();
+        .build()
+}
+
+#[tokio::test]
+async fn a_flood_of_new_keys_does_not_reset_a_key_over_its_limit() {
+    // The memory store holds 640 keys; 2,000 new ones must not push out the victim's full log.
+    let upstream = Upstream::start().await;
+    let yaml = per_api_key_yaml(
+        "  backend: memory\n  max_keys: 640\n",
+        &upstream,
+        "limit: 5, period: 30s",
+    );
     let gateway = start_gateway(&yaml).await;
     let url = gateway.url("/api");
     let victim = hammer(&url, 8, &[("x-api-key", "victim")]).await;
@@ -470,19 +480,8 @@ async fn when_full_decides_new_keys_while_the_store_holds_only_keys_over_their_l
     for when_full in ["deny", "allow"] {
         // 64 keys, one a shard; each key is over its limit after one request, so none may be displaced: of 100
         // new keys at most 64 find room.
-        let yaml = ConfigBuilder::new()
-            .store_yaml(&format!(
-                "  backend: memory\n  max_keys: 64\n  when_full: {when_full}\n"
-            ))
-            .upstream("backend", &upstream.url())
-            .route("api", "/api")
-            .to("backend")
-            .limit(
-                "per-key",
-                "[header:x-api-key]",
-                "algorithm: sliding_log, limit: 1, period: 1m",
-            )
-            .build();
+        let store = format!("  backend: memory\n  max_keys: 64\n  when_full: {when_full}\n");
+        let yaml = per_api_key_yaml(&store, &upstream, "limit: 1, period: 1m");
         let gateway = start_gateway(&yaml).await;
         let client = client();
         let before = full_total();
