@@ -1,3 +1,6 @@
+//! Settling on each algorithm: a give-back never below empty, a debt never past its bound, each on the window the
+//! admission was decided in, and what the next request is then told.
+
 use super::*;
 use crate::algorithms::evaluate;
 use crate::algorithms::fixed_window::FixedWindowState;
