@@ -22,14 +22,15 @@ The measurements (`--only` one of them; all four by default, in this order, shar
   until the importing instance held all N.
 - restart: the gateway is stopped and started again with the N consumers in Redis. From the moment it is started,
   CLIENTS threads send requests with valid keys picked at random, as fast as they can (keep-alive, reconnecting
-  while the listener is not up), and a poller asks the admin listener for `/readyz` and `GET /consumers?limit=1`
-  (its `synced`, `total`) every 50 ms. The table gives when the listener accepted, when `/readyz` first said
+  while the listener is not up), and a poller asks the admin listener for `/readyz` every 50 ms and for
+  `GET /consumers` (its `synced`, `total`) every 250 ms until synced. The table gives when the listener accepted, when `/readyz` first said
   `"status":"ready"` (and what it said before), when the directory said synced, the first 200, the last 401, and
   the count of each status (a 401 to a valid key is the fault: the instance refused a paying customer), over
   WINDOW seconds at most or until 2 s after the latest of ready, synced and the first 200.
 - latency: in a fresh instance (started, synced, no request since), on one keep-alive connection, REQUESTS
-  requests each: on `/open` without a key (the baseline), on `/api` with one key repeated, and on `/api` with a
-  key never used since the start for each request (a first-seen key); median, p99 and mean.
+  requests each, the three kinds in turn: on `/open` without a key (the baseline), on `/api` with one key
+  repeated, and on `/api` with a key never used since the start for each request (a first-seen key); median, p99
+  and mean.
 - flood: FLOOD seconds of CLIENTS threads sending `/api` with invalid keys, each new, then the same 100 repeated;
   Redis's `INFO commandstats` before and after give its commands per request (net of the instance's background
   checks, measured at rest for as long beforehand), by command, with the count of 401s.
@@ -63,9 +64,13 @@ ADMIN_TOKEN = "dirbench-admin-token-0123456789"
 PREFIX = "dirbench:"
 # The issue time written in every imported key record (any fixed value: the gateway does not read it).
 CREATED_MS = 1_764_000_000_000
-# How often the restart's poller asks /readyz and GET /consumers.
+# How often the restart's poller asks /readyz, and how often anything waiting asks GET /consumers (a pass over
+# the whole directory in the instance: asked too often, it slows what it watches).
 POLL_S = 0.05
+DIRECTORY_POLL_S = 0.25
 MODES = ["rss", "restart", "latency", "flood"]
+# Attempts of one import request answered 503.
+IMPORT_ATTEMPTS = 5
 
 
 def free_port() -> int:
@@ -241,7 +246,7 @@ routes:
         log = open(self.folder / f"gateway.{self.starts}.log", "w")
         started = time.monotonic()
         self.process = subprocess.Popen([str(self.binary), "--config", str(self.config)], stdout=log,
-                                        stderr=subprocess.STDOUT, env=dict(os.environ, RUST_LOG="warn"))
+                                        stderr=subprocess.STDOUT, env=dict(os.environ, RUST_LOG=os.environ.get("DIRBENCH_LOG", "warn")))
         log.close()
         return started
 
@@ -285,8 +290,11 @@ routes:
             connection.close()
 
     def directory(self) -> tuple[bool, int | None]:
-        """(synced, total) as `GET /consumers?limit=1` says them; (False, None) when it does not answer."""
-        status, page = self.admin_call("GET", "/consumers?limit=1")
+        """(synced, total) as `GET /consumers` says them; (False, None) when it does not answer. The page asked
+        for is past every id (`~` sorts after every character an id may hold): a listing collects and sorts the
+        page's records out of the whole directory, which at a million consumers costs the instance a core for a
+        good part of a second, while filtering them all out costs a pass over the map."""
+        status, page = self.admin_call("GET", "/consumers?limit=1&after=~")
         if status != 200:
             return False, None
         return bool(page.get("synced")), page.get("total")
@@ -302,7 +310,7 @@ routes:
                 synced, total = self.directory()
                 if synced:
                     return time.monotonic() - started, total
-            time.sleep(POLL_S)
+            time.sleep(DIRECTORY_POLL_S)
         sys.exit(f"directory: the gateway was not ready and synced within the deadline ({self.folder})")
 
     def restart(self, consumers: int) -> tuple[float, int | None]:
@@ -310,17 +318,32 @@ routes:
         return self.wait_synced(self.start(), consumers)
 
 
-def import_consumers(gateway: Gateway, consumers: int, seed: str, batch: int) -> tuple[float, float, float]:
-    """Imports consumers c0..c{N-1}; returns the seconds spent making the bodies, sending them (the gateway's
-    answers), and from the last answer until the importing instance lists all N."""
-    making = sending = 0.0
+class Imported:
+    """How an import went: seconds making the bodies (the script), waiting for the gateway's answers, and from
+    the last answer until the importing instance listed all; the 503s answered and retried."""
+
+    def __init__(self):
+        self.making = self.sending = self.listed = 0.0
+        self.retried: list[str] = []
+
+
+def import_consumers(gateway: Gateway, consumers: int, seed: str, batch: int) -> Imported:
+    """Imports consumers c0..c{N-1}, BATCH a request. A request answered 503 (Redis did not take a write in time:
+    part of the batch may be in) is sent again, up to IMPORT_ATTEMPTS times: an import replaces each record whole,
+    so sending a line twice leaves what sending it once does."""
+    imported = Imported()
     for first in range(0, consumers, batch):
         begun = time.monotonic()
         body = ("\n".join(import_line(seed, i) for i in range(first, min(first + batch, consumers))) + "\n").encode()
         sent = time.monotonic()
-        making += sent - begun
-        status, answer = gateway.admin_call("POST", "/consumers:import", body, timeout=600)
-        sending += time.monotonic() - sent
+        imported.making += sent - begun
+        for attempt in range(IMPORT_ATTEMPTS):
+            status, answer = gateway.admin_call("POST", "/consumers:import", body, timeout=600)
+            if status != 503 or attempt + 1 == IMPORT_ATTEMPTS:
+                break
+            imported.retried.append(f"lines {first:,}..: {answer.get('detail', answer)}")
+            time.sleep(1)
+        imported.sending += time.monotonic() - sent
         if status != 200:
             sys.exit(f"directory: import of lines {first}.. answered {status}: {answer}")
     answered = time.monotonic()
@@ -329,8 +352,9 @@ def import_consumers(gateway: Gateway, consumers: int, seed: str, batch: int) ->
         gateway.alive()
         if time.monotonic() > deadline:
             sys.exit(f"directory: the importing instance never listed {consumers} consumers")
-        time.sleep(POLL_S)
-    return making, sending, time.monotonic() - answered
+        time.sleep(DIRECTORY_POLL_S)
+    imported.listed = time.monotonic() - answered
+    return imported
 
 
 def table(title: str, rows: list[tuple[str, str]], head: tuple[str, str] = ("measure", "value")) -> None:
@@ -356,7 +380,7 @@ def measure_rss(gateway: Gateway, redis: Redis, args) -> list[tuple[str, str]]:
     ready_empty, _ = gateway.wait_synced(started, 0)
     time.sleep(args.settle)
     rss_empty, redis_empty = gateway.rss_bytes(), redis.used_memory()
-    making, sending, listed = import_consumers(gateway, args.consumers, args.seed, args.batch)
+    imported = import_consumers(gateway, args.consumers, args.seed, args.batch)
     time.sleep(args.settle)
     rss_importer = gateway.rss_bytes()
     ready_full, total = gateway.restart(args.consumers)
@@ -365,9 +389,10 @@ def measure_rss(gateway: Gateway, redis: Redis, args) -> list[tuple[str, str]]:
     n = args.consumers
     return [
         ("consumers imported; import requests", f"{n:,}; {-(-n // args.batch)} of up to {args.batch:,} lines"),
-        ("import: making the NDJSON (the script)", seconds(making)),
-        ("import: the gateway's answers", f"{seconds(sending)} ({n / sending:,.0f} consumers/s)"),
-        ("import: from the last answer until the instance lists all", seconds(listed)),
+        ("import: making the NDJSON (the script)", seconds(imported.making)),
+        ("import: the gateway's answers", f"{seconds(imported.sending)} ({n / imported.sending:,.0f} consumers/s)"),
+        ("import: requests answered 503 and sent again", "; ".join(imported.retried) or "none"),
+        ("import: from the last answer until the instance lists all", seconds(imported.listed)),
         ("gateway RSS, empty directory", mb(rss_empty)),
         ("gateway RSS, the instance that imported", mb(rss_importer)),
         ("gateway RSS, a fresh instance with all", mb(rss_full)),
@@ -449,6 +474,7 @@ def measure_restart(gateway: Gateway, args) -> tuple[list[tuple[str, str]], list
     polls: list[tuple[float, str]] = []
     ready_at = synced_at = None
     synced_total = None
+    directory_asked = 0.0
     end = started + args.window
     try:
         while time.monotonic() < end:
@@ -460,7 +486,8 @@ def measure_restart(gateway: Gateway, args) -> tuple[list[tuple[str, str]], list
             polls.append((at, said))
             if ready_at is None and status == 200 and body.get("status") == "ready":
                 ready_at = at
-            if synced_at is None:
+            if synced_at is None and at - directory_asked >= DIRECTORY_POLL_S:
+                directory_asked = at
                 synced, total = gateway.directory()
                 if synced:
                     synced_at, synced_total = time.monotonic() - started, total
@@ -481,7 +508,7 @@ def measure_restart(gateway: Gateway, args) -> tuple[list[tuple[str, str]], list
         ("/readyz first answers at", seconds(next((t for t, s in polls if s != "no answer"), None))),
         ("/readyz says ready at", seconds(ready_at)),
         ("what /readyz said", readiness_timeline(polls)),
-        ("GET /consumers says synced at", f"{seconds(synced_at)}, total {synced_total}"),
+        ("GET /consumers says synced at (polled every 250 ms)", f"{seconds(synced_at)}, total {synced_total}"),
         ("first 200 at", seconds(first_200)),
         ("**401s to valid keys**", f"**{len(refusals):,}**" + (
             f", the last at {refusals[-1]:.2f} s" if refusals else "")),
@@ -510,45 +537,49 @@ def timeline(answers: list[tuple[float, int]]) -> list[tuple[str, str]]:
 
 
 def measure_latency(gateway: Gateway, args) -> list[tuple[str, str]]:
-    """On a fresh instance: one keep-alive connection, REQUESTS requests per kind."""
+    """On a fresh instance: one keep-alive connection, REQUESTS requests per kind, the kinds taken in turn (one of
+    each, again and again) so that the machine's drift falls on all three alike."""
     ready, _ = gateway.restart(args.consumers)
     rng = random.Random(args.seed)
     count = min(args.requests, args.consumers - 1)
     indices = rng.sample(range(args.consumers), count + 1)
     repeated = api_key(args.seed, indices[0])
+    first_seen = (api_key(args.seed, i) for i in indices[1:])
+    kinds = [
+        ("no key, route without consumers (baseline)", "/open/item", lambda: None),
+        ("one key, repeated (seen before)", "/api/item", lambda: repeated),
+        ("a first-seen key each request", "/api/item", lambda: next(first_seen)),
+    ]
+    times: list[list[float]] = [[] for _ in kinds]
+    statuses: list[Counter] = [Counter() for _ in kinds]
     connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
 
-    def run(path: str, keys) -> tuple[list[float], Counter]:
-        times, statuses = [], Counter()
-        for key in keys:
-            headers = {"x-api-key": key} if key else {}
-            begun = time.perf_counter()
-            connection.request("GET", path, headers=headers)
-            response = connection.getresponse()
-            response.read()
-            times.append(time.perf_counter() - begun)
-            statuses[response.status] += 1
-        return times, statuses
+    def get(path: str, key: str | None) -> tuple[float, int]:
+        begun = time.perf_counter()
+        connection.request("GET", path, headers={"x-api-key": key} if key else {})
+        response = connection.getresponse()
+        response.read()
+        return time.perf_counter() - begun, response.status
 
     try:
-        run("/open/warm", [None] * 200)
-        baseline = run("/open/item", [None] * count)
-        run("/api/warm", [repeated] * 200)
-        kinds = [
-            ("no key, route without consumers (baseline)", baseline),
-            ("one key, repeated (seen before)", run("/api/item", [repeated] * count)),
-            ("a first-seen key each request", run("/api/item", (api_key(args.seed, i) for i in indices[1:]))),
-        ]
+        for _ in range(200):
+            get("/open/warm", None)
+            get("/api/warm", repeated)
+        for _ in range(count):
+            for kind, (_, path, key) in enumerate(kinds):
+                took, status = get(path, key())
+                times[kind].append(took)
+                statuses[kind][status] += 1
     finally:
         connection.close()
     rows = [("consumers in Redis; the fresh instance synced after", f"{args.consumers:,}; {seconds(ready)}")]
-    for label, (times, statuses) in kinds:
-        times.sort()
-        p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
-        answered = ", ".join(f"{s}: {c:,}" for s, c in sorted(statuses.items()))
+    for (label, _, _), took, answered in zip(kinds, times, statuses):
+        took.sort()
+        p99 = took[min(len(took) - 1, int(len(took) * 0.99))]
+        answers = ", ".join(f"{status}: {n:,}" for status, n in sorted(answered.items()))
         rows.append((f"{label}: median / p99 / mean",
-                     f"{statistics.median(times) * 1e6:,.0f} / {p99 * 1e6:,.0f} / "
-                     f"{statistics.fmean(times) * 1e6:,.0f} µs ({answered})"))
+                     f"{statistics.median(took) * 1e6:,.0f} / {p99 * 1e6:,.0f} / "
+                     f"{statistics.fmean(took) * 1e6:,.0f} µs ({answers})"))
     return rows
 
 
@@ -624,8 +655,10 @@ def main() -> None:
             table("Memory per consumer", measure_rss(gateway, redis, args))
         else:
             gateway.wait_synced(gateway.start(), 0)
-            making, sending, listed = import_consumers(gateway, args.consumers, args.seed, args.batch)
-            print(f"\n({args.consumers:,} consumers imported in {sending:.1f} s, listed {listed:.1f} s later)")
+            imported = import_consumers(gateway, args.consumers, args.seed, args.batch)
+            retried = f"; 503 and sent again: {'; '.join(imported.retried)}" if imported.retried else ""
+            print(f"\n({args.consumers:,} consumers imported in {imported.sending:.1f} s, listed "
+                  f"{imported.listed:.1f} s later{retried})")
         if "restart" in modes:
             rows, buckets = measure_restart(gateway, args)
             table("Restart under load with valid keys", rows)
