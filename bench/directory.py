@@ -23,10 +23,11 @@ The measurements (`--only` one of them; all four by default, in this order, shar
 - restart: the gateway is stopped and started again with the N consumers in Redis. From the moment it is started,
   CLIENTS threads send requests with valid keys picked at random, as fast as they can (keep-alive, reconnecting
   while the listener is not up), and a poller asks the admin listener for `/readyz` every 50 ms and for
-  `GET /consumers` (its `synced`, `total`) every 250 ms until synced. The table gives when the listener accepted, when `/readyz` first said
-  `"status":"ready"` (and what it said before), when the directory said synced, the first 200, the last 401, and
-  the count of each status (a 401 to a valid key is the fault: the instance refused a paying customer), over
-  WINDOW seconds at most or until 2 s after the latest of ready, synced and the first 200.
+  `GET /consumers` (its `synced`, `total`) every 250 ms until synced. The table gives when the listener accepted,
+  when `/readyz` first said `"status":"ready"` (and every change of what it said), when the directory said synced,
+  the first 200, the last 401, and the count of each status (a 401 to a valid key is the fault: the instance
+  refused a paying customer), over WINDOW seconds at most or until 2 s after the latest of ready, synced and the
+  first 200; then the answers in buckets of time until the last 401.
 - latency: in a fresh instance (started, synced, no request since), on one keep-alive connection, REQUESTS
   requests each, the three kinds in turn: on `/open` without a key (the baseline), on `/api` with one key
   repeated, and on `/api` with a key never used since the start for each request (a first-seen key); median, p99
@@ -35,7 +36,8 @@ The measurements (`--only` one of them; all four by default, in this order, shar
   Redis's `INFO commandstats` before and after give its commands per request (net of the instance's background
   checks, measured at rest for as long beforehand), by command, with the count of 401s.
 
-Each table is printed with the command that made it. Every process is stopped at the end, whatever happens.
+Each table is printed with the command that made it. Every process is stopped at the end, whatever happens. The
+gateway logs at `warn` (`DIRBENCH_LOG=info,tollgate::consumers=debug` says when the directory was read).
 """
 
 import argparse
@@ -245,8 +247,9 @@ routes:
         self.starts += 1
         log = open(self.folder / f"gateway.{self.starts}.log", "w")
         started = time.monotonic()
+        env = dict(os.environ, RUST_LOG=os.environ.get("DIRBENCH_LOG", "warn"))
         self.process = subprocess.Popen([str(self.binary), "--config", str(self.config)], stdout=log,
-                                        stderr=subprocess.STDOUT, env=dict(os.environ, RUST_LOG=os.environ.get("DIRBENCH_LOG", "warn")))
+                                        stderr=subprocess.STDOUT, env=env)
         log.close()
         return started
 
@@ -521,19 +524,22 @@ def measure_restart(gateway: Gateway, args) -> tuple[list[tuple[str, str]], list
     return rows, timeline(answers)
 
 
-def timeline(answers: list[tuple[float, int]]) -> list[tuple[str, str]]:
-    """Answers per half second until the last 401 (and one bucket after), as `200 / 401 / other`."""
+def timeline(answers: list[tuple[float, int]]) -> tuple[float, list[tuple[str, str]]]:
+    """Answers per bucket of time until the last 401 (and one bucket after), as `200 / 401 / other`: buckets of
+    half a second, or wider so that there are at most about 20."""
     refusals = [t for t, s in answers if s == 401]
     if not refusals:
-        return []
+        return 0.5, []
+    width = next(w for w in (0.5, 1, 2, 5, 10, 30, 60) if refusals[-1] / w < 20 or w == 60)
+    last = int(refusals[-1] / width) + 1
     buckets: dict[int, Counter] = {}
     for at, status in answers:
-        bucket = int(at * 2)
-        if bucket > int(refusals[-1] * 2) + 1:
+        bucket = int(at / width)
+        if bucket > last:
             break
         buckets.setdefault(bucket, Counter())[status if status in (200, 401) else "other"] += 1
-    return [(f"{b / 2:.1f}-{(b + 1) / 2:.1f} s", f"{c[200]:,} / {c[401]:,} / {c['other']:,}")
-            for b, c in sorted(buckets.items())]
+    return width, [(f"{b * width:g}-{(b + 1) * width:g} s", f"{c[200]:,} / {c[401]:,} / {c['other']:,}")
+                   for b, c in sorted(buckets.items())]
 
 
 def measure_latency(gateway: Gateway, args) -> list[tuple[str, str]]:
@@ -660,10 +666,10 @@ def main() -> None:
             print(f"\n({args.consumers:,} consumers imported in {imported.sending:.1f} s, listed "
                   f"{imported.listed:.1f} s later{retried})")
         if "restart" in modes:
-            rows, buckets = measure_restart(gateway, args)
+            rows, (width, buckets) = measure_restart(gateway, args)
             table("Restart under load with valid keys", rows)
             if buckets:
-                table("Answers per half second after the start, until the last 401", buckets,
+                table(f"Answers per {width:g} s after the start, until the last 401", buckets,
                       ("since the start", "200 / 401 / other"))
         if "latency" in modes:
             table("Latency on one keep-alive connection", measure_latency(gateway, args))
