@@ -656,7 +656,8 @@ def main() -> None:
         redis = Redis(folder)
         upstream = Upstream(folder)
         gateway = Gateway(args.binary, folder, redis, upstream, args.cache)
-        print(f"`{command}`  \n{args.binary}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+        print(f"`{command}`  \n{args.binary}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
+              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (a shared machine slows every figure)")
         if "rss" in modes:
             table("Memory per consumer", measure_rss(gateway, redis, args))
         else:
