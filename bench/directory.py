@@ -140,8 +140,8 @@ class Redis:
 
 
 class Upstream:
-    """What the routes proxy to: nginx answering 200 "ok" (one worker, keep-alive), or a Python server in a thread
-    of this process when nginx is not installed."""
+    """What the routes proxy to: nginx answering 200 "ok" (one process, keep-alive), or a Python server in a
+    thread of this process when nginx is not installed."""
 
     def __init__(self, folder: Path):
         self.port = free_port()
@@ -150,8 +150,10 @@ class Upstream:
         if shutil.which("nginx"):
             work = folder / "nginx"
             (work / "logs").mkdir(parents=True, exist_ok=True)
+            # No master process: the one process serves, so that killing it leaves no worker behind.
             (work / "nginx.conf").write_text(f"""worker_processes 1;
 daemon off;
+master_process off;
 pid {work}/nginx.pid;
 error_log {work}/logs/error.log warn;
 events {{ worker_connections 4096; }}
