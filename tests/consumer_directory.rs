@@ -11,7 +11,7 @@ use common::cluster::RedisCluster;
 use common::eventually;
 use common::redis::RedisServer;
 use tollgate::consumers::api_key_digest as digest;
-use tollgate::consumers::directory::{ConsumerRecord, Directory, DirectoryError};
+use tollgate::consumers::directory::{ConsumerRecord, Directory, DirectoryError, Known};
 
 /// How long a change may take to reach another instance (docs/operations.md, "Consumers at runtime").
 const ONE_SECOND: Duration = Duration::from_secs(1);
@@ -403,4 +403,86 @@ async fn a_directory_that_lost_its_data_is_noticed_at_once_and_counted_once() {
             .await
             .is_none()
     );
+}
+
+/// The consumer the key index in Redis names for the key `key`, if any.
+fn indexed_owner(redis: &RedisServer, key: &str) -> Option<String> {
+    let hex = tollgate::consumers::digest_hex(&digest(key.as_bytes()));
+    redis
+        .cli(&["HGET", "tollgate:{consumers}:keys", &hex])
+        .filter(|owner| !owner.is_empty())
+}
+
+#[tokio::test]
+async fn the_key_index_follows_every_change_and_a_key_is_found_through_it() {
+    let redis = RedisServer::start();
+    let one = directory(&redis.url());
+    synced(&one).await;
+    let (first, first_key) = one.add_key("acme").await.expect("key");
+    let (_, second_key) = one.add_key("acme").await.expect("key");
+    assert_eq!(indexed_owner(&redis, &first_key).as_deref(), Some("acme"));
+    assert_eq!(
+        redis
+            .cli(&["EXISTS", "tollgate:{consumers}:indexed"])
+            .as_deref(),
+        Some("1"),
+        "a directory started by this version has a complete index"
+    );
+    assert!(one.revoke_key("acme", &first.id).await.expect("revoke"));
+    assert_eq!(indexed_owner(&redis, &first_key), None);
+    assert_eq!(indexed_owner(&redis, &second_key).as_deref(), Some("acme"));
+    // An import moves a key to another consumer: the index names the new holder only.
+    let moved = one.consumer("acme").expect("record").keys.clone();
+    let record = ConsumerRecord {
+        keys: moved,
+        ..plan("pro")
+    };
+    one.import(vec![
+        ("globex".to_owned(), record),
+        ("acme".to_owned(), plan("free")),
+    ])
+    .await
+    .expect("import");
+    assert_eq!(
+        indexed_owner(&redis, &second_key).as_deref(),
+        Some("globex")
+    );
+
+    // Another instance looks a key up through the index (as it does before it has read the directory whole).
+    let other = directory(&redis.url());
+    other
+        .read_through_key(&digest(second_key.as_bytes()))
+        .await
+        .expect("lookup");
+    assert_eq!(
+        other.key_owner(&digest(second_key.as_bytes())),
+        Known::Is("globex".into())
+    );
+    one.delete("globex").await.expect("delete");
+    assert_eq!(indexed_owner(&redis, &second_key), None);
+}
+
+#[tokio::test]
+async fn a_directory_written_before_the_key_index_is_indexed_by_the_first_full_read() {
+    let redis = RedisServer::start();
+    // Records as an earlier version wrote them: no index, no mark.
+    for (id, key) in [("acme", "tg_old_a"), ("globex", "tg_old_g")] {
+        let hex = tollgate::consumers::digest_hex(&digest(key.as_bytes()));
+        let json =
+            format!(r#"{{"plan":"pro","keys":[{{"id":"k_1","sha256":"{hex}","created_ms":1}}]}}"#);
+        redis.cli(&["HSET", "tollgate:{consumers}", id, &json]);
+    }
+    redis.cli(&["INCR", "tollgate:{consumers}:version"]);
+    let one = directory(&redis.url());
+    synced(&one).await;
+    let indexed = eventually(ONE_SECOND * 5, async || {
+        redis
+            .cli(&["EXISTS", "tollgate:{consumers}:indexed"])
+            .as_deref()
+            == Some("1")
+    })
+    .await;
+    assert!(indexed.is_some(), "the index was never marked complete");
+    assert_eq!(indexed_owner(&redis, "tg_old_a").as_deref(), Some("acme"));
+    assert_eq!(indexed_owner(&redis, "tg_old_g").as_deref(), Some("globex"));
 }

@@ -29,7 +29,7 @@ impl Policy {
         {
             return Err(Refusal::TooManyFailedCredentials { wait });
         }
-        let refusal = match consumers.identify(facts, policy.mode) {
+        let refusal = match consumers.identify_reading_through(facts, policy.mode).await {
             // Boxed: a route without consumers carries no room for a caller.
             Ok(caller) => return Ok(Some(Box::new(caller))),
             Err(refusal) => refusal,

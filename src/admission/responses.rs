@@ -164,7 +164,8 @@ pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> Res
 
 /// The answer to a caller refused before any limit was asked (see docs/configuration.md, "Consumers and plans"): 401 with `WWW-Authenticate` for a
 /// credential missing or not verified (RFC 6750's `invalid_token` for a bearer token), 403 for a blocked
-/// consumer, 400 for a credential sent twice. The body names the reason's class, never the credential.
+/// consumer, 400 for a credential sent twice, 503 (`Retry-After: 1`) when the directory in Redis, still being read
+/// at start, cannot be asked about the credential. The body names the reason's class, never the credential.
 fn caller_refused(
     refusal: &CallerRefusal,
     challenges: &HeaderValue,
@@ -195,6 +196,14 @@ fn caller_refused(
             None,
         ),
         CallerRefusal::Ambiguous => return unreadable(routing::Refusal::AmbiguousKey),
+        CallerRefusal::DirectoryUnavailable => {
+            let body = json!({"error": "consumer_directory_unavailable"});
+            let mut response = refused(StatusCode::SERVICE_UNAVAILABLE, body);
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return response;
+        }
     };
     let mut response = refused(status, body);
     if let Some(challenge) = challenge {

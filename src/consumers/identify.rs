@@ -8,7 +8,7 @@ use http::HeaderName;
 use http::HeaderValue;
 
 use super::api_key::{self, Presented};
-use super::directory::{ConsumerRecord, Directory, LimitOverride};
+use super::directory::{ConsumerRecord, Directory, Known, LimitOverride};
 use super::failures::FailureLimit;
 #[cfg(feature = "jwt")]
 use super::jwt::{other_scheme, JwtVerifier, TokenRejection};
@@ -76,6 +76,10 @@ pub enum CallerRefusal {
     /// A credential sent twice (400): which copy the upstream reads would be a guess.
     #[error("a credential occurs more than once")]
     Ambiguous,
+    /// The directory in Redis, still being read at start, could not be asked about the credential (503): a valid
+    /// key is never refused as unknown because this instance has not read it yet.
+    #[error("the consumer directory cannot be read")]
+    DirectoryUnavailable,
 }
 
 /// One compiled entry of `identify:`.
@@ -273,6 +277,57 @@ impl Consumers {
         }
     }
 
+    /// [`identify`](Self::identify), after looking up in Redis what the directory has not read yet (at start, while
+    /// it reads a large directory whole): the presented API key, then the runtime record of the consumer found.
+    /// Costs nothing once the directory is read.
+    pub async fn identify_reading_through(
+        &self,
+        facts: &RequestFacts<'_>,
+        mode: ConsumerMode,
+    ) -> Result<Caller, CallerRefusal> {
+        if self.directory.synced() {
+            return self.identify(facts, mode);
+        }
+        let unavailable = |error| {
+            tracing::debug!(%error, "consumer directory lookup failed");
+            CallerRefusal::DirectoryUnavailable
+        };
+        if let Some(digest) = self.presented_key(facts) {
+            if self.directory.key_owner(&digest) == Known::Unread {
+                self.directory
+                    .read_through_key(&digest)
+                    .await
+                    .map_err(unavailable)?;
+            }
+        }
+        let caller = self.identify(facts, mode)?;
+        let Some(id) = caller.consumer.as_deref() else {
+            return Ok(caller);
+        };
+        if self.directory.record(id) != Known::Unread {
+            return Ok(caller);
+        }
+        self.directory
+            .read_through_consumer(id)
+            .await
+            .map_err(unavailable)?;
+        self.identify(facts, mode)
+    }
+
+    /// The digest of the API key the request presents to the first identifier that reads one, if any.
+    fn presented_key(&self, facts: &RequestFacts<'_>) -> Option<[u8; 32]> {
+        self.identifiers
+            .iter()
+            .find_map(|identifier| match identifier {
+                Identifier::ApiKey { source, .. } => match api_key::presented(source, facts) {
+                    Presented::One(key) => Some(api_key::digest(&key)),
+                    _ => None,
+                },
+                #[cfg(feature = "jwt")]
+                Identifier::Jwt { .. } => None,
+            })
+    }
+
     /// The first credential present, verified: later identifiers are not tried once one is present.
     fn credential(&self, facts: &RequestFacts<'_>) -> Result<Credential, CallerRefusal> {
         for identifier in &self.identifiers {
@@ -330,7 +385,7 @@ impl Consumers {
     fn consumer(&self, consumer: Arc<str>, named: Option<usize>) -> Result<Caller, CallerRefusal> {
         let mut plan = named.or(self.anonymous_plan());
         let mut overrides = None;
-        if let Some(record) = self.directory.consumer(&consumer) {
+        if let Known::Is(record) = self.directory.record(&consumer) {
             if record.blocked {
                 return Err(CallerRefusal::Blocked);
             }
@@ -463,7 +518,7 @@ impl Consumers {
     fn api_key(&self, key: &[u8]) -> Result<Credential, CallerRefusal> {
         let digest = api_key::digest(key);
         // Keys issued at runtime first: revoking one takes effect, whatever the config lists.
-        if let Some(consumer) = self.directory.consumer_of_key(&digest) {
+        if let Known::Is(consumer) = self.directory.key_owner(&digest) {
             return Ok(Credential::Consumer {
                 consumer,
                 plan: None,

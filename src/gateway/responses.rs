@@ -85,9 +85,10 @@ pub(super) fn body_too_large(version: Version) -> Response<Body> {
 }
 
 /// What the admin listener's `/readyz` answers, also on `server.health_path`: the store's readiness (see
-/// [`crate::limiter::RateLimiter::readiness`]), with `degraded_status` while it is not ready. Once shutdown
-/// begins, 503 `{"status":"draining"}` whatever the store says: a balancer must stop sending new requests before
-/// the listener closes.
+/// [`crate::limiter::RateLimiter::readiness`]), with `degraded_status` while it is not ready. While the consumer
+/// directory in a Redis that answers is still being read whole (at start), 503 `{"status":"starting"}`. Once
+/// shutdown begins, 503 `{"status":"draining"}` whatever the store says: a balancer must stop sending new requests
+/// before the listener closes.
 pub fn readiness(
     gateway: &super::Gateway,
     degraded_status: StatusCode,
@@ -100,6 +101,18 @@ pub fn readiness(
     }
     let limiter = gateway.limiter();
     let readiness = limiter.readiness();
+    let reading_directory = gateway
+        .consumers()
+        .is_some_and(|consumers| !consumers.directory().synced());
+    if reading_directory && readiness.ready {
+        // Redis answers, and the directory is still being read whole: keys are looked up one by one meanwhile,
+        // and a balancer should wait for the instance that can answer them all from memory. (While Redis does
+        // not answer, the instance is degraded, as below.)
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "starting", "reason": "reading the consumer directory from redis"}),
+        );
+    }
     let mut body = json!({
         "status": if readiness.ready { "ready" } else { "degraded" },
         "store": limiter.backend().name(),

@@ -100,6 +100,9 @@ pub(super) fn status(refusal: &Refusal) -> Status {
         Refusal::Caller(CallerRefusal::Ambiguous) => {
             Status::invalid_argument("a credential is sent more than once")
         }
+        Refusal::Caller(CallerRefusal::DirectoryUnavailable) => {
+            Status::unavailable("the consumer directory cannot be read")
+        }
         Refusal::Caller(_) => Status::unauthenticated("credential missing or not valid"),
         Refusal::ReservationTooLarge { .. } | Refusal::BodyTooLarge => {
             Status::out_of_range("the request is larger than a limit ever holds")

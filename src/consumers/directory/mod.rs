@@ -6,15 +6,17 @@ mod record;
 mod redis;
 mod snapshot;
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use thiserror::Error;
 
 pub use self::record::{ConsumerRecord, KeyRecord, LimitOverride, RandomError, KEY_PREFIX};
 #[cfg(feature = "redis")]
-use self::redis::RedisSync;
+use self::redis::{KeyLookup, RedisSync};
 use self::snapshot::Snapshot;
 use crate::limiter::{BackendKind, StoreSettings};
 
@@ -52,6 +54,17 @@ pub enum DirectoryError {
     Random(#[from] RandomError),
 }
 
+/// What the directory knows of a key or of a consumer's record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Known<T> {
+    /// It is this.
+    Is(T),
+    /// There is none.
+    None,
+    /// Not read yet: the directory in Redis is still being read whole (at start), and this was not looked up.
+    Unread,
+}
+
 /// The snapshot readers see, and the lock its writers take to replace it one at a time.
 #[derive(Debug, Default)]
 struct View {
@@ -59,7 +72,25 @@ struct View {
     replacing: parking_lot::Mutex<()>,
     /// Times the store was found to have lost what had been read from it.
     resets: AtomicU64,
+    /// Until the first full read: the keys and consumers looked up and found to have no record.
+    looked_up: parking_lot::Mutex<LookedUp>,
+    /// Told when the first full read is in.
+    read_whole: tokio::sync::Notify,
 }
+
+/// What the lookups before the first full read found absent, bounded (a flood of wrong keys only costs more
+/// lookups, never memory): forgotten at that read, which knows everything.
+#[derive(Debug, Default)]
+struct LookedUp {
+    keys: HashSet<[u8; 32], foldhash::fast::RandomState>,
+    consumers: HashSet<Arc<str>, foldhash::fast::RandomState>,
+}
+
+/// How many absent keys and consumers are remembered before the first full read.
+const LOOKED_UP_BOUND: usize = 100_000;
+/// How long a request whose key the index cannot tell (a directory written before the index) waits for the
+/// first full read before it is answered 503.
+const READ_WHOLE_WAIT: Duration = Duration::from_secs(5);
 
 /// Where changes are made.
 #[derive(Debug)]
@@ -129,6 +160,98 @@ impl Directory {
     /// nothing.
     pub fn consumer_of_key(&self, digest: &[u8; 32]) -> Option<Arc<str>> {
         self.view.snapshot.load().consumer_of_key(digest).cloned()
+    }
+
+    /// Whom the runtime API key whose SHA-256 is `digest` names, or [`Known::Unread`] while the directory is
+    /// being read and the key has not been looked up ([`read_through_key`](Self::read_through_key)).
+    pub fn key_owner(&self, digest: &[u8; 32]) -> Known<Arc<str>> {
+        let snapshot = self.view.snapshot.load();
+        match snapshot.consumer_of_key(digest) {
+            Some(id) => Known::Is(Arc::clone(id)),
+            None if self.knows_all(&snapshot)
+                || self.view.looked_up.lock().keys.contains(digest) =>
+            {
+                Known::None
+            }
+            None => Known::Unread,
+        }
+    }
+
+    /// Consumer `id`'s runtime record, or [`Known::Unread`] while the directory is being read and `id` has not
+    /// been looked up ([`read_through_consumer`](Self::read_through_consumer)).
+    pub fn record(&self, id: &str) -> Known<Arc<ConsumerRecord>> {
+        let snapshot = self.view.snapshot.load();
+        match snapshot.consumer(id) {
+            Some(record) => Known::Is(Arc::clone(record)),
+            None if self.knows_all(&snapshot)
+                || self.view.looked_up.lock().consumers.contains(id) =>
+            {
+                Known::None
+            }
+            None => Known::Unread,
+        }
+    }
+
+    /// Whether `snapshot` holds every record: in memory always, on Redis once read whole.
+    fn knows_all(&self, snapshot: &Snapshot) -> bool {
+        match self.store {
+            Store::Memory => true,
+            #[cfg(feature = "redis")]
+            Store::Redis(_) => snapshot.version.is_some(),
+        }
+    }
+
+    /// Looks up the key whose SHA-256 is `digest` in Redis, before the directory is read whole: afterwards
+    /// [`key_owner`](Self::key_owner) knows it. When the key index cannot tell (a directory written before it),
+    /// waits for the whole directory instead, a few seconds at most. Fails when Redis does not answer.
+    pub async fn read_through_key(&self, digest: &[u8; 32]) -> Result<(), DirectoryError> {
+        match &self.store {
+            Store::Memory => Ok(()),
+            #[cfg(feature = "redis")]
+            Store::Redis(sync) => match sync.look_up_key(digest).await? {
+                KeyLookup::Found(id, record) => {
+                    self.view.learn(&id, record);
+                    Ok(())
+                }
+                KeyLookup::Absent => {
+                    self.view.looked_up.lock().remember_key(*digest);
+                    Ok(())
+                }
+                KeyLookup::Unknown => self.until_read_whole().await,
+            },
+        }
+    }
+
+    /// Looks up consumer `id`'s record in Redis, before the directory is read whole: afterwards
+    /// [`record`](Self::record) knows it. Fails when Redis does not answer.
+    pub async fn read_through_consumer(&self, id: &str) -> Result<(), DirectoryError> {
+        match &self.store {
+            Store::Memory => Ok(()),
+            #[cfg(feature = "redis")]
+            Store::Redis(sync) => {
+                match sync.look_up_consumer(id).await? {
+                    Some(record) => self.view.learn(id, record),
+                    None => self.view.looked_up.lock().remember_consumer(id),
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Waits until the directory is read whole, [`READ_WHOLE_WAIT`] at most.
+    #[cfg(feature = "redis")]
+    async fn until_read_whole(&self) -> Result<(), DirectoryError> {
+        let read = self.view.read_whole.notified();
+        tokio::pin!(read);
+        read.as_mut().enable();
+        if self.synced() {
+            return Ok(());
+        }
+        tokio::time::timeout(READ_WHOLE_WAIT, read)
+            .await
+            .map_err(|_| {
+                DirectoryError::Unavailable("the consumer directory is still being read".to_owned())
+            })
     }
 
     /// The runtime records in order of consumer id, those after `after` (all when `None`), at most `limit`: a page
@@ -343,13 +466,46 @@ impl View {
     /// Replaces the snapshot with everything the store held at `version`; returns the snapshot replaced.
     fn replace_all(&self, snapshot: Snapshot) -> Arc<Snapshot> {
         let _replacing = self.replacing.lock();
-        self.snapshot.swap(Arc::new(snapshot))
+        let before = self.snapshot.swap(Arc::new(snapshot));
+        // Everything is known now: what was looked up before is in the snapshot or absent from it.
+        *self.looked_up.lock() = LookedUp::default();
+        self.read_whole.notify_waiters();
+        before
+    }
+
+    /// Puts `id`'s record, looked up before the first full read, into the snapshot (which that read replaces).
+    fn learn(&self, id: &str, record: ConsumerRecord) {
+        let _replacing = self.replacing.lock();
+        let current = self.snapshot.load_full();
+        if current.version.is_none() {
+            self.snapshot
+                .store(Arc::new(current.with(id, Some(record))));
+        }
     }
 
     /// The store lost what this view had read from it (see [`Directory::resets`]).
     fn count_reset(&self) {
         self.resets.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("tollgate_consumer_directory_resets_total").increment(1);
+    }
+}
+
+// === impl LookedUp ===
+
+#[cfg(feature = "redis")]
+impl LookedUp {
+    fn remember_key(&mut self, digest: [u8; 32]) {
+        if self.keys.len() >= LOOKED_UP_BOUND {
+            self.keys.clear();
+        }
+        self.keys.insert(digest);
+    }
+
+    fn remember_consumer(&mut self, id: &str) {
+        if self.consumers.len() >= LOOKED_UP_BOUND {
+            self.consumers.clear();
+        }
+        self.consumers.insert(Arc::from(id));
     }
 }
 

@@ -28,12 +28,26 @@ const PAGE_FIELDS: &str = "10000";
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a change waits for a connection that is not up before failing.
 const CONNECT_WAIT: Duration = Duration::from_millis(500);
+/// Lookups of keys and records asked of Redis at once, before the first full read.
+const LOOKUPS_AT_ONCE: usize = 32;
 /// Attempts of one change against concurrent changes of the same record.
 const WRITE_ATTEMPTS: usize = 8;
 
 const READ_SCRIPT: &str = include_str!("scripts/read.lua");
-const WRITE_SCRIPT: &str = include_str!("scripts/write.lua");
-const IMPORT_SCRIPT: &str = include_str!("scripts/import.lua");
+// The scripts that change records keep the key index as they do: digests.lua's part, written once, comes first.
+const WRITE_SCRIPT: &str = concat!(
+    "#!lua\n",
+    include_str!("scripts/digests.lua"),
+    include_str!("scripts/write.lua")
+);
+const IMPORT_SCRIPT: &str = concat!(
+    "#!lua\n",
+    include_str!("scripts/digests.lua"),
+    include_str!("scripts/import.lua")
+);
+const INDEX_SCRIPT: &str = include_str!("scripts/index.lua");
+/// Keys indexed per call of the index script.
+const INDEX_BATCH: usize = 5000;
 /// Records per call of the import script: large enough that a million take a thousand calls, small enough that
 /// one call holds Redis for a millisecond or so.
 const IMPORT_BATCH: usize = 1000;
@@ -42,6 +56,9 @@ const IMPORT_BATCH: usize = 1000;
 /// that keeps the view in step. The tasks end when this is dropped.
 pub(super) struct RedisSync {
     redis: Arc<Redis>,
+    /// Turns for lookups before the first full read: a flood of requests at start asks Redis a bounded number of
+    /// questions at once.
+    lookups: tokio::sync::Semaphore,
     /// Dropped with the directory, which tells the tasks to stop.
     _stop: watch::Sender<()>,
 }
@@ -57,6 +74,12 @@ struct Redis {
     /// `<prefix>{consumers}:lineage`: a random token set when the counter is created, so that a counter that
     /// starts again (a flush, a new empty Redis) is never taken for the one an instance read, whatever it counts.
     lineage: String,
+    /// `<prefix>{consumers}:keys`: the index of runtime API keys, field = a key's SHA-256 in hex, value = the
+    /// consumer id holding it; kept by the scripts that change records, so that a key is found without reading
+    /// the whole directory.
+    key_index: String,
+    /// `<prefix>{consumers}:indexed`: set once the key index holds every record's keys.
+    indexed: String,
     /// `<prefix>consumers:changed`: each change is announced there as `<version> <consumer id>`.
     channel: String,
     /// The hash slot of both keys on Redis Cluster (routes the scripts), `None` elsewhere.
@@ -64,9 +87,20 @@ struct Redis {
     read: Script,
     write: Script,
     import: Script,
+    index: Script,
     view: Arc<View>,
     /// Asks the sync task for a full read now.
     resync: Notify,
+}
+
+/// What the key index says of a key.
+pub(super) enum KeyLookup {
+    /// The key is this consumer's, whose record is this.
+    Found(String, ConsumerRecord),
+    /// No consumer holds it.
+    Absent,
+    /// The index cannot tell: not complete yet (a directory written before it), or behind its record.
+    Unknown,
 }
 
 /// What a compare-and-set write did.
@@ -103,11 +137,14 @@ impl RedisSync {
             slot: cluster.then(|| redis_keyslot(records.as_bytes())),
             version: format!("{records}:version"),
             lineage: format!("{records}:lineage"),
+            key_index: format!("{records}:keys"),
+            indexed: format!("{records}:indexed"),
             records,
             channel: format!("{prefix}consumers:changed"),
             read: Script::from_lua(READ_SCRIPT),
             write: Script::from_lua(WRITE_SCRIPT),
             import: Script::from_lua(IMPORT_SCRIPT),
+            index: Script::from_lua(INDEX_SCRIPT),
             view,
             resync: Notify::new(),
         });
@@ -126,7 +163,11 @@ impl RedisSync {
         let _connection = redis.client.connect();
         tokio::spawn(Arc::clone(&redis).keep_in_step(stopped.clone()));
         tokio::spawn(Arc::clone(&redis).follow_announcements(subscriber, stopped));
-        Ok(Self { redis, _stop: stop })
+        Ok(Self {
+            redis,
+            lookups: tokio::sync::Semaphore::new(LOOKUPS_AT_ONCE),
+            _stop: stop,
+        })
     }
 
     /// Applies `edit` to `id`'s record in Redis, compare-and-set: read the record, write the edited one only if
@@ -181,6 +222,38 @@ impl RedisSync {
             }
         }
         Err(DirectoryError::Contended(id.to_owned()))
+    }
+
+    /// Looks up the runtime API key whose SHA-256 is `digest` (see [`Redis::look_up_key`]), in turn.
+    pub(super) async fn look_up_key(&self, digest: &[u8; 32]) -> Result<KeyLookup, DirectoryError> {
+        let _turn = self.turn().await?;
+        self.redis.look_up_key(digest).await
+    }
+
+    /// Looks up consumer `id`'s record, in turn.
+    pub(super) async fn look_up_consumer(
+        &self,
+        id: &str,
+    ) -> Result<Option<ConsumerRecord>, DirectoryError> {
+        let _turn = self.turn().await?;
+        self.redis.look_up_consumer(id).await
+    }
+
+    /// A turn to ask Redis, waited for as long as a lookup may take (the connection too, at start).
+    async fn turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>, DirectoryError> {
+        let client = &self.redis.client;
+        let turn = async {
+            if !client.is_connected() {
+                let _ = client.wait_for_connect().await;
+            }
+            self.lookups.acquire().await
+        };
+        match tokio::time::timeout(READ_TIMEOUT, turn).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => Err(DirectoryError::Unavailable(
+                "too many consumer directory lookups waiting".to_owned(),
+            )),
+        }
     }
 
     /// Writes `records` in batches of [`IMPORT_BATCH`], and counts them as one change with the last (or, when a
@@ -266,7 +339,9 @@ impl Redis {
             .eval(&self.read, &["head", ""], READ_TIMEOUT)
             .await
             .map_err(|error| plain_words(error.details()))?;
-        let (version, _, lineage) = split_reply(reply)?;
+        let Reply {
+            version, lineage, ..
+        } = Reply::split(reply)?;
         if self.view.snapshot.load().is_at(version, lineage.as_deref()) {
             return Ok(());
         }
@@ -279,21 +354,26 @@ impl Redis {
     /// whole read again) as any change is.
     async fn read_all(&self) -> Result<(), String> {
         let mut cursor = "0".to_owned();
-        let mut start: Option<(u64, Option<String>)> = None;
+        let mut start: Option<(u64, Option<String>, bool)> = None;
         let mut parsed = Vec::new();
         loop {
             let reply = self
                 .eval(&self.read, &["page", &cursor, PAGE_FIELDS], READ_TIMEOUT)
                 .await
                 .map_err(|error| plain_words(error.details()))?;
-            let (version, page, lineage) = split_reply(reply)?;
-            if let Some((first, first_lineage)) = &start {
+            let Reply {
+                version,
+                part: page,
+                lineage,
+                indexed,
+            } = Reply::split(reply)?;
+            if let Some((first, first_lineage, _)) = &start {
                 if *first_lineage != lineage || version < *first {
                     // Flushed or replaced while being read: what was read may be of two directories.
                     return Err("the consumer directory was replaced while being read".to_owned());
                 }
             } else {
-                start = Some((version, lineage));
+                start = Some((version, lineage, indexed));
             }
             let mut page = page.into_array().into_iter();
             let (Some(next), Some(fields)) = (page.next(), page.next()) else {
@@ -319,7 +399,7 @@ impl Redis {
                 break;
             }
         }
-        let Some((version, lineage)) = start else {
+        let Some((version, lineage, indexed)) = start else {
             return Err("the directory's read script answered no page".to_owned());
         };
         // HSCAN may return a field twice (the hash grew while it was scanned): the last one read stands.
@@ -327,6 +407,11 @@ impl Redis {
         parsed.reverse();
         parsed.retain(|(id, _)| seen.insert(id.clone()));
         let count = parsed.len();
+        if !indexed {
+            // A directory written before the key index: index what was just read (once, by whichever instance
+            // reads it first), so that the next instance to start finds keys without reading it whole.
+            self.index_keys(&parsed, version, lineage.as_deref()).await;
+        }
         let snapshot = Snapshot::from_records(parsed, Some(version)).in_lineage(lineage.as_deref());
         let before = self.view.replace_all(snapshot);
         if before.lost_by(version, lineage.as_deref()) {
@@ -453,8 +538,87 @@ impl Redis {
             .eval(&self.read, &["one", id], timeout)
             .await
             .map_err(|error| self.unavailable(&error))?;
-        let (version, record, lineage) = split_reply(reply).map_err(DirectoryError::Unavailable)?;
+        let Reply {
+            version,
+            part: record,
+            lineage,
+            ..
+        } = Reply::split(reply).map_err(DirectoryError::Unavailable)?;
         Ok((version, lineage, record.as_string()))
+    }
+
+    /// Looks up the runtime API key whose SHA-256 is `digest` in the key index, and its consumer's record.
+    async fn look_up_key(&self, digest: &[u8; 32]) -> Result<KeyLookup, DirectoryError> {
+        let hex = crate::consumers::digest_hex(digest);
+        let reply = self
+            .eval(&self.read, &["key", &hex], READ_TIMEOUT)
+            .await
+            .map_err(|error| self.unavailable(&error))?;
+        let Reply { part, indexed, .. } =
+            Reply::split(reply).map_err(DirectoryError::Unavailable)?;
+        let mut part = part.into_array().into_iter();
+        let (id, json) = (
+            part.next().and_then(|id| id.as_string()),
+            part.next().and_then(|json| json.as_string()),
+        );
+        let record = json.and_then(|json| serde_json::from_str::<ConsumerRecord>(&json).ok());
+        Ok(match (id, record) {
+            // The index is a pointer; the record is the truth (an index written before a change is not).
+            (Some(id), Some(record)) if record.key_digests().any(|held| held == *digest) => {
+                KeyLookup::Found(id, record)
+            }
+            (None, _) if indexed => KeyLookup::Absent,
+            _ => KeyLookup::Unknown,
+        })
+    }
+
+    /// Looks up consumer `id`'s record: `None` when it has none.
+    async fn look_up_consumer(&self, id: &str) -> Result<Option<ConsumerRecord>, DirectoryError> {
+        let (_, _, json) = self.read_one(id, READ_TIMEOUT).await?;
+        Ok(json.and_then(|json| serde_json::from_str(&json).ok()))
+    }
+
+    /// Writes the key index of a directory written before it existed, from `records` read whole at change
+    /// `version` of `lineage`; gives up (for the next full read) when the directory changes meanwhile.
+    async fn index_keys(
+        &self,
+        records: &[(String, ConsumerRecord)],
+        version: u64,
+        lineage: Option<&str>,
+    ) {
+        let pairs: Vec<(String, &str)> = records
+            .iter()
+            .flat_map(|(id, record)| {
+                record
+                    .key_digests()
+                    .map(move |digest| (crate::consumers::digest_hex(&digest), id.as_str()))
+            })
+            .collect();
+        let version = version.to_string();
+        let lineage = lineage.unwrap_or_default();
+        let batches = pairs.len().div_ceil(INDEX_BATCH).max(1);
+        for number in 0..batches {
+            let batch = pairs.iter().skip(number * INDEX_BATCH).take(INDEX_BATCH);
+            let last = if number + 1 == batches {
+                "last"
+            } else {
+                "more"
+            };
+            let mut args = vec![version.as_str(), lineage, last];
+            args.extend(batch.flat_map(|(digest, id)| [digest.as_str(), *id]));
+            match self.eval(&self.index, &args, WRITE_TIMEOUT).await {
+                Ok(Value::Integer(1)) => {}
+                Ok(_) => return,
+                Err(error) => {
+                    tracing::debug!(error = %error.details(), "indexing the consumer directory's keys failed; the next full read tries again");
+                    return;
+                }
+            }
+        }
+        tracing::info!(
+            keys = pairs.len(),
+            "indexed the runtime API keys of a consumer directory written before the key index"
+        );
     }
 
     /// Writes `json` as `id`'s record (deletes it when empty) if the record stored is still `stored`.
@@ -547,12 +711,14 @@ impl Redis {
         args: &[&str],
         timeout: Duration,
     ) -> Result<Value, Error> {
-        let mut command: Vec<Value> = Vec::with_capacity(5 + args.len());
+        let mut command: Vec<Value> = Vec::with_capacity(7 + args.len());
         command.push(Value::from(script.sha1().clone()));
-        command.push(Value::Integer(3));
+        command.push(Value::Integer(5));
         command.push(Value::from(self.records.as_str()));
         command.push(Value::from(self.version.as_str()));
         command.push(Value::from(self.lineage.as_str()));
+        command.push(Value::from(self.key_index.as_str()));
+        command.push(Value::from(self.indexed.as_str()));
         command.extend(args.iter().map(|arg| Value::from(*arg)));
         let client = self.client.with_options(&Options {
             fail_fast: true,
@@ -596,17 +762,36 @@ fn parse_announcement(announcement: &str) -> Option<(u64, &str, &str)> {
     Some((version.parse().ok()?, lineage, id))
 }
 
-/// A read script's reply: the change counter, the records part and the counter's lineage.
-fn split_reply(reply: Value) -> Result<(u64, Value, Option<String>), String> {
-    let mut parts = reply.into_array().into_iter();
-    let (Some(version), Some(records), lineage) = (parts.next(), parts.next(), parts.next()) else {
-        return Err("unexpected reply from the directory's read script".to_owned());
-    };
-    let lineage = lineage.and_then(|lineage| lineage.as_string());
-    let version = match &version {
-        Value::Integer(number) => u64::try_from(*number).ok(),
-        other => other.as_str().and_then(|text| text.parse().ok()),
+/// A read script's reply.
+struct Reply {
+    /// The change counter.
+    version: u64,
+    /// What the call asked for: a page, a record, a key's consumer and record.
+    part: Value,
+    /// The counter's lineage, when it has one.
+    lineage: Option<String>,
+    /// Whether the key index holds every record's keys.
+    indexed: bool,
+}
+
+impl Reply {
+    fn split(reply: Value) -> Result<Self, String> {
+        let mut parts = reply.into_array().into_iter();
+        let (Some(version), Some(part), lineage, indexed) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err("unexpected reply from the directory's read script".to_owned());
+        };
+        let version = match &version {
+            Value::Integer(number) => u64::try_from(*number).ok(),
+            other => other.as_str().and_then(|text| text.parse().ok()),
+        }
+        .ok_or_else(|| format!("the directory's change counter is not a number: {version:?}"))?;
+        Ok(Self {
+            version,
+            part,
+            lineage: lineage.and_then(|lineage| lineage.as_string()),
+            indexed: indexed.and_then(|indexed| indexed.as_i64()) == Some(1),
+        })
     }
-    .ok_or_else(|| format!("the directory's change counter is not a number: {version:?}"))?;
-    Ok((version, records, lineage))
 }
