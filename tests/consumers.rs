@@ -552,7 +552,7 @@ async fn put_everywhere(setup: &Setup, id: &str, record: Value) {
     for i in 0..setup.gateways.len() {
         let directory = directory(setup, i);
         let arrived = common::eventually(Duration::from_secs(2), async || {
-            directory.consumer(id).as_deref() == Some(&record)
+            directory.consumer(id).as_ref() == Some(&record)
         })
         .await;
         assert!(arrived.is_some(), "gateway {i} never saw {id}'s record");

@@ -98,11 +98,11 @@ pub(super) async fn put(
         .map_err(|why| AdminError::BadRequest("invalid_settings", why))?;
     let before = directory.put(&id, record).await?;
     let after = directory.consumer(&id);
-    audit(&who, "consumer.put", &id, before.as_ref(), after.as_deref());
+    audit(&who, "consumer.put", &id, before.as_ref(), after.as_ref());
     Ok(Json(json!({
         "consumer": id,
         "created": before.is_none(),
-        "settings": after.as_deref().map(shown),
+        "settings": after.as_ref().map(shown),
     })))
 }
 
@@ -183,7 +183,7 @@ pub(super) async fn show(
 ) -> Result<Json<Value>, AdminError> {
     let (consumers, directory) = admin.consumers(&headers, &id)?;
     let record = directory.consumer(&id);
-    let plan_name = plan_of(&consumers, record.as_deref(), &id, query.plan);
+    let plan_name = plan_of(&consumers, record.as_ref(), &id, query.plan);
     let plan = match &plan_name {
         Some(name) => Some(plan_named(&consumers, name)?),
         None => None,
@@ -191,14 +191,13 @@ pub(super) async fn show(
     let mut limits = Vec::new();
     if let Some(plan) = plan {
         for settings in &plan.limits {
-            limits.push(
-                limit_state(&admin, &consumers, record.as_deref(), &id, plan, settings).await?,
-            );
+            limits
+                .push(limit_state(&admin, &consumers, record.as_ref(), &id, plan, settings).await?);
         }
     }
     Ok(Json(json!({
         "consumer": id,
-        "settings": record.as_deref().map(shown),
+        "settings": record.as_ref().map(shown),
         "plan": plan_name,
         "limits": limits,
     })))
@@ -214,8 +213,8 @@ pub(super) async fn show_limit(
 ) -> Result<Json<Value>, AdminError> {
     let (consumers, directory) = admin.consumers(&headers, &id)?;
     let record = directory.consumer(&id);
-    let (plan, settings) = plan_limit(&consumers, record.as_deref(), &id, query.plan, &limit)?;
-    let state = limit_state(&admin, &consumers, record.as_deref(), &id, plan, settings).await?;
+    let (plan, settings) = plan_limit(&consumers, record.as_ref(), &id, query.plan, &limit)?;
+    let state = limit_state(&admin, &consumers, record.as_ref(), &id, plan, settings).await?;
     Ok(Json(json!({
         "consumer": id,
         "plan": plan.name,
@@ -234,7 +233,7 @@ pub(super) async fn reset_limit(
 ) -> Result<Json<Value>, AdminError> {
     let (consumers, directory) = admin.consumers(&headers, &id)?;
     let record = directory.consumer(&id);
-    let (plan, settings) = plan_limit(&consumers, record.as_deref(), &id, query.plan, &limit)?;
+    let (plan, settings) = plan_limit(&consumers, record.as_ref(), &id, query.plan, &limit)?;
     let Some(store_key) = consumer_key(&consumers, settings, &id, &plan.name) else {
         return Err(AdminError::BadRequest(
             "not_per_consumer",
@@ -287,7 +286,7 @@ pub(super) async fn list(
         .flatten();
     let records: Vec<Value> = page
         .iter()
-        .map(|(id, record)| json!({"consumer": &**id, "record": &**record}))
+        .map(|(id, record)| json!({"consumer": &**id, "record": record}))
         .collect();
     Ok(Json(json!({
         "consumers": records,
@@ -329,12 +328,12 @@ pub(super) async fn restore(
         "consumer.restore",
         &id,
         before.as_ref(),
-        after.as_deref(),
+        after.as_ref(),
     );
     Ok(Json(json!({
         "consumer": id,
         "created": before.is_none(),
-        "settings": after.as_deref().map(shown),
+        "settings": after.as_ref().map(shown),
     })))
 }
 
@@ -380,7 +379,7 @@ pub(super) async fn add_key(
     let before = directory.consumer(&id);
     let (key, text) = directory.add_key(&id).await?;
     let after = directory.consumer(&id);
-    audit(&who, "key.add", &id, before.as_deref(), after.as_deref());
+    audit(&who, "key.add", &id, before.as_ref(), after.as_ref());
     let body = json!({
         "consumer": id,
         "id": key.id,
@@ -408,7 +407,7 @@ pub(super) async fn revoke_key(
         return Err(AdminError::NotFound("unknown_key", key_id));
     }
     let after = directory.consumer(&id);
-    audit(&who, "key.revoke", &id, before.as_deref(), after.as_deref());
+    audit(&who, "key.revoke", &id, before.as_ref(), after.as_ref());
     Ok(Json(json!({"consumer": id, "id": key_id, "revoked": true})))
 }
 

@@ -8,7 +8,7 @@ use http::HeaderName;
 use http::HeaderValue;
 
 use super::api_key::{self, Presented};
-use super::directory::{ConsumerRecord, Directory, Known, LimitOverride};
+use super::directory::{ConsumerRecord, Directory, Known, LimitOverride, StoredRecord};
 use super::failures::FailureLimit;
 #[cfg(feature = "jwt")]
 use super::jwt::{other_scheme, JwtVerifier, TokenRejection};
@@ -105,7 +105,7 @@ enum Identifier {
 /// A consumer's overrides compiled for one version of its record and one plan.
 #[derive(Debug)]
 struct CompiledOverrides {
-    record: Arc<ConsumerRecord>,
+    record: StoredRecord,
     plan: usize,
     limits: Option<Arc<[(usize, Limit)]>>,
 }
@@ -304,7 +304,7 @@ impl Consumers {
         let Some(id) = caller.consumer.as_deref() else {
             return Ok(caller);
         };
-        if self.directory.record(id) != Known::Unread {
+        if !matches!(self.directory.record(id), Known::Unread) {
             return Ok(caller);
         }
         self.directory
@@ -386,17 +386,13 @@ impl Consumers {
         let mut plan = named.or(self.anonymous_plan());
         let mut overrides = None;
         if let Known::Is(record) = self.directory.record(&consumer) {
-            if record.blocked {
+            if record.blocked() {
                 return Err(CallerRefusal::Blocked);
             }
-            if let Some(runtime) = record
-                .plan
-                .as_deref()
-                .and_then(|name| self.plan_index(name))
-            {
+            if let Some(runtime) = record.plan().and_then(|name| self.plan_index(name)) {
                 plan = Some(runtime);
             }
-            if let (false, Some(plan)) = (record.overrides.is_empty(), plan) {
+            if let (true, Some(plan)) = (record.has_overrides(), plan) {
                 overrides = self.compiled_overrides(&consumer, &record, plan);
             }
         }
@@ -413,18 +409,18 @@ impl Consumers {
     fn compiled_overrides(
         &self,
         consumer: &Arc<str>,
-        record: &Arc<ConsumerRecord>,
+        record: &StoredRecord,
         plan: usize,
     ) -> Option<Arc<[(usize, Limit)]>> {
         let mut compiled = self.compiled.lock();
         if let Some(entry) = compiled.get(consumer) {
-            if Arc::ptr_eq(&entry.record, record) && entry.plan == plan {
+            if entry.record.same(record) && entry.plan == plan {
                 return entry.limits.clone();
             }
         }
-        let limits = self.overrides(plan, &record.overrides);
+        let limits = self.overrides(plan, &record.overrides());
         let entry = CompiledOverrides {
-            record: Arc::clone(record),
+            record: record.clone(),
             plan,
             limits: limits.clone(),
         };

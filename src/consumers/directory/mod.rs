@@ -1,27 +1,31 @@
 //! The runtime consumer directory: what the admin API sets per consumer (plan, overrides, blocked, API keys),
-//! read by every request without a lock, kept in this process or shared by every instance through Redis.
+//! read by every request, kept in this process or shared by every instance through Redis.
 
+mod point;
 mod record;
 #[cfg(feature = "redis")]
 mod redis;
-mod snapshot;
+mod stored;
+mod tables;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use thiserror::Error;
 
+use self::point::Point;
 pub use self::record::{ConsumerRecord, KeyRecord, LimitOverride, RandomError, KEY_PREFIX};
 #[cfg(feature = "redis")]
 use self::redis::{KeyLookup, RedisSync};
-use self::snapshot::Snapshot;
+pub use self::stored::StoredRecord;
+use self::tables::Tables;
 use crate::limiter::{BackendKind, StoreSettings};
 
-/// The consumers' runtime settings. Requests read a snapshot ([`consumer`](Self::consumer),
-/// [`consumer_of_key`](Self::consumer_of_key)); changes ([`put`](Self::put) and the others) replace it.
+/// The consumers' runtime settings. Requests read them ([`record`](Self::record), [`key_owner`](Self::key_owner))
+/// under a shard's read lock; changes ([`put`](Self::put) and the others) edit them in place.
 ///
 /// In memory, changes apply to this process only. On Redis they are written there first (and fail when Redis
 /// cannot take them), then reach every instance sharing the Redis within a second: each hears the change
@@ -65,10 +69,15 @@ pub enum Known<T> {
     Unread,
 }
 
-/// The snapshot readers see, and the lock its writers take to replace it one at a time.
+/// The records readers see, the moment of the store they are complete for, and the lock writers take to change
+/// them one at a time.
 #[derive(Debug, Default)]
 struct View {
-    snapshot: ArcSwap<Snapshot>,
+    /// Every record read: changed in place by each change, replaced whole by each full read.
+    tables: ArcSwap<Tables>,
+    point: parking_lot::Mutex<Point>,
+    /// Whether `point` has a version (the tables hold every record of the store): read by every request.
+    complete: AtomicBool,
     replacing: parking_lot::Mutex<()>,
     /// Times the store was found to have lost what had been read from it.
     resets: AtomicU64,
@@ -106,11 +115,10 @@ type Edit<T> = Result<(Option<ConsumerRecord>, T), DirectoryError>;
 
 impl std::fmt::Debug for Directory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let snapshot = self.view.snapshot.load();
         f.debug_struct("Directory")
             .field("store", &self.store)
-            .field("consumers", &snapshot.len())
-            .field("version", &snapshot.version)
+            .field("consumers", &self.len())
+            .field("version", &self.view.point.lock().version)
             .finish()
     }
 }
@@ -151,26 +159,33 @@ impl Directory {
         }
     }
 
-    /// The runtime settings of consumer `id`, if any. A lock-free read that allocates nothing.
-    pub fn consumer(&self, id: &str) -> Option<Arc<ConsumerRecord>> {
-        self.view.snapshot.load().consumer(id).cloned()
+    /// The runtime settings of consumer `id`, if any.
+    pub fn consumer(&self, id: &str) -> Option<ConsumerRecord> {
+        self.view
+            .tables
+            .load()
+            .consumer(id)
+            .map(|(_, record)| record.record())
     }
 
-    /// The consumer owning the runtime-issued API key whose SHA-256 is `digest`. A lock-free read that allocates
-    /// nothing.
+    /// The consumer owning the runtime-issued API key whose SHA-256 is `digest`.
     pub fn consumer_of_key(&self, digest: &[u8; 32]) -> Option<Arc<str>> {
-        self.view.snapshot.load().consumer_of_key(digest).cloned()
+        match self.key_owner(digest) {
+            Known::Is(id) => Some(id),
+            Known::None | Known::Unread => None,
+        }
     }
 
     /// Whom the runtime API key whose SHA-256 is `digest` names, or [`Known::Unread`] while the directory is
     /// being read and the key has not been looked up ([`read_through_key`](Self::read_through_key)).
     pub fn key_owner(&self, digest: &[u8; 32]) -> Known<Arc<str>> {
-        let snapshot = self.view.snapshot.load();
-        match snapshot.consumer_of_key(digest) {
-            Some(id) => Known::Is(Arc::clone(id)),
-            None if self.knows_all(&snapshot)
-                || self.view.looked_up.lock().keys.contains(digest) =>
-            {
+        let tables = self.view.tables.load();
+        let owner = tables
+            .holder_of_key(digest)
+            .and_then(|holder| tables.consumer(holder.id()));
+        match owner {
+            Some((id, _)) => Known::Is(id),
+            None if self.knows_all() || self.view.looked_up.lock().keys.contains(digest) => {
                 Known::None
             }
             None => Known::Unread,
@@ -179,26 +194,19 @@ impl Directory {
 
     /// Consumer `id`'s runtime record, or [`Known::Unread`] while the directory is being read and `id` has not
     /// been looked up ([`read_through_consumer`](Self::read_through_consumer)).
-    pub fn record(&self, id: &str) -> Known<Arc<ConsumerRecord>> {
-        let snapshot = self.view.snapshot.load();
-        match snapshot.consumer(id) {
-            Some(record) => Known::Is(Arc::clone(record)),
-            None if self.knows_all(&snapshot)
-                || self.view.looked_up.lock().consumers.contains(id) =>
-            {
+    pub fn record(&self, id: &str) -> Known<StoredRecord> {
+        match self.view.tables.load().consumer(id) {
+            Some((_, record)) => Known::Is(record),
+            None if self.knows_all() || self.view.looked_up.lock().consumers.contains(id) => {
                 Known::None
             }
             None => Known::Unread,
         }
     }
 
-    /// Whether `snapshot` holds every record: in memory always, on Redis once read whole.
-    fn knows_all(&self, snapshot: &Snapshot) -> bool {
-        match self.store {
-            Store::Memory => true,
-            #[cfg(feature = "redis")]
-            Store::Redis(_) => snapshot.version.is_some(),
-        }
+    /// Whether the tables hold every record: in memory always, on Redis once read whole.
+    fn knows_all(&self) -> bool {
+        self.synced()
     }
 
     /// Looks up the key whose SHA-256 is `digest` in Redis, before the directory is read whole: afterwards
@@ -256,25 +264,13 @@ impl Directory {
 
     /// The runtime records in order of consumer id, those after `after` (all when `None`), at most `limit`: a page
     /// of the listing an operator keeps as a backup.
-    pub fn records(
-        &self,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Vec<(Arc<str>, Arc<ConsumerRecord>)> {
-        let snapshot = self.view.snapshot.load();
-        let mut page: Vec<_> = snapshot
-            .records()
-            .filter(|(id, _)| after.is_none_or(|after| &***id > after))
-            .map(|(id, record)| (Arc::clone(id), Arc::clone(record)))
-            .collect();
-        page.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        page.truncate(limit);
-        page
+    pub fn records(&self, after: Option<&str>, limit: usize) -> Vec<(String, ConsumerRecord)> {
+        self.view.tables.load().page(after, limit)
     }
 
     /// How many consumers have runtime settings.
     pub fn len(&self) -> usize {
-        self.view.snapshot.load().len()
+        self.view.tables.load().len()
     }
 
     /// Whether no consumer has runtime settings.
@@ -288,7 +284,7 @@ impl Directory {
         match self.store {
             Store::Memory => true,
             #[cfg(feature = "redis")]
-            Store::Redis(_) => self.view.snapshot.load().version.is_some(),
+            Store::Redis(_) => self.view.complete.load(Ordering::Acquire),
         }
     }
 
@@ -374,7 +370,7 @@ impl Directory {
     }
 
     /// Sets the whole records (keys included) of many consumers at once: a bulk import, for loading a directory
-    /// from another system. In memory it builds one snapshot for the lot; on Redis it writes them in batches, each
+    /// from another system. In memory it sets them one after the other; on Redis it writes them in batches, each
     /// counted as one change, and every instance (this one too) then reads the directory again. Returns how many
     /// records were set. A failure on Redis may leave the batches before it written.
     pub async fn import(
@@ -385,8 +381,10 @@ impl Directory {
         match &self.store {
             Store::Memory => {
                 let _replacing = self.view.replacing.lock();
-                let next = self.view.snapshot.load().with_all(records);
-                self.view.snapshot.store(Arc::new(next));
+                let tables = self.view.tables.load();
+                for (id, record) in &records {
+                    tables.set(id, Some(record));
+                }
             }
             #[cfg(feature = "redis")]
             Store::Redis(sync) => sync.import(records).await?,
@@ -407,11 +405,11 @@ impl Directory {
         match &self.store {
             Store::Memory => {
                 let _replacing = self.view.replacing.lock();
-                let current = self.view.snapshot.load_full();
-                let before = current.consumer(id).map(|record| (**record).clone());
+                let tables = self.view.tables.load();
+                let before = tables.consumer(id).map(|(_, record)| record.record());
                 let (after, outcome) = edit(before.as_ref())?;
                 if after != before {
-                    self.view.snapshot.store(Arc::new(current.with(id, after)));
+                    tables.set(id, after.as_ref());
                 }
                 Ok((before, outcome))
             }
@@ -423,13 +421,12 @@ impl Directory {
 
 // === impl View ===
 
-// The directory's Redis sync replaces the view's snapshot as it reads changes; in memory, changes replace it
-// directly (`Directory::change`).
+// The directory's Redis sync changes the view's tables as it reads changes, and replaces them when it reads
+// everything; in memory, changes edit them directly (`Directory::change`).
 #[cfg(feature = "redis")]
 impl View {
     /// Puts `id`'s record as read at change `version` of the store (after change `change`, which was to this
-    /// record) into the snapshot. False when the snapshot is not complete afterwards, and everything should be
-    /// read again.
+    /// record) into the tables. False when they are not complete afterwards, and everything should be read again.
     fn apply(
         &self,
         id: &str,
@@ -439,47 +436,46 @@ impl View {
         lineage: Option<&str>,
     ) -> bool {
         let _replacing = self.replacing.lock();
-        let current = self.snapshot.load_full();
+        let mut point = self.point.lock();
         // Counts compare only within one lineage: after a flush the counter starts again, and its change 3 is not
-        // the change 3 this snapshot has.
-        let same_lineage = current.lineage.as_deref() == lineage;
-        if same_lineage && current.version.is_some_and(|applied| version <= applied) {
-            // The snapshot is complete for a later moment already: it has this record as new or newer.
+        // the change 3 these tables have.
+        let same_lineage = point.lineage.as_deref() == lineage;
+        if same_lineage && point.version.is_some_and(|applied| version <= applied) {
+            // Complete for a later moment already: they have this record as new or newer.
             return true;
         }
-        let mut next = current.with(id, record);
-        // Complete again only when the one change since the snapshot's moment is this one; otherwise another
-        // record changed too, and its announcement may be lost.
+        self.tables.load().set(id, record.as_ref());
+        // Complete again only when the one change since their moment is this one; otherwise another record
+        // changed too, and its announcement may be lost.
         let complete = same_lineage
-            && current
+            && point
                 .version
                 .is_some_and(|applied| change == applied + 1 && version == change);
-        next.version = if complete {
-            Some(version)
-        } else {
-            current.version
-        };
-        self.snapshot.store(Arc::new(next));
+        if complete {
+            point.version = Some(version);
+        }
         complete
     }
 
-    /// Replaces the snapshot with everything the store held at `version`; returns the snapshot replaced.
-    fn replace_all(&self, snapshot: Snapshot) -> Arc<Snapshot> {
+    /// Replaces the tables with everything the store held at `point`; returns the moment the tables replaced were
+    /// complete for, and how many consumers they held.
+    fn replace_all(&self, tables: Tables, point: Point) -> (Point, usize) {
         let _replacing = self.replacing.lock();
-        let before = self.snapshot.swap(Arc::new(snapshot));
-        // Everything is known now: what was looked up before is in the snapshot or absent from it.
+        let before = self.tables.swap(Arc::new(tables));
+        let complete = point.version.is_some();
+        let point_before = std::mem::replace(&mut *self.point.lock(), point);
+        self.complete.store(complete, Ordering::Release);
+        // Everything is known now: what was looked up before is in the tables or absent from them.
         *self.looked_up.lock() = LookedUp::default();
         self.read_whole.notify_waiters();
-        before
+        (point_before, before.len())
     }
 
-    /// Puts `id`'s record, looked up before the first full read, into the snapshot (which that read replaces).
+    /// Puts `id`'s record, looked up before the first full read, into the tables (which that read replaces).
     fn learn(&self, id: &str, record: ConsumerRecord) {
         let _replacing = self.replacing.lock();
-        let current = self.snapshot.load_full();
-        if current.version.is_none() {
-            self.snapshot
-                .store(Arc::new(current.with(id, Some(record))));
+        if !self.complete.load(Ordering::Acquire) {
+            self.tables.load().set(id, Some(&record));
         }
     }
 
@@ -567,26 +563,28 @@ mod tests {
 
     #[test]
     #[cfg(feature = "redis")]
-    fn a_record_is_applied_and_the_snapshot_complete_only_after_the_next_change() {
+    fn a_record_is_applied_and_the_tables_complete_only_after_the_next_change() {
         let view = View::default();
-        view.replace_all(Snapshot::from_records([], Some(4)));
+        let version = |view: &View| view.point.lock().version;
+        let has = |view: &View, id| view.tables.load().consumer(id).is_some();
+        view.replace_all(Tables::default(), Point::at(4, None));
         // Change 5 was to acme, and nothing changed since: complete at 5.
         assert!(view.apply("acme", Some(pro()), 5, 5, None));
-        assert_eq!(view.snapshot.load().version, Some(5));
+        assert_eq!(version(&view), Some(5));
         // Announced change 5 heard late, read at 6: applied, but change 6 (another record's?) is not in.
         assert!(!view.apply("acme", None, 5, 6, None));
-        assert!(view.snapshot.load().consumer("acme").is_none());
-        assert_eq!(view.snapshot.load().version, Some(5));
-        // Change 8 while the snapshot is at 5: 6 and 7 are missing.
+        assert!(!has(&view, "acme"));
+        assert_eq!(version(&view), Some(5));
+        // Change 8 while the tables are at 5: 6 and 7 are missing.
         assert!(!view.apply("globex", Some(pro()), 8, 8, None));
-        assert_eq!(view.snapshot.load().version, Some(5));
-        // Read at or before the snapshot's moment: nothing to do.
-        view.replace_all(Snapshot::from_records(
-            [("acme".to_owned(), pro())],
-            Some(9),
-        ));
+        assert_eq!(version(&view), Some(5));
+        // Read at or before the tables' moment: nothing to do.
+        view.replace_all(
+            Tables::from_records(vec![("acme".to_owned(), pro())]),
+            Point::at(9, None),
+        );
         assert!(view.apply("acme", None, 9, 9, None));
-        assert!(view.snapshot.load().consumer("acme").is_some());
+        assert!(has(&view, "acme"));
     }
 
     #[test]
@@ -594,7 +592,8 @@ mod tests {
     fn before_the_first_full_read_nothing_is_complete() {
         let view = View::default();
         assert!(!view.apply("acme", Some(pro()), 1, 1, None));
-        assert!(view.snapshot.load().consumer("acme").is_some());
-        assert_eq!(view.snapshot.load().version, None);
+        assert!(view.tables.load().consumer("acme").is_some());
+        assert_eq!(view.point.lock().version, None);
+        assert!(!view.complete.load(Ordering::Acquire));
     }
 }

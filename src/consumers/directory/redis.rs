@@ -12,8 +12,9 @@ use fred::util::redis_keyslot;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{watch, Notify};
 
+use super::point::Point;
 use super::record::ConsumerRecord;
-use super::snapshot::Snapshot;
+use super::tables::Tables;
 use super::{DirectoryError, Edit, View};
 use crate::limiter::store::{client_builder, plain_words};
 
@@ -342,7 +343,7 @@ impl Redis {
         let Reply {
             version, lineage, ..
         } = Reply::split(reply)?;
-        if self.view.snapshot.load().is_at(version, lineage.as_deref()) {
+        if self.view.point.lock().is_at(version, lineage.as_deref()) {
             return Ok(());
         }
         self.read_all().await
@@ -355,7 +356,9 @@ impl Redis {
     async fn read_all(&self) -> Result<(), String> {
         let mut cursor = "0".to_owned();
         let mut start: Option<(u64, Option<String>, bool)> = None;
-        let mut parsed = Vec::new();
+        // Packed as read: a full read never holds the records twice, however many there are. HSCAN may return a
+        // field twice (the hash grew while it was scanned): the last one read stands.
+        let tables = Tables::default();
         loop {
             let reply = self
                 .eval(&self.read, &["page", &cursor, PAGE_FIELDS], READ_TIMEOUT)
@@ -384,7 +387,7 @@ impl Redis {
                     continue;
                 };
                 match serde_json::from_str::<ConsumerRecord>(&json) {
-                    Ok(record) => parsed.push((id, record)),
+                    Ok(record) => tables.set(&id, Some(&record)),
                     Err(error) => tracing::warn!(
                         consumer = %id,
                         %error,
@@ -402,22 +405,19 @@ impl Redis {
         let Some((version, lineage, indexed)) = start else {
             return Err("the directory's read script answered no page".to_owned());
         };
-        // HSCAN may return a field twice (the hash grew while it was scanned): the last one read stands.
-        let mut seen = std::collections::HashSet::with_capacity(parsed.len());
-        parsed.reverse();
-        parsed.retain(|(id, _)| seen.insert(id.clone()));
-        let count = parsed.len();
+        let count = tables.len();
         if !indexed {
             // A directory written before the key index: index what was just read (once, by whichever instance
             // reads it first), so that the next instance to start finds keys without reading it whole.
-            self.index_keys(&parsed, version, lineage.as_deref()).await;
+            self.index_keys(&tables, version, lineage.as_deref()).await;
         }
-        let snapshot = Snapshot::from_records(parsed, Some(version)).in_lineage(lineage.as_deref());
-        let before = self.view.replace_all(snapshot);
+        let (before, lost) = self
+            .view
+            .replace_all(tables, Point::at(version, lineage.as_deref()));
         if before.lost_by(version, lineage.as_deref()) {
             self.view.count_reset();
             tracing::warn!(
-                lost = before.len(),
+                lost,
                 consumers = count,
                 "the consumer directory in redis lost its data (flushed, an empty redis, or a restart without \
                  persistence): runtime plans, overrides, blocks and keys are gone on every instance until \
@@ -493,14 +493,13 @@ impl Redis {
             tracing::debug!(announcement, "not a directory change announcement; ignored");
             return;
         };
-        let current = self.view.snapshot.load();
+        let current = self.view.point.lock().clone();
         if current.lineage.as_deref() == Some(announced_lineage)
             && current.version.is_some_and(|applied| change <= applied)
         {
             // This instance's own change, or one a full read already brought.
             return;
         }
-        drop(current);
         let applied = match self.read_one(id, READ_TIMEOUT).await {
             Ok((version, lineage, Some(json))) => {
                 match serde_json::from_str::<ConsumerRecord>(&json) {
@@ -580,20 +579,9 @@ impl Redis {
 
     /// Writes the key index of a directory written before it existed, from `records` read whole at change
     /// `version` of `lineage`; gives up (for the next full read) when the directory changes meanwhile.
-    async fn index_keys(
-        &self,
-        records: &[(String, ConsumerRecord)],
-        version: u64,
-        lineage: Option<&str>,
-    ) {
-        let pairs: Vec<(String, &str)> = records
-            .iter()
-            .flat_map(|(id, record)| {
-                record
-                    .key_digests()
-                    .map(move |digest| (crate::consumers::digest_hex(&digest), id.as_str()))
-            })
-            .collect();
+    async fn index_keys(&self, tables: &Tables, version: u64, lineage: Option<&str>) {
+        let mut pairs: Vec<(String, Arc<str>)> = Vec::new();
+        tables.for_each_key(|digest, id| pairs.push((crate::consumers::digest_hex(&digest), id)));
         let version = version.to_string();
         let lineage = lineage.unwrap_or_default();
         let batches = pairs.len().div_ceil(INDEX_BATCH).max(1);
@@ -605,7 +593,7 @@ impl Redis {
                 "more"
             };
             let mut args = vec![version.as_str(), lineage, last];
-            args.extend(batch.flat_map(|(digest, id)| [digest.as_str(), *id]));
+            args.extend(batch.flat_map(|(digest, id)| [digest.as_str(), &**id]));
             match self.eval(&self.index, &args, WRITE_TIMEOUT).await {
                 Ok(Value::Integer(1)) => {}
                 Ok(_) => return,
