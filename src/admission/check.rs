@@ -9,7 +9,7 @@ use std::time::Instant;
 use super::limits::{Checked, LimitRequest, LimitSet, NotChecked};
 use super::queue::{wait_for_slot, Waited};
 use super::refusal::Refusal;
-use super::tokens::Reserve;
+use super::reserve::Reserve;
 use crate::key::RequestFacts;
 use crate::limiter::store::LimitCheck;
 use crate::limiter::RateLimiter;
@@ -24,7 +24,7 @@ pub(super) async fn check<R: Reserve>(
     plan: Option<usize>,
 ) -> Result<(Checked, Option<Instant>), Refusal> {
     let (facts, reserve) = (request.facts, request.reserve);
-    let settles_tokens = reserve.get().is_some() && limits.counts_tokens();
+    let settles_tokens = reserve.reserves() && limits.counts_tokens();
     let asked = (limits.counts_statuses() || settles_tokens).then(Instant::now);
     let checked = limits.check(limiter, request).await.map_err(not_checked)?;
     if checked.outcome.allowed {

@@ -1,26 +1,36 @@
-//! A refusal's answer in an LLM provider's error shape (OpenAI's, Anthropic's), so that the provider's SDKs show it.
+//! A refusal's answer in an LLM provider's error shape (OpenAI's, Anthropic's), so that the provider's SDKs show it
+//! (with the `llm` feature, whose routes name a provider).
 //!
 //! tollgate's own body (`{"error": code, ...facts}`) is rewritten, never built a second way: [`answer`]
 //! (super::answer) makes every refusal's body once, and a route whose `usage.format` names a provider has it put in
 //! that provider's shape here, its facts kept as extra members and said in the message.
 
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
+use http::response::Parts;
 use http::{HeaderMap, StatusCode};
 use serde_json::{Map, Value};
 
+use super::policy::Policy;
 use crate::usage::Dialect;
 
 /// `retry-after-ms`: the wait in milliseconds, which the OpenAI and Anthropic SDKs prefer to `Retry-After`.
 static RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
 
+/// `body`, tollgate's answer to a refusal on `policy`'s route (its status and fields in `parts`), in the error shape
+/// of the provider the route's `usage.format` names; as it is on every other route.
+pub(super) fn provider_shaped(policy: Option<&Policy>, parts: &mut Parts, body: Value) -> Value {
+    match policy
+        .and_then(Policy::usage)
+        .and_then(|usage| usage.provider())
+    {
+        None => body,
+        Some(dialect) => shaped(dialect, parts.status, &mut parts.headers, body),
+    }
+}
+
 /// `body`, tollgate's answer to a refusal with `status`, in `dialect`'s error shape; `headers` get `retry-after-ms`
 /// beside a `Retry-After`. A body that is not tollgate's object is left as it is.
-pub(super) fn shaped(
-    dialect: Dialect,
-    status: StatusCode,
-    headers: &mut HeaderMap,
-    body: Value,
-) -> Value {
+fn shaped(dialect: Dialect, status: StatusCode, headers: &mut HeaderMap, body: Value) -> Value {
     let Value::Object(mut facts) = body else {
         return body;
     };

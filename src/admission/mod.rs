@@ -6,6 +6,7 @@
 mod after_answer;
 mod check;
 mod counters;
+#[cfg(feature = "llm")]
 mod dialect;
 mod headers;
 mod identify;
@@ -14,10 +15,12 @@ mod policy;
 mod queue;
 mod read;
 mod refusal;
+mod reserve;
 mod responses;
 mod serve;
 mod settle;
 mod slots;
+#[cfg(feature = "llm")]
 mod tokens;
 mod wait;
 
@@ -40,7 +43,9 @@ pub use limits::{Checked, LimitRequest, LimitSet, NotChecked, Replaced};
 pub use policy::{Admission, Admitted, Policy};
 pub use read::{ensure_request_id, set_request_id, Arrival, RequestView, X_REQUEST_ID};
 pub use refusal::Refusal;
+pub use reserve::{NoReservation, Reserve};
 pub use responses::answer;
 #[cfg(feature = "gateway")]
 pub(crate) use responses::json_response;
-pub use tokens::{NoReservation, Reservation, Reserve, RouteUsage};
+#[cfg(feature = "llm")]
+pub use tokens::{Reservation, RouteUsage};

@@ -13,9 +13,11 @@ use super::after_answer::{AfterAnswer, AnswerGuard};
 use super::check::check;
 use super::limits::{Checked, LimitRequest, LimitSet, Replaced};
 use super::refusal::Refusal;
+use super::reserve::Reserve;
 use super::settle::StatusSettlement;
 use super::slots::{Both, HeldSlots};
-use super::tokens::{Reserve, RouteUsage};
+#[cfg(feature = "llm")]
+use super::tokens::RouteUsage;
 use super::wait::hold_for_delay;
 use crate::consumers::{Caller, CallerRefusal, ConsumerMode, Consumers};
 use crate::key::{AmbiguousKey, RequestFacts};
@@ -37,6 +39,7 @@ pub struct Policy {
     #[cfg(test)]
     after_answer: Option<AfterAnswerMaker>,
     /// How the route's answers report the tokens they cost, on a route with `usage:`.
+    #[cfg(feature = "llm")]
     usage: Option<Arc<RouteUsage>>,
     /// The bits of an IPv6 client address that key it (`client_ip.ipv6_prefix`).
     ipv6_prefix: u8,
@@ -101,6 +104,7 @@ impl Policy {
             consumers: None,
             #[cfg(test)]
             after_answer: None,
+            #[cfg(feature = "llm")]
             usage: None,
             ipv6_prefix: 64,
             path_any_case: false,
@@ -132,6 +136,7 @@ impl Policy {
 
     /// The same policy on a route whose answers report their tokens as `usage` says: its requests reserve on its
     /// token limits, and on the token limits of the plans added after this.
+    #[cfg(feature = "llm")]
     pub fn with_usage(mut self, usage: Arc<RouteUsage>) -> Self {
         self.limits = self.limits.reserving_tokens();
         self.usage = Some(usage);
@@ -139,6 +144,7 @@ impl Policy {
     }
 
     /// The route's `usage:`, when it has one: its requests' bodies are read and reserve tokens.
+    #[cfg(feature = "llm")]
     pub fn usage(&self) -> Option<&Arc<RouteUsage>> {
         self.usage.as_ref()
     }
@@ -259,23 +265,13 @@ impl Policy {
         reserve: R,
     ) -> Option<AnswerGuard> {
         // Boxed, and only on routes whose limits keep work for after the answer: one box for statuses and tokens.
-        let settles_tokens = reserve.get().is_some() && limits.counts_tokens();
         let mut after: Option<Box<dyn AfterAnswer>> = asked.and_then(|asked| {
             let giver = limiter.giver(checked.decided_by);
             let statuses = limits.counts_statuses().then(|| {
                 let taken = limits.taken_by_status(facts, checked);
                 StatusSettlement::new(giver.clone(), taken, asked)
             });
-            match reserve.get() {
-                Some(reservation) if settles_tokens => {
-                    let taken = limits.taken_tokens(facts, checked, reservation);
-                    Some(
-                        Box::new(reservation.settlement(giver, taken, asked, statuses))
-                            as Box<dyn AfterAnswer>,
-                    )
-                }
-                _ => statuses.map(|s| Box::new(s) as Box<dyn AfterAnswer>),
-            }
+            reserve.settlement(limits, facts, checked, giver, asked, statuses)
         });
         if limits.holds_slots() {
             after = Some(self.hold_slots(limiter, limits, facts, checked, after));

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::limits::{Checked, LimitSet, NotChecked, QueuedRefusal};
-use super::tokens::Reserve;
+use super::reserve::Reserve;
 use crate::key::RequestFacts;
 use crate::limiter::{Place, RateLimiter};
 

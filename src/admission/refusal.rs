@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::consumers::CallerRefusal;
 use crate::limiter::Unavailable;
+#[cfg(feature = "llm")]
 use crate::usage::RequestBodyError;
 
 use super::limits::Checked;
@@ -57,6 +58,7 @@ pub enum Refusal {
     BodyTooLarge,
     /// The body of a request on a route with `usage:` is not the API's JSON: its cost cannot be bounded, and
     /// guessing how the upstream reads it is how a budget is overrun.
+    #[cfg(feature = "llm")]
     BodyUnreadable(RequestBodyError),
 }
 

@@ -9,7 +9,8 @@ use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 use serde_json::json;
 
-use super::dialect::shaped;
+#[cfg(feature = "llm")]
+use super::dialect::provider_shaped;
 use super::limits::{Checked, LimitSet};
 use super::policy::Policy;
 use super::refusal::Refusal;
@@ -65,19 +66,16 @@ pub fn answer(refusal: Refusal, policy: Option<&Policy>) -> Response<Body> {
             StatusCode::PAYLOAD_TOO_LARGE,
             json!({"error": "body_too_large", "message": "the request body is larger than usage.max_request_bytes"}),
         ),
+        #[cfg(feature = "llm")]
         Refusal::BodyUnreadable(error) => refused(
             StatusCode::BAD_REQUEST,
             json!({"error": "bad_request", "message": error.to_string()}),
         ),
     };
-    let provider = policy
-        .and_then(Policy::usage)
-        .and_then(|usage| usage.provider());
+    #[cfg_attr(not(feature = "llm"), allow(unused_mut))]
     let (mut parts, body) = refused.into_parts();
-    let body = match provider {
-        None => body,
-        Some(dialect) => shaped(dialect, parts.status, &mut parts.headers, body),
-    };
+    #[cfg(feature = "llm")]
+    let body = provider_shaped(policy, &mut parts, body);
     Response::from_parts(parts, Body::from(body.to_string()))
 }
 

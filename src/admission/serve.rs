@@ -12,8 +12,8 @@ use http::{Request, Response};
 
 use super::after_answer::{AnswerGuard, Ending, GuardedBody};
 use super::policy::{Admission, Policy};
+use super::reserve::Reserve;
 use super::responses::answer;
-use super::tokens::Reserve;
 use crate::limiter::RateLimiter;
 use crate::routing::CanonicalRequest;
 use crate::tunnel::TunnelClosed;
@@ -85,15 +85,7 @@ impl Policy {
                     if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
                         return Ok(after_tunnel(response, after));
                     }
-                    match reserve.get() {
-                        None => response.map(|body| Body::new(GuardedBody::new(body, after))),
-                        Some(reservation) => {
-                            let reader = reservation.reader(response.headers());
-                            response.map(|body| {
-                                Body::new(GuardedBody::reading(Body::new(body), reader, after))
-                            })
-                        }
-                    }
+                    reserve.guard(response, after)
                 }
             })
         }

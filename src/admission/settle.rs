@@ -10,8 +10,10 @@ use super::after_answer::{AfterAnswer, Ending};
 use crate::key::StatusSet;
 use crate::limiter::{Giver, Limit};
 
-/// The give-backs an admitted request owes, by the status its answer turns out to have.
-pub(super) struct StatusSettlement {
+/// The give-backs an admitted request owes, by the status its answer turns out to have. (`pub` in this private
+/// module: [`Reserve`](super::Reserve)'s methods take it.)
+#[derive(Debug)]
+pub struct StatusSettlement {
     giver: Giver,
     /// Per limit that counts answers by status: its store key, the limit, and the statuses it counts.
     taken: Vec<(String, Limit, StatusSet)>,

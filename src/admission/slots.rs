@@ -81,6 +81,7 @@ impl AfterAnswer for Both {
         self.1.status(status);
     }
 
+    #[cfg(feature = "llm")]
     fn usage(&mut self, handed: crate::usage::Handed) {
         // The token settlement, when there is one, is the first: slots read no usage.
         self.0.usage(handed);

@@ -1,15 +1,21 @@
 //! Tokens an LLM API's request may spend: reserved before it is forwarded (an upper bound, all-or-nothing with the
 //! route's other limits) and settled once its answer ends, to what the answer reported it spent. A route without
-//! `usage:` reserves nothing and reads no body: its requests go through [`NoReservation`], which compiles to nothing.
+//! `usage:` reserves nothing and reads no body: its requests go through [`NoReservation`](super::NoReservation),
+//! which compiles to nothing. With the `llm` feature only.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::{HeaderMap, StatusCode};
+use axum::body::Body;
+use axum::BoxError;
+use bytes::Bytes;
+use http::{HeaderMap, Response, StatusCode};
 
-use super::after_answer::{AfterAnswer, Ending};
+use super::after_answer::{AfterAnswer, AnswerGuard, Ending, GuardedBody};
+use super::limits::{Checked, LimitSet};
+use super::reserve::Reserve;
 use super::settle::StatusSettlement;
-use crate::key::TokenKind;
+use crate::key::{RequestFacts, TokenKind};
 use crate::limiter::{Giver, Limit, Settlement};
 use crate::usage::{
     accept_readable_answers, BodyEnd, BodyFacts, CompletionBound, Dialect, Handed, PromptBound,
@@ -36,28 +42,9 @@ pub struct Reservation {
     route: Arc<RouteUsage>,
 }
 
-/// Whether a request reserves tokens: [`NoReservation`] on routes without `usage:` (the type makes the token code
-/// vanish from their path), a [`Reservation`] on the others.
-pub trait Reserve: Copy + Send + Sync {
-    /// The limits reserved for one check, each with the index of the limit it stands for: nothing at all (not even
-    /// an empty vector's room) without a reservation.
-    type Reserved: FromIterator<(usize, Limit)> + AsRef<[(usize, Limit)]> + Send;
-
-    /// The reservation, if any.
-    fn get(&self) -> Option<&Reservation>;
-}
-
-/// The reservation of a request on a route without `usage:`: none.
-#[derive(Debug, Clone, Copy)]
-pub struct NoReservation;
-
-/// The reserved limits of a check without a reservation: none, in no room.
-#[derive(Debug, Default)]
-pub struct NothingReserved;
-
 /// The settlement of an admitted request's tokens (and of its limits that count answers by status, if any), once
 /// its answer ends.
-pub(super) struct TokenSettlement {
+struct TokenSettlement {
     giver: Giver,
     /// Per token limit the request reserved on: its store key, the limit with the reservation as its cost, and
     /// what it counts.
@@ -203,22 +190,33 @@ impl Reservation {
             TokenKind::Total => self.prompt.saturating_add(self.completion),
         }
     }
+}
 
-    /// The reader of the answer whose head is `headers`.
-    pub(super) fn reader(&self, headers: &HeaderMap) -> UsageReader {
-        UsageReader::new(&self.route.settings.format, headers)
+impl Reserve for &Reservation {
+    type Reserved = Vec<(usize, Limit)>;
+
+    fn reserves(&self) -> bool {
+        true
     }
 
-    /// The settlement of what an admitted request took on its token limits (`taken`: store key, the limit with its
-    /// reservation as cost, and kind), with `statuses`' if it has limits that count answers.
-    pub(super) fn settlement(
-        &self,
+    fn tokens(&self, kind: TokenKind) -> u64 {
+        Reservation::tokens(self, kind)
+    }
+
+    fn settlement(
+        self,
+        limits: &LimitSet,
+        facts: &RequestFacts<'_>,
+        checked: &Checked,
         giver: Giver,
-        taken: Vec<(String, Limit, TokenKind)>,
         asked: Instant,
         statuses: Option<StatusSettlement>,
-    ) -> TokenSettlement {
-        TokenSettlement {
+    ) -> Option<Box<dyn AfterAnswer>> {
+        if !limits.counts_tokens() {
+            return statuses.map(|s| Box::new(s) as Box<dyn AfterAnswer>);
+        }
+        let taken = limits.taken_tokens(facts, checked, self);
+        Some(Box::new(TokenSettlement {
             giver,
             taken,
             prompt: self.prompt,
@@ -228,40 +226,16 @@ impl Reservation {
             asked,
             status: None,
             statuses,
-        }
+        }))
     }
-}
 
-impl Reserve for &Reservation {
-    type Reserved = Vec<(usize, Limit)>;
-
-    fn get(&self) -> Option<&Reservation> {
-        Some(self)
-    }
-}
-
-// === impl NoReservation ===
-
-impl Reserve for NoReservation {
-    type Reserved = NothingReserved;
-
-    #[inline(always)]
-    fn get(&self) -> Option<&Reservation> {
-        None
-    }
-}
-
-impl FromIterator<(usize, Limit)> for NothingReserved {
-    #[inline(always)]
-    fn from_iter<I: IntoIterator<Item = (usize, Limit)>>(_: I) -> Self {
-        NothingReserved
-    }
-}
-
-impl AsRef<[(usize, Limit)]> for NothingReserved {
-    #[inline(always)]
-    fn as_ref(&self) -> &[(usize, Limit)] {
-        &[]
+    fn guard<B>(self, response: Response<B>, after: AnswerGuard) -> Response<Body>
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let reader = UsageReader::new(&self.route.settings.format, response.headers());
+        response.map(|body| Body::new(GuardedBody::reading(Body::new(body), reader, after)))
     }
 }
 

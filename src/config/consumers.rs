@@ -414,6 +414,7 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "jwt")]
     #[test]
     fn jwt_identifiers_are_checked_where_they_are_written() {
         let yaml = format!(

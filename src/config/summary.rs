@@ -686,6 +686,7 @@ routes:
         assert!(plan_rows[2].ends_with("  open, private"), "{text}");
     }
 
+    #[cfg(feature = "llm")]
     #[test]
     fn token_limits_and_the_route_reservation_are_shown() {
         let yaml = r#"upstreams: { llm: { targets: ["http://127.0.0.1:9"] } }

@@ -94,6 +94,7 @@ pub(super) fn status(refusal: &Refusal) -> Status {
         Refusal::AmbiguousKey => {
             Status::invalid_argument("a value used as a rate-limit key occurs more than once")
         }
+        #[cfg(feature = "llm")]
         Refusal::BodyUnreadable(error) => Status::invalid_argument(error.to_string()),
         Refusal::NoRoute { .. } => Status::not_found("no route"),
         Refusal::Caller(CallerRefusal::Blocked) => Status::permission_denied("consumer blocked"),

@@ -10,23 +10,8 @@ use memchr::memmem::Finder;
 
 use super::json::{Places, UsageScanner};
 use super::reported::{Dialect, Reported, Usage, MAX_COUNT};
+use super::settings::UsageFormat;
 use super::sse::{SseParser, SseSink};
-
-/// How a route's answers report what they cost.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum UsageFormat {
-    /// OpenAI chat completions or Responses, JSON or streamed (and the servers that answer as they do).
-    OpenAi,
-    /// Anthropic messages, JSON or streamed.
-    Anthropic,
-    /// A whole number in this response header, or in a trailer of that name: counted as the total.
-    Header(HeaderName),
-}
-
-/// A `usage.format` that names no format tollgate reads.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{0}` is not a usage format: openai, anthropic or header:<name>")]
-pub struct UsageFormatError(String);
 
 /// How the reader reads this answer.
 #[derive(Debug)]
@@ -79,25 +64,6 @@ pub struct UsageReader {
     reported: Reported,
     any: bool,
     header_total: Option<u64>,
-}
-
-// === impl UsageFormat ===
-
-impl std::str::FromStr for UsageFormat {
-    type Err = UsageFormatError;
-
-    /// `openai`, `anthropic` or `header:<name>` (a field name, any case).
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        match text {
-            "openai" => Ok(Self::OpenAi),
-            "anthropic" => Ok(Self::Anthropic),
-            _ => text
-                .strip_prefix("header:")
-                .and_then(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-                .map(Self::Header)
-                .ok_or_else(|| UsageFormatError(text.to_owned())),
-        }
-    }
 }
 
 // === impl UsageReader ===

@@ -1,6 +1,8 @@
 //! A route's `usage:`: how its answers report what they cost, and how a request's bound is reserved from its body.
 
-use super::reader::UsageFormat;
+use http::HeaderName;
+
+#[cfg(feature = "llm")]
 use super::request::Rewrites;
 
 /// The default `usage.max_request_bytes`: 1 MiB.
@@ -11,6 +13,22 @@ pub const DEFAULT_READ_ON_BYTES: u64 = 1 << 20;
 
 /// The default `usage.read_on_timeout`: 30 s.
 pub const DEFAULT_READ_ON_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How a route's answers report what they cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UsageFormat {
+    /// OpenAI chat completions or Responses, JSON or streamed (and the servers that answer as they do).
+    OpenAi,
+    /// Anthropic messages, JSON or streamed.
+    Anthropic,
+    /// A whole number in this response header, or in a trailer of that name: counted as the total.
+    Header(HeaderName),
+}
+
+/// A `usage.format` that names no format tollgate reads.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a usage format: openai, anthropic or header:<name>")]
+pub struct UsageFormatError(String);
 
 /// `usage:` of a route.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,11 +88,31 @@ pub enum CompletionBound {
     Tokens(u64),
 }
 
+// === impl UsageFormat ===
+
+impl std::str::FromStr for UsageFormat {
+    type Err = UsageFormatError;
+
+    /// `openai`, `anthropic` or `header:<name>` (a field name, any case).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "openai" => Ok(Self::OpenAi),
+            "anthropic" => Ok(Self::Anthropic),
+            _ => text
+                .strip_prefix("header:")
+                .and_then(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+                .map(Self::Header)
+                .ok_or_else(|| UsageFormatError(text.to_owned())),
+        }
+    }
+}
+
 // === impl UsageSettings ===
 
 impl UsageSettings {
     /// The rewrites the forwarded body gets: the cap, the default limit written where a request names none (so
     /// that what is reserved bounds what the upstream may write), and the usage asked of an OpenAI stream.
+    #[cfg(feature = "llm")]
     pub fn rewrites(&self) -> Rewrites {
         let reads_limit = self.completion == CompletionBound::MaxTokens;
         Rewrites {

@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 
 use super::counters::{Counted, DecisionCounters};
 use super::headers;
-use super::tokens::{NoReservation, Reservation, Reserve};
+use super::reserve::{NoReservation, Reserve};
 use crate::consumers::Plan;
 use crate::key::{
     key_head, key_with_head, seal_key, AmbiguousKey, KeySpec, LimitSettings, RequestFacts,
@@ -353,16 +353,16 @@ impl LimitSet {
         replaced: Option<&Replaced>,
         reserve: R,
     ) -> Result<R::Reserved, NotChecked> {
-        let Some(reservation) = reserve.get() else {
+        if !reserve.reserves() {
             return Ok(std::iter::empty().collect());
-        };
+        }
         let mut too_large = None;
         let reserved = keys
             .iter()
             .filter_map(|(index, _)| {
                 let kind = self.limits[index].settings.counts.tokens()?;
                 let limit = self.limit_at(index, replaced);
-                let amount = reservation.tokens(kind);
+                let amount = reserve.tokens(kind);
                 let capacity = limit.algorithm().capacity();
                 if amount > capacity && !limit.is_shadow() && too_large.is_none() {
                     too_large = Some(NotChecked::TooLarge {
@@ -380,19 +380,19 @@ impl LimitSet {
         }
     }
 
-    /// What an admitted request reserved on its token limits: the store key, the limit with the reservation as
-    /// its cost, and what it counts, owned, for the settlement once its answer ends.
-    pub(crate) fn taken_tokens(
+    /// What an admitted request reserved on its token limits as `reserve` says: the store key, the limit with the
+    /// reservation as its cost, and what it counts, owned, for the settlement once its answer ends.
+    pub fn taken_tokens<R: Reserve>(
         &self,
         facts: &RequestFacts<'_>,
         checked: &Checked,
-        reservation: &Reservation,
+        reserve: R,
     ) -> Vec<(String, Limit, TokenKind)> {
         self.each_taken(facts, checked, |index, key, limit| {
             let kind = self.limits[index].settings.counts.tokens()?;
             Some((
                 key.to_owned(),
-                limit.clone().with_cost(reservation.tokens(kind)),
+                limit.clone().with_cost(reserve.tokens(kind)),
                 kind,
             ))
         })

@@ -2,7 +2,7 @@
 //! `concurrency` limit), and asking again for it.
 
 use super::{Checked, LimitRequest, LimitSet, NotChecked, Replaced, SetLimit};
-use crate::admission::tokens::Reserve;
+use crate::admission::reserve::Reserve;
 use crate::key::RequestFacts;
 use crate::limiter::{Algorithm, Limit, RateLimiter, SlotQueues};
 

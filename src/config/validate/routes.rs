@@ -85,6 +85,9 @@ fn route_settings(
     })
 }
 
+/// Why a build without the `llm` feature refuses a route's `usage:` and the limits that count tokens.
+const NO_LLM: &str = "this build of tollgate has no LLM token budgets (its `llm` feature is off)";
+
 /// `usage:` of a route: the format, the reservation's bounds, the stream rewrite and the body's bound.
 fn route_usage(
     issues: &mut Issues,
@@ -93,6 +96,11 @@ fn route_usage(
     reader: Reader,
 ) -> Option<UsageSettings> {
     let before = issues.count();
+    if !cfg!(feature = "llm") {
+        // Refused, never served without its token limits, which would then limit nothing.
+        issues.add(at, NO_LLM);
+        return None;
+    }
     if reader == Reader::Layers {
         issues.add(
             at,
@@ -275,6 +283,7 @@ fn counted_tokens(issues: &mut Issues, at: &str, raw: &RawRoute) {
         };
         let at = format!("{at}.limits[{j}].counts");
         match (raw.usage.as_ref(), &format) {
+            _ if !cfg!(feature = "llm") => issues.add(at, format_args!("{name}: {NO_LLM}")),
             (None, _) => issues.add(
                 at,
                 format_args!(

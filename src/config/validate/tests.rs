@@ -412,6 +412,7 @@ fn llm_route(usage: &str, limits: &str) -> String {
     )
 }
 
+#[cfg(feature = "llm")]
 #[test]
 fn a_token_route_reads_its_usage_and_its_limits_counts() {
     let text = llm_route(
@@ -431,6 +432,7 @@ fn a_token_route_reads_its_usage_and_its_limits_counts() {
     assert_eq!(kinds, [Some(TokenKind::Total), Some(TokenKind::Output)]);
 }
 
+#[cfg(feature = "llm")]
 #[test]
 fn usage_endpoints_replace_the_formats_and_bad_ones_are_located() {
     use crate::usage::{Endpoints, UsageFormat};
@@ -481,6 +483,7 @@ fn usage_endpoints_replace_the_formats_and_bad_ones_are_located() {
     );
 }
 
+#[cfg(feature = "llm")]
 #[test]
 fn bad_usage_values_and_token_counts_without_usage_are_located() {
     let text = llm_route(
@@ -525,6 +528,24 @@ fn bad_usage_values_and_token_counts_without_usage_are_located() {
     assert_eq!(
         problems(&text),
         ["routes[0].usage.reserve: needs completion_default or completion_cap: a request that names no max_tokens must still have a bound"]
+    );
+}
+
+/// A build without the `llm` feature refuses a route's `usage:` and its limits that count tokens, each at its line,
+/// as it refuses `jwt:` without `jwt`: never a route served without its token limits.
+#[cfg(not(feature = "llm"))]
+#[test]
+fn a_build_without_llm_refuses_token_budgets_at_their_lines() {
+    let text = llm_route(
+        "    usage:\n      format: openai\n      reserve: { completion_cap: 10 }\n",
+        "      - { name: rpm, algorithm: gcra, rate: 60/1m, burst: 10 }\n      - { name: tpm, algorithm: sliding_window, limit: 100000, period: 1m, counts: total_tokens }\n",
+    );
+    assert_eq!(
+        parse(&text).unwrap_err().to_string(),
+        concat!(
+            "t.yaml:6:5: routes[0].usage: this build of tollgate has no LLM token budgets (its `llm` feature is off)\n",
+            "t.yaml:11:76: routes[0].limits[1].counts: total_tokens: this build of tollgate has no LLM token budgets (its `llm` feature is off)",
+        )
     );
 }
 
