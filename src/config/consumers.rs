@@ -414,7 +414,6 @@ mod tests {
         );
     }
 
-    #[cfg(feature = "jwt")]
     #[test]
     fn jwt_identifiers_are_checked_where_they_are_written() {
         let yaml = format!(
