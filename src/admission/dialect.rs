@@ -6,8 +6,7 @@
 //! that provider's shape here, its facts kept as extra members and said in the message.
 
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
-use http::response::Parts;
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, Response, StatusCode};
 use serde_json::{Map, Value};
 
 use super::policy::Policy;
@@ -16,15 +15,22 @@ use crate::usage::Dialect;
 /// `retry-after-ms`: the wait in milliseconds, which the OpenAI and Anthropic SDKs prefer to `Retry-After`.
 static RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
 
-/// `body`, tollgate's answer to a refusal on `policy`'s route (its status and fields in `parts`), in the error shape
-/// of the provider the route's `usage.format` names; as it is on every other route.
-pub(super) fn provider_shaped(policy: Option<&Policy>, parts: &mut Parts, body: Value) -> Value {
+/// `refused`, tollgate's answer to a refusal on `policy`'s route, in the error shape of the provider the route's
+/// `usage.format` names; as it is on every other route.
+pub(super) fn provider_shaped(
+    policy: Option<&Policy>,
+    refused: Response<Value>,
+) -> Response<Value> {
     match policy
         .and_then(Policy::usage)
         .and_then(|usage| usage.provider())
     {
-        None => body,
-        Some(dialect) => shaped(dialect, parts.status, &mut parts.headers, body),
+        None => refused,
+        Some(dialect) => {
+            let (mut parts, body) = refused.into_parts();
+            let body = shaped(dialect, parts.status, &mut parts.headers, body);
+            Response::from_parts(parts, body)
+        }
     }
 }
 

@@ -72,10 +72,9 @@ pub fn answer(refusal: Refusal, policy: Option<&Policy>) -> Response<Body> {
             json!({"error": "bad_request", "message": error.to_string()}),
         ),
     };
-    #[cfg_attr(not(feature = "llm"), allow(unused_mut))]
-    let (mut parts, body) = refused.into_parts();
     #[cfg(feature = "llm")]
-    let body = provider_shaped(policy, &mut parts, body);
+    let refused = provider_shaped(policy, refused);
+    let (parts, body) = refused.into_parts();
     Response::from_parts(parts, Body::from(body.to_string()))
 }
 
