@@ -97,7 +97,7 @@ pub(super) async fn put(
         .check_record(&record)
         .map_err(|why| AdminError::BadRequest("invalid_settings", why))?;
     let before = directory.put(&id, record).await?;
-    let after = directory.consumer(&id);
+    let after = directory.read(&id).await?;
     audit(&who, "consumer.put", &id, before.as_ref(), after.as_ref());
     Ok(Json(json!({
         "consumer": id,
@@ -182,7 +182,7 @@ pub(super) async fn show(
     headers: HeaderMap,
 ) -> Result<Json<Value>, AdminError> {
     let (consumers, directory) = admin.consumers(&headers, &id)?;
-    let record = directory.consumer(&id);
+    let record = directory.read(&id).await?;
     let plan_name = plan_of(&consumers, record.as_ref(), &id, query.plan);
     let plan = match &plan_name {
         Some(name) => Some(plan_named(&consumers, name)?),
@@ -212,7 +212,7 @@ pub(super) async fn show_limit(
     headers: HeaderMap,
 ) -> Result<Json<Value>, AdminError> {
     let (consumers, directory) = admin.consumers(&headers, &id)?;
-    let record = directory.consumer(&id);
+    let record = directory.read(&id).await?;
     let (plan, settings) = plan_limit(&consumers, record.as_ref(), &id, query.plan, &limit)?;
     let state = limit_state(&admin, &consumers, record.as_ref(), &id, plan, settings).await?;
     Ok(Json(json!({
@@ -232,7 +232,7 @@ pub(super) async fn reset_limit(
     headers: HeaderMap,
 ) -> Result<Json<Value>, AdminError> {
     let (consumers, directory) = admin.consumers(&headers, &id)?;
-    let record = directory.consumer(&id);
+    let record = directory.read(&id).await?;
     let (plan, settings) = plan_limit(&consumers, record.as_ref(), &id, query.plan, &limit)?;
     let Some(store_key) = consumer_key(&consumers, settings, &id, &plan.name) else {
         return Err(AdminError::BadRequest(
@@ -275,6 +275,16 @@ pub(super) async fn list(
     admin.authorize(&headers)?;
     let consumers = admin.gateway.consumers().ok_or(AdminError::NoConsumers)?;
     let directory = consumers.directory();
+    if let Some(capacity) = directory.cache_capacity() {
+        // Only the most recently used are in memory: the listing is Redis's to give.
+        return Err(AdminError::BadRequest(
+            "listed_in_redis",
+            format!(
+                "this instance holds at most {capacity} consumers in memory (consumers.cache); list the directory \
+                 from Redis (HSCAN of the records hash, docs/operations.md)"
+            ),
+        ));
+    }
     let limit = query.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE);
     // One more than the page, to know whether another follows: a last page that is full says so with no `next`.
     let mut page = directory.records(query.after.as_deref(), limit + 1);
@@ -322,7 +332,7 @@ pub(super) async fn restore(
         }
     }
     let before = directory.restore(&id, record).await?;
-    let after = directory.consumer(&id);
+    let after = directory.read(&id).await?;
     audit(
         &who,
         "consumer.restore",
@@ -376,9 +386,9 @@ pub(super) async fn add_key(
     headers: HeaderMap,
 ) -> Result<Response, AdminError> {
     let (_, directory) = admin.consumers(&headers, &id)?;
-    let before = directory.consumer(&id);
+    let before = directory.read(&id).await?;
     let (key, text) = directory.add_key(&id).await?;
-    let after = directory.consumer(&id);
+    let after = directory.read(&id).await?;
     audit(&who, "key.add", &id, before.as_ref(), after.as_ref());
     let body = json!({
         "consumer": id,
@@ -402,11 +412,11 @@ pub(super) async fn revoke_key(
     headers: HeaderMap,
 ) -> Result<Json<Value>, AdminError> {
     let (_, directory) = admin.consumers(&headers, &id)?;
-    let before = directory.consumer(&id);
+    let before = directory.read(&id).await?;
     if !directory.revoke_key(&id, &key_id).await? {
         return Err(AdminError::NotFound("unknown_key", key_id));
     }
-    let after = directory.consumer(&id);
+    let after = directory.read(&id).await?;
     audit(&who, "key.revoke", &id, before.as_ref(), after.as_ref());
     Ok(Json(json!({"consumer": id, "id": key_id, "revoked": true})))
 }

@@ -68,6 +68,16 @@ pub(crate) fn consumers(
         .failed_credentials
         .as_ref()
         .and_then(|failures| failed_credentials(issues, failures));
+    let cache = raw.cache.and_then(|cache| match usize::try_from(cache) {
+        Ok(cache) if (1..=MAX_CACHE).contains(&cache) => Some(cache),
+        _ => {
+            issues.add(
+                "consumers.cache",
+                format_args!("{cache} is not a number of consumers from 1 to {MAX_CACHE}"),
+            );
+            None
+        }
+    });
     if issues.count() != before {
         return None;
     }
@@ -78,8 +88,12 @@ pub(crate) fn consumers(
         forward,
         plans,
         failed_credentials,
+        cache,
     })
 }
+
+/// The largest `consumers.cache`: a hundred million consumers, far more than memory holds.
+const MAX_CACHE: usize = 100_000_000;
 
 /// `consumers.anonymous`: what a caller without a credential gets (no plan, a plan named in `plans`, or 401).
 fn anonymous(
@@ -405,6 +419,26 @@ mod tests {
                 && failures.contains("consumers.failed_credentials.period: must be greater than 0"),
             "{failures}"
         );
+        // A cache of consumers is for a directory in Redis, and holds at least one.
+        let cache = |store: &str, cache: &str| {
+            problems(&format!(
+                "{store}consumers:\n  cache: {cache}\n  identify: [ {{ api_key: {{ header: x-api-key }} }} ]\n{ROUTE}"
+            ))
+            .join("\n")
+        };
+        let redis = "store: { backend: redis, url: \"redis://127.0.0.1:6379\" }\n";
+        assert_eq!(cache(redis, "1000"), "");
+        assert!(
+            cache("", "1000")
+                .contains("t.yaml:2:3: consumers.cache: only with store.backend: redis"),
+            "{}",
+            cache("", "1000")
+        );
+        assert!(
+            cache(redis, "0").contains("consumers.cache: 0 is not a number of consumers from 1 to"),
+            "{}",
+            cache(redis, "0")
+        );
         let bad_mode = problems(&format!("{ROUTE}    consumers: sometimes\n"));
         assert!(bad_mode[0].contains("routes[0].consumers"), "{bad_mode:?}");
         let no_block = problems(&format!("{ROUTE}    consumers: required\n"));
@@ -415,6 +449,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "jwt")]
     fn jwt_identifiers_are_checked_where_they_are_written() {
         let yaml = format!(
             r#"consumers:

@@ -224,6 +224,7 @@ pub(crate) struct RawConsumers {
     pub forward: RawForward,
     pub plans: Ordered<RawPlan>,
     pub failed_credentials: Option<RawFailedCredentials>,
+    pub cache: Option<u64>,
 }
 
 /// `failed_credentials:` of `consumers:`.

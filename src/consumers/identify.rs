@@ -277,15 +277,15 @@ impl Consumers {
         }
     }
 
-    /// [`identify`](Self::identify), after looking up in Redis what the directory has not read yet (at start, while
-    /// it reads a large directory whole): the presented API key, then the runtime record of the consumer found.
-    /// Costs nothing once the directory is read.
+    /// [`identify`](Self::identify), after looking up in Redis what the directory does not hold (at start, while
+    /// it reads a large directory whole; with `consumers.cache`, what is not cached): the presented API key, then
+    /// the runtime record of the consumer found. Costs nothing where the directory holds every record.
     pub async fn identify_reading_through(
         &self,
         facts: &RequestFacts<'_>,
         mode: ConsumerMode,
     ) -> Result<Caller, CallerRefusal> {
-        if self.directory.synced() {
+        if self.directory.holds_all() {
             return self.identify(facts, mode);
         }
         let unavailable = |error| {

@@ -22,6 +22,9 @@ pub struct ConsumersSettings {
     pub plans: Vec<Plan>,
     /// The limit on failed credentials per client address, if any.
     pub failed_credentials: Option<FailureSettings>,
+    /// `cache`: with the directory in Redis, how many consumers each instance keeps in memory (the most recently
+    /// used; the others are read from Redis when asked for). `None`: every consumer.
+    pub cache: Option<usize>,
 }
 
 /// One entry of `identify:`.

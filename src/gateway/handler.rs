@@ -42,10 +42,7 @@ pub struct Gateway {
 impl Gateway {
     /// A gateway running `config` with `limiter`.
     pub fn new(config: &Config, limiter: Arc<RateLimiter>) -> Self {
-        let directory = config
-            .consumers
-            .as_ref()
-            .map(|_| directory_on(&config.store));
+        let directory = config.consumers.as_ref().map(|_| directory_on(config));
         Self {
             compiled: ArcSwap::from_pointee(CompiledConfig::new(config, directory.as_ref())),
             limiter,
@@ -115,7 +112,7 @@ impl Gateway {
         config.consumers.as_ref()?;
         let mut directory = self.directory.lock();
         Some(Arc::clone(
-            directory.get_or_insert_with(|| directory_on(&config.store)),
+            directory.get_or_insert_with(|| directory_on(config)),
         ))
     }
 
@@ -430,9 +427,14 @@ where
     }
 }
 
-/// The consumer directory that goes with `store`: in its Redis when it is one.
-fn directory_on(store: &crate::limiter::StoreSettings) -> Arc<Directory> {
-    Directory::from_settings(store).unwrap_or_else(|error| {
+/// The consumer directory that goes with `config`'s store: in its Redis when it is one, holding the consumers
+/// `consumers.cache` says. Made once: it outlives reloads (so does its cache size).
+fn directory_on(config: &Config) -> Arc<Directory> {
+    let cache = config
+        .consumers
+        .as_ref()
+        .and_then(|consumers| consumers.cache);
+    Directory::from_settings_cached(&config.store, cache).unwrap_or_else(|error| {
         tracing::error!(%error, "consumer directory: keeping runtime settings in this process only");
         Directory::in_memory()
     })

@@ -58,6 +58,13 @@ pub(crate) fn validate(
     else {
         return Err(issues.into_vec());
     };
+    if consumers.as_ref().is_some_and(|c| c.cache.is_some()) && store.backend != BackendKind::Redis
+    {
+        issues.add(
+            "consumers.cache",
+            "only with store.backend: redis (the in-process directory holds every consumer it has)",
+        );
+    }
     if issues.count() > 0 {
         return Err(issues.into_vec());
     }

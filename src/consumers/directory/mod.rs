@@ -1,6 +1,7 @@
 //! The runtime consumer directory: what the admin API sets per consumer (plan, overrides, blocked, API keys),
 //! read by every request, kept in this process or shared by every instance through Redis.
 
+mod cache;
 mod point;
 mod record;
 #[cfg(feature = "redis")]
@@ -8,14 +9,13 @@ mod redis;
 mod stored;
 mod tables;
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use thiserror::Error;
 
+use self::cache::{Absent, Recency};
 use self::point::Point;
 pub use self::record::{ConsumerRecord, KeyRecord, LimitOverride, RandomError, KEY_PREFIX};
 #[cfg(feature = "redis")]
@@ -65,12 +65,15 @@ pub enum Known<T> {
     Is(T),
     /// There is none.
     None,
-    /// Not read yet: the directory in Redis is still being read whole (at start), and this was not looked up.
+    /// Not read: the directory in Redis is still being read whole (at start), or holds only some consumers
+    /// (`consumers.cache`), and this was not looked up.
     Unread,
 }
 
 /// The records readers see, the moment of the store they are complete for, and the lock writers take to change
 /// them one at a time.
+// Without Redis, the directory is in memory: always complete, never a cache.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 #[derive(Debug, Default)]
 struct View {
     /// Every record read: changed in place by each change, replaced whole by each full read.
@@ -81,25 +84,18 @@ struct View {
     replacing: parking_lot::Mutex<()>,
     /// Times the store was found to have lost what had been read from it.
     resets: AtomicU64,
-    /// Until the first full read: the keys and consumers looked up and found to have no record.
-    looked_up: parking_lot::Mutex<LookedUp>,
-    /// Told when the first full read is in.
+    /// The keys and consumers looked up lately and found to have no record (all are known after a full read).
+    absent: parking_lot::Mutex<Absent>,
+    /// Told when the directory is read (whole, or for a cache, when Redis's key index can answer).
     read_whole: tokio::sync::Notify,
+    /// With `consumers.cache`: the most recently used consumers are kept, the others looked up when asked for.
+    cache: Option<Recency>,
 }
 
-/// What the lookups before the first full read found absent, bounded (a flood of wrong keys only costs more
-/// lookups, never memory): forgotten at that read, which knows everything.
-#[derive(Debug, Default)]
-struct LookedUp {
-    keys: HashSet<[u8; 32], foldhash::fast::RandomState>,
-    consumers: HashSet<Arc<str>, foldhash::fast::RandomState>,
-}
-
-/// How many absent keys and consumers are remembered before the first full read.
-const LOOKED_UP_BOUND: usize = 100_000;
+#[cfg(feature = "redis")]
 /// How long a request whose key the index cannot tell (a directory written before the index) waits for the
 /// first full read before it is answered 503.
-const READ_WHOLE_WAIT: Duration = Duration::from_secs(5);
+const READ_WHOLE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Where changes are made.
 #[derive(Debug)]
@@ -140,7 +136,27 @@ impl Directory {
     /// that names no Redis.
     #[cfg(feature = "redis")]
     pub fn redis(store: &StoreSettings) -> Result<Arc<Self>, DirectoryError> {
-        let view = Arc::<View>::default();
+        Self::on_redis(store, None)
+    }
+
+    /// A directory kept in Redis as [`redis`](Self::redis), holding at most `capacity` consumers in memory, the
+    /// most recently used: the others are looked up in Redis when a request names them (one lookup, then held),
+    /// and a key Redis has no consumer for is remembered as such for a few seconds. Ready once Redis's key index
+    /// answers, whatever the directory's size.
+    #[cfg(feature = "redis")]
+    pub fn redis_cached(
+        store: &StoreSettings,
+        capacity: usize,
+    ) -> Result<Arc<Self>, DirectoryError> {
+        Self::on_redis(store, Some(capacity.max(1)))
+    }
+
+    #[cfg(feature = "redis")]
+    fn on_redis(store: &StoreSettings, cache: Option<usize>) -> Result<Arc<Self>, DirectoryError> {
+        let view = Arc::new(View {
+            cache: cache.map(Recency::new),
+            ..View::default()
+        });
         let sync = RedisSync::start(&store.url, &store.key_prefix, Arc::clone(&view))?;
         Ok(Arc::new(Self {
             view,
@@ -150,9 +166,19 @@ impl Directory {
 
     /// The directory that goes with the limiter `store` describes: in Redis when limits are, else in memory.
     pub fn from_settings(store: &StoreSettings) -> Result<Arc<Self>, DirectoryError> {
+        Self::from_settings_cached(store, None)
+    }
+
+    /// [`from_settings`](Self::from_settings), holding at most `cache` consumers in memory when it is in Redis
+    /// ([`redis_cached`](Self::redis_cached); `consumers.cache`).
+    #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
+    pub fn from_settings_cached(
+        store: &StoreSettings,
+        cache: Option<usize>,
+    ) -> Result<Arc<Self>, DirectoryError> {
         match store.backend {
             #[cfg(feature = "redis")]
-            BackendKind::Redis => Self::redis(store),
+            BackendKind::Redis => Self::on_redis(store, cache),
             #[cfg(not(feature = "redis"))]
             BackendKind::Redis => Err(DirectoryError::NoRedis),
             BackendKind::Memory => Ok(Self::in_memory()),
@@ -185,9 +211,7 @@ impl Directory {
             .and_then(|holder| tables.consumer(holder.id()));
         match owner {
             Some((id, _)) => Known::Is(id),
-            None if self.knows_all() || self.view.looked_up.lock().keys.contains(digest) => {
-                Known::None
-            }
+            None if self.holds_all() || self.view.absent.lock().key(digest) => Known::None,
             None => Known::Unread,
         }
     }
@@ -197,32 +221,32 @@ impl Directory {
     pub fn record(&self, id: &str) -> Known<StoredRecord> {
         match self.view.tables.load().consumer(id) {
             Some((_, record)) => Known::Is(record),
-            None if self.knows_all() || self.view.looked_up.lock().consumers.contains(id) => {
-                Known::None
-            }
+            None if self.holds_all() || self.view.absent.lock().consumer(id) => Known::None,
             None => Known::Unread,
         }
     }
 
-    /// Whether the tables hold every record: in memory always, on Redis once read whole.
-    fn knows_all(&self) -> bool {
-        self.synced()
+    /// Whether every record is in memory: always in the in-process directory, on Redis once read whole (never
+    /// with `consumers.cache`). Where not, what is not there is looked up.
+    pub fn holds_all(&self) -> bool {
+        self.view.cache.is_none() && self.synced()
     }
 
     /// Looks up the key whose SHA-256 is `digest` in Redis, before the directory is read whole: afterwards
     /// [`key_owner`](Self::key_owner) knows it. When the key index cannot tell (a directory written before it),
     /// waits for the whole directory instead, a few seconds at most. Fails when Redis does not answer.
+    #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
     pub async fn read_through_key(&self, digest: &[u8; 32]) -> Result<(), DirectoryError> {
         match &self.store {
             Store::Memory => Ok(()),
             #[cfg(feature = "redis")]
-            Store::Redis(sync) => match sync.look_up_key(digest).await? {
+            Store::Redis(sync) => match counted(sync.look_up_key(digest).await)? {
                 KeyLookup::Found(id, record) => {
                     self.view.learn(&id, record);
                     Ok(())
                 }
                 KeyLookup::Absent => {
-                    self.view.looked_up.lock().remember_key(*digest);
+                    self.view.absent.lock().remember_key(*digest);
                     Ok(())
                 }
                 KeyLookup::Unknown => self.until_read_whole().await,
@@ -232,14 +256,15 @@ impl Directory {
 
     /// Looks up consumer `id`'s record in Redis, before the directory is read whole: afterwards
     /// [`record`](Self::record) knows it. Fails when Redis does not answer.
+    #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
     pub async fn read_through_consumer(&self, id: &str) -> Result<(), DirectoryError> {
         match &self.store {
             Store::Memory => Ok(()),
             #[cfg(feature = "redis")]
             Store::Redis(sync) => {
-                match sync.look_up_consumer(id).await? {
+                match counted(sync.look_up_consumer(id).await)? {
                     Some(record) => self.view.learn(id, record),
-                    None => self.view.looked_up.lock().remember_consumer(id),
+                    None => self.view.absent.lock().remember_consumer(id),
                 }
                 Ok(())
             }
@@ -271,6 +296,21 @@ impl Directory {
     /// How many consumers have runtime settings.
     pub fn len(&self) -> usize {
         self.view.tables.load().len()
+    }
+
+    /// Consumer `id`'s runtime settings, read from Redis when they are not in memory (a cache, or a directory
+    /// still being read).
+    pub async fn read(&self, id: &str) -> Result<Option<ConsumerRecord>, DirectoryError> {
+        match &self.store {
+            #[cfg(feature = "redis")]
+            Store::Redis(sync) if !self.holds_all() => sync.look_up_consumer(id).await,
+            _ => Ok(self.consumer(id)),
+        }
+    }
+
+    /// How many consumers the directory holds in memory at most, when it holds only some (`consumers.cache`).
+    pub fn cache_capacity(&self) -> Option<usize> {
+        self.view.cache.as_ref().map(Recency::capacity)
     }
 
     /// Whether no consumer has runtime settings.
@@ -419,6 +459,44 @@ impl Directory {
     }
 }
 
+/// Sets `tollgate_consumer_directory_consumers`, the consumers whose records `tables` hold.
+#[cfg(feature = "redis")]
+fn held(tables: &Tables) {
+    metrics::gauge!("tollgate_consumer_directory_consumers").set(tables.len() as f64);
+}
+
+/// `lookup`, counted in `tollgate_consumer_directory_lookups_total{result}` (`found`, `absent`, `failed`).
+#[cfg(feature = "redis")]
+fn counted<T: Found>(lookup: Result<T, DirectoryError>) -> Result<T, DirectoryError> {
+    let result = match &lookup {
+        Ok(found) if found.found() => "found",
+        Ok(_) => "absent",
+        Err(_) => "failed",
+    };
+    metrics::counter!("tollgate_consumer_directory_lookups_total", "result" => result).increment(1);
+    lookup
+}
+
+/// Whether a lookup found a record.
+#[cfg(feature = "redis")]
+trait Found {
+    fn found(&self) -> bool;
+}
+
+#[cfg(feature = "redis")]
+impl Found for KeyLookup {
+    fn found(&self) -> bool {
+        matches!(self, KeyLookup::Found(..))
+    }
+}
+
+#[cfg(feature = "redis")]
+impl Found for Option<ConsumerRecord> {
+    fn found(&self) -> bool {
+        self.is_some()
+    }
+}
+
 // === impl View ===
 
 // The directory's Redis sync changes the view's tables as it reads changes, and replaces them when it reads
@@ -444,7 +522,14 @@ impl View {
             // Complete for a later moment already: they have this record as new or newer.
             return true;
         }
-        self.tables.load().set(id, record.as_ref());
+        let tables = self.tables.load();
+        // A cache keeps only the records it holds up to date; the others are read when asked for.
+        if self.cache.is_none() || tables.holds(id) {
+            tables.set(id, record.as_ref());
+            held(&tables);
+        }
+        let digests = record.iter().flat_map(ConsumerRecord::key_digests);
+        self.absent.lock().forget(id, digests);
         // Complete again only when the one change since their moment is this one; otherwise another record
         // changed too, and its announcement may be lost.
         let complete = same_lineage
@@ -461,21 +546,37 @@ impl View {
     /// complete for, and how many consumers they held.
     fn replace_all(&self, tables: Tables, point: Point) -> (Point, usize) {
         let _replacing = self.replacing.lock();
+        held(&tables);
         let before = self.tables.swap(Arc::new(tables));
         let complete = point.version.is_some();
         let point_before = std::mem::replace(&mut *self.point.lock(), point);
         self.complete.store(complete, Ordering::Release);
-        // Everything is known now: what was looked up before is in the tables or absent from them.
-        *self.looked_up.lock() = LookedUp::default();
+        // Everything is known now (or, for a cache, forgotten): what was looked up before is in the tables or
+        // absent from them.
+        *self.absent.lock() = Absent::default();
+        if let Some(cache) = &self.cache {
+            cache.clear();
+        }
         self.read_whole.notify_waiters();
         (point_before, before.len())
     }
 
-    /// Puts `id`'s record, looked up before the first full read, into the tables (which that read replaces).
+    /// Puts `id`'s record, looked up, into the tables: before the first full read (which replaces them), or into
+    /// a cache, evicting the least recently used beyond its capacity.
     fn learn(&self, id: &str, record: ConsumerRecord) {
         let _replacing = self.replacing.lock();
-        if !self.complete.load(Ordering::Acquire) {
-            self.tables.load().set(id, Some(&record));
+        let tables = self.tables.load();
+        match &self.cache {
+            Some(cache) => {
+                let fresh = !tables.holds(id);
+                tables.set(id, Some(&record));
+                if fresh {
+                    cache.admitted(id, &tables);
+                }
+                held(&tables);
+            }
+            None if !self.complete.load(Ordering::Acquire) => tables.set(id, Some(&record)),
+            None => {}
         }
     }
 
@@ -483,25 +584,6 @@ impl View {
     fn count_reset(&self) {
         self.resets.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("tollgate_consumer_directory_resets_total").increment(1);
-    }
-}
-
-// === impl LookedUp ===
-
-#[cfg(feature = "redis")]
-impl LookedUp {
-    fn remember_key(&mut self, digest: [u8; 32]) {
-        if self.keys.len() >= LOOKED_UP_BOUND {
-            self.keys.clear();
-        }
-        self.keys.insert(digest);
-    }
-
-    fn remember_consumer(&mut self, id: &str) {
-        if self.consumers.len() >= LOOKED_UP_BOUND {
-            self.consumers.clear();
-        }
-        self.consumers.insert(Arc::from(id));
     }
 }
 

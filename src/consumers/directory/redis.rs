@@ -307,7 +307,7 @@ impl Redis {
                 () = self.resync.notified() => true,
             };
             let result = if full {
-                self.read_all().await
+                self.read_again().await
             } else {
                 self.check().await
             };
@@ -346,7 +346,33 @@ impl Redis {
         if self.view.point.lock().is_at(version, lineage.as_deref()) {
             return Ok(());
         }
-        self.read_all().await
+        self.read_again().await
+    }
+
+    /// Brings the view to the store's present: a whole directory reads everything again; a cache forgets what it
+    /// holds (records are read again as they are asked for), once the key index can answer for every key (a
+    /// directory written before the index is read whole once, to index it).
+    async fn read_again(&self) -> Result<(), String> {
+        if self.view.cache.is_none() {
+            return self.read_all().await;
+        }
+        let reply = self
+            .eval(&self.read, &["head", ""], READ_TIMEOUT)
+            .await
+            .map_err(|error| plain_words(error.details()))?;
+        let Reply {
+            version,
+            lineage,
+            indexed,
+            ..
+        } = Reply::split(reply)?;
+        if !indexed {
+            return self.read_all().await;
+        }
+        let point = Point::at(version, lineage.as_deref());
+        let (before, held) = self.view.replace_all(Tables::default(), point);
+        self.noticed_loss(&before, version, lineage.as_deref(), held, 0);
+        Ok(())
     }
 
     /// Replaces the snapshot with every record, read a page per call, and the change counter as the first page
@@ -411,10 +437,34 @@ impl Redis {
             // reads it first), so that the next instance to start finds keys without reading it whole.
             self.index_keys(&tables, version, lineage.as_deref()).await;
         }
-        let (before, lost) = self
+        // A cache keeps none of it: it was read to be indexed.
+        let kept = if self.view.cache.is_some() {
+            Tables::default()
+        } else {
+            tables
+        };
+        let (before, held) = self
             .view
-            .replace_all(tables, Point::at(version, lineage.as_deref()));
-        if before.lost_by(version, lineage.as_deref()) {
+            .replace_all(kept, Point::at(version, lineage.as_deref()));
+        self.noticed_loss(&before, version, lineage.as_deref(), held, count);
+        tracing::debug!(
+            consumers = count,
+            version,
+            "consumer directory read from redis"
+        );
+        Ok(())
+    }
+
+    /// Counts and logs a store found to have lost what was read at `before` (now at `version` of `lineage`).
+    fn noticed_loss(
+        &self,
+        before: &Point,
+        version: u64,
+        lineage: Option<&str>,
+        lost: usize,
+        count: usize,
+    ) {
+        if before.lost_by(version, lineage) {
             self.view.count_reset();
             tracing::warn!(
                 lost,
@@ -424,12 +474,6 @@ impl Redis {
                  re-seeded (PUT /consumers/{{id}}/record with the records kept from GET /consumers)"
             );
         }
-        tracing::debug!(
-            consumers = count,
-            version,
-            "consumer directory read from redis"
-        );
-        Ok(())
     }
 
     /// Hears the announcements of changes, on a subscriber connection of its own, and re-reads each changed

@@ -11,8 +11,8 @@ use crate::consumers::{digest_hex, parse_hex_digest};
 /// One consumer's id and record, packed. Cloning shares the bytes; two clones of one version of a record are
 /// [`same`](Self::same), which is how compiled overrides are kept per version.
 ///
-/// Layout: `id` (u8 length, bytes), flags (u8: [`BLOCKED`], [`KEYS_AS_JSON`]), `plan` (u16 length, bytes;
-/// [`NO_PLAN`] for none), `overrides` as JSON (u32 length, bytes; 0 for none), then the keys (u16 count; each:
+/// Layout: `id` (u8 length, bytes), flags (u8: `BLOCKED`, `KEYS_AS_JSON`), `plan` (u16 length, bytes;
+/// `NO_PLAN` for none), `overrides` as JSON (u32 length, bytes; 0 for none), then the keys (u16 count; each:
 /// SHA-256, u64 issue time, u16 id length, id bytes). Lengths are little-endian. Keys that do not pack (a digest
 /// that is not 64 lower-case hex digits: only written by hand) are kept as their JSON instead (u32 length, bytes),
 /// read back as written.

@@ -4,7 +4,7 @@
 
 use std::collections::BinaryHeap;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use foldhash::fast::RandomState;
@@ -28,8 +28,9 @@ pub(super) struct Tables {
 /// its id and in that of each of its keys).
 #[derive(Default)]
 struct Shard {
-    /// Records by consumer id, each with the id as callers carry it.
-    consumers: HashTable<(Arc<str>, StoredRecord)>,
+    /// Records by consumer id, each with the id as callers carry it, and whether it was read since a cache last
+    /// looked (see [`Tables::evict_unless_used`]).
+    consumers: HashTable<(Arc<str>, StoredRecord, AtomicBool)>,
     /// Records by the digest of each of their keys, with the digest's hash (a record with two keys here is here
     /// twice, and the table needs each entry's own hash when it grows).
     keys: HashTable<(u64, StoredRecord)>,
@@ -86,14 +87,43 @@ impl Tables {
         self.consumers.load(Ordering::Relaxed)
     }
 
-    /// Consumer `id`'s record, with the id shared.
+    /// Consumer `id`'s record, with the id shared; noted as used.
     pub(super) fn consumer(&self, id: &str) -> Option<(Arc<str>, StoredRecord)> {
+        let hash = self.hasher.hash_one(id);
+        let shard = self.shard(hash).read();
+        let (id, record, used) = shard.consumers.find(hash, |(held, ..)| **held == *id)?;
+        // Written only when it changes: a line that every request wrote would bounce between cores.
+        if !used.load(Ordering::Relaxed) {
+            used.store(true, Ordering::Relaxed);
+        }
+        Some((Arc::clone(id), record.clone()))
+    }
+
+    /// Whether consumer `id` has a record here (not noted as used).
+    pub(super) fn holds(&self, id: &str) -> bool {
         let hash = self.hasher.hash_one(id);
         let shard = self.shard(hash).read();
         shard
             .consumers
-            .find(hash, |(held, _)| **held == *id)
-            .cloned()
+            .find(hash, |(held, ..)| **held == *id)
+            .is_some()
+    }
+
+    /// Removes consumer `id` unless it was used since the last call for it (which it is then no longer): the
+    /// second chance of a CLOCK cache. True when `id` is gone (removed, or not here).
+    pub(super) fn evict_unless_used(&self, id: &str) -> bool {
+        let hash = self.hasher.hash_one(id);
+        let used = {
+            let shard = self.shard(hash).read();
+            match shard.consumers.find(hash, |(held, ..)| **held == *id) {
+                None => return true,
+                Some((.., used)) => used.swap(false, Ordering::Relaxed),
+            }
+        };
+        if !used {
+            self.set(id, None);
+        }
+        !used
     }
 
     /// The record holding the key whose SHA-256 is `digest`.
@@ -123,19 +153,19 @@ impl Tables {
             let mut shard = self.shard(hash).write();
             let entry = shard
                 .consumers
-                .find_entry(hash, |(held, _)| **held == *id)
+                .find_entry(hash, |(held, ..)| **held == *id)
                 .ok();
             let (before, vacant) = match entry {
                 Some(entry) => {
-                    let ((_, before), vacant) = entry.remove();
+                    let ((_, before, _), vacant) = entry.remove();
                     (Some(before), vacant.into_table())
                 }
                 None => (None, &mut shard.consumers),
             };
             if let Some(after) = &after {
-                vacant.insert_unique(hash, (Arc::from(id), after.clone()), |(held, _)| {
-                    self.hasher.hash_one(&**held)
-                });
+                // Set or changed for a use: a cache's new entry is not the first to go.
+                let entry = (Arc::from(id), after.clone(), AtomicBool::new(true));
+                vacant.insert_unique(hash, entry, |(held, ..)| self.hasher.hash_one(&**held));
             }
             before
         };
@@ -197,7 +227,7 @@ impl Tables {
         let mut smallest: BinaryHeap<ById> = BinaryHeap::with_capacity(limit + 1);
         for shard in self.shards.iter() {
             let shard = shard.read();
-            for (id, record) in &shard.consumers {
+            for (id, record, _) in &shard.consumers {
                 if after.is_some_and(|after| &**id <= after) {
                     continue;
                 }
@@ -223,7 +253,7 @@ impl Tables {
     #[cfg(feature = "redis")]
     pub(super) fn for_each_key(&self, mut each: impl FnMut([u8; 32], Arc<str>)) {
         for shard in self.shards.iter() {
-            for (id, record) in &shard.read().consumers {
+            for (id, record, _) in &shard.read().consumers {
                 for digest in record.key_digests() {
                     each(digest, Arc::clone(id));
                 }
