@@ -191,7 +191,7 @@ impl Directory {
             .tables
             .load()
             .consumer(id)
-            .map(|(_, record)| record.record())
+            .map(|record| record.record())
     }
 
     /// The consumer owning the runtime-issued API key whose SHA-256 is `digest`.
@@ -205,12 +205,9 @@ impl Directory {
     /// Whom the runtime API key whose SHA-256 is `digest` names, or [`Known::Unread`] while the directory is
     /// being read and the key has not been looked up ([`read_through_key`](Self::read_through_key)).
     pub fn key_owner(&self, digest: &[u8; 32]) -> Known<Arc<str>> {
-        let tables = self.view.tables.load();
-        let owner = tables
-            .holder_of_key(digest)
-            .and_then(|holder| tables.consumer(holder.id()));
-        match owner {
-            Some((id, _)) => Known::Is(id),
+        match self.view.tables.load().holder_of_key(digest) {
+            // The id as callers carry it, shared from here on.
+            Some(holder) => Known::Is(Arc::from(holder.id())),
             None if self.holds_all() || self.view.absent.lock().key(digest) => Known::None,
             None => Known::Unread,
         }
@@ -220,7 +217,7 @@ impl Directory {
     /// been looked up ([`read_through_consumer`](Self::read_through_consumer)).
     pub fn record(&self, id: &str) -> Known<StoredRecord> {
         match self.view.tables.load().consumer(id) {
-            Some((_, record)) => Known::Is(record),
+            Some(record) => Known::Is(record),
             None if self.holds_all() || self.view.absent.lock().consumer(id) => Known::None,
             None => Known::Unread,
         }
@@ -446,7 +443,7 @@ impl Directory {
             Store::Memory => {
                 let _replacing = self.view.replacing.lock();
                 let tables = self.view.tables.load();
-                let before = tables.consumer(id).map(|(_, record)| record.record());
+                let before = tables.consumer(id).map(|record| record.record());
                 let (after, outcome) = edit(before.as_ref())?;
                 if after != before {
                     tables.set(id, after.as_ref());
@@ -544,10 +541,10 @@ impl View {
 
     /// Replaces the tables with everything the store held at `point`; returns the moment the tables replaced were
     /// complete for, and how many consumers they held.
-    fn replace_all(&self, tables: Tables, point: Point) -> (Point, usize) {
+    fn replace_all(&self, tables: Arc<Tables>, point: Point) -> (Point, usize) {
         let _replacing = self.replacing.lock();
         held(&tables);
-        let before = self.tables.swap(Arc::new(tables));
+        let before = self.tables.swap(tables);
         let complete = point.version.is_some();
         let point_before = std::mem::replace(&mut *self.point.lock(), point);
         self.complete.store(complete, Ordering::Release);
@@ -649,7 +646,7 @@ mod tests {
         let view = View::default();
         let version = |view: &View| view.point.lock().version;
         let has = |view: &View, id| view.tables.load().consumer(id).is_some();
-        view.replace_all(Tables::default(), Point::at(4, None));
+        view.replace_all(Arc::default(), Point::at(4, None));
         // Change 5 was to acme, and nothing changed since: complete at 5.
         assert!(view.apply("acme", Some(pro()), 5, 5, None));
         assert_eq!(version(&view), Some(5));
@@ -662,7 +659,7 @@ mod tests {
         assert_eq!(version(&view), Some(5));
         // Read at or before the tables' moment: nothing to do.
         view.replace_all(
-            Tables::from_records(vec![("acme".to_owned(), pro())]),
+            Arc::new(Tables::from_records(vec![("acme".to_owned(), pro())])),
             Point::at(9, None),
         );
         assert!(view.apply("acme", None, 9, 9, None));

@@ -370,7 +370,7 @@ impl Redis {
             return self.read_all().await;
         }
         let point = Point::at(version, lineage.as_deref());
-        let (before, held) = self.view.replace_all(Tables::default(), point);
+        let (before, held) = self.view.replace_all(Arc::default(), point);
         self.noticed_loss(&before, version, lineage.as_deref(), held, 0);
         Ok(())
     }
@@ -384,7 +384,7 @@ impl Redis {
         let mut start: Option<(u64, Option<String>, bool)> = None;
         // Packed as read: a full read never holds the records twice, however many there are. HSCAN may return a
         // field twice (the hash grew while it was scanned): the last one read stands.
-        let tables = Tables::default();
+        let tables = Arc::new(Tables::default());
         loop {
             let reply = self
                 .eval(&self.read, &["page", &cursor, PAGE_FIELDS], READ_TIMEOUT)
@@ -408,19 +408,12 @@ impl Redis {
             let (Some(next), Some(fields)) = (page.next(), page.next()) else {
                 return Err("unexpected page from the directory's read script".to_owned());
             };
-            for pair in fields.into_array().chunks_exact(2) {
-                let (Some(id), Some(json)) = (pair[0].as_string(), pair[1].as_string()) else {
-                    continue;
-                };
-                match serde_json::from_str::<ConsumerRecord>(&json) {
-                    Ok(record) => tables.set(&id, Some(&record)),
-                    Err(error) => tracing::warn!(
-                        consumer = %id,
-                        %error,
-                        "a consumer's record in redis is not a record; ignored until replaced or deleted"
-                    ),
-                }
-            }
+            // Parsed off the runtime's threads: a page is tens of milliseconds of work that requests must not wait
+            // behind (a million consumers are a hundred pages).
+            let (into, fields) = (Arc::clone(&tables), fields.into_array());
+            tokio::task::spawn_blocking(move || take_page(&into, &fields))
+                .await
+                .map_err(|error| error.to_string())?;
             cursor = next
                 .as_string()
                 .ok_or("unexpected cursor from the directory's read script")?;
@@ -439,7 +432,7 @@ impl Redis {
         }
         // A cache keeps none of it: it was read to be indexed.
         let kept = if self.view.cache.is_some() {
-            Tables::default()
+            Arc::default()
         } else {
             tables
         };
@@ -624,8 +617,10 @@ impl Redis {
     /// Writes the key index of a directory written before it existed, from `records` read whole at change
     /// `version` of `lineage`; gives up (for the next full read) when the directory changes meanwhile.
     async fn index_keys(&self, tables: &Tables, version: u64, lineage: Option<&str>) {
-        let mut pairs: Vec<(String, Arc<str>)> = Vec::new();
-        tables.for_each_key(|digest, id| pairs.push((crate::consumers::digest_hex(&digest), id)));
+        let mut pairs: Vec<(String, String)> = Vec::new();
+        tables.for_each_key(|digest, id| {
+            pairs.push((crate::consumers::digest_hex(&digest), id.to_owned()));
+        });
         let version = version.to_string();
         let lineage = lineage.unwrap_or_default();
         let batches = pairs.len().div_ceil(INDEX_BATCH).max(1);
@@ -637,7 +632,7 @@ impl Redis {
                 "more"
             };
             let mut args = vec![version.as_str(), lineage, last];
-            args.extend(batch.flat_map(|(digest, id)| [digest.as_str(), &**id]));
+            args.extend(batch.flat_map(|(digest, id)| [digest.as_str(), id.as_str()]));
             match self.eval(&self.index, &args, WRITE_TIMEOUT).await {
                 Ok(Value::Integer(1)) => {}
                 Ok(_) => return,
@@ -784,6 +779,24 @@ impl Redis {
         } else {
             "not connected to redis".to_owned()
         })
+    }
+}
+
+/// Puts a page of a full read (consumer id, record JSON, consumer id...) into `tables`, leaving out with a warning
+/// each record that is not one.
+fn take_page(tables: &Tables, fields: &[Value]) {
+    for pair in fields.chunks_exact(2) {
+        let (Some(id), Some(json)) = (pair[0].as_str(), pair[1].as_str()) else {
+            continue;
+        };
+        match serde_json::from_str::<ConsumerRecord>(&json) {
+            Ok(record) => tables.set(&id, Some(&record)),
+            Err(error) => tracing::warn!(
+                consumer = %id,
+                %error,
+                "a consumer's record in redis is not a record; ignored until replaced or deleted"
+            ),
+        }
     }
 }
 

@@ -11,9 +11,10 @@ use crate::consumers::{digest_hex, parse_hex_digest};
 /// One consumer's id and record, packed. Cloning shares the bytes; two clones of one version of a record are
 /// [`same`](Self::same), which is how compiled overrides are kept per version.
 ///
-/// Layout: `id` (u8 length, bytes), flags (u8: `BLOCKED`, `KEYS_AS_JSON`), `plan` (u16 length, bytes;
-/// `NO_PLAN` for none), `overrides` as JSON (u32 length, bytes; 0 for none), then the keys (u16 count; each:
-/// SHA-256, u64 issue time, u16 id length, id bytes). Lengths are little-endian. Keys that do not pack (a digest
+/// Layout: `id` (u8 length, bytes), flags (u8: `BLOCKED`, `KEYS_AS_JSON`, `HAS_OVERRIDES`), `plan` (u16 length,
+/// bytes; `NO_PLAN` for none), `overrides` as JSON when there are any (u32 length, bytes), then the keys (u16
+/// count; each: SHA-256, u64 issue time, the id: u16 length and bytes, or `ISSUED_ID` and the 4 bytes an issued
+/// id's 8 hex digits after `k_` spell). Lengths are little-endian. Keys that do not pack (a digest
 /// that is not 64 lower-case hex digits: only written by hand) are kept as their JSON instead (u32 length, bytes),
 /// read back as written.
 #[derive(Clone)]
@@ -21,7 +22,10 @@ pub struct StoredRecord(Arc<[u8]>);
 
 const BLOCKED: u8 = 1;
 const KEYS_AS_JSON: u8 = 2;
+const HAS_OVERRIDES: u8 = 4;
 const NO_PLAN: u16 = u16::MAX;
+/// In place of a key id's length: the id is `k_` and 8 lower-case hex digits, as issued, kept in 4 bytes.
+const ISSUED_ID: u16 = u16::MAX;
 
 /// Reads the packed fields in order.
 struct Fields<'a>(&'a [u8]);
@@ -50,6 +54,9 @@ impl StoredRecord {
         if keys.is_none() {
             flags |= KEYS_AS_JSON;
         }
+        if !record.overrides.is_empty() {
+            flags |= HAS_OVERRIDES;
+        }
         bytes.push(flags);
         match &record.plan {
             Some(plan) => {
@@ -59,12 +66,12 @@ impl StoredRecord {
             }
             None => bytes.extend_from_slice(&NO_PLAN.to_le_bytes()),
         }
-        let overrides = if record.overrides.is_empty() {
-            Vec::new()
-        } else {
-            serde_json::to_vec(&record.overrides).unwrap_or_default()
-        };
-        push_chunk(&mut bytes, &overrides);
+        if !record.overrides.is_empty() {
+            push_chunk(
+                &mut bytes,
+                &serde_json::to_vec(&record.overrides).unwrap_or_default(),
+            );
+        }
         match keys {
             Some(keys) => bytes.extend_from_slice(&keys),
             None => push_chunk(
@@ -102,6 +109,9 @@ impl StoredRecord {
     }
 
     fn overrides_json(&self) -> &[u8] {
+        if self.flags() & HAS_OVERRIDES == 0 {
+            return &[];
+        }
         let mut fields = self.fields();
         fields.plan();
         fields.chunk32()
@@ -134,7 +144,7 @@ impl StoredRecord {
         } else {
             self.packed_keys()
                 .map(|(digest, created_ms, id)| KeyRecord {
-                    id: id.to_owned(),
+                    id: id.to_string(),
                     sha256: digest_hex(&digest),
                     created_ms,
                 })
@@ -175,7 +185,9 @@ impl StoredRecord {
     fn key_fields(&self) -> Fields<'_> {
         let mut fields = self.fields();
         fields.plan();
-        fields.chunk32();
+        if self.flags() & HAS_OVERRIDES != 0 {
+            fields.chunk32();
+        }
         fields
     }
 
@@ -185,14 +197,16 @@ impl StoredRecord {
     }
 
     /// The packed keys: digest, issue time, id (none where they are kept as JSON).
-    fn packed_keys(&self) -> impl Iterator<Item = ([u8; 32], u64, &str)> {
+    fn packed_keys(&self) -> impl Iterator<Item = ([u8; 32], u64, KeyId<'_>)> {
         let mut fields = self.key_fields();
         let count = if self.keys_as_json() { 0 } else { fields.u16() };
         (0..count).map_while(move |_| {
             let digest: [u8; 32] = fields.take(32).try_into().ok()?;
             let created_ms = u64::from_le_bytes(fields.take(8).try_into().ok()?);
-            let length = usize::from(fields.u16());
-            let id = std::str::from_utf8(fields.take(length)).ok()?;
+            let id = match fields.u16() {
+                ISSUED_ID => KeyId::Issued(fields.take(4).try_into().ok()?),
+                length => KeyId::Text(std::str::from_utf8(fields.take(usize::from(length))).ok()?),
+            };
             Some((digest, created_ms, id))
         })
     }
@@ -207,10 +221,54 @@ fn packed_keys(keys: &[KeyRecord]) -> Option<Vec<u8>> {
         let digest = parse_hex_digest(&key.sha256).filter(|d| digest_hex(d) == key.sha256)?;
         bytes.extend_from_slice(&digest);
         bytes.extend_from_slice(&key.created_ms.to_le_bytes());
-        bytes.extend_from_slice(&u16::try_from(key.id.len()).ok()?.to_le_bytes());
-        bytes.extend_from_slice(key.id.as_bytes());
+        match issued_id(&key.id) {
+            Some(issued) => {
+                bytes.extend_from_slice(&ISSUED_ID.to_le_bytes());
+                bytes.extend_from_slice(&issued);
+            }
+            None => {
+                let length = u16::try_from(key.id.len())
+                    .ok()
+                    .filter(|&l| l != ISSUED_ID)?;
+                bytes.extend_from_slice(&length.to_le_bytes());
+                bytes.extend_from_slice(key.id.as_bytes());
+            }
+        }
     }
     Some(bytes)
+}
+
+/// The 4 bytes of an id as issued (`k_` and 8 lower-case hex digits).
+fn issued_id(id: &str) -> Option<[u8; 4]> {
+    let hex = id.strip_prefix("k_").filter(|hex| hex.len() == 8)?;
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    let mut bytes = [0u8; 4];
+    for (byte, pair) in bytes.iter_mut().zip(hex.as_bytes().chunks_exact(2)) {
+        *byte = digit(pair[0])? << 4 | digit(pair[1])?;
+    }
+    Some(bytes)
+}
+
+/// A packed key's id.
+enum KeyId<'a> {
+    Issued([u8; 4]),
+    Text(&'a str),
+}
+
+impl std::fmt::Display for KeyId<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyId::Issued(bytes) => {
+                f.write_str("k_")?;
+                bytes.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
+            }
+            KeyId::Text(text) => f.write_str(text),
+        }
+    }
 }
 
 /// Appends `chunk` with its u32 length.
@@ -280,7 +338,12 @@ mod tests {
                 plan: Some("pro".to_owned()),
                 overrides,
                 blocked: true,
-                keys: vec![key("k_1", "tg_a"), key("k_2", "tg_b")],
+                keys: vec![
+                    key("k_1", "tg_a"),
+                    key("k_2", "tg_b"),
+                    key("k_ABCDEF12", "tg_e"),
+                    key("k_abcdef12", "tg_f"),
+                ],
             },
             ConsumerRecord {
                 plan: Some("free".to_owned()),
@@ -309,8 +372,9 @@ mod tests {
                 ..ConsumerRecord::default()
             },
         );
-        // 16 characters of id, a plan and one issued key: 81 bytes, 97 with the allocation's counts.
-        assert!(one_key.size() <= 84, "{} bytes", one_key.size());
+        // 16 characters of id, a plan and one issued key: 71 bytes, 87 with the allocation's counts (a 96-byte
+        // block).
+        assert!(one_key.size() <= 71, "{} bytes", one_key.size());
         assert!(one_key.holds_key(&digest("tg_c")));
         assert!(!one_key.holds_key(&digest("tg_d")));
     }

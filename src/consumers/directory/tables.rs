@@ -5,7 +5,6 @@
 use std::collections::BinaryHeap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
@@ -28,16 +27,16 @@ pub(super) struct Tables {
 /// its id and in that of each of its keys).
 #[derive(Default)]
 struct Shard {
-    /// Records by consumer id, each with the id as callers carry it, and whether it was read since a cache last
-    /// looked (see [`Tables::evict_unless_used`]).
-    consumers: HashTable<(Arc<str>, StoredRecord, AtomicBool)>,
+    /// Records by consumer id (the record holds it), and whether each was read since a cache last looked (see
+    /// [`Tables::evict_unless_used`]).
+    consumers: HashTable<(StoredRecord, AtomicBool)>,
     /// Records by the digest of each of their keys, with the digest's hash (a record with two keys here is here
     /// twice, and the table needs each entry's own hash when it grows).
     keys: HashTable<(u64, StoredRecord)>,
 }
 
 /// A page's entry, ordered by consumer id.
-struct ById(Arc<str>, StoredRecord);
+struct ById(StoredRecord);
 
 impl std::fmt::Debug for Tables {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -87,16 +86,16 @@ impl Tables {
         self.consumers.load(Ordering::Relaxed)
     }
 
-    /// Consumer `id`'s record, with the id shared; noted as used.
-    pub(super) fn consumer(&self, id: &str) -> Option<(Arc<str>, StoredRecord)> {
+    /// Consumer `id`'s record; noted as used.
+    pub(super) fn consumer(&self, id: &str) -> Option<StoredRecord> {
         let hash = self.hasher.hash_one(id);
         let shard = self.shard(hash).read();
-        let (id, record, used) = shard.consumers.find(hash, |(held, ..)| **held == *id)?;
+        let (record, used) = shard.consumers.find(hash, |(held, _)| held.id() == id)?;
         // Written only when it changes: a line that every request wrote would bounce between cores.
         if !used.load(Ordering::Relaxed) {
             used.store(true, Ordering::Relaxed);
         }
-        Some((Arc::clone(id), record.clone()))
+        Some(record.clone())
     }
 
     /// Whether consumer `id` has a record here (not noted as used).
@@ -105,7 +104,7 @@ impl Tables {
         let shard = self.shard(hash).read();
         shard
             .consumers
-            .find(hash, |(held, ..)| **held == *id)
+            .find(hash, |(held, _)| held.id() == id)
             .is_some()
     }
 
@@ -115,9 +114,9 @@ impl Tables {
         let hash = self.hasher.hash_one(id);
         let used = {
             let shard = self.shard(hash).read();
-            match shard.consumers.find(hash, |(held, ..)| **held == *id) {
+            match shard.consumers.find(hash, |(held, _)| held.id() == id) {
                 None => return true,
-                Some((.., used)) => used.swap(false, Ordering::Relaxed),
+                Some((_, used)) => used.swap(false, Ordering::Relaxed),
             }
         };
         if !used {
@@ -153,19 +152,19 @@ impl Tables {
             let mut shard = self.shard(hash).write();
             let entry = shard
                 .consumers
-                .find_entry(hash, |(held, ..)| **held == *id)
+                .find_entry(hash, |(held, _)| held.id() == id)
                 .ok();
             let (before, vacant) = match entry {
                 Some(entry) => {
-                    let ((_, before, _), vacant) = entry.remove();
+                    let ((before, _), vacant) = entry.remove();
                     (Some(before), vacant.into_table())
                 }
                 None => (None, &mut shard.consumers),
             };
             if let Some(after) = &after {
                 // Set or changed for a use: a cache's new entry is not the first to go.
-                let entry = (Arc::from(id), after.clone(), AtomicBool::new(true));
-                vacant.insert_unique(hash, entry, |(held, ..)| self.hasher.hash_one(&**held));
+                let entry = (after.clone(), AtomicBool::new(true));
+                vacant.insert_unique(hash, entry, |(held, _)| self.hasher.hash_one(held.id()));
             }
             before
         };
@@ -227,16 +226,17 @@ impl Tables {
         let mut smallest: BinaryHeap<ById> = BinaryHeap::with_capacity(limit + 1);
         for shard in self.shards.iter() {
             let shard = shard.read();
-            for (id, record, _) in &shard.consumers {
-                if after.is_some_and(|after| &**id <= after) {
+            for (record, _) in &shard.consumers {
+                let id = record.id();
+                if after.is_some_and(|after| id <= after) {
                     continue;
                 }
                 if smallest.len() == limit
-                    && smallest.peek().is_some_and(|largest| *id >= largest.0)
+                    && smallest.peek().is_some_and(|largest| id >= largest.0.id())
                 {
                     continue;
                 }
-                smallest.push(ById(Arc::clone(id), record.clone()));
+                smallest.push(ById(record.clone()));
                 if smallest.len() > limit {
                     smallest.pop();
                 }
@@ -245,17 +245,17 @@ impl Tables {
         smallest
             .into_sorted_vec()
             .into_iter()
-            .map(|ById(id, record)| (id.to_string(), record.record()))
+            .map(|ById(record)| (record.id().to_owned(), record.record()))
             .collect()
     }
 
     /// Calls `each` with every key's digest and the id of the consumer holding it.
     #[cfg(feature = "redis")]
-    pub(super) fn for_each_key(&self, mut each: impl FnMut([u8; 32], Arc<str>)) {
+    pub(super) fn for_each_key(&self, mut each: impl FnMut([u8; 32], &str)) {
         for shard in self.shards.iter() {
-            for (id, record, _) in &shard.read().consumers {
+            for (record, _) in &shard.read().consumers {
                 for digest in record.key_digests() {
-                    each(digest, Arc::clone(id));
+                    each(digest, record.id());
                 }
             }
         }
@@ -271,7 +271,7 @@ impl Tables {
 
 impl PartialEq for ById {
     fn eq(&self, other: &Self) -> bool {
-        self.0 == other.0
+        self.0.id() == other.0.id()
     }
 }
 
@@ -285,7 +285,7 @@ impl PartialOrd for ById {
 
 impl Ord for ById {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.cmp(&other.0)
+        self.0.id().cmp(other.0.id())
     }
 }
 
@@ -320,7 +320,7 @@ mod tests {
     fn plan(tables: &Tables, id: &str) -> Option<String> {
         tables
             .consumer(id)
-            .and_then(|(_, record)| record.plan().map(str::to_owned))
+            .and_then(|record| record.plan().map(str::to_owned))
     }
 
     #[test]
