@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::binary::Tollgate;
-use common::http_client::{client, json_answer};
+use common::http_client::{client, json_answer, status_with_key};
 use common::redis::RedisServer;
 use common::{eventually, serve_admin, start_gateway};
 use serde_json::{json, Value};
@@ -112,14 +112,7 @@ async fn settings_put_through_one_gateway_are_read_through_another_within_a_seco
 
 /// The status of GET /api through `gateway` with `x-api-key: key`.
 async fn api_status(gateway: &common::TestGateway, key: &str) -> u16 {
-    client()
-        .get(gateway.url("/api"))
-        .header("x-api-key", key)
-        .send()
-        .await
-        .expect("request")
-        .status()
-        .as_u16()
+    status_with_key(gateway.url("/api"), key).await
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::binary::Tollgate;
-use common::http_client::{client, json_answer, metrics_text};
+use common::http_client::{client, json_answer, metrics_text, status_with_key};
 use common::redis::RedisServer;
 use serde_json::Value;
 use tollgate::consumers::{api_key_digest, digest_hex};
@@ -181,14 +181,7 @@ fn start_on(dir: &tempfile::TempDir, name: &str, yaml: &str) -> Tollgate {
 
 /// The status of `GET /api` with API key `key`.
 async fn status_with(tollgate: &Tollgate, key: &str) -> u16 {
-    client()
-        .get(tollgate.url("/api"))
-        .header("x-api-key", key)
-        .send()
-        .await
-        .expect("request")
-        .status()
-        .as_u16()
+    status_with_key(tollgate.url("/api"), key).await
 }
 
 /// The value of the series `series` (a full name with labels, as the exporter writes it) in `tollgate`'s metrics.

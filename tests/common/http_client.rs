@@ -16,6 +16,18 @@ pub fn client() -> reqwest::Client {
         .expect("client")
 }
 
+/// The status of a GET of `url` with the API key `key` in `x-api-key`.
+pub async fn status_with_key(url: String, key: &str) -> u16 {
+    client()
+        .get(url)
+        .header("x-api-key", key)
+        .send()
+        .await
+        .expect("request")
+        .status()
+        .as_u16()
+}
+
 /// Sends `request`: the answer's status, and its body as JSON (`Null` when it is not JSON).
 pub async fn json_answer(request: reqwest::RequestBuilder) -> (u16, serde_json::Value) {
     let response = request.send().await.expect("request");
