@@ -25,6 +25,8 @@ const CHECK_EVERY: Duration = Duration::from_millis(250);
 const READ_TIMEOUT: Duration = Duration::from_secs(1);
 /// Records asked for per page of a full read (a hint to HSCAN): a page of a few MB, read in milliseconds.
 const PAGE_FIELDS: &str = "10000";
+/// Records parsed in one go during a full read, between turns for requests: about a millisecond.
+const RECORDS_PER_TURN: usize = 500;
 /// How long a change may wait for Redis before the admin call fails.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a change waits for a connection that is not up before failing.
@@ -408,12 +410,12 @@ impl Redis {
             let (Some(next), Some(fields)) = (page.next(), page.next()) else {
                 return Err("unexpected page from the directory's read script".to_owned());
             };
-            // Parsed off the runtime's threads: a page is tens of milliseconds of work that requests must not wait
-            // behind (a million consumers are a hundred pages).
-            let (into, fields) = (Arc::clone(&tables), fields.into_array());
-            tokio::task::spawn_blocking(move || take_page(&into, &fields))
-                .await
-                .map_err(|error| error.to_string())?;
+            // A page is tens of milliseconds of parsing: taken a slice at a time, each followed by a turn for the
+            // requests on this thread, which must not wait behind a read (a million consumers are a hundred pages).
+            for slice in fields.into_array().chunks(2 * RECORDS_PER_TURN) {
+                take_page(&tables, slice);
+                tokio::task::yield_now().await;
+            }
             cursor = next
                 .as_string()
                 .ok_or("unexpected cursor from the directory's read script")?;
@@ -782,7 +784,7 @@ impl Redis {
     }
 }
 
-/// Puts a page of a full read (consumer id, record JSON, consumer id...) into `tables`, leaving out with a warning
+/// Puts part of a page of a full read (consumer id, record JSON, consumer id...) into `tables`, leaving out with a warning
 /// each record that is not one.
 fn take_page(tables: &Tables, fields: &[Value]) {
     for pair in fields.chunks_exact(2) {
