@@ -385,8 +385,8 @@ impl Redis {
         let mut cursor = "0".to_owned();
         let mut start: Option<(u64, Option<String>, bool)> = None;
         // Packed as read: a full read never holds the records twice, however many there are. HSCAN may return a
-        // field twice (the hash grew while it was scanned): the last one read stands. Sized by the first page.
-        let mut tables: Option<Arc<Tables>> = None;
+        // field twice (the hash grew while it was scanned): the last one read stands.
+        let tables = Arc::new(Tables::default());
         loop {
             let reply = self
                 .eval(&self.read, &["page", &cursor, PAGE_FIELDS], READ_TIMEOUT)
@@ -397,11 +397,7 @@ impl Redis {
                 part: page,
                 lineage,
                 indexed,
-                records,
             } = Reply::split(reply)?;
-            let tables = tables.get_or_insert_with(|| {
-                Arc::new(Tables::with_capacity(records.unwrap_or_default()))
-            });
             if let Some((first, first_lineage, _)) = &start {
                 if *first_lineage != lineage || version < *first {
                     // Flushed or replaced while being read: what was read may be of two directories.
@@ -417,7 +413,7 @@ impl Redis {
             // A page is tens of milliseconds of parsing: taken a slice at a time, each followed by a turn for the
             // requests on this thread, which must not wait behind a read (a million consumers are a hundred pages).
             for slice in fields.into_array().chunks(2 * RECORDS_PER_TURN) {
-                take_page(tables, slice);
+                take_page(&tables, slice);
                 tokio::task::yield_now().await;
             }
             cursor = next
@@ -430,7 +426,6 @@ impl Redis {
         let Some((version, lineage, indexed)) = start else {
             return Err("the directory's read script answered no page".to_owned());
         };
-        let tables = tables.unwrap_or_default();
         let count = tables.len();
         if !indexed {
             // A directory written before the key index: index what was just read (once, by whichever instance
@@ -824,20 +819,14 @@ struct Reply {
     lineage: Option<String>,
     /// Whether the key index holds every record's keys.
     indexed: bool,
-    /// How many records the hash holds (a page's reply only).
-    records: Option<usize>,
 }
 
 impl Reply {
     fn split(reply: Value) -> Result<Self, String> {
         let mut parts = reply.into_array().into_iter();
-        let (Some(version), Some(part), lineage, indexed, records) = (
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-        ) else {
+        let (Some(version), Some(part), lineage, indexed) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
             return Err("unexpected reply from the directory's read script".to_owned());
         };
         let version = match &version {
@@ -850,9 +839,6 @@ impl Reply {
             part,
             lineage: lineage.and_then(|lineage| lineage.as_string()),
             indexed: indexed.and_then(|indexed| indexed.as_i64()) == Some(1),
-            records: records
-                .and_then(|records| records.as_u64())
-                .and_then(|records| usize::try_from(records).ok()),
         })
     }
 }

@@ -55,9 +55,7 @@ impl Default for Tables {
 // === impl Tables ===
 
 impl Tables {
-    /// Tables sized for `consumers` (a full read knows how many it will hold): they never grow meanwhile, so no
-    /// table is left behind for the allocator to keep.
-    pub(super) fn with_capacity(consumers: usize) -> Self {
+    fn with_capacity(consumers: usize) -> Self {
         let per_shard = consumers.div_ceil(SHARDS);
         Self {
             shards: (0..SHARDS)

@@ -9,15 +9,13 @@
 -- Returns {version, records, lineage, indexed}: version as a string ("0" when there is no counter: an empty or new Redis);
 -- records the HSCAN reply for "page" ({next cursor, flat fields and values}), the record's JSON (or false when
 -- none) for "one", {consumer id or false, its record or false} for "key", false for "head"; lineage the token, or
--- false when there is none; indexed 1 when the key index is complete, else 0; and for "page", how many records
--- the hash holds (so that a full read sizes its tables once). A directory is read a page per call,
+-- false when there is none; indexed 1 when the key index is complete, else 0. A directory is read a page per call,
 -- so that a large one (a million consumers) never holds Redis for long.
 local version = redis.call('GET', KEYS[2]) or '0'
 local lineage = redis.call('GET', KEYS[3])
 local indexed = redis.call('EXISTS', KEYS[5])
 if ARGV[1] == 'page' then
-  return {version, redis.call('HSCAN', KEYS[1], ARGV[2], 'COUNT', ARGV[3]), lineage, indexed,
-    redis.call('HLEN', KEYS[1])}
+  return {version, redis.call('HSCAN', KEYS[1], ARGV[2], 'COUNT', ARGV[3]), lineage, indexed}
 elseif ARGV[1] == 'head' then
   return {version, false, lineage, indexed}
 elseif ARGV[1] == 'key' then
