@@ -159,7 +159,7 @@ impl RedisSync {
         let weak = Arc::downgrade(&redis);
         let _reconnections = redis.client.on_reconnect(move |_| {
             if let Some(redis) = weak.upgrade() {
-                redis.resync.notify_one();
+                redis.resync_after_reconnection();
             }
             async { Ok(()) }
         });
@@ -334,6 +334,14 @@ impl Redis {
             }
         }
         let _ = self.client.quit().await;
+    }
+
+    /// Asks for a full read after a (re)connection, when something was read before it: the first connection's
+    /// read is the first counter check's, and a second one would read a large directory twice at start.
+    fn resync_after_reconnection(&self) {
+        if self.view.point.lock().version.is_some() {
+            self.resync.notify_one();
+        }
     }
 
     /// Reads everything when the change counter (its count or its lineage) is not the snapshot's.
@@ -518,7 +526,7 @@ impl Redis {
                     Err(RecvError::Closed) => break,
                 },
                 reconnected = reconnections.recv() => match reconnected {
-                    Ok(_) | Err(RecvError::Lagged(_)) => self.resync.notify_one(),
+                    Ok(_) | Err(RecvError::Lagged(_)) => self.resync_after_reconnection(),
                     Err(RecvError::Closed) => break,
                 },
             }
