@@ -932,7 +932,7 @@ async fn a_directory_larger_than_a_page_is_read_whole_a_page_per_call() {
     .await;
     assert_eq!(status, 200, "{answer}");
 
-    // An instance that starts now reads the 25,000 records in pages (a page is about 10,000), never in one call.
+    // An instance that starts now reads the 25,000 records in pages (a page is about 2,000), never in one call.
     redis.cli(&["CONFIG", "RESETSTAT"]);
     let other = start_gateway(&yaml).await;
     let admin_other = serve_admin(&other, Some(TOKEN)).await;
