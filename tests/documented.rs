@@ -1099,6 +1099,14 @@ upstreams:
     )
     .await;
     let slow = gateway_for("{ backend: memory }", "{}", "", &api(upstream.url())).await;
+    // Consumers kept in a Redis that never answers: the directory is never read, and a key cannot be looked up.
+    let directory_down = gateway_for(
+        &format!("{{ backend: redis, url: \"redis://{}\" }}", closed.addr()),
+        "{}",
+        "consumers:\n  identify: [{ api_key: { header: x-api-key } }]",
+        "  - { name: api, match: { path_prefix: /x }, respond: { status: 200 } }\n",
+    )
+    .await;
 
     let get = |target: &str, extra: &str| {
         format!("GET {target} HTTP/1.1\r\nHost: gw\r\n{extra}\r\n").into_bytes()
@@ -1180,6 +1188,9 @@ upstreams:
                 exchange_with(main.addr, get("/open", &format!("x-big: {}\r\n", "a".repeat(20_000))), false).await
             }
             ("503", "limiter_unavailable", _) => exchange_with(deny.addr, get("/x", ""), false).await,
+            ("503", "consumer_directory_unavailable", _) => {
+                exchange_with(directory_down.addr, get("/x", "x-api-key: any-key\r\n"), false).await
+            }
             ("502", "upstream_unreachable", _) => exchange_with(unreachable.addr, get("/x", ""), false).await,
             ("504", "upstream_timeout", _) => exchange_with(slow.addr, get("/x/slow", ""), false).await,
             other => panic!("a row of the gateway's own answers this test does not provoke: {other:?}\n{row}"),

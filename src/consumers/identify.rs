@@ -20,6 +20,9 @@ use super::settings::{
 use crate::key::{RequestFacts, PLAN_KEY_SCOPE};
 use crate::limiter::Limit;
 
+/// How many consumers' compiled overrides are kept at most.
+const COMPILED_BOUND: usize = 100_000;
+
 /// The compiled `consumers:` block, shared by every route of a config: identifiers, static keys and plans.
 #[derive(Debug)]
 pub struct Consumers {
@@ -76,8 +79,9 @@ pub enum CallerRefusal {
     /// A credential sent twice (400): which copy the upstream reads would be a guess.
     #[error("a credential occurs more than once")]
     Ambiguous,
-    /// The directory in Redis, still being read at start, could not be asked about the credential (503): a valid
-    /// key is never refused as unknown because this instance has not read it yet.
+    /// The directory in Redis could not be asked about a credential this instance does not hold (still reading the
+    /// directory at start, or not cached with `consumers.cache`) (503): a valid key is never refused as unknown
+    /// because this instance has not read it.
     #[error("the consumer directory cannot be read")]
     DirectoryUnavailable,
 }
@@ -424,6 +428,11 @@ impl Consumers {
             plan,
             limits: limits.clone(),
         };
+        // Bounded as the consumers held are (a directory that caches evicts them; this map would not): a full map
+        // starts again, each consumer's overrides compiled anew at its next request.
+        if compiled.len() >= COMPILED_BOUND {
+            compiled.clear();
+        }
         compiled.insert(Arc::clone(consumer), entry);
         limits
     }

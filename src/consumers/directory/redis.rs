@@ -32,7 +32,7 @@ const RECORDS_PER_TURN: usize = 500;
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a change waits for a connection that is not up before failing.
 const CONNECT_WAIT: Duration = Duration::from_millis(500);
-/// Lookups of keys and records asked of Redis at once, before the first full read.
+/// Lookups of keys and records asked of Redis at once (before the first full read, and with a cache).
 const LOOKUPS_AT_ONCE: usize = 32;
 /// Attempts of one change against concurrent changes of the same record.
 const WRITE_ATTEMPTS: usize = 8;
@@ -60,8 +60,8 @@ const IMPORT_BATCH: usize = 1000;
 /// that keeps the view in step. The tasks end when this is dropped.
 pub(super) struct RedisSync {
     redis: Arc<Redis>,
-    /// Turns for lookups before the first full read: a flood of requests at start asks Redis a bounded number of
-    /// questions at once.
+    /// Turns for lookups (before the first full read, and with a cache): a flood of requests asks Redis a bounded
+    /// number of questions at once.
     lookups: tokio::sync::Semaphore,
     /// Dropped with the directory, which tells the tasks to stop.
     _stop: watch::Sender<()>,
