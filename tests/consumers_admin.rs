@@ -640,16 +640,7 @@ async fn a_flushed_directory_is_one_warning_a_count_and_is_reseeded_from_its_lis
     let http = client();
     let through = |key: String| {
         let url = tollgate.url("/api");
-        async move {
-            client()
-                .get(url)
-                .header("x-api-key", key)
-                .send()
-                .await
-                .expect("request")
-                .status()
-                .as_u16()
-        }
+        async move { status_with_key(url, &key).await }
     };
     // Three consumers, one with a key; listed two to a page, whole, digests and no keys.
     for id in ["acme", "globex", "initech"] {
