@@ -288,7 +288,7 @@ fn crates_in_build(features: &str) -> Vec<String> {
 /// Most crates a library user of the tower layer on Redis compiles (docs/library.md gives the command and the
 /// figure): the layer does not bring the gateway's server, proxy client, command line, gRPC, JWT or YAML parsers
 /// along.
-const LAYER_AND_REDIS_AT_MOST: usize = 150;
+const LAYER_AND_REDIS_AT_MOST: usize = 151;
 
 #[test]
 fn the_layer_on_redis_builds_without_the_gateway_s_crates() {

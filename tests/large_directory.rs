@@ -243,6 +243,41 @@ async fn a_cache_holds_at_most_its_bound_reads_the_rest_through_and_asks_once_ab
     let (status, shown) = admin(client().get(tollgate.admin_url("/consumers/user-3"))).await;
     assert_eq!(status, 200, "{shown}");
     assert_eq!(shown["settings"]["plan"], "pro", "{shown}");
+
+    // A key is checked against Redis's whole directory, not the cache's part of it: a record claiming an uncached
+    // consumer's key is refused, by import and by restore, and nothing is set.
+    let claim = import_line(5).replace("user-5", "user-claimant");
+    let (status, answer) = admin(
+        client()
+            .post(tollgate.admin_url("/consumers:import"))
+            .body(format!("{}{claim}", import_line(2_000))),
+    )
+    .await;
+    assert_eq!(status, 400, "{answer}");
+    let message = answer["detail"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("line 2:") && message.contains("\"user-5\""),
+        "{answer}"
+    );
+    let record: Value = serde_json::from_str(&claim).expect("import line");
+    let (status, answer) = admin(
+        client()
+            .put(tollgate.admin_url("/consumers/user-claimant/record"))
+            .body(record["record"].to_string()),
+    )
+    .await;
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (400, Some("invalid_keys")),
+        "{answer}"
+    );
+    for id in ["user-claimant", "user-2000"] {
+        let (status, shown) =
+            admin(client().get(tollgate.admin_url(&format!("/consumers/{id}")))).await;
+        assert_eq!(status, 200, "{shown}");
+        assert!(shown["settings"].is_null(), "{id} was set: {shown}");
+    }
+    assert_eq!(status_with(&tollgate, &key(5)).await, 200);
 }
 
 #[tokio::test]

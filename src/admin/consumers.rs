@@ -122,16 +122,19 @@ pub(super) async fn import(
         .map_err(|error| AdminError::BadRequest("invalid_body", error.to_string()))?;
     let directory = consumers.directory();
     let mut records = Vec::new();
+    // Each record's line, and each key's, for the errors found after every line is read.
+    let mut lines = Vec::new();
+    let mut keys = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    let mut key_owners = std::collections::HashMap::new();
+    let at = |number: usize, code: &'static str, why: String| {
+        AdminError::BadRequest(code, format!("line {}: {why}", number + 1))
+    };
     for (number, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() {
             continue;
         }
-        let at = |code: &'static str, why: String| {
-            AdminError::BadRequest(code, format!("line {}: {why}", number + 1))
-        };
+        let at = |code: &'static str, why: String| at(number, code, why);
         let ImportLine { consumer, record } =
             strict_body(line.as_bytes()).map_err(|error| at("invalid_body", error))?;
         consumer_id(&consumer).map_err(|why| at("invalid_consumer_id", why))?;
@@ -145,22 +148,28 @@ pub(super) async fn import(
             .check_record(&record)
             .map_err(|why| at("invalid_settings", why))?;
         check_keys(&record).map_err(|why| at("invalid_keys", why))?;
-        for digest in record.key_digests() {
-            let held = directory
-                .consumer_of_key(&digest)
-                .filter(|o| **o != *consumer);
-            if let Some(owner) = held
-                .as_deref()
-                .or(key_owners.get(&digest).map(String::as_str))
-            {
-                return Err(at(
-                    "invalid_keys",
-                    format!("a key of this record is consumer {owner:?}'s"),
-                ));
-            }
-            key_owners.insert(digest, consumer.clone());
-        }
+        keys.extend(record.key_digests().map(|digest| (digest, records.len())));
+        lines.push(number);
         records.push((consumer, record));
+    }
+    // Asked of the store for all lines at once: a cache knows only some of the keys.
+    let digests: Vec<[u8; 32]> = keys.iter().map(|(digest, _)| *digest).collect();
+    let holders = directory.key_holders(&digests).await?;
+    let mut key_owners = std::collections::HashMap::new();
+    for ((digest, index), holder) in keys.iter().zip(holders) {
+        let consumer = &records[*index].0;
+        let held = holder.filter(|holder| **holder != **consumer);
+        let owner = held.as_deref().or(key_owners
+            .get(digest)
+            .map(|&i: &usize| records[i].0.as_str()));
+        if let Some(owner) = owner {
+            return Err(at(
+                lines[*index],
+                "invalid_keys",
+                format!("a key of this record is consumer {owner:?}'s"),
+            ));
+        }
+        key_owners.insert(*digest, *index);
     }
     let imported = directory.import(records).await?;
     tracing::info!(
@@ -323,8 +332,9 @@ pub(super) async fn restore(
         .check_record(&record)
         .map_err(|why| AdminError::BadRequest("invalid_settings", why))?;
     check_keys(&record).map_err(|why| AdminError::BadRequest("invalid_keys", why))?;
-    for digest in record.key_digests() {
-        if let Some(owner) = directory.consumer_of_key(&digest).filter(|o| **o != *id) {
+    let digests: Vec<[u8; 32]> = record.key_digests().collect();
+    for holder in directory.key_holders(&digests).await? {
+        if let Some(owner) = holder.filter(|o| **o != *id) {
             return Err(AdminError::BadRequest(
                 "invalid_keys",
                 format!("a key of this record is consumer {owner:?}'s"),

@@ -268,6 +268,33 @@ impl Directory {
         }
     }
 
+    /// Which consumer holds each of the runtime API keys whose SHA-256 are `digests` (`None` for a key none
+    /// holds): what a record's keys are checked against before it is set. On Redis the store answers (a cache
+    /// holds only some of the records, and another instance may have just set one); for a directory written
+    /// before the key index, this instance answers once it has read it whole.
+    pub async fn key_holders(
+        &self,
+        digests: &[[u8; 32]],
+    ) -> Result<Vec<Option<Arc<str>>>, DirectoryError> {
+        #[cfg(feature = "redis")]
+        if let Store::Redis(sync) = &self.store {
+            match sync.key_holders(digests).await? {
+                Some(holders) => {
+                    return Ok(holders
+                        .into_iter()
+                        .map(|holder| holder.map(Arc::from))
+                        .collect());
+                }
+                None if !self.holds_all() => self.until_read_whole().await?,
+                None => {}
+            }
+        }
+        Ok(digests
+            .iter()
+            .map(|digest| self.consumer_of_key(digest))
+            .collect())
+    }
+
     /// Waits until the directory is read whole, [`READ_WHOLE_WAIT`] at most.
     #[cfg(feature = "redis")]
     async fn until_read_whole(&self) -> Result<(), DirectoryError> {

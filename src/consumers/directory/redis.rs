@@ -55,6 +55,8 @@ const INDEX_BATCH: usize = 5000;
 /// Records per call of the import script: large enough that a million take a thousand calls, small enough that
 /// one call holds Redis for a millisecond or so.
 const IMPORT_BATCH: usize = 1000;
+/// Keys asked for per call when checking whom keys belong to: a short hold of Redis each.
+const HOLDERS_PER_CALL: usize = 1000;
 
 /// The Redis side of a directory: a client for reads and writes, a subscriber for announcements, and the task
 /// that keeps the view in step. The tasks end when this is dropped.
@@ -95,6 +97,9 @@ struct Redis {
     view: Arc<View>,
     /// Asks the sync task for a full read now.
     resync: Notify,
+    /// Asks the sync task to compare the change counter now (a full read follows only if it moved: a full read
+    /// already under way for the same change is not followed by a second).
+    check_soon: Notify,
 }
 
 /// What the key index says of a key.
@@ -151,6 +156,7 @@ impl RedisSync {
             index: Script::from_lua(INDEX_SCRIPT),
             view,
             resync: Notify::new(),
+            check_soon: Notify::new(),
         });
         // Shown from the start, so that an alert on any increase has a series to watch.
         metrics::counter!("tollgate_consumer_directory_resets_total").increment(0);
@@ -234,6 +240,14 @@ impl RedisSync {
         self.redis.look_up_key(digest).await
     }
 
+    /// Whom keys belong to by the key index (see [`Redis::key_holders`]).
+    pub(super) async fn key_holders(
+        &self,
+        digests: &[[u8; 32]],
+    ) -> Result<Option<Vec<Option<String>>>, DirectoryError> {
+        self.redis.key_holders(digests).await
+    }
+
     /// Looks up consumer `id`'s record, in turn.
     pub(super) async fn look_up_consumer(
         &self,
@@ -262,8 +276,9 @@ impl RedisSync {
 
     /// Writes `records` in batches of [`IMPORT_BATCH`], and counts them as one change with the last (or, when a
     /// batch fails, with a call of its own for those written before it): counting each batch would have every
-    /// instance read the whole directory again after each. This instance then reads it again; the others see the
-    /// counter move at their next check and do too.
+    /// instance read the whole directory again after each. This instance then compares the counter at once and
+    /// reads it again (once, even when a counter check had already begun to); the others see the counter move at
+    /// their next check and do too.
     pub(super) async fn import(
         &self,
         records: Vec<(String, ConsumerRecord)>,
@@ -289,7 +304,7 @@ impl RedisSync {
             let _ = redis.import_batch(&[], true).await;
         }
         written?;
-        redis.resync.notify_one();
+        redis.check_soon.notify_one();
         Ok(())
     }
 }
@@ -308,6 +323,7 @@ impl Redis {
                 _ = stopped.changed() => break,
                 _ = ticks.tick() => false,
                 () = self.resync.notified() => true,
+                () = self.check_soon.notified() => false,
             };
             let result = if full {
                 self.read_again().await
@@ -395,7 +411,7 @@ impl Redis {
         let mut start: Option<(u64, Option<String>, bool)> = None;
         // Packed as read: a full read never holds the records twice, however many there are. HSCAN may return a
         // field twice (the hash grew while it was scanned): the last one read stands.
-        let tables = Arc::new(Tables::default());
+        let mut tables = None;
         loop {
             let reply = self
                 .eval(&self.read, &["page", &cursor, PAGE_FIELDS], READ_TIMEOUT)
@@ -406,6 +422,7 @@ impl Redis {
                 part: page,
                 lineage,
                 indexed,
+                size,
             } = Reply::split(reply)?;
             if let Some((first, first_lineage, _)) = &start {
                 if *first_lineage != lineage || version < *first {
@@ -415,6 +432,10 @@ impl Redis {
             } else {
                 start = Some((version, lineage, indexed));
             }
+            // Sized once for what the first page counts: tables that grew as they filled would leave their
+            // smaller selves behind, freed but still held by the allocator.
+            let tables =
+                tables.get_or_insert_with(|| Arc::new(Tables::with_capacity(size.unwrap_or(0))));
             let mut page = page.into_array().into_iter();
             let (Some(next), Some(fields)) = (page.next(), page.next()) else {
                 return Err("unexpected page from the directory's read script".to_owned());
@@ -422,7 +443,7 @@ impl Redis {
             // A page is tens of milliseconds of parsing: taken a slice at a time, each followed by a turn for the
             // requests on this thread, which must not wait behind a read (a million consumers are a hundred pages).
             for slice in fields.into_array().chunks(2 * RECORDS_PER_TURN) {
-                take_page(&tables, slice);
+                take_page(tables, slice);
                 tokio::task::yield_now().await;
             }
             cursor = next
@@ -432,7 +453,7 @@ impl Redis {
                 break;
             }
         }
-        let Some((version, lineage, indexed)) = start else {
+        let (Some((version, lineage, indexed)), Some(tables)) = (start, tables) else {
             return Err("the directory's read script answered no page".to_owned());
         };
         let count = tables.len();
@@ -617,6 +638,31 @@ impl Redis {
             (None, _) if indexed => KeyLookup::Absent,
             _ => KeyLookup::Unknown,
         })
+    }
+
+    /// The consumers whose records hold each of the keys whose SHA-256 are `digests` (`None` for a key none
+    /// holds), by the key index; `None` when the index cannot tell (a directory written before it).
+    pub(super) async fn key_holders(
+        &self,
+        digests: &[[u8; 32]],
+    ) -> Result<Option<Vec<Option<String>>>, DirectoryError> {
+        let mut holders = Vec::with_capacity(digests.len());
+        for chunk in digests.chunks(HOLDERS_PER_CALL) {
+            let hex: Vec<String> = chunk.iter().map(crate::consumers::digest_hex).collect();
+            let mut args = vec!["holders"];
+            args.extend(hex.iter().map(String::as_str));
+            let reply = self
+                .eval(&self.read, &args, READ_TIMEOUT)
+                .await
+                .map_err(|error| self.unavailable(&error))?;
+            let Reply { part, indexed, .. } =
+                Reply::split(reply).map_err(DirectoryError::Unavailable)?;
+            if !indexed {
+                return Ok(None);
+            }
+            holders.extend(part.into_array().into_iter().map(|id| id.as_string()));
+        }
+        Ok(Some(holders))
     }
 
     /// Looks up consumer `id`'s record: `None` when it has none.
@@ -828,14 +874,20 @@ struct Reply {
     lineage: Option<String>,
     /// Whether the key index holds every record's keys.
     indexed: bool,
+    /// How many records there are (with the first page).
+    size: Option<usize>,
 }
 
 impl Reply {
     fn split(reply: Value) -> Result<Self, String> {
         let mut parts = reply.into_array().into_iter();
-        let (Some(version), Some(part), lineage, indexed) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
+        let (Some(version), Some(part), lineage, indexed, size) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
             return Err("unexpected reply from the directory's read script".to_owned());
         };
         let version = match &version {
@@ -848,6 +900,9 @@ impl Reply {
             part,
             lineage: lineage.and_then(|lineage| lineage.as_string()),
             indexed: indexed.and_then(|indexed| indexed.as_i64()) == Some(1),
+            size: size
+                .and_then(|size| size.as_u64())
+                .and_then(|size| usize::try_from(size).ok()),
         })
     }
 }

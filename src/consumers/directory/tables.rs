@@ -1,10 +1,10 @@
 //! The directory's records in memory: hash tables of packed records by consumer id and by key digest, in shards
 //! that requests read under a shard's read lock and changes edit in place, so that a change costs the same at ten
-//! million consumers as at one, and a consumer costs about 200 bytes (docs/operations.md).
+//! million consumers as at one, and a consumer costs about 150 bytes (docs/operations.md).
 
 use std::collections::BinaryHeap;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
@@ -27,9 +27,9 @@ pub(super) struct Tables {
 /// its id and in that of each of its keys).
 #[derive(Default)]
 struct Shard {
-    /// Records by consumer id (the record holds it), and whether each was read since a cache last looked (see
+    /// Records by consumer id (the record holds it, and whether it was read since a cache last looked: see
     /// [`Tables::evict_unless_used`]).
-    consumers: HashTable<(StoredRecord, AtomicBool)>,
+    consumers: HashTable<StoredRecord>,
     /// Records by the digest of each of their keys, with the digest's hash (a record with two keys here is here
     /// twice, and the table needs each entry's own hash when it grows).
     keys: HashTable<(u64, StoredRecord)>,
@@ -55,8 +55,10 @@ impl Default for Tables {
 // === impl Tables ===
 
 impl Tables {
-    fn with_capacity(consumers: usize) -> Self {
-        let per_shard = consumers.div_ceil(SHARDS);
+    /// Tables sized for `consumers` with one key each (a shard holds a little more or less than its share).
+    pub(super) fn with_capacity(consumers: usize) -> Self {
+        let share = consumers.div_ceil(SHARDS);
+        let per_shard = share + share / 16;
         Self {
             shards: (0..SHARDS)
                 .map(|_| {
@@ -90,11 +92,8 @@ impl Tables {
     pub(super) fn consumer(&self, id: &str) -> Option<StoredRecord> {
         let hash = self.hasher.hash_one(id);
         let shard = self.shard(hash).read();
-        let (record, used) = shard.consumers.find(hash, |(held, _)| held.id() == id)?;
-        // Written only when it changes: a line that every request wrote would bounce between cores.
-        if !used.load(Ordering::Relaxed) {
-            used.store(true, Ordering::Relaxed);
-        }
+        let record = shard.consumers.find(hash, |held| held.id() == id)?;
+        record.mark_used();
         Some(record.clone())
     }
 
@@ -102,10 +101,7 @@ impl Tables {
     pub(super) fn holds(&self, id: &str) -> bool {
         let hash = self.hasher.hash_one(id);
         let shard = self.shard(hash).read();
-        shard
-            .consumers
-            .find(hash, |(held, _)| held.id() == id)
-            .is_some()
+        shard.consumers.find(hash, |held| held.id() == id).is_some()
     }
 
     /// Removes consumer `id` unless it was used since the last call for it (which it is then no longer): the
@@ -114,9 +110,9 @@ impl Tables {
         let hash = self.hasher.hash_one(id);
         let used = {
             let shard = self.shard(hash).read();
-            match shard.consumers.find(hash, |(held, _)| held.id() == id) {
+            match shard.consumers.find(hash, |held| held.id() == id) {
                 None => return true,
-                Some((_, used)) => used.swap(false, Ordering::Relaxed),
+                Some(record) => record.take_used(),
             }
         };
         if !used {
@@ -152,19 +148,17 @@ impl Tables {
             let mut shard = self.shard(hash).write();
             let entry = shard
                 .consumers
-                .find_entry(hash, |(held, _)| held.id() == id)
+                .find_entry(hash, |held| held.id() == id)
                 .ok();
             let (before, vacant) = match entry {
                 Some(entry) => {
-                    let ((before, _), vacant) = entry.remove();
+                    let (before, vacant) = entry.remove();
                     (Some(before), vacant.into_table())
                 }
                 None => (None, &mut shard.consumers),
             };
             if let Some(after) = &after {
-                // Set or changed for a use: a cache's new entry is not the first to go.
-                let entry = (after.clone(), AtomicBool::new(true));
-                vacant.insert_unique(hash, entry, |(held, _)| self.hasher.hash_one(held.id()));
+                vacant.insert_unique(hash, after.clone(), |held| self.hasher.hash_one(held.id()));
             }
             before
         };
@@ -226,7 +220,7 @@ impl Tables {
         let mut smallest: BinaryHeap<ById> = BinaryHeap::with_capacity(limit + 1);
         for shard in self.shards.iter() {
             let shard = shard.read();
-            for (record, _) in &shard.consumers {
+            for record in &shard.consumers {
                 let id = record.id();
                 if after.is_some_and(|after| id <= after) {
                     continue;
@@ -253,7 +247,7 @@ impl Tables {
     #[cfg(feature = "redis")]
     pub(super) fn for_each_key(&self, mut each: impl FnMut([u8; 32], &str)) {
         for shard in self.shards.iter() {
-            for (record, _) in &shard.read().consumers {
+            for record in &shard.read().consumers {
                 for digest in record.key_digests() {
                     each(digest, record.id());
                 }
