@@ -532,6 +532,8 @@ async fn limit_state(
         "store_key": store_key,
         "overridden": overridden,
     });
+    let now_ms = admin.gateway.limiter().local().now_ms();
+    let shown = super::limits::with_window(shown, limit.algorithm(), now_ms);
     Ok(super::limits::with_state(shown, &decision))
 }
 

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use super::{Admin, AdminError};
 use crate::admission::LimitSettings;
 use crate::key::{push_client_key, KeyPart, KeySpec};
-use crate::limiter::Decision;
+use crate::limiter::{Algorithm, Decision};
 
 #[derive(Debug, Deserialize)]
 pub(super) struct KeyQuery {
@@ -61,6 +61,8 @@ pub(super) async fn peek_limit(
         "algorithm": settings.limit.algorithm().name(),
         "counts": settings.counts.to_string(),
     });
+    let now_ms = admin.gateway.limiter().local().now_ms();
+    let shown = with_window(shown, settings.limit.algorithm(), now_ms);
     Ok(Json(with_state(shown, &decision)))
 }
 
@@ -76,6 +78,27 @@ pub(super) fn with_state(mut shown: Value, decision: &Decision) -> Value {
         fields.insert("retry_after_ms".into(), decision.retry_after_ms.into());
         fields.insert("reset_after_ms".into(), decision.reset_after_ms.into());
     }
+    shown
+}
+
+/// `shown` (an object) with the calendar window `now_ms` falls in, for a limit on a calendar: its unit and zone,
+/// its start and end as the zone's local times and in ms since the epoch.
+pub(super) fn with_window(mut shown: Value, algorithm: &Algorithm, now_ms: i64) -> Value {
+    let (Some(calendar), Value::Object(fields)) = (algorithm.calendar(), &mut shown) else {
+        return shown;
+    };
+    let window = calendar.window_at(now_ms);
+    fields.insert(
+        "window".into(),
+        json!({
+            "calendar": calendar.unit().name(),
+            "timezone": calendar.timezone(),
+            "start": calendar.local_time(window.start_ms),
+            "end": calendar.local_time(window.end_ms),
+            "start_ms": window.start_ms,
+            "end_ms": window.end_ms,
+        }),
+    );
     shown
 }
 

@@ -13,8 +13,12 @@ static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-rese
 static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
-/// `"per-ip";q=100;w=60, "per-key";q=50;w=180` for a route's limits; `None` without limits.
-pub(crate) fn policy<'l>(limits: impl Iterator<Item = &'l Limit>) -> Option<HeaderValue> {
+/// `"per-ip";q=100;w=60, "per-key";q=50;w=180` for a route's limits; `None` without limits. A calendar window's `w`
+/// is the length of the window `at_ms` falls in (when given: a request's time).
+pub(crate) fn policy<'l>(
+    limits: impl Iterator<Item = &'l Limit>,
+    at_ms: Option<i64>,
+) -> Option<HeaderValue> {
     // Shadow limits are never enforced: clients are not told about them.
     let items: Vec<String> = limits
         .filter(|l| !l.is_shadow())
@@ -24,7 +28,9 @@ pub(crate) fn policy<'l>(limits: impl Iterator<Item = &'l Limit>) -> Option<Head
                 "\"{}\";q={};w={}",
                 l.name(),
                 algorithm.capacity(),
-                ceil_seconds(algorithm.window_ms())
+                ceil_seconds(
+                    at_ms.map_or_else(|| algorithm.window_ms(), |at| algorithm.window_ms_at(at))
+                )
             )
         })
         .collect();

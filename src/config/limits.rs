@@ -111,6 +111,8 @@ fn checked_limit(issues: &mut Issues, at: &str, raw: &RawLimit, before: usize) -
             max_wait: queue.max_wait.as_deref(),
             max_waiting: queue.max_waiting,
         }),
+        calendar: raw.calendar.as_deref(),
+        timezone: raw.timezone.as_deref(),
     };
     let algorithm = written.checked().map_err(|problems| {
         for problem in problems {

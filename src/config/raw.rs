@@ -380,6 +380,12 @@ pub(crate) struct RawLimit {
     /// `concurrency`: whether and how long a request waits for a slot.
     #[serde(default)]
     pub queue: Option<RawQueue>,
+    /// `fixed_window`: windows of the calendar (`day`, `week`, `month`, `year`) instead of a `period`.
+    #[serde(default, deserialize_with = "optional_scalar_text")]
+    pub calendar: Option<String>,
+    /// The IANA time zone whose midnight starts the calendar's windows (UTC when absent).
+    #[serde(default, deserialize_with = "optional_scalar_text")]
+    pub timezone: Option<String>,
     /// The key is a credential (or made from one): its values are digested (`KeySpec::secret`).
     #[serde(default)]
     pub secret: bool,

@@ -518,6 +518,8 @@ fn parameters(algorithm: &Algorithm) -> String {
         | Algorithm::SlidingLog { limit, period_ms } => {
             format!("{limit} per {}", format_duration_ms(period_ms))
         }
+        // `10000 per month (Europe/Berlin)`.
+        Algorithm::CalendarWindow { limit, calendar } => format!("{limit} per {calendar}"),
         Algorithm::TokenBucket { rate, burst } | Algorithm::Gcra { rate, burst } => {
             format!("rate {rate}, burst {burst}")
         }

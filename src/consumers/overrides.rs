@@ -19,6 +19,8 @@ pub fn overridden(base: &Limit, change: &LimitOverride) -> Result<Limit, String>
         Algorithm::FixedWindow { .. }
         | Algorithm::SlidingWindow { .. }
         | Algorithm::SlidingLog { .. } => &["limit", "period"],
+        // A calendar window's length is its calendar's: an override changes how much, never when.
+        Algorithm::CalendarWindow { .. } => &["limit"],
         Algorithm::Concurrency { .. } => &["max"],
         _ => &["rate", "burst"],
     };
@@ -169,5 +171,37 @@ mod tests {
             error.contains("burst is not a parameter of fixed_window"),
             "{error}"
         );
+    }
+
+    #[cfg(feature = "calendar")]
+    #[test]
+    fn an_override_of_a_calendar_window_s_limit_keeps_its_calendar() {
+        use crate::limiter::{Calendar, CalendarUnit};
+        let calendar = Calendar::new(CalendarUnit::Month, Some("Europe/Berlin")).expect("zone");
+        let monthly = Algorithm::CalendarWindow {
+            limit: 10_000,
+            calendar,
+        };
+        let base = Limit::new("monthly", monthly, 1).expect("limit");
+        let lifted = LimitOverride {
+            limit: Some(50_000),
+            ..Default::default()
+        };
+        let expected = Algorithm::CalendarWindow {
+            limit: 50_000,
+            calendar,
+        };
+        let replaced = overridden(&base, &lifted).expect("valid");
+        assert_eq!(replaced.algorithm(), &expected);
+        assert_eq!(
+            overridden(&base, &LimitOverride::default()),
+            Ok(base.clone())
+        );
+        let period = LimitOverride {
+            period: Some("30d".to_owned()),
+            ..Default::default()
+        };
+        let error = overridden(&base, &period).expect_err("refused");
+        assert!(error.contains("period is not a parameter"), "{error}");
     }
 }

@@ -183,7 +183,7 @@ fn headers(
     let mut headers = HeaderMap::new();
     if let Some(decision) = &shown.decision {
         let limits: Vec<&Limit> = enforced.iter().map(|c| c.limit.as_ref()).collect();
-        let policy = rate_limit_policy(limits.into_iter());
+        let policy = rate_limit_policy(limits.into_iter(), None);
         apply_rate_limit_fields(
             &mut headers,
             policy.as_ref(),

@@ -170,7 +170,7 @@ impl Denial {
         // The units besides the one whose return admits the request.
         let short = cost.saturating_sub(decision.remaining.saturating_add(1));
         match *algorithm {
-            Algorithm::FixedWindow { .. } => retry,
+            Algorithm::FixedWindow { .. } | Algorithm::CalendarWindow { .. } => retry,
             Algorithm::SlidingWindow { .. } | Algorithm::SlidingLog { .. } => {
                 if short == 0 {
                     retry

@@ -30,10 +30,14 @@
 //!   their `Redis` variants (both are `#[non_exhaustive]`, so code that matches them builds either way), and
 //!   [`RateLimiter::from_settings`] refuses settings whose `backend` is [`BackendKind::Redis`] with
 //!   [`store::StoreError::NoRedis`] rather than deciding alone what was meant to be shared.
+//! - `calendar` (on by default): calendar windows ([`Algorithm::CalendarWindow`], a [`Calendar`] of days, weeks,
+//!   months or years starting at midnight in an IANA time zone), with the zone database compiled in (jiff). Without
+//!   it [`Calendar::new`] refuses every calendar with [`calendar::CalendarError::NotBuilt`].
 
 pub mod algorithms;
 #[cfg(feature = "redis")]
 mod breaker;
+pub mod calendar;
 #[cfg(feature = "redis")]
 mod carry_over;
 mod clock;
@@ -50,6 +54,7 @@ pub mod store;
 mod units;
 mod written;
 
+pub use calendar::{Calendar, CalendarUnit, CalendarWindow};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Outcome};
 pub use deny_cache::DenyCache;

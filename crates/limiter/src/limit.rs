@@ -4,6 +4,7 @@ use std::fmt;
 
 use super::algorithms::gcra::{Ticks, EPOCH_MS};
 pub use super::algorithms::leaky_bucket::LeakyMode;
+use super::calendar::Calendar;
 
 /// The largest value any algorithm's scaled integer arithmetic may reach (2^52).
 ///
@@ -40,6 +41,14 @@ pub enum Algorithm {
         limit: u64,
         /// Window length in milliseconds.
         period_ms: u64,
+    },
+    /// Counter per calendar window (`fixed_window` with `calendar:`): from one boundary of the calendar in its
+    /// time zone to the next, windows of unequal lengths.
+    CalendarWindow {
+        /// Requests per window.
+        limit: u64,
+        /// The unit and the time zone the windows follow.
+        calendar: Calendar,
     },
     /// Counter over the current and previous aligned window, weighted by overlap (Cloudflare's approximation).
     SlidingWindow {
@@ -207,7 +216,7 @@ impl Algorithm {
     /// The algorithm's name as written in the config file.
     pub fn name(&self) -> &'static str {
         match self {
-            Algorithm::FixedWindow { .. } => "fixed_window",
+            Algorithm::FixedWindow { .. } | Algorithm::CalendarWindow { .. } => "fixed_window",
             Algorithm::SlidingWindow { .. } => "sliding_window",
             Algorithm::SlidingLog { .. } => "sliding_log",
             Algorithm::TokenBucket { .. } => "token_bucket",
@@ -221,6 +230,7 @@ impl Algorithm {
     pub fn capacity(&self) -> u64 {
         match *self {
             Algorithm::FixedWindow { limit, .. }
+            | Algorithm::CalendarWindow { limit, .. }
             | Algorithm::SlidingWindow { limit, .. }
             | Algorithm::SlidingLog { limit, .. } => limit,
             Algorithm::TokenBucket { burst, .. }
@@ -243,10 +253,29 @@ impl Algorithm {
         }
     }
 
+    /// The calendar of a calendar window.
+    pub fn calendar(&self) -> Option<&Calendar> {
+        match self {
+            Algorithm::CalendarWindow { calendar, .. } => Some(calendar),
+            _ => None,
+        }
+    }
+
+    /// The policy window at `now_ms`: for a calendar window the length of the window `now_ms` falls in (a month of
+    /// 28 to 31 days), for any other algorithm [`window_ms`](Self::window_ms).
+    pub fn window_ms_at(&self, now_ms: i64) -> u64 {
+        match self {
+            Algorithm::CalendarWindow { calendar, .. } => calendar.window_at(now_ms).len_ms(),
+            _ => self.window_ms(),
+        }
+    }
+
     /// The policy window in milliseconds: the period for window algorithms, the time to refill an empty bucket
-    /// for bucket algorithms (the `w` of the `RateLimit-Policy` header).
+    /// for bucket algorithms (the `w` of the `RateLimit-Policy` header). A calendar window's length depends on
+    /// when it is asked ([`window_ms_at`](Self::window_ms_at)); here its unit's common length in UTC.
     pub fn window_ms(&self) -> u64 {
         match *self {
+            Algorithm::CalendarWindow { calendar, .. } => calendar.unit().nominal_ms(),
             Algorithm::FixedWindow { period_ms, .. }
             | Algorithm::SlidingWindow { period_ms, .. }
             | Algorithm::SlidingLog { period_ms, .. } => period_ms,
@@ -267,6 +296,7 @@ impl Algorithm {
             Algorithm::FixedWindow { period_ms, .. } | Algorithm::SlidingLog { period_ms, .. } => {
                 period_ms
             }
+            Algorithm::CalendarWindow { calendar, .. } => calendar.unit().longest_ms(),
             Algorithm::SlidingWindow { period_ms, .. } => 2 * period_ms,
             Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => self.window_ms(),
             Algorithm::LeakyBucket { mode, .. } => {
@@ -282,6 +312,7 @@ impl Algorithm {
         if capacity == 0 {
             return Err(LimitError::Zero(match self {
                 Algorithm::FixedWindow { .. }
+                | Algorithm::CalendarWindow { .. }
                 | Algorithm::SlidingWindow { .. }
                 | Algorithm::SlidingLog { .. } => "limit",
                 Algorithm::Concurrency { .. } => "max",
@@ -331,6 +362,7 @@ impl Algorithm {
             | Algorithm::SlidingLog { limit, period_ms } => {
                 vec![("limit", limit), ("period (in ms)", period_ms)]
             }
+            Algorithm::CalendarWindow { limit, .. } => vec![("limit", limit)],
             Algorithm::TokenBucket { rate, burst } | Algorithm::Gcra { rate, burst } => vec![
                 ("burst", burst),
                 ("rate count", rate.count),
@@ -368,7 +400,9 @@ impl Algorithm {
         const SHORTER: &str = "lower it or shorten the period";
         let wide = |a: u64, b: u64| u128::from(a) * u128::from(b);
         match *self {
-            Algorithm::FixedWindow { .. } | Algorithm::Concurrency { .. } => Vec::new(),
+            Algorithm::FixedWindow { .. }
+            | Algorithm::CalendarWindow { .. }
+            | Algorithm::Concurrency { .. } => Vec::new(),
             Algorithm::SlidingWindow { limit, period_ms }
             | Algorithm::SlidingLog { limit, period_ms } => {
                 vec![("limit × period (in ms)", wide(limit, period_ms), SHORTER)]

@@ -1,5 +1,6 @@
 //! A limit's algorithm as people write it (a config file's `limits:` entry, an admin API override), checked.
 
+use super::calendar::{Calendar, CalendarError, CalendarUnit};
 use super::units::{parse_duration_ms, parse_rate};
 use super::{format_duration_ms, Algorithm, LeakyMode, Limit, Rate, SlotQueue};
 
@@ -62,6 +63,10 @@ pub struct WrittenAlgorithm<'a> {
     pub max: Option<u64>,
     pub lease: Option<&'a str>,
     pub queue: Option<WrittenQueue<'a>>,
+    /// `day`, `week`, `month` or `year`: a `fixed_window` on the calendar instead of a period.
+    pub calendar: Option<&'a str>,
+    /// The IANA zone of `calendar` (UTC when absent).
+    pub timezone: Option<&'a str>,
 }
 
 /// `queue:` of a `concurrency` limit as written.
@@ -136,7 +141,17 @@ pub fn replaced(base: &Limit, change: Replaced<'_>) -> Result<Limit, String> {
     let (mut limit, mut period, mut rate, mut burst, mut mode, mut max_delay) =
         (None, None, None, None, None, None);
     let (mut max, mut lease, mut queue) = (None, None, None);
+    let (mut calendar, mut timezone) = (None, None);
     match *algorithm {
+        // The override of a calendar window's limit keeps its calendar and zone.
+        Algorithm::CalendarWindow {
+            limit: l,
+            calendar: c,
+        } => {
+            limit = Some(l);
+            calendar = Some(c.unit().name());
+            timezone = Some(c.timezone());
+        }
         Algorithm::FixedWindow {
             limit: l,
             period_ms,
@@ -192,6 +207,8 @@ pub fn replaced(base: &Limit, change: Replaced<'_>) -> Result<Limit, String> {
             max_wait: Some(max_wait),
             max_waiting: Some(*max_waiting),
         }),
+        calendar,
+        timezone,
     };
     let name = base.name();
     let checked = written.checked().map_err(|problems| {
@@ -217,13 +234,69 @@ impl WrittenAlgorithm<'_> {
         let Some(spec) = algorithm_spec(&mut problems, self.algorithm) else {
             return Err(problems.0);
         };
+        let calendar = self.calendar_of(&mut problems, spec);
         for param in Param::ALL {
-            self.check_presence(&mut problems, spec, param);
+            // A calendar stands for the period (`calendar_of` refuses both).
+            if !(param == Param::Period && self.calendar.is_some() && spec.takes_calendar()) {
+                self.check_presence(&mut problems, spec, param);
+            }
         }
         let parsed = Parsed::new(&mut problems, self);
-        match (spec.build)(&parsed) {
+        let algorithm = match calendar {
+            Some(calendar) => parsed
+                .limit
+                .map(|limit| Algorithm::CalendarWindow { limit, calendar }),
+            None => (spec.build)(&parsed),
+        };
+        match algorithm {
             Some(algorithm) if problems.0.is_empty() => Ok(algorithm),
             _ => Err(problems.0),
+        }
+    }
+
+    /// The calendar of a `fixed_window` written with `calendar:` (and `timezone:`), or `None` with the problems: a
+    /// calendar on another algorithm, a calendar with a period, a timezone without a calendar, an unknown unit or
+    /// zone.
+    fn calendar_of(&self, problems: &mut Problems, spec: &AlgorithmSpec) -> Option<Calendar> {
+        let Some(unit) = self.calendar else {
+            if self.timezone.is_some() {
+                problems.add(
+                    "timezone",
+                    "only used with calendar (add calendar: day, week, month or year, or remove it)",
+                );
+            }
+            return None;
+        };
+        if !spec.takes_calendar() {
+            problems.add(
+                "calendar",
+                format_args!(
+                    "calendar windows are fixed_window's, not {}'s (use algorithm: fixed_window, or remove \
+                     calendar)",
+                    spec.name
+                ),
+            );
+            return None;
+        }
+        if self.period.is_some() {
+            problems.add(
+                "calendar",
+                "calendar and period exclude each other: a calendar window runs from one boundary of the \
+                 calendar to the next (remove period)",
+            );
+            return None;
+        }
+        let unit: CalendarUnit = problems.check("calendar", unit.parse())?;
+        match Calendar::new(unit, self.timezone) {
+            Ok(calendar) => Some(calendar),
+            Err(error @ CalendarError::UnknownZone(_)) => {
+                problems.add("timezone", error);
+                None
+            }
+            Err(error) => {
+                problems.add("calendar", error);
+                None
+            }
         }
     }
 
@@ -400,6 +473,11 @@ fn leaky_mode(problems: &mut Problems, written: &WrittenAlgorithm<'_>) -> Option
 // === impl AlgorithmSpec ===
 
 impl AlgorithmSpec {
+    /// Whether the algorithm may count calendar windows (`calendar:` instead of `period:`).
+    fn takes_calendar(&self) -> bool {
+        self.name == "fixed_window"
+    }
+
     /// `limit and period`, `rate, burst, mode and max_delay`.
     fn param_list(&self) -> String {
         let names: Vec<&str> = self.params.iter().map(|p| p.name()).collect();

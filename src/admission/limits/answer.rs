@@ -96,7 +96,7 @@ impl LimitSet {
             let advertised = headers::Advertised::new(self.limit_at(limit, Some(replaced)));
             headers::apply(
                 headers,
-                headers::policy(limits).as_ref(),
+                headers::policy(limits, checked.calendar_at_ms()).as_ref(),
                 &checked.outcome.decisions[index],
                 &advertised,
             );
@@ -105,9 +105,13 @@ impl LimitSet {
         let Some(advertised) = self.limits.get(limit).map(|l| &l.advertised) else {
             return;
         };
+        // A calendar window's `w` is the length of the window the request fell in: rendered for it.
+        let at_request = checked
+            .calendar_at_ms()
+            .and_then(|at| headers::policy(self.advertised_limits(), Some(at)));
         headers::apply(
             headers,
-            self.policy.as_ref(),
+            at_request.as_ref().or(self.policy.as_ref()),
             &checked.outcome.decisions[index],
             advertised,
         );

@@ -41,6 +41,9 @@ pub struct LimitSet {
     counts_statuses: bool,
     /// Whether some limit is a `concurrency` limit: an admitted request then holds slots until its answer ends.
     holds_slots: bool,
+    /// Whether some limit counts calendar windows, whose `RateLimit-Policy` `w` is the length of the window a
+    /// request falls in (a month of 28 to 31 days): the field is then rendered per request.
+    calendar: bool,
     /// Whether some limit counts tokens (and applies).
     counts_tokens: bool,
     /// Whether the set's requests reserve tokens (its route reads `usage:`). A plan's token limits added to a set
@@ -82,6 +85,10 @@ pub struct Checked {
     pub decided_by: DecidedBy,
     /// The lease its `concurrency` limits' slots are held under in Redis (0: none).
     pub lease: u64,
+    /// When it was checked, in whole seconds of the limiter's clock (0: not asked), for a set with calendar
+    /// windows: which window its fields describe. Seconds lose nothing of that (calendar boundaries fall on whole
+    /// seconds), and fit where the struct had room: a request without calendar limits carries nothing more.
+    calendar_at_s: u32,
 }
 
 /// Limits of a set replaced for one request (a consumer's overrides of its plan, docs/configuration.md, "Consumers and plans").
@@ -172,6 +179,7 @@ impl LimitSet {
             policy: None,
             counts_statuses: false,
             holds_slots: false,
+            calendar: false,
             counts_tokens: false,
             reserves_tokens: false,
             inert_spec: None,
@@ -182,7 +190,7 @@ impl LimitSet {
                 DecisionCounters::new(&[("route", scope), ("limit", settings.limit.name())]);
             set.push(settings, head, counters, false);
         }
-        set.policy = headers::policy(set.limits().map(|s| &s.limit));
+        set.policy = headers::policy(set.limits().map(|s| &s.limit), None);
         set
     }
 
@@ -210,13 +218,16 @@ impl LimitSet {
             let inert = settings.counts.tokens().is_some() && !set.reserves_tokens;
             set.push(advertised, head, counters, inert);
         }
-        set.policy = headers::policy(
-            set.limits
-                .iter()
-                .filter(|l| Some(l.spec) != set.inert_spec)
-                .map(|l| &l.settings.limit),
-        );
+        set.policy = headers::policy(set.advertised_limits(), None);
         set
+    }
+
+    /// The limits `RateLimit-Policy` names: those that may apply.
+    fn advertised_limits(&self) -> impl Iterator<Item = &Limit> + '_ {
+        self.limits
+            .iter()
+            .filter(|l| Some(l.spec) != self.inert_spec)
+            .map(|l| &l.settings.limit)
     }
 
     /// The same set, its requests reserving tokens (the route reads `usage:`): the plans added after this count
@@ -254,6 +265,7 @@ impl LimitSet {
         self.counts_tokens |= settings.counts.tokens().is_some() && !inert;
         let algorithm = settings.limit.algorithm();
         self.holds_slots |= algorithm.holds_slots();
+        self.calendar |= algorithm.calendar().is_some() && !inert;
         let labels = || {
             [
                 ("route", self.scope.clone()),
@@ -337,6 +349,10 @@ impl LimitSet {
         let mut checked = Checked::answered(answer, applied, lease);
         drop(checks);
         checked.replaced = replaced;
+        if self.calendar {
+            let seconds = limiter.local().now_ms().div_euclid(1_000);
+            checked.calendar_at_s = u32::try_from(seconds).unwrap_or(u32::MAX);
+        }
         // A request refused only for want of a slot it may wait for is counted once it is admitted or refused for
         // good (see `queue.rs`), not at each time it asks.
         if checked.outcome.allowed || !self.holds_slots || self.queued_refusal(&checked).is_none() {
@@ -550,6 +566,11 @@ impl LimitSet {
 // === impl Checked ===
 
 impl Checked {
+    /// When it was checked in ms, for a set with calendar windows.
+    fn calendar_at_ms(&self) -> Option<i64> {
+        (self.calendar_at_s != 0).then(|| i64::from(self.calendar_at_s) * 1_000)
+    }
+
     /// The store's `answer` to one all-or-nothing limiter call (`check_leased`) for a request's limits, as a checked
     /// request: the one way every entry point's limits are asked (a route's and the layer's through
     /// [`LimitSet::check`], Envoy's descriptors through [`check_keyed`](super::check::check_keyed)). `applied[i]` is
@@ -568,6 +589,7 @@ impl Checked {
             replaced: None,
             decided_by,
             lease,
+            calendar_at_s: 0,
         }
     }
 
@@ -581,6 +603,7 @@ impl Checked {
             replaced: None,
             decided_by: DecidedBy::Store,
             lease: 0,
+            calendar_at_s: 0,
         }
     }
 }

@@ -1,13 +1,13 @@
-//! `fixed_window`: a counter per aligned window (`now − now mod period`), reset when the window ends.
+//! `fixed_window`: a counter per aligned window (`now − now mod period`, or a calendar's), reset when it ends.
 
 use super::settle::{kept_until, Settlement};
 use super::Transition;
-use crate::Decision;
+use crate::{CalendarWindow, Decision};
 
 /// The count of the window starting at `window_start_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FixedWindowState {
-    /// Start of the counted window, a multiple of the period.
+    /// Start of the counted window: a multiple of the period, or a boundary of the calendar.
     pub window_start_ms: i64,
     /// Admitted cost in that window.
     pub count: u64,
@@ -26,6 +26,31 @@ pub fn evaluate(
 ) -> Transition<FixedWindowState> {
     let window_start = now_ms - now_ms.rem_euclid(period_ms as i64);
     let left = period_ms - (now_ms - window_start) as u64;
+    in_window(limit, window_start, left, state, cost)
+}
+
+/// Evaluates a request of `cost` in the window `window` of a calendar, at `now_ms` inside it.
+pub fn evaluate_calendar(
+    limit: u64,
+    window: CalendarWindow,
+    state: Option<&FixedWindowState>,
+    now_ms: i64,
+    cost: u64,
+) -> Transition<FixedWindowState> {
+    // At least a millisecond: a window is never asked about past its end, and an expiry of 0 would keep the key.
+    let left = window.left_ms(now_ms).max(1);
+    in_window(limit, window.start_ms, left, state, cost)
+}
+
+/// Evaluates a request of `cost` in the window starting at `window_start`, `left` ms before it ends.
+#[inline]
+fn in_window(
+    limit: u64,
+    window_start: i64,
+    left: u64,
+    state: Option<&FixedWindowState>,
+    cost: u64,
+) -> Transition<FixedWindowState> {
     let count = match state {
         Some(s) if s.window_start_ms == window_start => s.count,
         _ => 0,
@@ -88,7 +113,31 @@ pub fn settle(
 ) -> Option<(FixedWindowState, u64)> {
     let period = period_ms as i64;
     let landed = at_ms - at_ms.rem_euclid(period);
-    if landed + period <= now_ms {
+    settle_in(
+        limit,
+        CalendarWindow {
+            start_ms: landed,
+            end_ms: landed + period,
+        },
+        state,
+        now_ms,
+        settlement,
+    )
+}
+
+/// [`settle`] for an admission decided in `landed`, a window of a calendar or of a period.
+pub fn settle_in(
+    limit: u64,
+    landed: CalendarWindow,
+    state: Option<&FixedWindowState>,
+    now_ms: i64,
+    settlement: Settlement,
+) -> Option<(FixedWindowState, u64)> {
+    let CalendarWindow {
+        start_ms: landed,
+        end_ms,
+    } = landed;
+    if end_ms <= now_ms {
         return None;
     }
     let count = match state {
@@ -99,7 +148,7 @@ pub fn settle(
         window_start_ms: landed,
         count: settlement.taken(count, 1, 2 * limit),
     };
-    Some((state, kept_until(landed + period, now_ms)))
+    Some((state, kept_until(end_ms, now_ms)))
 }
 
 #[cfg(test)]

@@ -73,7 +73,7 @@ pub fn evaluate(
         let mut standing = evaluate(algorithm, state, now_ms, 0);
         let denied = Decision {
             allowed: false,
-            retry_after_ms: algorithm.window_ms().max(standing.standing.retry_after_ms),
+            retry_after_ms: (algorithm.window_ms_at(now_ms)).max(standing.standing.retry_after_ms),
             delay_ms: 0,
             ..standing.standing
         };
@@ -84,6 +84,12 @@ pub fn evaluate(
         Algorithm::FixedWindow { limit, period_ms } => {
             let state = typed!(state, FixedWindow);
             fixed_window::evaluate(limit, period_ms, state, now_ms, cost).map(State::FixedWindow)
+        }
+        Algorithm::CalendarWindow { limit, calendar } => {
+            let state = typed!(state, FixedWindow);
+            let window = calendar.window_at(now_ms);
+            fixed_window::evaluate_calendar(limit, window, state, now_ms, cost)
+                .map(State::FixedWindow)
         }
         Algorithm::SlidingWindow { limit, period_ms } => {
             let state = typed!(state, Window);

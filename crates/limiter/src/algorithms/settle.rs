@@ -55,6 +55,12 @@ pub fn settle(
             fixed_window::settle(limit, period_ms, state, now_ms, at_ms, settlement)
                 .map(as_state(State::FixedWindow))
         }
+        Algorithm::CalendarWindow { limit, calendar } => {
+            let state = typed!(state, FixedWindow);
+            let landed = calendar.window_at(at_ms);
+            fixed_window::settle_in(limit, landed, state, now_ms, settlement)
+                .map(as_state(State::FixedWindow))
+        }
         Algorithm::SlidingWindow { limit, period_ms } => {
             let state = typed!(state, Window);
             sliding_window::settle(limit, period_ms, state, now_ms, at_ms, settlement)

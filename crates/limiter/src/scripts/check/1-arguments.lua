@@ -43,6 +43,9 @@
 --   6 leaky_bucket    burst, rate count, rate period_ms, max_delay_ms (0 in reject mode)
 --   7 concurrency     max, lease_ms, the request's lease id (unique per request and instance: the member of the
 --                     key's sorted set of leases), 1 when the limit has a queue; never in a run, cost 1
+--   8 fixed_window    on a calendar (`calendar:`): limit, then the start and end of the window the gateway expects
+--                     the call in and the end of the next (ms since the epoch, drawn in the limit's time zone
+--                     around Redis's time as the gateway last saw it); Redis's clock picks one of the two windows
 -- ARGV[3]  when the batch releases a slot of a limit with a queue: the channel on which a slot freed on a full key
 --          is announced (its key as the message), for the requests waiting for one on every instance; "" or absent
 --          otherwise.

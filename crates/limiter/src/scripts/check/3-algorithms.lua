@@ -13,7 +13,8 @@
 -- Algorithm ids: 1 sliding_window (limit, period_ms), 2 sliding_log (limit, period_ms), 3 token_bucket (burst,
 -- rate count, rate period_ms), 4 fixed_window (limit, period_ms), 5 gcra (burst, ticks per ms, emission interval
 -- in ticks), 6 leaky_bucket (burst, rate count, rate period_ms, max_delay_ms: 0 in reject mode), 7 concurrency
--- (max, lease_ms, the request's lease id).
+-- (max, lease_ms, the request's lease id), 8 fixed_window on a calendar (limit, window start, window end, next
+-- window's end).
 --
 -- Both `evaluate` and `span` (below) call no function they can do without on the path that admits (sliding_log
 -- aside, whose sorted-set commands cost far more): a call costs Redis's Lua several arithmetic operations
@@ -34,6 +35,8 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     if alg == 3 or alg == 5 or alg == 6 then
       window = p1 * p3
       window = (window + -window % p2) / p2
+    elseif alg == 8 then -- fixed_window on a calendar: the length of the window `now` falls in
+      window = now < p3 and p3 - p2 or p4 - p3
     end
     return false, 0, 0, standing, standing_reset, max(window, retry), 0
   end
@@ -195,6 +198,32 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
         0, 0, new_tat, nil, nil, reset
     end
     return false, 0, 0, standing, standing_reset, ceil(max(allow_at - t, 0) / ticks_per_ms), 0
+
+  elseif alg == 8 then -- fixed_window on a calendar
+    -- The window the gateway expects the call in, [p2, p3), or the next one, [p3, p4), once Redis's clock has
+    -- passed its end: the boundaries of a time zone's calendar come with the call, the script knows no zones. The
+    -- gateway draws them around Redis's time as it last saw it, never later than the true one; a call later than
+    -- the next window's end (past any deadline) still counts in it, for at least a millisecond.
+    local limit, window_start, window_end = p1, p2, p3
+    if now >= p3 then
+      window_start, window_end = p3, p4
+    end
+    local left = max(window_end - now, 1)
+    local b = load(k, 8)
+    local count = 0
+    if cache[b + 2] == window_start then
+      count = cache[b + 3] or 0
+    end
+    local standing_reset = 0
+    if count > 0 then
+      standing_reset = left
+    end
+    local standing = limit - count
+    if count + cost <= limit then
+      return true, limit - count - cost, left, standing, standing_reset, 0, 0, window_start, count + cost,
+        nil, left
+    end
+    return false, 0, 0, standing, standing_reset, left, 0
   end
 
   local burst, per_ms, unit, max_delay = p1, p2, p3, p4
@@ -365,6 +394,24 @@ local function settle(alg, k, p1, p2, p3, p4, amount, at, debt)
   end
   local b = load(k, alg)
   if not cache[b + 2] and not debt then -- no state: nothing to give back to
+    return
+  end
+  if alg == 8 then -- fixed_window on a calendar: the window `at` landed in, of the two the call names
+    local landed, ends = p2, p3
+    if at >= p3 then
+      landed, ends = p3, p4
+    end
+    if ends <= now or at < p2 then -- gone by (a window before the call's has ended)
+      return
+    end
+    local start, count = cache[b + 2], cache[b + 3] or 0
+    if start ~= landed then
+      if not debt then
+        return
+      end
+      start, count = landed, 0
+    end
+    store(b, start, settled(count, delta, most), nil, ends - now)
     return
   end
   -- sliding_window and fixed_window: the counts of aligned windows

@@ -68,6 +68,22 @@ local function span(alg, k, p1, p2, p3, p4, cost, take)
     end
     local room, per = t + tolerance - base, interval * cost
     return room > 0 and (room - room % per) / per or 0
+
+  elseif alg == 8 then -- fixed_window on a calendar (see `evaluate`)
+    local limit, window_start, window_end = p1, p2, p3
+    if now >= p3 then
+      window_start, window_end = p3, p4
+    end
+    local b = load(k, 8)
+    local count = 0
+    if cache[b + 2] == window_start then
+      count = cache[b + 3] or 0
+    end
+    if take then
+      store(b, window_start, count + take * cost, nil, max(window_end - now, 1))
+    end
+    local room = limit - count
+    return room > 0 and (room - room % cost) / cost or 0
   end
 
   -- leaky_bucket: a request is admitted while the water it adds stays within what `max_delay` lets drain beyond
@@ -98,8 +114,8 @@ while a <= #input do
   for i = 0, n - 1 do
     local at = a + ENTRY_ARGS + i * LIMIT_ARGS
     local alg = input[at + 1]
-    -- Ids 1 to 7 (the header's table); sliding_log and concurrency cannot run.
-    if not KEYS[input[at]] or type(alg) ~= 'number' or alg < 1 or alg > 7 or alg % 1 ~= 0 or (run and (alg == 2 or alg == 7)) then
+    -- Ids 1 to 8 (the header's table); sliding_log and concurrency cannot run.
+    if not KEYS[input[at]] or type(alg) ~= 'number' or alg < 1 or alg > 8 or alg % 1 ~= 0 or (run and (alg == 2 or alg == 7)) then
       return redis.error_reply('tollgate: bad limit ' .. tostring(input[at]) .. ':' .. tostring(input[at + 1]))
     end
   end

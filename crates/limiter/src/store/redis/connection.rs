@@ -148,6 +148,7 @@ impl Connection {
         let command = script::command(
             &self.sha,
             now_ms,
+            || self.clock.redis_ms(Instant::now()) as i64,
             requests,
             deadlines,
             &runs,

@@ -247,9 +247,16 @@ pub(super) fn runs(requests: &[&EncodedRequest]) -> Vec<usize> {
 ///
 /// `marker`: the key that tells whether Redis lost its data (see [`Marker`]); the reply then tells the epoch (see
 /// [`epoch_of`]).
+///
+/// `redis_now`: Redis's time as this process estimates it, never later than the true one; asked (once) only when a
+/// request has a calendar window, whose boundaries are drawn around it. With an explicit `now_ms` (a test's) they
+/// are drawn a millisecond before it, as an estimate a little behind Redis's clock would draw them: a test at a
+/// boundary then sees the script move on to the next window itself.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn command(
     sha: &Value,
     now_ms: Option<i64>,
+    redis_now: impl Fn() -> i64,
     requests: &[&EncodedRequest],
     deadlines: &[u64],
     runs: &[usize],
@@ -276,6 +283,9 @@ pub(super) fn command(
     let mut at = 0;
     // Whether a release of a slot with a queue is in the call: the script then announces it on `slots_channel`.
     let mut announces = false;
+    let mut around = None;
+    let mut around_ms =
+        || *around.get_or_insert_with(|| now_ms.map_or_else(&redis_now, |now| now - 1));
     for &count in runs {
         let request = requests[at];
         let deadline = deadlines[at..at + count]
@@ -296,7 +306,7 @@ pub(super) fn command(
                     keys.len() as u64
                 });
             put(&mut packed, index);
-            let mut params = script_params(&limit.algorithm);
+            let mut params = script_params(&limit.algorithm, &mut around_ms);
             if limit.algorithm.holds_slots() {
                 params[3] = limit.lease;
                 announces |= request.mode == Mode::GiveBack && params[4] == 1;
@@ -555,10 +565,12 @@ fn state_before_run(algorithm: &Algorithm, f: &[i64]) -> Result<Option<State>, S
     }
     let count = |v: i64| u64::try_from(v).unwrap_or(0);
     Ok(Some(match *algorithm {
-        Algorithm::FixedWindow { .. } => State::FixedWindow(FixedWindowState {
-            window_start_ms: f[1],
-            count: count(f[2]),
-        }),
+        Algorithm::FixedWindow { .. } | Algorithm::CalendarWindow { .. } => {
+            State::FixedWindow(FixedWindowState {
+                window_start_ms: f[1],
+                count: count(f[2]),
+            })
+        }
         Algorithm::SlidingWindow { .. } => State::Window(WindowState {
             window_start_ms: f[1],
             current: count(f[2]),
@@ -594,12 +606,29 @@ mod algorithm_id {
     pub const GCRA: u64 = 5;
     pub const LEAKY_BUCKET: u64 = 6;
     pub const CONCURRENCY: u64 = 7;
+    pub const CALENDAR_WINDOW: u64 = 8;
 }
 
-/// The script's algorithm id and four parameters for a limit (see the header of the script).
-fn script_params(algorithm: &Algorithm) -> [u64; 5] {
+/// The script's algorithm id and four parameters for a limit (see the header of the script). `around_ms` gives the
+/// time a calendar window's boundaries are drawn around (Redis's clock as this process last saw it): asked only
+/// for a calendar window, so that other limits cost nothing more.
+fn script_params(algorithm: &Algorithm, around_ms: &mut impl FnMut() -> i64) -> [u64; 5] {
     use algorithm_id::*;
     match *algorithm {
+        Algorithm::CalendarWindow { limit, calendar } => {
+            // The script cannot know time zones: it is told the window the call is expected to land in and the
+            // next one's end, and counts in the next one when Redis's clock has passed the first's end.
+            let window = calendar.window_at(around_ms());
+            let next = calendar.next(window);
+            let ms = |t: i64| u64::try_from(t).unwrap_or(0);
+            [
+                CALENDAR_WINDOW,
+                limit,
+                ms(window.start_ms),
+                ms(window.end_ms),
+                ms(next.end_ms),
+            ]
+        }
         Algorithm::SlidingWindow { limit, period_ms } => [SLIDING_WINDOW, limit, period_ms, 0, 0],
         Algorithm::SlidingLog { limit, period_ms } => [SLIDING_LOG, limit, period_ms, 0, 0],
         Algorithm::TokenBucket { rate, burst } => {

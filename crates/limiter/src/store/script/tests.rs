@@ -32,6 +32,7 @@ fn a_batch_names_each_key_once_and_packs_the_requests() {
     let mut command = command(
         &sha,
         Some(77),
+        || 0,
         &requests,
         &[0, 9],
         &runs,
@@ -90,6 +91,7 @@ fn consecutive_identical_committing_requests_form_runs() {
     let packed = command(
         &sha,
         None,
+        || 0,
         &requests[..4],
         &[0, 40, 30, 0],
         &[3, 1],
@@ -222,9 +224,15 @@ fn script_and_rust_share_the_gcra_epoch() {
 }
 
 /// Every algorithm, with parameters that do not matter here.
+#[cfg(feature = "calendar")]
 fn every_algorithm() -> Vec<Algorithm> {
     let rate = crate::parse_rate("10/s").expect("rate");
+    let calendar = crate::Calendar::new(crate::CalendarUnit::Month, Some("Europe/Berlin"));
     vec![
+        Algorithm::CalendarWindow {
+            limit: 5,
+            calendar: calendar.expect("a zone"),
+        },
         Algorithm::SlidingWindow {
             limit: 5,
             period_ms: 1_000,
@@ -252,6 +260,8 @@ fn every_algorithm() -> Vec<Algorithm> {
     ]
 }
 
+// Every id, the calendar window's among them: only in a build that has calendar windows.
+#[cfg(feature = "calendar")]
 #[test]
 fn the_script_and_the_gateway_name_the_same_algorithm_ids() {
     // The header's table: `--   <id> <name>  <parameters>`.
@@ -268,7 +278,7 @@ fn the_script_and_the_gateway_name_the_same_algorithm_ids() {
     let algorithms = every_algorithm();
     assert_eq!(listed.len(), algorithms.len(), "{listed:?}");
     for algorithm in &algorithms {
-        let id = script_params(algorithm)[0];
+        let id = script_params(algorithm, &mut || 0)[0];
         assert_eq!(listed.get(&id), Some(&algorithm.name()), "id {id}");
     }
     // Every comparison of an id in the code names the algorithm, on its line or in the comment above it, and
