@@ -262,6 +262,13 @@ async fn a_run_of_requests_at_a_boundary_counts_in_the_new_window_in_both_stores
     assert_eq!(said_all(&on_redis), said_all(&in_memory));
     let admitted: Vec<bool> = on_redis.iter().map(|o| o.allowed).collect();
     assert_eq!(admitted, [true, true, true, false]);
+    // What the run took is stored in the new window: the next request there is refused in both.
+    let after = store
+        .check(&checks, Some(boundary + 1))
+        .await
+        .expect("redis answers");
+    assert_eq!(said(&after), said(&memory.check_at(boundary + 1, &checks)));
+    assert!(!after.allowed);
 }
 
 /// A route limit of two a day in Kolkata on `store`, answering 200 directly.
