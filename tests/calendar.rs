@@ -353,6 +353,21 @@ async fn fields_point_at_the_next_boundary(redis: Option<&RedisServer>) {
     let rate_limit = header(&refused, "ratelimit");
     let t = rate_limit.split("t=").nth(1).unwrap_or_default();
     assert_seconds(t, next_midnight - now, "RateLimit t");
+    // The admin API shows the day: from Kolkata's last midnight to its next.
+    let admin = serve_admin(&gateway, None).await;
+    let (status, shown) =
+        json_answer(http.get(format!("{admin}/limits/api/daily?key=127.0.0.1"))).await;
+    assert_eq!(status, 200, "{shown}");
+    let window = &shown["window"];
+    assert_eq!(
+        window["start_ms"].as_i64(),
+        Some(next_midnight - DAY),
+        "{shown}"
+    );
+    assert_eq!(window["end_ms"].as_i64(), Some(next_midnight), "{shown}");
+    let start = window["start"].as_str().unwrap_or_default();
+    assert!(start.ends_with("T00:00:00+05:30"), "{shown}");
+    assert_eq!(shown["remaining"], 0, "{shown}");
 }
 
 crate::each_store!(
