@@ -19,9 +19,12 @@ use tollgate::limiter::{Backend, OnError};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The version and what the build was made from (build.rs): `0.2.0 (commit 1a2b3c4d5e6f, modified)`.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TOLLGATE_BUILD"), ")");
+
 /// A rate-limiting HTTP reverse proxy with limits shared through Redis.
 #[derive(Debug, Parser)]
-#[command(name = "tollgate", version, about)]
+#[command(name = "tollgate", version = VERSION, about)]
 struct Cli {
     /// The config file.
     #[arg(
@@ -208,7 +211,7 @@ async fn run(config: Config, loaded_file: String) -> ExitCode {
     // must begin the drain, not end the process by the signal's default action.
     let shutdown = shutdown_sequence(gateway.clone(), rls, &config.server, closing);
     let listen = listener.local_addr().map_or(config.listen, |a| a);
-    tracing::info!(%listen, admin = %admin_addr, routes = config.routes.len(), "tollgate listening");
+    tracing::info!(%listen, admin = %admin_addr, routes = config.routes.len(), version = VERSION, "tollgate listening");
     let served = gateway::serve(listener, gateway.clone(), &config.server, shutdown).await;
     if let Some(rls_served) = rls_served {
         let closed_at = *closed.borrow();

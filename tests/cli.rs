@@ -172,6 +172,81 @@ fn the_readme_check_output_is_what_check_prints() {
 }
 
 #[test]
+fn version_says_what_the_build_was_made_from() {
+    let output = tollgate(&["--version"]);
+    assert!(output.status.success());
+    let printed = String::from_utf8_lossy(&output.stdout);
+    // The test builds are debug builds: build.rs records a commit only in release builds (docs/operations.md).
+    assert_eq!(
+        printed.trim(),
+        format!(
+            "tollgate {} (debug build, no commit recorded)",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+}
+
+/// Runs `git args` in `dir`.
+fn git(dir: &std::path::Path, args: &[&str]) {
+    let status = Command::new("git")
+        .args(["-c", "user.name=t", "-c", "user.email=t@127.0.0.1"])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run git")
+        .status;
+    assert!(status.success(), "git {args:?}");
+}
+
+#[test]
+fn a_release_build_records_its_commit_and_whether_its_sources_were_modified() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("build-script");
+    // The rustc beside the cargo running the tests (rustup puts both on the PATH).
+    let compiled = Command::new("rustc")
+        .args(["--edition", "2021", "-o"])
+        .arg(&script)
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/build.rs"))
+        .status()
+        .expect("run rustc");
+    assert!(compiled.success());
+    let tree = dir.path().join("tree");
+    std::fs::create_dir_all(tree.join("src")).expect("src");
+    let recorded = |profile: &str| -> String {
+        let output = Command::new(&script)
+            .current_dir(&tree)
+            .env("PROFILE", profile)
+            .output()
+            .expect("run the build script");
+        let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+        printed
+            .lines()
+            .find_map(|line| line.strip_prefix("cargo:rustc-env=TOLLGATE_BUILD="))
+            .expect("TOLLGATE_BUILD set")
+            .to_owned()
+    };
+    assert_eq!(recorded("release"), "no git commit");
+    std::fs::write(tree.join("src/main.rs"), "fn main() {}\n").expect("write");
+    git(&tree, &["init", "-q"]);
+    git(&tree, &["add", "."]);
+    git(&tree, &["commit", "-q", "-m", "one"]);
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(&tree)
+        .output()
+        .expect("rev-parse");
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
+    assert_eq!(recorded("release"), format!("commit {head}"));
+    // A doc changed leaves the binary's sources as committed; a source changed does not.
+    std::fs::write(tree.join("README.md"), "notes\n").expect("write");
+    git(&tree, &["add", "README.md"]);
+    assert_eq!(recorded("release"), format!("commit {head}"));
+    std::fs::write(tree.join("src/main.rs"), "fn main() { }\n").expect("write");
+    assert_eq!(recorded("release"), format!("commit {head}, modified"));
+    assert_eq!(recorded("debug"), "debug build, no commit recorded");
+}
+
+#[test]
 fn missing_config_file_exits_2_and_bad_arguments_exit_2() {
     let output = tollgate(&["check", "--config", "/nonexistent/tollgate.yaml"]);
     assert_eq!(output.status.code(), Some(2));
