@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite. Installs what the tests run for real (Debian packages) first when it is missing:
 # redis-server and redis-tools (real Redis servers and a real Redis Cluster on loopback) and haproxy (a real load
-# balancer in front of two gateways for the rolling restart tests), and curl (the README's tour, run as written).
+# balancer in front of two gateways for the rolling restart tests), curl (the README's tour, run as written), and
+# prometheus for its promtool (the shipped alert rules and dashboard queries are checked by it; its service is not
+# started by the tests, and the package's recommends are not installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,12 +18,21 @@ fi
 if ! command -v curl >/dev/null 2>&1; then
   missing+=(curl)
 fi
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "tollgate tests: installing ${missing[*]} with apt-get" >&2
+bare=()
+if ! command -v promtool >/dev/null 2>&1; then
+  bare+=(prometheus)
+fi
+if [ ${#missing[@]} -gt 0 ] || [ ${#bare[@]} -gt 0 ]; then
+  echo "tollgate tests: installing ${missing[*]} ${bare[*]} with apt-get" >&2
   sudo=""
   if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  if [ ${#missing[@]} -gt 0 ]; then
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+  if [ ${#bare[@]} -gt 0 ]; then
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${bare[@]}" >/dev/null
+  fi
 fi
 
 cargo test "$@"
