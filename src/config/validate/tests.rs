@@ -549,6 +549,18 @@ fn a_build_without_llm_refuses_token_budgets_at_their_lines() {
     );
 }
 
+/// A build without the `calendar` feature (no time zone database) refuses a calendar window at its line, rather than
+/// counting it as some other window.
+#[cfg(not(feature = "calendar"))]
+#[test]
+fn a_build_without_calendar_refuses_calendar_windows_at_their_line() {
+    let text = "routes:\n  - name: r\n    respond: {}\n    limits:\n      - name: monthly\n        algorithm: fixed_window\n        limit: 5\n        calendar: month\n";
+    assert_eq!(
+        parse(text).unwrap_err().to_string(),
+        "t.yaml:8:9: routes[0].limits[0].calendar: calendar windows need tollgate built with its `calendar` feature (the time zone database)"
+    );
+}
+
 /// The one problem of an `rls:` block whose only descriptor has `limit` (written inline).
 fn rls_limit_problem(limit: &str) -> String {
     let text = format!(
