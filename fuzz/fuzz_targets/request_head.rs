@@ -224,6 +224,7 @@ fuzz_target!(|data: &[u8]| {
             _ => ClientIpHeader::XRealIp,
         },
         host: host.as_deref(),
+        host_field: None,
         version: request.version(),
         write_forwarded: which & 4 != 0,
         reads_trailers: false,

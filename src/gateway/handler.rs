@@ -317,15 +317,17 @@ impl Gateway {
                     // (`shop.example:8443`), as the Host field now holds it: an upstream building its own URLs needs the
                     // port. Routing and keys use the host without it.
                     let authority = request.headers().get(http::header::HOST).cloned();
-                    let host = authority
+                    let host_field = authority
                         .as_ref()
-                        .and_then(|value| value.to_str().ok())
-                        .or(canonical.host.as_deref());
+                        .and_then(|value| Some((value.to_str().ok()?, value)));
                     let forwarded = ForwardedFacts {
                         peer: peer.ip(),
                         peer_trusted: compiled.client_ip.is_trusted(peer.ip()),
                         believed: compiled.client_ip.header(),
-                        host,
+                        host: host_field
+                            .map(|(text, _)| text)
+                            .or(canonical.host.as_deref()),
+                        host_field: host_field.map(|(_, value)| value),
                         version: request.version(),
                         write_forwarded: compiled.write_forwarded,
                         reads_trailers: route

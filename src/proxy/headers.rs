@@ -30,6 +30,9 @@ pub struct ForwardedFacts<'a> {
     pub believed: ClientIpHeader,
     /// The host the client asked for, if any.
     pub host: Option<&'a str>,
+    /// The client's `Host` field when `host` is its text: `X-Forwarded-Host` is a share of it, neither checked
+    /// nor copied again.
+    pub host_field: Option<&'a HeaderValue>,
     /// The client's HTTP version, for `Via`.
     pub version: Version,
     /// `client_ip.forwarded`: add tollgate's element to `Forwarded` (RFC 7239).
@@ -75,11 +78,26 @@ fn names_no_other_field(token: &str) -> bool {
 /// Removes the hop-by-hop fields of RFC 9110 §7.6.1: `Connection` and every field it names, `Keep-Alive`,
 /// `Proxy-Connection`, `TE`, `Transfer-Encoding` and `Upgrade`.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    let present = scan(headers);
-    if present & 1 != 0 {
+    let mut present = 0u16;
+    let mut names_fields = false;
+    for (name, value) in headers.iter() {
+        if let Some(index) = hop_by_hop_index(name.as_str()) {
+            present |= 1 << index;
+            // Nearly every upstream answer says `Connection: keep-alive`, which names no field: told from its bytes
+            // here, where the general reading would look the field up again and split it as a list.
+            names_fields |= index == 0 && !is_keep_alive_or_close(value);
+        }
+    }
+    if names_fields {
         remove_connection_named(headers, false);
     }
     remove_present_hop_by_hop(headers, present);
+}
+
+/// Whether a `Connection` field line is `keep-alive` or `close` alone (any case), naming no field.
+fn is_keep_alive_or_close(value: &HeaderValue) -> bool {
+    let value = value.as_bytes();
+    value.eq_ignore_ascii_case(b"keep-alive") || value.eq_ignore_ascii_case(b"close")
 }
 
 /// What a client may not send the upstream in a field's name: the rules applied to every request as it arrives,
@@ -283,7 +301,11 @@ pub fn prepare_request(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) {
         headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     }
     if !(facts.peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
-        match facts.host.and_then(|h| HeaderValue::from_str(h).ok()) {
+        let host = match facts.host_field {
+            Some(field) => Some(field.clone()),
+            None => facts.host.and_then(|h| HeaderValue::from_str(h).ok()),
+        };
+        match host {
             Some(host) => {
                 headers.insert(&X_FORWARDED_HOST, host);
             }
@@ -383,6 +405,7 @@ mod tests {
             peer_trusted: trusted,
             believed: ClientIpHeader::XForwardedFor,
             host: Some("api.example.com"),
+            host_field: None,
             version: Version::HTTP_11,
             write_forwarded: false,
             reads_trailers: false,
@@ -426,6 +449,35 @@ mod tests {
         remove_hop_by_hop(&mut h);
         let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         assert_eq!(left, ["close", "x-kept"]);
+    }
+
+    #[test]
+    fn a_connection_line_that_names_no_field_is_removed_alone_and_one_beside_it_still_names() {
+        for lines in [
+            &["keep-alive"][..],
+            &["Keep-Alive"],
+            &["CLOSE"],
+            &["keep-alive", "x-secret"],
+            &["x-secret", "close"],
+        ] {
+            let mut h = HeaderMap::new();
+            for line in lines {
+                h.append(header::CONNECTION, HeaderValue::from_static(line));
+            }
+            h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+            h.insert("x-secret", HeaderValue::from_static("1"));
+            h.insert("x-kept", HeaderValue::from_static("1"));
+            remove_hop_by_hop(&mut h);
+            let named = lines.contains(&"x-secret");
+            let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+            left.sort_unstable();
+            let expected: &[&str] = if named {
+                &["x-kept"]
+            } else {
+                &["x-kept", "x-secret"]
+            };
+            assert_eq!(left, expected, "{lines:?}");
+        }
     }
 
     #[test]
