@@ -112,6 +112,8 @@ where
             self.serve(stream, parts.service);
             return true;
         }
+        // A resting connection holds no timer but the one that closes it.
+        self.clock.drop_spare();
         let closes = tokio::time::sleep_until(self.clock.rest_deadline().into());
         self.turn = Turn::Resting {
             stream,

@@ -66,12 +66,16 @@ struct Marks {
     keepalive_micros: u64,
     header_read_micros: u64,
     rest_micros: u64,
+    /// The sleep of the last wait for a head, handed back when hyper dropped it (its head came): the next wait
+    /// moves it to its deadline instead of making, registering and dropping a timer of its own per request.
+    spare: parking_lot::Mutex<Option<Pin<Box<tokio::time::Sleep>>>>,
 }
 
 /// The sleep hyper polls while it waits for a head: it ends at the deadline that applies now.
 struct HeadDeadline {
     marks: Arc<Marks>,
-    sleep: Pin<Box<tokio::time::Sleep>>,
+    /// Always there until it is dropped, and then handed back as the connection's spare.
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Whether `sleep` was set for the time to rest (as `Marks::next_wake` said when it was made).
     rest: bool,
 }
@@ -96,6 +100,7 @@ impl ConnectionClock {
             keepalive_micros: micros(keepalive_timeout),
             header_read_micros: micros(header_read_timeout),
             rest_micros: micros(REST_AFTER),
+            spare: parking_lot::Mutex::new(None),
         });
         (
             Self {
@@ -133,6 +138,11 @@ impl ConnectionClock {
         self.marks.deadline()
     }
 
+    /// Drops the spare sleep: a resting connection holds no timer.
+    pub(super) fn drop_spare(&self) {
+        self.marks.spare.lock().take();
+    }
+
     /// A new hyper connection takes over from a rest: the wait for a head goes on, not from now.
     pub(super) fn resume(&self) {
         self.marks.rest_due.store(false, Ordering::Relaxed);
@@ -152,9 +162,18 @@ impl hyper::rt::Timer for ConnectionClock {
         self.marks.reading_head.fetch_add(1, Ordering::Relaxed);
         // Made to wake when its first poll will want it to: a reset there would cost every request.
         let (wake, rest) = self.marks.next_wake();
+        let wake = tokio::time::Instant::from_std(wake);
+        // The spare's deadline was the last wait's, earlier than this one: moving it later costs tokio a store.
+        let sleep = match self.marks.spare.lock().take() {
+            Some(mut sleep) => {
+                sleep.as_mut().reset(wake);
+                sleep
+            }
+            None => Box::pin(tokio::time::sleep_until(wake)),
+        };
         Box::pin(HeadDeadline {
             marks: self.marks.clone(),
-            sleep: Box::pin(tokio::time::sleep_until(wake.into())),
+            sleep: Some(sleep),
             rest,
         })
     }
@@ -239,32 +258,36 @@ fn micros(duration: Duration) -> u64 {
 impl Future for HeadDeadline {
     type Output = ();
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        let Some(sleep) = this.sleep.as_mut() else {
+            return Poll::Ready(());
+        };
         // Polled by hyper after every read that left the head incomplete: the deadline moves when its first byte
         // has come since the sleep was made (until then the sleep is what `next_wake` said when it was made).
-        let unchanged = self.marks.head_since.load(Ordering::Relaxed) == 0
-            && !self.marks.rest_due.load(Ordering::Relaxed);
+        let unchanged = this.marks.head_since.load(Ordering::Relaxed) == 0
+            && !this.marks.rest_due.load(Ordering::Relaxed);
         let rest = if unchanged {
-            self.rest
+            this.rest
         } else {
-            let (wake, rest) = self.marks.next_wake();
+            let (wake, rest) = this.marks.next_wake();
             let wake = tokio::time::Instant::from_std(wake);
-            if self.sleep.deadline() != wake {
-                self.sleep.as_mut().reset(wake);
+            if sleep.deadline() != wake {
+                sleep.as_mut().reset(wake);
             }
-            self.rest = rest;
+            this.rest = rest;
             rest
         };
-        ready!(self.sleep.as_mut().poll(cx));
+        ready!(sleep.as_mut().poll(cx));
         if !rest {
             return Poll::Ready(());
         }
         // Time to rest: the connection's future sees it once hyper is pending, and puts hyper's connection aside.
         // Until it does, the sleep waits for the deadline.
-        self.marks.rest_due.store(true, Ordering::Relaxed);
-        let deadline = tokio::time::Instant::from_std(self.marks.deadline());
-        self.sleep.as_mut().reset(deadline);
-        self.sleep.as_mut().poll(cx)
+        this.marks.rest_due.store(true, Ordering::Relaxed);
+        let deadline = tokio::time::Instant::from_std(this.marks.deadline());
+        sleep.as_mut().reset(deadline);
+        sleep.as_mut().poll(cx)
     }
 }
 
@@ -273,6 +296,10 @@ impl hyper::rt::Sleep for HeadDeadline {}
 impl Drop for HeadDeadline {
     fn drop(&mut self) {
         self.marks.reading_head.fetch_sub(1, Ordering::Relaxed);
+        // Kept for the connection's next wait (hyper drops its sleep once a head has come).
+        if let Some(sleep) = self.sleep.take() {
+            *self.marks.spare.lock() = Some(sleep);
+        }
     }
 }
 
