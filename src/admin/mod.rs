@@ -1,9 +1,10 @@
-//! The admin listener: liveness, readiness and metrics (open), the state of one limit for one key and the
+//! The admin listener: liveness, readiness and metrics (open), live stats, the state of one limit for one key and the
 //! consumers' runtime settings (behind a bearer token).
 
 mod consumers;
 mod health;
 mod limits;
+mod stats;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -47,11 +48,13 @@ fn build(gateway: Arc<Gateway>, token: Option<String>, degraded_status: StatusCo
         gateway,
         token: token.map(|token| TokenDigest::of(&token)),
         degraded_status,
+        stats: Arc::default(),
     };
     Router::new()
         .route("/healthz", get(|| async { (StatusCode::OK, "ok\n") }))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
+        .route("/stats", get(stats::stats))
         .route(
             "/limits/{route}/{limit}",
             get(limits::peek_limit).delete(limits::reset_limit),
@@ -87,6 +90,8 @@ struct Admin {
     token: Option<TokenDigest>,
     /// What `/readyz` answers while the store is degraded.
     degraded_status: StatusCode,
+    /// `/stats`'s samples.
+    stats: Arc<stats::Stats>,
 }
 
 /// The SHA-256 digest of a token. Tokens are compared by their digests, which have one length whatever the
