@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs the whole test suite. Installs what the tests run for real (Debian packages) first when it is missing:
 # redis-server and redis-tools (real Redis servers and a real Redis Cluster on loopback) and haproxy (a real load
-# balancer in front of two gateways for the rolling restart tests), curl (the README's tour, run as written), and
+# balancer in front of two gateways for the rolling restart tests), curl (the README's tour, run as written),
 # prometheus for its promtool (the shipped alert rules and dashboard queries are checked by it; its service is not
-# started by the tests, and the package's recommends are not installed).
+# started by the tests) and chromium (the admin dashboard read in a real browser); these two without the packages
+# they merely recommend.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +22,9 @@ fi
 bare=()
 if ! command -v promtool >/dev/null 2>&1; then
   bare+=(prometheus)
+fi
+if ! command -v chromium >/dev/null 2>&1; then
+  bare+=(chromium)
 fi
 if [ ${#missing[@]} -gt 0 ] || [ ${#bare[@]} -gt 0 ]; then
   echo "tollgate tests: installing ${missing[*]} ${bare[*]} with apt-get" >&2

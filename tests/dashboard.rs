@@ -1,22 +1,33 @@
 //! What the admin listener shows an operator live: `GET /stats` on the running binary (decisions per second by
-//! route and limit, responses, the store), behind the admin token.
+//! route and limit, responses, the store), behind the admin token, and `GET /dashboard` read in a real browser
+//! (headless Chromium, which scripts/test.sh installs) while the gateway is under load.
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::binary::Tollgate;
 use common::http_client::{client, json_answer};
+use common::redis::RedisServer;
 use serde_json::Value;
 
 const TOKEN: &str = "dashboard-test-token-0123456789";
 
 fn start(dir: &tempfile::TempDir) -> Tollgate {
+    start_on(dir, None)
+}
+
+/// The gateway on `redis`, or on the in-process store.
+fn start_on(dir: &tempfile::TempDir, redis: Option<&RedisServer>) -> Tollgate {
     let path = dir.path().join("gateway.yaml");
+    let store = common::store_yaml(redis);
     let yaml = format!(
         r#"listen: 127.0.0.1:0
 admin: {{ listen: 127.0.0.1:0, token: {TOKEN} }}
-routes:
+store:
+{store}routes:
   - name: api
     match: {{ path_prefix: /api }}
     respond: {{ status: 200, body: "ok" }}
@@ -109,4 +120,120 @@ async fn stats_give_decisions_per_second_by_route_and_limit_and_the_store_s_stat
         per_ip["history"]["denied"].as_array().map(Vec::len),
         Some(2)
     );
+}
+
+/// The page's DOM once its script has run, as headless Chromium at a phone's width (390 px) builds it, and what
+/// Chromium logged (console errors among it). With `screenshot`, also a picture of the page.
+fn browse(tollgate: &Tollgate, screenshot: Option<&std::path::Path>) -> (String, String) {
+    let url = tollgate.admin_url(&format!("/dashboard#token={TOKEN}"));
+    let profile = tempfile::tempdir().expect("profile dir");
+    let mut command = std::process::Command::new("chromium");
+    command
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--window-size=390,900",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args([
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=3000",
+        ]);
+    match screenshot {
+        Some(path) => command.arg(format!("--screenshot={}", path.display())),
+        None => command.arg("--dump-dom"),
+    };
+    let output = command
+        .arg(url)
+        .output()
+        .expect("chromium (scripts/test.sh installs Debian's chromium package)");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// The text of the element with id `id` in `dom` (no nested elements).
+fn text_of<'a>(dom: &'a str, id: &str) -> &'a str {
+    let start = dom
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no #{id} in {dom}"));
+    let open = start + dom[start..].find('>').expect("tag end") + 1;
+    let close = open + dom[open..].find('<').expect("text end");
+    &dom[open..close]
+}
+
+/// The numbers in the row of `route` / `limit` of the decisions table: allowed and denied per second.
+fn decision_row(dom: &str, route: &str, limit: &str) -> (f64, f64) {
+    let start = dom
+        .find(&format!("data-route=\"{route}\" data-limit=\"{limit}\""))
+        .unwrap_or_else(|| panic!("no row for {route} / {limit} in {dom}"));
+    let row = &dom[start..start + dom[start..].find("</tr>").expect("row end")];
+    let number = |class: &str| -> f64 {
+        let at = row.find(&format!("class=\"num {class}\">")).expect("cell") + class.len() + 13;
+        row[at..at + row[at..].find('<').expect("cell end")]
+            .parse()
+            .expect("a number")
+    };
+    (number("allowed"), number("denied"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_dashboard_shows_the_limits_live_in_a_browser_and_the_store_failing() {
+    let mut redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tollgate = start_on(&dir, Some(&redis));
+    // Under load (a client flooding the route throughout), with /stats sampled before, as another viewer's polls
+    // sample it: the browser's first poll has a sample to count from.
+    let flooding = Arc::new(AtomicBool::new(true));
+    let flood = tokio::spawn({
+        let (url, flooding) = (tollgate.url("/api"), flooding.clone());
+        async move {
+            while flooding.load(Ordering::Relaxed) {
+                let _ = client().get(&url).send().await;
+            }
+        }
+    });
+    stats(&tollgate).await;
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    stats(&tollgate).await;
+    let (dom, log) = tokio::task::block_in_place(|| browse(&tollgate, None));
+    assert!(!log.contains("Uncaught"), "a script error:\n{log}");
+    let (allowed, denied) = decision_row(&dom, "api", "per_ip");
+    assert!(denied > 0.0, "the flood's denials: {allowed} / {denied}");
+    decision_row(&dom, "api", "trial");
+    assert_eq!(text_of(&dom, "store"), "redis: ready", "{dom}");
+    assert!(
+        dom.contains("data-fits=\"true\""),
+        "wider than a phone: {dom}"
+    );
+    if let Ok(path) = std::env::var("TOLLGATE_DASHBOARD_SCREENSHOT") {
+        tokio::task::block_in_place(|| browse(&tollgate, Some(std::path::Path::new(&path))));
+    }
+
+    flooding.store(false, Ordering::Relaxed);
+    flood.await.expect("flood");
+
+    // Redis gone: the page says so.
+    redis.kill();
+    send(&tollgate, 5).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, readiness) = json_answer(client().get(tollgate.admin_url("/readyz"))).await;
+        if readiness["status"] == "degraded" || std::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (dom, log) = tokio::task::block_in_place(|| browse(&tollgate, None));
+    assert!(!log.contains("Uncaught"), "a script error:\n{log}");
+    let store = text_of(&dom, "store");
+    assert!(store.starts_with("redis: degraded"), "{store}");
 }

@@ -2,6 +2,7 @@
 //! consumers' runtime settings (behind a bearer token).
 
 mod consumers;
+mod dashboard;
 mod health;
 mod limits;
 mod stats;
@@ -55,6 +56,7 @@ fn build(gateway: Arc<Gateway>, token: Option<String>, degraded_status: StatusCo
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
         .route("/stats", get(stats::stats))
+        .route("/dashboard", get(dashboard::page))
         .route(
             "/limits/{route}/{limit}",
             get(limits::peek_limit).delete(limits::reset_limit),
