@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite. Installs what the tests run for real (Debian packages) first when it is missing:
 # redis-server and redis-tools (real Redis servers and a real Redis Cluster on loopback) and haproxy (a real load
-# balancer in front of two gateways for the rolling restart tests), curl (the README's tour, run as written),
+# balancer in front of two gateways for the rolling restart tests), curl (the README's tour, run as written; HTTPS
+# over HTTP/1.1 and HTTP/2), openssl (its s_client for SNI, TLS versions and client certificates),
 # prometheus for its promtool (the shipped alert rules and dashboard queries are checked by it; its service is not
 # started by the tests) and chromium (the admin dashboard read in a real browser); these two without the packages
 # they merely recommend.
@@ -18,6 +19,9 @@ if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then
 fi
 if ! command -v curl >/dev/null 2>&1; then
   missing+=(curl)
+fi
+if ! command -v openssl >/dev/null 2>&1; then
+  missing+=(openssl)
 fi
 bare=()
 if ! command -v promtool >/dev/null 2>&1; then

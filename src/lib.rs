@@ -68,5 +68,6 @@ pub mod routing;
 pub mod server;
 #[cfg(feature = "gateway")]
 pub mod telemetry;
+pub mod tls;
 mod tunnel;
 pub mod usage;

@@ -1,5 +1,6 @@
 //! The `tollgate` binary: command line, start-up, signals.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -161,12 +162,9 @@ async fn run(config: Config, loaded_file: String) -> ExitCode {
         Err(code) => return code,
     };
 
-    let listener = match TcpListener::bind(config.listen).await {
-        Ok(listener) => listener,
-        Err(error) => {
-            eprintln!("tollgate: cannot listen on {}: {error}", config.listen);
-            return ExitCode::from(EXIT_FAILURE);
-        }
+    let listeners = match bind_listeners(&config).await {
+        Ok(listeners) => listeners,
+        Err(code) => return code,
     };
     let admin_listener = match TcpListener::bind(config.admin.listen).await {
         Ok(listener) => listener,
@@ -210,9 +208,15 @@ async fn run(config: Config, loaded_file: String) -> ExitCode {
     // Signals are watched before the line that says the gateway listens: a SIGTERM sent as soon as it listens
     // must begin the drain, not end the process by the signal's default action.
     let shutdown = shutdown_sequence(gateway.clone(), rls, &config.server, closing);
-    let listen = listener.local_addr().map_or(config.listen, |a| a);
-    tracing::info!(%listen, admin = %admin_addr, routes = config.routes.len(), version = VERSION, "tollgate listening");
-    let served = gateway::serve(listener, gateway.clone(), &config.server, shutdown).await;
+    let bound = |listener: &TcpListener| listener.local_addr().ok().map(|a| a.to_string());
+    let listen = listeners.plain.as_ref().and_then(bound).unwrap_or_default();
+    let tls = listeners
+        .tls
+        .as_ref()
+        .and_then(|(listener, _)| bound(listener))
+        .unwrap_or_default();
+    tracing::info!(%listen, %tls, admin = %admin_addr, routes = config.routes.len(), version = VERSION, "tollgate listening");
+    let served = gateway::serve(listeners, gateway.clone(), &config.server, shutdown).await;
     if let Some(rls_served) = rls_served {
         let closed_at = *closed.borrow();
         let deadline = closed_at.unwrap_or_else(Instant::now) + config.server.shutdown_grace;
@@ -228,6 +232,35 @@ async fn run(config: Config, loaded_file: String) -> ExitCode {
             ExitCode::SUCCESS
         }
     }
+}
+
+/// The listeners of `config`: clear-text, HTTPS with its certificates read, or both; `Err` with the exit code when
+/// one cannot be bound or the certificates read.
+async fn bind_listeners(config: &Config) -> Result<gateway::Listeners, ExitCode> {
+    let bind = |address: SocketAddr, what: &'static str| async move {
+        TcpListener::bind(address).await.map_err(|error| {
+            eprintln!("tollgate: cannot listen on {address}{what}: {error}");
+            ExitCode::from(EXIT_FAILURE)
+        })
+    };
+    let plain = match config.listen {
+        Some(address) => Some(bind(address, "").await?),
+        None => None,
+    };
+    let tls = match &config.tls {
+        Some(settings) => {
+            // Read at validation already: a failure here is a file changed since.
+            let acceptor = tollgate::tls::Acceptor::new(settings).map_err(|problems| {
+                for problem in problems {
+                    eprintln!("tollgate: {}: {}", problem.field, problem.message);
+                }
+                ExitCode::from(EXIT_FAILURE)
+            })?;
+            Some((bind(settings.listen, " (tls)").await?, Arc::new(acceptor)))
+        }
+        None => None,
+    };
+    Ok(gateway::Listeners { plain, tls })
 }
 
 /// The store of `config`, waiting up to 2 s for Redis to answer and saying plainly what happens while it does not;

@@ -411,7 +411,7 @@ routes:                             # first match wins, in file order
     fn design_example_parses_into_the_model() {
         let config = parse_text(&runnable_example()).unwrap();
         assert_eq!(config.source, Path::new("gateway.yaml"));
-        assert_eq!(config.listen, "0.0.0.0:8080".parse().unwrap());
+        assert_eq!(config.listen, Some("0.0.0.0:8080".parse().unwrap()));
         assert_eq!(config.admin.listen, "127.0.0.1:9901".parse().unwrap());
         assert_eq!(config.admin.token, None);
         assert_eq!(config.store.backend, BackendKind::Redis);

@@ -15,6 +15,7 @@ pub use crate::limiter::{BackendKind, StoreSettings};
 pub use crate::proxy::UpstreamSettings;
 pub use crate::rls::RlsSettings;
 pub use crate::routing::RouteMatch;
+pub use crate::tls::{CertificateFiles, TlsSettings, TlsVersion};
 pub use crate::usage::UsageSettings;
 
 /// A whole, valid configuration.
@@ -22,8 +23,10 @@ pub use crate::usage::UsageSettings;
 pub struct Config {
     /// The file it was read from (for messages and reloads).
     pub source: PathBuf,
-    /// Where the gateway listens.
-    pub listen: SocketAddr,
+    /// Where the gateway listens in clear; `None` when the file sets `tls.listen` and no `listen`.
+    pub listen: Option<SocketAddr>,
+    /// HTTPS, when the file has a `tls:` block.
+    pub tls: Option<TlsSettings>,
     /// The admin listener.
     pub admin: AdminSettings,
     /// The limiter store.

@@ -14,7 +14,8 @@ use serde::Deserialize;
 #[derive(Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub(crate) struct RawConfig {
-    pub listen: String,
+    /// `None` when not written: 0.0.0.0:8080, or no clear-text listener when `tls.listen` is set.
+    pub listen: Option<String>,
     pub admin: RawAdmin,
     pub store: RawStore,
     pub client_ip: RawClientIp,
@@ -23,6 +24,7 @@ pub(crate) struct RawConfig {
     pub routes: Vec<RawRoute>,
     pub consumers: Option<RawConsumers>,
     pub rls: Option<super::rls::RawRls>,
+    pub tls: Option<super::tls::RawTls>,
 }
 
 /// `admin:`
@@ -431,7 +433,7 @@ pub(crate) struct Ordered<V>(pub Vec<(String, V)>);
 impl Default for RawConfig {
     fn default() -> Self {
         RawConfig {
-            listen: "0.0.0.0:8080".to_owned(),
+            listen: None,
             admin: RawAdmin::default(),
             store: RawStore::default(),
             client_ip: RawClientIp::default(),
@@ -440,6 +442,7 @@ impl Default for RawConfig {
             routes: Vec::new(),
             consumers: None,
             rls: None,
+            tls: None,
         }
     }
 }
@@ -531,7 +534,7 @@ fn default_cost() -> u64 {
 
 /// Accepts any scalar as text, so that `timeout: 30` reaches validation and gets the duration message ("use 1s")
 /// rather than a type error.
-fn scalar_text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+pub(super) fn scalar_text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
     deserializer.deserialize_any(ScalarText)
 }
 

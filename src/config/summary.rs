@@ -2,7 +2,10 @@
 
 use std::fmt::Write;
 
-use super::{format_duration_ms, BackendKind, Config, LimitSettings, RouteAction, RouteSettings};
+use super::{
+    format_duration_ms, BackendKind, Config, LimitSettings, RouteAction, RouteSettings,
+    TlsSettings, TlsVersion,
+};
 #[cfg(feature = "jwt")]
 use crate::consumers::jwt::JwtKeySource;
 use crate::consumers::{
@@ -30,11 +33,18 @@ pub fn render(config: &Config) -> String {
     } else {
         "no token"
     };
+    let listen = config.listen.map_or_else(
+        || "none (HTTPS only)".to_owned(),
+        |listen| listen.to_string(),
+    );
     let _ = writeln!(
         out,
-        "listen {}   admin {} ({token})   store {store}",
-        config.listen, config.admin.listen
+        "listen {listen}   admin {} ({token})   store {store}",
+        config.admin.listen
     );
+    if let Some(tls) = &config.tls {
+        out.push_str(&tls_lines(tls));
+    }
     out.push_str(&server_line(config));
     out.push_str(&client_ip_line(config));
     for upstream in &config.upstreams {
@@ -71,6 +81,57 @@ pub fn render(config: &Config) -> String {
         out.push_str(&rls_summary(rls, &config.source));
     }
     out
+}
+
+/// `tls:` as understood: the listener, then each certificate's file, the names it serves and when it expires.
+fn tls_lines(tls: &TlsSettings) -> String {
+    let mut out = String::new();
+    let version = match tls.min_version {
+        TlsVersion::V1_2 => "1.2",
+        TlsVersion::V1_3 => "1.3",
+    };
+    let clients = tls.client_ca.as_ref().map_or_else(
+        || "no client certificates".to_owned(),
+        |ca| format!("client certificates signed by {}", ca.display()),
+    );
+    let _ = writeln!(
+        out,
+        "tls: listen {}   min_version {version}   {clients}",
+        tls.listen
+    );
+    for (i, line) in certificate_lines(tls).into_iter().enumerate() {
+        let default = if i == 0 { "   (default)" } else { "" };
+        let _ = writeln!(out, "  certificate {line}{default}");
+    }
+    out
+}
+
+/// One line per certificate: its file, its names and its expiry, read from the files.
+#[cfg(feature = "gateway")]
+fn certificate_lines(tls: &TlsSettings) -> Vec<String> {
+    match crate::tls::check(tls) {
+        Ok(certificates) => certificates
+            .iter()
+            .map(|certificate| {
+                format!(
+                    "{}   names {}   expires {}",
+                    certificate.file,
+                    certificate.names.join(", "),
+                    certificate.expires()
+                )
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Without the gateway the files are not read: their names only.
+#[cfg(not(feature = "gateway"))]
+fn certificate_lines(tls: &TlsSettings) -> Vec<String> {
+    tls.certificates
+        .iter()
+        .map(|files| files.cert.display().to_string())
+        .collect()
 }
 
 /// `rls:` as understood: the listener, then one row per limit of every descriptor rule of every domain.

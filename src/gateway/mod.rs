@@ -13,4 +13,4 @@ pub use crate::admission::RequestView;
 pub use compiled::CompiledConfig;
 pub use handler::Gateway;
 pub use responses::readiness;
-pub use serve::serve;
+pub use serve::{serve, Listeners};

@@ -10,17 +10,28 @@ use axum::body::Body;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 use super::handler::handle_on;
 use super::Gateway;
 use crate::config::ServerSettings;
 use crate::proxy::ClientBody;
 use crate::server::{self, ServeError};
+use crate::tls::Acceptor;
 
-/// Serves `gateway` on `listener` until `shutdown` completes, then stops accepting and gives in-flight requests
-/// up to `settings.shutdown_grace` to finish.
+/// The gateway's listeners: clear-text HTTP, HTTPS, or both.
+#[derive(Debug, Default)]
+pub struct Listeners {
+    /// `listen:`
+    pub plain: Option<TcpListener>,
+    /// `tls.listen:` and the TLS settings its handshakes use.
+    pub tls: Option<(TcpListener, Arc<Acceptor>)>,
+}
+
+/// Serves `gateway` on `listeners` until `shutdown` completes, then stops accepting on all of them at once and gives
+/// in-flight requests up to `settings.shutdown_grace` to finish.
 pub async fn serve(
-    listener: TcpListener,
+    listeners: Listeners,
     gateway: Arc<Gateway>,
     settings: &ServerSettings,
     shutdown: impl Future<Output = ()>,
@@ -35,7 +46,40 @@ pub async fn serve(
         gateway: Arc::clone(&gateway),
         body_read_timeout: settings.body_read_timeout,
     };
-    server::serve(listener, served, &connections, gateway.shutdown(), shutdown).await
+    // One signal closes both listeners.
+    let (closing, closed) = watch::channel(false);
+    let close = || {
+        let mut closed = closed.clone();
+        async move {
+            let _ = closed.wait_for(|closed| *closed).await;
+        }
+    };
+    let signal = async move {
+        shutdown.await;
+        let _ = closing.send(true);
+    };
+    let plain = async {
+        match listeners.plain {
+            Some(listener) => {
+                let shutdown = gateway.shutdown();
+                server::serve(listener, served.clone(), &connections, shutdown, close()).await
+            }
+            None => Ok(()),
+        }
+    };
+    let tls = async {
+        match listeners.tls {
+            Some((listener, acceptor)) => {
+                let shutdown = gateway.shutdown();
+                let served = served.clone();
+                let acceptor: Arc<dyn server::TlsConfig> = acceptor;
+                server::serve_tls(listener, acceptor, served, &connections, shutdown, close()).await
+            }
+            None => Ok(()),
+        }
+    };
+    let ((), plain, tls) = tokio::join!(signal, plain, tls);
+    plain.and(tls)
 }
 
 /// The gateway as the server's handler: with `server.body_read_timeout`, which each request's body is held to.

@@ -21,6 +21,9 @@ pub use body::{discard, ClientBody, ClientBodyError, Discarding, LimitedBody};
 pub use headers::{clean_client_fields, prepare_request, ClientFieldRules, ForwardedFacts, VIA};
 pub use settings::UpstreamSettings;
 pub use tls::{TlsDialer, TlsFieldError, TlsFiles, UpstreamTls};
+// The PEM readers, which the TLS listener's certificates use too.
+#[cfg(feature = "gateway")]
+pub(crate) use tls::{certificates, private_key, roots_from_file};
 #[cfg(feature = "gateway")]
 pub(crate) use upgrade::TunnelHold;
 #[cfg(feature = "gateway")]

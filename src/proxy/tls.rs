@@ -61,7 +61,7 @@ impl UpstreamTls {
             })
             .transpose()?;
         let roots = match &files.ca_file {
-            Some(path) => Arc::new(roots_from_file(path)?),
+            Some(path) => Arc::new(roots_from_file(path, "ca_file")?),
             None => system_roots()?,
         };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -76,7 +76,7 @@ impl UpstreamTls {
             (None, None) => builder.with_no_client_auth(),
             (Some(cert_file), Some(key_file)) => {
                 let chain = certificates(cert_file, "cert_file")?;
-                let key = private_key(key_file)?;
+                let key = private_key(key_file, "key_file")?;
                 builder
                     .with_client_auth_cert(chain, key)
                     .map_err(|error| TlsFieldError {
@@ -158,15 +158,15 @@ fn needs(given: &'static str, missing: &str) -> TlsFieldError {
     }
 }
 
-fn read(path: &Path, field: &'static str) -> Result<Vec<u8>, TlsFieldError> {
+pub(crate) fn read(path: &Path, field: &'static str) -> Result<Vec<u8>, TlsFieldError> {
     std::fs::read(path).map_err(|error| TlsFieldError {
         field,
         message: format!("cannot read {}: {error}", path.display()),
     })
 }
 
-/// Every certificate in the PEM file at `path`; at least one.
-fn certificates(
+/// Every certificate in the PEM file at `path`; at least one (also the TLS listener's, `crate::tls`).
+pub(crate) fn certificates(
     path: &Path,
     field: &'static str,
 ) -> Result<Vec<CertificateDer<'static>>, TlsFieldError> {
@@ -186,21 +186,27 @@ fn certificates(
     Ok(certificates)
 }
 
-fn roots_from_file(path: &Path) -> Result<RootCertStore, TlsFieldError> {
+pub(crate) fn roots_from_file(
+    path: &Path,
+    field: &'static str,
+) -> Result<RootCertStore, TlsFieldError> {
     let mut roots = RootCertStore::empty();
-    for certificate in certificates(path, "ca_file")? {
+    for certificate in certificates(path, field)? {
         roots.add(certificate).map_err(|error| TlsFieldError {
-            field: "ca_file",
+            field,
             message: format!("{}: unusable certificate: {error}", path.display()),
         })?;
     }
     Ok(roots)
 }
 
-fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsFieldError> {
-    let pem = read(path, "key_file")?;
+pub(crate) fn private_key(
+    path: &Path,
+    field: &'static str,
+) -> Result<PrivateKeyDer<'static>, TlsFieldError> {
+    let pem = read(path, field)?;
     PrivateKeyDer::from_pem_slice(&pem).map_err(|error| TlsFieldError {
-        field: "key_file",
+        field,
         message: format!(
             "{}: no private key in it ({error}; expected a PEM PRIVATE KEY section)",
             path.display()

@@ -25,10 +25,31 @@ use super::{Handler, Settings};
 /// The HTTP/2 connection preface, with which an h2c (prior knowledge) client opens its connection.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
+/// What a connection from `peer` does with each request: hands it to `handler`, or to its refusal when its head is
+/// over `max_header_bytes`. A macro, not a function: the closure's future (the handler's) cannot be named in a
+/// function's return type.
+macro_rules! requests {
+    ($handler:expr, $peer:expr, $max_header_bytes:expr) => {{
+        let (handler, peer, max_header_bytes) = ($handler, $peer, $max_header_bytes);
+        // Nothing in this closure but what every request needs: the future it returns is built in place in the
+        // connection only while the closure stays this small (a WebSocket handshake's drain hold is taken by the
+        // handler; here it made every request copy its future once more).
+        move |request: hyper::Request<hyper::body::Incoming>| {
+            // No handler for a head over the limit. Nothing else is captured for it: the future is moved into the
+            // connection once per request, and each byte more in it is copied every time.
+            let handler =
+                ($crate::server::connection::head_bytes(&request) <= max_header_bytes)
+                    .then(|| handler.clone());
+            H::handle(handler, request, peer)
+        }
+    }};
+}
+pub(super) use requests;
+
 /// The two ways a connection is served, built once.
 pub(super) struct Builders {
     /// The largest request head, held against every parsed one.
-    max_header_bytes: usize,
+    pub(super) max_header_bytes: usize,
     /// For each connection's clocks.
     keepalive_timeout: Duration,
     header_read_timeout: Duration,
@@ -105,16 +126,7 @@ pub(super) async fn serve_connection<H: Handler>(
 ) {
     let accepted = std::time::Instant::now();
     let opening = sniff(&stream, header_read_timeout).await;
-    let max_header_bytes = builders.max_header_bytes;
-    // Nothing in this closure but what every request needs: the future it returns is built in place in the
-    // connection only while the closure stays this small (a WebSocket handshake's drain hold is taken by the
-    // handler; here it made every request copy its future once more).
-    let service = service_fn(move |request: hyper::Request<Incoming>| {
-        // No handler for a head over the limit. Nothing else is captured for it: the future is moved into the
-        // connection once per request, and each byte more in it is copied every time.
-        let handler = (head_bytes(&request) <= max_header_bytes).then(|| handler.clone());
-        H::handle(handler, request, peer)
-    });
+    let service = service_fn(requests!(handler, peer, builders.max_header_bytes));
     let result = match opening {
         Opening::Http1 => {
             let (clock, stream) = ConnectionClock::new(
@@ -152,7 +164,7 @@ pub(super) async fn serve_connection<H: Handler>(
 /// into the connection's poll it grew that frame, and the request future's copy into the connection took glibc's
 /// slower path (the cost per request: BENCHMARKS.md).
 #[inline(never)]
-fn head_bytes<B>(request: &hyper::Request<B>) -> usize {
+pub(super) fn head_bytes<B>(request: &hyper::Request<B>) -> usize {
     let uri = request.uri();
     // `METHOD SP target SP HTTP/1.1 CRLF`, the target in absolute form when it came so, and the blank line.
     let line = request.method().as_str().len()
@@ -173,13 +185,14 @@ fn head_bytes<B>(request: &hyper::Request<B>) -> usize {
 /// it has had no request in flight for `keepalive_timeout`. Boxed and out of line, so that its poll stays out of the
 /// HTTP/1 connections' one.
 #[inline(never)]
-fn serve_auto<S, B>(
+pub(super) fn serve_auto<T, S, B>(
     builders: &Builders,
-    stream: HeaderClock<TcpStream>,
+    stream: HeaderClock<T>,
     service: S,
     watcher: DrainWatcher,
 ) -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>
 where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     S: hyper::service::Service<
             hyper::Request<Incoming>,
             Response = http::Response<B>,

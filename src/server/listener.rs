@@ -11,7 +11,8 @@ use tokio::net::TcpListener;
 use super::connection::{serve_connection, Builders};
 use super::descriptors::{connection_error, out_of_descriptors, Exhaustion};
 use super::drain::Drain;
-use super::{Handler, Settings, Shutdown};
+use super::tls::serve_tls_connection;
+use super::{Handler, Settings, Shutdown, TlsConfig};
 
 /// Why serving stopped with an error.
 #[derive(Debug, Error)]
@@ -25,6 +26,31 @@ pub enum ServeError {
 /// `settings.shutdown_grace` to finish (less if `shutdown` is cut). The connections are counted in `shutdown`.
 pub async fn serve<H: Handler>(
     listener: TcpListener,
+    handler: H,
+    settings: &Settings,
+    shutdown: &Shutdown,
+    close: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    accept(listener, None, handler, settings, shutdown, close).await
+}
+
+/// [`serve`] over TLS: each connection's handshake with the settings `tls` holds then, then served as a clear-text
+/// one.
+pub async fn serve_tls<H: Handler>(
+    listener: TcpListener,
+    tls: Arc<dyn TlsConfig>,
+    handler: H,
+    settings: &Settings,
+    shutdown: &Shutdown,
+    close: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    accept(listener, Some(tls), handler, settings, shutdown, close).await
+}
+
+/// The accept loop of both, then the drain.
+async fn accept<H: Handler>(
+    listener: TcpListener,
+    tls: Option<Arc<dyn TlsConfig>>,
     handler: H,
     settings: &Settings,
     shutdown: &Shutdown,
@@ -69,14 +95,22 @@ pub async fn serve<H: Handler>(
             () = &mut close => break,
         };
         let _ = stream.set_nodelay(true);
-        tokio::spawn(serve_connection(
-            stream,
-            peer,
-            handler.clone(),
-            builders.clone(),
-            drain.watcher(),
-            settings.header_read_timeout,
-        ));
+        let (handler, builders, watcher) = (handler.clone(), builders.clone(), drain.watcher());
+        let within = settings.header_read_timeout;
+        match &tls {
+            None => tokio::spawn(serve_connection(
+                stream, peer, handler, builders, watcher, within,
+            )),
+            Some(tls) => tokio::spawn(serve_tls_connection(
+                stream,
+                peer,
+                handler,
+                builders,
+                watcher,
+                within,
+                Arc::clone(tls),
+            )),
+        };
     }
 
     drop(listener);

@@ -13,9 +13,11 @@ mod settings;
 mod shutdown;
 #[cfg(test)]
 mod tests;
+mod tls;
 
 pub use descriptors::{AdminListener, Reserve, ADMIN_RESERVE};
 pub use handler::{BoxError, Handler};
-pub use listener::{serve, ServeError};
+pub use listener::{serve, serve_tls, ServeError};
 pub use settings::Settings;
 pub use shutdown::Shutdown;
+pub use tls::TlsConfig;

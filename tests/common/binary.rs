@@ -17,8 +17,10 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 /// "tollgate listening" log line, so no port is chosen by the test and then taken by another one.
 pub struct Tollgate {
     pub process: Process,
-    /// The address the gateway bound.
+    /// The address the gateway bound (its HTTPS listener's when it has no clear-text one).
     pub listen: SocketAddr,
+    /// The address the HTTPS listener bound, when the config has `tls:`.
+    pub tls: Option<SocketAddr>,
     /// The address the admin listener bound.
     pub admin: SocketAddr,
     log: Arc<Mutex<String>>,
@@ -78,7 +80,7 @@ impl Tollgate {
                 }
             }
         });
-        let (listen, admin) = match addresses.recv_timeout(Duration::from_secs(20)) {
+        let (listen, admin, tls) = match addresses.recv_timeout(Duration::from_secs(20)) {
             Ok(Some(addresses)) => addresses,
             outcome => panic!(
                 "tollgate did not name the addresses it listens on ({outcome:?}):\n{}",
@@ -88,6 +90,7 @@ impl Tollgate {
         Self {
             process,
             listen,
+            tls,
             admin,
             log,
         }
@@ -128,9 +131,9 @@ fn with_info_for_tollgate(filter: &str) -> String {
     }
 }
 
-/// The `listen` and `admin` fields of the "tollgate listening" line, in the pretty (`listen=ADDR`) or the JSON
-/// (`"listen":"ADDR"`) format.
-fn listening(line: &str) -> Option<(SocketAddr, SocketAddr)> {
+/// The `listen`, `admin` and `tls` fields of the "tollgate listening" line, in the pretty (`listen=ADDR`) or the
+/// JSON (`"listen":"ADDR"`) format; `listen` is `tls`'s address when the gateway serves HTTPS alone.
+fn listening(line: &str) -> Option<(SocketAddr, SocketAddr, Option<SocketAddr>)> {
     let field = |name: &str| {
         [format!("{name}="), format!("\"{name}\":\"")]
             .iter()
@@ -140,7 +143,8 @@ fn listening(line: &str) -> Option<(SocketAddr, SocketAddr)> {
                 value.parse().ok()
             })
     };
-    Some((field("listen")?, field("admin")?))
+    let tls = field("tls");
+    Some((field("listen").or(tls)?, field("admin")?, tls))
 }
 
 /// `line` without ANSI escape sequences (the pretty format colours field names).

@@ -111,7 +111,11 @@ pub async fn start_with_limiter(
     let served = gateway.clone();
     let settings = config.server.clone();
     tokio::spawn(async move {
-        let _ = gateway::serve(listener, served, &settings, async {
+        let listeners = gateway::Listeners {
+            plain: Some(listener),
+            tls: None,
+        };
+        let _ = gateway::serve(listeners, served, &settings, async {
             let _ = rx.await;
         })
         .await;

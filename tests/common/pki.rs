@@ -46,13 +46,28 @@ impl TestCa {
     /// A certificate for `names` (DNS names or IP addresses; the first is also the common name), written to
     /// `<dir>/<name>-<stem>-cert.pem` and `-key.pem`.
     pub fn issue(&self, stem: &str, names: &[&str]) -> Issued {
-        let key = KeyPair::generate().expect("key");
+        self.issue_with(stem, names, KeyPair::generate().expect("key"), None)
+    }
+
+    /// [`issue`](Self::issue) with `key` (ECDSA P-256 by default; Ed25519, or an RSA key read from PEM), and when
+    /// `not_after` is given, valid until then (in the past: expired).
+    pub fn issue_with(
+        &self,
+        stem: &str,
+        names: &[&str],
+        key: KeyPair,
+        not_after: Option<(i32, u8, u8)>,
+    ) -> Issued {
         let mut params =
             CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
                 .expect("params");
         params
             .distinguished_name
             .push(DnType::CommonName, names.first().copied().unwrap_or(stem));
+        if let Some((year, month, day)) = not_after {
+            params.not_before = rcgen::date_time_ymd(year - 1, month, day);
+            params.not_after = rcgen::date_time_ymd(year, month, day);
+        }
         let cert = params
             .signed_by(&key, &self.cert, &self.key)
             .expect("signed cert");

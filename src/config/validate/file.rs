@@ -1,5 +1,6 @@
 //! The whole file: each section validated in turn into a [`Config`], or every problem found.
 
+use std::net::SocketAddr;
 use std::path::Path;
 
 use super::admin::admin;
@@ -30,7 +31,12 @@ pub(crate) fn validate(
     reader: Reader,
 ) -> Result<Config, Vec<Issue>> {
     let mut issues = Issues::default();
-    let listen = socket_addr(&mut issues, "listen", &raw.listen);
+    // Clear-text HTTP on 0.0.0.0:8080 unless the file says otherwise, or serves HTTPS alone.
+    let listen = match (&raw.listen, &raw.tls) {
+        (Some(listen), _) => socket_addr(&mut issues, "listen", listen).map(Some),
+        (None, None) => Some(Some(SocketAddr::from(([0, 0, 0, 0], 8080)))),
+        (None, Some(_)) => Some(None),
+    };
     let admin = admin(&mut issues, &raw.admin);
     let store = store(&mut issues, &raw.store);
     let client_ip = client_ip(&mut issues, &raw.client_ip);
@@ -53,6 +59,10 @@ pub(crate) fn validate(
         .rls
         .as_ref()
         .and_then(|block| crate::config::rls::rls(&mut issues, block, folder));
+    let tls = raw
+        .tls
+        .as_ref()
+        .and_then(|block| crate::config::tls::tls(&mut issues, block, folder));
     let (Some(listen), Some(admin), Some(store), Some(client_ip), Some(server)) =
         (listen, admin, store, client_ip, server)
     else {
@@ -81,5 +91,6 @@ pub(crate) fn validate(
         routes,
         consumers,
         rls,
+        tls,
     })
 }

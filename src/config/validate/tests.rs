@@ -35,7 +35,7 @@ fn with_limit(limit: &str) -> String {
 #[test]
 fn an_empty_file_is_all_defaults() {
     let config = parse("").unwrap();
-    assert_eq!(config.listen, "0.0.0.0:8080".parse().unwrap());
+    assert_eq!(config.listen, Some("0.0.0.0:8080".parse().unwrap()));
     assert_eq!(config.admin.listen, "127.0.0.1:9901".parse().unwrap());
     assert_eq!(config.store.backend, BackendKind::Memory);
     assert_eq!(config.store.url, "redis://127.0.0.1:6379");

@@ -1,0 +1,80 @@
+//! An HTTPS connection: its TLS handshake, held to the header read timeout and its failures counted by reason (never
+//! logged one by one), then served as a clear-text connection is, HTTP/2 or HTTP/1.1 as ALPN chose.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hyper::service::service_fn;
+use rustls::ServerConfig;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsAcceptor;
+
+use super::connection::{requests, serve_auto, Builders};
+use super::drain::DrainWatcher;
+use super::h2_clock::HeaderClock;
+use super::Handler;
+
+/// Where an HTTPS listener's handshakes take their TLS settings from, read at each handshake: settings replaced on
+/// a reload reach the connections that open after it, and those open keep theirs.
+pub trait TlsConfig: Send + Sync + 'static {
+    /// The settings for the handshake about to begin.
+    fn current(&self) -> Arc<ServerConfig>;
+}
+
+/// Serves one accepted HTTPS connection until it closes (or shutdown closes it). The handshake is held to the
+/// header read timeout, as a clear-text connection's opening is. Served by hyper's connection for both protocols:
+/// a client that asked for `h2` by ALPN opens with the HTTP/2 preface.
+pub(super) async fn serve_tls_connection<H: Handler>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    handler: H,
+    builders: Arc<Builders>,
+    watcher: DrainWatcher,
+    header_read_timeout: Duration,
+    tls: Arc<dyn TlsConfig>,
+) {
+    let accepted = Instant::now();
+    let acceptor = TlsAcceptor::from(tls.current());
+    let reason = match tokio::time::timeout(header_read_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => {
+            let service = service_fn(requests!(handler, peer, builders.max_header_bytes));
+            let stream = HeaderClock::new(stream, accepted, header_read_timeout);
+            if let Err(error) = serve_auto(&builders, stream, service, watcher).await {
+                tracing::debug!(%peer, %error, "connection ended with an error");
+            }
+            return;
+        }
+        Ok(Err(error)) => failure_reason(&error),
+        Err(_) => "timeout",
+    };
+    metrics::counter!("tollgate_tls_handshake_failures_total", "reason" => reason).increment(1);
+}
+
+/// The metric's `reason` for a failed handshake: what an operator can act on (clients on old versions, clients
+/// without a certificate, clients that distrust ours, port scanners), not rustls's every variant.
+fn failure_reason(error: &io::Error) -> &'static str {
+    let Some(tls) = error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    else {
+        return match error.kind() {
+            io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe => "closed",
+            _ => "io",
+        };
+    };
+    match tls {
+        rustls::Error::PeerIncompatible(_) => "incompatible",
+        rustls::Error::NoCertificatesPresented => "no_client_certificate",
+        rustls::Error::InvalidCertificate(_) => "bad_client_certificate",
+        rustls::Error::AlertReceived(_) => "alert_received",
+        rustls::Error::InvalidMessage(_)
+        | rustls::Error::InappropriateMessage { .. }
+        | rustls::Error::InappropriateHandshakeMessage { .. } => "not_tls",
+        _ => "other",
+    }
+}

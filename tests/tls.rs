@@ -1,0 +1,507 @@
+//! HTTPS on the gateway's TLS listener, with certificates made in the test and the clients people use: curl over
+//! HTTP/1.1 and HTTP/2, `openssl s_client` for SNI, versions and client certificates; limits refuse over TLS as
+//! in clear; bad `tls:` files are located errors.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::binary::{Tollgate, BIN};
+use common::http_client::{client, metrics_text};
+use common::pki::{Issued, TestCa};
+use common::upstream::Upstream;
+
+/// A CA, a certificate for `api.test` and `*.api.test` (the default) and one for `other.test`.
+struct Pki {
+    dir: tempfile::TempDir,
+    ca: TestCa,
+    api: Issued,
+    other: Issued,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = TestCa::new(dir.path(), "server");
+        let api = ca.issue("api", &["api.test", "*.api.test"]);
+        let other = ca.issue("other", &["other.test"]);
+        Self {
+            dir,
+            ca,
+            api,
+            other,
+        }
+    }
+
+    /// A `tls:` block on a free port with both certificates (api first), and `extra` lines indented by two spaces.
+    fn tls_block(&self, extra: &str) -> String {
+        format!(
+            "tls:\n  listen: 127.0.0.1:0\n  certificates:\n    - {{ cert: {}, key: {} }}\n    - {{ cert: {}, key: {}, hosts: [other.test] }}\n{extra}",
+            self.api.cert_file.display(),
+            self.api.key_file.display(),
+            self.other.cert_file.display(),
+            self.other.key_file.display(),
+        )
+    }
+
+    /// Writes `yaml` as `name` in the test's folder.
+    fn write(&self, name: &str, yaml: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, yaml).expect("write config");
+        path
+    }
+}
+
+/// A gateway with a clear-text and an HTTPS listener, forwarding `/api` to `upstream`, with `limits` on it and
+/// `tls_extra` in its `tls:` block.
+fn gateway(pki: &Pki, upstream: &Upstream, tls_extra: &str, more: &str) -> Tollgate {
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nadmin:\n  listen: 127.0.0.1:0\nstore:\n  backend: memory\n{}{more}upstreams:\n  backend: {{ targets: [\"{}\"] }}\nroutes:\n  - name: api\n    match: {{ path_prefix: /api }}\n    upstream: backend\n    limits:\n      - {{ name: per-ip, key: ip, algorithm: fixed_window, limit: 4, period: 1h }}\n",
+        pki.tls_block(tls_extra),
+        upstream.url()
+    );
+    Tollgate::run(&pki.write("gateway.yaml", &yaml))
+}
+
+/// `curl` at `https://NAME:PORT/PATH` with NAME resolved to 127.0.0.1 and the test CA trusted, and `args`; the
+/// output is the answer's body, then the status and the HTTP version on the last line.
+fn curl(pki: &Pki, tollgate: &Tollgate, name: &str, path: &str, args: &[&str]) -> Output {
+    let port = tollgate.tls.expect("a tls listener").port();
+    Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--cacert"])
+        .arg(&pki.ca.ca_file)
+        .args(["--resolve", &format!("{name}:{port}:127.0.0.1")])
+        .args(["-w", "\n%{http_code} %{http_version}"])
+        .args(args)
+        .arg(format!("https://{name}:{port}{path}"))
+        .output()
+        .expect("run curl")
+}
+
+/// The last line of curl's output: `STATUS VERSION`.
+fn status_and_version(output: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "curl failed: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout.lines().last().unwrap_or_default().to_owned()
+}
+
+/// `openssl s_client` against the HTTPS listener with `args`; its output and whether the handshake completed.
+fn s_client(tollgate: &Tollgate, args: &[&str]) -> (String, bool) {
+    let address = tollgate.tls.expect("a tls listener").to_string();
+    let output = Command::new("openssl")
+        .args(["s_client", "-connect", &address])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run openssl");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+    .replace(' ', "");
+    // s_client exits 0 once it has sent its (empty) input, handshake or not: what it saw says which.
+    let completed =
+        output.status.success() && text.contains("Verifyreturncode") && !text.contains(":error:");
+    (text, completed)
+}
+
+/// The value of the Prometheus series `series` (name and labels as written) in `metrics`.
+fn series(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// Waits up to 5 s for `tollgate_tls_handshake_failures_total{reason}` to read `count` (a failure is counted as its
+/// connection closes, a moment after the client sees the close).
+async fn assert_failures(tollgate: &Tollgate, reason: &str, count: f64) {
+    let admin = format!("http://{}", tollgate.admin);
+    let name = format!("tollgate_tls_handshake_failures_total{{reason=\"{reason}\"}}");
+    let mut seen = None;
+    common::eventually(Duration::from_secs(5), async || {
+        seen = series(&metrics_text(&admin).await, &name);
+        seen == Some(count)
+    })
+    .await;
+    assert_eq!(seen, Some(count), "{name}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_speaks_http1_and_http2_chosen_by_alpn_and_the_client_address_is_the_tcp_peer() {
+    let pki = Pki::new();
+    let upstream = Upstream::start().await;
+    let tollgate = gateway(&pki, &upstream, "", "");
+
+    let http1 = curl(&pki, &tollgate, "api.test", "/api/one", &["--http1.1"]);
+    assert_eq!(status_and_version(&http1), "200 1.1");
+    let body = String::from_utf8_lossy(&http1.stdout);
+    assert!(body.contains("\"path\":\"/api/one\""), "{body}");
+    assert!(
+        body.contains("\"x-forwarded-for\":\"127.0.0.1\""),
+        "the upstream sees the TCP peer: {body}"
+    );
+    let http2 = curl(&pki, &tollgate, "api.test", "/api/two", &["--http2"]);
+    assert_eq!(status_and_version(&http2), "200 2");
+    // A name the wildcard covers is served by the same certificate (curl checks the name against it).
+    let wildcard = curl(&pki, &tollgate, "v1.api.test", "/api/three", &["--http2"]);
+    assert_eq!(status_and_version(&wildcard), "200 2");
+    assert_eq!(upstream.hits(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sni_chooses_the_certificate_and_the_first_serves_unknown_names_and_clients_without_sni() {
+    let pki = Pki::new();
+    let upstream = Upstream::start().await;
+    let tollgate = gateway(&pki, &upstream, "", "");
+
+    let subject = |args: &[&str]| {
+        let (text, completed) = s_client(&tollgate, args);
+        assert!(completed, "{text}");
+        text.lines()
+            .find_map(|line| line.strip_prefix("subject=CN="))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(subject(&["-servername", "other.test"]), "other.test");
+    assert_eq!(subject(&["-servername", "api.test"]), "api.test");
+    assert_eq!(subject(&["-servername", "v2.api.test"]), "api.test");
+    assert_eq!(subject(&["-servername", "unknown.example"]), "api.test");
+    assert_eq!(subject(&["-noservername"]), "api.test");
+    // curl checks the certificate against the name it asked for: other.test's must be the one presented.
+    let other = curl(&pki, &tollgate, "other.test", "/api/x", &[]);
+    assert_eq!(status_and_version(&other), "200 2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_version_1_3_refuses_a_tls_1_2_client_and_counts_the_failure() {
+    let pki = Pki::new();
+    let upstream = Upstream::start().await;
+    let tollgate = gateway(&pki, &upstream, "  min_version: \"1.3\"\n", "");
+
+    let (text, completed) = s_client(&tollgate, &["-tls1_2", "-servername", "api.test"]);
+    assert!(!completed, "TLS 1.2 was accepted: {text}");
+    let (text, completed) = s_client(&tollgate, &["-tls1_3", "-servername", "api.test"]);
+    assert!(completed, "{text}");
+    assert_failures(&tollgate, "incompatible", 1.0).await;
+
+    // The default accepts TLS 1.2.
+    let default = gateway(&pki, &upstream, "", "");
+    let (text, completed) = s_client(&default, &["-tls1_2", "-servername", "api.test"]);
+    assert!(completed, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_ca_refuses_a_client_without_a_certificate_and_admits_one_signed_by_it() {
+    let pki = Pki::new();
+    let clients = TestCa::new(pki.dir.path(), "clients");
+    let client_cert = clients.issue("alice", &["alice"]);
+    let stranger = TestCa::new(pki.dir.path(), "strangers").issue("mallory", &["mallory"]);
+    let upstream = Upstream::start().await;
+    let extra = format!("  client_ca: {}\n", clients.ca_file.display());
+    let tollgate = gateway(&pki, &upstream, &extra, "");
+
+    let without = curl(&pki, &tollgate, "api.test", "/api/x", &[]);
+    assert!(!without.status.success(), "admitted without a certificate");
+    let with_cert = |issued: &Issued| {
+        let (cert, key) = (issued.cert_file.display(), issued.key_file.display());
+        curl(
+            &pki,
+            &tollgate,
+            "api.test",
+            "/api/x",
+            &["--cert", &cert.to_string(), "--key", &key.to_string()],
+        )
+    };
+    assert!(
+        !with_cert(&stranger).status.success(),
+        "admitted a certificate another CA signed"
+    );
+    assert_eq!(status_and_version(&with_cert(&client_cert)), "200 2");
+    assert_eq!(upstream.hits(), 1);
+    for reason in ["no_client_certificate", "bad_client_certificate"] {
+        assert_failures(&tollgate, reason, 1.0).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_refuses_over_tls_with_the_same_answer_as_in_clear() {
+    let pki = Pki::new();
+    let upstream = Upstream::start().await;
+    let tollgate = gateway(&pki, &upstream, "", "");
+    let clear = || async {
+        client()
+            .get(tollgate.url("/api/x"))
+            .send()
+            .await
+            .expect("clear request")
+    };
+    let https = |version: &str| {
+        let output = curl(&pki, &tollgate, "api.test", "/api/x", &["-i", version]);
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+
+    // One key for both listeners: the client address, 127.0.0.1.
+    assert_eq!(clear().await.status(), 200);
+    assert!(https("--http1.1").starts_with("HTTP/1.1 200"));
+    assert!(https("--http2").starts_with("HTTP/2 200"));
+    assert_eq!(clear().await.status(), 200);
+    let refused = clear().await;
+    assert_eq!(refused.status(), 429);
+    let mut expected: Vec<String> = refused
+        .headers()
+        .keys()
+        .map(|name| name.as_str().to_owned())
+        .filter(|name| name != "date")
+        .collect();
+    expected.sort();
+    let clear_body = refused.text().await.expect("body");
+    for version in ["--http1.1", "--http2"] {
+        let answer = https(version);
+        let (head, body) = answer.split_once("\r\n\r\n").expect("head and body");
+        assert!(head.contains(" 429"), "{head}");
+        let mut names: Vec<String> = head
+            .lines()
+            .skip(1)
+            .filter_map(|line| line.split_once(':'))
+            .map(|(name, _)| name.to_ascii_lowercase())
+            .filter(|name| name != "date")
+            .collect();
+        names.sort();
+        assert_eq!(names, expected, "{version}: {head}");
+        let body = body.rsplit_once('\n').map_or(body, |(body, _)| body);
+        assert_eq!(without_wait(body), without_wait(&clear_body), "{version}");
+    }
+    assert_eq!(upstream.hits(), 4);
+}
+
+/// A refusal's JSON body without `retry_after_ms`, which counts down between two answers.
+fn without_wait(body: &str) -> serde_json::Value {
+    let mut body: serde_json::Value = serde_json::from_str(body).expect("a JSON refusal");
+    body.as_object_mut()
+        .expect("an object")
+        .remove("retry_after_ms");
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_that_never_completes_times_out_and_is_counted() {
+    let pki = Pki::new();
+    let upstream = Upstream::start().await;
+    let tollgate = gateway(&pki, &upstream, "", "server:\n  header_read_timeout: 1s\n");
+
+    let started = Instant::now();
+    let mut silent = std::net::TcpStream::connect(tollgate.tls.expect("tls")).expect("connect");
+    silent
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut byte = [0u8; 1];
+    let read = silent.read(&mut byte);
+    assert!(
+        matches!(read, Ok(0)) || read.is_err() && started.elapsed() < Duration::from_secs(9),
+        "{read:?}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(900)
+            && started.elapsed() < Duration::from_secs(5),
+        "closed after {:?}",
+        started.elapsed()
+    );
+    // Not TLS at all: refused and counted as such.
+    let mut plain = std::net::TcpStream::connect(tollgate.tls.expect("tls")).expect("connect");
+    plain
+        .write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+        .expect("write");
+    let _ = plain.read(&mut byte);
+    assert_failures(&tollgate, "timeout", 1.0).await;
+    assert_failures(&tollgate, "not_tls", 1.0).await;
+    assert!(
+        !tollgate.log().contains("handshake"),
+        "a handshake failure was logged:\n{}",
+        tollgate.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_alone_serves_without_a_clear_text_listener_and_exports_each_expiry() {
+    let pki = Pki::new();
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        "admin:\n  listen: 127.0.0.1:0\nstore:\n  backend: memory\n{}upstreams:\n  backend: {{ targets: [\"{}\"] }}\nroutes:\n  - name: api\n    match: {{ path_prefix: /api }}\n    upstream: backend\n",
+        pki.tls_block(""),
+        upstream.url()
+    );
+    let tollgate = Tollgate::run(&pki.write("https-only.yaml", &yaml));
+    assert_eq!(Some(tollgate.listen), tollgate.tls);
+    assert!(
+        tollgate.log().contains("listen= "),
+        "no clear-text listener:\n{}",
+        tollgate.log()
+    );
+    let output = curl(&pki, &tollgate, "api.test", "/api/x", &[]);
+    assert_eq!(status_and_version(&output), "200 2");
+    let metrics = metrics_text(&format!("http://{}", tollgate.admin)).await;
+    for name in ["api.test", "other.test"] {
+        let series_name = format!("tollgate_tls_certificate_expiry_seconds{{name=\"{name}\"}}");
+        // rcgen's certificates run to 4096-01-01T00:00:00Z.
+        assert_eq!(
+            series(&metrics, &series_name),
+            Some(67_090_118_400.0),
+            "{metrics}"
+        );
+    }
+}
+
+// === config ===
+
+/// `tollgate check` on `yaml`, written in `pki`'s folder: its exit code and what it printed.
+fn check(pki: &Pki, yaml: &str) -> (Option<i32>, String, PathBuf) {
+    let path = pki.write("check.yaml", yaml);
+    let output = Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(&path)
+        .env_remove("TOLLGATE_CONFIG")
+        .output()
+        .expect("run tollgate check");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.code(), text, path)
+}
+
+/// A config whose `tls:` block has one certificate, `cert` and `key`, and `extra` lines.
+fn one_certificate(cert: &Path, key: &Path, extra: &str) -> String {
+    format!(
+        "store:\n  backend: memory\ntls:\n  listen: 127.0.0.1:8443\n  certificates:\n    - cert: {}\n      key: {}\n{extra}routes:\n  - name: demo\n    match: {{ path_prefix: / }}\n    respond: {{ status: 200 }}\n",
+        cert.display(),
+        key.display()
+    )
+}
+
+/// `check` of `yaml` fails with exit 2 and `expected` at `line:column` of the file.
+fn assert_located(pki: &Pki, yaml: &str, at: &str, expected: &str) {
+    let (code, text, path) = check(pki, yaml);
+    assert_eq!(code, Some(2), "{text}");
+    let expected = format!("{}:{at}: {expected}", path.display());
+    assert!(text.contains(&expected), "expected {expected}\nin:\n{text}");
+}
+
+#[test]
+fn bad_tls_files_and_versions_are_located_errors() {
+    let pki = Pki::new();
+    let (cert, key) = (&pki.api.cert_file, &pki.api.key_file);
+    let missing = pki.dir.path().join("missing.pem");
+    assert_located(
+        &pki,
+        &one_certificate(&missing, key, ""),
+        "6:7",
+        &format!(
+            "tls.certificates[0].cert: cannot read {}: No such file or directory",
+            missing.display()
+        ),
+    );
+    assert_located(
+        &pki,
+        &one_certificate(cert, &pki.other.key_file, ""),
+        "7:7",
+        &format!(
+            "tls.certificates[0].key: {} does not go with cert {} (its public key is not the certificate's)",
+            pki.other.key_file.display(),
+            cert.display()
+        ),
+    );
+    let expired = pki.ca.issue_with(
+        "expired",
+        &["old.test"],
+        rcgen::KeyPair::generate().expect("key"),
+        Some((2020, 1, 2)),
+    );
+    assert_located(
+        &pki,
+        &one_certificate(&expired.cert_file, &expired.key_file, ""),
+        "6:7",
+        &format!(
+            "tls.certificates[0].cert: {} expired on 2020-01-02T00:00:00Z",
+            expired.cert_file.display()
+        ),
+    );
+    assert_located(
+        &pki,
+        &one_certificate(cert, key, "  min_version: \"1.1\"\n"),
+        "8:3",
+        "tls.min_version: unknown TLS version \"1.1\" (use \"1.2\" or \"1.3\")",
+    );
+    assert_located(
+        &pki,
+        &one_certificate(cert, key, &format!("  client_ca: {}\n", missing.display())),
+        "8:3",
+        &format!("tls.client_ca: cannot read {}", missing.display()),
+    );
+}
+
+#[test]
+fn check_prints_each_certificate_with_its_names_and_expiry_for_rsa_ecdsa_and_ed25519_keys() {
+    let pki = Pki::new();
+    let ed25519 = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("ed25519 key");
+    let ed = pki
+        .ca
+        .issue_with("ed", &["ed.test"], ed25519, Some((2090, 3, 4)));
+    let rsa_pem = Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+        ])
+        .output()
+        .expect("openssl genpkey");
+    let rsa_key =
+        rcgen::KeyPair::from_pem(&String::from_utf8_lossy(&rsa_pem.stdout)).expect("rsa key");
+    let rsa = pki
+        .ca
+        .issue_with("rsa", &["rsa.test"], rsa_key, Some((2080, 5, 6)));
+    let yaml = format!(
+        "{}    - {{ cert: {}, key: {} }}\n    - {{ cert: {}, key: {} }}\n",
+        one_certificate(&pki.api.cert_file, &pki.api.key_file, "")
+            .replace("routes:", "TAIL:")
+            .split("TAIL:")
+            .next()
+            .expect("head"),
+        ed.cert_file.display(),
+        ed.key_file.display(),
+        rsa.cert_file.display(),
+        rsa.key_file.display(),
+    )
+        + "routes:\n  - name: demo\n    match: { path_prefix: / }\n    respond: { status: 200 }\n";
+    let (code, text, _) = check(&pki, &yaml);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("tls: listen 127.0.0.1:8443   min_version 1.2   no client certificates"),
+        "{text}"
+    );
+    for (file, names, expires) in [
+        (
+            &pki.api.cert_file,
+            "api.test, *.api.test",
+            "4096-01-01T00:00:00Z   (default)",
+        ),
+        (&ed.cert_file, "ed.test", "2090-03-04T00:00:00Z"),
+        (&rsa.cert_file, "rsa.test", "2080-05-06T00:00:00Z"),
+    ] {
+        let line = format!(
+            "  certificate {}   names {names}   expires {expires}",
+            file.display()
+        );
+        assert!(text.lines().any(|l| l == line), "{line}\nin:\n{text}");
+    }
+}
