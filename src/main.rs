@@ -194,14 +194,19 @@ async fn run(config: Config, loaded_file: String) -> ExitCode {
         },
     };
     tokio::spawn(purge_expired_keys(limiter));
+    let tls = listeners.tls.as_ref().map(|(_, tls)| Arc::clone(tls));
     tokio::spawn(reload_on_sighup(
         gateway.clone(),
         rls.clone(),
+        tls.clone(),
         config.source.clone(),
     ));
     let mut watcher = tollgate::reload::Watcher::new(gateway.clone(), config.source.clone());
     if let Some(rls) = &rls {
         watcher = watcher.serving_rls(Arc::clone(rls));
+    }
+    if let Some(tls) = tls {
+        watcher = watcher.serving_tls(tls);
     }
     tokio::spawn(tollgate::reload::watch_with(watcher, CONFIG_POLL_INTERVAL));
 
@@ -416,6 +421,7 @@ impl ShutdownSignals {
 fn reload_on_sighup(
     gateway: Arc<Gateway>,
     rls: Option<Arc<tollgate::rls::RateLimitService>>,
+    tls: Option<Arc<tollgate::tls::Acceptor>>,
     path: PathBuf,
 ) -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
@@ -431,15 +437,15 @@ fn reload_on_sighup(
                 }
             };
             while hangup.recv().await.is_some() {
-                if let Err(error) =
-                    tollgate::reload::reload_serving(&gateway, rls.as_deref(), &path)
-                {
+                let reloaded =
+                    tollgate::reload::reload_all(&gateway, rls.as_deref(), tls.as_deref(), &path);
+                if let Err(error) = reloaded {
                     tracing::error!("config reload refused, the running config stays:\n{error}");
                 }
             }
         }
         #[cfg(not(unix))]
-        drop((gateway, rls, path));
+        drop((gateway, rls, tls, path));
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::config::{self, Config, ConfigError};
 use crate::gateway::Gateway;
 use crate::rls::RateLimitService;
+use crate::tls::Acceptor;
 
 /// Watches one config file for changes, loading a change only once it has settled.
 #[derive(Debug)]
@@ -15,6 +16,8 @@ pub struct Watcher {
     gateway: Arc<Gateway>,
     /// Envoy's rate limit service, reloaded with the gateway when it runs.
     rls: Option<Arc<RateLimitService>>,
+    /// The HTTPS listener's TLS settings, read again with each reload when it runs.
+    tls: Option<Arc<Acceptor>>,
     /// The files of the rate limit service's `config_dir` as last loaded, and a different set seen by the last
     /// poll: a change there reloads the config as a change of the file does.
     folder: FolderWatch,
@@ -64,6 +67,17 @@ pub fn reload_serving(
     rls: Option<&RateLimitService>,
     path: &Path,
 ) -> Result<(), ConfigError> {
+    reload_all(gateway, rls, None, path)
+}
+
+/// [`reload_serving`], also for the HTTPS listener's `tls` when it runs: its certificates, keys and client CA are
+/// read again, and new handshakes use them (connections open keep theirs).
+pub fn reload_all(
+    gateway: &Gateway,
+    rls: Option<&RateLimitService>,
+    tls: Option<&Acceptor>,
+    path: &Path,
+) -> Result<(), ConfigError> {
     let content: Arc<[u8]> = std::fs::read(path)
         .map_err(|error| ConfigError::read(path, error))
         .inspect_err(|_| count(false))?
@@ -71,7 +85,7 @@ pub fn reload_serving(
     // The file watch compares with this: what SIGHUP loaded is not loaded again when the watch sees it.
     gateway.set_loaded_file(Arc::clone(&content));
     let config = parse(&content, path).inspect_err(|_| count(false))?;
-    apply(gateway, rls, &config, path);
+    apply(gateway, rls, tls, &config, path);
     Ok(())
 }
 
@@ -127,6 +141,7 @@ impl Watcher {
         Self {
             gateway,
             rls: None,
+            tls: None,
             folder: FolderWatch::default(),
             path,
             settling: None,
@@ -138,6 +153,12 @@ impl Watcher {
     pub fn serving_rls(mut self, rls: Arc<RateLimitService>) -> Self {
         self.folder.loaded = rls.config_dir().map(|dir| read_folder(&dir));
         self.rls = Some(rls);
+        self
+    }
+
+    /// The same watcher, also reading the HTTPS listener's certificates again at each reload.
+    pub fn serving_tls(mut self, tls: Arc<Acceptor>) -> Self {
+        self.tls = Some(tls);
         self
     }
 
@@ -176,7 +197,13 @@ impl Watcher {
                 Polled::Held
             }
             Ok(config) => {
-                apply(&self.gateway, self.rls.as_deref(), &config, &self.path);
+                apply(
+                    &self.gateway,
+                    self.rls.as_deref(),
+                    self.tls.as_deref(),
+                    &config,
+                    &self.path,
+                );
                 Polled::Reloaded
             }
             Err(error) => {
@@ -210,7 +237,13 @@ impl Watcher {
         self.folder.loaded = Some(folder);
         match parse(current, &self.path) {
             Ok(config) => {
-                apply(&self.gateway, self.rls.as_deref(), &config, &self.path);
+                apply(
+                    &self.gateway,
+                    self.rls.as_deref(),
+                    self.tls.as_deref(),
+                    &config,
+                    &self.path,
+                );
                 Polled::Reloaded
             }
             Err(error) => {
@@ -234,11 +267,43 @@ fn read_folder(dir: &Path) -> Folder {
         .collect()
 }
 
+/// The HTTPS listener's certificates read again from `config`'s files (which its validation has just read). A file
+/// changed since and now broken leaves the ones in use serving.
+fn reload_tls(tls: Option<&Acceptor>, config: &Config) {
+    match (tls, &config.tls) {
+        (Some(tls), Some(settings)) => {
+            if let Err(problems) = tls.reload(settings) {
+                for problem in problems {
+                    tracing::error!(
+                        field = %problem.field,
+                        "{}: the certificates in use keep serving",
+                        problem.message
+                    );
+                }
+            }
+        }
+        (Some(_), None) => tracing::warn!(
+            "config reloaded without tls: the HTTPS listener keeps its certificates until a restart"
+        ),
+        (None, Some(_)) => tracing::warn!(
+            "config reloaded with a tls block: the HTTPS listener starts with the next restart"
+        ),
+        (None, None) => {}
+    }
+}
+
 /// Makes `config` the running config; a reload that drops routes says which, at WARN: requests to them now get
 /// 404, which is seldom meant.
-fn apply(gateway: &Gateway, rls: Option<&RateLimitService>, config: &Config, path: &Path) {
+fn apply(
+    gateway: &Gateway,
+    rls: Option<&RateLimitService>,
+    tls: Option<&Acceptor>,
+    config: &Config,
+    path: &Path,
+) {
     let before = gateway.route_names();
     gateway.reload(config);
+    reload_tls(tls, config);
     match (rls, &config.rls) {
         (Some(rls), Some(settings)) => rls.reload(settings),
         (Some(_), None) => tracing::warn!(

@@ -505,3 +505,59 @@ fn check_prints_each_certificate_with_its_names_and_expiry_for_rsa_ecdsa_and_ed2
         assert!(text.lines().any(|l| l == line), "{line}\nin:\n{text}");
     }
 }
+
+// === reloads ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reads_the_certificates_again_and_a_broken_one_leaves_the_old_serving() {
+    let pki = Pki::new();
+    let upstream = Upstream::start().await;
+    let tollgate = gateway(&pki, &upstream, "", "");
+    let subject = || {
+        let (text, completed) = s_client(&tollgate, &["-servername", "api.test"]);
+        assert!(completed, "{text}");
+        text.lines()
+            .find_map(|line| line.strip_prefix("subject=CN="))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let hangup = || {
+        let status = Command::new("kill")
+            .args(["-HUP", &tollgate.pid().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    };
+    assert_eq!(subject(), "api.test");
+
+    // Renewed in place: the same files, a certificate whose first name (its subject) is new.
+    pki.ca.issue("api", &["renewed.api.test", "api.test"]);
+    hangup();
+    let mut seen = String::new();
+    common::eventually(Duration::from_secs(5), async || {
+        seen = subject();
+        seen == "renewed.api.test"
+    })
+    .await;
+    assert_eq!(seen, "renewed.api.test", "{}", tollgate.log());
+
+    // A broken file: the reload is refused and the renewed certificate keeps serving.
+    std::fs::write(&pki.api.cert_file, "not a certificate\n").expect("write");
+    hangup();
+    let refused = common::eventually(Duration::from_secs(5), async || {
+        tollgate.log().contains("config reload refused")
+    })
+    .await;
+    assert!(refused.is_some(), "{}", tollgate.log());
+    assert!(
+        tollgate.log().contains(&format!(
+            "tls.certificates[0].cert: {}: no certificate in it",
+            pki.api.cert_file.display()
+        )),
+        "{}",
+        tollgate.log()
+    );
+    assert_eq!(subject(), "renewed.api.test");
+    let output = curl(&pki, &tollgate, "api.test", "/api/x", &[]);
+    assert_eq!(status_and_version(&output), "200 2");
+}
