@@ -561,3 +561,150 @@ async fn sighup_reads_the_certificates_again_and_a_broken_one_leaves_the_old_ser
     let output = curl(&pki, &tollgate, "api.test", "/api/x", &[]);
     assert_eq!(status_and_version(&output), "200 2");
 }
+
+// === connections ===
+
+/// A TLS connection to the HTTPS listener asking for `alpn`, trusting the test CA, with `api.test` as SNI.
+async fn tls_connect(
+    pki: &Pki,
+    tollgate: &Tollgate,
+    alpn: &[u8],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in
+        rustls::pki_types::CertificateDer::pem_file_iter(&pki.ca.ca_file).expect("ca")
+    {
+        roots
+            .add(certificate.expect("ca pem"))
+            .expect("ca certificate");
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![alpn.to_vec()];
+    let tcp = tokio::net::TcpStream::connect(tollgate.tls.expect("tls"))
+        .await
+        .expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("api.test").expect("name");
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("handshake")
+}
+
+/// Writes `request` on `stream` and reads one answer (its head and a `content-length` body).
+async fn exchange<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    stream: &mut S,
+    request: &str,
+) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        let read = stream.read(&mut buffer).await.unwrap_or(0);
+        if read == 0 {
+            break;
+        }
+        answer.extend_from_slice(&buffer[..read]);
+        let text = String::from_utf8_lossy(&answer);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|line| {
+                    let (name, value) = line.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse::<usize>().ok())?
+                })
+                .unwrap_or(0);
+            if body.len() >= length {
+                break;
+            }
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_https_keep_alive_connection_lasts_keepalive_timeout_not_header_read_timeout() {
+    let pki = Pki::new();
+    let upstream = Upstream::start().await;
+    let server = "server:\n  header_read_timeout: 1s\n  keepalive_timeout: 60s\n";
+    let tollgate = gateway(&pki, &upstream, "", server);
+    let mut stream = tls_connect(&pki, &tollgate, b"http/1.1").await;
+    let request = "GET /api/x HTTP/1.1\r\nhost: api.test\r\n\r\n";
+    let first = exchange(&mut stream, request).await;
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    // Idle past header_read_timeout, as a balancer's pooled connection is between requests.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let second = exchange(&mut stream, request).await;
+    assert!(
+        second.starts_with("HTTP/1.1 200"),
+        "closed while idle: {second:?}"
+    );
+    // A malformed head gets the same JSON refusal as in clear.
+    let mut stream = tls_connect(&pki, &tollgate, b"http/1.1").await;
+    let bad = exchange(
+        &mut stream,
+        "GET /api/x HTTP/1.1\r\nhost: api.test\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
+    )
+    .await;
+    assert!(bad.starts_with("HTTP/1.1 400"), "{bad}");
+    assert!(bad.contains("\"error\":\"bad_request\""), "{bad}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_closes_https_connections_as_it_closes_clear_text_ones() {
+    let pki = Pki::new();
+    let upstream = Upstream::start().await;
+    let server = "server:\n  shutdown_delay: 1s\n  shutdown_grace: 5s\n";
+    let mut tollgate = gateway(&pki, &upstream, "", server);
+    let mut stream = tls_connect(&pki, &tollgate, b"http/1.1").await;
+    let request = "GET /api/x HTTP/1.1\r\nhost: api.test\r\n\r\n";
+    assert!(exchange(&mut stream, request)
+        .await
+        .starts_with("HTTP/1.1 200"));
+    // Idle, between requests: the drain must close it rather than wait the grace period out for it.
+    let mut idle = tls_connect(&pki, &tollgate, b"http/1.1").await;
+    assert!(exchange(&mut idle, request)
+        .await
+        .starts_with("HTTP/1.1 200"));
+
+    let signalled = Instant::now();
+    let status = Command::new("kill")
+        .args(["-TERM", &tollgate.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    common::eventually(Duration::from_secs(5), async || {
+        tollgate.log().contains("draining")
+    })
+    .await;
+    // Within the delay the connection is still served, its answer saying it closes.
+    let answer = exchange(&mut stream, request).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("connection: close"),
+        "{answer}"
+    );
+    let started = Instant::now();
+    let exited = loop {
+        if let Some(status) = tollgate.process.0.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "still running");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(exited.success(), "{exited:?}");
+    // The delay (1 s), not the grace (5 s): no connection held the exit.
+    assert!(
+        signalled.elapsed() < Duration::from_secs(4),
+        "exited {:?} after the signal",
+        signalled.elapsed()
+    );
+    drop(idle);
+}

@@ -51,11 +51,11 @@ pub(super) struct Builders {
     /// The largest request head, held against every parsed one.
     pub(super) max_header_bytes: usize,
     /// For each connection's clocks.
-    keepalive_timeout: Duration,
-    header_read_timeout: Duration,
+    pub(super) keepalive_timeout: Duration,
+    pub(super) header_read_timeout: Duration,
     /// For connections whose first bytes are not the HTTP/2 preface: nearly all of them. Its timer is each
     /// connection's own clock (`idle`).
-    http1: http1::Builder,
+    pub(super) http1: http1::Builder,
     /// For the rest: reads the opening itself and serves HTTP/2 (or HTTP/1.1, after a partial preface).
     auto: auto::Builder<TokioExecutor>,
 }

@@ -6,14 +6,19 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hyper::service::service_fn;
+use hyper::body::Incoming;
+use hyper::service::{service_fn, HttpService};
+use hyper_util::rt::TokioIo;
 use rustls::ServerConfig;
 use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
 use super::connection::{requests, serve_auto, Builders};
 use super::drain::DrainWatcher;
 use super::h2_clock::HeaderClock;
+use super::handler::BoxError;
+use super::idle::ConnectionClock;
 use super::Handler;
 
 /// Where an HTTPS listener's handshakes take their TLS settings from, read at each handshake: settings replaced on
@@ -40,8 +45,14 @@ pub(super) async fn serve_tls_connection<H: Handler>(
     let reason = match tokio::time::timeout(header_read_timeout, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => {
             let service = service_fn(requests!(handler, peer, builders.max_header_bytes));
-            let stream = HeaderClock::new(stream, accepted, header_read_timeout);
-            if let Err(error) = serve_auto(&builders, stream, service, watcher).await {
+            let served = if stream.get_ref().1.alpn_protocol() == Some(b"http/1.1") {
+                serve_http1(&builders, stream, service, watcher).await
+            } else {
+                // `h2`, or no ALPN at all: the opening says which.
+                let stream = HeaderClock::new(stream, accepted, header_read_timeout);
+                serve_auto(&builders, stream, service, watcher).await
+            };
+            if let Err(error) = served {
                 tracing::debug!(%peer, %error, "connection ended with an error");
             }
             return;
@@ -50,6 +61,40 @@ pub(super) async fn serve_tls_connection<H: Handler>(
         Err(_) => "timeout",
     };
     metrics::counter!("tollgate_tls_handshake_failures_total", "reason" => reason).increment(1);
+}
+
+/// Serves an HTTPS connection whose client chose HTTP/1.1 under the clear-text connections' clock: idle between
+/// requests for up to `keepalive_timeout`, `header_read_timeout` from a head's first byte, and the gateway's JSON
+/// refusals of malformed heads. It never rests its hyper connection as a clear-text one does: whether the socket is
+/// readable says nothing of what TLS has already read and buffered.
+async fn serve_http1<S, B>(
+    builders: &Builders,
+    stream: TlsStream<TcpStream>,
+    service: S,
+    watcher: DrainWatcher,
+) -> Result<(), BoxError>
+where
+    S: HttpService<Incoming, ResBody = B> + Unpin,
+    S::Error: Into<BoxError>,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    let (clock, stream) = ConnectionClock::new(
+        stream,
+        builders.keepalive_timeout,
+        builders.header_read_timeout,
+    );
+    let mut builder = builders.http1.clone();
+    builder.timer(clock);
+    let connection = builder
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
+    let connection = std::pin::pin!(connection);
+    watcher
+        .watch(connection, |connection| connection.graceful_shutdown())
+        .await
+        .map_err(BoxError::from)
 }
 
 /// The metric's `reason` for a failed handshake: what an operator can act on (clients on old versions, clients
