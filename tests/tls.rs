@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use common::binary::{Tollgate, BIN};
 use common::http_client::{client, metrics_text};
 use common::pki::{Issued, TestCa};
+use common::redis::RedisServer;
 use common::upstream::Upstream;
 
 /// A CA, a certificate for `api.test` and `*.api.test` (the default) and one for `other.test`.
@@ -58,8 +59,20 @@ impl Pki {
 /// A gateway with a clear-text and an HTTPS listener, forwarding `/api` to `upstream`, with `limits` on it and
 /// `tls_extra` in its `tls:` block.
 fn gateway(pki: &Pki, upstream: &Upstream, tls_extra: &str, more: &str) -> Tollgate {
+    gateway_on(pki, upstream, tls_extra, more, None)
+}
+
+/// [`gateway`] on `redis` when given, else the in-process store.
+fn gateway_on(
+    pki: &Pki,
+    upstream: &Upstream,
+    tls_extra: &str,
+    more: &str,
+    redis: Option<&RedisServer>,
+) -> Tollgate {
     let yaml = format!(
-        "listen: 127.0.0.1:0\nadmin:\n  listen: 127.0.0.1:0\nstore:\n  backend: memory\n{}{more}upstreams:\n  backend: {{ targets: [\"{}\"] }}\nroutes:\n  - name: api\n    match: {{ path_prefix: /api }}\n    upstream: backend\n    limits:\n      - {{ name: per-ip, key: ip, algorithm: fixed_window, limit: 4, period: 1h }}\n",
+        "listen: 127.0.0.1:0\nadmin:\n  listen: 127.0.0.1:0\nstore:\n{}{}{more}upstreams:\n  backend: {{ targets: [\"{}\"] }}\nroutes:\n  - name: api\n    match: {{ path_prefix: /api }}\n    upstream: backend\n    limits:\n      - {{ name: per-ip, key: ip, algorithm: fixed_window, limit: 4, period: 1h }}\n",
+        common::store_yaml(redis),
         pki.tls_block(tls_extra),
         upstream.url()
     );
@@ -231,11 +244,19 @@ async fn client_ca_refuses_a_client_without_a_certificate_and_admits_one_signed_
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_limit_refuses_over_tls_with_the_same_answer_as_in_clear() {
+crate::each_store!(
+    a_limit_refuses_over_tls_with_the_same_answer_as_in_clear,
+    limit_over_tls,
+    flavor = "multi_thread",
+    worker_threads = 2
+);
+
+/// One limit, one key (the client address) for both listeners: refused over TLS, HTTP/1.1 and HTTP/2, with the
+/// status, fields and body it is refused with in clear.
+async fn limit_over_tls(redis: Option<&RedisServer>) {
     let pki = Pki::new();
     let upstream = Upstream::start().await;
-    let tollgate = gateway(&pki, &upstream, "", "");
+    let tollgate = gateway_on(&pki, &upstream, "", "", redis);
     let clear = || async {
         client()
             .get(tollgate.url("/api/x"))
