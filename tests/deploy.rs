@@ -142,6 +142,7 @@ fn the_alert_rules_load_in_prometheus_and_name_only_what_tollgate_exports() {
         "TollgateDenialsRising",
         "TollgateLeasesExpiring",
         "TollgateConsumerDirectoryLost",
+        "TollgateCertificateExpiring",
     ] {
         assert!(
             alerts.iter().any(|a| a == expected),
