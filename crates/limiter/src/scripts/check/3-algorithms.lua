@@ -24,26 +24,6 @@
 
 local GCRA_EPOCH_MS = 1735689600000
 
--- A fixed window's decision, stored as algorithm `alg` (fixed_window, or one on a calendar): `limit` per window,
--- the window starting at `window_start` and ending `left` ms from now. The key expires when its window ends.
-local function fixed_window(alg, k, limit, window_start, left, cost)
-  local b = load(k, alg)
-  local count = 0
-  if cache[b + 2] == window_start then
-    count = cache[b + 3] or 0
-  end
-  local standing_reset = 0
-  if count > 0 then
-    standing_reset = left
-  end
-  local standing = limit - count
-  if count + cost <= limit then
-    return true, limit - count - cost, left, standing, standing_reset, 0, 0, window_start, count + cost, nil,
-      left
-  end
-  return false, 0, 0, standing, standing_reset, left, 0
-end
-
 local function evaluate(alg, k, p1, p2, p3, p4, cost)
   if cost > p1 then
     -- More than the capacity (p1 for every algorithm) is never admitted: denied with the state as it stands and
@@ -171,8 +151,25 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     return false, 0, 0, standing, standing_reset, ceil((need - level) / per_ms), 0
 
   elseif alg == 4 then -- fixed_window
-    local window_start = now - (now % p2)
-    return fixed_window(4, k, p1, window_start, p2 - (now - window_start), cost)
+    local limit, period = p1, p2
+    local window_start = now - (now % period)
+    local left = period - (now - window_start)
+    local b = load(k, 4)
+    local count = 0
+    if cache[b + 2] == window_start then
+      count = cache[b + 3] or 0
+    end
+    local standing_reset = 0
+    if count > 0 then
+      standing_reset = left
+    end
+    local standing = limit - count
+    if count + cost <= limit then
+      -- The key expires when its window ends.
+      return true, limit - count - cost, left, standing, standing_reset, 0, 0, window_start, count + cost,
+        nil, left
+    end
+    return false, 0, 0, standing, standing_reset, left, 0
 
   elseif alg == 5 then -- gcra
     local burst, ticks_per_ms, interval = p1, p2, p3
@@ -207,11 +204,26 @@ local function evaluate(alg, k, p1, p2, p3, p4, cost)
     -- passed its end: the boundaries of a time zone's calendar come with the call, the script knows no zones. The
     -- gateway draws them around Redis's time as it last saw it, never later than the true one; a call later than
     -- the next window's end (past any deadline) still counts in it, for at least a millisecond.
-    local window_start, window_end = p2, p3
+    local limit, window_start, window_end = p1, p2, p3
     if now >= p3 then
       window_start, window_end = p3, p4
     end
-    return fixed_window(8, k, p1, window_start, max(window_end - now, 1), cost)
+    local left = max(window_end - now, 1)
+    local b = load(k, 8)
+    local count = 0
+    if cache[b + 2] == window_start then
+      count = cache[b + 3] or 0
+    end
+    local standing_reset = 0
+    if count > 0 then
+      standing_reset = left
+    end
+    local standing = limit - count
+    if count + cost <= limit then
+      return true, limit - count - cost, left, standing, standing_reset, 0, 0, window_start, count + cost,
+        nil, left
+    end
+    return false, 0, 0, standing, standing_reset, left, 0
   end
 
   local burst, per_ms, unit, max_delay = p1, p2, p3, p4
