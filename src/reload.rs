@@ -197,13 +197,7 @@ impl Watcher {
                 Polled::Held
             }
             Ok(config) => {
-                apply(
-                    &self.gateway,
-                    self.rls.as_deref(),
-                    self.tls.as_deref(),
-                    &config,
-                    &self.path,
-                );
+                self.apply(&config);
                 Polled::Reloaded
             }
             Err(error) => {
@@ -216,6 +210,17 @@ impl Watcher {
 }
 
 impl Watcher {
+    /// Applies `config`, read from the watched file, to the running gateway and its services.
+    fn apply(&self, config: &Config) {
+        apply(
+            &self.gateway,
+            self.rls.as_deref(),
+            self.tls.as_deref(),
+            config,
+            &self.path,
+        );
+    }
+
     /// With the config file as loaded: reloads it when the files of the rate limit service's folder changed and
     /// then stayed the same for a poll.
     async fn poll_folder(&mut self, current: &[u8]) -> Polled {
@@ -237,13 +242,7 @@ impl Watcher {
         self.folder.loaded = Some(folder);
         match parse(current, &self.path) {
             Ok(config) => {
-                apply(
-                    &self.gateway,
-                    self.rls.as_deref(),
-                    self.tls.as_deref(),
-                    &config,
-                    &self.path,
-                );
+                self.apply(&config);
                 Polled::Reloaded
             }
             Err(error) => {
