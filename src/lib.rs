@@ -69,5 +69,6 @@ pub mod server;
 #[cfg(feature = "gateway")]
 pub mod telemetry;
 pub mod tls;
+pub mod trail;
 mod tunnel;
 pub mod usage;

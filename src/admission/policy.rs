@@ -22,6 +22,7 @@ use super::wait::hold_for_delay;
 use crate::consumers::{Caller, CallerRefusal, ConsumerMode, Consumers};
 use crate::key::{AmbiguousKey, RequestFacts};
 use crate::limiter::RateLimiter;
+use crate::trail::Trail;
 
 /// What one route (or one layer) admits: its limits, the clients exempt from them, and whether admitted
 /// responses carry the rate-limit fields.
@@ -206,12 +207,14 @@ impl Policy {
     /// Decides the request `facts` describes: identifies its caller where the route does (refusing with 401, 403
     /// or 400), asks `limiter` once for the route's limits and the caller's plan's, the token limits for what
     /// `reserve` reserves on them ([`NoReservation`](super::NoReservation) off a route with `usage:`), and holds
-    /// an admitted request for as long as a `leaky_bucket` in delay mode says.
+    /// an admitted request for as long as a `leaky_bucket` in delay mode says. The caller goes on `trail`, when the
+    /// request has one.
     pub async fn admit<R: Reserve>(
         &self,
         limiter: &RateLimiter,
         facts: &RequestFacts<'_>,
         reserve: R,
+        trail: Option<&Arc<Trail>>,
     ) -> Admission {
         // Allowlisted clients skip the limits entirely: no store call, nothing counted against anyone.
         if self.is_exempt(facts.client_ip) {
@@ -221,6 +224,9 @@ impl Policy {
             Ok(caller) => caller,
             Err(refusal) => return Admission::Refused(refusal),
         };
+        if let (Some(trail), Some(caller)) = (trail, caller.as_deref()) {
+            trail.note_caller(caller.consumer.as_ref(), self.plan_name(caller));
+        }
         let limits = self.limits_for(caller.as_deref());
         let identified;
         let (facts, replaced) = match caller.as_deref() {
@@ -412,6 +418,14 @@ impl Policy {
                 ..*facts
             },
             None => *facts,
+        }
+    }
+
+    /// Notes on `trail` the limit that refused a request, when a limit did.
+    #[cold]
+    pub(super) fn note_refusal(&self, trail: &Trail, refusal: &Refusal) {
+        if let Refusal::RateLimited { checked, plan } = refusal {
+            trail.note_refusing_limit(self.limits_for_plan(*plan).denial(checked).0);
         }
     }
 

@@ -16,6 +16,7 @@ use super::reserve::Reserve;
 use super::responses::answer;
 use crate::limiter::RateLimiter;
 use crate::routing::CanonicalRequest;
+use crate::trail::Trail;
 use crate::tunnel::TunnelClosed;
 
 // === impl Policy ===
@@ -59,10 +60,16 @@ impl Policy {
             }
             let admission = {
                 let facts = self.facts(canonical, client_ip, &request);
-                self.admit(limiter, &facts, reserve).await
+                self.admit(limiter, &facts, reserve, Trail::of(&request))
+                    .await
             };
             let mut admitted = match admission {
-                Admission::Refused(refusal) => return Ok(answer(refusal, Some(self))),
+                Admission::Refused(refusal) => {
+                    if let Some(trail) = Trail::of(&request) {
+                        self.note_refusal(trail, &refusal);
+                    }
+                    return Ok(answer(refusal, Some(self)));
+                }
                 Admission::Exempt => None,
                 Admission::Admitted(admitted) => Some(admitted),
             };

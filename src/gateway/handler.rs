@@ -20,6 +20,8 @@ use crate::limiter::RateLimiter;
 use crate::proxy::{ForwardedFacts, ProxyError};
 use crate::routing::{self, CanonicalRequest};
 use crate::server::Shutdown;
+use crate::telemetry::access::AccessLine;
+use crate::trail::Trail;
 
 /// The gateway: a compiled config (replaced atomically on reload) and the limiter (kept across reloads, so
 /// counters survive them).
@@ -335,10 +337,15 @@ impl Gateway {
                             .usage()
                             .is_some_and(|usage| usage.reads_trailers()),
                     };
+                    let trail = Trail::of(&request).cloned();
                     let started = Instant::now();
                     let result = upstream.forward(request, &canonical.path, &forwarded).await;
                     if !matches!(result, Err(ProxyError::ClientBody(_))) {
-                        route.metrics.record_upstream(started.elapsed());
+                        let elapsed = started.elapsed();
+                        route.metrics.record_upstream(elapsed);
+                        if let Some(trail) = trail {
+                            trail.note_upstream_time(elapsed);
+                        }
                     }
                     result.map_err(|error| proxy_failure(route, &error))
                 }
@@ -387,16 +394,7 @@ where
             request_id,
             client_ip,
         } = Arrival::of(&mut request, peer.ip(), &compiled.client_ip);
-        // The request is gone (upstream) by the time the access line is written: keep what it needs, but only
-        // when the line will be written (the clock read included).
-        let logged =
-            tracing::enabled!(target: "tollgate::access", tracing::Level::INFO).then(|| {
-                (
-                    Instant::now(),
-                    request.method().clone(),
-                    request.uri().path().to_owned(),
-                )
-            });
+        let access = AccessLine::begin(&mut request, client_ip, peer.ip(), &request_id);
         let http1 = request.version() <= Version::HTTP_11;
         let (route, mut response) = gateway
             .route_request(&compiled, request, peer, client_ip)
@@ -405,18 +403,8 @@ where
         route
             .map_or(&compiled.unmatched, |r| &r.metrics)
             .count_request(status);
-        if let Some((started, method, path)) = logged {
-            tracing::info!(
-                target: "tollgate::access",
-                %method,
-                %path,
-                route = route.map_or("none", |r| r.name.as_str()),
-                status = status.as_u16(),
-                client = %client_ip,
-                peer = %peer.ip(),
-                duration_ms = started.elapsed().as_secs_f64() * 1e3,
-                request_id = request_id.to_str().unwrap_or_default(),
-            );
+        if let Some(access) = access {
+            response = access.follow(route.map(|r| r.name.as_str()), response);
         }
         crate::admission::set_request_id(response.headers_mut(), request_id);
         // Draining: a keep-alive client is told to reconnect, by then to an instance the balancer still sends to.

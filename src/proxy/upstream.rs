@@ -142,6 +142,9 @@ impl Upstream {
         async move {
             let target =
                 &self.targets[self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len()];
+            if let Some(trail) = crate::trail::Trail::of(&request) {
+                trail.note_upstream(&target.host);
+            }
             let uri = upstream_uri(request.uri(), &target.base_path, path)?;
             // Read before the hop-by-hop fields go: `Upgrade` is one of them.
             let websocket = upgrade::websocket_upgrade(&request);

@@ -1,0 +1,6 @@
+//! What the gateway tells its operators about itself: Prometheus metrics and the access log.
+
+pub mod access;
+mod metrics;
+
+pub use metrics::{prometheus, RouteMetrics};

@@ -1,0 +1,129 @@
+//! What one request's way through the gateway leaves for its access line: the limit that refused it, its caller
+//! and plan, the upstream target and how long it took to answer, the body bytes each way. Below admission and the
+//! proxy, which note into it, and the gateway, which writes the line; kept only while someone reads the line.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request};
+use http_body::{Body, Frame, SizeHint};
+
+/// One request's trail, carried in its extensions (as `Arc<Trail>`) while an access line will be written for it.
+/// Everything that notes into it finds it there, so a request without one pays one look into an empty map.
+#[derive(Debug, Default)]
+pub struct Trail {
+    noted: Mutex<Noted>,
+    received: AtomicU64,
+}
+
+/// What the request's way noted, read once when its line is written.
+#[derive(Debug, Default, Clone)]
+pub struct Noted {
+    /// The limit that refused the request, as its refusal names it.
+    pub limit: Option<Box<str>>,
+    /// The identified consumer.
+    pub consumer: Option<Arc<str>>,
+    /// The consumer's plan.
+    pub plan: Option<Box<str>>,
+    /// The upstream target that was sent the request (its authority).
+    pub upstream: Option<HeaderValue>,
+    /// From sending the request upstream to the answer's head (or the failure).
+    pub upstream_time: Option<Duration>,
+}
+
+// === impl Trail ===
+
+impl Trail {
+    /// The trail `request` carries, if an access line will be written for it.
+    #[inline]
+    pub fn of<B>(request: &Request<B>) -> Option<&Arc<Trail>> {
+        request.extensions().get::<Arc<Trail>>()
+    }
+
+    /// Notes the caller admission identified.
+    pub fn note_caller(&self, consumer: Option<&Arc<str>>, plan: Option<&str>) {
+        let mut noted = self.lock();
+        noted.consumer = consumer.cloned();
+        noted.plan = plan.map(Box::from);
+    }
+
+    /// Notes the limit that refused the request.
+    pub fn note_refusing_limit(&self, limit: &str) {
+        self.lock().limit = Some(Box::from(limit));
+    }
+
+    /// Notes the upstream target sent the request.
+    pub fn note_upstream(&self, target: &HeaderValue) {
+        self.lock().upstream = Some(target.clone());
+    }
+
+    /// Notes how long the upstream took to answer (or to fail).
+    pub fn note_upstream_time(&self, elapsed: Duration) {
+        self.lock().upstream_time = Some(elapsed);
+    }
+
+    /// What was noted so far.
+    pub fn noted(&self) -> Noted {
+        self.lock().clone()
+    }
+
+    /// The body bytes read from the client so far.
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    /// A lock held for a field's write: a poisoned one (a panic while writing a field) still holds usable facts.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Noted> {
+        self.noted.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A request body that adds what it yields to its trail's received bytes.
+#[derive(Debug)]
+pub struct Received<B> {
+    inner: B,
+    trail: Arc<Trail>,
+}
+
+// === impl Received ===
+
+impl<B> Received<B> {
+    /// Counts `inner`'s bytes into `trail`.
+    pub fn new(inner: B, trail: Arc<Trail>) -> Self {
+        Self { inner, trail }
+    }
+}
+
+impl<B> Body for Received<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            if let Some(data) = frame.data_ref() {
+                self.trail
+                    .received
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
