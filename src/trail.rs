@@ -1,15 +1,18 @@
-//! What one request's way through the gateway leaves for its access line: the limit that refused it, its caller
-//! and plan, the upstream target and how long it took to answer, the body bytes each way. Below admission and the
-//! proxy, which note into it, and the gateway, which writes the line; kept only while someone reads the line.
+//! What one request's way through the gateway leaves for its access line and its trace: the decision and the limit
+//! that refused it, its caller and plan, the limiter call, the upstream target and how long it took to answer, the
+//! body bytes each way. Below admission and the proxy, which note into it, and the gateway, which writes the line
+//! and the spans; kept only for a request whose line is written or whose trace is sampled.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderValue, Request};
 use http_body::{Body, Frame, SizeHint};
+
+use crate::trace_context::TraceContext;
 
 /// One request's trail, carried in its extensions (as `Arc<Trail>`) while an access line will be written for it.
 /// Everything that notes into it finds it there, so a request without one pays one look into an empty map.
@@ -17,6 +20,8 @@ use http_body::{Body, Frame, SizeHint};
 pub struct Trail {
     noted: Mutex<Noted>,
     received: AtomicU64,
+    /// The request's server span, when its trace is sampled.
+    span: Option<TraceContext>,
 }
 
 /// What the request's way noted, read once when its line is written.
@@ -32,12 +37,57 @@ pub struct Noted {
     pub upstream: Option<HeaderValue>,
     /// From sending the request upstream to the answer's head (or the failure).
     pub upstream_time: Option<Duration>,
+    /// `allowed` or `denied`, once the limits were asked.
+    pub decision: Option<&'static str>,
+    /// The limiter call, on a sampled trace.
+    pub limiter_call: Option<LimiterCall>,
+    /// The upstream call, on a sampled trace.
+    pub upstream_call: Option<UpstreamCall>,
+}
+
+/// One limiter call, as its span tells it.
+#[derive(Debug, Clone)]
+pub struct LimiterCall {
+    /// When it was asked.
+    pub start: SystemTime,
+    /// How long it took.
+    pub took: Duration,
+    /// The store behind the limiter (`redis`, `memory`).
+    pub store: &'static str,
+    /// Whether the in-process fallback decided, the store having failed.
+    pub fallback: bool,
+    /// How many limits (keys) it asked about.
+    pub keys: usize,
+}
+
+/// The request sent upstream, as its span tells it.
+#[derive(Debug, Clone)]
+pub struct UpstreamCall {
+    /// The span, a child of the request's, named in the `traceparent` sent upstream.
+    pub span: TraceContext,
+    /// When it was sent.
+    pub start: SystemTime,
+    /// The upstream's status, when it answered.
+    pub status: Option<u16>,
 }
 
 // === impl Trail ===
 
 impl Trail {
-    /// The trail `request` carries, if an access line will be written for it.
+    /// A trail for a request whose server span is `span` (`None`: no sampled trace).
+    pub fn new(span: Option<TraceContext>) -> Self {
+        Self {
+            span,
+            ..Self::default()
+        }
+    }
+
+    /// The request's server span, when its trace is sampled.
+    pub fn span(&self) -> Option<&TraceContext> {
+        self.span.as_ref()
+    }
+
+    /// The trail `request` carries, if an access line will be written for it or its trace is sampled.
     #[inline]
     pub fn of<B>(request: &Request<B>) -> Option<&Arc<Trail>> {
         request.extensions().get::<Arc<Trail>>()
@@ -52,7 +102,26 @@ impl Trail {
 
     /// Notes the limit that refused the request.
     pub fn note_refusing_limit(&self, limit: &str) {
-        self.lock().limit = Some(Box::from(limit));
+        let mut noted = self.lock();
+        noted.limit = Some(Box::from(limit));
+        noted.decision = Some("denied");
+    }
+
+    /// Notes that the limits admitted the request.
+    pub fn note_admitted(&self) {
+        self.lock().decision = Some("allowed");
+    }
+
+    /// Notes the limiter call (kept on a sampled trace only).
+    pub fn note_limiter_call(&self, call: impl FnOnce() -> LimiterCall) {
+        if self.span.is_some() {
+            self.lock().limiter_call = Some(call());
+        }
+    }
+
+    /// Notes the upstream call (kept on a sampled trace only).
+    pub fn note_upstream_call(&self, call: UpstreamCall) {
+        self.lock().upstream_call = Some(call);
     }
 
     /// Notes the upstream target sent the request.

@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use super::limits::{Checked, LimitRequest, LimitSet, NotChecked};
 use super::queue::{wait_for_slot, Waited};
@@ -12,7 +12,8 @@ use super::refusal::Refusal;
 use super::reserve::Reserve;
 use crate::key::RequestFacts;
 use crate::limiter::store::LimitCheck;
-use crate::limiter::RateLimiter;
+use crate::limiter::{DecidedBy, RateLimiter};
+use crate::trail::{LimiterCall, Trail};
 
 /// Checks `request` against `limits` (a caller on `plan` is refused in its plan's name), waiting for a slot where
 /// the limits queue: the decision, with the moment before it when work is settled after the answer (the
@@ -22,11 +23,23 @@ pub(super) async fn check<R: Reserve>(
     limits: &LimitSet,
     request: LimitRequest<'_, R>,
     plan: Option<usize>,
+    trail: Option<&Trail>,
 ) -> Result<(Checked, Option<Instant>), Refusal> {
     let (facts, reserve) = (request.facts, request.reserve);
     let settles_tokens = reserve.reserves() && limits.counts_tokens();
     let asked = (limits.counts_statuses() || settles_tokens).then(Instant::now);
+    let traced = trail.filter(|trail| trail.span().is_some());
+    let start = traced.map(|_| (SystemTime::now(), Instant::now()));
     let checked = limits.check(limiter, request).await.map_err(not_checked)?;
+    if let (Some(trail), Some((start, began))) = (traced, start) {
+        trail.note_limiter_call(|| LimiterCall {
+            start,
+            took: began.elapsed(),
+            store: limiter.backend().name(),
+            fallback: checked.decided_by == DecidedBy::Fallback,
+            keys: checked.outcome.decisions.len(),
+        });
+    }
     if checked.outcome.allowed {
         return Ok((checked, asked));
     }

@@ -246,10 +246,11 @@ impl Policy {
             replaced,
             reserve,
         };
-        let (checked, asked) = match check(limiter, limits, request, plan).await {
-            Ok(checked) => checked,
-            Err(refusal) => return Admission::Refused(refusal),
-        };
+        let (checked, asked) =
+            match check(limiter, limits, request, plan, trail.map(|t| &**t)).await {
+                Ok(checked) => checked,
+                Err(refusal) => return Admission::Refused(refusal),
+            };
         hold_for_delay(limiter, limits, facts, &checked).await;
         let after = self.kept_for_after(limiter, limits, facts, &checked, asked, reserve);
         Admission::Admitted(Admitted {

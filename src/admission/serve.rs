@@ -71,7 +71,12 @@ impl Policy {
                     return Ok(answer(refusal, Some(self)));
                 }
                 Admission::Exempt => None,
-                Admission::Admitted(admitted) => Some(admitted),
+                Admission::Admitted(admitted) => {
+                    if let Some(trail) = Trail::of(&request) {
+                        trail.note_admitted();
+                    }
+                    Some(admitted)
+                }
             };
             self.forward_caller(admitted.as_ref(), &mut request);
             let mut after = admitted.as_mut().and_then(|admitted| admitted.after.take());

@@ -22,6 +22,8 @@ mod raw;
 #[cfg(feature = "yaml")]
 mod rls;
 #[cfg(feature = "yaml")]
+mod telemetry;
+#[cfg(feature = "yaml")]
 mod tls;
 #[cfg(feature = "yaml")]
 mod validate;

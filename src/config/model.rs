@@ -43,6 +43,27 @@ pub struct Config {
     pub consumers: Option<ConsumersSettings>,
     /// Envoy's rate limit service, when the file has an `rls:` block.
     pub rls: Option<RlsSettings>,
+    /// Traces sent to an OpenTelemetry collector.
+    pub telemetry: TelemetrySettings,
+}
+
+/// `telemetry:`
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TelemetrySettings {
+    /// Where spans go, when they are sent anywhere.
+    pub otlp: Option<OtlpSettings>,
+}
+
+/// `telemetry.otlp:`: spans sent over OTLP/HTTP (protobuf).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OtlpSettings {
+    /// The collector's traces address (`http://HOST:4318/v1/traces`).
+    pub endpoint: http::Uri,
+    /// The `service.name` the spans carry (default `tollgate`).
+    pub service_name: String,
+    /// The share of new traces kept, from 0 to 1 (default 1); a request whose `traceparent` says sampled is kept
+    /// whatever the ratio, and one that says not sampled is not.
+    pub sample_ratio: f64,
 }
 
 /// `admin:`

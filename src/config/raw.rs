@@ -25,6 +25,7 @@ pub(crate) struct RawConfig {
     pub consumers: Option<RawConsumers>,
     pub rls: Option<super::rls::RawRls>,
     pub tls: Option<super::tls::RawTls>,
+    pub telemetry: super::telemetry::RawTelemetry,
 }
 
 /// `admin:`
@@ -443,6 +444,7 @@ impl Default for RawConfig {
             consumers: None,
             rls: None,
             tls: None,
+            telemetry: Default::default(),
         }
     }
 }

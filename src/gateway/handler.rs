@@ -21,7 +21,8 @@ use crate::proxy::{ForwardedFacts, ProxyError};
 use crate::routing::{self, CanonicalRequest};
 use crate::server::Shutdown;
 use crate::telemetry::access::AccessLine;
-use crate::trail::Trail;
+use crate::telemetry::trace::Tracer;
+use crate::trail::{Trail, UpstreamCall};
 
 /// The gateway: a compiled config (replaced atomically on reload) and the limiter (kept across reloads, so
 /// counters survive them).
@@ -37,6 +38,8 @@ pub struct Gateway {
     loaded_file: parking_lot::Mutex<Option<Arc<[u8]>>>,
     /// Where the gateway stands in its shutdown (draining or not).
     shutdown: Shutdown,
+    /// Where sampled spans go, with `telemetry.otlp` (read at start: a reload does not move it).
+    tracer: Option<Arc<Tracer>>,
 }
 
 // === impl Gateway ===
@@ -51,6 +54,7 @@ impl Gateway {
             directory: parking_lot::Mutex::new(directory),
             loaded_file: parking_lot::Mutex::new(None),
             shutdown: Shutdown::default(),
+            tracer: tracer_for(config),
         }
     }
 
@@ -91,6 +95,7 @@ impl Gateway {
             directory: parking_lot::Mutex::new(Some(directory)),
             loaded_file: parking_lot::Mutex::new(None),
             shutdown: Shutdown::default(),
+            tracer: tracer_for(config),
         }
     }
 
@@ -337,7 +342,11 @@ impl Gateway {
                             .usage()
                             .is_some_and(|usage| usage.reads_trailers()),
                     };
+                    let mut request = request;
                     let trail = Trail::of(&request).cloned();
+                    let call = trail
+                        .as_deref()
+                        .and_then(|trail| upstream_span(trail, &mut request));
                     let started = Instant::now();
                     let result = upstream.forward(request, &canonical.path, &forwarded).await;
                     if !matches!(result, Err(ProxyError::ClientBody(_))) {
@@ -345,6 +354,10 @@ impl Gateway {
                         route.metrics.record_upstream(elapsed);
                         if let Some(trail) = trail {
                             trail.note_upstream_time(elapsed);
+                            if let Some(mut call) = call {
+                                call.status = result.as_ref().ok().map(|r| r.status().as_u16());
+                                trail.note_upstream_call(call);
+                            }
                         }
                     }
                     result.map_err(|error| proxy_failure(route, &error))
@@ -394,7 +407,13 @@ where
             request_id,
             client_ip,
         } = Arrival::of(&mut request, peer.ip(), &compiled.client_ip);
-        let access = AccessLine::begin(&mut request, client_ip, peer.ip(), &request_id);
+        let access = AccessLine::begin(
+            &mut request,
+            client_ip,
+            peer.ip(),
+            &request_id,
+            gateway.tracer.as_ref(),
+        );
         let http1 = request.version() <= Version::HTTP_11;
         let (route, mut response) = gateway
             .route_request(&compiled, request, peer, client_ip)
@@ -415,6 +434,28 @@ where
         }
         Ok(response)
     }
+}
+
+/// The tracer of `config`'s `telemetry.otlp`, when it has one and a runtime runs its exporter.
+fn tracer_for(config: &Config) -> Option<Arc<Tracer>> {
+    let settings = config.telemetry.otlp.as_ref()?;
+    if tokio::runtime::Handle::try_current().is_err() {
+        tracing::warn!("telemetry.otlp: no runtime to export spans on; traces are off");
+        return None;
+    }
+    Some(Arc::new(Tracer::start(settings)))
+}
+
+/// The span of the request sent upstream, on a sampled trace: named in the `traceparent` the upstream gets.
+#[cold]
+fn upstream_span(trail: &Trail, request: &mut Request<Body>) -> Option<UpstreamCall> {
+    let span = trail.span()?.child();
+    crate::telemetry::trace::propagate(request.headers_mut(), &span);
+    Some(UpstreamCall {
+        span,
+        start: std::time::SystemTime::now(),
+        status: None,
+    })
 }
 
 /// The consumer directory that goes with `config`'s store: in its Redis when it is one, holding the consumers

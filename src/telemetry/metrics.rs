@@ -154,6 +154,10 @@ fn describe() {
         "tollgate_jwks_fetches_total",
         "Fetches of jwks_url documents, by result: ok, or error (no answer, not a JWKS, no usable key)."
     );
+    metrics::describe_counter!(
+        "tollgate_telemetry_dropped_spans_total",
+        "Sampled spans not delivered to the OTLP collector: its queue full, or its batch refused or unanswered."
+    );
 }
 
 /// The per-route series of the request path, registered once when the config is compiled: looking a series up

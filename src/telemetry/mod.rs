@@ -1,6 +1,7 @@
-//! What the gateway tells its operators about itself: Prometheus metrics and the access log.
+//! What the gateway tells its operators about itself: Prometheus metrics, the access log and traces.
 
 pub mod access;
 mod metrics;
+pub mod trace;
 
 pub use metrics::{prometheus, RouteMetrics};

@@ -630,3 +630,33 @@ fn rls_headers_name_a_known_set_or_are_a_located_error() {
         "{error}"
     );
 }
+
+#[test]
+fn telemetry_otlp_is_checked_and_its_path_defaults_to_v1_traces() {
+    let config = parse("telemetry:\n  otlp:\n    endpoint: http://127.0.0.1:4318\n").unwrap();
+    let otlp = config.telemetry.otlp.expect("otlp");
+    assert_eq!(otlp.endpoint, "http://127.0.0.1:4318/v1/traces");
+    assert_eq!(otlp.service_name, "tollgate");
+    assert_eq!(otlp.sample_ratio, 1.0);
+    let own_path =
+        parse("telemetry:\n  otlp:\n    endpoint: http://collector:4318/otlp/traces\n").unwrap();
+    assert_eq!(
+        own_path.telemetry.otlp.expect("otlp").endpoint,
+        "http://collector:4318/otlp/traces"
+    );
+    assert_eq!(
+        problems(
+            "telemetry:\n  otlp:\n    endpoint: collector:4318\n    service_name: \" \"\n    sample_ratio: 1.5\n"
+        ),
+        vec![
+            "telemetry.otlp.endpoint: not an OTLP/HTTP address (http://HOST:PORT): \"collector:4318\"",
+            "telemetry.otlp.service_name: must not be empty",
+            "telemetry.otlp.sample_ratio: must be between 0 and 1 (got 1.5)",
+        ]
+    );
+    assert!(
+        problems("telemetry:\n  otlp:\n    endpoint: grpc://127.0.0.1:4317\n")[0]
+            .contains("grpc:// is not supported yet")
+    );
+    assert!(parse("").unwrap().telemetry.otlp.is_none());
+}

@@ -1,0 +1,97 @@
+//! `telemetry:`, where the gateway sends its traces: an OpenTelemetry collector's address, the service name its
+//! spans carry, and the share of new traces kept.
+
+use serde::Deserialize;
+
+use super::raw::scalar_text;
+use super::validate::Issues;
+use crate::config::{OtlpSettings, TelemetrySettings};
+
+/// `telemetry:` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawTelemetry {
+    pub otlp: Option<RawOtlp>,
+}
+
+/// `telemetry.otlp:` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawOtlp {
+    pub endpoint: String,
+    #[serde(default = "default_service_name", deserialize_with = "scalar_text")]
+    pub service_name: String,
+    #[serde(default = "default_sample_ratio")]
+    pub sample_ratio: f64,
+}
+
+fn default_service_name() -> String {
+    "tollgate".to_owned()
+}
+
+fn default_sample_ratio() -> f64 {
+    1.0
+}
+
+/// `telemetry:` validated.
+pub(crate) fn telemetry(issues: &mut Issues, raw: &RawTelemetry) -> TelemetrySettings {
+    TelemetrySettings {
+        otlp: raw.otlp.as_ref().and_then(|otlp| self::otlp(issues, otlp)),
+    }
+}
+
+fn otlp(issues: &mut Issues, raw: &RawOtlp) -> Option<OtlpSettings> {
+    let before = issues.count();
+    let endpoint = match raw.endpoint.parse::<http::Uri>() {
+        Ok(uri) if uri.scheme_str() == Some("http") && uri.authority().is_some() => Some(uri),
+        Ok(uri) if uri.scheme_str() == Some("grpc") || uri.scheme_str() == Some("https") => {
+            issues.add(
+                "telemetry.otlp.endpoint",
+                format_args!(
+                    "{}:// is not supported yet: send to a collector's OTLP/HTTP port in clear (http://HOST:4318), e.g. a local agent",
+                    uri.scheme_str().unwrap_or_default()
+                ),
+            );
+            None
+        }
+        _ => {
+            issues.add(
+                "telemetry.otlp.endpoint",
+                format_args!(
+                    "not an OTLP/HTTP address (http://HOST:PORT): {:?}",
+                    raw.endpoint
+                ),
+            );
+            None
+        }
+    };
+    if raw.service_name.trim().is_empty() {
+        issues.add("telemetry.otlp.service_name", "must not be empty");
+    }
+    if !(0.0..=1.0).contains(&raw.sample_ratio) {
+        issues.add(
+            "telemetry.otlp.sample_ratio",
+            format_args!("must be between 0 and 1 (got {})", raw.sample_ratio),
+        );
+    }
+    if issues.count() != before {
+        return None;
+    }
+    Some(OtlpSettings {
+        endpoint: traces_address(endpoint?),
+        service_name: raw.service_name.trim().to_owned(),
+        sample_ratio: raw.sample_ratio,
+    })
+}
+
+/// Where the spans are posted: the endpoint's own path when it names one, else OTLP/HTTP's `/v1/traces`, as an
+/// OpenTelemetry SDK reads a base endpoint.
+fn traces_address(endpoint: http::Uri) -> http::Uri {
+    if endpoint.path() != "/" {
+        return endpoint;
+    }
+    let mut parts = endpoint.into_parts();
+    parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/v1/traces"));
+    http::Uri::from_parts(parts)
+        .unwrap_or_else(|_| http::Uri::from_static("http://127.0.0.1:4318/v1/traces"))
+}

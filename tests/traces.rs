@@ -1,0 +1,451 @@
+//! Traces from the running binary to a real OTLP/HTTP receiver, which decodes what it gets with the OpenTelemetry
+//! project's own protobuf types: the server span and its children for the limiter and the upstream, the
+//! `traceparent` the upstream receives, parent-based sampling, and a collector that is down or never answers
+//! costing dropped spans (counted), never a request.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::routing::post;
+use axum::Router;
+use common::binary::Tollgate;
+use common::eventually;
+use common::http_client::{client, metrics_text};
+use common::upstream::Upstream;
+use futures_util::StreamExt;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
+use tokio::net::TcpListener;
+
+/// The spans a collector received, each with the service name it came with.
+type Received = Arc<Mutex<Vec<(String, Span)>>>;
+
+/// An OTLP/HTTP receiver on a free port, keeping every span it decoded and the service names they came with.
+struct Collector {
+    url: String,
+    received: Received,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl Collector {
+    async fn start() -> Self {
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let app = Router::new()
+            .route("/v1/traces", post(receive))
+            .with_state(received.clone());
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self {
+            url,
+            received,
+            _task: task,
+        }
+    }
+
+    fn spans(&self) -> Vec<(String, Span)> {
+        self.received.lock().expect("spans").clone()
+    }
+
+    /// Waits for the spans of the trace `trace_id` (hex) to hold `n` spans, and returns them.
+    async fn trace(&self, trace_id: &str, n: usize) -> Vec<Span> {
+        let of_trace = || -> Vec<Span> {
+            self.spans()
+                .into_iter()
+                .map(|(_, span)| span)
+                .filter(|span| hex(&span.trace_id) == trace_id)
+                .collect()
+        };
+        eventually(Duration::from_secs(10), async || of_trace().len() >= n).await;
+        let spans = of_trace();
+        assert_eq!(spans.len(), n, "{spans:#?}");
+        spans
+    }
+}
+
+async fn receive(
+    State(received): State<Received>,
+    headers: http::HeaderMap,
+    body: Bytes,
+) -> http::StatusCode {
+    assert_eq!(headers["content-type"], "application/x-protobuf");
+    let request = ExportTraceServiceRequest::decode(body).expect("an OTLP export request");
+    let mut received = received.lock().expect("spans");
+    for resource in request.resource_spans {
+        let service = resource
+            .resource
+            .iter()
+            .flat_map(|resource| &resource.attributes)
+            .find(|kv| kv.key == "service.name")
+            .and_then(|kv| text(kv.value.as_ref()?.value.as_ref()?))
+            .unwrap_or_default();
+        for scope in resource.scope_spans {
+            for span in scope.spans {
+                received.push((service.clone(), span));
+            }
+        }
+    }
+    http::StatusCode::OK
+}
+
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::StringValue(text) => Some(text.clone()),
+        Value::IntValue(n) => Some(n.to_string()),
+        Value::BoolValue(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The attribute `key` of `span`, as text.
+fn attribute(span: &Span, key: &str) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| text(kv.value.as_ref()?.value.as_ref()?))
+}
+
+fn named(spans: &[Span], kind: i32) -> &Span {
+    spans
+        .iter()
+        .find(|span| span.kind == kind)
+        .unwrap_or_else(|| panic!("a span of kind {kind} in {spans:#?}"))
+}
+
+const SERVER: i32 = 2;
+const CLIENT: i32 = 3;
+const INTERNAL: i32 = 1;
+
+/// The binary with traces sent to `endpoint` at `ratio`, one upstream and a route limited to 1 an hour per
+/// `x-user` header.
+fn gateway(dir: &tempfile::TempDir, endpoint: &str, ratio: &str, upstream: &Upstream) -> Tollgate {
+    let yaml = format!(
+        r#"listen: 127.0.0.1:0
+admin:
+  listen: 127.0.0.1:0
+store:
+  backend: memory
+telemetry:
+  otlp:
+    endpoint: {endpoint}
+    service_name: edge-gateway
+    sample_ratio: {ratio}
+upstreams:
+  backend:
+    targets: ["{}"]
+routes:
+  - name: api
+    match: {{ path_prefix: /api }}
+    upstream: backend
+    limits:
+      - {{ name: per-user, key: "header:x-user", algorithm: fixed_window, limit: 1, period: 1h }}
+"#,
+        upstream.url()
+    );
+    let path = dir.path().join("gateway.yaml");
+    std::fs::write(&path, yaml).expect("config written");
+    Tollgate::run(&path)
+}
+
+/// The echo upstream's JSON answer.
+async fn echo(response: reqwest::Response) -> serde_json::Value {
+    serde_json::from_slice(&response.bytes().await.expect("body")).expect("echo")
+}
+
+/// The `traceparent` the echo upstream received, from its JSON answer.
+fn sent_upstream(echo: &serde_json::Value) -> String {
+    echo["headers"]["traceparent"]
+        .as_str()
+        .expect("a traceparent sent upstream")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_sampled_request_gives_a_server_span_with_its_limiter_and_upstream_children() {
+    let collector = Collector::start().await;
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    // A ratio of 0 starts no trace of its own: a sampled parent is followed whatever the ratio.
+    let gateway = gateway(&dir, &collector.url, "0", &upstream);
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent = "00f067aa0ba902b7";
+    let admitted = client()
+        .get(gateway.url("/api/orders"))
+        .header("traceparent", format!("00-{trace_id}-{parent}-01"))
+        .header("x-user", "alice")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(admitted.status(), 200);
+    let echo = echo(admitted).await;
+
+    let spans = collector.trace(trace_id, 3).await;
+    assert!(collector
+        .spans()
+        .iter()
+        .all(|(service, _)| service == "edge-gateway"));
+    let server = named(&spans, SERVER);
+    assert_eq!(hex(&server.parent_span_id), parent);
+    assert_eq!(server.name, "GET api");
+    assert_eq!(
+        attribute(server, "http.request.method").as_deref(),
+        Some("GET")
+    );
+    assert_eq!(attribute(server, "http.route").as_deref(), Some("api"));
+    assert_eq!(
+        attribute(server, "url.path").as_deref(),
+        Some("/api/orders")
+    );
+    assert_eq!(
+        attribute(server, "http.response.status_code").as_deref(),
+        Some("200")
+    );
+    assert_eq!(
+        attribute(server, "tollgate.decision").as_deref(),
+        Some("allowed")
+    );
+    assert!(server.end_time_unix_nano > server.start_time_unix_nano);
+
+    let limiter = named(&spans, INTERNAL);
+    assert_eq!(limiter.parent_span_id, server.span_id);
+    assert_eq!(
+        attribute(limiter, "tollgate.store").as_deref(),
+        Some("memory")
+    );
+    assert_eq!(attribute(limiter, "tollgate.keys").as_deref(), Some("1"));
+    assert_eq!(
+        attribute(limiter, "tollgate.fallback").as_deref(),
+        Some("false")
+    );
+
+    let client_span = named(&spans, CLIENT);
+    assert_eq!(client_span.parent_span_id, server.span_id);
+    assert_eq!(
+        attribute(client_span, "server.port").as_deref(),
+        Some(&*upstream.addr.port().to_string())
+    );
+    assert_eq!(
+        attribute(client_span, "http.response.status_code").as_deref(),
+        Some("200")
+    );
+    // The upstream joins the trace under the client span.
+    assert_eq!(
+        sent_upstream(&echo),
+        format!("00-{trace_id}-{}-01", hex(&client_span.span_id))
+    );
+
+    // The second request of the hour is refused: its server span says by which limit, and has no upstream child.
+    let trace_id = "0af7651916cd43dd8448eb211c80319c";
+    let refused = client()
+        .get(gateway.url("/api/orders"))
+        .header("traceparent", format!("00-{trace_id}-b7ad6b7169203331-01"))
+        .header("x-user", "alice")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(refused.status(), 429);
+    let spans = collector.trace(trace_id, 2).await;
+    let server = named(&spans, SERVER);
+    assert_eq!(
+        attribute(server, "tollgate.decision").as_deref(),
+        Some("denied")
+    );
+    assert_eq!(
+        attribute(server, "tollgate.limit").as_deref(),
+        Some("per-user")
+    );
+    assert_eq!(
+        attribute(server, "http.response.status_code").as_deref(),
+        Some("429")
+    );
+    // A refusal is the client's outcome, not the server's failure.
+    assert!(server.status.as_ref().is_none_or(|status| status.code != 2));
+    assert!(spans.iter().all(|span| span.kind != CLIENT));
+}
+
+#[tokio::test]
+async fn an_unsampled_request_records_nothing_but_still_sends_a_traceparent_upstream() {
+    let collector = Collector::start().await;
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = gateway(&dir, &collector.url, "0", &upstream);
+    // No traceparent, ratio 0: a new trace, not sampled.
+    let fresh: serde_json::Value = echo(
+        client()
+            .get(gateway.url("/api/a"))
+            .header("x-user", "u1")
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await;
+    let fresh = sent_upstream(&fresh);
+    assert!(
+        fresh.starts_with("00-") && fresh.ends_with("-00"),
+        "{fresh}"
+    );
+    // A parent that says not sampled: kept in its trace, not sampled.
+    let unsampled = "11111111111111111111111111111111";
+    let followed: serde_json::Value = echo(
+        client()
+            .get(gateway.url("/api/b"))
+            .header("traceparent", format!("00-{unsampled}-2222222222222222-00"))
+            .header("x-user", "u2")
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await;
+    let followed = sent_upstream(&followed);
+    assert!(
+        followed.starts_with(&format!("00-{unsampled}-")),
+        "{followed}"
+    );
+    assert!(
+        followed.ends_with("-00") && !followed.contains("2222222222222222"),
+        "{followed}"
+    );
+    // A sampled request after them: once its spans arrived, the two before would have too.
+    let marker = "33333333333333333333333333333333";
+    client()
+        .get(gateway.url("/api/c"))
+        .header("traceparent", format!("00-{marker}-4444444444444444-01"))
+        .header("x-user", "u3")
+        .send()
+        .await
+        .expect("request");
+    collector.trace(marker, 3).await;
+    let traces: std::collections::HashSet<String> = collector
+        .spans()
+        .iter()
+        .map(|(_, span)| hex(&span.trace_id))
+        .collect();
+    assert_eq!(traces.len(), 1, "{traces:?}");
+}
+
+#[tokio::test]
+async fn a_ratio_of_one_samples_every_new_trace() {
+    let collector = Collector::start().await;
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = gateway(&dir, &collector.url, "1.0", &upstream);
+    let echo: serde_json::Value = echo(
+        client()
+            .get(gateway.url("/api/a"))
+            .header("x-user", "u1")
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await;
+    let sent = sent_upstream(&echo);
+    assert!(sent.ends_with("-01"), "{sent}");
+    let trace_id = &sent[3..35];
+    let spans = collector.trace(trace_id, 3).await;
+    // A new trace: the server span is its root.
+    assert!(named(&spans, SERVER).parent_span_id.is_empty());
+    let log = gateway.log();
+    // The access line names the trace.
+    assert!(log.contains(trace_id), "{log}");
+}
+
+/// The dropped-span counter of the gateway's metrics.
+async fn dropped_spans(gateway: &Tollgate) -> f64 {
+    metrics_text(&gateway.admin_url(""))
+        .await
+        .lines()
+        .find(|line| line.starts_with("tollgate_telemetry_dropped_spans_total"))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn a_collector_that_is_down_costs_dropped_spans_not_requests() {
+    let closed = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let endpoint = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = gateway(&dir, &endpoint, "1", &upstream);
+    for i in 0..20 {
+        let status = client()
+            .get(gateway.url("/api/a"))
+            .header("x-user", format!("user-{i}"))
+            .send()
+            .await
+            .expect("request")
+            .status();
+        assert_eq!(status, 200);
+    }
+    assert!(
+        eventually(Duration::from_secs(10), async || dropped_spans(&gateway)
+            .await
+            >= 60.0)
+        .await
+        .is_some(),
+        "{}",
+        metrics_text(&gateway.admin_url("")).await
+    );
+    assert!(
+        gateway.log().contains("spans not exported"),
+        "{}",
+        gateway.log()
+    );
+}
+
+#[tokio::test]
+async fn a_collector_that_never_answers_fills_a_bounded_queue_and_requests_go_on() {
+    // Accepts connections and never reads or answers.
+    let silent = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let endpoint = format!("http://{}", silent.local_addr().unwrap());
+    let _held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            open.push(stream);
+        }
+    });
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = gateway(&dir, &endpoint, "1", &upstream);
+    // 3 spans a request: 2,000 requests are more than the queue's 4,096 spans and one batch of 512 on its way.
+    let requests = (0..2000).map(|i| {
+        let url = gateway.url("/api/a");
+        async move {
+            client()
+                .get(url)
+                .header("x-user", format!("user-{i}"))
+                .send()
+                .await
+                .map(|response| response.status().as_u16())
+                .unwrap_or(0)
+        }
+    });
+    let statuses: Vec<u16> = futures_util::stream::iter(requests)
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    assert!(statuses.iter().all(|&status| status == 200), "{statuses:?}");
+    // Whatever was not queued or on its way was dropped, and counted.
+    let least = 6000.0 - 4096.0 - 512.0;
+    assert!(
+        eventually(Duration::from_secs(10), async || dropped_spans(&gateway)
+            .await
+            >= least)
+        .await
+        .is_some(),
+        "{}",
+        dropped_spans(&gateway).await
+    );
+}
