@@ -17,7 +17,12 @@ use common::eventually;
 use common::http_client::{client, metrics_text};
 use common::upstream::Upstream;
 use futures_util::StreamExt;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
@@ -77,7 +82,47 @@ async fn receive(
     body: Bytes,
 ) -> http::StatusCode {
     assert_eq!(headers["content-type"], "application/x-protobuf");
-    let request = ExportTraceServiceRequest::decode(body).expect("an OTLP export request");
+    keep(
+        &received,
+        ExportTraceServiceRequest::decode(body).expect("an OTLP export request"),
+    );
+    http::StatusCode::OK
+}
+
+/// The same receiver over OTLP/gRPC: the OpenTelemetry project's generated `TraceService`, served by tonic.
+struct GrpcCollector(Received);
+
+#[tonic::async_trait]
+impl TraceService for GrpcCollector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        keep(&self.0, request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+impl Collector {
+    async fn start_grpc() -> Self {
+        let received = Received::default();
+        let service = TraceServiceServer::new(GrpcCollector(received.clone()));
+        let app = tonic::service::Routes::new(service).into_axum_router();
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("grpc://{}", listener.local_addr().expect("addr"));
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self {
+            url,
+            received,
+            _task: task,
+        }
+    }
+}
+
+/// Keeps the spans of `request`, each with its resource's service name.
+fn keep(received: &Received, request: ExportTraceServiceRequest) {
     let mut received = received.lock().expect("spans");
     for resource in request.resource_spans {
         let service = resource
@@ -93,7 +138,6 @@ async fn receive(
             }
         }
     }
-    http::StatusCode::OK
 }
 
 fn text(value: &Value) -> Option<String> {
@@ -448,4 +492,27 @@ async fn a_collector_that_never_answers_fills_a_bounded_queue_and_requests_go_on
         "{}",
         dropped_spans(&gateway).await
     );
+}
+
+#[tokio::test]
+async fn spans_reach_a_grpc_collector() {
+    let collector = Collector::start_grpc().await;
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = gateway(&dir, &collector.url, "1", &upstream);
+    let trace_id = "5bf92f3577b34da6a3ce929d0e0e4736";
+    let response = client()
+        .get(gateway.url("/api/orders"))
+        .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
+        .header("x-user", "alice")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 200);
+    let spans = collector.trace(trace_id, 3).await;
+    assert_eq!(named(&spans, SERVER).name, "GET api");
+    assert!(collector
+        .spans()
+        .iter()
+        .all(|(service, _)| service == "edge-gateway"));
 }

@@ -54,11 +54,22 @@ pub struct TelemetrySettings {
     pub otlp: Option<OtlpSettings>,
 }
 
-/// `telemetry.otlp:`: spans sent over OTLP/HTTP (protobuf).
+/// How spans travel to the collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    /// OTLP/HTTP: protobuf bodies POSTed (`http://` endpoints).
+    Http,
+    /// OTLP/gRPC over HTTP/2 in clear (`grpc://` endpoints).
+    Grpc,
+}
+
+/// `telemetry.otlp:`: where spans are sent, and which.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OtlpSettings {
-    /// The collector's traces address (`http://HOST:4318/v1/traces`).
+    /// The collector's traces address: `http://HOST:4318/v1/traces` for OTLP/HTTP, `http://HOST:4317` for gRPC.
     pub endpoint: http::Uri,
+    /// How spans are sent.
+    pub protocol: OtlpProtocol,
     /// The `service.name` the spans carry (default `tollgate`).
     pub service_name: String,
     /// The share of new traces kept, from 0 to 1 (default 1); a request whose `traceparent` says sampled is kept

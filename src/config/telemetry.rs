@@ -5,7 +5,7 @@ use serde::Deserialize;
 
 use super::raw::scalar_text;
 use super::validate::Issues;
-use crate::config::{OtlpSettings, TelemetrySettings};
+use crate::config::{OtlpProtocol, OtlpSettings, TelemetrySettings};
 
 /// `telemetry:` as written.
 #[derive(Debug, Default, Deserialize)]
@@ -43,14 +43,15 @@ pub(crate) fn telemetry(issues: &mut Issues, raw: &RawTelemetry) -> TelemetrySet
 fn otlp(issues: &mut Issues, raw: &RawOtlp) -> Option<OtlpSettings> {
     let before = issues.count();
     let endpoint = match raw.endpoint.parse::<http::Uri>() {
-        Ok(uri) if uri.scheme_str() == Some("http") && uri.authority().is_some() => Some(uri),
-        Ok(uri) if uri.scheme_str() == Some("grpc") || uri.scheme_str() == Some("https") => {
+        Ok(uri)
+            if uri.authority().is_some() && matches!(uri.scheme_str(), Some("http" | "grpc")) =>
+        {
+            Some(uri)
+        }
+        Ok(uri) if uri.scheme_str() == Some("https") => {
             issues.add(
                 "telemetry.otlp.endpoint",
-                format_args!(
-                    "{}:// is not supported yet: send to a collector's OTLP/HTTP port in clear (http://HOST:4318), e.g. a local agent",
-                    uri.scheme_str().unwrap_or_default()
-                ),
+                "https:// is not supported yet: send to a collector or agent beside the gateway, in clear (http://HOST:4318 or grpc://HOST:4317)",
             );
             None
         }
@@ -58,7 +59,7 @@ fn otlp(issues: &mut Issues, raw: &RawOtlp) -> Option<OtlpSettings> {
             issues.add(
                 "telemetry.otlp.endpoint",
                 format_args!(
-                    "not an OTLP/HTTP address (http://HOST:PORT): {:?}",
+                    "not an OTLP address (http://HOST:PORT for OTLP/HTTP, grpc://HOST:PORT for OTLP/gRPC): {:?}",
                     raw.endpoint
                 ),
             );
@@ -77,8 +78,14 @@ fn otlp(issues: &mut Issues, raw: &RawOtlp) -> Option<OtlpSettings> {
     if issues.count() != before {
         return None;
     }
+    let endpoint = endpoint?;
+    let (endpoint, protocol) = match endpoint.scheme_str() {
+        Some("grpc") => (grpc_address(endpoint), OtlpProtocol::Grpc),
+        _ => (traces_address(endpoint), OtlpProtocol::Http),
+    };
     Some(OtlpSettings {
-        endpoint: traces_address(endpoint?),
+        endpoint,
+        protocol,
         service_name: raw.service_name.trim().to_owned(),
         sample_ratio: raw.sample_ratio,
     })
@@ -94,4 +101,13 @@ fn traces_address(endpoint: http::Uri) -> http::Uri {
     parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/v1/traces"));
     http::Uri::from_parts(parts)
         .unwrap_or_else(|_| http::Uri::from_static("http://127.0.0.1:4318/v1/traces"))
+}
+
+/// The `http://` origin a gRPC endpoint's calls go to (the method's path is the call's own).
+fn grpc_address(endpoint: http::Uri) -> http::Uri {
+    let mut parts = endpoint.into_parts();
+    parts.scheme = Some(http::uri::Scheme::HTTP);
+    parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+    http::Uri::from_parts(parts)
+        .unwrap_or_else(|_| http::Uri::from_static("http://127.0.0.1:4317/"))
 }

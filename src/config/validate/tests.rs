@@ -649,14 +649,18 @@ fn telemetry_otlp_is_checked_and_its_path_defaults_to_v1_traces() {
             "telemetry:\n  otlp:\n    endpoint: collector:4318\n    service_name: \" \"\n    sample_ratio: 1.5\n"
         ),
         vec![
-            "telemetry.otlp.endpoint: not an OTLP/HTTP address (http://HOST:PORT): \"collector:4318\"",
+            "telemetry.otlp.endpoint: not an OTLP address (http://HOST:PORT for OTLP/HTTP, grpc://HOST:PORT for OTLP/gRPC): \"collector:4318\"",
             "telemetry.otlp.service_name: must not be empty",
             "telemetry.otlp.sample_ratio: must be between 0 and 1 (got 1.5)",
         ]
     );
     assert!(
-        problems("telemetry:\n  otlp:\n    endpoint: grpc://127.0.0.1:4317\n")[0]
-            .contains("grpc:// is not supported yet")
+        problems("telemetry:\n  otlp:\n    endpoint: https://collector:4318\n")[0]
+            .contains("https:// is not supported yet")
     );
+    let grpc = parse("telemetry:\n  otlp:\n    endpoint: grpc://127.0.0.1:4317\n").unwrap();
+    let grpc = grpc.telemetry.otlp.expect("otlp");
+    assert_eq!(grpc.endpoint, "http://127.0.0.1:4317/");
+    assert_eq!(grpc.protocol, crate::config::OtlpProtocol::Grpc);
     assert!(parse("").unwrap().telemetry.otlp.is_none());
 }

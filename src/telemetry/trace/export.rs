@@ -1,5 +1,5 @@
-//! Spans leave the request path through a bounded queue: a task batches them and posts each batch to the
-//! collector over OTLP/HTTP. A full queue (a collector slow, down or never answering) drops spans and counts them
+//! Spans leave the request path through a bounded queue: a task batches them and sends each batch to the
+//! collector, over OTLP/HTTP (a protobuf POST) or OTLP/gRPC (the `TraceService/Export` call). A full queue (a collector slow, down or never answering) drops spans and counts them
 //! in `tollgate_telemetry_dropped_spans_total`; a request never waits for the collector.
 
 use std::time::Duration;
@@ -14,9 +14,13 @@ use prost::Message;
 use tokio::sync::mpsc;
 
 use super::otlp::{
-    ExportTraceServiceRequest, InstrumentationScope, KeyValue, Resource, ResourceSpans, ScopeSpans,
-    Span,
+    ExportTraceServiceRequest, ExportTraceServiceResponse, InstrumentationScope, KeyValue,
+    Resource, ResourceSpans, ScopeSpans, Span,
 };
+use crate::config::OtlpProtocol;
+
+/// The gRPC method a batch is sent to.
+const GRPC_EXPORT: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
 
 /// Spans waiting to be sent: beyond this, new ones are dropped.
 pub(super) const QUEUE_SPANS: usize = 4096;
@@ -36,10 +40,11 @@ pub(super) struct Queue {
 // === impl Queue ===
 
 impl Queue {
-    /// Starts the task that sends what the queue takes to `endpoint`, as `service_name`. Needs a tokio runtime.
-    pub(super) fn start(endpoint: Uri, service_name: &str) -> Self {
+    /// Starts the task that sends what the queue takes to `endpoint` by `protocol`, as `service_name`. Needs a
+    /// tokio runtime.
+    pub(super) fn start(endpoint: Uri, protocol: OtlpProtocol, service_name: &str) -> Self {
         let (spans, waiting) = mpsc::channel(QUEUE_SPANS);
-        let exporter = Exporter::new(endpoint, service_name);
+        let exporter = Exporter::new(endpoint, protocol, service_name);
         tokio::spawn(exporter.run(waiting));
         Self { spans }
     }
@@ -58,7 +63,7 @@ fn dropped(spans: usize) {
 
 /// The task's end: batches, and where they go.
 struct Exporter {
-    client: Client<HttpConnector, Full<Bytes>>,
+    transport: Transport,
     endpoint: Uri,
     resource: Resource,
     scope: InstrumentationScope,
@@ -69,12 +74,23 @@ struct Exporter {
 // === impl Exporter ===
 
 impl Exporter {
-    fn new(endpoint: Uri, service_name: &str) -> Self {
+    fn new(endpoint: Uri, protocol: OtlpProtocol, service_name: &str) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(EXPORT_TIMEOUT));
+        let transport = match protocol {
+            OtlpProtocol::Http => {
+                Transport::Http(Client::builder(TokioExecutor::new()).build(connector))
+            }
+            OtlpProtocol::Grpc => {
+                let client = Client::builder(TokioExecutor::new())
+                    .http2_only(true)
+                    .build(connector);
+                Transport::Grpc(tonic::client::Grpc::with_origin(client, endpoint.clone()))
+            }
+        };
         Self {
-            client: Client::builder(TokioExecutor::new()).build(connector),
+            transport,
             endpoint,
             resource: Resource {
                 attributes: vec![
@@ -107,9 +123,9 @@ impl Exporter {
                 }
             }
             let spans = batch.len();
-            let body = self.encode(std::mem::take(&mut batch));
+            let request = self.request(std::mem::take(&mut batch));
             batch.reserve(BATCH_SPANS);
-            let outcome = tokio::time::timeout(EXPORT_TIMEOUT, self.post(body)).await;
+            let outcome = tokio::time::timeout(EXPORT_TIMEOUT, self.send(request)).await;
             let failure = match outcome {
                 Ok(Ok(())) => None,
                 Ok(Err(reason)) => Some(reason),
@@ -119,8 +135,8 @@ impl Exporter {
         }
     }
 
-    fn encode(&self, spans: Vec<Span>) -> Bytes {
-        let request = ExportTraceServiceRequest {
+    fn request(&self, spans: Vec<Span>) -> ExportTraceServiceRequest {
+        ExportTraceServiceRequest {
             resource_spans: vec![ResourceSpans {
                 resource: Some(self.resource.clone()),
                 scope_spans: vec![ScopeSpans {
@@ -128,27 +144,13 @@ impl Exporter {
                     spans,
                 }],
             }],
-        };
-        Bytes::from(request.encode_to_vec())
+        }
     }
 
-    async fn post(&self, body: Bytes) -> Result<(), String> {
-        let mut request = Request::post(self.endpoint.clone())
-            .body(Full::new(body))
-            .map_err(|error| error.to_string())?;
-        request.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/x-protobuf"),
-        );
-        let response = self
-            .client
-            .request(request)
-            .await
-            .map_err(|error| error.to_string())?;
-        if response.status().is_success() {
-            Ok(())
-        } else {
-            Err(format!("the collector answered {}", response.status()))
+    async fn send(&mut self, request: ExportTraceServiceRequest) -> Result<(), String> {
+        match &mut self.transport {
+            Transport::Http(client) => post(client, &self.endpoint, &request).await,
+            Transport::Grpc(grpc) => call(grpc, request).await,
         }
     }
 
@@ -169,4 +171,59 @@ impl Exporter {
             None => {}
         }
     }
+}
+
+/// How batches travel.
+enum Transport {
+    /// OTLP/HTTP: a protobuf body POSTed to the traces address.
+    Http(Client<HttpConnector, Full<Bytes>>),
+    /// OTLP/gRPC: the `Export` call over HTTP/2 in clear.
+    Grpc(tonic::client::Grpc<Client<HttpConnector, tonic::body::Body>>),
+}
+
+async fn post(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    endpoint: &Uri,
+    request: &ExportTraceServiceRequest,
+) -> Result<(), String> {
+    let body = Bytes::from(request.encode_to_vec());
+    let mut post = Request::post(endpoint.clone())
+        .body(Full::new(body))
+        .map_err(|error| error.to_string())?;
+    post.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-protobuf"),
+    );
+    let response = client
+        .request(post)
+        .await
+        .map_err(|error| error.to_string())?;
+    if response.status().is_success() {
+        Ok(())
+    } else {
+        Err(format!("the collector answered {}", response.status()))
+    }
+}
+
+async fn call(
+    grpc: &mut tonic::client::Grpc<Client<HttpConnector, tonic::body::Body>>,
+    request: ExportTraceServiceRequest,
+) -> Result<(), String> {
+    grpc.ready().await.map_err(|error| error.to_string())?;
+    let codec =
+        tonic_prost::ProstCodec::<ExportTraceServiceRequest, ExportTraceServiceResponse>::default();
+    grpc.unary(
+        tonic::Request::new(request),
+        http::uri::PathAndQuery::from_static(GRPC_EXPORT),
+        codec,
+    )
+    .await
+    .map(|_| ())
+    .map_err(|status| {
+        format!(
+            "the collector answered {:?}: {}",
+            status.code(),
+            status.message()
+        )
+    })
 }

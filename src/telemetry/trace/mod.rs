@@ -54,7 +54,11 @@ impl Tracer {
         };
         Self {
             threshold,
-            queue: export::Queue::start(settings.endpoint.clone(), &settings.service_name),
+            queue: export::Queue::start(
+                settings.endpoint.clone(),
+                settings.protocol,
+                &settings.service_name,
+            ),
         }
     }
 

@@ -9,6 +9,11 @@ pub struct ExportTraceServiceRequest {
     pub resource_spans: Vec<ResourceSpans>,
 }
 
+/// `ExportTraceServiceResponse`: its fields (a partial success) are not read; a gRPC status says whether it
+/// arrived.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ExportTraceServiceResponse {}
+
 /// `ResourceSpans`: the spans of one resource (this gateway).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ResourceSpans {
