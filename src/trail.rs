@@ -39,6 +39,8 @@ pub struct Noted {
     pub upstream_time: Option<Duration>,
     /// `allowed` or `denied`, once the limits were asked.
     pub decision: Option<&'static str>,
+    /// The shadow limits that would have denied the request, comma-separated.
+    pub shadow_denied: Option<Box<str>>,
     /// The limiter call, on a sampled trace.
     pub limiter_call: Option<LimiterCall>,
     /// The upstream call, on a sampled trace.
@@ -110,6 +112,14 @@ impl Trail {
     /// Notes that the limits admitted the request.
     pub fn note_admitted(&self) {
         self.lock().decision = Some("allowed");
+    }
+
+    /// Notes the shadow limits that would have denied the request.
+    pub fn note_shadow_denials<'n>(&self, names: impl Iterator<Item = &'n str>) {
+        let names = names.collect::<Vec<_>>();
+        if !names.is_empty() {
+            self.lock().shadow_denied = Some(names.join(",").into_boxed_str());
+        }
     }
 
     /// Notes the limiter call (kept on a sampled trace only).

@@ -172,8 +172,8 @@ const SERVER: i32 = 2;
 const CLIENT: i32 = 3;
 const INTERNAL: i32 = 1;
 
-/// The binary with traces sent to `endpoint` at `ratio`, one upstream and a route limited to 1 an hour per
-/// `x-user` header.
+/// The binary with traces sent to `endpoint` at `ratio`, one upstream, a route limited to 1 an hour per `x-user`
+/// header, and one under a shadow limit of 1 an hour.
 fn gateway(dir: &tempfile::TempDir, endpoint: &str, ratio: &str, upstream: &Upstream) -> Tollgate {
     let yaml = format!(
         r#"listen: 127.0.0.1:0
@@ -195,6 +195,11 @@ routes:
     upstream: backend
     limits:
       - {{ name: per-user, key: "header:x-user", algorithm: fixed_window, limit: 1, period: 1h }}
+  - name: shadowed
+    match: {{ path_prefix: /shadowed }}
+    upstream: backend
+    limits:
+      - {{ name: cap, key: route, algorithm: fixed_window, limit: 1, period: 1h, shadow: true }}
 "#,
         upstream.url()
     );
@@ -515,4 +520,40 @@ async fn spans_reach_a_grpc_collector() {
         .spans()
         .iter()
         .all(|(service, _)| service == "edge-gateway"));
+}
+
+#[tokio::test]
+async fn a_shadow_limit_that_would_deny_is_named_on_the_admitted_request() {
+    let collector = Collector::start().await;
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = gateway(&dir, &collector.url, "1", &upstream);
+    let traces = [
+        "6bf92f3577b34da6a3ce929d0e0e4736",
+        "7bf92f3577b34da6a3ce929d0e0e4736",
+    ];
+    for trace_id in traces {
+        let response = client()
+            .get(gateway.url("/shadowed"))
+            .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status(), 200);
+    }
+    let first = collector.trace(traces[0], 3).await;
+    assert_eq!(
+        attribute(named(&first, SERVER), "tollgate.shadow_denied"),
+        None
+    );
+    let second = collector.trace(traces[1], 3).await;
+    let server = named(&second, SERVER);
+    assert_eq!(
+        attribute(server, "tollgate.decision").as_deref(),
+        Some("allowed")
+    );
+    assert_eq!(
+        attribute(server, "tollgate.shadow_denied").as_deref(),
+        Some("cap")
+    );
 }

@@ -422,12 +422,22 @@ impl Policy {
         }
     }
 
-    /// Notes on `trail` the limit that refused a request, when a limit did.
+    /// Notes on `trail` the limit that refused a request, when a limit did, and the shadow limits that would have.
     #[cold]
     pub(super) fn note_refusal(&self, trail: &Trail, refusal: &Refusal) {
         if let Refusal::RateLimited { checked, plan } = refusal {
-            trail.note_refusing_limit(self.limits_for_plan(*plan).denial(checked).0);
+            let limits = self.limits_for_plan(*plan);
+            trail.note_refusing_limit(limits.denial(checked).0);
+            trail.note_shadow_denials(limits.shadow_denials(checked));
         }
+    }
+
+    /// Notes on `trail` that `admitted` was, and the shadow limits that would have refused it.
+    #[cold]
+    pub(super) fn note_admitted(&self, trail: &Trail, admitted: &Admitted) {
+        trail.note_admitted();
+        let limits = self.limits_for(admitted.caller.as_deref());
+        trail.note_shadow_denials(limits.shadow_denials(&admitted.checked));
     }
 
     fn plan_name(&self, caller: &Caller) -> Option<&str> {

@@ -73,7 +73,7 @@ impl Policy {
                 Admission::Exempt => None,
                 Admission::Admitted(admitted) => {
                     if let Some(trail) = Trail::of(&request) {
-                        trail.note_admitted();
+                        self.note_admitted(trail, &admitted);
                     }
                     Some(admitted)
                 }

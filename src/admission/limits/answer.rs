@@ -143,6 +143,20 @@ impl LimitSet {
             .unwrap_or(0)
     }
 
+    /// The shadow limits that would have denied the request, by name.
+    pub fn shadow_denials<'c>(
+        &'c self,
+        checked: &'c Checked,
+    ) -> impl Iterator<Item = &'c str> + 'c {
+        checked
+            .outcome
+            .decisions
+            .iter()
+            .enumerate()
+            .filter(move |(i, decision)| !decision.allowed && self.is_shadow(checked, *i))
+            .map(move |(i, _)| self.name_of(checked, i))
+    }
+
     pub(super) fn is_shadow(&self, checked: &Checked, decision: usize) -> bool {
         checked
             .applied

@@ -126,6 +126,7 @@ fn server_span(
     let texts = [
         ("tollgate.decision", noted.decision),
         ("tollgate.limit", noted.limit.as_deref()),
+        ("tollgate.shadow_denied", noted.shadow_denied.as_deref()),
         ("tollgate.consumer", noted.consumer.as_deref()),
         ("tollgate.plan", noted.plan.as_deref()),
     ];
