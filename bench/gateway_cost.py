@@ -109,6 +109,10 @@ CASES = [
     ("memory store, 1 concurrency limit", "memory-concurrency", "memory-concurrency", None, False, [], "get"),
     ("Redis, 1 limit", "redis-one", "redis-one", None, False, [], "get"),
     ("Redis, 1 concurrency limit", "redis-concurrency", "redis-concurrency", None, False, [], "get"),
+    # --only telemetry: limiting off with traces sampled at 1 in 10 and at every request, and with the access log
+    ("limiting off, traces sampled 1 in 10", "traces-tenth", "traces-tenth", None, False, [], "get"),
+    ("limiting off, traces of every request", "traces-all", "traces-all", None, False, [], "get"),
+    ("limiting off, access log (JSON)", "access-log", "off", None, False, [], "get"),
     # nginx in the same harness (bench/run.sh's proxies), against which the first and the last tollgate rows are read
     ("Redis, 1 gcra limit", "redis-gcra", "redis-gcra", None, True, [], "get"),
     ("nginx proxy_pass", "nginx-pass", "nginx-pass", None, True, [], "get"),
@@ -124,7 +128,10 @@ GROUPS = {
     "llm": [case[1] for case in CASES if case[6] != "get"],
     "concurrency": ["memory-one", "memory-concurrency", "redis-one", "redis-concurrency"],
     "nginx": ["off", "redis-gcra", "nginx-pass", "nginx-limit"],
+    "telemetry": ["off", "traces-tenth", "traces-all", "access-log"],
 }
+# Cases run with more than the warnings logged (their lines go to /dev/null, formatted all the same).
+LOGGED = {"access-log": ["--log-format", "json"]}
 
 
 def nginx_main(folder: Path) -> str:
@@ -395,9 +402,9 @@ def idle_memory(binary: Path, config: Path, work: Path, connections: int) -> flo
 
 def measure(
     binary: Path, config: Path, seconds: int, connections: int, work: Path, top: int, cache: bool,
-    keep: Path | None, clients: int | None, headers: list[str], request: str,
+    keep: Path | None, clients: int | None, headers: list[str], request: str, case: str = "",
 ) -> tuple[float, float, float, float, list[tuple[str, float]]]:
-    env = dict(os.environ, TOKIO_WORKER_THREADS="1", RUST_LOG="warn")
+    env = dict(os.environ, TOKIO_WORKER_THREADS="1", RUST_LOG="info" if case in LOGGED else "warn")
     env["BENCH_REDIS_URL"] = f"redis://127.0.0.1:{REDIS_PORT}"
     env["BENCH_UPSTREAM_URL"] = f"http://127.0.0.1:{UPSTREAM_PORT}"
     env["BENCH_JWT_SECRET"] = JWT_SECRET
@@ -405,6 +412,7 @@ def measure(
     simulate = ["--cache-sim=yes"] if cache else []
     nginx = config.stem.startswith("nginx-")
     command, ready = server_command(binary, config, work)
+    command += LOGGED.get(case, [])
     gateway = subprocess.Popen(
         ["valgrind", "--tool=callgrind", *simulate, f"--callgrind-out-file={out}.%p", *command],
         env=env,
@@ -506,11 +514,11 @@ http {{
             costs: dict[str, float] = {}
             names = GROUPS.get(args.only, [args.only])
             cases = [case for case in CASES if case[1] in names or (args.only is None and case[4])]
-            for label, _, name, clients, _, headers, request in cases:
+            for label, case, name, clients, _, headers, request in cases:
                 subprocess.run(["redis-cli", "-p", str(REDIS_PORT), "flushall"], capture_output=True)
                 cost, copies, per_call, misses, functions = measure(
                     args.binary, ROOT / "bench/configs" / f"{name}.yaml", args.seconds, args.connections, work, args.top,
-                    args.cache, args.keep, clients, headers, request,
+                    args.cache, args.keep, clients, headers, request, case,
                 )
                 per_call_text = f"{per_call:.1f}" if per_call else "-"
                 misses_text = f" {misses:,.0f} |" if args.cache else ""
@@ -519,7 +527,7 @@ http {{
                     flush=True,
                 )
                 profiles.append((label, functions))
-                costs[name] = cost
+                costs[case] = cost
             ratios = [(text, costs[ours] / costs[theirs]) for ours, theirs, text in RATIOS
                       if ours in costs and theirs in costs]
             if ratios:
