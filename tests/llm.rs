@@ -816,7 +816,12 @@ async fn a_100_mib_stream_passes_unbuffered_with_flat_memory_and_settles_its_las
     );
     let yaml = format!("admin:\n  listen: 127.0.0.1:0\n{yaml}");
     std::fs::write(&path, yaml).expect("config");
-    let gateway = common::binary::Tollgate::run(&path);
+    // One worker thread: what is measured is what the gateway holds, not what the allocator has yet to take back
+    // from frees made on another thread than the allocation's (with several workers, mimalloc 2 lets those build
+    // up, then returns them at once: a sawtooth of up to about 40 MB over this stream).
+    let mut command = common::binary::Tollgate::command(&path);
+    command.env("TOKIO_WORKER_THREADS", "1");
+    let gateway = common::binary::Tollgate::spawn(command);
     let pid = gateway.pid();
     // No overall timeout: 100 MiB through a debug build takes what it takes.
     let client = reqwest::Client::builder()
