@@ -129,7 +129,7 @@ impl Trail {
         }
     }
 
-    /// Notes the upstream call (kept on a sampled trace only).
+    /// Notes the upstream call as it is sent (on a sampled trace only).
     pub fn note_upstream_call(&self, call: UpstreamCall) {
         self.lock().upstream_call = Some(call);
     }
@@ -139,9 +139,13 @@ impl Trail {
         self.lock().upstream = Some(target.clone());
     }
 
-    /// Notes how long the upstream took to answer (or to fail).
-    pub fn note_upstream_time(&self, elapsed: Duration) {
-        self.lock().upstream_time = Some(elapsed);
+    /// Notes how long the upstream took to answer (or to fail), and its status when it answered.
+    pub fn note_upstream_answer(&self, elapsed: Duration, status: Option<u16>) {
+        let mut noted = self.lock();
+        noted.upstream_time = Some(elapsed);
+        if let Some(call) = &mut noted.upstream_call {
+            call.status = status;
+        }
     }
 
     /// What was noted so far.

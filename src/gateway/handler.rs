@@ -343,21 +343,19 @@ impl Gateway {
                             .is_some_and(|usage| usage.reads_trailers()),
                     };
                     let mut request = request;
+                    // Only the trail is held across the wait: every request's future has room for what is.
                     let trail = Trail::of(&request).cloned();
-                    let call = trail
-                        .as_deref()
-                        .and_then(|trail| upstream_span(trail, &mut request));
+                    if let Some(trail) = &trail {
+                        upstream_span(trail, &mut request);
+                    }
                     let started = Instant::now();
                     let result = upstream.forward(request, &canonical.path, &forwarded).await;
                     if !matches!(result, Err(ProxyError::ClientBody(_))) {
                         let elapsed = started.elapsed();
                         route.metrics.record_upstream(elapsed);
                         if let Some(trail) = trail {
-                            trail.note_upstream_time(elapsed);
-                            if let Some(mut call) = call {
-                                call.status = result.as_ref().ok().map(|r| r.status().as_u16());
-                                trail.note_upstream_call(call);
-                            }
+                            let status = result.as_ref().ok().map(|r| r.status().as_u16());
+                            trail.note_upstream_answer(elapsed, status);
                         }
                     }
                     result.map_err(|error| proxy_failure(route, &error))
@@ -446,16 +444,19 @@ fn tracer_for(config: &Config) -> Option<Arc<Tracer>> {
     Some(Arc::new(Tracer::start(settings)))
 }
 
-/// The span of the request sent upstream, on a sampled trace: named in the `traceparent` the upstream gets.
+/// Starts the span of the request sent upstream, on a sampled trace: named in the `traceparent` the upstream gets.
 #[cold]
-fn upstream_span(trail: &Trail, request: &mut Request<Body>) -> Option<UpstreamCall> {
-    let span = trail.span()?.child();
+fn upstream_span(trail: &Trail, request: &mut Request<Body>) {
+    let Some(server) = trail.span() else {
+        return;
+    };
+    let span = server.child();
     crate::telemetry::trace::propagate(request.headers_mut(), &span);
-    Some(UpstreamCall {
+    trail.note_upstream_call(UpstreamCall {
         span,
         start: std::time::SystemTime::now(),
         status: None,
-    })
+    });
 }
 
 /// The consumer directory that goes with `config`'s store: in its Redis when it is one, holding the consumers
