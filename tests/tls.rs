@@ -729,3 +729,67 @@ async fn drain_closes_https_connections_as_it_closes_clear_text_ones() {
     );
     drop(idle);
 }
+
+/// A WebSocket upstream on a free loopback port that echoes every text message.
+async fn websocket_echo() -> (String, tokio::task::JoinHandle<()>) {
+    use axum::extract::ws::{Message, WebSocketUpgrade};
+    let app =
+        axum::Router::new().fallback(axum::routing::get(|upgrade: WebSocketUpgrade| async move {
+            upgrade.on_upgrade(|mut socket| async move {
+                while let Some(Ok(Message::Text(text))) = socket.recv().await {
+                    if socket.send(Message::Text(text)).await.is_err() {
+                        return;
+                    }
+                }
+            })
+        }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (url, task)
+}
+
+#[tokio::test]
+async fn a_websocket_over_tls_is_proxied_and_its_handshakes_are_limited_as_in_clear() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let pki = Pki::new();
+    let (echo, _task) = websocket_echo().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nadmin:\n  listen: 127.0.0.1:0\nstore:\n  backend: memory\n{}upstreams:\n  ws: {{ targets: [\"{echo}\"] }}\nroutes:\n  - name: chat\n    match: {{ path_prefix: /chat }}\n    upstream: ws\n    limits:\n      - {{ name: per-ip, key: ip, algorithm: fixed_window, limit: 1, period: 1h }}\n",
+        pki.tls_block("")
+    );
+    let tollgate = Tollgate::run(&pki.write("gateway.yaml", &yaml));
+
+    let stream = tls_connect(&pki, &tollgate, b"http/1.1").await;
+    let (mut socket, answer) = tokio_tungstenite::client_async("wss://api.test/chat", stream)
+        .await
+        .expect("the handshake over TLS");
+    assert_eq!(answer.status(), 101);
+    socket
+        .send(Message::Text("over tls".into()))
+        .await
+        .expect("send");
+    let echoed = tokio::time::timeout(Duration::from_secs(10), socket.next())
+        .await
+        .expect("an echo in time")
+        .expect("a message")
+        .expect("not an error");
+    assert_eq!(echoed, Message::Text("over tls".into()));
+
+    // The second handshake from the address is over the limit: refused before any upgrade.
+    let stream = tls_connect(&pki, &tollgate, b"http/1.1").await;
+    let refused = tokio_tungstenite::client_async("wss://api.test/chat", stream).await;
+    match refused {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), 429);
+            assert!(response.headers().contains_key("retry-after"));
+        }
+        other => panic!("expected a 429 over TLS, got {other:?}"),
+    }
+    socket.close(None).await.expect("close");
+}
