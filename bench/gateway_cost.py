@@ -42,6 +42,7 @@ import hmac
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -113,6 +114,9 @@ CASES = [
     ("limiting off, traces sampled 1 in 10", "traces-tenth", "traces-tenth", None, False, [], "get"),
     ("limiting off, traces of every request", "traces-all", "traces-all", None, False, [], "get"),
     ("limiting off, access log (JSON)", "access-log", "off", None, False, [], "get"),
+    # --only tls: HTTPS on both, one ECDSA P-256 certificate made for the run, keep-alive connections
+    ("HTTPS, limiting off", "tls-off", "tls-off", None, False, [], "get"),
+    ("nginx proxy_pass over HTTPS", "nginx-tls", "nginx-tls", None, False, [], "get"),
     # nginx in the same harness (bench/run.sh's proxies), against which the first and the last tollgate rows are read
     ("Redis, 1 gcra limit", "redis-gcra", "redis-gcra", None, True, [], "get"),
     ("nginx proxy_pass", "nginx-pass", "nginx-pass", None, True, [], "get"),
@@ -122,6 +126,7 @@ CASES = [
 RATIOS = [
     ("off", "nginx-pass", "limiting off / nginx proxy_pass"),
     ("redis-gcra", "nginx-limit", "one Redis gcra limit / nginx limit_req"),
+    ("tls-off", "nginx-tls", "HTTPS, limiting off / nginx proxy_pass over HTTPS"),
 ]
 # Names --only takes for several cases at once.
 GROUPS = {
@@ -129,6 +134,7 @@ GROUPS = {
     "concurrency": ["memory-one", "memory-concurrency", "redis-one", "redis-concurrency"],
     "nginx": ["off", "redis-gcra", "nginx-pass", "nginx-limit"],
     "telemetry": ["off", "traces-tenth", "traces-all", "access-log"],
+    "tls": ["off", "nginx-pass", "tls-off", "nginx-tls"],
 }
 # Cases run with more than the warnings logged (their lines go to /dev/null, formatted all the same).
 LOGGED = {"access-log": ["--log-format", "json"]}
@@ -145,11 +151,11 @@ error_log {folder}/logs/error.log warn;
 events {{ worker_connections 4096; }}"""
 
 
-def nginx_proxy_conf(work: Path, limit: bool) -> Path:
+def nginx_proxy_conf(work: Path, limit: bool, tls: bool = False) -> Path:
     """An nginx proxy on tollgate's port in front of the same upstream, one worker, as bench/run.sh's: keep-alive
-    towards the upstream, X-Forwarded-For added (as tollgate adds it), and with `limit` a limit_req zone keyed by
-    the client address that rejects nothing."""
-    name = "nginx-limit" if limit else "nginx-pass"
+    towards the upstream, X-Forwarded-For added (as tollgate adds it), with `limit` a limit_req zone keyed by
+    the client address that rejects nothing, and with `tls` HTTPS with the run's certificate (see `certificate`)."""
+    name = "nginx-tls" if tls else "nginx-limit" if limit else "nginx-pass"
     folder = work / name
     (folder / "logs").mkdir(parents=True, exist_ok=True)
     limit_req = "limit_req zone=pass burst=1000000 nodelay;" if limit else ""
@@ -169,7 +175,8 @@ http {{
     proxy_set_header Connection "";
     proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
     server {{
-        listen 127.0.0.1:{TOLLGATE_PORT} backlog=4096;
+        listen 127.0.0.1:{TOLLGATE_PORT} backlog=4096{" ssl" if tls else ""};
+        {f"ssl_certificate {work}/cert.pem; ssl_certificate_key {work}/key.pem;" if tls else ""}
         location / {{ {limit_req} proxy_pass http://origin; }}
     }}
 }}
@@ -208,7 +215,9 @@ def wait_ready(url: str, what: str, process: subprocess.Popen, seconds: float = 
         if process.poll() is not None:
             sys.exit(f"gateway_cost: {what} exited with {process.returncode}")
         try:
-            with urllib.request.urlopen(url, timeout=1) as response:
+            # The HTTPS cases serve a certificate made for the run, trusted by no one.
+            context = ssl._create_unverified_context() if url.startswith("https") else None
+            with urllib.request.urlopen(url, timeout=1, context=context) as response:
                 if response.status == 200:
                     return
         except OSError:
@@ -217,7 +226,8 @@ def wait_ready(url: str, what: str, process: subprocess.Popen, seconds: float = 
 
 
 def load(
-    seconds: int, connections: int, clients: int | None, headers: list[str], request: str, work: Path
+    seconds: int, connections: int, clients: int | None, headers: list[str], request: str, work: Path,
+    scheme: str = "http",
 ) -> int:
     """Runs wrk against tollgate; returns the requests it completed. wrk keeps tollgate (slowed down 50 times by
     callgrind) saturated, as under bench/run.sh, so that the count includes the work a busy event loop shares
@@ -235,7 +245,7 @@ def load(
     header_args = [arg for header in headers or [] for arg in ("-H", header)]
     out = subprocess.run(
         ["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s", *script, *header_args,
-         f"http://127.0.0.1:{TOLLGATE_PORT}{path}"],
+         f"{scheme}://127.0.0.1:{TOLLGATE_PORT}{path}"],
         env=env,
         check=True,
         capture_output=True,
@@ -348,11 +358,22 @@ def heaviest(dump: Path, requests: int, count: int) -> list[tuple[str, float]]:
     ]
 
 
+def certificate(work: Path) -> None:
+    """An ECDSA P-256 certificate for 127.0.0.1 in `work` (cert.pem, key.pem), served by both HTTPS cases."""
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+         "-keyout", str(work / "key.pem"), "-out", str(work / "cert.pem"), "-days", "2", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )
+
+
 def server_command(binary: Path, config: Path, work: Path) -> tuple[list[str], str]:
     """The command line of the server a case measures, and the URL that answers 200 once it is ready."""
     if config.stem.startswith("nginx-"):
-        conf = nginx_proxy_conf(work, limit=config.stem == "nginx-limit")
-        return ["nginx", "-p", str(conf.parent), "-c", str(conf)], f"http://127.0.0.1:{TOLLGATE_PORT}/"
+        conf = nginx_proxy_conf(work, limit=config.stem == "nginx-limit", tls=config.stem == "nginx-tls")
+        scheme = "https" if config.stem == "nginx-tls" else "http"
+        return ["nginx", "-p", str(conf.parent), "-c", str(conf)], f"{scheme}://127.0.0.1:{TOLLGATE_PORT}/"
     return [str(binary), "--config", str(config)], f"http://127.0.0.1:{ADMIN_PORT}/readyz"
 
 
@@ -408,6 +429,7 @@ def measure(
     env["BENCH_REDIS_URL"] = f"redis://127.0.0.1:{REDIS_PORT}"
     env["BENCH_UPSTREAM_URL"] = f"http://127.0.0.1:{UPSTREAM_PORT}"
     env["BENCH_JWT_SECRET"] = JWT_SECRET
+    env["BENCH_TLS_DIR"] = str(work)
     out = work / f"callgrind.{config.stem}"
     simulate = ["--cache-sim=yes"] if cache else []
     nginx = config.stem.startswith("nginx-")
@@ -421,10 +443,11 @@ def measure(
     )
     try:
         wait_ready(ready, "nginx" if nginx else "tollgate", gateway)
-        load(3, connections, clients, headers, request, work)
+        scheme = "https" if "tls" in config.stem else "http"
+        load(3, connections, clients, headers, request, work, scheme)
         subprocess.run(["callgrind_control", "--zero", str(gateway.pid)], check=True, capture_output=True)
         calls_before = script_calls()
-        requests = load(seconds, connections, clients, headers, request, work)
+        requests = load(seconds, connections, clients, headers, request, work, scheme)
         calls = script_calls() - calls_before
         if "tokens" in config.stem:
             check_usage_read(connections)
@@ -472,6 +495,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gateway_cost.") as tmp:
         work = Path(tmp)
         (work / "logs").mkdir()
+        certificate(work)
         for name, size in (("sse1k", 1024), ("sse64k", 65536)):
             folder = work / "sse/v1" / name / "chat"
             folder.mkdir(parents=True)

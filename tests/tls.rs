@@ -585,7 +585,8 @@ async fn sighup_reads_the_certificates_again_and_a_broken_one_leaves_the_old_ser
 
 // === connections ===
 
-/// A TLS connection to the HTTPS listener asking for `alpn`, trusting the test CA, with `api.test` as SNI.
+/// A TLS connection to the HTTPS listener asking for `alpn` (nothing when empty), trusting the test CA, with
+/// `api.test` as SNI.
 async fn tls_connect(
     pki: &Pki,
     tollgate: &Tollgate,
@@ -606,7 +607,9 @@ async fn tls_connect(
         .expect("versions")
         .with_root_certificates(roots)
         .with_no_client_auth();
-    config.alpn_protocols = vec![alpn.to_vec()];
+    if !alpn.is_empty() {
+        config.alpn_protocols = vec![alpn.to_vec()];
+    }
     let tcp = tokio::net::TcpStream::connect(tollgate.tls.expect("tls"))
         .await
         .expect("connect");
@@ -792,4 +795,18 @@ async fn a_websocket_over_tls_is_proxied_and_its_handshakes_are_limited_as_in_cl
         other => panic!("expected a 429 over TLS, got {other:?}"),
     }
     socket.close(None).await.expect("close");
+}
+
+#[tokio::test]
+async fn a_client_that_names_no_protocol_is_served_http1() {
+    let pki = Pki::new();
+    let upstream = Upstream::start().await;
+    let tollgate = gateway(&pki, &upstream, "", "");
+    let mut stream = tls_connect(&pki, &tollgate, b"").await;
+    assert_eq!(stream.get_ref().1.alpn_protocol(), None);
+    let answer = exchange(&mut stream, "GET /api/x HTTP/1.1\r\nhost: api.test\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // Two requests on the connection: it is kept alive as any HTTP/1.1 one.
+    let answer = exchange(&mut stream, "GET /api/y HTTP/1.1\r\nhost: api.test\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }

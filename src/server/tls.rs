@@ -29,8 +29,8 @@ pub trait TlsConfig: Send + Sync + 'static {
 }
 
 /// Serves one accepted HTTPS connection until it closes (or shutdown closes it). The handshake is held to the
-/// header read timeout, as a clear-text connection's opening is. Served by hyper's connection for both protocols:
-/// a client that asked for `h2` by ALPN opens with the HTTP/2 preface.
+/// header read timeout, as a clear-text connection's opening is. A client that asked for `h2` by ALPN is served
+/// HTTP/2; any other, HTTP/1.1.
 pub(super) async fn serve_tls_connection<H: Handler>(
     stream: TcpStream,
     peer: SocketAddr,
@@ -45,10 +45,12 @@ pub(super) async fn serve_tls_connection<H: Handler>(
     let reason = match tokio::time::timeout(header_read_timeout, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => {
             let service = service_fn(requests!(handler, peer, builders.max_header_bytes));
-            let served = if stream.get_ref().1.alpn_protocol() == Some(b"http/1.1") {
+            // HTTP/2 over TLS is chosen by ALPN alone (RFC 9113 §3.2): a client that named no protocol (wrk,
+            // `openssl s_client`, many libraries) speaks HTTP/1.1, and takes its own path, not the one that reads
+            // the opening to find out (which costs every request a second move of its future).
+            let served = if stream.get_ref().1.alpn_protocol() != Some(b"h2") {
                 serve_http1(&builders, stream, service, watcher).await
             } else {
-                // `h2`, or no ALPN at all: the opening says which.
                 let stream = HeaderClock::new(stream, accepted, header_read_timeout);
                 serve_auto(&builders, stream, service, watcher).await
             };
@@ -63,7 +65,7 @@ pub(super) async fn serve_tls_connection<H: Handler>(
     metrics::counter!("tollgate_tls_handshake_failures_total", "reason" => reason).increment(1);
 }
 
-/// Serves an HTTPS connection whose client chose HTTP/1.1 under the clear-text connections' clock: idle between
+/// Serves an HTTPS connection whose client chose HTTP/1.1 (or named no protocol) under the clear-text connections' clock: idle between
 /// requests for up to `keepalive_timeout`, `header_read_timeout` from a head's first byte, and the gateway's JSON
 /// refusals of malformed heads. It never rests its hyper connection as a clear-text one does: whether the socket is
 /// readable says nothing of what TLS has already read and buffered.
