@@ -23,7 +23,8 @@ pub(super) async fn readyz(State(admin): State<Admin>) -> impl IntoResponse {
 }
 
 /// Prometheus text format.
-pub(super) async fn metrics() -> impl IntoResponse {
+pub(super) async fn metrics(State(admin): State<Admin>) -> impl IntoResponse {
+    super::upstreams::refresh_gauges(&admin);
     match crate::telemetry::prometheus() {
         Some(handle) => (
             StatusCode::OK,

@@ -1,11 +1,12 @@
-//! The admin listener: liveness, readiness and metrics (open), live stats, the state of one limit for one key and the
-//! consumers' runtime settings (behind a bearer token).
+//! The admin listener: liveness, readiness and metrics (open), live stats, the state of one limit for one key, the
+//! upstream targets' health and the consumers' runtime settings (behind a bearer token).
 
 mod consumers;
 mod dashboard;
 mod health;
 mod limits;
 mod stats;
+mod upstreams;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -25,7 +26,7 @@ use crate::consumers::directory::DirectoryError;
 use crate::gateway::Gateway;
 use crate::limiter::store::StoreError;
 
-/// The admin API's routes. With a `token`, `/limits/...` and `/consumers/...` require
+/// The admin API's routes. With a `token`, `/limits/...`, `/upstreams`, `/stats` and `/consumers/...` require
 /// `Authorization: Bearer <token>`; health, readiness and metrics stay open for probes and scrapers. `/readyz`
 /// answers 200 while degraded.
 ///
@@ -56,6 +57,7 @@ fn build(gateway: Arc<Gateway>, token: Option<String>, degraded_status: StatusCo
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
         .route("/stats", get(stats::stats))
+        .route("/upstreams", get(upstreams::upstreams))
         .route("/dashboard", get(dashboard::page))
         .route(
             "/limits/{route}/{limit}",

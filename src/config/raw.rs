@@ -140,6 +140,26 @@ pub(crate) struct RawUpstream {
     pub connect_timeout: String,
     pub pass_host_header: bool,
     pub tls: Option<RawUpstreamTls>,
+    pub health: RawHealth,
+    pub retry: RawRetry,
+    #[serde(deserialize_with = "scalar_text")]
+    pub idle_timeout: String,
+}
+
+/// `health:` of an upstream: passive health, nginx's `max_fails` and `fail_timeout`.
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawHealth {
+    pub max_fails: u32,
+    #[serde(deserialize_with = "scalar_text")]
+    pub fail_timeout: String,
+}
+
+/// `retry:` of an upstream: tries in all, the first included; `None` when not written (as many as targets).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawRetry {
+    pub attempts: Option<u32>,
 }
 
 /// `tls:` of an upstream: how its `https` targets are verified, and the client certificate it presents.
@@ -500,6 +520,19 @@ impl Default for RawUpstream {
             connect_timeout: "5s".to_owned(),
             pass_host_header: true,
             tls: None,
+            health: RawHealth::default(),
+            retry: RawRetry::default(),
+            idle_timeout: "60s".to_owned(),
+        }
+    }
+}
+
+impl Default for RawHealth {
+    /// nginx's defaults, which users of a proxy expect: one failure skips a target for 10 s.
+    fn default() -> Self {
+        RawHealth {
+            max_fails: 1,
+            fail_timeout: "10s".to_owned(),
         }
     }
 }

@@ -274,7 +274,18 @@ fn client_ip_line(config: &Config) -> String {
     )
 }
 
-/// One upstream: its targets, clocks and TLS.
+/// Passive health as `tollgate check` shows it.
+fn health_text(health: &crate::proxy::HealthSettings) -> String {
+    match health.max_fails {
+        0 => "health off (max_fails 0)".to_owned(),
+        max_fails => format!(
+            "health max_fails {max_fails} fail_timeout {}",
+            format_duration_ms(health.fail_timeout.as_millis() as u64)
+        ),
+    }
+}
+
+/// One upstream: its targets, clocks, health, retries and TLS.
 fn upstream_line(upstream: &crate::proxy::UpstreamSettings) -> String {
     let targets: Vec<String> = upstream.targets.iter().map(|t| t.to_string()).collect();
     let mut line = format!(
@@ -287,6 +298,17 @@ fn upstream_line(upstream: &crate::proxy::UpstreamSettings) -> String {
     if !upstream.pass_host_header {
         line.push_str("   own Host");
     }
+    let _ = write!(
+        line,
+        "   idle_timeout {}   {}   attempts {}",
+        format_duration_ms(upstream.idle_timeout.as_millis() as u64),
+        health_text(&upstream.health),
+        // Each try goes to another target: never more than there are.
+        upstream
+            .attempts
+            .map_or(upstream.targets.len(), |n| n.get() as usize)
+            .min(upstream.targets.len()),
+    );
     if let Some(tls) = &upstream.tls {
         let files = tls.files();
         let _ = match &files.ca_file {

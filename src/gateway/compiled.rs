@@ -36,6 +36,8 @@ pub struct CompiledConfig {
     pub(super) health: Option<(String, http::StatusCode)>,
     /// `server.max_body_bytes`.
     pub(super) max_body_bytes: Option<u64>,
+    /// Every upstream, in the config's order (routes hold them too): what `GET /upstreams` shows.
+    pub(super) upstreams: Vec<Arc<Upstream>>,
 }
 
 /// From this many routes on they are found through an index; below, testing each in turn costs less than
@@ -77,6 +79,11 @@ impl CompiledConfig {
             .upstreams
             .iter()
             .map(|u| (u.name.as_str(), Arc::new(Upstream::new(u))))
+            .collect();
+        let in_order = config
+            .upstreams
+            .iter()
+            .filter_map(|u| upstreams.get(u.name.as_str()).cloned())
             .collect();
         let routes: Vec<Route> = config
             .routes
@@ -122,6 +129,7 @@ impl CompiledConfig {
                 (path, degraded)
             }),
             max_body_bytes: config.server.max_body_bytes,
+            upstreams: in_order,
         }
     }
 

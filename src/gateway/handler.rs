@@ -159,6 +159,11 @@ impl Gateway {
         self.compiled.load().consumers.clone()
     }
 
+    /// The running config's upstreams, in its order.
+    pub fn upstreams(&self) -> Vec<Arc<crate::proxy::Upstream>> {
+        self.compiled.load().upstreams.clone()
+    }
+
     /// The limiter.
     pub fn limiter(&self) -> &Arc<RateLimiter> {
         &self.limiter

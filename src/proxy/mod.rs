@@ -7,6 +7,8 @@ mod body;
 #[cfg(feature = "gateway")]
 mod headers;
 #[cfg(feature = "gateway")]
+mod health;
+#[cfg(feature = "gateway")]
 mod pool;
 mod settings;
 mod tls;
@@ -19,9 +21,11 @@ mod upstream;
 pub use body::{discard, ClientBody, ClientBodyError, Discarding, LimitedBody};
 #[cfg(feature = "gateway")]
 pub use headers::{clean_client_fields, prepare_request, ClientFieldRules, ForwardedFacts, VIA};
-pub use settings::UpstreamSettings;
+pub use settings::{HealthSettings, UpstreamSettings};
 pub use tls::{TlsDialer, TlsFieldError, TlsFiles, UpstreamTls};
 // The PEM readers, which the TLS listener's certificates use too.
+#[cfg(feature = "gateway")]
+pub(crate) use health::HealthView;
 #[cfg(feature = "gateway")]
 pub(crate) use tls::{certificates, private_key, roots_from_file};
 #[cfg(feature = "gateway")]

@@ -1,9 +1,10 @@
-//! One upstream: its targets (round robin), each with its connection pool, and the forwarding of one request.
+//! One upstream: its targets (round robin, skipping those that failed), each with its connection pool and health,
+//! and the forwarding of one request, tried again on another target where that is harmless.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use http::uri::{PathAndQuery, Uri};
@@ -12,15 +13,14 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use thiserror::Error;
 
 use super::headers::{self, ForwardedFacts};
-use super::pool::{ConnectionPool, PoolSettings, SendError};
+use super::health::{Failure, HealthView, TargetHealth};
+use super::pool::{ConnectionPool, PoolSettings, SendError, Unanswered};
 use super::settings::UpstreamSettings;
 use super::upgrade;
 
 /// Idle keep-alive connections kept per target, and how long each is kept unused.
-const POOL: PoolSettings = PoolSettings {
-    max_idle: 1024,
-    idle_timeout: Duration::from_secs(60),
-};
+const MAX_IDLE: usize = 1024;
+const IDLE_KEPT: Duration = Duration::from_secs(60);
 
 /// A named upstream with a connection pool per target.
 #[derive(Debug)]
@@ -28,7 +28,10 @@ pub struct Upstream {
     name: String,
     targets: Vec<Target>,
     next: AtomicUsize,
-    timeout: Duration,
+    /// The wait for a response head: the smaller of `timeout` and `idle_timeout`.
+    head_timeout: Duration,
+    /// Tries in all for one request, each on another target: `retry.attempts`, at most one per target.
+    attempts: usize,
     /// `false`: every request gets its target's `host` as `Host`.
     pass_host_header: bool,
 }
@@ -42,6 +45,15 @@ struct Target {
     base_path: String,
     pool: ConnectionPool,
 }
+
+/// What aims a request at one target or another: its normalised path, and whether its `Host` is the target's.
+struct Aim<'a> {
+    path: &'a str,
+    host_from_target: bool,
+}
+
+/// What one try came to: an answer, no answer, or no answer in time.
+type Sent = Result<Result<Response<Body>, Unanswered>, tokio::time::error::Elapsed>;
 
 /// Why a request could not be forwarded.
 #[derive(Debug, Error)]
@@ -82,6 +94,16 @@ impl Upstream {
         connector.set_connect_timeout(Some(settings.connect_timeout));
         // The TLS of `https` targets is the pool's, over the connector's TCP connection.
         connector.enforce_http(false);
+        let attempts = settings
+            .attempts
+            .map_or(settings.targets.len(), |n| n.get() as usize)
+            .clamp(1, settings.targets.len().max(1));
+        let pool = PoolSettings {
+            max_idle: MAX_IDLE,
+            idle_timeout: IDLE_KEPT,
+            read_timeout: settings.idle_timeout,
+            retry_elsewhere: attempts > 1,
+        };
         let targets = settings
             .targets
             .iter()
@@ -98,6 +120,13 @@ impl Upstream {
                     .path_and_query("/")
                     .build()
                     .unwrap_or_default();
+                // Named as written, without the `/` a bare authority gets as its path.
+                let name = format!(
+                    "{}://{authority}{}",
+                    uri.scheme_str().unwrap_or("http"),
+                    uri.path().trim_end_matches('/')
+                );
+                let health = TargetHealth::new(settings.health, &settings.name, &name);
                 Target {
                     host: HeaderValue::from_str(authority)
                         .unwrap_or_else(|_| HeaderValue::from_static("127.0.0.1")),
@@ -107,7 +136,8 @@ impl Upstream {
                         connector.clone(),
                         tls,
                         settings.connect_timeout,
-                        POOL,
+                        pool,
+                        health,
                     ),
                 }
             })
@@ -116,7 +146,8 @@ impl Upstream {
             name: settings.name.clone(),
             targets,
             next: AtomicUsize::new(0),
-            timeout: settings.timeout,
+            head_timeout: settings.timeout.min(settings.idle_timeout),
+            attempts,
             pass_host_header: settings.pass_host_header,
         }
     }
@@ -126,7 +157,23 @@ impl Upstream {
         &self.name
     }
 
-    /// Forwards `request` (whose path is already normalised into `path`) to the next target.
+    /// Each target's name (its URL) and where it stands now, in the config's order.
+    pub(crate) fn health(&self) -> Vec<(&str, HealthView)> {
+        let now = Instant::now();
+        self.targets
+            .iter()
+            .map(|target| {
+                (
+                    target.pool.health().target(),
+                    target.pool.health().view(now),
+                )
+            })
+            .collect()
+    }
+
+    /// Forwards `request` (whose path is already normalised into `path`) to the next target that is up (round
+    /// robin), and on to others as `retry.attempts` allows when it could not be sent or, for an idempotent bodiless
+    /// request, when a new connection closed before any byte of an answer.
     ///
     /// Only the configured target is ever contacted: the scheme and authority of the request target are ignored,
     /// so an absolute-form request (`GET http://elsewhere/`) cannot turn the gateway into an open proxy.
@@ -140,46 +187,124 @@ impl Upstream {
         facts: &'a ForwardedFacts<'a>,
     ) -> impl Future<Output = Result<Response<Body>, ProxyError>> + Send + use<'a> {
         async move {
-            let target =
-                &self.targets[self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len()];
-            if let Some(trail) = crate::trail::Trail::of(&request) {
-                trail.note_upstream(&target.host);
-            }
-            let uri = upstream_uri(request.uri(), &target.base_path, path)?;
+            let index = self.first_target();
+            let target = &self.targets[index];
+            note_target(&request, target);
             // Read before the hop-by-hop fields go: `Upgrade` is one of them.
             let websocket = upgrade::websocket_upgrade(&request);
 
-            if !self.pass_host_header {
-                request
-                    .headers_mut()
-                    .insert(header::HOST, target.host.clone());
-            } else if !request.headers().contains_key(header::HOST) {
+            let mut host_from_target = !self.pass_host_header;
+            if self.pass_host_header && !request.headers().contains_key(header::HOST) {
                 // HTTP/2 clients send the host as :authority; HTTP/1.1 upstreams need it as Host.
-                let host = facts
-                    .host
-                    .and_then(|h| HeaderValue::from_str(h).ok())
-                    .unwrap_or_else(|| target.host.clone());
-                request.headers_mut().insert(header::HOST, host);
+                match facts.host.and_then(|h| HeaderValue::from_str(h).ok()) {
+                    Some(host) => drop(request.headers_mut().insert(header::HOST, host)),
+                    None => host_from_target = true,
+                }
             }
+            let aim = Aim {
+                path,
+                host_from_target,
+            };
+            target.aim(&mut request, &aim)?;
             headers::prepare_request(request.headers_mut(), facts);
-            if let Some(uri) = uri {
-                *request.uri_mut() = uri;
-            }
             *request.version_mut() = http::Version::HTTP_11;
             if let Some(protocol) = websocket {
                 return self.forward_upgrade(target, request, protocol).await;
             }
 
-            let response =
-                self.answered(tokio::time::timeout(self.timeout, target.pool.send(request)).await)?;
-            // Streamed through, never buffered whole.
-            let (mut parts, body) = response.into_parts();
-            headers::prepare_response(&mut parts.headers, parts.version);
-            // A proxy answers in its own version (RFC 9110 §6.2); the upstream's is told by `Via`. Left as 1.0, it
-            // would be the status line an HTTP/1.1 client reads.
-            parts.version = http::Version::HTTP_11;
-            Ok(Response::from_parts(parts, body))
+            let sent = tokio::time::timeout(self.head_timeout, target.pool.send(request)).await;
+            match sent {
+                Ok(Ok(response)) => {
+                    target.pool.health().succeeded();
+                    Ok(answer(response))
+                }
+                failed => self.retry(index, failed, aim).await,
+            }
         }
+    }
+
+    /// The index of the request's first target: the next in turn, or when that one is skipped the next one
+    /// available after it (none: the next in turn, tried anyway). While every target is up: an atomic increment
+    /// and one atomic load.
+    #[inline]
+    fn first_target(&self) -> usize {
+        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len();
+        if self.targets[index].pool.health().is_up() {
+            return index;
+        }
+        self.next_available(index, &[]).unwrap_or(index)
+    }
+
+    /// The first target from `from` on (in turn) that is available now and not in `tried`; `None` when none is.
+    #[cold]
+    #[inline(never)]
+    fn next_available(&self, from: usize, tried: &[usize]) -> Option<usize> {
+        let now = Instant::now();
+        self.in_turn(from, tried)
+            .find(|&index| self.targets[index].pool.health().is_available(now))
+    }
+
+    /// The targets from `from` on, in turn, without those in `tried`.
+    fn in_turn<'a>(&self, from: usize, tried: &'a [usize]) -> impl Iterator<Item = usize> + 'a {
+        let count = self.targets.len();
+        (0..count)
+            .map(move |step| (from + step) % count)
+            .filter(move |index| !tried.contains(index))
+    }
+
+    /// After the try on target `first` came to `outcome`: a failure counted against its target, and the request
+    /// sent to another target while `retry.attempts` and the failure allow (one available first; none available:
+    /// any not tried yet). Out of line and boxed: failures are rare, and the request path's future should not hold
+    /// room for them.
+    #[cold]
+    #[inline(never)]
+    fn retry<'a>(
+        &'a self,
+        first: usize,
+        mut outcome: Sent,
+        aim: Aim<'a>,
+    ) -> Pin<Box<dyn Future<Output = Result<Response<Body>, ProxyError>> + Send + 'a>> {
+        Box::pin(async move {
+            let mut tried = vec![first];
+            loop {
+                let current = tried[tried.len() - 1];
+                let health = self.targets[current].pool.health();
+                let (mut request, error) = match outcome {
+                    Ok(Ok(response)) => {
+                        health.succeeded();
+                        return Ok(answer(response));
+                    }
+                    Err(_) => {
+                        // Sent, and no answer in time: never sent again.
+                        health.failed(Failure::Timeout, Instant::now());
+                        return Err(self.timed_out());
+                    }
+                    Ok(Err(unanswered)) => {
+                        if let Some(failure) = unanswered.failure {
+                            health.failed(failure, Instant::now());
+                        }
+                        match unanswered.again {
+                            Some(request) if tried.len() < self.attempts => {
+                                (request, unanswered.error)
+                            }
+                            _ => return Err(self.unanswered(unanswered.error)),
+                        }
+                    }
+                };
+                let next = self
+                    .next_available(current + 1, &tried)
+                    .or_else(|| self.in_turn(current + 1, &tried).next());
+                let Some(next) = next else {
+                    return Err(self.unanswered(error));
+                };
+                tracing::debug!(upstream = %self.name, %error, "upstream target failed, trying another");
+                let target = &self.targets[next];
+                note_target(&request, target);
+                target.aim(&mut request, &aim)?;
+                tried.push(next);
+                outcome = tokio::time::timeout(self.head_timeout, target.pool.send(*request)).await;
+            }
+        })
     }
 
     /// Forwards a WebSocket handshake on a connection of its own. When the upstream switches protocols (`101`), the
@@ -198,8 +323,13 @@ impl Upstream {
             let client_side = hyper::upgrade::on(&mut request);
             let hold = request.extensions_mut().remove::<upgrade::TunnelHold>();
             upgrade::keep_upgrade_fields(request.headers_mut(), protocol.clone());
-            let sent = tokio::time::timeout(self.timeout, target.pool.send_upgrade(request)).await;
-            let mut response = self.answered(sent)?;
+            let sent =
+                tokio::time::timeout(self.head_timeout, target.pool.send_upgrade(request)).await;
+            let mut response = match sent {
+                Err(_) => return Err(self.timed_out()),
+                Ok(Err(error)) => return Err(self.unanswered(error)),
+                Ok(Ok(response)) => response,
+            };
             let switched = (response.status() == StatusCode::SWITCHING_PROTOCOLS)
                 .then(|| hyper::upgrade::on(&mut response));
             let (mut parts, body) = response.into_parts();
@@ -221,25 +351,57 @@ impl Upstream {
         })
     }
 
-    /// The response head, or why none came within the upstream's timeout. A plain function of the outcome rather
-    /// than an async one taking the send future: that would move the whole future once more per request.
-    fn answered<B>(
-        &self,
-        outcome: Result<Result<Response<B>, SendError>, tokio::time::error::Elapsed>,
-    ) -> Result<Response<B>, ProxyError> {
-        match outcome {
-            Err(_) => Err(ProxyError::Timeout {
-                upstream: self.name.clone(),
-                timeout: self.timeout,
-            }),
-            Ok(Err(SendError::ClientBody(source))) => Err(ProxyError::ClientBody(source)),
-            Ok(Err(source)) => Err(ProxyError::Unreachable {
-                upstream: self.name.clone(),
-                source,
-            }),
-            Ok(Ok(response)) => Ok(response),
+    fn timed_out(&self) -> ProxyError {
+        ProxyError::Timeout {
+            upstream: self.name.clone(),
+            timeout: self.head_timeout,
         }
     }
+
+    fn unanswered(&self, error: SendError) -> ProxyError {
+        match error {
+            SendError::ClientBody(source) => ProxyError::ClientBody(source),
+            source => ProxyError::Unreachable {
+                upstream: self.name.clone(),
+                source,
+            },
+        }
+    }
+}
+
+// === impl Target ===
+
+impl Target {
+    /// Points `request` at this target: its path (under the target's base path) and, where the target gives it,
+    /// its `Host`. Run again for each target a request is tried on.
+    fn aim(&self, request: &mut Request<Body>, aim: &Aim<'_>) -> Result<(), http::Error> {
+        if let Some(uri) = upstream_uri(request.uri(), &self.base_path, aim.path)? {
+            *request.uri_mut() = uri;
+        }
+        if aim.host_from_target {
+            request
+                .headers_mut()
+                .insert(header::HOST, self.host.clone());
+        }
+        Ok(())
+    }
+}
+
+/// Notes on the request's trail (for its access log line) the target it is sent to.
+fn note_target(request: &Request<Body>, target: &Target) {
+    if let Some(trail) = crate::trail::Trail::of(request) {
+        trail.note_upstream(&target.host);
+    }
+}
+
+/// The response to send on: streamed through, never buffered whole.
+fn answer(response: Response<Body>) -> Response<Body> {
+    let (mut parts, body) = response.into_parts();
+    headers::prepare_response(&mut parts.headers, parts.version);
+    // A proxy answers in its own version (RFC 9110 §6.2); the upstream's is told by `Via`. Left as 1.0, it would be
+    // the status line an HTTP/1.1 client reads.
+    parts.version = http::Version::HTTP_11;
+    Response::from_parts(parts, body)
 }
 
 /// The origin-form target to send upstream for a request whose normalised path is `path`, or `None` when the

@@ -664,3 +664,38 @@ fn telemetry_otlp_is_checked_and_its_path_defaults_to_v1_traces() {
     assert_eq!(grpc.protocol, crate::config::OtlpProtocol::Grpc);
     assert!(parse("").unwrap().telemetry.otlp.is_none());
 }
+
+#[test]
+fn upstream_health_retry_and_idle_timeout_have_nginx_like_defaults() {
+    let config =
+        parse("upstreams:\n  a: { targets: [\"http://10.0.0.1\", \"http://10.0.0.2\"] }\n")
+            .unwrap();
+    let upstream = &config.upstreams[0];
+    assert_eq!(upstream.health.max_fails, 1);
+    assert_eq!(upstream.health.fail_timeout, Duration::from_secs(10));
+    assert_eq!(upstream.attempts, None, "one try per target");
+    assert_eq!(upstream.idle_timeout, Duration::from_secs(60));
+    let text = "upstreams:\n  a:\n    targets: [\"http://10.0.0.1\"]\n    health: { max_fails: 0, fail_timeout: 1s }\n    retry: { attempts: 3 }\n    idle_timeout: 250ms\n";
+    let upstream = &parse(text).unwrap().upstreams[0];
+    assert_eq!(upstream.health.max_fails, 0);
+    assert_eq!(upstream.attempts.map(|n| n.get()), Some(3));
+    assert_eq!(upstream.idle_timeout, Duration::from_millis(250));
+}
+
+#[test]
+fn bad_upstream_health_retry_and_idle_timeout_are_located_errors() {
+    let text = "upstreams:\n  a:\n    targets: [\"http://10.0.0.1\"]\n    health:\n      fail_timeout: 0s\n    retry:\n      attempts: 0\n    idle_timeout: soon\n";
+    assert_eq!(
+        parse(text).unwrap_err().to_string(),
+        concat!(
+            "t.yaml:5:7: upstreams.a.health.fail_timeout: must be greater than 0 (got \"0s\")\n",
+            "t.yaml:7:7: upstreams.a.retry.attempts: must be at least 1 (tries in all, the first included: 1 means no retry)\n",
+            "t.yaml:8:5: upstreams.a.idle_timeout: invalid duration \"soon\" (use 250ms, 1s, 1m, 1h, 1d)",
+        )
+    );
+    let unknown =
+        "upstreams:\n  a:\n    targets: [\"http://10.0.0.1\"]\n    health: { max_fail: 2 }\n";
+    let error = parse(unknown).unwrap_err().to_string();
+    assert!(error.starts_with("t.yaml:4:15: "), "{error}");
+    assert!(error.contains("unknown field `max_fail`"), "{error}");
+}

@@ -1,5 +1,6 @@
-//! The `upstreams:` section: each upstream's targets, timeouts and TLS files, loaded now.
+//! The `upstreams:` section: each upstream's targets, timeouts, health, retries and TLS files, loaded now.
 
+use std::num::NonZeroU32;
 use std::path::Path;
 
 use http::Uri;
@@ -8,7 +9,7 @@ use super::checks::positive_duration;
 use super::issues::Issues;
 use crate::config::model::*;
 use crate::config::raw::*;
-use crate::proxy::{TlsFiles, UpstreamTls};
+use crate::proxy::{HealthSettings, TlsFiles, UpstreamTls};
 
 pub(super) fn upstreams(
     issues: &mut Issues,
@@ -49,6 +50,9 @@ fn upstream_settings(
         &format!("{at}.connect_timeout"),
         &raw.connect_timeout,
     );
+    let idle_timeout = positive_duration(issues, &format!("{at}.idle_timeout"), &raw.idle_timeout);
+    let health = health(issues, &at, &raw.health);
+    let attempts = attempts(issues, &at, &raw.retry);
     if name.is_empty() || targets.len() != raw.targets.len() || targets.is_empty() {
         return None;
     }
@@ -60,7 +64,36 @@ fn upstream_settings(
         connect_timeout: connect_timeout?,
         pass_host_header: raw.pass_host_header,
         tls,
+        health: health?,
+        attempts: attempts?,
+        idle_timeout: idle_timeout?,
     })
+}
+
+/// `health:`: `max_fails` may be 0 (no accounting, as in nginx); `fail_timeout` is a positive duration.
+fn health(issues: &mut Issues, at: &str, raw: &RawHealth) -> Option<HealthSettings> {
+    let fail_timeout = positive_duration(
+        issues,
+        &format!("{at}.health.fail_timeout"),
+        &raw.fail_timeout,
+    )?;
+    Some(HealthSettings {
+        max_fails: raw.max_fails,
+        fail_timeout,
+    })
+}
+
+/// `retry.attempts`: at least 1 (the first try), `None` when not written.
+fn attempts(issues: &mut Issues, at: &str, raw: &RawRetry) -> Option<Option<NonZeroU32>> {
+    match raw.attempts {
+        None => Some(None),
+        Some(attempts) => {
+            let valid = NonZeroU32::new(attempts).map(Some).ok_or_else(|| {
+                "must be at least 1 (tries in all, the first included: 1 means no retry)".to_owned()
+            });
+            issues.check(format!("{at}.retry.attempts"), valid)
+        }
+    }
 }
 
 /// The TLS settings of an upstream with `https` targets (`Ok(None)` without any), loaded now so that a missing or

@@ -10,6 +10,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 
 use super::connect::Connection;
 use super::send::PoolSettings;
+use crate::proxy::health::TargetHealth;
 use crate::proxy::tls::TlsDialer;
 
 #[derive(Debug)]
@@ -27,6 +28,8 @@ pub(super) struct Shared {
     /// A reused connection has closed under a request: the target closes connections without saying so, and
     /// every request on a reused connection is ready to be sent again.
     pub(super) closes_unannounced: AtomicBool,
+    /// The target's passive health: told of its failures here and by the answers' bodies.
+    pub(super) health: TargetHealth,
 }
 
 #[derive(Debug)]

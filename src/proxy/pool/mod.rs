@@ -1,5 +1,5 @@
 //! Keep-alive HTTP/1.1 connections (over TLS for `https`) to one upstream target: newest idle first, returned when
-//! the response ends.
+//! the response ends; an answer silent past its read timeout cut.
 
 mod connect;
 mod idle;
@@ -8,4 +8,4 @@ mod send;
 #[cfg(test)]
 mod tests;
 
-pub use send::{ConnectionPool, PoolSettings, SendError};
+pub use send::{ConnectionPool, PoolSettings, SendError, Unanswered};

@@ -14,10 +14,11 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use thiserror::Error;
 
-use super::connect::{open_upgradable, Dialed};
+use super::connect::{open_upgradable, Connection, Dialed};
 use super::idle::Shared;
 use super::lease::{Lease, PooledBody};
 use crate::proxy::body::ClientBodyError;
+use crate::proxy::health::{Failure, TargetHealth};
 use crate::proxy::tls::TlsDialer;
 
 /// The connections to one target.
@@ -34,13 +35,33 @@ pub struct ConnectionPool {
 /// to be sent again (targets close idle connections after seconds, not milliseconds).
 const SUSPECT_IDLE: Duration = Duration::from_millis(100);
 
-/// How many idle connections a pool keeps, and for how long.
+/// How many idle connections a pool keeps and for how long, how long an answer may be silent, and whether a
+/// request may go to another target.
 #[derive(Debug, Clone, Copy)]
 pub struct PoolSettings {
     /// Idle connections kept; beyond it the longest idle is closed.
     pub max_idle: usize,
     /// An idle connection is closed after this long unused.
     pub idle_timeout: Duration,
+    /// The longest silence between an answer's bytes (the upstream's `idle_timeout`).
+    pub read_timeout: Duration,
+    /// Whether a request a new connection failed under may go to another target: a bodiless idempotent request is
+    /// then copied before it is sent on a new connection (never on a reused one, the request path's usual case).
+    pub retry_elsewhere: bool,
+}
+
+/// A request the target did not answer: why, whether the target is to blame, and the request itself when it may
+/// go to another target.
+#[derive(Debug)]
+pub struct Unanswered {
+    pub error: SendError,
+    /// The target failed (no connection, or one that closed before any byte of an answer); `None` when the client's
+    /// body failed, or the target had begun an answer.
+    pub failure: Option<Failure>,
+    /// The request, when sending it elsewhere is harmless: it was never written (any method, its body untouched),
+    /// or it is a copy of a bodiless idempotent request whose new connection closed before any byte of an answer.
+    /// Boxed: only failures carry one.
+    pub again: Option<Box<Request<Body>>>,
 }
 
 /// Why a request got no response head.
@@ -73,6 +94,7 @@ impl ConnectionPool {
         tls: Option<TlsDialer>,
         connect_timeout: Duration,
         settings: PoolSettings,
+        health: TargetHealth,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -84,6 +106,7 @@ impl ConnectionPool {
                 idle: Mutex::new(VecDeque::new()),
                 reaper_started: AtomicBool::new(false),
                 closes_unannounced: AtomicBool::new(false),
+                health,
             }),
         }
     }
@@ -93,7 +116,7 @@ impl ConnectionPool {
     /// A request that a reused connection refused before writing a byte (the target closed it while it was idle)
     /// goes on the next connection. One that was written is sent again, once and on a new connection, only if the
     /// reused connection failed before any byte of an answer came back and sending it twice is harmless: an
-    /// idempotent method (GET, HEAD, OPTIONS, PUT, DELETE) without a body. A target that closes idle connections,
+    /// idempotent method (GET, HEAD, OPTIONS, PUT, DELETE, TRACE) without a body. A target that closes idle connections,
     /// or closes after each response without saying so, closes some just as a request is written on them.
     ///
     /// Sending again needs a copy of the request made before it is sent, a visible share of a proxied request's
@@ -102,12 +125,16 @@ impl ConnectionPool {
     /// once a target has closed a reused connection under a request. A busy pool to a well-behaved target makes
     /// none.
     ///
+    /// A request that fails is handed back ([`Unanswered::again`]) when the upstream may send it to another target:
+    /// one never written (no connection, or one that closed first), and, with `retry_elsewhere`, a bodiless
+    /// idempotent one whose new connection closed before any byte of an answer.
+    ///
     /// Not an `async fn`, which would keep a second copy of the request in its future (see `Policy::serve`).
     #[allow(clippy::manual_async_fn)]
     pub fn send(
         &self,
         mut request: Request<Body>,
-    ) -> impl Future<Output = Result<Response<Body>, SendError>> + Send + use<'_> {
+    ) -> impl Future<Output = Result<Response<Body>, Unanswered>> + Send + use<'_> {
         async move {
             let mut fresh = false;
             loop {
@@ -119,53 +146,82 @@ impl ConnectionPool {
                             || self.shared.closes_unannounced.load(Ordering::Relaxed);
                         (connection, suspect, true)
                     }
-                    None => (self.shared.connect_out_of_line().await?, false, false),
+                    None => match self.shared.connect_out_of_line().await {
+                        Ok(connection) => (connection, false, false),
+                        Err(error) => return Err(Unanswered::unsent(error, request)),
+                    },
                 };
                 // A connection handed back as its response ended may still be finishing that exchange.
                 if let Err(error) = connection.sender.ready().await {
                     if reused {
                         continue;
                     }
-                    return Err(error.into());
+                    return Err(Unanswered::unsent(error.into(), request));
                 }
                 // Boxed: held across the send, unboxed it would add a whole request to the future of every request
                 // (and to the bytes copied each time that future moves), for a copy made on few of them.
+                let copy = suspect || (!reused && self.shared.settings.retry_elsewhere);
                 let replay =
-                    (suspect && replayable(&request)).then(|| Box::new(replay_copy(&request)));
+                    (copy && replayable(&request)).then(|| Box::new(replay_copy(&request)));
                 let read_before = connection.read.load(Ordering::Relaxed);
                 match connection.sender.try_send_request(request).await {
-                    Ok(response) => {
-                        let pool = self.shared.clone();
-                        return Ok(response.map(|body| {
-                            Body::new(PooledBody {
-                                body,
-                                lease: Some(Lease { connection, pool }),
-                            })
-                        }));
-                    }
-                    Err(mut failed) => match (failed.take_message(), replay) {
-                        (Some(unsent), _) if reused => request = unsent,
-                        (None, replay)
-                            if reused && connection.read.load(Ordering::Relaxed) == read_before =>
-                        {
-                            self.shared
-                                .closes_unannounced
-                                .store(true, Ordering::Relaxed);
-                            let Some(copy) = replay else {
-                                return Err(failed.into_error().into());
-                            };
-                            tracing::debug!(
-                                error = %failed.error(),
-                                "reused upstream connection closed under a request, sending it again on a new one"
-                            );
-                            request = *copy;
-                            fresh = true;
+                    Ok(response) => return Ok(self.leased(response, connection)),
+                    Err(mut failed) => {
+                        let unsent = failed.take_message();
+                        let silent = connection.read.load(Ordering::Relaxed) == read_before;
+                        let error = SendError::from(failed.into_error());
+                        match (unsent, reused) {
+                            (Some(unsent), true) => request = unsent,
+                            (Some(unsent), false) => return Err(Unanswered::unsent(error, unsent)),
+                            (None, true) if silent && !error.is_client_body() => {
+                                self.shared
+                                    .closes_unannounced
+                                    .store(true, Ordering::Relaxed);
+                                // A reused connection closed under the request: the target may have closed it while
+                                // idle, which says nothing of its health.
+                                let Some(copy) = replay else {
+                                    return Err(Unanswered::written(error, None, None));
+                                };
+                                tracing::debug!(
+                                    %error,
+                                    "reused upstream connection closed under a request, sending it again on a new one"
+                                );
+                                request = *copy;
+                                fresh = true;
+                            }
+                            (None, false) if silent && !error.is_client_body() => {
+                                return Err(Unanswered::written(
+                                    error,
+                                    Some(Failure::Reset),
+                                    replay,
+                                ))
+                            }
+                            _ => return Err(Unanswered::written(error, None, None)),
                         }
-                        _ => return Err(failed.into_error().into()),
-                    },
+                    }
                 }
             }
         }
+    }
+
+    /// The response of `connection`, whose body hands the connection back when it ends.
+    fn leased(&self, response: Response<Incoming>, connection: Connection) -> Response<Body> {
+        let pool = self.shared.clone();
+        let read_timeout = self.shared.settings.read_timeout;
+        response.map(|body| {
+            Body::new(PooledBody {
+                body,
+                lease: Some(Lease { connection, pool }),
+                read_timeout,
+                silence: None,
+                waiting: false,
+            })
+        })
+    }
+
+    /// The target's passive health.
+    pub(crate) fn health(&self) -> &TargetHealth {
+        &self.shared.health
     }
 
     /// Sends a WebSocket handshake on a connection of its own, never pooled: after a `101` the connection carries
@@ -193,7 +249,47 @@ impl ConnectionPool {
     }
 }
 
+// === impl Unanswered ===
+
+impl Unanswered {
+    /// `request` was never written: it may go anywhere. No connection, or one that closed first, is the target's
+    /// failure.
+    #[cold]
+    fn unsent(error: SendError, request: Request<Body>) -> Self {
+        let failure = match error {
+            SendError::ClientBody(_) => None,
+            SendError::Connect(_) | SendError::Tls(_) => Some(Failure::Connect),
+            SendError::Http(_) => Some(Failure::Reset),
+        };
+        Self {
+            error,
+            failure,
+            again: Some(Box::new(request)),
+        }
+    }
+
+    /// The request was written (or failed as it was): `again` is a copy made beforehand, if any.
+    #[cold]
+    fn written(
+        error: SendError,
+        failure: Option<Failure>,
+        again: Option<Box<Request<Body>>>,
+    ) -> Self {
+        Self {
+            error,
+            failure,
+            again,
+        }
+    }
+}
+
 // === impl SendError ===
+
+impl SendError {
+    fn is_client_body(&self) -> bool {
+        matches!(self, SendError::ClientBody(_))
+    }
+}
 
 impl From<hyper::Error> for SendError {
     fn from(error: hyper::Error) -> Self {
@@ -214,13 +310,18 @@ fn replayable(request: &Request<Body>) -> bool {
         || method == Method::HEAD
         || method == Method::OPTIONS
         || method == Method::PUT
-        || method == Method::DELETE)
+        || method == Method::DELETE
+        || method == Method::TRACE)
         && request.body().is_end_stream()
 }
 
-/// A copy of a bodiless request to send again (without its extensions, which the client does not send).
+/// A copy of a bodiless request to send again (without its extensions, which the client does not send, but its
+/// trail, where the access log reads which target answered).
 fn replay_copy(request: &Request<Body>) -> Request<Body> {
     let mut copy = Request::new(Body::empty());
+    if let Some(trail) = crate::trail::Trail::of(request) {
+        copy.extensions_mut().insert(trail.clone());
+    }
     *copy.method_mut() = request.method().clone();
     *copy.uri_mut() = request.uri().clone();
     *copy.version_mut() = request.version();

@@ -13,6 +13,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::{ConnectionPool, PoolSettings, SendError};
+use crate::proxy::health::TargetHealth;
+use crate::proxy::HealthSettings;
 
 /// What the test upstream does after writing a response.
 #[derive(Clone, Copy)]
@@ -58,6 +60,7 @@ impl RawUpstream {
             None,
             Duration::from_secs(1),
             settings,
+            health(),
         )
     }
 
@@ -105,7 +108,17 @@ async fn serve(
 const SETTINGS: PoolSettings = PoolSettings {
     max_idle: 16,
     idle_timeout: Duration::from_secs(60),
+    read_timeout: Duration::from_secs(60),
+    retry_elsewhere: false,
 };
+
+fn health() -> TargetHealth {
+    let settings = HealthSettings {
+        max_fails: 1,
+        fail_timeout: Duration::from_secs(10),
+    };
+    TargetHealth::new(settings, "test", "http://upstream.test")
+}
 
 fn request(method: &str) -> Request<Body> {
     Request::builder()
@@ -133,6 +146,7 @@ async fn keep_alive_pool(max_idle: usize, idle_timeout: Duration) -> (RawUpstrea
     let pool = upstream.pool(PoolSettings {
         max_idle,
         idle_timeout,
+        ..SETTINGS
     });
     (upstream, pool)
 }
@@ -243,9 +257,19 @@ async fn an_https_target_without_tls_settings_is_never_sent_plain_text() {
     .expect("uri");
     let mut connector = HttpConnector::new();
     connector.enforce_http(false);
-    let pool = ConnectionPool::new(https, connector, None, Duration::from_secs(1), SETTINGS);
-    let refused = pool.send(request("GET")).await;
-    assert!(matches!(refused, Err(SendError::Tls(_))), "{refused:?}");
+    let pool = ConnectionPool::new(
+        https,
+        connector,
+        None,
+        Duration::from_secs(1),
+        SETTINGS,
+        health(),
+    );
+    let refused = pool.send(request("GET")).await.map(drop);
+    assert!(
+        matches!(&refused, Err(failed) if matches!(failed.error, SendError::Tls(_))),
+        "{refused:?}"
+    );
     // The TCP connection was made, then closed without a byte sent (the server saw no request head).
     for _ in 0..100 {
         if upstream.closed_by_client() == 1 {
