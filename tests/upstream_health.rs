@@ -204,6 +204,31 @@ async fn with_every_target_down_requests_are_still_tried() {
     assert_eq!(later, 2 + 3 * 2, "every down target is tried anyway");
 }
 
+/// A WebSocket handshake that finds no connection counts against its target, as any request does (and is not
+/// sent again).
+#[tokio::test]
+async fn a_websocket_handshake_to_a_dead_target_counts_against_it() {
+    let live = Upstream::start().await;
+    let dead = ReservedPort::new();
+    let gateway = start_gateway(&yaml(&[closed(&dead), live.url()], "", "", None)).await;
+    let admin = serve_admin(&gateway, Some(TOKEN)).await;
+    let handshake = client()
+        .get(gateway.url("/ws"))
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(handshake.status(), 502);
+    let now = targets(&admin).await;
+    let down = state_of(&now, &closed(&dead));
+    assert_eq!(down["state"], "down", "{now:?}");
+    assert_eq!(down["last_failure"]["reason"], "connect");
+    assert_eq!(get(&gateway, "/x").await, 200);
+}
+
 /// A target that closes the connection before any byte of an answer: a GET goes on to the other target, a POST
 /// (which the target may have acted on) does not.
 #[tokio::test]

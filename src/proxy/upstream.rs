@@ -327,7 +327,16 @@ impl Upstream {
                 tokio::time::timeout(self.head_timeout, target.pool.send_upgrade(request)).await;
             let mut response = match sent {
                 Err(_) => return Err(self.timed_out()),
-                Ok(Err(error)) => return Err(self.unanswered(error)),
+                Ok(Err(error)) => {
+                    // No connection is the target's failure here too; a handshake is never sent twice.
+                    if matches!(error, SendError::Connect(_) | SendError::Tls(_)) {
+                        target
+                            .pool
+                            .health()
+                            .failed(Failure::Connect, Instant::now());
+                    }
+                    return Err(self.unanswered(error));
+                }
                 Ok(Ok(response)) => response,
             };
             let switched = (response.status() == StatusCode::SWITCHING_PROTOCOLS)
@@ -374,6 +383,7 @@ impl Upstream {
 impl Target {
     /// Points `request` at this target: its path (under the target's base path) and, where the target gives it,
     /// its `Host`. Run again for each target a request is tried on.
+    #[inline]
     fn aim(&self, request: &mut Request<Body>, aim: &Aim<'_>) -> Result<(), http::Error> {
         if let Some(uri) = upstream_uri(request.uri(), &self.base_path, aim.path)? {
             *request.uri_mut() = uri;
@@ -395,6 +405,7 @@ fn note_target(request: &Request<Body>, target: &Target) {
 }
 
 /// The response to send on: streamed through, never buffered whole.
+#[inline]
 fn answer(response: Response<Body>) -> Response<Body> {
     let (mut parts, body) = response.into_parts();
     headers::prepare_response(&mut parts.headers, parts.version);

@@ -49,6 +49,7 @@ impl Shared {
     }
 
     /// The most recently used idle connection that is still open, if any, and how long it was idle.
+    #[inline]
     pub(super) fn checkout(&self) -> Option<(Connection, Duration)> {
         let mut idle = self.lock_idle();
         while let Some(connection) = idle.pop_back() {

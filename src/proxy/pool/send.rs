@@ -205,6 +205,7 @@ impl ConnectionPool {
     }
 
     /// The response of `connection`, whose body hands the connection back when it ends.
+    #[inline]
     fn leased(&self, response: Response<Incoming>, connection: Connection) -> Response<Body> {
         let pool = self.shared.clone();
         let read_timeout = self.shared.settings.read_timeout;
@@ -261,10 +262,12 @@ impl Unanswered {
             SendError::Connect(_) | SendError::Tls(_) => Some(Failure::Connect),
             SendError::Http(_) => Some(Failure::Reset),
         };
+        // A body that failed is the client's, and gone: nothing to send again.
+        let again = failure.is_some().then(|| Box::new(request));
         Self {
             error,
             failure,
-            again: Some(Box::new(request)),
+            again,
         }
     }
 
