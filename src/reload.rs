@@ -18,18 +18,20 @@ pub struct Watcher {
     rls: Option<Arc<RateLimitService>>,
     /// The HTTPS listener's TLS settings, read again with each reload when it runs.
     tls: Option<Arc<Acceptor>>,
-    /// The files of the rate limit service's `config_dir` as last loaded, and a different set seen by the last
-    /// poll: a change there reloads the config as a change of the file does.
+    /// The files the config reads beside itself (the rate limit service's `config_dir`, the HTTPS listener's
+    /// certificates and keys) as last loaded, and a different set seen by the last poll: a change there reloads
+    /// the config as a change of the file does.
     folder: FolderWatch,
     path: PathBuf,
     /// A different content seen by the last poll, waiting to be seen once more before it is loaded.
     settling: Option<Vec<u8>>,
 }
 
-/// The envoyproxy/ratelimit files of a folder: each file's path and content, in name order.
+/// Files the config reads beside itself: each file's path and content (envoyproxy/ratelimit files in name order,
+/// then the certificates' files in config order).
 type Folder = Vec<(PathBuf, Vec<u8>)>;
 
-/// What the watch knows of the rate limit service's folder.
+/// What the watch knows of the files beside the config.
 #[derive(Debug, Default)]
 struct FolderWatch {
     loaded: Option<Folder>,
@@ -151,15 +153,24 @@ impl Watcher {
     /// The same watcher, also reloading Envoy's rate limit service `rls`, and the config when the files of its
     /// `config_dir` change (loaded, as the config file is, once they stayed the same for two polls).
     pub fn serving_rls(mut self, rls: Arc<RateLimitService>) -> Self {
-        self.folder.loaded = rls.config_dir().map(|dir| read_folder(&dir));
         self.rls = Some(rls);
+        self.folder.loaded = Some(self.side_files());
         self
     }
 
-    /// The same watcher, also reading the HTTPS listener's certificates again at each reload.
+    /// The same watcher, also reading the HTTPS listener's certificates again at each reload, and reloading when
+    /// their files change (a certificate renewed in place, as certbot or cert-manager do).
     pub fn serving_tls(mut self, tls: Arc<Acceptor>) -> Self {
         self.tls = Some(tls);
+        self.folder.loaded = Some(self.side_files());
         self
+    }
+
+    /// The files beside the config as they are now.
+    fn side_files(&self) -> Folder {
+        let dir = self.rls.as_ref().and_then(|rls| rls.config_dir());
+        let tls = self.tls.as_ref().map(|tls| tls.files());
+        read_side_files(dir.as_deref(), tls.as_deref().map(Vec::as_slice))
     }
 
     /// Reads the file once; loads its content if the previous poll found the same one and it is not the running
@@ -182,9 +193,7 @@ impl Watcher {
         // What is loaded is what was compared, not a third read that might catch another write.
         let parsed = parse(&current, &self.path);
         self.gateway.set_loaded_file(current.into());
-        if let Some(dir) = self.rls.as_ref().and_then(|rls| rls.config_dir()) {
-            self.folder.loaded = Some(read_folder(&dir));
-        }
+        self.folder.loaded = Some(self.side_files());
         match parsed {
             Ok(config) if config.routes.is_empty() && !self.gateway.route_names().is_empty() => {
                 count(false);
@@ -198,6 +207,8 @@ impl Watcher {
             }
             Ok(config) => {
                 self.apply(&config);
+                // The new config may name other certificate files.
+                self.folder.loaded = Some(self.side_files());
                 Polled::Reloaded
             }
             Err(error) => {
@@ -221,13 +232,16 @@ impl Watcher {
         );
     }
 
-    /// With the config file as loaded: reloads it when the files of the rate limit service's folder changed and
-    /// then stayed the same for a poll.
+    /// With the config file as loaded: reloads it when the files beside it (the rate limit service's folder, the
+    /// certificates) changed and then stayed the same for a poll.
     async fn poll_folder(&mut self, current: &[u8]) -> Polled {
-        let Some(dir) = self.rls.as_ref().and_then(|rls| rls.config_dir()) else {
+        let dir = self.rls.as_ref().and_then(|rls| rls.config_dir());
+        let tls = self.tls.as_ref().map(|tls| tls.files());
+        if dir.is_none() && tls.is_none() {
             return Polled::Unchanged;
-        };
-        let Ok(folder) = tokio::task::spawn_blocking(move || read_folder(&dir)).await else {
+        }
+        let read = move || read_side_files(dir.as_deref(), tls.as_deref().map(Vec::as_slice));
+        let Ok(folder) = tokio::task::spawn_blocking(read).await else {
             return Polled::Unchanged;
         };
         if self.folder.loaded.as_ref() == Some(&folder) {
@@ -248,7 +262,7 @@ impl Watcher {
             Err(error) => {
                 count(false);
                 tracing::error!(
-                    "change of the rate limit service's files refused, the running config stays:\n{error}"
+                    "change of the files beside the config refused, the running config stays:\n{error}"
                 );
                 Polled::Refused
             }
@@ -256,12 +270,13 @@ impl Watcher {
     }
 }
 
-/// The envoyproxy/ratelimit files of `dir` as the config reads them; a folder or file that cannot be read is
-/// left out (the reload it leads to says why).
-fn read_folder(dir: &Path) -> Folder {
-    config::ratelimit_files(dir)
+/// The envoyproxy/ratelimit files of `dir` as the config reads them, then the `tls` files; a folder or file that
+/// cannot be read is left out (the reload it leads to says why).
+fn read_side_files(dir: Option<&Path>, tls: Option<&[PathBuf]>) -> Folder {
+    dir.map(|dir| config::ratelimit_files(dir).unwrap_or_default())
         .unwrap_or_default()
         .into_iter()
+        .chain(tls.unwrap_or_default().iter().cloned())
         .filter_map(|file| std::fs::read(&file).ok().map(|content| (file, content)))
         .collect()
 }

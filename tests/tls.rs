@@ -810,3 +810,38 @@ async fn a_client_that_names_no_protocol_is_served_http1() {
     let answer = exchange(&mut stream, "GET /api/y HTTP/1.1\r\nhost: api.test\r\n\r\n").await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
+
+#[tokio::test]
+async fn a_certificate_renewed_in_place_is_served_without_a_signal() {
+    let pki = Pki::new();
+    let upstream = Upstream::start().await;
+    let tollgate = gateway(&pki, &upstream, "", "");
+    let subject = || {
+        let (text, completed) = s_client(&tollgate, &["-servername", "api.test"]);
+        assert!(completed, "{text}");
+        text.lines()
+            .find_map(|line| line.strip_prefix("subject=CN="))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(subject(), "api.test");
+    // Renewed in place as certbot or cert-manager do: the same files, the config untouched, no SIGHUP.
+    pki.ca.issue("api", &["renewed.api.test", "api.test"]);
+    let mut seen = String::new();
+    common::eventually(Duration::from_secs(15), async || {
+        seen = subject();
+        seen == "renewed.api.test"
+    })
+    .await;
+    assert_eq!(seen, "renewed.api.test", "{}", tollgate.log());
+    // A broken file: logged, and the renewed certificate keeps serving.
+    std::fs::write(&pki.api.cert_file, "not a certificate\n").expect("write");
+    let refused = common::eventually(Duration::from_secs(15), async || {
+        tollgate
+            .log()
+            .contains("change of the files beside the config refused")
+    })
+    .await;
+    assert!(refused.is_some(), "{}", tollgate.log());
+    assert_eq!(subject(), "renewed.api.test");
+}

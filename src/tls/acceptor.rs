@@ -1,6 +1,7 @@
 //! The HTTPS listener's rustls settings, built from `tls:` and built again on reload, which the server's handshakes
 //! read.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -32,6 +33,8 @@ pub struct Acceptor {
 struct Loaded {
     config: Arc<ServerConfig>,
     certificates: Arc<Vec<Certificate>>,
+    /// The files they were read from, which the config watch reads too: a renewal in place reloads.
+    files: Arc<Vec<PathBuf>>,
 }
 
 // === impl Acceptor ===
@@ -53,6 +56,11 @@ impl Acceptor {
         export_expiry(&loaded.certificates);
         self.current.store(Arc::new(loaded));
         Ok(())
+    }
+
+    /// The files the certificates in use were read from (chains, keys, the client CA).
+    pub fn files(&self) -> Arc<Vec<PathBuf>> {
+        Arc::clone(&self.current.load().files)
     }
 
     /// The certificates presented now, in file order.
@@ -126,6 +134,7 @@ fn load(settings: &TlsSettings) -> Result<Loaded, Vec<TlsProblem>> {
     Ok(Loaded {
         config: Arc::new(config),
         certificates,
+        files: Arc::new(settings.files()),
     })
 }
 

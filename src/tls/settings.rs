@@ -17,6 +17,19 @@ pub struct TlsSettings {
     pub min_version: TlsVersion,
 }
 
+// === impl TlsSettings ===
+
+impl TlsSettings {
+    /// Every file the listener reads: each certificate chain and key, and the client CA.
+    pub fn files(&self) -> Vec<PathBuf> {
+        self.certificates
+            .iter()
+            .flat_map(|entry| [entry.cert.clone(), entry.key.clone()])
+            .chain(self.client_ca.clone())
+            .collect()
+    }
+}
+
 /// One entry of `tls.certificates`, its files resolved against the config file's folder.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertificateFiles {
