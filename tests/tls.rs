@@ -534,14 +534,7 @@ async fn sighup_reads_the_certificates_again_and_a_broken_one_leaves_the_old_ser
     let pki = Pki::new();
     let upstream = Upstream::start().await;
     let tollgate = gateway(&pki, &upstream, "", "");
-    let subject = || {
-        let (text, completed) = s_client(&tollgate, &["-servername", "api.test"]);
-        assert!(completed, "{text}");
-        text.lines()
-            .find_map(|line| line.strip_prefix("subject=CN="))
-            .unwrap_or_default()
-            .to_owned()
-    };
+    let subject = || served_subject(&tollgate);
     let hangup = || {
         let status = Command::new("kill")
             .args(["-HUP", &tollgate.pid().to_string()])
@@ -584,6 +577,16 @@ async fn sighup_reads_the_certificates_again_and_a_broken_one_leaves_the_old_ser
 }
 
 // === connections ===
+
+/// The subject (`CN`) of the certificate the HTTPS listener serves for `api.test`, as `openssl s_client` reads it.
+fn served_subject(tollgate: &Tollgate) -> String {
+    let (text, completed) = s_client(tollgate, &["-servername", "api.test"]);
+    assert!(completed, "{text}");
+    text.lines()
+        .find_map(|line| line.strip_prefix("subject=CN="))
+        .unwrap_or_default()
+        .to_owned()
+}
 
 /// A TLS connection to the HTTPS listener asking for `alpn` (nothing when empty), trusting the test CA, with
 /// `api.test` as SNI.
@@ -816,14 +819,7 @@ async fn a_certificate_renewed_in_place_is_served_without_a_signal() {
     let pki = Pki::new();
     let upstream = Upstream::start().await;
     let tollgate = gateway(&pki, &upstream, "", "");
-    let subject = || {
-        let (text, completed) = s_client(&tollgate, &["-servername", "api.test"]);
-        assert!(completed, "{text}");
-        text.lines()
-            .find_map(|line| line.strip_prefix("subject=CN="))
-            .unwrap_or_default()
-            .to_owned()
-    };
+    let subject = || served_subject(&tollgate);
     assert_eq!(subject(), "api.test");
     // Renewed in place as certbot or cert-manager do: the same files, the config untouched, no SIGHUP.
     pki.ca.issue("api", &["renewed.api.test", "api.test"]);

@@ -208,6 +208,23 @@ routes:
     Tollgate::run(&path)
 }
 
+/// GET `path` from `gateway` as `user` (its `x-user` header) with `traceparent`, when given.
+async fn get(
+    gateway: &Tollgate,
+    path: &str,
+    user: Option<&str>,
+    traceparent: Option<String>,
+) -> reqwest::Response {
+    let mut request = client().get(gateway.url(path));
+    if let Some(user) = user {
+        request = request.header("x-user", user);
+    }
+    if let Some(traceparent) = traceparent {
+        request = request.header("traceparent", traceparent);
+    }
+    request.send().await.expect("request")
+}
+
 /// The echo upstream's JSON answer.
 async fn echo(response: reqwest::Response) -> serde_json::Value {
     serde_json::from_slice(&response.bytes().await.expect("body")).expect("echo")
@@ -230,13 +247,13 @@ async fn a_sampled_request_gives_a_server_span_with_its_limiter_and_upstream_chi
     let gateway = gateway(&dir, &collector.url, "0", &upstream);
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent = "00f067aa0ba902b7";
-    let admitted = client()
-        .get(gateway.url("/api/orders"))
-        .header("traceparent", format!("00-{trace_id}-{parent}-01"))
-        .header("x-user", "alice")
-        .send()
-        .await
-        .expect("request");
+    let admitted = get(
+        &gateway,
+        "/api/orders",
+        Some("alice"),
+        Some(format!("00-{trace_id}-{parent}-01")),
+    )
+    .await;
     assert_eq!(admitted.status(), 200);
     let echo = echo(admitted).await;
 
@@ -297,13 +314,13 @@ async fn a_sampled_request_gives_a_server_span_with_its_limiter_and_upstream_chi
 
     // The second request of the hour is refused: its server span says by which limit, and has no upstream child.
     let trace_id = "0af7651916cd43dd8448eb211c80319c";
-    let refused = client()
-        .get(gateway.url("/api/orders"))
-        .header("traceparent", format!("00-{trace_id}-b7ad6b7169203331-01"))
-        .header("x-user", "alice")
-        .send()
-        .await
-        .expect("request");
+    let refused = get(
+        &gateway,
+        "/api/orders",
+        Some("alice"),
+        Some(format!("00-{trace_id}-b7ad6b7169203331-01")),
+    )
+    .await;
     assert_eq!(refused.status(), 429);
     let spans = collector.trace(trace_id, 2).await;
     let server = named(&spans, SERVER);
@@ -331,15 +348,7 @@ async fn an_unsampled_request_records_nothing_but_still_sends_a_traceparent_upst
     let dir = tempfile::tempdir().unwrap();
     let gateway = gateway(&dir, &collector.url, "0", &upstream);
     // No traceparent, ratio 0: a new trace, not sampled.
-    let fresh: serde_json::Value = echo(
-        client()
-            .get(gateway.url("/api/a"))
-            .header("x-user", "u1")
-            .send()
-            .await
-            .expect("request"),
-    )
-    .await;
+    let fresh: serde_json::Value = echo(get(&gateway, "/api/a", Some("u1"), None).await).await;
     let fresh = sent_upstream(&fresh);
     assert!(
         fresh.starts_with("00-") && fresh.ends_with("-00"),
@@ -348,13 +357,13 @@ async fn an_unsampled_request_records_nothing_but_still_sends_a_traceparent_upst
     // A parent that says not sampled: kept in its trace, not sampled.
     let unsampled = "11111111111111111111111111111111";
     let followed: serde_json::Value = echo(
-        client()
-            .get(gateway.url("/api/b"))
-            .header("traceparent", format!("00-{unsampled}-2222222222222222-00"))
-            .header("x-user", "u2")
-            .send()
-            .await
-            .expect("request"),
+        get(
+            &gateway,
+            "/api/b",
+            Some("u2"),
+            Some(format!("00-{unsampled}-2222222222222222-00")),
+        )
+        .await,
     )
     .await;
     let followed = sent_upstream(&followed);
@@ -368,13 +377,13 @@ async fn an_unsampled_request_records_nothing_but_still_sends_a_traceparent_upst
     );
     // A sampled request after them: once its spans arrived, the two before would have too.
     let marker = "33333333333333333333333333333333";
-    client()
-        .get(gateway.url("/api/c"))
-        .header("traceparent", format!("00-{marker}-4444444444444444-01"))
-        .header("x-user", "u3")
-        .send()
-        .await
-        .expect("request");
+    get(
+        &gateway,
+        "/api/c",
+        Some("u3"),
+        Some(format!("00-{marker}-4444444444444444-01")),
+    )
+    .await;
     collector.trace(marker, 3).await;
     let traces: std::collections::HashSet<String> = collector
         .spans()
@@ -390,15 +399,7 @@ async fn a_ratio_of_one_samples_every_new_trace() {
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
     let gateway = gateway(&dir, &collector.url, "1.0", &upstream);
-    let echo: serde_json::Value = echo(
-        client()
-            .get(gateway.url("/api/a"))
-            .header("x-user", "u1")
-            .send()
-            .await
-            .expect("request"),
-    )
-    .await;
+    let echo: serde_json::Value = echo(get(&gateway, "/api/a", Some("u1"), None).await).await;
     let sent = sent_upstream(&echo);
     assert!(sent.ends_with("-01"), "{sent}");
     let trace_id = &sent[3..35];
@@ -429,12 +430,8 @@ async fn a_collector_that_is_down_costs_dropped_spans_not_requests() {
     let dir = tempfile::tempdir().unwrap();
     let gateway = gateway(&dir, &endpoint, "1", &upstream);
     for i in 0..20 {
-        let status = client()
-            .get(gateway.url("/api/a"))
-            .header("x-user", format!("user-{i}"))
-            .send()
+        let status = get(&gateway, "/api/a", Some(&format!("user-{i}")), None)
             .await
-            .expect("request")
             .status();
         assert_eq!(status, 200);
     }
@@ -506,13 +503,13 @@ async fn spans_reach_a_grpc_collector() {
     let dir = tempfile::tempdir().unwrap();
     let gateway = gateway(&dir, &collector.url, "1", &upstream);
     let trace_id = "5bf92f3577b34da6a3ce929d0e0e4736";
-    let response = client()
-        .get(gateway.url("/api/orders"))
-        .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
-        .header("x-user", "alice")
-        .send()
-        .await
-        .expect("request");
+    let response = get(
+        &gateway,
+        "/api/orders",
+        Some("alice"),
+        Some(format!("00-{trace_id}-00f067aa0ba902b7-01")),
+    )
+    .await;
     assert_eq!(response.status(), 200);
     let spans = collector.trace(trace_id, 3).await;
     assert_eq!(named(&spans, SERVER).name, "GET api");
@@ -533,12 +530,13 @@ async fn a_shadow_limit_that_would_deny_is_named_on_the_admitted_request() {
         "7bf92f3577b34da6a3ce929d0e0e4736",
     ];
     for trace_id in traces {
-        let response = client()
-            .get(gateway.url("/shadowed"))
-            .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
-            .send()
-            .await
-            .expect("request");
+        let response = get(
+            &gateway,
+            "/shadowed",
+            None,
+            Some(format!("00-{trace_id}-00f067aa0ba902b7-01")),
+        )
+        .await;
         assert_eq!(response.status(), 200);
     }
     let first = collector.trace(traces[0], 3).await;
