@@ -69,6 +69,7 @@ pub mod server;
 #[cfg(feature = "gateway")]
 pub mod telemetry;
 pub mod tls;
+pub mod top_keys;
 pub mod trace_context;
 pub mod trail;
 mod tunnel;

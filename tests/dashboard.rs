@@ -1,6 +1,7 @@
 //! What the admin listener shows an operator live: `GET /stats` on the running binary (decisions per second by
 //! route and limit, responses, the store), behind the admin token, and `GET /dashboard` read in a real browser
-//! (headless Chromium, which scripts/test.sh installs) while the gateway is under load.
+//! (headless Chromium, which scripts/test.sh installs) while the gateway is under load: the flooding key first in
+//! its limit's top list, among light ones.
 
 mod common;
 
@@ -34,6 +35,11 @@ store:
     limits:
       - {{ name: per_ip, key: ip, algorithm: fixed_window, limit: 5, period: 1h }}
       - {{ name: trial, key: ip, algorithm: fixed_window, limit: 1, period: 1h, shadow: true }}
+  - name: users
+    match: {{ path_prefix: /users }}
+    respond: {{ status: 200, body: "ok" }}
+    limits:
+      - {{ name: per_user, key: "header:x-user", algorithm: fixed_window, limit: 3, period: 1h }}
 "#
     );
     std::fs::write(&path, yaml).expect("write config");
@@ -185,6 +191,21 @@ fn decision_row(dom: &str, route: &str, limit: &str) -> (f64, f64) {
     (number("allowed"), number("denied"))
 }
 
+/// The keys of the top list of `route` / `limit` on the page, in the page's order.
+fn top_keys(dom: &str, route: &str, limit: &str) -> Vec<String> {
+    let start = dom
+        .find(&format!(
+            "data-top-route=\"{route}\" data-top-limit=\"{limit}\""
+        ))
+        .unwrap_or_else(|| panic!("no top list for {route} / {limit} in {dom}"));
+    let table = &dom[start..start + dom[start..].find("</table>").expect("table end")];
+    table
+        .split("data-key=\"")
+        .skip(1)
+        .map(|rest| rest[..rest.find('"').expect("attribute end")].to_owned())
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_dashboard_shows_the_limits_live_in_a_browser_and_the_store_failing() {
     let mut redis = RedisServer::start();
@@ -194,14 +215,34 @@ async fn the_dashboard_shows_the_limits_live_in_a_browser_and_the_store_failing(
     // sample it: the browser's first poll has a sample to count from.
     let flooding = Arc::new(AtomicBool::new(true));
     let flood = tokio::spawn({
-        let (url, flooding) = (tollgate.url("/api"), flooding.clone());
+        let (url, users, flooding) = (
+            tollgate.url("/api"),
+            tollgate.url("/users"),
+            flooding.clone(),
+        );
         async move {
             while flooding.load(Ordering::Relaxed) {
                 let _ = client().get(&url).send().await;
+                let _ = client()
+                    .get(&users)
+                    .header("x-user", "flooder")
+                    .send()
+                    .await;
             }
         }
     });
     stats(&tollgate).await;
+    // A few light users beside the flooding one, each under its limit.
+    for light in ["light-1", "light-2", "light-3"] {
+        for _ in 0..2 {
+            client()
+                .get(tollgate.url("/users"))
+                .header("x-user", light)
+                .send()
+                .await
+                .expect("request");
+        }
+    }
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     stats(&tollgate).await;
     let (dom, log) = tokio::task::block_in_place(|| browse(&tollgate, None));
@@ -210,6 +251,9 @@ async fn the_dashboard_shows_the_limits_live_in_a_browser_and_the_store_failing(
     assert!(denied > 0.0, "the flood's denials: {allowed} / {denied}");
     decision_row(&dom, "api", "trial");
     assert_eq!(text_of(&dom, "store"), "redis: ready", "{dom}");
+    let users = top_keys(&dom, "users", "per_user");
+    assert_eq!(users.first().map(String::as_str), Some("flooder"), "{dom}");
+    assert_eq!(users.len(), 4, "the light users too: {users:?}");
     assert!(
         dom.contains("data-fits=\"true\""),
         "wider than a phone: {dom}"

@@ -1,11 +1,12 @@
-//! The admin listener: liveness, readiness and metrics (open), live stats, the state of one limit for one key, the
-//! upstream targets' health and the consumers' runtime settings (behind a bearer token).
+//! The admin listener: liveness, readiness and metrics (open), live stats, each limit's top keys, the state of one
+//! limit for one key, the upstream targets' health and the consumers' runtime settings (behind a bearer token).
 
 mod consumers;
 mod dashboard;
 mod health;
 mod limits;
 mod stats;
+mod top;
 mod upstreams;
 
 use std::convert::Infallible;
@@ -26,7 +27,7 @@ use crate::consumers::directory::DirectoryError;
 use crate::gateway::Gateway;
 use crate::limiter::store::StoreError;
 
-/// The admin API's routes. With a `token`, `/limits/...`, `/upstreams`, `/stats` and `/consumers/...` require
+/// The admin API's routes. With a `token`, `/limits/...`, `/upstreams`, `/stats`, `/top` and `/consumers/...` require
 /// `Authorization: Bearer <token>`; health, readiness and metrics stay open for probes and scrapers. `/readyz`
 /// answers 200 while degraded.
 ///
@@ -58,6 +59,7 @@ fn build(gateway: Arc<Gateway>, token: Option<String>, degraded_status: StatusCo
         .route("/metrics", get(health::metrics))
         .route("/stats", get(stats::stats))
         .route("/upstreams", get(upstreams::upstreams))
+        .route("/top", get(top::top))
         .route("/dashboard", get(dashboard::page))
         .route(
             "/limits/{route}/{limit}",

@@ -1,7 +1,7 @@
 //! `GET /stats`: what the dashboard shows, as JSON. Decisions per second by route and limit over the last minutes,
 //! responses per second by route, the store's state, the consumers held and the reloads, sampled from the
 //! Prometheus recorder when asked (at most one sample a second, five minutes kept), so that nothing runs while no
-//! one looks.
+//! one looks; and the few heaviest keys of each limit (see `top.rs`).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -56,7 +56,9 @@ pub(super) async fn stats(
         .unwrap_or_default();
     let samples = admin.stats.sampled(&text, now_ms());
     let (_, readiness) = crate::gateway::readiness(&admin.gateway, admin.degraded_status);
-    Ok(Json(answer(&samples, readiness)))
+    let mut shown = answer(&samples, readiness);
+    shown["top"] = super::top::for_stats(&admin);
+    Ok(Json(shown))
 }
 
 fn now_ms() -> u64 {

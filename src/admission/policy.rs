@@ -20,8 +20,9 @@ use super::slots::{Both, HeldSlots};
 use super::tokens::RouteUsage;
 use super::wait::hold_for_delay;
 use crate::consumers::{Caller, CallerRefusal, ConsumerMode, Consumers};
-use crate::key::{AmbiguousKey, RequestFacts};
+use crate::key::{AmbiguousKey, LimitSettings, RequestFacts};
 use crate::limiter::RateLimiter;
+use crate::top_keys::LimitTop;
 use crate::trail::Trail;
 
 /// What one route (or one layer) admits: its limits, the clients exempt from them, and whether admitted
@@ -188,6 +189,18 @@ impl Policy {
     /// The limits.
     pub fn limits(&self) -> &LimitSet {
         &self.limits
+    }
+
+    /// Each limit its requests may be counted by, with its top keys: the route's, then each plan's (named
+    /// `<plan>.<limit>`).
+    pub fn tops(&self) -> impl Iterator<Item = (&LimitSettings, &LimitTop)> + '_ {
+        let own = self.limits.limits().len();
+        let plans = self
+            .consumers
+            .iter()
+            .flat_map(|c| &c.with_plan)
+            .flat_map(move |set| set.tops().skip(own));
+        self.limits.tops().chain(plans)
     }
 
     /// The `max` of each `concurrency` limit its requests may be counted by (a plan's too), by the head of its

@@ -41,7 +41,7 @@ pub(super) async fn wait_for_slot<R: Reserve>(
     let started = Instant::now();
     let mut deadline = started + Duration::from_millis(refusal.max_wait_ms);
     let Some(mut place) = join(limiter, limits, facts, &refusal) else {
-        limits.count_decisions(&checked);
+        limits.count_decisions(facts, &checked, None);
         return Waited::Refused(checked);
     };
     // A release heard before this request joined its line woke nobody: the first asks once at once.
@@ -54,7 +54,7 @@ pub(super) async fn wait_for_slot<R: Reserve>(
                 () = place.woken() => {}
                 () = tokio::time::sleep(recheck), if first => {}
                 () = tokio::time::sleep_until(deadline) => {
-                    limits.count_decisions(&checked);
+                    limits.count_decisions(facts, &checked, None);
                     break Waited::Refused(checked);
                 }
             }
@@ -83,14 +83,14 @@ pub(super) async fn wait_for_slot<R: Reserve>(
             place = match join(limiter, limits, facts, &refusal) {
                 Some(place) => place,
                 None => {
-                    limits.count_decisions(&checked);
+                    limits.count_decisions(facts, &checked, None);
                     break Waited::Refused(checked);
                 }
             };
             ask_now = place.is_first();
         }
         if Instant::now() >= deadline {
-            limits.count_decisions(&checked);
+            limits.count_decisions(facts, &checked, None);
             break Waited::Refused(checked);
         }
     };

@@ -12,7 +12,9 @@ use http::{Method, Request, Response, Version};
 
 use super::compiled::{Action, CompiledConfig, Route};
 use super::responses;
-use crate::admission::{answer, Arrival, LimitSet, NoReservation, Refusal, RequestView};
+use crate::admission::{
+    answer, Arrival, LimitSet, LimitSettings, NoReservation, Refusal, RequestView,
+};
 use crate::config::Config;
 use crate::consumers::directory::Directory;
 use crate::consumers::Consumers;
@@ -22,6 +24,7 @@ use crate::routing::{self, CanonicalRequest};
 use crate::server::Shutdown;
 use crate::telemetry::access::AccessLine;
 use crate::telemetry::trace::Tracer;
+use crate::top_keys::LimitTop;
 use crate::trail::{Trail, UpstreamCall};
 
 /// The gateway: a compiled config (replaced atomically on reload) and the limiter (kept across reloads, so
@@ -152,6 +155,17 @@ impl Gateway {
             .iter()
             .find(|r| r.name == route)
             .map(|r| r.policy.limits().clone())
+    }
+
+    /// Hands `visit` every limit of the running config's routes (their plans' too) with its top keys, route by
+    /// route in order.
+    pub fn visit_tops(&self, mut visit: impl FnMut(&str, &LimitSettings, &LimitTop)) {
+        let compiled = self.compiled.load();
+        for route in &compiled.routes {
+            for (settings, top) in route.policy.tops() {
+                visit(&route.name, settings, top);
+            }
+        }
     }
 
     /// The running config's consumers and plans, if it has a `consumers:` block.

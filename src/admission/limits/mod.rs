@@ -22,6 +22,7 @@ use crate::key::{
 };
 use crate::limiter::store::{LimitCheck, INLINE_LIMITS};
 use crate::limiter::{DecidedBy, Limit, Outcome, RateLimiter, Unavailable};
+use crate::top_keys::{LimitTop, WATCH};
 
 /// The limits of one scope (a route), applied together: a request is admitted only if all admit it.
 #[derive(Debug, Clone)]
@@ -70,6 +71,8 @@ struct SetLimit {
     in_flight: Option<metrics::Gauge>,
     /// `tollgate_queue_wait_seconds` of a `concurrency` limit with a queue.
     queue_wait: Option<metrics::Histogram>,
+    /// Its heaviest keys of the last minutes (`GET /top`), shared by the set's clones.
+    top: Arc<LimitTop>,
 }
 
 /// A request's limits, checked: the limiter's [`Outcome`] and which limits of the set it covers.
@@ -144,7 +147,7 @@ pub enum NotChecked {
 }
 
 /// The store keys of one request, one per limit that applies, one after another in one string.
-struct RequestKeys {
+pub(super) struct RequestKeys {
     text: String,
     /// Per key: the index of its limit and where the key ends in `text`.
     ends: SmallVec<[(usize, usize); INLINE_LIMITS]>,
@@ -286,6 +289,7 @@ impl LimitSet {
             decisions: counters,
             in_flight,
             queue_wait,
+            top: Arc::default(),
         });
     }
 
@@ -297,6 +301,13 @@ impl LimitSet {
     /// Whether the set has no limit.
     pub fn is_empty(&self) -> bool {
         self.limits.is_empty()
+    }
+
+    /// Each limit with its heaviest keys of the last minutes, in configuration order.
+    pub fn tops(&self) -> impl Iterator<Item = (&LimitSettings, &LimitTop)> + '_ {
+        self.limits
+            .iter()
+            .map(|limit| (&limit.settings, &*limit.top))
     }
 
     /// The limits, in configuration order.
@@ -356,7 +367,7 @@ impl LimitSet {
         // A request refused only for want of a slot it may wait for is counted once it is admitted or refused for
         // good (see `queue.rs`), not at each time it asks.
         if checked.outcome.allowed || !self.holds_slots || self.queued_refusal(&checked).is_none() {
-            self.count_decisions(&checked);
+            self.count_decisions(facts, &checked, Some(&keys));
         }
         Ok(checked)
     }
@@ -539,18 +550,24 @@ impl LimitSet {
     /// `tollgate_decisions_total`: every limit of an admitted request counts as allowed; of a denied request
     /// only the denying limits count (the others consumed nothing and decided nothing).
     /// A shadow limit that denies counts as `shadow_denied` (and is logged), whatever the request's fate.
-    pub(super) fn count_decisions(&self, checked: &Checked) {
+    /// Each limit's top keys record its denials (a shadow limit's as denied), and its admissions while someone
+    /// looks: under `keys`, the request's, worked out again from `facts` if not given and needed.
+    pub(super) fn count_decisions(
+        &self,
+        facts: &RequestFacts<'_>,
+        checked: &Checked,
+        keys: Option<&RequestKeys>,
+    ) {
+        let watched = WATCH.watched();
+        let mut worked_out = None;
         for (i, decision) in checked.outcome.decisions.iter().enumerate() {
-            let Some(counters) = checked
-                .applied
-                .get(i)
-                .and_then(|&l| self.limits.get(l))
-                .map(|l| &l.decisions)
-            else {
+            let Some(limit) = checked.applied.get(i).and_then(|&l| self.limits.get(l)) else {
                 continue;
             };
             let shadow = self.is_shadow(checked, i);
-            let counted = counters.count(shadow, checked.outcome.allowed, !decision.allowed);
+            let counted = limit
+                .decisions
+                .count(shadow, checked.outcome.allowed, !decision.allowed);
             if counted == Counted::ShadowDenied {
                 tracing::info!(
                     scope = %self.scope,
@@ -558,6 +575,21 @@ impl LimitSet {
                     retry_after_ms = decision.retry_after_ms,
                     "shadow limit would deny"
                 );
+            }
+            let denied = matches!(counted, Counted::Denied | Counted::ShadowDenied);
+            if denied || (watched && counted == Counted::Allowed) {
+                let keys = keys.or_else(|| {
+                    worked_out
+                        .get_or_insert_with(|| self.request_keys(facts).ok())
+                        .as_ref()
+                });
+                if let Some((_, key)) = keys.and_then(|keys| keys.iter().nth(i)) {
+                    // The value as the store key holds it: a secret's digest, never the secret.
+                    let value = key[limit.head.len()..]
+                        .strip_suffix('}')
+                        .unwrap_or_default();
+                    limit.top.record(&WATCH, value, denied);
+                }
             }
         }
     }
