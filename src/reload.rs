@@ -82,11 +82,12 @@ pub fn reload_all(
 ) -> Result<(), ConfigError> {
     let content: Arc<[u8]> = std::fs::read(path)
         .map_err(|error| ConfigError::read(path, error))
-        .inspect_err(|_| count(false))?
+        .inspect_err(|error| count(gateway, Some(&error.to_string())))?
         .into();
     // The file watch compares with this: what SIGHUP loaded is not loaded again when the watch sees it.
     gateway.set_loaded_file(Arc::clone(&content));
-    let config = parse(&content, path).inspect_err(|_| count(false))?;
+    let config =
+        parse(&content, path).inspect_err(|error| count(gateway, Some(&error.to_string())))?;
     apply(gateway, rls, tls, &config, path);
     Ok(())
 }
@@ -104,10 +105,12 @@ fn parse(content: &[u8], path: &Path) -> Result<Config, ConfigError> {
 }
 
 /// `tollgate_config_reloads_total{result="ok"|"error"}`: every reload tried, from SIGHUP or the file watch, so
-/// that a config change that did not take can be seen (and alerted on) without reading the log.
-fn count(ok: bool) {
-    let result = if ok { "ok" } else { "error" };
+/// that a config change that did not take can be seen (and alerted on) without reading the log; and the gateway's
+/// list of the last reloads, with why one was `refused`, for `/stats`.
+fn count(gateway: &Gateway, refused: Option<&str>) {
+    let result = if refused.is_none() { "ok" } else { "error" };
     metrics::counter!("tollgate_config_reloads_total", "result" => result).increment(1);
+    gateway.record_reload(refused);
 }
 
 /// Watches `path` and reloads `gateway` whenever the file's content changes, checking every `interval`.
@@ -196,7 +199,10 @@ impl Watcher {
         self.folder.loaded = Some(self.side_files());
         match parsed {
             Ok(config) if config.routes.is_empty() && !self.gateway.route_names().is_empty() => {
-                count(false);
+                count(
+                    &self.gateway,
+                    Some("the change leaves no routes where some run: not applied (SIGHUP applies it)"),
+                );
                 tracing::warn!(
                     file = %self.path.display(),
                     running = self.gateway.route_names().len(),
@@ -212,7 +218,7 @@ impl Watcher {
                 Polled::Reloaded
             }
             Err(error) => {
-                count(false);
+                count(&self.gateway, Some(&error.to_string()));
                 tracing::error!("config change refused, the running config stays:\n{error}");
                 Polled::Refused
             }
@@ -260,7 +266,7 @@ impl Watcher {
                 Polled::Reloaded
             }
             Err(error) => {
-                count(false);
+                count(&self.gateway, Some(&error.to_string()));
                 tracing::error!(
                     "change of the files beside the config refused, the running config stays:\n{error}"
                 );
@@ -328,7 +334,7 @@ fn apply(
         ),
         (None, None) => {}
     }
-    count(true);
+    count(gateway, None);
     let dropped: Vec<&str> = before
         .iter()
         .map(String::as_str)

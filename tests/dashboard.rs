@@ -281,3 +281,65 @@ async fn the_dashboard_shows_the_limits_live_in_a_browser_and_the_store_failing(
     let store = text_of(&dom, "store");
     assert!(store.starts_with("redis: degraded"), "{store}");
 }
+
+/// Sends `process` the signal `name` (`-HUP`).
+fn signal(tollgate: &Tollgate, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([name, &tollgate.pid().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_last_reloads_are_listed_with_why_one_was_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tollgate = start(&dir);
+    let path = dir.path().join("gateway.yaml");
+    let good = std::fs::read_to_string(&path).expect("config");
+    assert_eq!(
+        stats(&tollgate).await["reloads"]["last"],
+        serde_json::json!([])
+    );
+
+    std::fs::write(&path, good.replace("limit: 5,", "limit: -5,")).expect("write");
+    signal(&tollgate, "-HUP");
+    let mut last = Value::Null;
+    for _ in 0..100 {
+        last = stats(&tollgate).await["reloads"]["last"].clone();
+        if last.as_array().is_some_and(|all| !all.is_empty()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(last[0]["applied"], false, "{last}");
+    // The located error, as the log gives it.
+    let error = last[0]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("gateway.yaml:") && error.contains("limit"),
+        "{error}"
+    );
+
+    std::fs::write(&path, &good).expect("write");
+    signal(&tollgate, "-HUP");
+    for _ in 0..100 {
+        last = stats(&tollgate).await["reloads"]["last"].clone();
+        if last.as_array().is_some_and(|all| all.len() == 2) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(last[0]["applied"], true, "newest first: {last}");
+    assert_eq!(last[0]["error"], Value::Null);
+    assert_eq!(last[1]["applied"], false);
+    assert!(last[0]["at_ms"].as_i64() >= last[1]["at_ms"].as_i64());
+
+    let (dom, log) = tokio::task::block_in_place(|| browse(&tollgate, None));
+    assert!(!log.contains("Uncaught"), "a script error:\n{log}");
+    let list = &dom[dom.find("id=\"reloads\"").expect("the reloads list")..];
+    let list = &list[..list.find("</ul>").expect("list end")];
+    let applied = list.find("class=\"applied\"").expect("the applied reload");
+    let refused = list.find("class=\"refused\"").expect("the refused reload");
+    assert!(applied < refused, "newest first: {list}");
+    assert!(list.contains("gateway.yaml:"), "{list}");
+}

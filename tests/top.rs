@@ -1,6 +1,7 @@
 //! `GET /top` on the running binary: each limit's heaviest keys over the last minute and five, admitted and denied
 //! apart, the flooding key first among light ones on both stores; denials counted always, admissions once someone
-//! looks; a credential shown only as its digest; and the API's refusals (401, 404, 400).
+//! looks; a plan's limits under their plan's name, and `/stats`'s consumers nearest them; a credential shown only as
+//! its digest; and the API's refusals (401, 404, 400).
 
 mod common;
 

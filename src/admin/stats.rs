@@ -58,6 +58,13 @@ pub(super) async fn stats(
     let (_, readiness) = crate::gateway::readiness(&admin.gateway, admin.degraded_status);
     let mut shown = answer(&samples, readiness);
     shown["top"] = super::top::for_stats(&admin);
+    shown["consumers"]["nearest"] = super::top::nearest_for_stats(&admin);
+    shown["reloads"]["last"] = admin
+        .gateway
+        .last_reloads()
+        .into_iter()
+        .map(|reload| json!({"at_ms": reload.at_ms, "applied": reload.refused.is_none(), "error": reload.refused}))
+        .collect();
     Ok(Json(shown))
 }
 

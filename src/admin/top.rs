@@ -15,6 +15,8 @@ use crate::top_keys::{self, LimitTop, Window, COUNTERS, WATCH};
 const DEFAULT_N: usize = 20;
 /// Keys per limit in `/stats`.
 const STATS_N: usize = 5;
+/// Consumers nearest their plan's limits in `/stats`, all plans together.
+const NEAREST_N: usize = 10;
 
 #[derive(Debug, Deserialize)]
 pub(super) struct TopQuery {
@@ -84,6 +86,37 @@ pub(super) fn for_stats(admin: &Admin) -> Value {
         }
     });
     Value::Array(all)
+}
+
+/// The consumers nearest their plan's limits in the last minute, of every route, the largest share first: each
+/// (limit, consumer) once, at its largest share.
+pub(super) fn nearest_for_stats(admin: &Admin) -> Value {
+    let now_ms = top_keys::now_ms();
+    let mut all: Vec<(f64, Value)> = Vec::new();
+    admin.gateway.visit_tops(|route, settings, top| {
+        for near in top.nearest(now_ms) {
+            let shown = json!({
+                "route": route,
+                "limit": settings.limit.name(),
+                "key": near.key,
+                "digests": settings.key.is_secret(),
+                "used": near.used,
+                "capacity": near.capacity,
+                "share": near.share(),
+                "at_ms": near.at_ms,
+            });
+            all.push((near.share(), shown));
+        }
+    });
+    all.sort_by(|(a, _), (b, _)| b.total_cmp(a));
+    let mut seen = std::collections::HashSet::new();
+    let nearest: Vec<Value> = all
+        .into_iter()
+        .map(|(_, shown)| shown)
+        .filter(|shown| seen.insert(format!("{}\0{}", shown["limit"], shown["key"])))
+        .take(NEAREST_N)
+        .collect();
+    Value::Array(nearest)
 }
 
 /// `n`: 1 to the counters a limit keeps.

@@ -11,6 +11,7 @@ use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, Version};
 
 use super::compiled::{Action, CompiledConfig, Route};
+use super::reloads::{Reload, Reloads};
 use super::responses;
 use crate::admission::{
     answer, Arrival, LimitSet, LimitSettings, NoReservation, Refusal, RequestView,
@@ -43,6 +44,8 @@ pub struct Gateway {
     shutdown: Shutdown,
     /// Where sampled spans go, with `telemetry.otlp` (read at start: a reload does not move it).
     tracer: Option<Arc<Tracer>>,
+    /// The last reloads tried, for `/stats`.
+    reloads: Reloads,
 }
 
 // === impl Gateway ===
@@ -57,6 +60,7 @@ impl Gateway {
             directory: parking_lot::Mutex::new(directory),
             loaded_file: parking_lot::Mutex::new(None),
             shutdown: Shutdown::default(),
+            reloads: Reloads::default(),
             tracer: tracer_for(config),
         }
     }
@@ -98,6 +102,7 @@ impl Gateway {
             directory: parking_lot::Mutex::new(Some(directory)),
             loaded_file: parking_lot::Mutex::new(None),
             shutdown: Shutdown::default(),
+            reloads: Reloads::default(),
             tracer: tracer_for(config),
         }
     }
@@ -124,6 +129,16 @@ impl Gateway {
         Some(Arc::clone(
             directory.get_or_insert_with(|| directory_on(config)),
         ))
+    }
+
+    /// Notes a reload tried now: `refused` for that reason, or applied.
+    pub fn record_reload(&self, refused: Option<&str>) {
+        self.reloads.push(refused);
+    }
+
+    /// The last reloads tried (ten at most), the newest first.
+    pub fn last_reloads(&self) -> Vec<Reload> {
+        self.reloads.last()
     }
 
     /// The names of the running config's routes, in order.

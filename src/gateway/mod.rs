@@ -3,6 +3,7 @@
 
 mod compiled;
 mod handler;
+mod reloads;
 mod responses;
 mod serve;
 #[cfg(test)]
@@ -12,5 +13,6 @@ mod usage;
 pub use crate::admission::RequestView;
 pub use compiled::CompiledConfig;
 pub use handler::Gateway;
+pub use reloads::Reload;
 pub use responses::readiness;
 pub use serve::{serve, Listeners};

@@ -7,9 +7,11 @@
 //! `/top` or `/stats` (the dashboard reads `/stats` every second). While no one looks, an admitted request pays one
 //! relaxed atomic load.
 
+mod nearest;
 mod sketch;
 mod window;
 
+pub use nearest::{Near, NEAREST};
 pub use sketch::{Counts, COUNTERS};
 pub use window::Window;
 
@@ -18,6 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
+use nearest::Nearest;
 use window::Minutes;
 
 /// How long admissions are recorded after someone last read the top keys.
@@ -37,10 +40,25 @@ pub struct Watch {
     since_ms: AtomicI64,
 }
 
-/// The top keys of one limit: one sketch per minute of the last six, behind the limit's own lock.
+/// The top keys of one limit: one sketch per minute of the last six, behind the limit's own lock; and for a plan's
+/// limit, the keys (consumers) nearest it.
 #[derive(Debug, Default)]
 pub struct LimitTop {
     minutes: Mutex<Minutes>,
+    nearest: Option<Mutex<Nearest>>,
+}
+
+/// What one request's decision said of one limit and its key.
+#[derive(Debug, Clone, Copy)]
+pub struct Seen<'a> {
+    /// The key's value as the store key holds it (a secret's digest, never the secret).
+    pub key: &'a str,
+    /// Whether the limit denied the request (or, a shadow limit, would have).
+    pub denied: bool,
+    /// What the key had used of the limit once decided, of `capacity`.
+    pub used: u64,
+    /// The limit's capacity for the key.
+    pub capacity: u64,
 }
 
 /// A limit's heaviest keys over the last minute and the last five.
@@ -97,16 +115,36 @@ impl Watch {
 // === impl LimitTop ===
 
 impl LimitTop {
-    /// Records one request of the key whose stored value is `key` (a secret key's digest, never its secret):
-    /// denied, always; admitted, while `watch` says someone looks.
-    pub fn record(&self, watch: &Watch, key: &str, denied: bool) {
-        self.record_at(watch, now_ms(), key, denied);
+    /// The top keys of a plan's limit, which also keeps the consumers nearest it.
+    pub fn for_plan() -> Self {
+        Self {
+            nearest: Some(Mutex::default()),
+            ..Self::default()
+        }
     }
 
-    fn record_at(&self, watch: &Watch, now_ms: i64, key: &str, denied: bool) {
-        if denied || watch.still(now_ms) {
-            self.minutes.lock().record(now_ms, key, denied);
+    /// Records one request as `seen`: denied, always; admitted, while `watch` says someone looks.
+    pub fn record(&self, watch: &Watch, seen: Seen<'_>) {
+        self.record_at(watch, now_ms(), seen);
+    }
+
+    fn record_at(&self, watch: &Watch, now_ms: i64, seen: Seen<'_>) {
+        if !seen.denied && !watch.still(now_ms) {
+            return;
         }
+        self.minutes.lock().record(now_ms, seen.key, seen.denied);
+        if let Some(nearest) = &self.nearest {
+            nearest
+                .lock()
+                .record(now_ms, seen.key, seen.used, seen.capacity);
+        }
+    }
+
+    /// For a plan's limit, the keys seen in the last minute nearest it, the largest share first.
+    pub fn nearest(&self, now_ms: i64) -> Vec<Near> {
+        self.nearest
+            .as_ref()
+            .map_or_else(Vec::new, |nearest| nearest.lock().list(now_ms))
     }
 
     /// The `n` heaviest keys of the last minute and the last five at `now_ms`.
@@ -135,11 +173,17 @@ mod tests {
         let watch = Watch::new();
         let top = LimitTop::default();
         let at = 1_700_000_040_000;
-        top.record_at(&watch, at, "quiet", false);
-        top.record_at(&watch, at, "denied", true);
+        let seen = |key, denied| Seen {
+            key,
+            denied,
+            used: 1,
+            capacity: 10,
+        };
+        top.record_at(&watch, at, seen("quiet", false));
+        top.record_at(&watch, at, seen("denied", true));
         assert_eq!(watch.since_ms(), None);
-        let seen = top.top(at, 20);
-        let keys: Vec<&str> = seen
+        let shown = top.top(at, 20);
+        let keys: Vec<&str> = shown
             .one_minute
             .keys
             .iter()
@@ -149,7 +193,7 @@ mod tests {
 
         watch.look(at);
         assert_eq!(watch.since_ms(), Some(at));
-        top.record_at(&watch, at + 1, "looked", false);
+        top.record_at(&watch, at + 1, seen("looked", false));
         assert!(top
             .top(at + 1, 20)
             .one_minute
@@ -158,7 +202,7 @@ mod tests {
             .any(|(k, _)| k == "looked"));
         // Past WATCH_FOR, the next admission turns the recording off.
         let late = at + WATCH_FOR.as_millis() as i64 + 1;
-        top.record_at(&watch, late, "too-late", false);
+        top.record_at(&watch, late, seen("too-late", false));
         assert!(!watch.watched());
         assert!(!top
             .top(late, 20)
@@ -166,5 +210,10 @@ mod tests {
             .keys
             .iter()
             .any(|(k, _)| k == "too-late"));
+        // Only a plan's limit keeps the keys nearest it.
+        assert!(top.nearest(late).is_empty());
+        let plan = LimitTop::for_plan();
+        plan.record_at(&watch, late, seen("acme", true));
+        assert_eq!(plan.nearest(late)[0].share(), 0.1);
     }
 }

@@ -22,7 +22,7 @@ use crate::key::{
 };
 use crate::limiter::store::{LimitCheck, INLINE_LIMITS};
 use crate::limiter::{DecidedBy, Limit, Outcome, RateLimiter, Unavailable};
-use crate::top_keys::{LimitTop, WATCH};
+use crate::top_keys::{LimitTop, Seen, WATCH};
 
 /// The limits of one scope (a route), applied together: a request is admitted only if all admit it.
 #[derive(Debug, Clone)]
@@ -191,7 +191,7 @@ impl LimitSet {
             let head = key_head(key_prefix, scope, settings.limit.name());
             let counters =
                 DecisionCounters::new(&[("route", scope), ("limit", settings.limit.name())]);
-            set.push(settings, head, counters, false);
+            set.push(settings, head, counters, (false, false));
         }
         set.policy = headers::policy(set.limits().map(|s| &s.limit), None);
         set
@@ -219,7 +219,7 @@ impl LimitSet {
                 counts: settings.counts.clone(),
             };
             let inert = settings.counts.tokens().is_some() && !set.reserves_tokens;
-            set.push(advertised, head, counters, inert);
+            set.push(advertised, head, counters, (inert, true));
         }
         set.policy = headers::policy(set.advertised_limits(), None);
         set
@@ -240,13 +240,14 @@ impl LimitSet {
         self
     }
 
-    /// Adds one limit, keyed under `head`, counted in `counters`; an `inert` one never applies.
+    /// Adds one limit, keyed under `head`, counted in `counters`; an `inert` one never applies; a `plan`'s keeps
+    /// the consumers nearest it too.
     fn push(
         &mut self,
         settings: LimitSettings,
         head: String,
         counters: DecisionCounters,
-        inert: bool,
+        (inert, plan): (bool, bool),
     ) {
         let spec = if inert {
             *self.inert_spec.get_or_insert_with(|| {
@@ -289,7 +290,10 @@ impl LimitSet {
             decisions: counters,
             in_flight,
             queue_wait,
-            top: Arc::default(),
+            top: Arc::new(match plan {
+                true => LimitTop::for_plan(),
+                false => LimitTop::default(),
+            }),
         });
     }
 
@@ -588,7 +592,13 @@ impl LimitSet {
                     let value = key[limit.head.len()..]
                         .strip_suffix('}')
                         .unwrap_or_default();
-                    limit.top.record(&WATCH, value, denied);
+                    let seen = Seen {
+                        key: value,
+                        denied,
+                        used: decision.used(),
+                        capacity: decision.limit,
+                    };
+                    limit.top.record(&WATCH, seen);
                 }
             }
         }
