@@ -163,6 +163,24 @@ async fn a_plan_s_limit_keeps_its_top_keys_per_route_under_its_plan_s_name() {
         "{seen}"
     );
     assert!(!seen.to_string().contains("pro-key-1"), "{seen}");
+
+    // The dashboard's consumers nearest their plan's limits: acme, at its limit.
+    let (status, stats) = admin_get(&tollgate, "/stats").await;
+    assert_eq!(status, 200);
+    let nearest = &stats["consumers"]["nearest"];
+    assert_eq!(nearest.as_array().map(Vec::len), Some(1), "{stats}");
+    let acme = &nearest[0];
+    assert_eq!(
+        (&acme["route"], &acme["limit"], &acme["key"]),
+        (&"plans".into(), &"pro.hourly".into(), &"acme".into()),
+        "{acme}"
+    );
+    assert_eq!(
+        (acme["used"].as_u64(), acme["capacity"].as_u64()),
+        (Some(2), Some(2))
+    );
+    assert_eq!(acme["share"], 1.0);
+    assert!(!stats.to_string().contains("pro-key-1"), "{stats}");
 }
 
 #[tokio::test]
