@@ -20,6 +20,7 @@ second move by 25% between identical runs, so it shows what a change to the requ
     python3 bench/gateway_cost.py --jwt                    # print the bench token (for bench/pairs.sh)
     python3 bench/gateway_cost.py --only nginx     # tollgate against nginx in this same harness, and the ratios
     python3 bench/gateway_cost.py --idle 1000      # also the memory an idle keep-alive connection holds, both
+    python3 bench/gateway_cost.py --only memory-keys --look   # someone looking at the top keys: admissions counted
 
 nginx is measured as tollgate is: the same upstream, the same wrk load, one worker (`worker_processes 1`,
 `master_process off`) under callgrind: `proxy_pass` against tollgate with limiting off, and `limit_req` (a zone
@@ -423,7 +424,7 @@ def idle_memory(binary: Path, config: Path, work: Path, connections: int) -> flo
 
 def measure(
     binary: Path, config: Path, seconds: int, connections: int, work: Path, top: int, cache: bool,
-    keep: Path | None, clients: int | None, headers: list[str], request: str, case: str = "",
+    keep: Path | None, clients: int | None, headers: list[str], request: str, case: str = "", look: bool = False,
 ) -> tuple[float, float, float, float, list[tuple[str, float]]]:
     env = dict(os.environ, TOKIO_WORKER_THREADS="1", RUST_LOG="info" if case in LOGGED else "warn")
     env["BENCH_REDIS_URL"] = f"redis://127.0.0.1:{REDIS_PORT}"
@@ -443,6 +444,10 @@ def measure(
     )
     try:
         wait_ready(ready, "nginx" if nginx else "tollgate", gateway)
+        if look and not nginx:
+            # A read of /stats, as an open dashboard makes every second: each limit's top keys then count the
+            # admissions too, for 10 minutes (denials are counted always).
+            urllib.request.urlopen(f"http://127.0.0.1:{ADMIN_PORT}/stats", timeout=30).read()
         scheme = "https" if "tls" in config.stem else "http"
         load(3, connections, clients, headers, request, work, scheme)
         subprocess.run(["callgrind_control", "--zero", str(gateway.pid)], check=True, capture_output=True)
@@ -482,6 +487,8 @@ def main() -> None:
     parser.add_argument("--jwt", action="store_true", help="print the bench/configs/*-jwt.yaml token and exit")
     parser.add_argument("--idle", type=int, default=0, metavar="N",
                         help="also measure the memory of one idle keep-alive connection (N open), tollgate and nginx")
+    parser.add_argument("--look", action="store_true",
+                        help="someone looks at the top keys through each run (a /stats read before it): admissions counted")
     args = parser.parse_args()
     if args.jwt:
         print(jwt())
@@ -525,7 +532,7 @@ http {{
             wait_ready(f"http://127.0.0.1:{UPSTREAM_PORT}/", "nginx", upstream, 10)
             print(
                 f"{args.binary}: instructions per request (callgrind; wrk, {args.connections} connections, "
-                f"{args.seconds} s)"
+                f"{args.seconds} s){', someone looking at the top keys' if args.look else ''}"
             )
             print()
             misses_head, misses_rule = (" I1 misses per request |", "--:|") if args.cache else ("", "")
@@ -542,7 +549,7 @@ http {{
                 subprocess.run(["redis-cli", "-p", str(REDIS_PORT), "flushall"], capture_output=True)
                 cost, copies, per_call, misses, functions = measure(
                     args.binary, ROOT / "bench/configs" / f"{name}.yaml", args.seconds, args.connections, work, args.top,
-                    args.cache, args.keep, clients, headers, request, case,
+                    args.cache, args.keep, clients, headers, request, case, args.look,
                 )
                 per_call_text = f"{per_call:.1f}" if per_call else "-"
                 misses_text = f" {misses:,.0f} |" if args.cache else ""
