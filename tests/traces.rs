@@ -174,6 +174,24 @@ const INTERNAL: i32 = 1;
 
 /// The binary with traces sent to `endpoint` at `ratio`, one upstream, a route limited to 1 an hour per `x-user`
 /// header, and one under a shadow limit of 1 an hour.
+/// The binary sending its traces to `endpoint` at `ratio`, with its upstream and its config's folder.
+struct Traced {
+    gateway: Tollgate,
+    upstream: Upstream,
+    _dir: tempfile::TempDir,
+}
+
+async fn traced(endpoint: &str, ratio: &str) -> Traced {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gateway = gateway(&dir, endpoint, ratio, &upstream);
+    Traced {
+        gateway,
+        upstream,
+        _dir: dir,
+    }
+}
+
 fn gateway(dir: &tempfile::TempDir, endpoint: &str, ratio: &str, upstream: &Upstream) -> Tollgate {
     let yaml = format!(
         r#"listen: 127.0.0.1:0
@@ -241,10 +259,12 @@ fn sent_upstream(echo: &serde_json::Value) -> String {
 #[tokio::test]
 async fn a_sampled_request_gives_a_server_span_with_its_limiter_and_upstream_children() {
     let collector = Collector::start().await;
-    let upstream = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
     // A ratio of 0 starts no trace of its own: a sampled parent is followed whatever the ratio.
-    let gateway = gateway(&dir, &collector.url, "0", &upstream);
+    let Traced {
+        gateway,
+        upstream,
+        _dir,
+    } = traced(&collector.url, "0").await;
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent = "00f067aa0ba902b7";
     let admitted = get(
@@ -344,9 +364,11 @@ async fn a_sampled_request_gives_a_server_span_with_its_limiter_and_upstream_chi
 #[tokio::test]
 async fn an_unsampled_request_records_nothing_but_still_sends_a_traceparent_upstream() {
     let collector = Collector::start().await;
-    let upstream = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let gateway = gateway(&dir, &collector.url, "0", &upstream);
+    let Traced {
+        gateway,
+        upstream: _upstream,
+        _dir,
+    } = traced(&collector.url, "0").await;
     // No traceparent, ratio 0: a new trace, not sampled.
     let fresh: serde_json::Value = echo(get(&gateway, "/api/a", Some("u1"), None).await).await;
     let fresh = sent_upstream(&fresh);
@@ -396,9 +418,11 @@ async fn an_unsampled_request_records_nothing_but_still_sends_a_traceparent_upst
 #[tokio::test]
 async fn a_ratio_of_one_samples_every_new_trace() {
     let collector = Collector::start().await;
-    let upstream = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let gateway = gateway(&dir, &collector.url, "1.0", &upstream);
+    let Traced {
+        gateway,
+        upstream: _upstream,
+        _dir,
+    } = traced(&collector.url, "1.0").await;
     let echo: serde_json::Value = echo(get(&gateway, "/api/a", Some("u1"), None).await).await;
     let sent = sent_upstream(&echo);
     assert!(sent.ends_with("-01"), "{sent}");
@@ -426,9 +450,11 @@ async fn a_collector_that_is_down_costs_dropped_spans_not_requests() {
     let closed = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let endpoint = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
-    let upstream = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let gateway = gateway(&dir, &endpoint, "1", &upstream);
+    let Traced {
+        gateway,
+        upstream: _upstream,
+        _dir,
+    } = traced(&endpoint, "1").await;
     for i in 0..20 {
         let status = get(&gateway, "/api/a", Some(&format!("user-{i}")), None)
             .await
@@ -462,9 +488,11 @@ async fn a_collector_that_never_answers_fills_a_bounded_queue_and_requests_go_on
             open.push(stream);
         }
     });
-    let upstream = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let gateway = gateway(&dir, &endpoint, "1", &upstream);
+    let Traced {
+        gateway,
+        upstream: _upstream,
+        _dir,
+    } = traced(&endpoint, "1").await;
     // 3 spans a request: 2,000 requests are more than the queue's 4,096 spans and one batch of 512 on its way.
     let requests = (0..2000).map(|i| {
         let url = gateway.url("/api/a");
@@ -499,9 +527,11 @@ async fn a_collector_that_never_answers_fills_a_bounded_queue_and_requests_go_on
 #[tokio::test]
 async fn spans_reach_a_grpc_collector() {
     let collector = Collector::start_grpc().await;
-    let upstream = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let gateway = gateway(&dir, &collector.url, "1", &upstream);
+    let Traced {
+        gateway,
+        upstream: _upstream,
+        _dir,
+    } = traced(&collector.url, "1").await;
     let trace_id = "5bf92f3577b34da6a3ce929d0e0e4736";
     let response = get(
         &gateway,
@@ -522,9 +552,11 @@ async fn spans_reach_a_grpc_collector() {
 #[tokio::test]
 async fn a_shadow_limit_that_would_deny_is_named_on_the_admitted_request() {
     let collector = Collector::start().await;
-    let upstream = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let gateway = gateway(&dir, &collector.url, "1", &upstream);
+    let Traced {
+        gateway,
+        upstream: _upstream,
+        _dir,
+    } = traced(&collector.url, "1").await;
     let traces = [
         "6bf92f3577b34da6a3ce929d0e0e4736",
         "7bf92f3577b34da6a3ce929d0e0e4736",
