@@ -343,3 +343,52 @@ async fn the_last_reloads_are_listed_with_why_one_was_refused() {
     assert!(applied < refused, "newest first: {list}");
     assert!(list.contains("gateway.yaml:"), "{list}");
 }
+
+/// The row of the upstream target `target` in `dom`'s upstream table: its `data-state`.
+fn target_state(dom: &str, target: &str) -> String {
+    let marker = format!("data-target=\"{target}\" data-state=\"");
+    let start = dom
+        .find(&marker)
+        .unwrap_or_else(|| panic!("no row for {target} in {dom}"))
+        + marker.len();
+    dom[start..start + dom[start..].find('"').expect("state end")].to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_each_upstream_target_up_or_skipped() {
+    let upstream = common::upstream::Upstream::start().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dead = closed.local_addr().expect("addr");
+    drop(closed);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("gateway.yaml");
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0, token: {TOKEN} }}\nstore:\n  backend: memory\nupstreams:\n  backend:\n    targets: [\"{}\", \"http://{dead}\"]\n    health: {{ max_fails: 1, fail_timeout: 1h }}\nroutes:\n  - name: api\n    match: {{ path_prefix: /api }}\n    upstream: backend\n",
+        upstream.url()
+    );
+    std::fs::write(&path, yaml).expect("write config");
+    let tollgate = Tollgate::run(&path);
+    // Round robin meets the dead target within two requests; retried on the live one, both answer 200.
+    for _ in 0..2 {
+        let response = client()
+            .get(tollgate.url("/api"))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status(), 200);
+    }
+    let stats = stats(&tollgate).await;
+    assert_eq!(stats["upstreams"][0]["name"], "backend", "{stats}");
+    let (dom, log) = tokio::task::block_in_place(|| browse(&tollgate, None));
+    assert!(!log.contains("Uncaught"), "a script error:\n{log}");
+    assert_eq!(target_state(&dom, &upstream.url()), "up", "{dom}");
+    assert_eq!(
+        target_state(&dom, &format!("http://{dead}")),
+        "down",
+        "{dom}"
+    );
+    assert!(
+        dom.contains("data-fits=\"true\""),
+        "wider than a phone: {dom}"
+    );
+}

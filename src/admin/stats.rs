@@ -59,6 +59,7 @@ pub(super) async fn stats(
     let mut shown = answer(&samples, readiness);
     shown["top"] = super::top::for_stats(&admin);
     shown["consumers"]["nearest"] = super::top::nearest_for_stats(&admin);
+    shown["upstreams"] = json!(super::upstreams::health(&admin));
     shown["reloads"]["last"] = admin
         .gateway
         .last_reloads()

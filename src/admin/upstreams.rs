@@ -17,7 +17,12 @@ pub(super) async fn upstreams(
     headers: HeaderMap,
 ) -> Result<Json<Value>, AdminError> {
     admin.authorize(&headers)?;
-    let upstreams: Vec<Value> = admin
+    Ok(Json(json!({ "upstreams": health(&admin) })))
+}
+
+/// Each upstream with its targets' health, as `/upstreams` and `/stats` show it.
+pub(super) fn health(admin: &Admin) -> Vec<Value> {
+    admin
         .gateway
         .upstreams()
         .iter()
@@ -29,8 +34,7 @@ pub(super) async fn upstreams(
                 .collect();
             json!({ "name": upstream.name(), "targets": targets })
         })
-        .collect();
-    Ok(Json(json!({ "upstreams": upstreams })))
+        .collect()
 }
 
 /// Brings `tollgate_upstream_target_up` up to date before a scrape: a target's skip ends when its `fail_timeout`
