@@ -764,6 +764,14 @@ async fn an_import_sets_many_consumers_on_every_instance_and_a_bad_line_sets_non
         serve_admin(&other, Some(TOKEN)).await,
     );
     let http = client();
+    // Both instances ready first: until its Redis connection is up an instance answers 503, not an import.
+    for admin in [&admin_one, &admin_other] {
+        let ready = eventually(ONE_SECOND * 10, async || {
+            call(http.get(format!("{admin}/readyz"))).await.0 == 200
+        })
+        .await;
+        assert!(ready.is_some(), "{admin} never ready");
+    }
     let digest = tollgate::consumers::digest_hex(&api_key_digest("tg_imported"));
     let mut body: String = (0..2500)
         .map(|i| format!("{{\"consumer\":\"user-{i}\",\"record\":{{\"plan\":\"pro\"}}}}\n"))
