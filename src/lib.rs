@@ -51,6 +51,7 @@ pub use ipnet::IpNet;
 #[cfg(feature = "gateway")]
 pub mod admin;
 pub mod admission;
+mod civil;
 pub mod config;
 pub mod consumers;
 #[cfg(feature = "gateway")]

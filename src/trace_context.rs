@@ -74,11 +74,11 @@ impl TraceContext {
         HeaderValue::from_bytes(&text).unwrap_or_else(|_| HeaderValue::from_static(""))
     }
 
-    /// The trace id as 32 lower-case hex digits.
-    pub fn trace_id_hex(&self) -> String {
+    /// The trace id as 32 lower-case hex digits (ASCII).
+    pub fn trace_id_hex(&self) -> [u8; 32] {
         let mut text = [0u8; 32];
         write_hex(&mut text, &self.trace_id);
-        String::from_utf8_lossy(&text).into_owned()
+        text
     }
 }
 
@@ -130,7 +130,7 @@ mod tests {
         let text = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let context = parsed(text).expect("well formed");
         assert!(context.sampled);
-        assert_eq!(context.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(&context.trace_id_hex(), b"4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(context.traceparent(), text);
         assert!(
             !parsed("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00")

@@ -153,6 +153,11 @@ impl Trail {
         self.lock().clone()
     }
 
+    /// Reads what was noted so far, in place.
+    pub fn read<R>(&self, read: impl FnOnce(&Noted) -> R) -> R {
+        read(&self.lock())
+    }
+
     /// The body bytes read from the client so far.
     pub fn received(&self) -> u64 {
         self.received.load(Ordering::Relaxed)

@@ -13,6 +13,11 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response};
 use http_body::{Frame, SizeHint};
 
+mod line;
+
+pub use line::{write_directly, LineFormat};
+
+use self::line::Fields;
 use super::trace::{self, Served, Tracer};
 use crate::trace_context::TraceContext;
 use crate::trail::{Received, Trail};
@@ -138,26 +143,33 @@ impl AccessLine {
     }
 
     fn write(&self) {
-        let noted = self.trail.noted();
-        tracing::info!(
-            target: TARGET,
-            method = %self.method,
-            path = &*self.path,
-            route = self.route.as_deref().unwrap_or("none"),
-            status = self.status,
-            client = %self.client,
-            peer = %self.peer,
-            request_id = self.request_id.to_str().unwrap_or_default(),
-            trace_id = self.trace_id.as_ref().map(TraceContext::trace_id_hex),
-            limit = noted.limit.as_deref(),
-            consumer = noted.consumer.as_deref(),
-            plan = noted.plan.as_deref(),
-            upstream = noted.upstream.as_ref().and_then(|target| target.to_str().ok()),
-            upstream_us = noted.upstream_time.map(|time| micros(time.as_micros())),
-            bytes_received = self.trail.received(),
-            bytes_sent = self.sent,
-            duration_us = micros(self.started.elapsed().as_micros()),
-        );
+        let trace_id = self.trace_id.as_ref().map(TraceContext::trace_id_hex);
+        self.trail.read(|noted| {
+            Fields {
+                method: self.method.as_str(),
+                path: &self.path,
+                route: self.route.as_deref().unwrap_or("none"),
+                status: self.status,
+                client: self.client,
+                peer: self.peer,
+                request_id: self.request_id.to_str().unwrap_or_default(),
+                trace_id: trace_id
+                    .as_ref()
+                    .and_then(|hex| std::str::from_utf8(hex).ok()),
+                limit: noted.limit.as_deref(),
+                consumer: noted.consumer.as_deref(),
+                plan: noted.plan.as_deref(),
+                upstream: noted
+                    .upstream
+                    .as_ref()
+                    .and_then(|target| target.to_str().ok()),
+                upstream_us: noted.upstream_time.map(|time| micros(time.as_micros())),
+                bytes_received: self.trail.received(),
+                bytes_sent: self.sent,
+                duration_us: micros(self.started.elapsed().as_micros()),
+            }
+            .write();
+        });
     }
 }
 
