@@ -60,6 +60,8 @@ pub struct LimiterCall {
     pub fallback: bool,
     /// How many limits (keys) it asked about.
     pub keys: usize,
+    /// How many requests the Redis call that decided it carried, itself included; 0 when no Redis call did.
+    pub batch: u32,
 }
 
 /// The request sent upstream, as its span tells it.

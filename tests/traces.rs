@@ -15,6 +15,7 @@ use axum::Router;
 use common::binary::Tollgate;
 use common::eventually;
 use common::http_client::{client, metrics_text};
+use common::redis::RedisServer;
 use common::upstream::Upstream;
 use futures_util::StreamExt;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
@@ -182,9 +183,14 @@ struct Traced {
 }
 
 async fn traced(endpoint: &str, ratio: &str) -> Traced {
+    traced_on(endpoint, ratio, None).await
+}
+
+/// [`traced`] with its limits in `redis` (the memory store when `None`).
+async fn traced_on(endpoint: &str, ratio: &str, redis: Option<&RedisServer>) -> Traced {
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let gateway = gateway(&dir, endpoint, ratio, &upstream);
+    let gateway = gateway(&dir, endpoint, ratio, &upstream, redis);
     Traced {
         gateway,
         upstream,
@@ -192,14 +198,20 @@ async fn traced(endpoint: &str, ratio: &str) -> Traced {
     }
 }
 
-fn gateway(dir: &tempfile::TempDir, endpoint: &str, ratio: &str, upstream: &Upstream) -> Tollgate {
+fn gateway(
+    dir: &tempfile::TempDir,
+    endpoint: &str,
+    ratio: &str,
+    upstream: &Upstream,
+    redis: Option<&RedisServer>,
+) -> Tollgate {
+    let store = common::store_yaml(redis);
     let yaml = format!(
         r#"listen: 127.0.0.1:0
 admin:
   listen: 127.0.0.1:0
 store:
-  backend: memory
-telemetry:
+{store}telemetry:
   otlp:
     endpoint: {endpoint}
     service_name: edge-gateway
@@ -315,6 +327,8 @@ async fn a_sampled_request_gives_a_server_span_with_its_limiter_and_upstream_chi
         attribute(limiter, "tollgate.fallback").as_deref(),
         Some("false")
     );
+    // The memory store makes no call that could carry others.
+    assert_eq!(attribute(limiter, "tollgate.batch_size"), None);
 
     let client_span = named(&spans, CLIENT);
     assert_eq!(client_span.parent_span_id, server.span_id);
@@ -586,4 +600,64 @@ async fn a_shadow_limit_that_would_deny_is_named_on_the_admitted_request() {
         attribute(server, "tollgate.shadow_denied").as_deref(),
         Some("cap")
     );
+}
+
+#[tokio::test]
+async fn a_limiter_span_on_redis_tells_how_many_requests_its_call_carried() {
+    let redis = RedisServer::start();
+    let collector = Collector::start().await;
+    let Traced {
+        gateway,
+        upstream: _upstream,
+        _dir,
+    } = traced_on(&collector.url, "1.0", Some(&redis)).await;
+    let limiter_spans = || -> Vec<Span> {
+        collector
+            .spans()
+            .into_iter()
+            .map(|(_, span)| span)
+            .filter(|span| span.kind == INTERNAL)
+            .collect()
+    };
+
+    // Alone, a request's check is a call of its own.
+    let sent = sent_upstream(&echo(get(&gateway, "/api/a", Some("solo"), None).await).await);
+    let spans = collector.trace(&sent[3..35], 3).await;
+    let limiter = named(&spans, INTERNAL);
+    assert_eq!(
+        attribute(limiter, "tollgate.store").as_deref(),
+        Some("redis")
+    );
+    assert_eq!(
+        attribute(limiter, "tollgate.batch_size").as_deref(),
+        Some("1")
+    );
+
+    // A burst: every request of a call reports the call's size, so calls of b requests give a multiple of b spans
+    // of size b, however the batcher happened to group them.
+    let users: Vec<String> = (0..64).map(|i| format!("u{i}")).collect();
+    let burst = users
+        .iter()
+        .map(|user| get(&gateway, "/api/b", Some(user), None));
+    for response in futures_util::future::join_all(burst).await {
+        assert_eq!(response.status(), 200);
+    }
+    eventually(Duration::from_secs(10), async || {
+        limiter_spans().len() >= 65
+    })
+    .await;
+    let mut sizes = std::collections::BTreeMap::<u64, usize>::new();
+    for span in limiter_spans() {
+        let size = attribute(&span, "tollgate.batch_size").expect("a batch size on Redis");
+        *sizes.entry(size.parse().expect("a number")).or_default() += 1;
+    }
+    assert_eq!(sizes.values().sum::<usize>(), 65, "{sizes:?}");
+    for (&size, &count) in &sizes {
+        assert!((1..=128).contains(&size), "{sizes:?}");
+        assert_eq!(
+            count as u64 % size,
+            0,
+            "calls of {size} requests: {sizes:?}"
+        );
+    }
 }

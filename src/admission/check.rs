@@ -38,6 +38,7 @@ pub(super) async fn check<R: Reserve>(
             store: limiter.backend().name(),
             fallback: checked.decided_by == DecidedBy::Fallback,
             keys: checked.outcome.decisions.len(),
+            batch: checked.outcome.batch,
         });
     }
     if checked.outcome.allowed {

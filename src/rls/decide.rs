@@ -101,6 +101,7 @@ pub async fn decide<'d>(
         let unasked = Outcome {
             allowed: false,
             decisions: Vec::new(),
+            batch: 0,
         };
         let refusal = Refusal::RateLimited {
             checked: crate::admission::Checked::of_every_limit(unasked),

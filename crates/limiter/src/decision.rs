@@ -26,12 +26,24 @@ pub struct Decision {
 }
 
 /// The combined answer of every limit of a route, in the order of the route's limits.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+///
+/// Two outcomes are equal when they decide the same: how the store call was batched is not compared.
+#[derive(Debug, Clone, Eq, Default)]
 pub struct Outcome {
     /// True when every limit admitted the request (and so it consumed from each).
     pub allowed: bool,
     /// One decision per limit; empty when no store could decide and the policy admitted the request.
     pub decisions: Vec<Decision>,
+    /// How many requests' checks the Redis call that decided this one carried, itself included (the batcher
+    /// coalesces concurrent requests; on Redis Cluster, the largest of its per-slot calls); 0 when no Redis call
+    /// decided it (the memory store, the fallback, a remembered denial).
+    pub batch: u32,
+}
+
+impl PartialEq for Outcome {
+    fn eq(&self, other: &Self) -> bool {
+        self.allowed == other.allowed && self.decisions == other.decisions
+    }
 }
 
 impl Decision {

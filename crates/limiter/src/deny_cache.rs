@@ -68,6 +68,7 @@ impl DenyCache {
         Some(Outcome {
             allowed: false,
             decisions,
+            batch: 0,
         })
     }
 
@@ -249,6 +250,7 @@ mod tests {
         Outcome {
             allowed: false,
             decisions,
+            batch: 0,
         }
     }
 
@@ -300,6 +302,7 @@ mod tests {
         let admitted = Outcome {
             allowed: true,
             decisions: vec![admitting],
+            batch: 0,
         };
         cache.learn(&both[..1], &admitted, 2);
         assert_eq!(cache.answer(&both[..1], 3), None);

@@ -136,6 +136,7 @@ mod tests {
                 delay_ms: 0,
                 owed: 0,
             }],
+            batch: 0,
         };
         let reported = LastReported::default();
         reported.remember(&checks, &decided(10, 10_000), 1_000);

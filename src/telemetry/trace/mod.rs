@@ -87,16 +87,21 @@ impl Tracer {
     ) {
         let noted = trail.noted();
         if let Some(call) = &noted.limiter_call {
+            let mut attributes = vec![
+                KeyValue::text("tollgate.store", call.store),
+                KeyValue::flag("tollgate.fallback", call.fallback),
+                KeyValue::int("tollgate.keys", call.keys as i64),
+            ];
+            // Only a Redis call has a size: the requests the batcher sent in it.
+            if call.batch > 0 {
+                attributes.push(KeyValue::int("tollgate.batch_size", i64::from(call.batch)));
+            }
             self.queue.push(Span {
                 name: "rate limit check".to_owned(),
                 kind: span_kind::INTERNAL,
                 start_time_unix_nano: unix_nanos(call.start),
                 end_time_unix_nano: unix_nanos(call.start + call.took),
-                attributes: vec![
-                    KeyValue::text("tollgate.store", call.store),
-                    KeyValue::flag("tollgate.fallback", call.fallback),
-                    KeyValue::int("tollgate.keys", call.keys as i64),
-                ],
+                attributes,
                 ..ids(&span.child(), Some(span.span_id))
             });
         }

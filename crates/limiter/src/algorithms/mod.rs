@@ -144,7 +144,11 @@ pub fn combine(
             ev.admitted
         })
         .collect();
-    Outcome { allowed, decisions }
+    Outcome {
+        allowed,
+        decisions,
+        batch: 0,
+    }
 }
 
 impl<S> Transition<S> {

@@ -171,6 +171,7 @@ impl RateLimiter {
             let outcome = Outcome {
                 allowed: true,
                 decisions: Vec::new(),
+                batch: 0,
             };
             return Ok((outcome, DecidedBy::Nobody));
         }

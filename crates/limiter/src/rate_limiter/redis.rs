@@ -321,6 +321,7 @@ impl RateLimiter {
                 let outcome = Outcome {
                     allowed: true,
                     decisions: Vec::new(),
+                    batch: 0,
                 };
                 Ok((outcome, DecidedBy::Nobody))
             }

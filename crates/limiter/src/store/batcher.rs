@@ -339,6 +339,7 @@ mod tests {
                         delay_ms: 0,
                         owed: 0,
                     }],
+                    batch: 0,
                 }));
             }
         }

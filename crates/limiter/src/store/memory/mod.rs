@@ -499,6 +499,7 @@ fn refusal(
     Outcome {
         allowed: false,
         decisions,
+        batch: 0,
     }
 }
 

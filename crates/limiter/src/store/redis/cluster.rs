@@ -187,8 +187,10 @@ pub(super) fn merge(
 ) -> Result<Outcome, StoreError> {
     let mut decisions: Vec<Option<Decision>> = vec![None; limits];
     let mut allowed = true;
+    let mut batch = 0;
     for (group, outcome) in groups.iter().zip(outcomes) {
         allowed &= outcome.allowed;
+        batch = batch.max(outcome.batch);
         for (&i, decision) in group.iter().zip(outcome.decisions) {
             decisions[i] = Some(decision);
         }
@@ -197,7 +199,11 @@ pub(super) fn merge(
         .into_iter()
         .collect::<Option<Vec<_>>>()
         .ok_or_else(|| StoreError::Reply(format!("missing decisions for {limits} limits")))?;
-    Ok(Outcome { allowed, decisions })
+    Ok(Outcome {
+        allowed,
+        decisions,
+        batch,
+    })
 }
 
 /// Polls every future concurrently and returns their outputs in order (the per-slot calls go to different
@@ -279,14 +285,17 @@ mod tests {
             Outcome {
                 allowed: true,
                 decisions: vec![decision(1), decision(3)],
+                batch: 2,
             },
             Outcome {
                 allowed: false,
                 decisions: vec![decision(0)],
+                batch: 5,
             },
         ];
         let merged = merge(3, &groups, outcomes).expect("complete");
         assert!(!merged.allowed);
+        assert_eq!(merged.batch, 5, "the largest per-slot call");
         let remaining: Vec<u64> = merged.decisions.iter().map(|d| d.remaining).collect();
         assert_eq!(remaining, [1, 0, 3]);
         assert!(merge(3, &groups[..1], Vec::new()).is_err());

@@ -448,6 +448,7 @@ pub(super) fn parse_reply(
             outcomes.push(Ok(Outcome {
                 allowed: true,
                 decisions: Vec::new(),
+                batch: 0,
             }));
             continue;
         }
@@ -478,10 +479,15 @@ pub(super) fn parse_reply(
                 .zip(&request.limits)
                 .map(|(fields, limit)| decision_of(limit, fields))
                 .collect(),
+            batch: 0,
         }));
     }
     if !rest.is_empty() || at != requests.len() {
         return Err(wrong_length());
+    }
+    let batch = u32::try_from(requests.len()).unwrap_or(u32::MAX);
+    for outcome in outcomes.iter_mut().flatten() {
+        outcome.batch = batch;
     }
     Ok(outcomes)
 }

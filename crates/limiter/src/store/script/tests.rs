@@ -200,7 +200,9 @@ fn entries_reached_past_their_deadline_are_late_and_the_others_decided() {
     let outcomes = parse_reply(&reply, &[&two, &two, &one], &[2, 1]).expect("well formed");
     assert!(matches!(outcomes[0], Err(StoreError::Late)));
     assert!(matches!(outcomes[1], Err(StoreError::Late)));
-    assert!(outcomes[2].as_ref().expect("decided").allowed);
+    let decided = outcomes[2].as_ref().expect("decided");
+    assert!(decided.allowed);
+    assert_eq!(decided.batch, 3, "the call carried three requests");
     assert_eq!(outcomes.len(), 3);
 }
 
