@@ -15,8 +15,9 @@ use axum::Router;
 use common::binary::Tollgate;
 use common::eventually;
 use common::http_client::{client, metrics_text};
+use common::pki::{Issued, TestCa};
 use common::redis::RedisServer;
-use common::upstream::Upstream;
+use common::upstream::{serve_tls, TlsServer, Upstream};
 use futures_util::StreamExt;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -105,6 +106,27 @@ impl TraceService for GrpcCollector {
 }
 
 impl Collector {
+    /// The receiver over TLS with `server`'s certificate: OTLP/HTTP (`https://`), or gRPC (`grpcs://`).
+    async fn start_tls(server: &Issued, grpc: bool) -> (Self, TlsServer) {
+        let received = Received::default();
+        let app = if grpc {
+            let service = TraceServiceServer::new(GrpcCollector(received.clone()));
+            tonic::service::Routes::new(service).into_axum_router()
+        } else {
+            Router::new()
+                .route("/v1/traces", post(receive))
+                .with_state(received.clone())
+        };
+        let served = serve_tls(app, server, None).await;
+        let scheme = if grpc { "grpcs" } else { "https" };
+        let collector = Self {
+            url: format!("{scheme}://{}", served.addr),
+            received,
+            _task: tokio::spawn(async {}),
+        };
+        (collector, served)
+    }
+
     async fn start_grpc() -> Self {
         let received = Received::default();
         let service = TraceServiceServer::new(GrpcCollector(received.clone()));
@@ -660,4 +682,48 @@ async fn a_limiter_span_on_redis_tells_how_many_requests_its_call_carried() {
             "calls of {size} requests: {sizes:?}"
         );
     }
+}
+
+#[tokio::test]
+async fn spans_reach_collectors_over_tls_whose_certificate_chains_to_the_ca_file_only() {
+    let certificates = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new(certificates.path(), "collector");
+    let issued = ca.issue("collector", &["127.0.0.1"]);
+    for grpc in [false, true] {
+        let (collector, _served) = Collector::start_tls(&issued, grpc).await;
+        // The endpoint's line, then the CA file that its certificate chains to.
+        let trusting = format!("{}\n    ca_file: {}", collector.url, ca.ca_file.display());
+        let Traced {
+            gateway,
+            upstream: _upstream,
+            _dir,
+        } = traced(&trusting, "1.0").await;
+        let sent = sent_upstream(&echo(get(&gateway, "/api/a", Some("u1"), None).await).await);
+        let spans = collector.trace(&sent[3..35], 3).await;
+        assert_eq!(named(&spans, SERVER).name, "GET api", "grpc: {grpc}");
+    }
+
+    // Trusting another CA, the handshake fails: the spans are dropped and counted, and the request is served all
+    // the same.
+    let other = TestCa::new(certificates.path(), "other");
+    let (collector, _served) = Collector::start_tls(&issued, false).await;
+    let distrusting = format!(
+        "{}\n    ca_file: {}",
+        collector.url,
+        other.ca_file.display()
+    );
+    let Traced {
+        gateway,
+        upstream: _upstream,
+        _dir,
+    } = traced(&distrusting, "1.0").await;
+    assert_eq!(
+        get(&gateway, "/api/a", Some("u1"), None).await.status(),
+        200
+    );
+    eventually(Duration::from_secs(10), async || {
+        dropped_spans(&gateway).await >= 3.0
+    })
+    .await;
+    assert!(collector.spans().is_empty());
 }

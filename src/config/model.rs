@@ -57,17 +57,20 @@ pub struct TelemetrySettings {
 /// How spans travel to the collector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OtlpProtocol {
-    /// OTLP/HTTP: protobuf bodies POSTed (`http://` endpoints).
+    /// OTLP/HTTP: protobuf bodies POSTed (`http://` endpoints, `https://` over TLS).
     Http,
-    /// OTLP/gRPC over HTTP/2 in clear (`grpc://` endpoints).
+    /// OTLP/gRPC over HTTP/2 (`grpc://` endpoints, `grpcs://` over TLS).
     Grpc,
 }
 
 /// `telemetry.otlp:`: where spans are sent, and which.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OtlpSettings {
-    /// The collector's traces address: `http://HOST:4318/v1/traces` for OTLP/HTTP, `http://HOST:4317` for gRPC.
+    /// The collector's traces address: `http://HOST:4318/v1/traces` for OTLP/HTTP, `http://HOST:4317` for gRPC;
+    /// `https://` when it is reached over TLS.
     pub endpoint: http::Uri,
+    /// The PEM file of the certificates a TLS collector's must chain to, instead of the system's roots.
+    pub ca_file: Option<PathBuf>,
     /// How spans are sent.
     pub protocol: OtlpProtocol,
     /// The `service.name` the spans carry (default `tollgate`).

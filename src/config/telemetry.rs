@@ -1,11 +1,14 @@
 //! `telemetry:`, where the gateway sends its traces: an OpenTelemetry collector's address, the service name its
 //! spans carry, and the share of new traces kept.
 
+use std::path::Path;
+
 use serde::Deserialize;
 
 use super::raw::scalar_text;
 use super::validate::Issues;
 use crate::config::{OtlpProtocol, OtlpSettings, TelemetrySettings};
+use crate::proxy::trusted_roots;
 
 /// `telemetry:` as written.
 #[derive(Debug, Default, Deserialize)]
@@ -23,6 +26,7 @@ pub(crate) struct RawOtlp {
     pub service_name: String,
     #[serde(default = "default_sample_ratio")]
     pub sample_ratio: f64,
+    pub ca_file: Option<String>,
 }
 
 fn default_service_name() -> String {
@@ -34,38 +38,57 @@ fn default_sample_ratio() -> f64 {
 }
 
 /// `telemetry:` validated.
-pub(crate) fn telemetry(issues: &mut Issues, raw: &RawTelemetry) -> TelemetrySettings {
+/// `telemetry:` validated, its `ca_file` resolved against `folder` and read.
+pub(crate) fn telemetry(
+    issues: &mut Issues,
+    raw: &RawTelemetry,
+    folder: &Path,
+) -> TelemetrySettings {
     TelemetrySettings {
-        otlp: raw.otlp.as_ref().and_then(|otlp| self::otlp(issues, otlp)),
+        otlp: raw
+            .otlp
+            .as_ref()
+            .and_then(|otlp| self::otlp(issues, otlp, folder)),
     }
 }
 
-fn otlp(issues: &mut Issues, raw: &RawOtlp) -> Option<OtlpSettings> {
+fn otlp(issues: &mut Issues, raw: &RawOtlp, folder: &Path) -> Option<OtlpSettings> {
     let before = issues.count();
     let endpoint = match raw.endpoint.parse::<http::Uri>() {
         Ok(uri)
-            if uri.authority().is_some() && matches!(uri.scheme_str(), Some("http" | "grpc")) =>
+            if uri.authority().is_some()
+                && matches!(uri.scheme_str(), Some("http" | "https" | "grpc" | "grpcs")) =>
         {
             Some(uri)
-        }
-        Ok(uri) if uri.scheme_str() == Some("https") => {
-            issues.add(
-                "telemetry.otlp.endpoint",
-                "https:// is not supported yet: send to a collector or agent beside the gateway, in clear (http://HOST:4318 or grpc://HOST:4317)",
-            );
-            None
         }
         _ => {
             issues.add(
                 "telemetry.otlp.endpoint",
                 format_args!(
-                    "not an OTLP address (http://HOST:PORT for OTLP/HTTP, grpc://HOST:PORT for OTLP/gRPC): {:?}",
+                    "not an OTLP address (http://HOST:PORT or https:// for OTLP/HTTP, grpc://HOST:PORT or grpcs:// \
+                     for OTLP/gRPC): {:?}",
                     raw.endpoint
                 ),
             );
             None
         }
     };
+    let over_tls = endpoint
+        .as_ref()
+        .is_some_and(|uri| matches!(uri.scheme_str(), Some("https" | "grpcs")));
+    let ca_file = raw.ca_file.as_ref().map(|file| folder.join(file));
+    if ca_file.is_some() && endpoint.is_some() && !over_tls {
+        issues.add(
+            "telemetry.otlp.ca_file",
+            "trusts a TLS collector's certificate: the endpoint must be https:// or grpcs://",
+        );
+    } else if over_tls {
+        // Read now, so that an unreadable file or a system without roots is a located error, not a silent export
+        // failure later.
+        if let Err(error) = trusted_roots(ca_file.as_deref()) {
+            issues.add("telemetry.otlp.ca_file", error.message);
+        }
+    }
     if raw.service_name.trim().is_empty() {
         issues.add("telemetry.otlp.service_name", "must not be empty");
     }
@@ -80,11 +103,12 @@ fn otlp(issues: &mut Issues, raw: &RawOtlp) -> Option<OtlpSettings> {
     }
     let endpoint = endpoint?;
     let (endpoint, protocol) = match endpoint.scheme_str() {
-        Some("grpc") => (grpc_address(endpoint), OtlpProtocol::Grpc),
+        Some("grpc" | "grpcs") => (grpc_address(endpoint, over_tls), OtlpProtocol::Grpc),
         _ => (traces_address(endpoint), OtlpProtocol::Http),
     };
     Some(OtlpSettings {
         endpoint,
+        ca_file,
         protocol,
         service_name: raw.service_name.trim().to_owned(),
         sample_ratio: raw.sample_ratio,
@@ -103,10 +127,15 @@ fn traces_address(endpoint: http::Uri) -> http::Uri {
         .unwrap_or_else(|_| http::Uri::from_static("http://127.0.0.1:4318/v1/traces"))
 }
 
-/// The `http://` origin a gRPC endpoint's calls go to (the method's path is the call's own).
-fn grpc_address(endpoint: http::Uri) -> http::Uri {
+/// The `http://` (over TLS: `https://`) origin a gRPC endpoint's calls go to (the method's path is the call's
+/// own).
+fn grpc_address(endpoint: http::Uri, over_tls: bool) -> http::Uri {
     let mut parts = endpoint.into_parts();
-    parts.scheme = Some(http::uri::Scheme::HTTP);
+    parts.scheme = Some(if over_tls {
+        http::uri::Scheme::HTTPS
+    } else {
+        http::uri::Scheme::HTTP
+    });
     parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
     http::Uri::from_parts(parts)
         .unwrap_or_else(|_| http::Uri::from_static("http://127.0.0.1:4317/"))

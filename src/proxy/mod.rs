@@ -22,7 +22,7 @@ pub use body::{discard, ClientBody, ClientBodyError, Discarding, LimitedBody};
 #[cfg(feature = "gateway")]
 pub use headers::{clean_client_fields, prepare_request, ClientFieldRules, ForwardedFacts, VIA};
 pub use settings::{HealthSettings, UpstreamSettings};
-pub use tls::{TlsDialer, TlsFieldError, TlsFiles, UpstreamTls};
+pub use tls::{client_config, trusted_roots, TlsDialer, TlsFieldError, TlsFiles, UpstreamTls};
 // The PEM readers, which the TLS listener's certificates use too.
 #[cfg(feature = "gateway")]
 pub(crate) use health::HealthView;

@@ -60,18 +60,7 @@ impl UpstreamTls {
                 })
             })
             .transpose()?;
-        let roots = match &files.ca_file {
-            Some(path) => Arc::new(roots_from_file(path, "ca_file")?),
-            None => system_roots()?,
-        };
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|error| TlsFieldError {
-                field: "",
-                message: error.to_string(),
-            })?
-            .with_root_certificates(roots);
+        let builder = client_builder(trusted_roots(files.ca_file.as_deref())?)?;
         let mut config = match (&files.cert_file, &files.key_file) {
             (None, None) => builder.with_no_client_auth(),
             (Some(cert_file), Some(key_file)) => {
@@ -146,6 +135,34 @@ impl fmt::Debug for TlsDialer {
         f.debug_struct("TlsDialer")
             .field("server_name", &self.server_name)
             .finish_non_exhaustive()
+    }
+}
+
+/// A client's TLS settings trusting `roots`, presenting no certificate and offering no ALPN protocol (the
+/// connector using them sets its own): how tollgate reaches an `https://` trace collector.
+pub fn client_config(roots: Arc<RootCertStore>) -> Result<ClientConfig, TlsFieldError> {
+    Ok(client_builder(roots)?.with_no_client_auth())
+}
+
+fn client_builder(
+    roots: Arc<RootCertStore>,
+) -> Result<rustls::ConfigBuilder<ClientConfig, rustls::client::WantsClientCert>, TlsFieldError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|error| TlsFieldError {
+            field: "",
+            message: error.to_string(),
+        })?
+        .with_root_certificates(roots))
+}
+
+/// The certificates trusted: those of the PEM file `ca_file`, or the system's roots (read once per process;
+/// `SSL_CERT_FILE` and `SSL_CERT_DIR` override where from).
+pub fn trusted_roots(ca_file: Option<&Path>) -> Result<Arc<RootCertStore>, TlsFieldError> {
+    match ca_file {
+        Some(path) => Ok(Arc::new(roots_from_file(path, "ca_file")?)),
+        None => system_roots(),
     }
 }
 

@@ -63,7 +63,7 @@ pub(crate) fn validate(
         .tls
         .as_ref()
         .and_then(|block| crate::config::tls::tls(&mut issues, block, folder));
-    let telemetry = crate::config::telemetry::telemetry(&mut issues, &raw.telemetry);
+    let telemetry = crate::config::telemetry::telemetry(&mut issues, &raw.telemetry, folder);
     let (Some(listen), Some(admin), Some(store), Some(client_ip), Some(server)) =
         (listen, admin, store, client_ip, server)
     else {

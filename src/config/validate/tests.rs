@@ -649,20 +649,48 @@ fn telemetry_otlp_is_checked_and_its_path_defaults_to_v1_traces() {
             "telemetry:\n  otlp:\n    endpoint: collector:4318\n    service_name: \" \"\n    sample_ratio: 1.5\n"
         ),
         vec![
-            "telemetry.otlp.endpoint: not an OTLP address (http://HOST:PORT for OTLP/HTTP, grpc://HOST:PORT for OTLP/gRPC): \"collector:4318\"",
+            "telemetry.otlp.endpoint: not an OTLP address (http://HOST:PORT or https:// for OTLP/HTTP, grpc://HOST:PORT or grpcs:// for OTLP/gRPC): \"collector:4318\"",
             "telemetry.otlp.service_name: must not be empty",
             "telemetry.otlp.sample_ratio: must be between 0 and 1 (got 1.5)",
         ]
     );
+    assert_eq!(
+        problems("telemetry:\n  otlp:\n    endpoint: http://collector:4318\n    ca_file: ca.pem\n"),
+        vec!["telemetry.otlp.ca_file: trusts a TLS collector's certificate: the endpoint must be https:// or grpcs://"]
+    );
+    let unreadable = problems("telemetry:\n  otlp:\n    endpoint: https://collector:4318\n    ca_file: /nonexistent/ca.pem\n");
     assert!(
-        problems("telemetry:\n  otlp:\n    endpoint: https://collector:4318\n")[0]
-            .contains("https:// is not supported yet")
+        unreadable[0].starts_with("telemetry.otlp.ca_file: cannot read /nonexistent/ca.pem"),
+        "{unreadable:?}"
     );
     let grpc = parse("telemetry:\n  otlp:\n    endpoint: grpc://127.0.0.1:4317\n").unwrap();
     let grpc = grpc.telemetry.otlp.expect("otlp");
     assert_eq!(grpc.endpoint, "http://127.0.0.1:4317/");
     assert_eq!(grpc.protocol, crate::config::OtlpProtocol::Grpc);
     assert!(parse("").unwrap().telemetry.otlp.is_none());
+}
+
+#[test]
+fn telemetry_otlp_over_tls_trusts_its_ca_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, params.self_signed(&key).unwrap().pem()).unwrap();
+    let otlp = |endpoint: &str| {
+        let text = format!(
+            "telemetry:\n  otlp:\n    endpoint: {endpoint}\n    ca_file: {}\n",
+            ca_file.display()
+        );
+        parse(&text).unwrap().telemetry.otlp.expect("otlp")
+    };
+    let https = otlp("https://collector:4318");
+    assert_eq!(https.endpoint, "https://collector:4318/v1/traces");
+    assert_eq!(https.ca_file.as_deref(), Some(ca_file.as_path()));
+    let grpcs = otlp("grpcs://collector:4317");
+    assert_eq!(grpcs.endpoint, "https://collector:4317/");
+    assert_eq!(grpcs.protocol, crate::config::OtlpProtocol::Grpc);
 }
 
 #[test]

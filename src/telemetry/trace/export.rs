@@ -1,23 +1,28 @@
 //! Spans leave the request path through a bounded queue: a task batches them and sends each batch to the
-//! collector, over OTLP/HTTP (a protobuf POST) or OTLP/gRPC (the `TraceService/Export` call). A full queue (a collector slow, down or never answering) drops spans and counts them
+//! collector, over OTLP/HTTP (a protobuf POST) or OTLP/gRPC (the `TraceService/Export` call), in clear or over TLS.
+//! A full queue (a collector slow, down or never answering) drops spans and counts them
 //! in `tollgate_telemetry_dropped_spans_total`; a request never waits for the collector.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Uri};
 use http_body_util::Full;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use prost::Message;
+use rustls::RootCertStore;
 use tokio::sync::mpsc;
 
 use super::otlp::{
     ExportTraceServiceRequest, ExportTraceServiceResponse, InstrumentationScope, KeyValue,
     Resource, ResourceSpans, ScopeSpans, Span,
 };
-use crate::config::OtlpProtocol;
+use crate::config::{OtlpProtocol, OtlpSettings};
+use crate::proxy::{client_config, trusted_roots};
 
 /// The gRPC method a batch is sent to.
 const GRPC_EXPORT: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
@@ -42,10 +47,17 @@ pub(super) struct Queue {
 impl Queue {
     /// Starts the task that sends what the queue takes to `endpoint` by `protocol`, as `service_name`. Needs a
     /// tokio runtime.
-    pub(super) fn start(endpoint: Uri, protocol: OtlpProtocol, service_name: &str) -> Self {
+    pub(super) fn start(settings: &OtlpSettings) -> Self {
         let (spans, waiting) = mpsc::channel(QUEUE_SPANS);
-        let exporter = Exporter::new(endpoint, protocol, service_name);
-        tokio::spawn(exporter.run(waiting));
+        match Exporter::new(settings) {
+            Ok(exporter) => {
+                tokio::spawn(exporter.run(waiting));
+            }
+            // Read when the config was loaded: a CA file gone since. The closed queue drops and counts every span.
+            Err(error) => {
+                tracing::error!(endpoint = %settings.endpoint, %error, "traces cannot be exported: spans dropped");
+            }
+        }
         Self { spans }
     }
 
@@ -74,11 +86,10 @@ struct Exporter {
 // === impl Exporter ===
 
 impl Exporter {
-    fn new(endpoint: Uri, protocol: OtlpProtocol, service_name: &str) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(EXPORT_TIMEOUT));
-        let transport = match protocol {
+    fn new(settings: &OtlpSettings) -> Result<Self, String> {
+        let endpoint = settings.endpoint.clone();
+        let connector = connector(settings)?;
+        let transport = match settings.protocol {
             OtlpProtocol::Http => {
                 Transport::Http(Client::builder(TokioExecutor::new()).build(connector))
             }
@@ -89,12 +100,12 @@ impl Exporter {
                 Transport::Grpc(tonic::client::Grpc::with_origin(client, endpoint.clone()))
             }
         };
-        Self {
+        Ok(Self {
             transport,
             endpoint,
             resource: Resource {
                 attributes: vec![
-                    KeyValue::text("service.name", service_name),
+                    KeyValue::text("service.name", &settings.service_name),
                     KeyValue::text("service.version", env!("CARGO_PKG_VERSION")),
                 ],
             },
@@ -103,7 +114,7 @@ impl Exporter {
                 version: env!("CARGO_PKG_VERSION").to_owned(),
             },
             failing: false,
-        }
+        })
     }
 
     async fn run(mut self, mut waiting: mpsc::Receiver<Span>) {
@@ -173,16 +184,42 @@ impl Exporter {
     }
 }
 
+/// The collector's connections: TCP, and TLS for an `https` endpoint (ALPN `http/1.1` for OTLP/HTTP, `h2` for
+/// gRPC), trusting `ca_file` or the system's roots.
+type Connector = HttpsConnector<HttpConnector>;
+
+fn connector(settings: &OtlpSettings) -> Result<Connector, String> {
+    let mut tcp = HttpConnector::new();
+    tcp.set_nodelay(true);
+    tcp.set_connect_timeout(Some(EXPORT_TIMEOUT));
+    // The TLS layer above takes the `https` addresses.
+    tcp.enforce_http(false);
+    let over_tls = settings.endpoint.scheme() == Some(&http::uri::Scheme::HTTPS);
+    let roots = if over_tls {
+        trusted_roots(settings.ca_file.as_deref()).map_err(|error| error.message)?
+    } else {
+        Arc::new(RootCertStore::empty())
+    };
+    let tls = client_config(roots).map_err(|error| error.message)?;
+    let builder = HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http();
+    Ok(match settings.protocol {
+        OtlpProtocol::Http => builder.enable_http1().wrap_connector(tcp),
+        OtlpProtocol::Grpc => builder.enable_http2().wrap_connector(tcp),
+    })
+}
+
 /// How batches travel.
 enum Transport {
     /// OTLP/HTTP: a protobuf body POSTed to the traces address.
-    Http(Client<HttpConnector, Full<Bytes>>),
-    /// OTLP/gRPC: the `Export` call over HTTP/2 in clear.
-    Grpc(tonic::client::Grpc<Client<HttpConnector, tonic::body::Body>>),
+    Http(Client<Connector, Full<Bytes>>),
+    /// OTLP/gRPC: the `Export` call over HTTP/2.
+    Grpc(tonic::client::Grpc<Client<Connector, tonic::body::Body>>),
 }
 
 async fn post(
-    client: &Client<HttpConnector, Full<Bytes>>,
+    client: &Client<Connector, Full<Bytes>>,
     endpoint: &Uri,
     request: &ExportTraceServiceRequest,
 ) -> Result<(), String> {
@@ -206,7 +243,7 @@ async fn post(
 }
 
 async fn call(
-    grpc: &mut tonic::client::Grpc<Client<HttpConnector, tonic::body::Body>>,
+    grpc: &mut tonic::client::Grpc<Client<Connector, tonic::body::Body>>,
     request: ExportTraceServiceRequest,
 ) -> Result<(), String> {
     grpc.ready().await.map_err(|error| error.to_string())?;

@@ -54,11 +54,7 @@ impl Tracer {
         };
         Self {
             threshold,
-            queue: export::Queue::start(
-                settings.endpoint.clone(),
-                settings.protocol,
-                &settings.service_name,
-            ),
+            queue: export::Queue::start(settings),
         }
     }
 
