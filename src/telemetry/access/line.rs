@@ -249,30 +249,23 @@ fn push_timestamp(out: &mut String, now: SystemTime) {
     let seconds = i64::try_from(since.as_secs()).unwrap_or(i64::MAX);
     let (days, time) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
     let (year, month, day) = civil_from_days(days);
-    let fields = [
-        (year / 100, ""),
-        (year % 100, "-"),
-        (month, "-"),
-        (day, "T"),
-        (time / 3600, ":"),
-        (time / 60 % 60, ":"),
-        (time % 60, "."),
-    ];
-    for (value, after) in fields {
-        out.push(digit(value / 10));
-        out.push(digit(value));
-        out.push_str(after);
-    }
-    let micros = i64::from(since.subsec_micros());
-    for divisor in [100_000, 10_000, 1_000, 100, 10, 1] {
-        out.push(digit(micros / divisor));
-    }
-    out.push('Z');
-}
-
-/// The last decimal digit of `value` (which is not negative).
-fn digit(value: i64) -> char {
-    char::from(b'0' + (value % 10) as u8)
+    let mut stamp = *b"0000-00-00T00:00:00.000000Z";
+    let mut put = |at: usize, value: i64, digits: usize| {
+        let mut value = value;
+        for place in stamp[at..at + digits].iter_mut().rev() {
+            *place = b'0' + (value % 10) as u8;
+            value /= 10;
+        }
+    };
+    put(0, year, 4);
+    put(5, month, 2);
+    put(8, day, 2);
+    put(11, time / 3600, 2);
+    put(14, time / 60 % 60, 2);
+    put(17, time % 60, 2);
+    put(20, i64::from(since.subsec_micros()), 6);
+    // Only ASCII digits were written over an ASCII template.
+    out.push_str(std::str::from_utf8(&stamp).unwrap_or_default());
 }
 
 #[cfg(test)]
