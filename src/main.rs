@@ -137,10 +137,8 @@ fn raise_open_files_limit() {
 }
 
 fn init_tracing(format: LogFormat) {
-    // fred warns of every closed connection in its own words ("Connection closed"); the limiter names each Redis
-    // outage once, with its cause.
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,fred=error"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = quiet_per_connection(filter, std::env::var("RUST_LOG").unwrap_or_default());
     // Colours only for a person at a terminal: a file or a pipe (journald, docker logs, a collector) would keep
     // the escape codes as text. NO_COLOR (https://no-color.org), when set and not empty, turns them off anywhere.
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|value| !value.is_empty());
@@ -161,6 +159,21 @@ fn init_tracing(format: LogFormat) {
             LogFormat::Json => LineFormat::Json,
         });
     }
+}
+
+/// Keeps the libraries that would log per connection at `error`, unless `RUST_LOG` names them: fred warns of every
+/// closed connection in its own words ("Connection closed"), where the limiter names each Redis outage once with
+/// its cause; rustls warns of every client that sends an IP address as its server name (wrk, curl and many
+/// libraries do when given `https://127.0.0.1`), which cost more than the handshake itself under load.
+fn quiet_per_connection(mut filter: EnvFilter, asked: String) -> EnvFilter {
+    for library in ["fred", "rustls"] {
+        if !asked.contains(library) {
+            if let Ok(directive) = format!("{library}=error").parse() {
+                filter = filter.add_directive(directive);
+            }
+        }
+    }
+    filter
 }
 
 /// Runs the gateway on `config`, loaded from `loaded_file` (the config file's text as read).

@@ -348,6 +348,15 @@ async fn a_handshake_that_never_completes_times_out_and_is_counted() {
         "a handshake failure was logged:\n{}",
         tollgate.log()
     );
+    // A client that sends an IP address as its server name (wrk, curl and many libraries do): served, and not
+    // logged either (rustls warns of each).
+    let (text, completed) = s_client(&tollgate, &["-servername", "127.0.0.1"]);
+    assert!(completed, "{text}");
+    assert!(
+        !tollgate.log().contains("rustls"),
+        "a handshake was logged:\n{}",
+        tollgate.log()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
