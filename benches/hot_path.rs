@@ -164,6 +164,7 @@ fn key_build(c: &mut Criterion) {
         query: Some("page=2&tenant=acme"),
         consumer: None,
         plan: None,
+        client_cert: None,
     };
 
     let untrusted = ClientIpResolver::new(Vec::new());
@@ -427,6 +428,7 @@ fn enforcement(c: &mut Criterion) {
         query: None,
         consumer: None,
         plan: None,
+        client_cert: None,
     };
     let mut group = c.benchmark_group("enforcement");
     let mut check = |name: &str| {

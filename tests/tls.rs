@@ -13,6 +13,7 @@ use common::binary::{Tollgate, BIN};
 use common::http_client::{client, metrics_text};
 use common::pki::{Issued, TestCa};
 use common::redis::RedisServer;
+use common::tls_client::{self, exchange};
 use common::upstream::Upstream;
 
 /// A CA, a certificate for `api.test` and `*.api.test` (the default) and one for `other.test`.
@@ -604,65 +605,7 @@ async fn tls_connect(
     tollgate: &Tollgate,
     alpn: &[u8],
 ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for certificate in
-        rustls::pki_types::CertificateDer::pem_file_iter(&pki.ca.ca_file).expect("ca")
-    {
-        roots
-            .add(certificate.expect("ca pem"))
-            .expect("ca certificate");
-    }
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    if !alpn.is_empty() {
-        config.alpn_protocols = vec![alpn.to_vec()];
-    }
-    let tcp = tokio::net::TcpStream::connect(tollgate.tls.expect("tls"))
-        .await
-        .expect("connect");
-    let name = rustls::pki_types::ServerName::try_from("api.test").expect("name");
-    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
-        .connect(name, tcp)
-        .await
-        .expect("handshake")
-}
-
-/// Writes `request` on `stream` and reads one answer (its head and a `content-length` body).
-async fn exchange<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
-    stream: &mut S,
-    request: &str,
-) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    stream.write_all(request.as_bytes()).await.expect("write");
-    let mut answer = Vec::new();
-    let mut buffer = [0u8; 4096];
-    loop {
-        let read = stream.read(&mut buffer).await.unwrap_or(0);
-        if read == 0 {
-            break;
-        }
-        answer.extend_from_slice(&buffer[..read]);
-        let text = String::from_utf8_lossy(&answer);
-        if let Some((head, body)) = text.split_once("\r\n\r\n") {
-            let length = head
-                .lines()
-                .find_map(|line| {
-                    let (name, value) = line.split_once(':')?;
-                    name.eq_ignore_ascii_case("content-length")
-                        .then(|| value.trim().parse::<usize>().ok())?
-                })
-                .unwrap_or(0);
-            if body.len() >= length {
-                break;
-            }
-        }
-    }
-    String::from_utf8_lossy(&answer).into_owned()
+    tls_client::connect(tollgate.tls.expect("tls"), &pki.ca.ca_file, alpn, None).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

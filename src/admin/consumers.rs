@@ -572,6 +572,7 @@ fn key_value(settings: &crate::admission::LimitSettings, id: &str, plan: &str) -
         query: None,
         consumer: Some(id),
         plan: Some(plan),
+        client_cert: None,
     };
     settings.key.value(&facts).ok().flatten()
 }

@@ -3,11 +3,12 @@
 //! of it without deciding it ([`RequestView`]).
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Request};
 
 use super::policy::Policy;
-use crate::key::{AmbiguousKey, ClientIpResolver, RequestFacts};
+use crate::key::{AmbiguousKey, ClientCertificate, ClientIpResolver, RequestFacts};
 use crate::routing::CanonicalRequest;
 
 /// `x-request-id`.
@@ -90,6 +91,11 @@ impl Policy {
             query: canonical.query,
             consumer: None,
             plan: None,
+            // Empty extensions (every request without a client certificate) are one test of a pointer.
+            client_cert: request
+                .extensions()
+                .get::<Arc<ClientCertificate>>()
+                .map(Arc::as_ref),
         }
     }
 

@@ -5,15 +5,49 @@ use std::path::Path;
 
 use super::limits::limit_list;
 use super::raw::{
-    RawAnonymous, RawConsumers, RawCredentialSource, RawFailedCredentials, RawIdentifier, RawPlan,
-    RawStaticKey,
+    RawAnonymous, RawConsumers, RawCredentialSource, RawFailedCredentials, RawIdentifier, RawMtls,
+    RawPlan, RawStaticKey,
 };
 use super::validate::{check_name, Issues};
 use crate::consumers::{
     api_key_digest, consumer_id, parse_digest, Anonymous, ConsumersSettings, CredentialSource,
     FailureLimit, FailureSettings, ForwardHeaders, IdentifierSettings, Plan, StaticKey,
+    DEFAULT_MTLS_PREFIX,
 };
 use crate::limiter::parse_duration;
+
+/// The longest prefix of an identifier's consumer ids: half an id, so that a name of 64 characters fits.
+const MAX_CONSUMER_PREFIX: usize = 64;
+
+/// Whether `prefix`, written at `at`, can begin an identifier's consumer ids; an issue there (with `advice` after
+/// a length over the bound) when not.
+pub(super) fn check_consumer_prefix(
+    issues: &mut Issues,
+    at: &str,
+    prefix: &str,
+    advice: &str,
+) -> bool {
+    if !prefix.chars().all(crate::consumers::consumer_id_char) {
+        issues.add(
+            at,
+            format_args!(
+                "consumer ids begin with {prefix:?}: only A-Z a-z 0-9 . _ : @ - may stand in one"
+            ),
+        );
+        return false;
+    }
+    if prefix.len() > MAX_CONSUMER_PREFIX {
+        issues.add(
+            at,
+            format_args!(
+                "consumer ids would begin with {prefix:?}, {} characters: at most {MAX_CONSUMER_PREFIX}{advice}",
+                prefix.len()
+            ),
+        );
+        return false;
+    }
+    true
+}
 
 /// Validates `consumers:`; relative file names (`jwks_file`) are relative to `folder`.
 pub(crate) fn consumers(
@@ -29,7 +63,13 @@ pub(crate) fn consumers(
         .iter()
         .enumerate()
         .filter_map(|(i, entry)| {
-            identifier(issues, &format!("consumers.identify[{i}]"), entry, folder)
+            identifier(
+                issues,
+                &format!("consumers.identify[{i}]"),
+                entry,
+                folder,
+                &plan_exists,
+            )
         })
         .collect();
     #[cfg(feature = "jwt")]
@@ -160,24 +200,26 @@ fn identifier(
     at: &str,
     raw: &RawIdentifier,
     folder: &Path,
+    plan_exists: &dyn Fn(&str) -> bool,
 ) -> Option<IdentifierSettings> {
-    match (&raw.api_key, &raw.jwt) {
-        (Some(source), None) => {
-            credential_source(issues, &format!("{at}.api_key"), source).map(|credential| {
-                IdentifierSettings::ApiKey {
-                    source: credential,
-                    hide_credentials: source.hide_credentials,
+    match (&raw.api_key, &raw.jwt, &raw.mtls) {
+        (None, None, Some(mtls)) => mtls_settings(issues, &format!("{at}.mtls"), mtls, plan_exists),
+        (Some(source), None, None) => credential_source(issues, &format!("{at}.api_key"), source)
+            .map(|credential| IdentifierSettings::ApiKey {
+                source: credential,
+                hide_credentials: source.hide_credentials,
+            }),
+        #[cfg(feature = "jwt")]
+        (None, Some(jwt), None) => {
+            super::jwt::jwt_settings(issues, &format!("{at}.jwt"), jwt, folder).map(|settings| {
+                IdentifierSettings::Jwt {
+                    settings: Box::new(settings),
+                    hide_credentials: jwt.hide_credentials,
                 }
             })
         }
-        #[cfg(feature = "jwt")]
-        (None, Some(jwt)) => super::jwt::jwt_settings(issues, &format!("{at}.jwt"), jwt, folder)
-            .map(|settings| IdentifierSettings::Jwt {
-                settings: Box::new(settings),
-                hide_credentials: jwt.hide_credentials,
-            }),
         #[cfg(not(feature = "jwt"))]
-        (None, Some(_)) => {
+        (None, Some(_), None) => {
             issues.add(
                 format!("{at}.jwt"),
                 "this build of tollgate has no JWT consumers (its `jwt` feature is off)",
@@ -185,10 +227,41 @@ fn identifier(
             None
         }
         _ => {
-            issues.add(at, "an identifier is exactly one of `api_key` and `jwt`");
+            issues.add(
+                at,
+                "an identifier is exactly one of `api_key`, `jwt` and `mtls`",
+            );
             None
         }
     }
+}
+
+/// `mtls:` of `identify:`: the consumer ids' prefix (`mtls:` unless written) and the plan it gives, if any. That the
+/// HTTPS listener asks for client certificates (`tls.client_ca`) is checked with the whole file.
+fn mtls_settings(
+    issues: &mut Issues,
+    at: &str,
+    raw: &RawMtls,
+    plan_exists: &dyn Fn(&str) -> bool,
+) -> Option<IdentifierSettings> {
+    let consumer_prefix = raw
+        .consumer_prefix
+        .clone()
+        .unwrap_or_else(|| DEFAULT_MTLS_PREFIX.to_owned());
+    let fits = check_consumer_prefix(
+        issues,
+        &format!("{at}.consumer_prefix"),
+        &consumer_prefix,
+        "",
+    );
+    if let Some(plan) = raw.plan.as_deref().filter(|plan| !plan_exists(plan)) {
+        issues.add(format!("{at}.plan"), format_args!("unknown plan {plan:?}"));
+        return None;
+    }
+    fits.then(|| IdentifierSettings::Mtls {
+        consumer_prefix,
+        plan: raw.plan.clone(),
+    })
 }
 
 fn credential_source(
@@ -390,7 +463,7 @@ mod tests {
         );
         let expected = [
             "t.yaml:3:7: consumers.identify[0].api_key: an API key is read from exactly one of `header` and `query`",
-            "t.yaml:4:7: consumers.identify[1]: an identifier is exactly one of `api_key` and `jwt`",
+            "t.yaml:4:7: consumers.identify[1]: an identifier is exactly one of `api_key`, `jwt` and `mtls`",
             "consumers.keys[0].key: a digest is `sha256:` and 64 hex digits",
             "consumers.keys[1].consumer: invalid consumer id \"a b\"",
             "consumers.keys[1].plan: unknown plan \"gold\"",

@@ -6,7 +6,7 @@ use std::time::Duration;
 use http::Uri;
 use jsonwebtoken::Algorithm;
 
-use super::consumers::header_name;
+use super::consumers::{check_consumer_prefix, header_name};
 use super::raw::RawJwt;
 use super::validate::Issues;
 use crate::consumers::jwt::{JwtKeySource, JwtSettings, JwtVerifier, DEFAULT_JWKS_REFRESH};
@@ -150,41 +150,19 @@ pub(super) fn shared_prefixes(issues: &mut Issues, identify: &[IdentifierSetting
     }
 }
 
-/// The longest prefix of a JWT identifier's consumer ids: half an id, so that a claim of 64 characters fits.
-const MAX_CONSUMER_PREFIX: usize = 64;
-
 /// Whether the consumer ids' prefix of a `jwt:` identifier (`consumer_prefix`, or the one its issuer gives) can
 /// begin consumer ids; an issue at the field it comes from when not.
 fn consumer_prefix(issues: &mut Issues, at: &str, settings: &JwtSettings) -> bool {
-    let prefix = settings.consumer_prefix();
-    let field = match settings.consumer_prefix {
-        Some(_) => "consumer_prefix",
-        None => "issuer",
+    let (field, advice) = match settings.consumer_prefix {
+        Some(_) => ("consumer_prefix", ""),
+        None => ("issuer", " (set a shorter consumer_prefix)"),
     };
-    if !prefix.chars().all(crate::consumers::consumer_id_char) {
-        issues.add(
-            format!("{at}.{field}"),
-            format_args!(
-                "consumer ids begin with {prefix:?}: only A-Z a-z 0-9 . _ : @ - may stand in one"
-            ),
-        );
-        return false;
-    }
-    if prefix.len() > MAX_CONSUMER_PREFIX {
-        let advice = match settings.consumer_prefix {
-            Some(_) => "",
-            None => " (set a shorter consumer_prefix)",
-        };
-        issues.add(
-            format!("{at}.{field}"),
-            format_args!(
-                "consumer ids would begin with {prefix:?}, {} characters: at most {MAX_CONSUMER_PREFIX}{advice}",
-                prefix.len()
-            ),
-        );
-        return false;
-    }
-    true
+    check_consumer_prefix(
+        issues,
+        &format!("{at}.{field}"),
+        &settings.consumer_prefix(),
+        advice,
+    )
 }
 
 /// Where a `jwt:` identifier's keys come from: exactly one of `jwks_file`, `jwks_url` and `secret_env`.

@@ -146,7 +146,7 @@ fn key_spec(issues: &mut Issues, at: &str, raw: &RawLimit) -> Option<KeySpec> {
     if written.is_empty() {
         issues.add(
             at,
-            "needs at least one part (use ip, route, method, path, host, header:NAME, query:NAME, consumer, plan)",
+            "needs at least one part (use ip, route, method, path, host, header:NAME, query:NAME, consumer, plan, client_cert)",
         );
         return None;
     }

@@ -12,7 +12,7 @@ use super::model::{Config, ConsumersSettings, RlsSettings};
 use super::raw::{RawConfig, RawConsumers};
 use super::rls::{ratelimit_file, ratelimit_files, RawRatelimitFile};
 use super::secrets::secret_api_keys;
-use super::validate::{validate, Issues, Reader};
+use super::validate::{client_cert_in_consumers, validate, Issues, Reader};
 
 /// Reads and validates the config file at `path`, taking `${VAR}` values from the process environment.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -53,6 +53,7 @@ fn parse_consumers(text: &str, source: &Path) -> Result<ConsumersSettings, Confi
     let folder = source.parent().unwrap_or(Path::new(""));
     let mut issues = Issues::default();
     let mut settings = consumers(&mut issues, &raw, folder);
+    client_cert_in_consumers(&mut issues, &raw);
     if let Some(settings) = settings.as_mut() {
         secret_api_keys(&mut [], Some(settings));
     }

@@ -265,6 +265,15 @@ pub(crate) struct RawFailedCredentials {
 pub(crate) struct RawIdentifier {
     pub api_key: Option<RawCredentialSource>,
     pub jwt: Option<RawJwt>,
+    pub mtls: Option<RawMtls>,
+}
+
+/// `mtls:` of `identify:`: the connection's client certificate names the consumer.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawMtls {
+    pub consumer_prefix: Option<String>,
+    pub plan: Option<String>,
 }
 
 /// Where an API key is read: exactly one of `header` and `query`.

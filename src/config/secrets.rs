@@ -32,8 +32,6 @@ pub(crate) fn mark_credential_keys<'a>(
 }
 
 /// Where the consumers' API-key identifiers read keys.
-// Without JWT consumers, every identifier reads an API key.
-#[cfg_attr(not(feature = "jwt"), allow(clippy::unnecessary_filter_map))]
 fn credential_sources(consumers: &ConsumersSettings) -> Vec<CredentialSource> {
     consumers
         .identify
@@ -42,6 +40,7 @@ fn credential_sources(consumers: &ConsumersSettings) -> Vec<CredentialSource> {
             IdentifierSettings::ApiKey { source, .. } => Some(source.clone()),
             #[cfg(feature = "jwt")]
             IdentifierSettings::Jwt { .. } => None,
+            IdentifierSettings::Mtls { .. } => None,
         })
         .collect()
 }

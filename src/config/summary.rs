@@ -390,6 +390,13 @@ fn identifier_summary(identifier: &IdentifierSettings) -> String {
                 jwt.consumer_prefix()
             )
         }
+        IdentifierSettings::Mtls {
+            consumer_prefix,
+            plan,
+        } => match plan {
+            Some(plan) => format!("mtls (consumers {consumer_prefix:?}..., plan {plan})"),
+            None => format!("mtls (consumers {consumer_prefix:?}...)"),
+        },
     }
 }
 

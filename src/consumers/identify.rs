@@ -14,7 +14,7 @@ use super::failures::FailureLimit;
 use super::jwt::{other_scheme, JwtVerifier, TokenRejection};
 use super::overrides::overridden;
 use super::settings::{
-    Anonymous, ConsumerMode, ConsumersSettings, CredentialSource, ForwardHeaders,
+    consumer_id, Anonymous, ConsumerMode, ConsumersSettings, CredentialSource, ForwardHeaders,
     IdentifierSettings, Plan,
 };
 use crate::key::{RequestFacts, PLAN_KEY_SCOPE};
@@ -104,6 +104,13 @@ enum Identifier {
         /// The header, where the upstream must not see it (`hide_credentials`).
         hidden: Option<CredentialSource>,
     },
+    /// The connection's client certificate, named by its common name.
+    Mtls {
+        /// `consumer_prefix`.
+        prefix: String,
+        /// The plan it gives, by index.
+        plan: Option<usize>,
+    },
 }
 
 /// A consumer's overrides compiled for one version of its record and one plan.
@@ -190,6 +197,13 @@ impl Consumers {
                             );
                         })
                         .ok(),
+                },
+                IdentifierSettings::Mtls {
+                    consumer_prefix,
+                    plan,
+                } => Identifier::Mtls {
+                    prefix: consumer_prefix.clone(),
+                    plan: plan.as_deref().and_then(plan_index),
                 },
             })
             .collect();
@@ -329,6 +343,7 @@ impl Consumers {
                 },
                 #[cfg(feature = "jwt")]
                 Identifier::Jwt { .. } => None,
+                Identifier::Mtls { .. } => None,
             })
     }
 
@@ -377,6 +392,18 @@ impl Consumers {
                             Err(rejection) => Err(invalid_token(rejection)),
                         },
                     };
+                }
+                Identifier::Mtls { prefix, plan } => {
+                    let Some(certificate) = facts.client_cert else {
+                        continue;
+                    };
+                    return certificate_consumer(prefix, certificate.common_name()).map(
+                        |consumer| Credential::Consumer {
+                            consumer,
+                            plan: *plan,
+                            hidden: None,
+                        },
+                    );
                 }
             }
         }
@@ -512,6 +539,7 @@ impl Consumers {
             }
             #[cfg(feature = "jwt")]
             Identifier::Jwt { header, .. } => facts.headers.contains_key(header),
+            Identifier::Mtls { .. } => facts.client_cert.is_some(),
         })
     }
 
@@ -552,6 +580,31 @@ impl Consumers {
     }
 }
 
+/// The consumer a verified client certificate names: `prefix` and its common name. A certificate without one, or
+/// whose name cannot stand in a consumer id (the admin API's characters), is refused (401): keying it by anything
+/// else would be a guess at who it is.
+fn certificate_consumer(
+    prefix: &str,
+    common_name: Option<&str>,
+) -> Result<Arc<str>, CallerRefusal> {
+    let refused = CallerRefusal::Invalid {
+        scheme: CLIENT_CERTIFICATE,
+        reason: "unusable_certificate_name",
+    };
+    let name = common_name.ok_or_else(|| refused.clone())?;
+    let mut id = String::with_capacity(prefix.len() + name.len());
+    id.push_str(prefix);
+    id.push_str(name);
+    match consumer_id(&id) {
+        Ok(()) => Ok(Arc::from(id)),
+        Err(_) => Err(refused),
+    }
+}
+
+/// The `WWW-Authenticate` scheme of the `mtls` identifier: HTTP has none for a TLS client certificate, so tollgate
+/// names it, as it names `ApiKey`.
+const CLIENT_CERTIFICATE: &str = "ClientCertificate";
+
 #[cfg(feature = "jwt")]
 /// The refusal of a bearer token.
 fn invalid_token(rejection: TokenRejection) -> CallerRefusal {
@@ -586,6 +639,7 @@ impl Identifier {
             Identifier::ApiKey { .. } => "ApiKey",
             #[cfg(feature = "jwt")]
             Identifier::Jwt { .. } => "Bearer",
+            Identifier::Mtls { .. } => CLIENT_CERTIFICATE,
         }
     }
 }

@@ -21,5 +21,5 @@ pub use identify::{Caller, CallerRefusal, Consumers};
 pub use overrides::overridden;
 pub use settings::{
     consumer_id, consumer_id_char, Anonymous, ConsumerMode, ConsumersSettings, CredentialSource,
-    ForwardHeaders, IdentifierSettings, Plan, StaticKey,
+    ForwardHeaders, IdentifierSettings, Plan, StaticKey, DEFAULT_MTLS_PREFIX,
 };

@@ -46,7 +46,18 @@ pub enum IdentifierSettings {
         /// caller.
         hide_credentials: bool,
     },
+    /// The connection's verified client certificate (mutual TLS): its common name names the consumer.
+    Mtls {
+        /// What the common name is prefixed with to make the consumer id (`consumer_prefix`, `mtls:` unless
+        /// written): the certificates' consumers in a namespace of their own.
+        consumer_prefix: String,
+        /// The plan of its consumers, below a runtime setting; `None`: the anonymous plan, as for any other.
+        plan: Option<String>,
+    },
 }
+
+/// The prefix of an `mtls` identifier's consumer ids unless `consumer_prefix` is written.
+pub const DEFAULT_MTLS_PREFIX: &str = "mtls:";
 
 /// Where a credential is read from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -2,11 +2,13 @@
 //! key is built from (the address, a header, a query parameter, the route...), and the store key that holds its
 //! state.
 
+mod client_cert;
 mod client_ip;
 mod limit;
 mod spec;
 mod store_key;
 
+pub use client_cert::ClientCertificate;
 pub use client_ip::{believed_hops, ip_text, push_ip_text, ClientIpHeader, ClientIpResolver};
 pub use limit::{Counts, LimitSettings, StatusSet, TokenKind};
 pub use spec::{

@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use http::{HeaderMap, HeaderName, Method};
 use sha2::{Digest, Sha256};
 
+use super::client_cert::ClientCertificate;
 use super::client_ip::push_ip_text;
 
 /// One component of a limiting key.
@@ -30,6 +31,9 @@ pub enum KeyPart {
     Consumer,
     /// The caller's plan name; absent when no plan applies.
     Plan,
+    /// The subject of the connection's verified client certificate, as RFC 4514 writes it; absent without one
+    /// (see [`ClientCertificate`]).
+    ClientCert,
 }
 
 /// What a limit does when a key part is absent from the request.
@@ -91,6 +95,9 @@ pub struct RequestFacts<'a> {
     pub consumer: Option<&'a str>,
     /// The caller's plan name, once admission has identified the caller: the `plan` key part.
     pub plan: Option<&'a str>,
+    /// The connection's verified client certificate (mutual TLS), if any: the `client_cert` key part and the
+    /// `mtls` identifier.
+    pub client_cert: Option<&'a ClientCertificate>,
 }
 
 // === impl RequestFacts ===
@@ -111,6 +118,7 @@ impl<'a> RequestFacts<'a> {
             query,
             consumer: None,
             plan: None,
+            client_cert: None,
         }
     }
 }
@@ -133,7 +141,7 @@ enum PartValue {
 pub enum KeyPartError {
     /// Not one of the known parts.
     #[error(
-        "unknown key part {0:?} (use ip, route, method, path, host, header:NAME, query:NAME, consumer, plan)"
+        "unknown key part {0:?} (use ip, route, method, path, host, header:NAME, query:NAME, consumer, plan, client_cert)"
     )]
     Unknown(String),
     /// `header:` with an invalid header name.
@@ -147,7 +155,8 @@ pub enum KeyPartError {
 // === impl KeyPart ===
 
 impl KeyPart {
-    /// Parses `ip`, `route`, `method`, `path`, `host`, `header:NAME` or `query:NAME`.
+    /// Parses `ip`, `route`, `method`, `path`, `host`, `header:NAME`, `query:NAME`, `consumer`, `plan` or
+    /// `client_cert`.
     pub fn parse(text: &str) -> Result<Self, KeyPartError> {
         let text = text.trim();
         if let Some(name) = text.strip_prefix("header:") {
@@ -172,6 +181,7 @@ impl KeyPart {
             "host" => Ok(KeyPart::Host),
             "consumer" => Ok(KeyPart::Consumer),
             "plan" => Ok(KeyPart::Plan),
+            "client_cert" => Ok(KeyPart::ClientCert),
             other => Err(KeyPartError::Unknown(other.to_owned())),
         }
     }
@@ -189,6 +199,7 @@ impl fmt::Display for KeyPart {
             KeyPart::Query(name) => write!(f, "query:{name}"),
             KeyPart::Consumer => f.write_str("consumer"),
             KeyPart::Plan => f.write_str("plan"),
+            KeyPart::ClientCert => f.write_str("client_cert"),
         }
     }
 }
@@ -351,6 +362,12 @@ fn push_part(part: &KeyPart, facts: &RequestFacts<'_>, out: &mut String) -> Part
         KeyPart::Plan => match facts.plan {
             Some(plan) => plan,
             None => return PartValue::Absent,
+        },
+        // An empty subject (a certificate named only by its alternative names) is no value: every such client
+        // would share one key.
+        KeyPart::ClientCert => match facts.client_cert.map(ClientCertificate::subject) {
+            Some(subject) if !subject.is_empty() => subject,
+            _ => return PartValue::Absent,
         },
         KeyPart::Header(name) => {
             let mut lines = facts.headers.get_all(name).iter();
@@ -553,6 +570,27 @@ mod tests {
         assert_eq!(skip.value(&facts), Ok(None));
         let mixed = spec(&["route", "query:tenant"], MissingKey::Ip);
         assert_eq!(mixed.value(&facts), Ok(Some("api|acme".into())));
+    }
+
+    #[test]
+    fn client_cert_is_the_subject_or_missing() {
+        let headers = HeaderMap::new();
+        let by_cert = spec(&["client_cert"], MissingKey::Skip);
+        assert_eq!(by_cert.value(&facts(&headers, None)), Ok(None));
+        let certificate = ClientCertificate::new("CN=a,O=Example".into(), Some("a".into()));
+        let with_cert = RequestFacts {
+            client_cert: Some(&certificate),
+            ..facts(&headers, None)
+        };
+        assert_eq!(by_cert.value(&with_cert), Ok(Some("CN=a,O=Example".into())));
+        let unnamed = ClientCertificate::new(String::new(), None);
+        let with_unnamed = RequestFacts {
+            client_cert: Some(&unnamed),
+            ..facts(&headers, None)
+        };
+        let or_ip = spec(&["client_cert"], MissingKey::Ip);
+        assert_eq!(or_ip.value(&with_unnamed), Ok(Some("192.0.2.1".into())));
+        assert_eq!(KeyPart::ClientCert.to_string(), "client_cert");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! An HTTPS connection: its TLS handshake, held to the header read timeout and its failures counted by reason (never
 //! logged one by one), then served as a clear-text connection is, HTTP/2 or HTTP/1.1 as ALPN chose.
 
+use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use super::h2_clock::HeaderClock;
 use super::handler::BoxError;
 use super::idle::ConnectionClock;
 use super::Handler;
+use crate::key::ClientCertificate;
 
 /// Where an HTTPS listener's handshakes take their TLS settings from, read at each handshake: settings replaced on
 /// a reload reach the connections that open after it, and those open keep theirs.
@@ -44,15 +46,38 @@ pub(super) async fn serve_tls_connection<H: Handler>(
     let acceptor = TlsAcceptor::from(tls.current());
     let reason = match tokio::time::timeout(header_read_timeout, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => {
-            let service = service_fn(requests!(handler, peer, builders.max_header_bytes));
-            // HTTP/2 over TLS is chosen by ALPN alone (RFC 9113 §3.2): a client that named no protocol (wrk,
-            // `openssl s_client`, many libraries) speaks HTTP/1.1, and takes its own path, not the one that reads
-            // the opening to find out (which costs every request a second move of its future).
-            let served = if stream.get_ref().1.alpn_protocol() != Some(b"h2") {
-                serve_http1(&builders, stream, service, watcher).await
-            } else {
-                let stream = HeaderClock::new(stream, accepted, header_read_timeout);
-                serve_auto(&builders, stream, service, watcher).await
+            let max_header_bytes = builders.max_header_bytes;
+            // Read once per connection: with `client_ca`, each request of the connection carries it. A connection
+            // without one serves its requests as a clear-text connection does, paying nothing for it.
+            let served = match client_certificate(&stream) {
+                None => {
+                    let service = service_fn(requests!(handler, peer, max_header_bytes));
+                    serve_tls_stream(
+                        &builders,
+                        stream,
+                        service,
+                        watcher,
+                        accepted,
+                        header_read_timeout,
+                    )
+                    .await
+                }
+                Some(certificate) => {
+                    let requests = requests!(handler, peer, max_header_bytes);
+                    let service = service_fn(move |mut request: hyper::Request<Incoming>| {
+                        request.extensions_mut().insert(Arc::clone(&certificate));
+                        requests(request)
+                    });
+                    serve_tls_stream(
+                        &builders,
+                        stream,
+                        service,
+                        watcher,
+                        accepted,
+                        header_read_timeout,
+                    )
+                    .await
+                }
             };
             if let Err(error) = served {
                 tracing::debug!(%peer, %error, "connection ended with an error");
@@ -63,6 +88,44 @@ pub(super) async fn serve_tls_connection<H: Handler>(
         Err(_) => "timeout",
     };
     metrics::counter!("tollgate_tls_handshake_failures_total", "reason" => reason).increment(1);
+}
+
+/// What the client's certificate, verified by the handshake against `tls.client_ca`, says of its sender; `None`
+/// without one (no `client_ca`).
+fn client_certificate(stream: &TlsStream<TcpStream>) -> Option<Arc<ClientCertificate>> {
+    let leaf = stream.get_ref().1.peer_certificates()?.first()?;
+    crate::tls::client_certificate(leaf).map(Arc::new)
+}
+
+/// Serves an HTTPS connection after its handshake: HTTP/2 when its client asked for `h2` by ALPN, HTTP/1.1 otherwise.
+async fn serve_tls_stream<S, B>(
+    builders: &Builders,
+    stream: TlsStream<TcpStream>,
+    service: S,
+    watcher: DrainWatcher,
+    accepted: Instant,
+    header_read_timeout: Duration,
+) -> Result<(), BoxError>
+where
+    S: hyper::service::Service<
+            hyper::Request<Incoming>,
+            Response = http::Response<B>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Unpin
+        + Send
+        + 'static,
+    B: http_body::Body<Data = bytes::Bytes, Error: Into<BoxError>> + Send + Unpin + 'static,
+{
+    // HTTP/2 over TLS is chosen by ALPN alone (RFC 9113 §3.2): a client that named no protocol (wrk,
+    // `openssl s_client`, many libraries) speaks HTTP/1.1, and takes its own path, not the one that reads
+    // the opening to find out (which costs every request a second move of its future).
+    if stream.get_ref().1.alpn_protocol() != Some(b"h2") {
+        serve_http1(builders, stream, service, watcher).await
+    } else {
+        let stream = HeaderClock::new(stream, accepted, header_read_timeout);
+        serve_auto(builders, stream, service, watcher).await
+    }
 }
 
 /// Serves an HTTPS connection whose client chose HTTP/1.1 (or named no protocol) under the clear-text connections' clock: idle between

@@ -9,6 +9,8 @@ mod certificate;
 mod resolve;
 mod settings;
 #[cfg(feature = "gateway")]
+mod subject;
+#[cfg(feature = "gateway")]
 mod x509;
 
 #[cfg(feature = "gateway")]
@@ -16,3 +18,5 @@ pub use acceptor::{check, Acceptor, TlsProblem};
 #[cfg(feature = "gateway")]
 pub use certificate::Certificate;
 pub use settings::{CertificateFiles, TlsSettings, TlsVersion};
+#[cfg(feature = "gateway")]
+pub use subject::client_certificate;

@@ -12,16 +12,45 @@ pub(crate) struct Facts {
 }
 
 /// DER elements read one after another.
-struct Der<'a>(&'a [u8]);
+pub(super) struct Der<'a>(pub(super) &'a [u8]);
 
 /// The subject alternative name extension's object identifier, 2.5.29.17.
 const SUBJECT_ALT_NAME: &[u8] = &[0x55, 0x1d, 0x11];
+
+/// The fields of a certificate's `tbsCertificate` that tollgate reads.
+pub(super) struct Tbs<'a> {
+    /// The contents of `validity`.
+    validity: &'a [u8],
+    /// The contents of `subject`, a `Name`.
+    pub(super) subject: &'a [u8],
+    /// What follows `subjectPublicKeyInfo`: the optional unique ids and `[3]` extensions.
+    rest: Der<'a>,
+}
 
 /// The facts of the DER certificate `der`; `None` when it is not one.
 ///
 /// The certificates are the operator's own, already accepted by rustls as they are loaded: reading the two fields
 /// here is simpler than a whole X.509 parser in the tree for them.
 pub(crate) fn facts(der: &[u8]) -> Option<Facts> {
+    let mut tbs = tbs(der)?;
+    let mut validity = Der(tbs.validity);
+    validity.next()?;
+    let (tag, not_after) = validity.next()?;
+    let not_after = unix_seconds(tag, not_after)?;
+    let mut dns_names = Vec::new();
+    while let Some((tag, contents)) = tbs.rest.next() {
+        if tag == 0xa3 {
+            dns_names = alt_dns_names(contents).unwrap_or_default();
+        }
+    }
+    Some(Facts {
+        not_after,
+        dns_names,
+    })
+}
+
+/// The fields of the DER certificate `der` up to its subject; `None` when it is not one.
+pub(super) fn tbs(der: &[u8]) -> Option<Tbs<'_>> {
     let (_, certificate) = Der(der).next()?;
     let (_, tbs) = Der(certificate).next()?;
     let mut tbs = Der(tbs);
@@ -33,21 +62,12 @@ pub(crate) fn facts(der: &[u8]) -> Option<Facts> {
     tbs.next()?; // signature
     tbs.next()?; // issuer
     let (_, validity) = tbs.next()?;
-    let mut validity = Der(validity);
-    validity.next()?;
-    let (tag, not_after) = validity.next()?;
-    let not_after = unix_seconds(tag, not_after)?;
-    tbs.next()?; // subject
+    let (_, subject) = tbs.next()?;
     tbs.next()?; // subjectPublicKeyInfo
-    let mut dns_names = Vec::new();
-    while let Some((tag, contents)) = tbs.next() {
-        if tag == 0xa3 {
-            dns_names = alt_dns_names(contents).unwrap_or_default();
-        }
-    }
-    Some(Facts {
-        not_after,
-        dns_names,
+    Some(Tbs {
+        validity,
+        subject,
+        rest: tbs,
     })
 }
 
@@ -67,7 +87,14 @@ pub(crate) fn format_utc(seconds: i64) -> String {
 
 impl<'a> Der<'a> {
     /// The next element's tag and contents.
-    fn next(&mut self) -> Option<(u8, &'a [u8])> {
+    pub(super) fn next(&mut self) -> Option<(u8, &'a [u8])> {
+        self.next_element()
+            .map(|(tag, contents, _)| (tag, contents))
+    }
+
+    /// The next element's tag, contents, and the whole element (tag and length included).
+    pub(super) fn next_element(&mut self) -> Option<(u8, &'a [u8], &'a [u8])> {
+        let whole = self.0;
         let (&tag, rest) = self.0.split_first()?;
         let (&first, mut rest) = rest.split_first()?;
         let length = if first < 0x80 {
@@ -87,8 +114,9 @@ impl<'a> Der<'a> {
             return None;
         }
         let (contents, rest) = rest.split_at(length);
+        let element = &whole[..whole.len() - rest.len()];
         self.0 = rest;
-        Some((tag, contents))
+        Some((tag, contents, element))
     }
 }
 

@@ -16,6 +16,7 @@ pub mod raw_upstream;
 pub mod redis;
 pub mod rls;
 pub mod sentinel;
+pub mod tls_client;
 pub mod upstream;
 
 use std::net::SocketAddr;

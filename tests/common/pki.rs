@@ -68,6 +68,22 @@ impl TestCa {
             params.not_before = rcgen::date_time_ymd(year - 1, month, day);
             params.not_after = rcgen::date_time_ymd(year, month, day);
         }
+        self.sign(stem, params, key)
+    }
+
+    /// A client certificate whose subject is `subject`, in DER order (the most general first, as `O` before `CN`),
+    /// without alternative names, written as [`issue`](Self::issue) writes.
+    pub fn issue_client(&self, stem: &str, subject: &[(DnType, &str)]) -> Issued {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        for (kind, value) in subject {
+            params.distinguished_name.push(kind.clone(), *value);
+        }
+        self.sign(stem, params, KeyPair::generate().expect("key"))
+    }
+
+    /// `params` signed by this CA for `key`, written to `<dir>/<name>-<stem>-cert.pem` and `-key.pem`.
+    fn sign(&self, stem: &str, params: CertificateParams, key: KeyPair) -> Issued {
         let cert = params
             .signed_by(&key, &self.cert, &self.key)
             .expect("signed cert");

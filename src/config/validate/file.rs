@@ -5,6 +5,7 @@ use std::path::Path;
 
 use super::admin::admin;
 use super::checks::socket_addr;
+use super::client_cert::client_cert_needs_client_ca;
 use super::client_ip::client_ip;
 use super::issues::{Issue, Issues};
 use super::routes::routes;
@@ -64,6 +65,7 @@ pub(crate) fn validate(
         .as_ref()
         .and_then(|block| crate::config::tls::tls(&mut issues, block, folder));
     let telemetry = crate::config::telemetry::telemetry(&mut issues, &raw.telemetry, folder);
+    client_cert_needs_client_ca(&mut issues, &raw);
     let (Some(listen), Some(admin), Some(store), Some(client_ip), Some(server)) =
         (listen, admin, store, client_ip, server)
     else {

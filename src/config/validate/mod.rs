@@ -4,6 +4,7 @@
 
 mod admin;
 mod checks;
+mod client_cert;
 mod client_ip;
 mod file;
 mod issues;
@@ -18,5 +19,6 @@ mod upstreams;
 mod tests;
 
 pub(crate) use checks::{check_name, socket_addr, unique_names};
+pub(crate) use client_cert::in_consumers as client_cert_in_consumers;
 pub(crate) use file::{validate, Reader};
 pub(crate) use issues::Issues;

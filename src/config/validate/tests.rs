@@ -97,7 +97,7 @@ routes:
             r#"routes[2].respond.headers.x bad: invalid header name "x bad""#,
             // A missing field is placed on its limit, which starts before the key.
             r#"routes[2].limits[0].period: required by sliding_window (it takes limit and period)"#,
-            r#"routes[2].limits[0].key[1]: unknown key part "cookie:session" (use ip, route, method, path, host, header:NAME, query:NAME, consumer, plan)"#,
+            r#"routes[2].limits[0].key[1]: unknown key part "cookie:session" (use ip, route, method, path, host, header:NAME, query:NAME, consumer, plan, client_cert)"#,
             r#"routes[2].limits[0].rate: rate is not used by sliding_window (it takes limit and period)"#,
             r#"routes[2].limits[1].name: duplicate limit name "a" (first used at routes[2].limits[0])"#,
             r#"routes[2].limits[1].rate: invalid rate "10/0s": rate period must be greater than 0"#,
@@ -277,7 +277,7 @@ fn key_lists_and_missing_policy() {
     assert_eq!(key.missing(), crate::key::MissingKey::Skip);
     assert_eq!(
             problems(&with_limit("key: []\nalgorithm: sliding_log\nlimit: 3\nperiod: 1s")),
-            ["routes[0].limits[0].key: needs at least one part (use ip, route, method, path, host, header:NAME, query:NAME, consumer, plan)"]
+            ["routes[0].limits[0].key: needs at least one part (use ip, route, method, path, host, header:NAME, query:NAME, consumer, plan, client_cert)"]
         );
 }
 
