@@ -191,8 +191,8 @@ crate::each_store!(
     worker_threads = 2
 );
 
-/// `mtls: { plan: partner }`: the common name, prefixed `mtls:`, is the consumer the plan's limit counts and the
-/// upstream is told of; a certificate whose name cannot be a consumer id is 401, and so is a request on the
+/// `mtls: { plan: partner }`: the common name, prefixed `mtls:`, is the consumer the plan's limit counts, the
+/// upstream is told of and the admin API blocks; a certificate whose name cannot be a consumer id is 401, and so is a request on the
 /// clear-text listener, with no certificate, to a route that requires a consumer.
 async fn consumer_by_certificate(redis: Option<&RedisServer>) {
     let pki = Pki::new();
@@ -220,6 +220,18 @@ async fn consumer_by_certificate(redis: Option<&RedisServer>) {
         answer.contains("\"x-consumer-id\":\"mtls:bob\""),
         "{answer}"
     );
+
+    // The consumer is managed as any other, by its id: blocked, bob is 403.
+    let blocked = client()
+        .put(tollgate.admin_url("/consumers/mtls:bob"))
+        .header("content-type", "application/json")
+        .body(r#"{"blocked":true}"#)
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(blocked.status(), 200);
+    let answer = pki.get(&tollgate, "/api/b", &bob).await;
+    assert_eq!(status(&answer), 403, "{answer}");
 
     let answer = pki.get(&tollgate, "/api/c", &spaced).await;
     assert_eq!(status(&answer), 401, "{answer}");

@@ -661,4 +661,22 @@ routes:                             # first match wins, in file order
         // A plan limit keyed by where the API keys are sent keeps them out of store keys, as in a file.
         assert!(settings.plans[0].limits[0].key.is_secret());
     }
+
+    #[test]
+    fn a_consumers_block_on_its_own_cannot_read_client_certificates() {
+        // A tower layer's block: no HTTPS listener of tollgate's asks for a certificate.
+        let text = "identify:\n  - mtls: {}\nplans:\n  free:\n    limits:\n      - { name: h, key: client_cert, algorithm: gcra, rate: 10/1s, burst: 5 }\n";
+        let error = parse_consumers(text, Path::new("c.yaml")).unwrap_err();
+        let lines: Vec<String> = error.problems().iter().map(ToString::to_string).collect();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(
+            lines[0].starts_with("c.yaml:2:5: identify[0].mtls: reads the client certificate"),
+            "{lines:?}"
+        );
+        assert!(
+            lines[1]
+                .starts_with("c.yaml:6:20: plans.free.limits[0].key: reads the client certificate"),
+            "{lines:?}"
+        );
+    }
 }
