@@ -177,7 +177,7 @@ http {{
     proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
     server {{
         listen 127.0.0.1:{TOLLGATE_PORT} backlog=4096{" ssl http2" if tls else ""};
-        {f"ssl_certificate {work}/cert.pem; ssl_certificate_key {work}/key.pem;" if tls else ""}
+        {f"ssl_certificate {work}/cert.pem; ssl_certificate_key {work}/key.pem; ssl_protocols TLSv1.2 TLSv1.3;" if tls else ""}
         location / {{ {limit_req} proxy_pass http://origin; }}
     }}
 }}

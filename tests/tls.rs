@@ -586,6 +586,32 @@ async fn sighup_reads_the_certificates_again_and_a_broken_one_leaves_the_old_ser
     assert_eq!(status_and_version(&output), "200 2");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_resumes_its_session_by_ticket_also_after_a_reload() {
+    let pki = Pki::new();
+    let upstream = Upstream::start().await;
+    let tollgate = gateway(&pki, &upstream, "", "");
+    let session = pki.dir.path().join("session.pem");
+    let session = session.to_str().expect("a UTF-8 path");
+    for (reloads, version) in [(1, "-tls1_3"), (2, "-tls1_2")] {
+        let (text, completed) = s_client(&tollgate, &[version, "-sess_out", session]);
+        assert!(completed && text.contains("New,"), "{text}");
+        // A reload builds the TLS settings afresh: a session kept in the old settings' cache would be lost.
+        let status = Command::new("kill")
+            .args(["-HUP", &tollgate.pid().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        common::eventually(Duration::from_secs(5), async || {
+            tollgate.log().matches("config reloaded").count() >= reloads
+        })
+        .await;
+        let (text, completed) = s_client(&tollgate, &[version, "-sess_in", session]);
+        assert!(completed, "{text}");
+        assert!(text.contains("Reused,"), "{version} not resumed:\n{text}");
+    }
+}
+
 // === connections ===
 
 /// The subject (`CN`) of the certificate the HTTPS listener serves for `api.test`, as `openssl s_client` reads it.

@@ -2,10 +2,10 @@
 //! read.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
-use rustls::server::WebPkiClientVerifier;
+use rustls::server::{ProducesTickets, WebPkiClientVerifier};
 use rustls::version::{TLS12, TLS13};
 use rustls::{ServerConfig, SupportedProtocolVersion};
 
@@ -131,11 +131,29 @@ fn load(settings: &TlsSettings) -> Result<Loaded, Vec<TlsProblem>> {
     let certificates = Arc::new(certificates);
     let mut config = builder.with_cert_resolver(Arc::new(ByName(certificates.to_vec())));
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    if let Some(ticketer) = ticketer() {
+        config.ticketer = ticketer;
+    }
     Ok(Loaded {
         config: Arc::new(config),
         certificates,
         files: Arc::new(settings.files()),
     })
+}
+
+/// The process's session tickets (stateless resumption, as nginx's `ssl_session_tickets` by default): a client
+/// that comes back resumes without the certificate's signature and checks, also after a reload, which keeps the
+/// ticketer. rustls's keys are random and rotate every six hours; `None` (no tickets, full handshakes) when the
+/// system's random source failed.
+fn ticketer() -> Option<Arc<dyn ProducesTickets>> {
+    static TICKETER: OnceLock<Option<Arc<dyn ProducesTickets>>> = OnceLock::new();
+    TICKETER
+        .get_or_init(|| {
+            rustls::crypto::ring::Ticketer::new()
+                .map_err(|error| tracing::warn!(%error, "TLS session tickets off: every client handshakes in full"))
+                .ok()
+        })
+        .clone()
 }
 
 /// `tollgate_tls_certificate_expiry_seconds{name}`: when each certificate expires, in Unix seconds.
