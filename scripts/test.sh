@@ -23,6 +23,10 @@ fi
 if ! command -v openssl >/dev/null 2>&1; then
   missing+=(openssl)
 fi
+# h2load: HTTP/2 load over TLS through the gateway (tests/tls.rs), as operators test it.
+if ! command -v h2load >/dev/null 2>&1; then
+  missing+=(nghttp2-client)
+fi
 bare=()
 if ! command -v promtool >/dev/null 2>&1; then
   bare+=(prometheus)

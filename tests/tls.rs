@@ -304,6 +304,33 @@ async fn limit_over_tls(redis: Option<&RedisServer>) {
     assert_eq!(upstream.hits(), 4);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2load_over_tls_meets_the_limit_exactly_under_concurrent_streams() {
+    let pki = Pki::new();
+    let upstream = Upstream::start().await;
+    let tollgate = gateway(&pki, &upstream, "", "");
+    let port = tollgate.tls.expect("a tls listener").port();
+    // 200 requests on 4 connections, 10 streams each at once, all from one address: the limit of 4 admits 4.
+    let output = Command::new("h2load")
+        .args(["-n", "200", "-c", "4", "-m", "10"])
+        .arg(format!("https://127.0.0.1:{port}/api/x"))
+        .output()
+        .expect("run h2load (Debian: nghttp2-client)");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}");
+    assert!(text.contains("Application protocol: h2"), "{text}");
+    assert!(
+        // h2load counts a 4xx as failed: every request was answered, none errored.
+        text.contains("200 total, 200 started, 200 done, 4 succeeded, 196 failed, 0 errored"),
+        "{text}"
+    );
+    assert!(
+        text.contains("status codes: 4 2xx, 0 3xx, 196 4xx, 0 5xx"),
+        "{text}"
+    );
+    assert_eq!(upstream.hits(), 4);
+}
+
 /// A refusal's JSON body without `retry_after_ms`, which counts down between two answers.
 fn without_wait(body: &str) -> serde_json::Value {
     let mut body: serde_json::Value = serde_json::from_str(body).expect("a JSON refusal");
