@@ -14,7 +14,7 @@ use thiserror::Error;
 
 use super::headers::{self, ForwardedFacts};
 use super::health::{Failure, HealthView, TargetHealth};
-use super::pool::{ConnectionPool, PoolSettings, SendError, Unanswered};
+use super::pool::{ConnectionPool, PoolSettings, SendError, Sent};
 use super::settings::UpstreamSettings;
 use super::upgrade;
 
@@ -51,9 +51,6 @@ struct Aim<'a> {
     path: &'a str,
     host_from_target: bool,
 }
-
-/// What one try came to: an answer, no answer, or no answer in time.
-type Sent = Result<Result<Response<Body>, Unanswered>, tokio::time::error::Elapsed>;
 
 /// Why a request could not be forwarded.
 #[derive(Debug, Error)]
@@ -212,7 +209,8 @@ impl Upstream {
                 return self.forward_upgrade(target, request, protocol).await;
             }
 
-            let sent = tokio::time::timeout(self.head_timeout, target.pool.send(request)).await;
+            let deadline = tokio::time::Instant::now() + self.head_timeout;
+            let sent = target.pool.send(request, deadline).await;
             match sent {
                 Ok(Ok(response)) => {
                     target.pool.health().succeeded();
@@ -302,7 +300,8 @@ impl Upstream {
                 note_target(&request, target);
                 target.aim(&mut request, &aim)?;
                 tried.push(next);
-                outcome = tokio::time::timeout(self.head_timeout, target.pool.send(*request)).await;
+                let deadline = tokio::time::Instant::now() + self.head_timeout;
+                outcome = target.pool.send(*request, deadline).await;
             }
         })
     }

@@ -26,6 +26,10 @@ pub(super) struct Connection {
     pub(super) read: Arc<AtomicU64>,
     /// Responses it has carried to their end.
     pub(super) served: u32,
+    /// The wait for each answer's head on this connection: one timer, made with the first request and kept, where a
+    /// timer per request was registered and removed again (a visible share of a proxied request's instructions);
+    /// each request waits on it until its own deadline (`send::head_timer`).
+    pub(super) head_timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 /// A connection's transport, counting the bytes read (written only by the connection's task).
@@ -88,6 +92,7 @@ impl Shared {
             sender,
             read,
             served: 0,
+            head_timer: None,
         })
     }
 }

@@ -8,4 +8,4 @@ mod send;
 #[cfg(test)]
 mod tests;
 
-pub use send::{ConnectionPool, PoolSettings, SendError, Unanswered};
+pub use send::{ConnectionPool, PoolSettings, SendError, Sent};

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -13,6 +14,7 @@ use http_body::Body as _;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use thiserror::Error;
+use tokio::time::{timeout_at, Instant, Sleep};
 
 use super::connect::{open_upgradable, Connection, Dialed};
 use super::idle::Shared;
@@ -64,6 +66,13 @@ pub struct Unanswered {
     pub again: Option<Box<Request<Body>>>,
 }
 
+/// What one try came to: an answer, no answer, or no answer by its deadline.
+pub type Sent = Result<Result<Response<Body>, Unanswered>, TimedOut>;
+
+/// No response head by the deadline: the request may have been written, and is never sent again.
+#[derive(Debug)]
+pub struct TimedOut;
+
 /// Why a request got no response head.
 #[derive(Debug, Error)]
 pub enum SendError {
@@ -111,7 +120,8 @@ impl ConnectionPool {
         }
     }
 
-    /// Sends `request` (origin-form URI, `Host` set) on an idle connection, or a new one when none is idle.
+    /// Sends `request` (origin-form URI, `Host` set) on an idle connection, or a new one when none is idle, and
+    /// waits for its answer's head until `deadline` (a new connection included).
     ///
     /// A request that a reused connection refused before writing a byte (the target closed it while it was idle)
     /// goes on the next connection. One that was written is sent again, once and on a new connection, only if the
@@ -134,7 +144,8 @@ impl ConnectionPool {
     pub fn send(
         &self,
         mut request: Request<Body>,
-    ) -> impl Future<Output = Result<Response<Body>, Unanswered>> + Send + use<'_> {
+        deadline: Instant,
+    ) -> impl Future<Output = Sent> + Send + use<'_> {
         async move {
             let mut fresh = false;
             loop {
@@ -146,17 +157,19 @@ impl ConnectionPool {
                             || self.shared.closes_unannounced.load(Ordering::Relaxed);
                         (connection, suspect, true)
                     }
-                    None => match self.shared.connect_out_of_line().await {
-                        Ok(connection) => (connection, false, false),
-                        Err(error) => return Err(Unanswered::unsent(error, request)),
+                    None => match timeout_at(deadline, self.shared.connect_out_of_line()).await {
+                        Ok(Ok(connection)) => (connection, false, false),
+                        Ok(Err(error)) => return Ok(Err(Unanswered::unsent(error, request))),
+                        Err(_) => return Err(TimedOut),
                     },
                 };
+                let mut timer = head_timer(&mut connection.head_timer, deadline);
                 // A connection handed back as its response ended may still be finishing that exchange.
-                if let Err(error) = connection.sender.ready().await {
-                    if reused {
-                        continue;
-                    }
-                    return Err(Unanswered::unsent(error.into(), request));
+                match before(timer.as_mut(), deadline, connection.sender.ready()).await {
+                    Some(Ok(())) => {}
+                    Some(Err(_)) if reused => continue,
+                    Some(Err(error)) => return Ok(Err(Unanswered::unsent(error.into(), request))),
+                    None => return Err(TimedOut),
                 }
                 // Boxed: held across the send, unboxed it would add a whole request to the future of every request
                 // (and to the bytes copied each time that future moves), for a copy made on few of them.
@@ -164,15 +177,21 @@ impl ConnectionPool {
                 let replay =
                     (copy && replayable(&request)).then(|| Box::new(replay_copy(&request)));
                 let read_before = connection.read.load(Ordering::Relaxed);
-                match connection.sender.try_send_request(request).await {
-                    Ok(response) => return Ok(self.leased(response, connection)),
+                let sending = connection.sender.try_send_request(request);
+                let Some(sent) = before(timer, deadline, sending).await else {
+                    return Err(TimedOut);
+                };
+                match sent {
+                    Ok(response) => return Ok(Ok(self.leased(response, connection))),
                     Err(mut failed) => {
                         let unsent = failed.take_message();
                         let silent = connection.read.load(Ordering::Relaxed) == read_before;
                         let error = SendError::from(failed.into_error());
                         match (unsent, reused) {
                             (Some(unsent), true) => request = unsent,
-                            (Some(unsent), false) => return Err(Unanswered::unsent(error, unsent)),
+                            (Some(unsent), false) => {
+                                return Ok(Err(Unanswered::unsent(error, unsent)))
+                            }
                             (None, true) if silent && !error.is_client_body() => {
                                 self.shared
                                     .closes_unannounced
@@ -180,7 +199,7 @@ impl ConnectionPool {
                                 // A reused connection closed under the request: the target may have closed it while
                                 // idle, which says nothing of its health.
                                 let Some(copy) = replay else {
-                                    return Err(Unanswered::written(error, None, None));
+                                    return Ok(Err(Unanswered::written(error, None, None)));
                                 };
                                 tracing::debug!(
                                     %error,
@@ -190,13 +209,13 @@ impl ConnectionPool {
                                 fresh = true;
                             }
                             (None, false) if silent && !error.is_client_body() => {
-                                return Err(Unanswered::written(
+                                return Ok(Err(Unanswered::written(
                                     error,
                                     Some(Failure::Reset),
                                     replay,
-                                ))
+                                )))
                             }
-                            _ => return Err(Unanswered::written(error, None, None)),
+                            _ => return Ok(Err(Unanswered::written(error, None, None))),
                         }
                     }
                 }
@@ -303,6 +322,47 @@ impl From<hyper::Error> for SendError {
             Self::Http(error)
         }
     }
+}
+
+/// The connection's head timer, ending at `deadline` or earlier: one still running from an earlier request (at
+/// most its head timeout before this one's deadline) is left as it is, since [`before`] sets it on when it ends
+/// early. Moving a timer per request cost a visible share of a proxied request's instructions; this moves it about
+/// once per head timeout.
+fn head_timer(timer: &mut Option<Pin<Box<Sleep>>>, deadline: Instant) -> Pin<&mut Sleep> {
+    match timer {
+        Some(timer) => {
+            if timer.is_elapsed() || timer.deadline() > deadline {
+                timer.as_mut().reset(deadline);
+            }
+            timer.as_mut()
+        }
+        slot @ None => slot
+            .insert(Box::pin(tokio::time::sleep_until(deadline)))
+            .as_mut(),
+    }
+}
+
+/// The output of `future`, or `None` when `deadline` passes first. `timer` ends at `deadline` or earlier (see
+/// [`head_timer`]): ending earlier, it is set on to `deadline`.
+async fn before<F: Future>(
+    mut timer: Pin<&mut Sleep>,
+    deadline: Instant,
+    future: F,
+) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(output) = future.as_mut().poll(cx) {
+            return Poll::Ready(Some(output));
+        }
+        while timer.as_mut().poll(cx).is_ready() {
+            if timer.deadline() >= deadline {
+                return Poll::Ready(None);
+            }
+            timer.as_mut().reset(deadline);
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// Whether a request may be sent a second time after a reused connection failed under it: an idempotent method

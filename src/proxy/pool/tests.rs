@@ -16,6 +16,19 @@ use super::{ConnectionPool, PoolSettings, SendError};
 use crate::proxy::health::TargetHealth;
 use crate::proxy::HealthSettings;
 
+impl ConnectionPool {
+    /// `send` with an hour for the answer's head.
+    async fn send_in_time(
+        &self,
+        request: Request<Body>,
+    ) -> Result<Response<Body>, super::send::Unanswered> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3600);
+        self.send(request, deadline)
+            .await
+            .expect("answered in time")
+    }
+}
+
 /// What the test upstream does after writing a response.
 #[derive(Clone, Copy)]
 enum Then {
@@ -96,6 +109,9 @@ async fn serve(
         let head = String::from_utf8_lossy(&pending[..head_end]).into_owned();
         pending.drain(..head_end);
         let (bytes, then) = reply(&head);
+        if let Some(delay) = delay_of(&head) {
+            tokio::time::sleep(delay).await;
+        }
         if stream.write_all(bytes).await.is_err() {
             return;
         }
@@ -103,6 +119,14 @@ async fn serve(
             return;
         }
     }
+}
+
+/// How long a request asks the upstream to wait before it answers: its `x-delay-ms`.
+fn delay_of(head: &str) -> Option<Duration> {
+    let line = head
+        .lines()
+        .find_map(|line| line.strip_prefix("x-delay-ms: "))?;
+    Some(Duration::from_millis(line.trim().parse().ok()?))
 }
 
 const SETTINGS: PoolSettings = PoolSettings {
@@ -156,7 +180,7 @@ async fn sequential_requests_reuse_one_connection() {
     let upstream = RawUpstream::start(|_| (OK, Then::KeepOpen)).await;
     let pool = upstream.pool(SETTINGS);
     for _ in 0..5 {
-        let response = pool.send(request("GET")).await.expect("response");
+        let response = pool.send_in_time(request("GET")).await.expect("response");
         assert_eq!(read_all(response).await, "ok");
     }
     assert_eq!(upstream.accepted(), 1);
@@ -179,7 +203,7 @@ async fn bodiless_responses_give_their_connection_back_unpolled() {
     let pool = upstream.pool(SETTINGS);
     for method in ["HEAD", "GET", "HEAD"] {
         // Dropped without a poll, as the server does with a body that has ended before it starts.
-        drop(pool.send(request(method)).await.expect("response"));
+        drop(pool.send_in_time(request(method)).await.expect("response"));
     }
     assert_eq!(upstream.accepted(), 1);
     assert_eq!(pool.idle_count(), 1);
@@ -195,13 +219,13 @@ async fn a_body_dropped_half_read_takes_its_connection_with_it() {
     })
     .await;
     let pool = upstream.pool(SETTINGS);
-    let response = pool.send(request("GET")).await.expect("response");
+    let response = pool.send_in_time(request("GET")).await.expect("response");
     let mut body = response.into_body();
     let first = body.frame().await.expect("a frame").expect("data");
     assert_eq!(first.into_data().expect("data frame"), "half");
     drop(body);
     assert_eq!(pool.idle_count(), 0);
-    let _next = pool.send(request("GET")).await.expect("response");
+    let _next = pool.send_in_time(request("GET")).await.expect("response");
     assert_eq!(upstream.accepted(), 2);
 }
 
@@ -211,7 +235,7 @@ async fn a_connection_the_target_closed_while_idle_is_not_used() {
     let upstream = RawUpstream::start(|_| (OK, Then::Close)).await;
     let pool = upstream.pool(SETTINGS);
     for _ in 0..3 {
-        let response = pool.send(request("GET")).await.expect("response");
+        let response = pool.send_in_time(request("GET")).await.expect("response");
         assert_eq!(read_all(response).await, "ok");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -221,7 +245,7 @@ async fn a_connection_the_target_closed_while_idle_is_not_used() {
 #[tokio::test]
 async fn idle_connections_are_closed_after_the_idle_timeout() {
     let (upstream, pool) = keep_alive_pool(16, Duration::from_millis(100)).await;
-    read_all(pool.send(request("GET")).await.expect("response")).await;
+    read_all(pool.send_in_time(request("GET")).await.expect("response")).await;
     assert_eq!(pool.idle_count(), 1);
     // No further request comes to find it expired: the reaper closes it.
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -235,7 +259,7 @@ async fn at_most_max_idle_connections_are_kept() {
     // Four responses held at once need four connections.
     let mut held = Vec::new();
     for _ in 0..4 {
-        held.push(pool.send(request("GET")).await.expect("response"));
+        held.push(pool.send_in_time(request("GET")).await.expect("response"));
     }
     assert_eq!(upstream.accepted(), 4);
     for response in held {
@@ -265,7 +289,7 @@ async fn an_https_target_without_tls_settings_is_never_sent_plain_text() {
         SETTINGS,
         health(),
     );
-    let refused = pool.send(request("GET")).await.map(drop);
+    let refused = pool.send_in_time(request("GET")).await.map(drop);
     assert!(
         matches!(&refused, Err(failed) if matches!(failed.error, SendError::Tls(_))),
         "{refused:?}"
@@ -278,4 +302,39 @@ async fn an_https_target_without_tls_settings_is_never_sent_plain_text() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!((upstream.accepted(), upstream.closed_by_client()), (1, 1));
+}
+
+/// A GET that the upstream answers `delay` after reading it.
+fn delayed(delay: Duration) -> Request<Body> {
+    let mut request = request("GET");
+    let millis = delay.as_millis().to_string();
+    let value = http::HeaderValue::from_str(&millis).expect("value");
+    request.headers_mut().insert("x-delay-ms", value);
+    request
+}
+
+/// A connection's head timer is made by its first request and kept: each later request on it waits until its own
+/// deadline, neither cut at an earlier request's (the timer still set to it) nor given longer.
+#[tokio::test]
+async fn each_request_on_a_reused_connection_waits_until_its_own_deadline() {
+    let (upstream, pool) = keep_alive_pool(16, Duration::from_secs(60)).await;
+    let timeout = Duration::from_millis(1500);
+    let first = pool.send(request("GET"), tokio::time::Instant::now() + timeout);
+    read_all(first.await.expect("in time").expect("response")).await;
+    // The first request's deadline is 1.5 s from its start; this one starts 0.9 s later and is answered 1 s after
+    // that, past the first one's deadline and before its own.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let delay = Duration::from_millis(1000);
+    let second = pool.send(delayed(delay), tokio::time::Instant::now() + timeout);
+    read_all(second.await.expect("in time").expect("response")).await;
+    // On the same connection again, an answer 2.5 s away is past this request's deadline.
+    let started = tokio::time::Instant::now();
+    let third = pool.send(delayed(Duration::from_millis(2500)), started + timeout);
+    assert!(third.await.is_err(), "no answer within the timeout");
+    let waited = started.elapsed();
+    assert!(
+        waited >= timeout && waited < Duration::from_millis(2400),
+        "{waited:?}"
+    );
+    assert_eq!(upstream.accepted(), 1);
 }
