@@ -51,6 +51,7 @@ pub use ipnet::IpNet;
 #[cfg(feature = "gateway")]
 pub mod admin;
 pub mod admission;
+#[cfg(feature = "gateway")]
 mod civil;
 pub mod config;
 pub mod consumers;
