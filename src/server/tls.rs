@@ -47,38 +47,25 @@ pub(super) async fn serve_tls_connection<H: Handler>(
     let reason = match tokio::time::timeout(header_read_timeout, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => {
             let max_header_bytes = builders.max_header_bytes;
-            // Read once per connection: with `client_ca`, each request of the connection carries it. A connection
-            // without one serves its requests as a clear-text connection does, paying nothing for it.
-            let served = match client_certificate(&stream) {
-                None => {
-                    let service = service_fn(requests!(handler, peer, max_header_bytes));
-                    serve_tls_stream(
-                        &builders,
-                        stream,
-                        service,
-                        watcher,
-                        accepted,
-                        header_read_timeout,
-                    )
-                    .await
+            // Read once per connection: with `client_ca`, each request of the connection carries it; a connection
+            // without one pays a test of `None` a request.
+            let certificate = client_certificate(&stream);
+            let requests = requests!(handler, peer, max_header_bytes);
+            let service = service_fn(move |mut request: hyper::Request<Incoming>| {
+                if let Some(certificate) = &certificate {
+                    request.extensions_mut().insert(Arc::clone(certificate));
                 }
-                Some(certificate) => {
-                    let requests = requests!(handler, peer, max_header_bytes);
-                    let service = service_fn(move |mut request: hyper::Request<Incoming>| {
-                        request.extensions_mut().insert(Arc::clone(&certificate));
-                        requests(request)
-                    });
-                    serve_tls_stream(
-                        &builders,
-                        stream,
-                        service,
-                        watcher,
-                        accepted,
-                        header_read_timeout,
-                    )
-                    .await
-                }
-            };
+                requests(request)
+            });
+            let served = serve_tls_stream(
+                &builders,
+                stream,
+                service,
+                watcher,
+                accepted,
+                header_read_timeout,
+            )
+            .await;
             if let Err(error) = served {
                 tracing::debug!(%peer, %error, "connection ended with an error");
             }
