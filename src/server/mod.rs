@@ -20,4 +20,4 @@ pub use handler::{BoxError, Handler};
 pub use listener::{serve, serve_tls, ServeError};
 pub use settings::Settings;
 pub use shutdown::Shutdown;
-pub use tls::TlsConfig;
+pub use tls::{ClientMark, TlsConfig};

@@ -21,14 +21,22 @@ use super::h2_clock::HeaderClock;
 use super::handler::BoxError;
 use super::idle::ConnectionClock;
 use super::Handler;
-use crate::key::ClientCertificate;
 
 /// Where an HTTPS listener's handshakes take their TLS settings from, read at each handshake: settings replaced on
 /// a reload reach the connections that open after it, and those open keep theirs.
 pub trait TlsConfig: Send + Sync + 'static {
     /// The settings for the handshake about to begin.
     fn current(&self) -> Arc<ServerConfig>;
+
+    /// How each request of a connection whose client showed `certificate` (its verified leaf, DER) is marked: asked
+    /// once per connection, so that what the certificate says is read once; `None` leaves the requests as they are.
+    fn client_mark(&self, _certificate: &[u8]) -> Option<ClientMark> {
+        None
+    }
 }
+
+/// Marks a request (its extensions) with what its connection's client certificate says.
+pub type ClientMark = Arc<dyn Fn(&mut http::Extensions) + Send + Sync>;
 
 /// Serves one accepted HTTPS connection until it closes (or shutdown closes it). The handshake is held to the
 /// header read timeout, as a clear-text connection's opening is. A client that asked for `h2` by ALPN is served
@@ -49,11 +57,16 @@ pub(super) async fn serve_tls_connection<H: Handler>(
             let max_header_bytes = builders.max_header_bytes;
             // Read once per connection: with `client_ca`, each request of the connection carries it; a connection
             // without one pays a test of `None` a request.
-            let certificate = client_certificate(&stream);
+            let mark = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(|leaf| tls.client_mark(leaf));
             let requests = requests!(handler, peer, max_header_bytes);
             let service = service_fn(move |mut request: hyper::Request<Incoming>| {
-                if let Some(certificate) = &certificate {
-                    request.extensions_mut().insert(Arc::clone(certificate));
+                if let Some(mark) = &mark {
+                    mark(request.extensions_mut());
                 }
                 requests(request)
             });
@@ -75,13 +88,6 @@ pub(super) async fn serve_tls_connection<H: Handler>(
         Err(_) => "timeout",
     };
     metrics::counter!("tollgate_tls_handshake_failures_total", "reason" => reason).increment(1);
-}
-
-/// What the client's certificate, verified by the handshake against `tls.client_ca`, says of its sender; `None`
-/// without one (no `client_ca`).
-fn client_certificate(stream: &TlsStream<TcpStream>) -> Option<Arc<ClientCertificate>> {
-    let leaf = stream.get_ref().1.peer_certificates()?.first()?;
-    crate::tls::client_certificate(leaf).map(Arc::new)
 }
 
 /// Serves an HTTPS connection after its handshake: HTTP/2 when its client asked for `h2` by ALPN, HTTP/1.1 otherwise.

@@ -10,10 +10,11 @@ use rustls::version::{TLS12, TLS13};
 use rustls::{ServerConfig, SupportedProtocolVersion};
 
 use super::resolve::ByName;
+use super::subject::client_certificate;
 use super::Certificate;
 use super::{TlsSettings, TlsVersion};
 use crate::proxy::roots_from_file;
-use crate::server::TlsConfig;
+use crate::server::{ClientMark, TlsConfig};
 
 /// A problem with the `tls:` block's files, on the field at fault (`tls.certificates[0].key`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +73,14 @@ impl Acceptor {
 impl TlsConfig for Acceptor {
     fn current(&self) -> Arc<ServerConfig> {
         Arc::clone(&self.current.load().config)
+    }
+
+    /// Each request carries the certificate's subject and common name (`key: client_cert`, the `mtls` identifier).
+    fn client_mark(&self, certificate: &[u8]) -> Option<ClientMark> {
+        let certificate = Arc::new(client_certificate(certificate)?);
+        Some(Arc::new(move |extensions: &mut http::Extensions| {
+            extensions.insert(Arc::clone(&certificate));
+        }))
     }
 }
 
