@@ -634,38 +634,16 @@ fn refusal_rows(jwt: &common::jwt::SigningKey) -> Vec<Row> {
 /// Sends `bytes` (then ends the writing side when `half_close`) and reads one HTTP/1.1 response: its head and the
 /// body its `content-length` announces, without waiting for the connection to close.
 async fn exchange(addr: std::net::SocketAddr, bytes: &[u8], half_close: bool) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
     stream.write_all(bytes).await.expect("write");
     if half_close {
         stream.shutdown().await.expect("shutdown");
     }
-    let mut response = Vec::new();
-    let mut buffer = [0u8; 4096];
-    let read = async {
-        loop {
-            let text = String::from_utf8_lossy(&response);
-            if let Some(end) = text.find("\r\n\r\n") {
-                let length = text[..end]
-                    .lines()
-                    .find_map(|line| {
-                        let (name, value) = line.split_once(':')?;
-                        name.eq_ignore_ascii_case("content-length")
-                            .then(|| value.trim().parse::<usize>().ok())?
-                    })
-                    .unwrap_or(0);
-                if response.len() >= end + 4 + length {
-                    break;
-                }
-            }
-            match stream.read(&mut buffer).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => response.extend_from_slice(&buffer[..n]),
-            }
-        }
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
-    String::from_utf8_lossy(&response).into_owned()
+    let read = common::http_client::read_answer(&mut stream);
+    tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .unwrap_or_default()
 }
 
 /// The status and the body's `error` and `reason` of an HTTP/1.1 answer.

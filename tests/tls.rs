@@ -108,13 +108,30 @@ fn status_and_version(output: &Output) -> String {
 
 /// `openssl s_client` against the HTTPS listener with `args`; its output and whether the handshake completed.
 fn s_client(tollgate: &Tollgate, args: &[&str]) -> (String, bool) {
+    s_client_sending(tollgate, args, None)
+}
+
+/// [`s_client`] sending `request` and reading until the gateway closes the connection (which a request with
+/// `Connection: close` asks), so that what comes after the handshake, TLS 1.3's session tickets too, is read.
+fn s_client_sending(tollgate: &Tollgate, args: &[&str], request: Option<&str>) -> (String, bool) {
     let address = tollgate.tls.expect("a tls listener").to_string();
-    let output = Command::new("openssl")
+    let mut child = Command::new("openssl")
         .args(["s_client", "-connect", &address])
         .args(args)
-        .stdin(Stdio::null())
-        .output()
+        .args(request.map(|_| "-ign_eof"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("run openssl");
+    let mut stdin = child.stdin.take().expect("stdin");
+    if let Some(request) = request {
+        stdin
+            .write_all(request.as_bytes())
+            .expect("write the request");
+    }
+    drop(stdin);
+    let output = child.wait_with_output().expect("openssl ends");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),
@@ -621,7 +638,9 @@ async fn a_client_resumes_its_session_by_ticket_also_after_a_reload() {
     let session = pki.dir.path().join("session.pem");
     let session = session.to_str().expect("a UTF-8 path");
     for (reloads, version) in [(1, "-tls1_3"), (2, "-tls1_2")] {
-        let (text, completed) = s_client(&tollgate, &[version, "-sess_out", session]);
+        let request = "GET /api/x HTTP/1.1\r\nhost: api.test\r\nconnection: close\r\n\r\n";
+        let (text, completed) =
+            s_client_sending(&tollgate, &[version, "-sess_out", session], Some(request));
         assert!(completed && text.contains("New,"), "{text}");
         // A reload builds the TLS settings afresh: a session kept in the old settings' cache would be lost.
         let status = Command::new("kill")

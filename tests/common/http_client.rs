@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// A client without proxies or retries, with a short timeout.
@@ -76,4 +76,32 @@ pub async fn evicted_keys_counted(admin: &str) -> f64 {
         .find(|line| line.starts_with("tollgate_store_evicted_keys_total "))
         .and_then(|line| line.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0.0)
+}
+
+/// Reads one HTTP/1.1 answer from `stream`: its head and the body its `content-length` announces, without waiting
+/// for the connection to close (or what came before it closed).
+pub async fn read_answer<S: AsyncRead + Unpin>(stream: &mut S) -> String {
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&answer);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|line| {
+                    let (name, value) = line.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse::<usize>().ok())?
+                })
+                .unwrap_or(0);
+            if body.len() >= length {
+                break;
+            }
+        }
+        match stream.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => answer.extend_from_slice(&buffer[..read]),
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -59,28 +59,5 @@ pub async fn connect(
 /// Writes `request` on `stream` and reads one answer (its head and a `content-length` body).
 pub async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, request: &str) -> String {
     stream.write_all(request.as_bytes()).await.expect("write");
-    let mut answer = Vec::new();
-    let mut buffer = [0u8; 4096];
-    loop {
-        let read = stream.read(&mut buffer).await.unwrap_or(0);
-        if read == 0 {
-            break;
-        }
-        answer.extend_from_slice(&buffer[..read]);
-        let text = String::from_utf8_lossy(&answer);
-        if let Some((head, body)) = text.split_once("\r\n\r\n") {
-            let length = head
-                .lines()
-                .find_map(|line| {
-                    let (name, value) = line.split_once(':')?;
-                    name.eq_ignore_ascii_case("content-length")
-                        .then(|| value.trim().parse::<usize>().ok())?
-                })
-                .unwrap_or(0);
-            if body.len() >= length {
-                break;
-            }
-        }
-    }
-    String::from_utf8_lossy(&answer).into_owned()
+    super::http_client::read_answer(stream).await
 }
