@@ -33,7 +33,8 @@ divided by the requests wrk completed. The Redis case depends on how many reques
 depends on timing: the table gives it (from Redis's `INFO commandstats`), and two builds compare fairly only at
 similar batch sizes. Under callgrind, 32 connections give calls of about 15 requests, near the 24 of bench/run.sh's
 64 connections at full speed (64 under callgrind give over 50). Ports: the ones of
-bench/run.sh (16379 Redis, 18081 upstream, 18090 and 19901 tollgate), so do not run both at once.
+bench/run.sh (16379 Redis, 18081 upstream, 18090 and 19901 tollgate), so do not run both at once, or move this
+script's with BENCH_PORT_OFFSET=1000.
 """
 
 import argparse
@@ -53,10 +54,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLLGATE = ROOT / "target/release/tollgate"
-REDIS_PORT = 16379
-UPSTREAM_PORT = 18081
-TOLLGATE_PORT = 18090
-ADMIN_PORT = 19901
+# BENCH_PORT_OFFSET moves every port by that much, so that two checkouts can measure at once (a helper's worktree
+# and the lead's): their servers would otherwise answer each other's load.
+PORT_OFFSET = int(os.environ.get("BENCH_PORT_OFFSET", "0"))
+REDIS_PORT = 16379 + PORT_OFFSET
+UPSTREAM_PORT = 18081 + PORT_OFFSET
+TOLLGATE_PORT = 18090 + PORT_OFFSET
+ADMIN_PORT = 19901 + PORT_OFFSET
+
+
+def bench_env(**extra: str) -> dict[str, str]:
+    """The environment of a server under test: where its Redis, upstream and listeners are (bench/configs read
+    BENCH_REDIS_URL, BENCH_UPSTREAM_URL, BENCH_LISTEN and BENCH_ADMIN)."""
+    return dict(os.environ, BENCH_REDIS_URL=f"redis://127.0.0.1:{REDIS_PORT}",
+                BENCH_UPSTREAM_URL=f"http://127.0.0.1:{UPSTREAM_PORT}", BENCH_LISTEN=f"127.0.0.1:{TOLLGATE_PORT}",
+                BENCH_ADMIN=f"127.0.0.1:{ADMIN_PORT}", **extra)
 # The API key of the consumer configurations (bench/configs/*-consumer.yaml list its SHA-256).
 API_KEY = ["x-api-key: bench-key"]
 # The HS256 secret of bench/configs/*-jwt.yaml (read from BENCH_JWT_SECRET).
@@ -384,8 +396,7 @@ def idle_memory(binary: Path, config: Path, work: Path, connections: int) -> flo
     import socket
 
     command, ready = server_command(binary, config, work)
-    env = dict(os.environ, TOKIO_WORKER_THREADS="1", RUST_LOG="warn",
-               BENCH_REDIS_URL=f"redis://127.0.0.1:{REDIS_PORT}", BENCH_UPSTREAM_URL=f"http://127.0.0.1:{UPSTREAM_PORT}")
+    env = bench_env(TOKIO_WORKER_THREADS="1", RUST_LOG="warn")
     server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def rss() -> int:
@@ -426,9 +437,7 @@ def measure(
     binary: Path, config: Path, seconds: int, connections: int, work: Path, top: int, cache: bool,
     keep: Path | None, clients: int | None, headers: list[str], request: str, case: str = "", look: bool = False,
 ) -> tuple[float, float, float, float, list[tuple[str, float]]]:
-    env = dict(os.environ, TOKIO_WORKER_THREADS="1", RUST_LOG="info" if case in LOGGED else "warn")
-    env["BENCH_REDIS_URL"] = f"redis://127.0.0.1:{REDIS_PORT}"
-    env["BENCH_UPSTREAM_URL"] = f"http://127.0.0.1:{UPSTREAM_PORT}"
+    env = bench_env(TOKIO_WORKER_THREADS="1", RUST_LOG="info" if case in LOGGED else "warn")
     env["BENCH_JWT_SECRET"] = JWT_SECRET
     env["BENCH_TLS_DIR"] = str(work)
     out = work / f"callgrind.{config.stem}"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gateway_cost import (  # noqa: E402
-    ADMIN_PORT, ROOT, TOLLGATE, TOLLGATE_PORT, UPSTREAM_PORT, certificate, nginx_main, nginx_proxy_conf, wait_ready,
+    ADMIN_PORT, ROOT, TOLLGATE, TOLLGATE_PORT, UPSTREAM_PORT, bench_env, certificate, nginx_main, nginx_proxy_conf, wait_ready,
 )
 
 URL = f"https://127.0.0.1:{TOLLGATE_PORT}/"
@@ -31,8 +31,7 @@ def start(server: str, binary: Path, work: Path) -> subprocess.Popen:
     else:
         command = [str(binary), "--config", str(ROOT / "bench/configs/tls-off.yaml")]
         ready = f"http://127.0.0.1:{ADMIN_PORT}/readyz"
-    env = dict(os.environ, TOKIO_WORKER_THREADS="1", RUST_LOG="warn", BENCH_TLS_DIR=str(work),
-               BENCH_UPSTREAM_URL=f"http://127.0.0.1:{UPSTREAM_PORT}")
+    env = bench_env(TOKIO_WORKER_THREADS="1", RUST_LOG="warn", BENCH_TLS_DIR=str(work))
     process = subprocess.Popen(["taskset", "-c", "0", *command], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_ready(ready, server, process)
