@@ -355,20 +355,18 @@ impl Gateway {
                 }
                 Action::Upstream(upstream) => {
                     // X-Forwarded-Host and Forwarded's host= say the authority the client asked for, port included
-                    // (`shop.example:8443`), as the Host field now holds it: an upstream building its own URLs needs the
+                    // (`shop.example:8443`), as the Host field now holds it (the canonical one written for it, else
+                    // the client's, both read by the canonical reading): an upstream building its own URLs needs the
                     // port. Routing and keys use the host without it.
-                    let authority = request.headers().get(http::header::HOST).cloned();
-                    let host_field = authority
-                        .as_ref()
-                        .and_then(|value| Some((value.to_str().ok()?, value)));
                     let forwarded = ForwardedFacts {
                         peer: peer.ip(),
                         peer_trusted: compiled.client_ip.is_trusted(peer.ip()),
                         believed: compiled.client_ip.header(),
-                        host: host_field
-                            .map(|(text, _)| text)
-                            .or(canonical.host.as_deref()),
-                        host_field: host_field.map(|(_, value)| value),
+                        host: canonical.host.as_deref(),
+                        host_field: canonical
+                            .host_field
+                            .as_ref()
+                            .or(canonical.client_host.as_ref()),
                         version: request.version(),
                         write_forwarded: compiled.write_forwarded,
                         reads_trailers: route

@@ -28,10 +28,10 @@ pub struct ForwardedFacts<'a> {
     pub peer_trusted: bool,
     /// `client_ip.header`: the client-address field believed from trusted proxies; the other two are dropped.
     pub believed: ClientIpHeader,
-    /// The host the client asked for, if any.
+    /// The host the client asked for, if any, as routing reads it (lower case, without its port).
     pub host: Option<&'a str>,
-    /// The client's `Host` field when `host` is its text: `X-Forwarded-Host` is a share of it, neither checked
-    /// nor copied again.
+    /// The request's `Host` field, when it has one: the authority the client asked for, port included.
+    /// `X-Forwarded-Host` is a share of it, neither checked nor copied again.
     pub host_field: Option<&'a HeaderValue>,
     /// The client's HTTP version, for `Via`.
     pub version: Version,
@@ -362,7 +362,8 @@ fn write_forwarded(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) {
         std::net::IpAddr::V6(v6) => format!("\"[{v6}]\""),
     };
     let mut element = format!("for={for_value};proto=http");
-    if let Some(host) = facts.host {
+    let field = facts.host_field.and_then(|field| field.to_str().ok());
+    if let Some(host) = field.or(facts.host) {
         element.push_str(";host=\"");
         element.push_str(host);
         element.push('"');
