@@ -5,6 +5,8 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use bytes::Bytes;
+use http::header::Entry;
 use http::{HeaderMap, HeaderName, HeaderValue, Request};
 
 use super::policy::Policy;
@@ -125,24 +127,88 @@ impl Policy {
 
 /// The request's `x-request-id`, generated (128 random bits, hex) and set on it when the client sent none or an
 /// unusable one (empty, over 200 bytes). The gateway and the tower layer both answer with it.
+///
+/// The field is found once (an entry, not a look-up and then an insert: each hashes the name byte by byte).
 pub fn ensure_request_id(headers: &mut HeaderMap) -> HeaderValue {
-    if let Some(id) = headers.get(&X_REQUEST_ID) {
-        if !id.is_empty() && id.len() <= 200 {
-            return id.clone();
+    match headers.entry(&X_REQUEST_ID) {
+        Entry::Occupied(mut field) => {
+            let id = field.get();
+            if !id.is_empty() && id.len() <= 200 {
+                return id.clone();
+            }
+            let made = new_request_id();
+            field.insert(made.clone());
+            made
+        }
+        Entry::Vacant(field) => {
+            let made = new_request_id();
+            field.insert(made.clone());
+            made
         }
     }
-    const HEX: &[u8; 16] = b"0123456789abcdef";
+}
+
+/// A new request id: 128 random bits in hex, in one allocation that its clones share (the request and its answer
+/// each carry it). Copied into a header value instead, it took a second one at its first clone.
+fn new_request_id() -> HeaderValue {
     let mut id = [0u8; 32];
     for (digits, byte) in id.chunks_exact_mut(2).zip(fastrand::u128(..).to_be_bytes()) {
-        digits[0] = HEX[usize::from(byte >> 4)];
-        digits[1] = HEX[usize::from(byte & 0xf)];
+        digits.copy_from_slice(&HEX_PAIRS[usize::from(byte)]);
     }
-    let value = HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("0"));
-    headers.insert(X_REQUEST_ID.clone(), value.clone());
-    value
+    HeaderValue::from_maybe_shared(Bytes::from_owner(id))
+        .unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
+
+/// Each byte's two lower-case hex digits: one load a byte instead of two.
+const HEX_PAIRS: [[u8; 2]; 256] = {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut pairs = [[0u8; 2]; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        pairs[byte] = [HEX[byte >> 4], HEX[byte & 0xf]];
+        byte += 1;
+    }
+    pairs
+};
 
 /// Sets `request_id` on an answer's `headers` as its `x-request-id`.
 pub fn set_request_id(headers: &mut HeaderMap, request_id: HeaderValue) {
     headers.insert(X_REQUEST_ID.clone(), request_id);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_byte_reads_as_its_two_hex_digits() {
+        for byte in 0..=255u8 {
+            assert_eq!(
+                HEX_PAIRS[usize::from(byte)],
+                *format!("{byte:02x}").as_bytes()
+            );
+        }
+    }
+
+    #[test]
+    fn a_usable_id_is_kept_and_any_other_replaced_by_one_made_here() {
+        let mut headers = HeaderMap::new();
+        headers.append(&X_REQUEST_ID, HeaderValue::from_static("client-1"));
+        headers.append(&X_REQUEST_ID, HeaderValue::from_static("client-2"));
+        assert_eq!(ensure_request_id(&mut headers), "client-1");
+        assert_eq!(headers.get_all(&X_REQUEST_ID).iter().count(), 2);
+
+        let long = "x".repeat(201);
+        for sent in [&[""][..], &[long.as_str()], &["", "second"], &[]] {
+            let mut headers = HeaderMap::new();
+            for id in sent {
+                headers.append(&X_REQUEST_ID, HeaderValue::from_str(id).unwrap());
+            }
+            let made = ensure_request_id(&mut headers);
+            assert_eq!(made.len(), 32, "{sent:?}");
+            assert!(made.as_bytes().iter().all(u8::is_ascii_hexdigit));
+            let lines: Vec<_> = headers.get_all(&X_REQUEST_ID).iter().collect();
+            assert_eq!(lines, [&made], "{sent:?}");
+        }
+    }
 }
