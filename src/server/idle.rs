@@ -65,6 +65,8 @@ struct Marks {
     /// `base` and made an `Instant` once, as they are every request.
     keepalive_micros: u64,
     header_read_micros: u64,
+    /// `header_read_timeout` as given, which hyper's deadlines are that long after the start of a wait.
+    header_read_timeout: Duration,
     rest_micros: u64,
     /// The sleep of the last wait for a head, handed back when hyper dropped it (its head came): the next wait
     /// moves it to its deadline instead of making, registering and dropping a timer of its own per request.
@@ -99,6 +101,7 @@ impl ConnectionClock {
             resumed: AtomicBool::new(false),
             keepalive_micros: micros(keepalive_timeout),
             header_read_micros: micros(header_read_timeout),
+            header_read_timeout,
             rest_micros: micros(REST_AFTER),
             spare: parking_lot::Mutex::new(None),
         });
@@ -148,17 +151,10 @@ impl ConnectionClock {
         self.marks.rest_due.store(false, Ordering::Relaxed);
         self.marks.resumed.store(true, Ordering::Relaxed);
     }
-}
 
-impl hyper::rt::Timer for ConnectionClock {
-    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        self.sleep_until(Instant::now() + duration)
-    }
-
-    /// Called when hyper starts waiting for a request head (its deadline, `header_read_timeout` from now, is
-    /// replaced by the two clocks', and the time to rest comes first).
-    fn sleep_until(&self, _deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        self.marks.start_waiting();
+    /// The sleep of a wait for a request head that began at `now`.
+    fn wait_for_head(&self, now: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        self.marks.start_waiting(now);
         self.marks.reading_head.fetch_add(1, Ordering::Relaxed);
         // Made to wake when its first poll will want it to: a reset there would cost every request.
         let (wake, rest) = self.marks.next_wake();
@@ -179,6 +175,22 @@ impl hyper::rt::Timer for ConnectionClock {
     }
 }
 
+impl hyper::rt::Timer for ConnectionClock {
+    fn sleep(&self, _duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        self.wait_for_head(Instant::now())
+    }
+
+    /// Called when hyper starts waiting for a request head, with its deadline `header_read_timeout` after the
+    /// instant it read for it (`Timer::now`): the wait began then, and the clock is not read a second time. The
+    /// deadline is replaced by the two clocks', and the time to rest comes first.
+    fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        let began = deadline
+            .checked_sub(self.marks.header_read_timeout)
+            .unwrap_or_else(Instant::now);
+        self.wait_for_head(began)
+    }
+}
+
 // === impl Marks ===
 
 impl Marks {
@@ -186,11 +198,12 @@ impl Marks {
         u64::try_from(now.saturating_duration_since(self.base).as_micros()).unwrap_or(u64::MAX - 1)
     }
 
-    fn start_waiting(&self) {
+    /// A wait for a head begins at `now`.
+    fn start_waiting(&self, now: Instant) {
         // After a rest the wait began before it, and nothing of a head had come then.
         if !self.resumed.swap(false, Ordering::Relaxed) {
             self.waiting_since
-                .store(self.micros_since_base(Instant::now()), Ordering::Relaxed);
+                .store(self.micros_since_base(now), Ordering::Relaxed);
         }
         self.head_since.store(0, Ordering::Relaxed);
         self.rest_due.store(false, Ordering::Relaxed);
@@ -462,7 +475,7 @@ mod tests {
         let keepalive = Duration::from_secs(75);
         let (clock, _stream) = ConnectionClock::new((), keepalive, Duration::from_secs(10));
         let marks = &clock.marks;
-        marks.start_waiting();
+        marks.start_waiting(Instant::now());
         let waiting = marks.deadline() - keepalive;
         assert_eq!(marks.next_wake(), (waiting + REST_AFTER, true));
         // The rest came: the sleep waits for keepalive_timeout, and the connection's rest closes then.
@@ -474,7 +487,7 @@ mod tests {
         // keepalive_timeout still count from the last answer (a wake-up with no bytes rests again at once).
         clock.resume();
         std::thread::sleep(Duration::from_millis(5));
-        marks.start_waiting();
+        marks.start_waiting(Instant::now());
         assert!(!clock.rest_due());
         assert_eq!(marks.next_wake(), (waiting + REST_AFTER, true));
         // Its first byte: header_read_timeout from then, and no rest while the head comes.
@@ -488,8 +501,25 @@ mod tests {
         // A keepalive_timeout shorter than REST_AFTER closes the connection before it would rest.
         let (short, _stream) =
             ConnectionClock::new((), Duration::from_millis(500), Duration::from_secs(10));
-        short.marks.start_waiting();
+        short.marks.start_waiting(Instant::now());
         assert!(!short.marks.next_wake().1);
+    }
+
+    #[tokio::test]
+    async fn a_wait_for_a_head_begins_when_hyper_read_the_clock_for_its_deadline() {
+        use hyper::rt::Timer;
+        let (keepalive, header_read) = (Duration::from_secs(75), Duration::from_secs(10));
+        let (clock, _stream) = ConnectionClock::new((), keepalive, header_read);
+        // hyper's reading, later than any the clock would make itself here.
+        let hyper_now = Instant::now() + Duration::from_secs(3);
+        let _sleep = clock.sleep_until(hyper_now + header_read);
+        let closes = clock.rest_deadline();
+        // Kept in whole microseconds.
+        assert!(closes <= hyper_now + keepalive, "{closes:?}");
+        assert!(
+            closes + Duration::from_micros(1) > hyper_now + keepalive,
+            "{closes:?}"
+        );
     }
 
     #[test]
