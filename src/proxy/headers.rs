@@ -19,6 +19,16 @@ static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
+// The values tollgate writes, made once: `HeaderValue::from_static` called on the request path checks each byte of
+// its text every time.
+static HTTP: HeaderValue = HeaderValue::from_static("http");
+static TRAILERS: HeaderValue = HeaderValue::from_static("trailers");
+static VIA_09: HeaderValue = HeaderValue::from_static("0.9 tollgate");
+static VIA_10: HeaderValue = HeaderValue::from_static("1.0 tollgate");
+static VIA_11: HeaderValue = HeaderValue::from_static("1.1 tollgate");
+static VIA_2: HeaderValue = HeaderValue::from_static("2 tollgate");
+static VIA_3: HeaderValue = HeaderValue::from_static("3 tollgate");
+
 /// What the gateway knows about the hop a request came over.
 #[derive(Debug, Clone, Copy)]
 pub struct ForwardedFacts<'a> {
@@ -97,7 +107,10 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
 /// Whether a `Connection` field line is `keep-alive` or `close` alone (any case), naming no field.
 fn is_keep_alive_or_close(value: &HeaderValue) -> bool {
     let value = value.as_bytes();
-    value.eq_ignore_ascii_case(b"keep-alive") || value.eq_ignore_ascii_case(b"close")
+    // Nearly every one is written `keep-alive`: one comparison, before the case-blind ones.
+    value == b"keep-alive"
+        || value.eq_ignore_ascii_case(b"keep-alive")
+        || value.eq_ignore_ascii_case(b"close")
 }
 
 /// What a client may not send the upstream in a field's name: the rules applied to every request as it arrives,
@@ -272,7 +285,7 @@ pub fn prepare_request(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) {
         facts.reads_trailers || (present & TE_FIELD != 0 && lists_trailers(headers));
     remove_present_hop_by_hop(headers, present);
     if asks_trailers {
-        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        headers.insert(header::TE, TRAILERS.clone());
     }
     let peer = crate::key::ip_text(facts.peer);
     let forwarded_for = match (facts.peer_trusted, facts.believed) {
@@ -298,7 +311,7 @@ pub fn prepare_request(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) {
         write_forwarded(headers, facts);
     }
     if !(facts.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
-        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        headers.insert(&X_FORWARDED_PROTO, HTTP.clone());
     }
     if !(facts.peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
         let host = match facts.host_field {
@@ -387,13 +400,13 @@ pub fn prepare_response(headers: &mut HeaderMap, version: Version) {
 fn append_via(headers: &mut HeaderMap, version: Version) {
     // Static values: no formatting per request.
     let via = match version {
-        Version::HTTP_09 => "0.9 tollgate",
-        Version::HTTP_10 => "1.0 tollgate",
-        Version::HTTP_2 => "2 tollgate",
-        Version::HTTP_3 => "3 tollgate",
-        _ => "1.1 tollgate",
+        Version::HTTP_09 => &VIA_09,
+        Version::HTTP_10 => &VIA_10,
+        Version::HTTP_2 => &VIA_2,
+        Version::HTTP_3 => &VIA_3,
+        _ => &VIA_11,
     };
-    headers.append(header::VIA, HeaderValue::from_static(via));
+    headers.append(header::VIA, via.clone());
 }
 
 #[cfg(test)]
