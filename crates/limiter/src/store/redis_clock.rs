@@ -22,6 +22,13 @@ pub(super) struct RedisClock {
     samples: Mutex<Samples>,
 }
 
+/// Redis's clock against this process's at one moment (see [`RedisClock::reading`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ClockReading {
+    /// Redis's µs minus local µs.
+    offset_us: i64,
+}
+
 /// The best offsets (Redis's µs minus local µs) seen in the current and the previous window.
 #[derive(Debug, Default)]
 struct Samples {
@@ -45,19 +52,34 @@ impl RedisClock {
     /// `deadline` in Redis's milliseconds, never later than the true one while the clocks keep their pace; from
     /// this host's wall clock until a reply was seen.
     pub(super) fn redis_ms(&self, deadline: Instant) -> u64 {
-        let local_us = local_us(deadline);
+        self.reading().redis_ms(deadline)
+    }
+
+    /// The estimate as it stands now, to translate several deadlines with: a batch's are all translated with one
+    /// reading (one look at the clock and the samples), not one each.
+    pub(super) fn reading(&self) -> ClockReading {
         let offset = {
             let mut samples = self.lock();
             samples.rotate(local_us_now());
             samples.current.max(samples.previous)
         };
-        let offset = offset.unwrap_or_else(wall_offset_us);
-        u64::try_from(local_us.saturating_add(offset) / 1_000).unwrap_or(0)
+        ClockReading {
+            offset_us: offset.unwrap_or_else(wall_offset_us),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Samples> {
         // Plain numbers: whatever a panic left is still a valid estimate.
         self.samples.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+// === impl ClockReading ===
+
+impl ClockReading {
+    /// `deadline` in Redis's milliseconds (see [`RedisClock::redis_ms`]).
+    pub(super) fn redis_ms(&self, deadline: Instant) -> u64 {
+        u64::try_from(local_us(deadline).saturating_add(self.offset_us) / 1_000).unwrap_or(0)
     }
 }
 
@@ -142,6 +164,18 @@ mod tests {
         let now = Instant::now();
         clock.observe(local_us(now) / 1_000, now);
         assert_eq!(clock.redis_ms(now) as i64, local_us(now) / 1_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_reading_tells_several_deadlines_as_the_clock_tells_each() {
+        let clock = RedisClock::default();
+        let start = Instant::now();
+        clock.observe((local_us(start) + 7_000_000) / 1_000, start);
+        let reading = clock.reading();
+        for ms in [0, 1, 25, 999] {
+            let deadline = start + Duration::from_millis(ms);
+            assert_eq!(reading.redis_ms(deadline), clock.redis_ms(deadline), "{ms}");
+        }
     }
 
     #[test]

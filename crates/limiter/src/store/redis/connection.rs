@@ -287,19 +287,25 @@ impl Connection {
         });
     }
 
-    /// What the script is sent for `pending` in place of a deadline: its deadline on Redis's clock, or for a
-    /// settlement the time its request was decided.
-    pub(super) fn script_deadline(&self, pending: &Pending) -> u64 {
+    /// What the script is sent for each of `pending`, in place of a deadline: its deadline on Redis's clock (one
+    /// reading of it for them all), or for a settlement the time its request was decided.
+    pub(super) fn script_deadlines(&self, pending: &[Pending]) -> Vec<u64> {
+        let clock = self.clock.reading();
         pending
-            .decided_ms
-            .unwrap_or_else(|| self.clock.redis_ms(pending.deadline))
+            .iter()
+            .map(|pending| {
+                pending
+                    .decided_ms
+                    .unwrap_or_else(|| clock.redis_ms(pending.deadline))
+            })
+            .collect()
     }
 
     /// One call for the requests of `batch` that share a hash slot, given up at `deadline`.
     async fn run_batch_slot(self: &Arc<Self>, batch: Vec<Pending>, deadline: Instant) {
         let slot = batch.first().and_then(|pending| pending.slot);
         let requests: Vec<&EncodedRequest> = batch.iter().map(|p| &p.request).collect();
-        let deadlines: Vec<u64> = batch.iter().map(|p| self.script_deadline(p)).collect();
+        let deadlines = self.script_deadlines(&batch);
         // At least a millisecond: zero would mean no timeout at all.
         let timeout = deadline
             .saturating_duration_since(Instant::now())

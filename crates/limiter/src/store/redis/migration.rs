@@ -222,7 +222,7 @@ impl Connection {
         }
         join_all(groups.into_iter().map(|group| async move {
             let requests: Vec<&EncodedRequest> = group.iter().map(|p| &p.request).collect();
-            let deadlines: Vec<u64> = group.iter().map(|p| self.script_deadline(p)).collect();
+            let deadlines = self.script_deadlines(&group);
             let timeout = deadline
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(1));
