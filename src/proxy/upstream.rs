@@ -78,7 +78,7 @@ pub enum ProxyError {
     /// The client's body failed while it was streamed upstream (malformed chunked framing, cut short): a 400, not
     /// an upstream failure.
     #[error("bad request body: {0}")]
-    ClientBody(#[source] hyper::Error),
+    ClientBody(#[source] axum::Error),
 }
 
 // === impl Upstream ===

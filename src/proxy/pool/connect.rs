@@ -1,43 +1,68 @@
-//! New connections to the target: TCP, TLS for `https`, the HTTP/1.1 handshake, and the count of bytes read.
+//! A connection to the target: dialled (TCP, TLS for `https`), then carrying one exchange at a time in the task of
+//! the request that holds it (`Connection::exchange`), counting the bytes it reads.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll, Waker};
 
 use axum::body::Body;
+use bytes::BytesMut;
+use http::Request;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper::rt::{Read, Write};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
+use tokio_util::io::poll_read_buf;
 use tower::ServiceExt;
 
 use super::idle::Shared;
 use super::send::SendError;
+use super::wire::{
+    parse_response_head, write_request_head, ResponseHead, Upload, UploadError, WireError,
+};
 
-/// A pooled connection: its request sender and the count of bytes it has read from the target, which tells a
-/// request that failed before any byte of an answer from one that failed mid-response.
-#[derive(Debug)]
+/// A pooled connection: its transport, what it has read and not yet handed on, and the count of bytes read, which
+/// tells a request that failed before any byte of an answer from one that failed mid-response.
 pub(super) struct Connection {
-    pub(super) sender: SendRequest<Body>,
-    pub(super) read: Arc<AtomicU64>,
-    /// Responses it has carried to their end.
-    pub(super) served: u32,
+    io: Transport,
+    /// What the target sent that the exchange has not taken yet.
+    pub(super) buffer: BytesMut,
+    /// The request head being written; its allocation serves the connection's next requests.
+    out: Vec<u8>,
+    /// Bytes read from the target.
+    pub(super) read: u64,
     /// The wait for each answer's head on this connection: one timer, made with the first request and kept, where a
     /// timer per request was registered and removed again (a visible share of a proxied request's instructions);
     /// each request waits on it until its own deadline (`send::head_timer`).
     pub(super) head_timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
-/// A connection's transport, counting the bytes read (written only by the connection's task).
-#[derive(Debug)]
-struct CountingIo<T> {
-    io: T,
-    read: Arc<AtomicU64>,
+/// A connection's byte stream: TCP, or TLS over it for `https` targets.
+pub(super) enum Transport {
+    Plain(TcpStream),
+    /// Boxed: the TLS state is over a kilobyte, and connections move in and out of the pool.
+    Tls(Box<TlsStream<TcpStream>>),
 }
+
+/// A request the target answered: the answer's head, and whether the whole request was written (a target may
+/// answer before reading all of a body, and then the connection cannot carry another request).
+pub(super) struct Exchanged {
+    pub(super) head: ResponseHead,
+    pub(super) uploaded: bool,
+}
+
+/// A request the target did not answer.
+pub(super) struct Failed {
+    pub(super) error: SendError,
+    /// Whether any of the request went out or any of its body was taken: it cannot go elsewhere whole.
+    pub(super) committed: bool,
+}
+
+/// Bytes asked of the transport per read, and the least room left in the buffer before it grows.
+const READ_SIZE: usize = 8 * 1024;
+const MIN_READ_ROOM: usize = 1024;
 
 // === impl Shared ===
 
@@ -83,15 +108,15 @@ impl Shared {
     }
 
     pub(super) async fn connect(&self) -> Result<Connection, SendError> {
-        let read = Arc::new(AtomicU64::new(0));
-        let sender = match self.dial().await? {
-            Dialed::Plain(io) => open(CountingIo::wrap(io.into_inner(), &read)).await?,
-            Dialed::Tls(io) => open(CountingIo::wrap(io.into_inner(), &read)).await?,
+        let io = match self.dial().await? {
+            Dialed::Plain(io) => Transport::Plain(io.into_inner()),
+            Dialed::Tls(io) => Transport::Tls(io.into_inner()),
         };
         Ok(Connection {
-            sender,
-            read,
-            served: 0,
+            io,
+            buffer: BytesMut::with_capacity(READ_SIZE),
+            out: Vec::new(),
+            read: 0,
             head_timer: None,
         })
     }
@@ -104,25 +129,8 @@ pub(super) enum Dialed {
     Tls(TokioIo<Box<TlsStream<TcpStream>>>),
 }
 
-/// The HTTP/1.1 handshake on a new pooled connection, whose task is spawned to run until the connection closes.
-///
-/// Pooled connections and upgradable ones (`open_upgradable`) have tasks of different types: a pooled connection's
-/// task is polled twice per request, and one task covering both kinds made its stack frame 2 KB instead of 168
-/// bytes, which every poll paid for.
-pub(super) async fn open<T>(io: T) -> Result<SendRequest<Body>, SendError>
-where
-    T: Read + Write + Unpin + Send + 'static,
-{
-    let (sender, connection) = http1::handshake(io).await?;
-    tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            tracing::debug!(%error, "upstream connection closed with an error");
-        }
-    });
-    Ok(sender)
-}
-
-/// The HTTP/1.1 handshake on a WebSocket handshake's connection, which the tunnel takes over after a `101`.
+/// The HTTP/1.1 handshake on a WebSocket handshake's connection, which the tunnel takes over after a `101`: hyper's
+/// client, in a task of its own, since the connection outlives the request that opened it.
 pub(super) async fn open_upgradable<T>(io: T) -> Result<SendRequest<Body>, SendError>
 where
     T: Read + Write + Unpin + Send + 'static,
@@ -136,61 +144,134 @@ where
     Ok(sender)
 }
 
-// === impl CountingIo ===
+// === impl Connection ===
 
-impl<T> CountingIo<T> {
-    fn wrap(io: T, read: &Arc<AtomicU64>) -> TokioIo<Self> {
-        TokioIo::new(Self {
-            io,
-            read: read.clone(),
+impl Connection {
+    /// Writes `request` and reads its answer's head, both at once: a target may answer before it has read the
+    /// whole body. The request is borrowed, not consumed, so that one nothing of which went out can go elsewhere.
+    pub(super) async fn exchange(
+        &mut self,
+        request: &mut Request<Body>,
+    ) -> Result<Exchanged, Failed> {
+        let framing = write_request_head(request, &mut self.out);
+        let mut upload = Upload::new(framing);
+        std::future::poll_fn(|cx| {
+            if !upload.is_finished() {
+                let polled = upload.poll(&mut self.io, &mut self.out, request.body_mut(), cx);
+                if let Poll::Ready(Err(error)) = polled {
+                    let error = match error {
+                        UploadError::Body(error) => SendError::ClientBody(error),
+                        UploadError::Io(error) => SendError::Wire(WireError::Io(error)),
+                    };
+                    return Poll::Ready(Err(Failed {
+                        error,
+                        committed: upload.committed,
+                    }));
+                }
+            }
+            loop {
+                if !self.buffer.is_empty() {
+                    match parse_response_head(&mut self.buffer, request.method()) {
+                        Ok(Some(head)) => {
+                            return Poll::Ready(Ok(Exchanged {
+                                head,
+                                uploaded: upload.is_finished(),
+                            }))
+                        }
+                        Ok(None) => {}
+                        Err(error) => {
+                            return Poll::Ready(Err(Failed {
+                                error: SendError::Wire(error),
+                                committed: true,
+                            }))
+                        }
+                    }
+                }
+                let error = match self.poll_fill(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(0)) => WireError::Closed,
+                    Poll::Ready(Ok(_)) => continue,
+                    Poll::Ready(Err(error)) => WireError::Io(error),
+                };
+                return Poll::Ready(Err(Failed {
+                    error: SendError::Wire(error),
+                    committed: upload.committed,
+                }));
+            }
         })
+        .await
+    }
+
+    /// Reads more of what the target sent into the buffer: the bytes read, 0 at the close.
+    pub(super) fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        if self.buffer.capacity() - self.buffer.len() < MIN_READ_ROOM {
+            // Reuses the allocation when nothing else holds a part of it (the last answer's head and body are
+            // usually written to the client and dropped by now).
+            self.buffer.reserve(READ_SIZE);
+        }
+        let read = ready!(poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buffer))?;
+        self.read += read as u64;
+        Poll::Ready(Ok(read))
+    }
+
+    /// Whether the target closed the connection, or sent something unasked, while it was idle: a look at what the
+    /// reactor has seen, with no system call unless the socket is readable.
+    pub(super) fn closed_while_idle(&mut self) -> bool {
+        if !self.buffer.is_empty() {
+            return true;
+        }
+        let mut quiet = Context::from_waker(Waker::noop());
+        !matches!(self.poll_fill(&mut quiet), Poll::Pending)
     }
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for CountingIo<T> {
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Connection")
+            .field("read", &self.read)
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl Transport ===
+
+impl AsyncRead for Transport {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
-        let read = (buf.filled().len() - before) as u64;
-        if read > 0 {
-            // Only this connection's task reads: a plain load and store, no read-modify-write.
-            let total = self.read.load(Ordering::Relaxed);
-            self.read.store(total + read, Ordering::Relaxed);
+        match self.get_mut() {
+            Transport::Plain(io) => Pin::new(io).poll_read(cx, buf),
+            Transport::Tls(io) => Pin::new(io).poll_read(cx, buf),
         }
-        polled
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for CountingIo<T> {
+impl AsyncWrite for Transport {
     fn poll_write(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        match self.get_mut() {
+            Transport::Plain(io) => Pin::new(io).poll_write(cx, buf),
+            Transport::Tls(io) => Pin::new(io).poll_write(cx, buf),
+        }
     }
 
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(io) => Pin::new(io).poll_flush(cx),
+            Transport::Tls(io) => Pin::new(io).poll_flush(cx),
+        }
     }
 
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(io) => Pin::new(io).poll_shutdown(cx),
+            Transport::Tls(io) => Pin::new(io).poll_shutdown(cx),
+        }
     }
 }

@@ -25,9 +25,6 @@ pub(super) struct Shared {
     /// Idle connections, the most recently used at the back.
     pub(super) idle: Mutex<VecDeque<IdleConnection>>,
     pub(super) reaper_started: AtomicBool,
-    /// A reused connection has closed under a request: the target closes connections without saying so, and
-    /// every request on a reused connection is ready to be sent again.
-    pub(super) closes_unannounced: AtomicBool,
     /// The target's passive health: told of its failures here and by the answers' bodies.
     pub(super) health: TargetHealth,
 }
@@ -48,31 +45,27 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The most recently used idle connection that is still open, if any, and how long it was idle.
+    /// The most recently used idle connection that is still open, if any.
     #[inline]
-    pub(super) fn checkout(&self) -> Option<(Connection, Duration)> {
+    pub(super) fn checkout(&self) -> Option<Connection> {
         let mut idle = self.lock_idle();
-        while let Some(connection) = idle.pop_back() {
-            let idle_for = connection.since.elapsed();
-            if idle_for >= self.settings.idle_timeout {
+        while let Some(mut connection) = idle.pop_back() {
+            if connection.since.elapsed() >= self.settings.idle_timeout {
                 // Everything before it has been idle even longer.
                 let expired = std::mem::take(&mut *idle);
                 drop(idle);
                 drop(expired);
                 return None;
             }
-            if !connection.connection.sender.is_closed() {
-                return Some((connection.connection, idle_for));
+            if !connection.connection.closed_while_idle() {
+                return Some(connection.connection);
             }
         }
         None
     }
 
-    pub(super) fn checkin(self: &Arc<Self>, mut connection: Connection) {
-        if connection.sender.is_closed() {
-            return;
-        }
-        connection.served = connection.served.saturating_add(1);
+    /// Takes back a connection whose answer was read to its end and whose target keeps it open.
+    pub(super) fn checkin(self: &Arc<Self>, connection: Connection) {
         let surplus = {
             let mut idle = self.lock_idle();
             idle.push_back(IdleConnection {
@@ -87,19 +80,25 @@ impl Shared {
         }
     }
 
-    /// Closes the connections idle past the timeout, oldest first.
+    /// Closes the connections idle past the timeout, and those the target closed (no task watches an idle
+    /// connection: this look is what notices a close that came, so its socket does not linger half closed).
     fn evict_expired(&self) {
-        let mut expired = Vec::new();
+        let mut evicted = Vec::new();
         {
             let mut idle = self.lock_idle();
-            while idle.front().is_some_and(|connection| {
-                connection.since.elapsed() >= self.settings.idle_timeout
-                    || connection.connection.sender.is_closed()
-            }) {
-                expired.extend(idle.pop_front());
+            let mut kept = VecDeque::with_capacity(idle.len());
+            for mut connection in idle.drain(..) {
+                if connection.since.elapsed() >= self.settings.idle_timeout
+                    || connection.connection.closed_while_idle()
+                {
+                    evicted.push(connection);
+                } else {
+                    kept.push_back(connection);
+                }
             }
+            *idle = kept;
         }
-        drop(expired);
+        drop(evicted);
     }
 
     /// Once per pool, a task that closes expired idle connections even when no request comes to find them. It

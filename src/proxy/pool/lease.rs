@@ -1,5 +1,5 @@
-//! The response body that holds its connection, hands it back to the pool when the response ends, and ends the
-//! answer when the target goes silent for longer than its read timeout.
+//! The response body that reads its answer from its connection, hands the connection back to the pool when the
+//! answer ends, and ends the answer when the target goes silent for longer than its read timeout.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -8,20 +8,24 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body::{Body as _, Frame, SizeHint};
-use hyper::body::Incoming;
+use http_body::{Frame, SizeHint};
 use thiserror::Error;
 use tokio::time::Sleep;
 
 use super::connect::Connection;
 use super::idle::Shared;
+use super::wire::{Decoder, Step, WireError};
 use crate::proxy::health::Failure;
 
-/// A response body that hands its connection back to the pool once read to the end, and fails once its target
-/// stays silent for `read_timeout`.
+/// A response body that reads its answer from its connection, hands the connection back to the pool once read to
+/// the end, and fails once its target stays silent for `read_timeout`.
 pub(super) struct PooledBody {
-    pub(super) body: Incoming,
+    pub(super) decoder: Decoder,
+    /// The connection, until the answer ends or breaks.
     pub(super) lease: Option<Lease>,
+    /// Whether the connection may carry another request after this answer (the target keeps it open, and the
+    /// whole request was written).
+    pub(super) reusable: bool,
     pub(super) read_timeout: Duration,
     /// Made the first time the body waits for its target: a body whose bytes are there when asked for never makes
     /// one. Boxed: most answers never need it, and their bodies should not carry its room.
@@ -33,9 +37,9 @@ pub(super) struct PooledBody {
 /// Why an answer's body broke.
 #[derive(Debug, Error)]
 pub enum AnswerError {
-    /// The target's connection failed mid-answer.
+    /// The target's connection failed mid-answer, or framed the body wrongly.
     #[error(transparent)]
-    Upstream(#[from] hyper::Error),
+    Upstream(#[from] WireError),
     /// The target sent nothing for this long (`idle_timeout`): the answer is cut.
     #[error("the upstream sent nothing for {0:?} (idle_timeout): answer cut")]
     Idle(Duration),
@@ -49,10 +53,20 @@ pub(super) struct Lease {
 // === impl PooledBody ===
 
 impl PooledBody {
+    /// The answer has ended: its connection goes back to the pool if it can carry another request (nothing of the
+    /// target's left unread), else it closes.
     fn release(&mut self) {
         if let Some(Lease { connection, pool }) = self.lease.take() {
-            pool.checkin(connection);
+            if self.reusable && connection.buffer.is_empty() {
+                pool.checkin(connection);
+            }
         }
+    }
+
+    /// The answer broke: its connection, in an unknown state, closes.
+    fn broken(&mut self, error: WireError) -> Poll<Option<Result<Frame<Bytes>, AnswerError>>> {
+        self.lease = None;
+        Poll::Ready(Some(Err(AnswerError::Upstream(error))))
     }
 
     /// The target has nothing for the body now: waits, and fails the answer once the wait exceeds `read_timeout`.
@@ -89,26 +103,53 @@ impl http_body::Body for PooledBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, AnswerError>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
-        match &polled {
-            Poll::Ready(None) => self.release(),
-            // A broken exchange leaves the connection in an unknown state: it is not reused.
-            Poll::Ready(Some(Err(_))) => self.lease = None,
-            Poll::Ready(Some(Ok(_))) => {}
-            Poll::Pending => return self.wait(cx),
+        let this = &mut *self;
+        loop {
+            // No lease: the answer ended (or broke, and said so).
+            let Some(lease) = &mut this.lease else {
+                return Poll::Ready(None);
+            };
+            let frame = match this.decoder.decode(&mut lease.connection.buffer) {
+                Ok(Step::Data(data)) => Frame::data(data),
+                Ok(Step::Trailers(trailers)) => Frame::trailers(trailers),
+                Ok(Step::End) => {
+                    this.release();
+                    return Poll::Ready(None);
+                }
+                Ok(Step::More) => match lease.connection.poll_fill(cx) {
+                    Poll::Ready(Ok(0)) => match this.decoder.closed() {
+                        // Read until the close: the end, and the connection goes (`reusable` is false).
+                        Ok(_) => {
+                            this.release();
+                            return Poll::Ready(None);
+                        }
+                        Err(error) => return this.broken(error),
+                    },
+                    Poll::Ready(Ok(_)) => continue,
+                    Poll::Ready(Err(error)) => return this.broken(WireError::Io(error)),
+                    Poll::Pending => return this.wait(cx),
+                },
+                Err(error) => return this.broken(error),
+            };
+            // Something came: the next silence is timed from the next wait (a timer left running may wake the task
+            // once for nothing). The last frame hands the connection back at once.
+            this.waiting = false;
+            if this.decoder.is_done() {
+                this.release();
+            }
+            return Poll::Ready(Some(Ok(frame)));
         }
-        // Something came: the next silence is timed from the next wait (a timer left running may wake the task
-        // once for nothing).
-        self.waiting = false;
-        polled.map(|frame| frame.map(|frame| frame.map_err(AnswerError::from)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.decoder.is_done()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        match self.decoder.remaining() {
+            Some(left) => SizeHint::with_exact(left),
+            None => SizeHint::default(),
+        }
     }
 }
 
@@ -116,7 +157,7 @@ impl Drop for PooledBody {
     fn drop(&mut self) {
         // The server stops polling a body that says it has ended (and never polls one for HEAD or 204), so the
         // end is also recognised here. A body dropped half read takes its connection with it.
-        if self.body.is_end_stream() {
+        if self.decoder.is_done() {
             self.release();
         }
     }

@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
@@ -16,10 +16,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use thiserror::Error;
 use tokio::time::{timeout_at, Instant, Sleep};
 
-use super::connect::{open_upgradable, Connection, Dialed};
+use super::connect::{open_upgradable, Connection, Dialed, Exchanged, Failed};
 use super::idle::Shared;
 use super::lease::{Lease, PooledBody};
-use crate::proxy::body::ClientBodyError;
+use super::wire::WireError;
 use crate::proxy::health::{Failure, TargetHealth};
 use crate::proxy::tls::TlsDialer;
 
@@ -32,10 +32,6 @@ use crate::proxy::tls::TlsDialer;
 pub struct ConnectionPool {
     shared: Arc<Shared>,
 }
-
-/// A connection idle at least this long may have reached the target's idle timeout: a request sent on it is ready
-/// to be sent again (targets close idle connections after seconds, not milliseconds).
-const SUSPECT_IDLE: Duration = Duration::from_millis(100);
 
 /// How many idle connections a pool keeps and for how long, how long an answer may be silent, and whether a
 /// request may go to another target.
@@ -83,13 +79,16 @@ pub enum SendError {
     /// the connect timeout.
     #[error("TLS handshake failed: {0}")]
     Tls(#[source] std::io::Error),
-    /// The HTTP exchange failed (handshake, write, or a connection closed before the response head).
+    /// The exchange failed: a write, or a connection closed before the answer's head or with a malformed one.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// A WebSocket handshake's exchange failed (hyper's client carries those).
     #[error(transparent)]
     Http(hyper::Error),
     /// The client's request body failed while it was being sent (malformed framing, cut short): the client's
     /// fault, not the target's.
     #[error("request body: {0}")]
-    ClientBody(#[source] hyper::Error),
+    ClientBody(#[source] axum::Error),
 }
 
 // === impl ConnectionPool ===
@@ -114,7 +113,6 @@ impl ConnectionPool {
                 settings,
                 idle: Mutex::new(VecDeque::new()),
                 reaper_started: AtomicBool::new(false),
-                closes_unannounced: AtomicBool::new(false),
                 health,
             }),
         }
@@ -123,17 +121,12 @@ impl ConnectionPool {
     /// Sends `request` (origin-form URI, `Host` set) on an idle connection, or a new one when none is idle, and
     /// waits for its answer's head until `deadline` (a new connection included).
     ///
-    /// A request that a reused connection refused before writing a byte (the target closed it while it was idle)
-    /// goes on the next connection. One that was written is sent again, once and on a new connection, only if the
+    /// A request that a reused connection refused before any of it went out (the target closed it while it was
+    /// idle) goes on the next connection. One that went out is sent again, once and on a new connection, only if the
     /// reused connection failed before any byte of an answer came back and sending it twice is harmless: an
-    /// idempotent method (GET, HEAD, OPTIONS, PUT, DELETE, TRACE) without a body. A target that closes idle connections,
-    /// or closes after each response without saying so, closes some just as a request is written on them.
-    ///
-    /// Sending again needs a copy of the request made before it is sent, a visible share of a proxied request's
-    /// cost (BENCHMARKS.md), so a copy is made only where a close is possible: on a connection's first reuse
-    /// (a target closing after every response), after 100 ms idle (a target's idle timeout), and on every reuse
-    /// once a target has closed a reused connection under a request. A busy pool to a well-behaved target makes
-    /// none.
+    /// idempotent method (GET, HEAD, OPTIONS, PUT, DELETE, TRACE) without a body. A target that closes idle
+    /// connections, or closes after each response without saying so, closes some just as a request is written on
+    /// them. The exchange borrows the request rather than consuming it, so sending it again needs no copy.
     ///
     /// A request that fails is handed back ([`Unanswered::again`]) when the upstream may send it to another target:
     /// one never written (no connection, or one that closed first), and, with `retry_elsewhere`, a bodiless
@@ -150,93 +143,73 @@ impl ConnectionPool {
             let mut fresh = false;
             loop {
                 let checked_out = if fresh { None } else { self.shared.checkout() };
-                let (mut connection, suspect, reused) = match checked_out {
-                    Some((connection, idle)) => {
-                        let suspect = connection.served == 1
-                            || idle >= SUSPECT_IDLE
-                            || self.shared.closes_unannounced.load(Ordering::Relaxed);
-                        (connection, suspect, true)
-                    }
+                let (mut connection, reused) = match checked_out {
+                    Some(connection) => (connection, true),
                     None => match timeout_at(deadline, self.shared.connect_out_of_line()).await {
-                        Ok(Ok(connection)) => (connection, false, false),
+                        Ok(Ok(connection)) => (connection, false),
                         Ok(Err(error)) => return Ok(Err(Unanswered::unsent(error, request))),
                         Err(_) => return Err(TimedOut),
                     },
                 };
-                let mut timer = head_timer(&mut connection.head_timer, deadline);
-                // A connection handed back as its response ended may still be finishing that exchange.
-                match before(timer.as_mut(), deadline, connection.sender.ready()).await {
-                    Some(Ok(())) => {}
-                    Some(Err(_)) if reused => continue,
-                    Some(Err(error)) => return Ok(Err(Unanswered::unsent(error.into(), request))),
+                let mut timer = take_head_timer(&mut connection.head_timer, deadline);
+                let read_before = connection.read;
+                let exchanged =
+                    before(timer.as_mut(), deadline, connection.exchange(&mut request)).await;
+                connection.head_timer = Some(timer);
+                let failed = match exchanged {
                     None => return Err(TimedOut),
-                }
-                // Boxed: held across the send, unboxed it would add a whole request to the future of every request
-                // (and to the bytes copied each time that future moves), for a copy made on few of them.
-                let copy = suspect || (!reused && self.shared.settings.retry_elsewhere);
-                let replay =
-                    (copy && replayable(&request)).then(|| Box::new(replay_copy(&request)));
-                let read_before = connection.read.load(Ordering::Relaxed);
-                let sending = connection.sender.try_send_request(request);
-                let Some(sent) = before(timer, deadline, sending).await else {
-                    return Err(TimedOut);
+                    Some(Ok(exchanged)) => return Ok(Ok(self.leased(exchanged, connection))),
+                    Some(Err(failed)) => failed,
                 };
-                match sent {
-                    Ok(response) => return Ok(Ok(self.leased(response, connection))),
-                    Err(mut failed) => {
-                        let unsent = failed.take_message();
-                        let silent = connection.read.load(Ordering::Relaxed) == read_before;
-                        let error = SendError::from(failed.into_error());
-                        match (unsent, reused) {
-                            (Some(unsent), true) => request = unsent,
-                            (Some(unsent), false) => {
-                                return Ok(Err(Unanswered::unsent(error, unsent)))
-                            }
-                            (None, true) if silent && !error.is_client_body() => {
-                                self.shared
-                                    .closes_unannounced
-                                    .store(true, Ordering::Relaxed);
-                                // A reused connection closed under the request: the target may have closed it while
-                                // idle, which says nothing of its health.
-                                let Some(copy) = replay else {
-                                    return Ok(Err(Unanswered::written(error, None, None)));
-                                };
-                                tracing::debug!(
-                                    %error,
-                                    "reused upstream connection closed under a request, sending it again on a new one"
-                                );
-                                request = *copy;
-                                fresh = true;
-                            }
-                            (None, false) if silent && !error.is_client_body() => {
-                                return Ok(Err(Unanswered::written(
-                                    error,
-                                    Some(Failure::Reset),
-                                    replay,
-                                )))
-                            }
-                            _ => return Ok(Err(Unanswered::written(error, None, None))),
-                        }
+                let silent = connection.read == read_before;
+                let Failed { error, committed } = failed;
+                if error.is_client_body() {
+                    return Ok(Err(Unanswered::written(error, None, None)));
+                }
+                match (committed, reused) {
+                    // The target closed a reused connection while it was idle.
+                    (false, true) => {}
+                    (false, false) => return Ok(Err(Unanswered::unsent(error, request))),
+                    (true, true) if silent && replayable(&request) => {
+                        // A reused connection closed under the request: the target may have closed it while
+                        // idle, which says nothing of its health.
+                        tracing::debug!(
+                            %error,
+                            "reused upstream connection closed under a request, sending it again on a new one"
+                        );
+                        fresh = true;
                     }
+                    (true, false) if silent => {
+                        let again = (self.shared.settings.retry_elsewhere && replayable(&request))
+                            .then(|| Box::new(request));
+                        return Ok(Err(Unanswered::written(error, Some(Failure::Reset), again)));
+                    }
+                    _ => return Ok(Err(Unanswered::written(error, None, None))),
                 }
             }
         }
     }
 
-    /// The response of `connection`, whose body hands the connection back when it ends.
+    /// The answer on `connection`, whose body hands the connection back when it ends.
     #[inline]
-    fn leased(&self, response: Response<Incoming>, connection: Connection) -> Response<Body> {
-        let pool = self.shared.clone();
-        let read_timeout = self.shared.settings.read_timeout;
-        response.map(|body| {
-            Body::new(PooledBody {
-                body,
-                lease: Some(Lease { connection, pool }),
-                read_timeout,
-                silence: None,
-                waiting: false,
-            })
-        })
+    fn leased(&self, exchanged: Exchanged, connection: Connection) -> Response<Body> {
+        let Exchanged { head, uploaded } = exchanged;
+        let body = PooledBody {
+            decoder: head.body,
+            lease: Some(Lease {
+                connection,
+                pool: self.shared.clone(),
+            }),
+            reusable: head.keep_alive && uploaded,
+            read_timeout: self.shared.settings.read_timeout,
+            silence: None,
+            waiting: false,
+        };
+        let mut response = Response::new(Body::new(body));
+        *response.status_mut() = head.status;
+        *response.version_mut() = head.version;
+        *response.headers_mut() = head.headers;
+        response
     }
 
     /// The target's passive health.
@@ -279,7 +252,7 @@ impl Unanswered {
         let failure = match error {
             SendError::ClientBody(_) => None,
             SendError::Connect(_) | SendError::Tls(_) => Some(Failure::Connect),
-            SendError::Http(_) => Some(Failure::Reset),
+            SendError::Http(_) | SendError::Wire(_) => Some(Failure::Reset),
         };
         // A body that failed is the client's, and gone: nothing to send again.
         let again = failure.is_some().then(|| Box::new(request));
@@ -315,35 +288,28 @@ impl SendError {
 
 impl From<hyper::Error> for SendError {
     fn from(error: hyper::Error) -> Self {
-        // Only the body being written can make the client report a cause of ours; the walk runs on failures only.
-        if error.is_user() && ClientBodyError::caused(&error) {
-            Self::ClientBody(error)
-        } else {
-            Self::Http(error)
-        }
+        Self::Http(error)
     }
 }
 
-/// The connection's head timer, ending at `deadline` or earlier: one still running from an earlier request (at
-/// most its head timeout before this one's deadline) is left as it is, since [`before`] sets it on when it ends
-/// early. Moving a timer per request cost a visible share of a proxied request's instructions; this moves it about
-/// once per head timeout.
-fn head_timer(timer: &mut Option<Pin<Box<Sleep>>>, deadline: Instant) -> Pin<&mut Sleep> {
-    match timer {
-        Some(timer) => {
+/// The connection's head timer (taken out while the exchange borrows the connection), ending at `deadline` or
+/// earlier: one still running from an earlier request (at most its head timeout before this one's deadline) is
+/// left as it is, since [`before`] sets it on when it ends early. Moving a timer per request cost a visible share
+/// of a proxied request's instructions; this moves it about once per head timeout.
+fn take_head_timer(timer: &mut Option<Pin<Box<Sleep>>>, deadline: Instant) -> Pin<Box<Sleep>> {
+    match timer.take() {
+        Some(mut timer) => {
             if timer.is_elapsed() || timer.deadline() > deadline {
                 timer.as_mut().reset(deadline);
             }
-            timer.as_mut()
+            timer
         }
-        slot @ None => slot
-            .insert(Box::pin(tokio::time::sleep_until(deadline)))
-            .as_mut(),
+        None => Box::pin(tokio::time::sleep_until(deadline)),
     }
 }
 
 /// The output of `future`, or `None` when `deadline` passes first. `timer` ends at `deadline` or earlier (see
-/// [`head_timer`]): ending earlier, it is set on to `deadline`.
+/// [`take_head_timer`]): ending earlier, it is set on to `deadline`.
 async fn before<F: Future>(
     mut timer: Pin<&mut Sleep>,
     deadline: Instant,
@@ -376,18 +342,4 @@ fn replayable(request: &Request<Body>) -> bool {
         || method == Method::DELETE
         || method == Method::TRACE)
         && request.body().is_end_stream()
-}
-
-/// A copy of a bodiless request to send again (without its extensions, which the client does not send, but its
-/// trail, where the access log reads which target answered).
-fn replay_copy(request: &Request<Body>) -> Request<Body> {
-    let mut copy = Request::new(Body::empty());
-    if let Some(trail) = crate::trail::Trail::of(request) {
-        copy.extensions_mut().insert(trail.clone());
-    }
-    *copy.method_mut() = request.method().clone();
-    *copy.uri_mut() = request.uri().clone();
-    *copy.version_mut() = request.version();
-    *copy.headers_mut() = request.headers().clone();
-    copy
 }

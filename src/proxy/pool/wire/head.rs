@@ -1,0 +1,350 @@
+//! The heads of an exchange: the request's written from its parts (with the body's framing), the answer's parsed
+//! into `http` types (with its body's framing and whether the connection stays open).
+
+use std::mem::MaybeUninit;
+
+use axum::body::Body;
+use bytes::BytesMut;
+use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Version};
+use http_body::Body as _;
+
+use super::decode::Decoder;
+use super::upload::Framing;
+use super::WireError;
+
+/// Header fields an answer may have (hyper's limit too).
+const MAX_HEADERS: usize = 100;
+/// The largest answer head read: past it the answer is refused as malformed.
+pub(in crate::proxy::pool) const MAX_HEAD_BYTES: usize = 256 * 1024;
+
+/// A parsed answer head.
+pub(in crate::proxy::pool) struct ResponseHead {
+    pub(in crate::proxy::pool) status: StatusCode,
+    pub(in crate::proxy::pool) version: Version,
+    pub(in crate::proxy::pool) headers: HeaderMap,
+    pub(in crate::proxy::pool) body: Decoder,
+    /// Whether the connection may carry another request once this answer has been read.
+    pub(in crate::proxy::pool) keep_alive: bool,
+}
+
+/// Writes `request`'s head into `out` (cleared first) and says how its body goes: a `Content-Length` the request
+/// carries is kept; a body of known size without one gets one; any other body is chunked. The request's own
+/// `Transfer-Encoding` (a hop-by-hop field, normally removed already) is never written: the framing is this hop's.
+pub(in crate::proxy::pool) fn write_request_head(
+    request: &Request<Body>,
+    out: &mut Vec<u8>,
+) -> Framing {
+    out.clear();
+    out.extend_from_slice(request.method().as_str().as_bytes());
+    out.push(b' ');
+    let target = request
+        .uri()
+        .path_and_query()
+        .map_or("/", |target| target.as_str());
+    out.extend_from_slice(if target.is_empty() {
+        b"/"
+    } else {
+        target.as_bytes()
+    });
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut declared = None;
+    for (name, value) in request.headers() {
+        if name == TRANSFER_ENCODING {
+            continue;
+        }
+        if name == CONTENT_LENGTH {
+            declared = content_length(value);
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let body = request.body();
+    let framing = if body.is_end_stream() {
+        Framing::Empty
+    } else if let Some(length) = declared {
+        Framing::Length(length)
+    } else if let Some(length) = body.size_hint().exact() {
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(itoa::Buffer::new().format(length).as_bytes());
+        out.extend_from_slice(b"\r\n");
+        Framing::Length(length)
+    } else {
+        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+        Framing::Chunked
+    };
+    out.extend_from_slice(b"\r\n");
+    framing
+}
+
+/// The answer head at the start of `buffer`, taken out of it, or `None` while it is incomplete. Interim answers
+/// (`1xx` but `101`) are skipped: the client gets the final one. `method` is the request's (an answer to `HEAD`
+/// has no body whatever its fields say).
+pub(in crate::proxy::pool) fn parse_response_head(
+    buffer: &mut BytesMut,
+    method: &Method,
+) -> Result<Option<ResponseHead>, WireError> {
+    loop {
+        // Each field's name and value as offsets into the head, read while the parser borrows the buffer.
+        let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
+        let mut fields: [MaybeUninit<httparse::Header<'_>>; MAX_HEADERS] =
+            [const { MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut response = httparse::Response::new(&mut []);
+        let base = buffer.as_ptr() as usize;
+        let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut response,
+            buffer,
+            &mut fields,
+        )?;
+        let httparse::Status::Complete(length) = parsed else {
+            if buffer.len() > MAX_HEAD_BYTES {
+                return Err(WireError::HeadTooLarge(MAX_HEAD_BYTES));
+            }
+            return Ok(None);
+        };
+        let code = response.code.unwrap_or(0);
+        let status =
+            StatusCode::from_u16(code).map_err(|_| WireError::Malformed("invalid status"))?;
+        if status.is_informational() {
+            if status == StatusCode::SWITCHING_PROTOCOLS {
+                // Only a WebSocket handshake asks to switch, and it never goes through a pooled connection.
+                return Err(WireError::Malformed(
+                    "101 to a request that asked for no upgrade",
+                ));
+            }
+            let _ = buffer.split_to(length);
+            continue;
+        }
+        let version = match response.version {
+            Some(0) => Version::HTTP_10,
+            _ => Version::HTTP_11,
+        };
+        let count = response.headers.len();
+        for (span, field) in spans.iter_mut().zip(response.headers.iter()) {
+            let name = field.name.as_ptr() as usize - base;
+            let value = field.value.as_ptr() as usize - base;
+            *span = (
+                name as u32,
+                field.name.len() as u32,
+                value as u32,
+                field.value.len() as u32,
+            );
+        }
+        // Values point into the head's bytes, frozen once: no copy per field.
+        let head = buffer.split_to(length).freeze();
+        let mut headers = HeaderMap::with_capacity(count);
+        for &(name, name_length, value, value_length) in &spans[..count] {
+            let (name, value) = (name as usize, value as usize);
+            let name = HeaderName::from_bytes(&head[name..name + name_length as usize])
+                .map_err(|_| WireError::Malformed("invalid header name"))?;
+            let value =
+                HeaderValue::from_maybe_shared(head.slice(value..value + value_length as usize))
+                    .map_err(|_| WireError::Malformed("invalid header value"))?;
+            headers.append(name, value);
+        }
+        let body = body_of(method, status, &headers)?;
+        let keep_alive = !body.reads_until_close() && persistent(version, &headers);
+        return Ok(Some(ResponseHead {
+            status,
+            version,
+            headers,
+            body,
+            keep_alive,
+        }));
+    }
+}
+
+/// How the answer's body is framed (RFC 9112 §6.3).
+fn body_of(method: &Method, status: StatusCode, headers: &HeaderMap) -> Result<Decoder, WireError> {
+    if method == Method::HEAD
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Ok(Decoder::empty());
+    }
+    if let Some(last) = headers.get_all(TRANSFER_ENCODING).iter().next_back() {
+        let chunked = last
+            .to_str()
+            .ok()
+            .and_then(|codings| codings.rsplit(',').next())
+            .is_some_and(|coding| coding.trim().eq_ignore_ascii_case("chunked"));
+        // Another final coding is delimited by the close (RFC 9112 §6.3, item 4).
+        return Ok(if chunked {
+            Decoder::chunked()
+        } else {
+            Decoder::until_close()
+        });
+    }
+    let mut length = None;
+    for value in headers.get_all(CONTENT_LENGTH) {
+        let value = value
+            .to_str()
+            .map_err(|_| WireError::Malformed("invalid Content-Length"))?;
+        for item in value.split(',') {
+            let parsed = content_length_item(item.trim())
+                .ok_or(WireError::Malformed("invalid Content-Length"))?;
+            if length.is_some_and(|seen| seen != parsed) {
+                return Err(WireError::Malformed("conflicting Content-Length fields"));
+            }
+            length = Some(parsed);
+        }
+    }
+    Ok(match length {
+        Some(length) => Decoder::length(length),
+        None => Decoder::until_close(),
+    })
+}
+
+/// Whether the connection stays open after the answer: HTTP/1.1 unless `Connection: close`, HTTP/1.0 only with
+/// `Connection: keep-alive`.
+fn persistent(version: Version, headers: &HeaderMap) -> bool {
+    let says = |token: &str| {
+        headers.get_all(CONNECTION).iter().any(|value| {
+            value.to_str().is_ok_and(|value| {
+                value
+                    .split(',')
+                    .any(|item| item.trim().eq_ignore_ascii_case(token))
+            })
+        })
+    };
+    if version == Version::HTTP_10 {
+        says("keep-alive")
+    } else {
+        !says("close")
+    }
+}
+
+/// A request's `Content-Length` value, when it is one number.
+fn content_length(value: &HeaderValue) -> Option<u64> {
+    std::str::from_utf8(value.as_bytes())
+        .ok()
+        .and_then(content_length_item)
+}
+
+/// Digits only: `+1` and ` 1` are not lengths.
+fn content_length_item(item: &str) -> Option<u64> {
+    if item.is_empty() || !item.bytes().all(|byte| byte.is_ascii_digit()) {
+        return None;
+    }
+    item.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(bytes: &[u8], method: Method) -> Result<Option<ResponseHead>, WireError> {
+        let mut buffer = BytesMut::from(bytes);
+        parse_response_head(&mut buffer, &method)
+    }
+
+    #[test]
+    fn a_head_is_written_with_the_framing_of_its_body() {
+        let mut out = Vec::new();
+        let request = Request::get("http://ignored/a/b?c=d")
+            .header("host", "example")
+            .header("x-two", "1")
+            .header("x-two", "2")
+            .header("transfer-encoding", "chunked")
+            .body(Body::empty())
+            .expect("request");
+        assert!(matches!(
+            write_request_head(&request, &mut out),
+            Framing::Empty
+        ));
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "GET /a/b?c=d HTTP/1.1\r\nhost: example\r\nx-two: 1\r\nx-two: 2\r\n\r\n"
+        );
+        let sized = Request::post("/p")
+            .body(Body::from("12345"))
+            .expect("request");
+        assert!(matches!(
+            write_request_head(&sized, &mut out),
+            Framing::Length(5)
+        ));
+        assert!(String::from_utf8_lossy(&out).ends_with("content-length: 5\r\n\r\n"));
+        let stream = futures_util::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from("x"))]);
+        let streamed = Request::post("/p")
+            .body(Body::from_stream(stream))
+            .expect("request");
+        assert!(matches!(
+            write_request_head(&streamed, &mut out),
+            Framing::Chunked
+        ));
+        assert!(String::from_utf8_lossy(&out).ends_with("transfer-encoding: chunked\r\n\r\n"));
+    }
+
+    #[test]
+    fn an_answer_head_is_parsed_after_its_interim_answers() {
+        let head = parse(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 3\r\nX-A: b\r\n\r\nabc",
+            Method::GET,
+        )
+        .expect("parsed")
+        .expect("complete");
+        assert_eq!(head.status, StatusCode::OK);
+        assert_eq!(head.headers["x-a"], "b");
+        assert!(head.keep_alive);
+        assert_eq!(head.body.remaining(), Some(3));
+        assert!(parse(b"HTTP/1.1 200 OK\r\nContent-Le", Method::GET)
+            .expect("parsed")
+            .is_none());
+    }
+
+    #[test]
+    fn framing_follows_rfc_9112() {
+        let head = |bytes: &[u8], method| parse(bytes, method).expect("parsed").expect("complete");
+        assert!(head(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n",
+            Method::HEAD
+        )
+        .body
+        .is_done());
+        assert!(head(
+            b"HTTP/1.1 304 Not Modified\r\nContent-Length: 3\r\n\r\n",
+            Method::GET
+        )
+        .body
+        .is_done());
+        let chunked = head(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 3\r\n\r\n",
+            Method::GET,
+        );
+        assert!(chunked.keep_alive && chunked.body.remaining().is_none());
+        let close = head(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+            Method::GET,
+        );
+        assert!(!close.keep_alive);
+        assert!(!head(b"HTTP/1.1 200 OK\r\n\r\n", Method::GET).keep_alive);
+        assert!(
+            !head(
+                b"HTTP/1.1 200 OK\r\nConnection: x, Close\r\nContent-Length: 0\r\n\r\n",
+                Method::GET
+            )
+            .keep_alive
+        );
+        assert!(!head(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", Method::GET).keep_alive);
+        assert!(
+            head(
+                b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n",
+                Method::GET
+            )
+            .keep_alive
+        );
+        assert!(parse(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+            Method::GET
+        )
+        .is_err());
+        assert!(parse(
+            b"HTTP/1.1 200 OK\r\nContent-Length: +3\r\n\r\n",
+            Method::GET
+        )
+        .is_err());
+        assert!(parse(b"HTTP/1.1 101 Switching Protocols\r\n\r\n", Method::GET).is_err());
+    }
+}
