@@ -3,7 +3,6 @@
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use axum::body::Body;
@@ -380,8 +379,11 @@ impl Gateway {
                     if let Some(trail) = &trail {
                         upstream_span(trail, &mut request);
                     }
-                    let started = Instant::now();
-                    let result = upstream.forward(request, &canonical.path, &forwarded).await;
+                    // One reading for the upstream's deadline and its time (tokio's clock, which tests can pause).
+                    let started = tokio::time::Instant::now();
+                    let result = upstream
+                        .forward(request, &canonical.path, &forwarded, started)
+                        .await;
                     if !matches!(result, Err(ProxyError::ClientBody(_))) {
                         let elapsed = started.elapsed();
                         route.metrics.record_upstream(elapsed);

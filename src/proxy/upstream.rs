@@ -182,6 +182,7 @@ impl Upstream {
         mut request: Request<Body>,
         path: &'a str,
         facts: &'a ForwardedFacts<'a>,
+        sent_at: tokio::time::Instant,
     ) -> impl Future<Output = Result<Response<Body>, ProxyError>> + Send + use<'a> {
         async move {
             let index = self.first_target();
@@ -191,7 +192,8 @@ impl Upstream {
             let websocket = upgrade::websocket_upgrade(&request);
 
             let mut host_from_target = !self.pass_host_header;
-            if self.pass_host_header && !request.headers().contains_key(header::HOST) {
+            // The request's `Host` field was read with the rest of its canonical reading (`facts.host_field`).
+            if self.pass_host_header && facts.host_field.is_none() {
                 // HTTP/2 clients send the host as :authority; HTTP/1.1 upstreams need it as Host.
                 match facts.host.and_then(|h| HeaderValue::from_str(h).ok()) {
                     Some(host) => drop(request.headers_mut().insert(header::HOST, host)),
@@ -209,7 +211,8 @@ impl Upstream {
                 return self.forward_upgrade(target, request, protocol).await;
             }
 
-            let deadline = tokio::time::Instant::now() + self.head_timeout;
+            // The caller's reading of the clock as it handed the request over: the same instant, read once.
+            let deadline = sent_at + self.head_timeout;
             let sent = target.pool.send(request, deadline).await;
             match sent {
                 Ok(Ok(response)) => {
