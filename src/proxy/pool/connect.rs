@@ -214,6 +214,21 @@ impl Connection {
         Poll::Ready(Ok(read))
     }
 
+    /// Gives back the connection's buffers while it is idle (its next request makes them again): an idle pooled
+    /// connection is then its socket and a few words, not 8 KB and more.
+    pub(super) fn rest(&mut self) {
+        if self.buffer.is_empty() && self.buffer.capacity() > 0 {
+            self.buffer = BytesMut::new();
+        }
+        self.out = Vec::new();
+    }
+
+    /// The bytes its buffers hold room for.
+    #[cfg(test)]
+    pub(super) fn buffered_capacity(&self) -> usize {
+        self.buffer.capacity() + self.out.capacity()
+    }
+
     /// Whether the target closed the connection, or sent something unasked, while it was idle: a look at what the
     /// reactor has seen, with no system call unless the socket is readable.
     pub(super) fn closed_while_idle(&mut self) -> bool {

@@ -13,6 +13,10 @@ use super::send::PoolSettings;
 use crate::proxy::health::TargetHealth;
 use crate::proxy::tls::TlsDialer;
 
+/// An idle connection gives back its buffers after this long unused (as a client's connection rests after a second
+/// without a request): a busy pool keeps them from one request to the next, a quiet one holds sockets alone.
+const REST_AFTER: Duration = Duration::from_secs(1);
+
 #[derive(Debug)]
 pub(super) struct Shared {
     /// `http[s]://host:port` of the target, what the connector dials.
@@ -33,6 +37,13 @@ pub(super) struct Shared {
 pub(super) struct IdleConnection {
     connection: Connection,
     since: Instant,
+}
+
+#[cfg(test)]
+impl IdleConnection {
+    pub(super) fn buffered_capacity(&self) -> usize {
+        self.connection.buffered_capacity()
+    }
 }
 
 // === impl Shared ===
@@ -81,18 +92,23 @@ impl Shared {
     }
 
     /// Closes the connections idle past the timeout, and those the target closed (no task watches an idle
-    /// connection: this look is what notices a close that came, so its socket does not linger half closed).
+    /// connection: this look is what notices a close that came, so its socket does not linger half closed); lets
+    /// those idle for [`REST_AFTER`] rest.
     fn evict_expired(&self) {
         let mut evicted = Vec::new();
         {
             let mut idle = self.lock_idle();
             let mut kept = VecDeque::with_capacity(idle.len());
             for mut connection in idle.drain(..) {
-                if connection.since.elapsed() >= self.settings.idle_timeout
+                let idle_for = connection.since.elapsed();
+                if idle_for >= self.settings.idle_timeout
                     || connection.connection.closed_while_idle()
                 {
                     evicted.push(connection);
                 } else {
+                    if idle_for >= REST_AFTER {
+                        connection.connection.rest();
+                    }
                     kept.push_back(connection);
                 }
             }
@@ -111,7 +127,9 @@ impl Shared {
             return;
         };
         let pool: Weak<Self> = Arc::downgrade(self);
-        let period = (self.settings.idle_timeout / 2).max(Duration::from_millis(10));
+        let period = (self.settings.idle_timeout / 2)
+            .min(REST_AFTER)
+            .max(Duration::from_millis(10));
         runtime.spawn(async move {
             let mut ticks = tokio::time::interval(period);
             ticks.tick().await;

@@ -240,6 +240,16 @@ impl ConnectionPool {
     pub(super) fn idle_count(&self) -> usize {
         self.shared.lock_idle().len()
     }
+
+    /// The buffer bytes its idle connections hold.
+    #[cfg(test)]
+    pub(super) fn idle_buffered(&self) -> usize {
+        self.shared
+            .lock_idle()
+            .iter()
+            .map(|idle| idle.buffered_capacity())
+            .sum()
+    }
 }
 
 // === impl Unanswered ===

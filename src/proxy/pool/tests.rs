@@ -188,6 +188,24 @@ async fn sequential_requests_reuse_one_connection() {
 }
 
 #[tokio::test]
+async fn an_idle_connection_gives_its_buffers_back_after_a_second() {
+    let upstream = RawUpstream::start(|_| (OK, Then::KeepOpen)).await;
+    let pool = upstream.pool(SETTINGS);
+    let response = pool.send_in_time(request("GET")).await.expect("response");
+    assert_eq!(read_all(response).await, "ok");
+    assert!(
+        pool.idle_buffered() >= 8 * 1024,
+        "kept while the pool may be busy"
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!((pool.idle_count(), pool.idle_buffered()), (1, 0));
+    // The rested connection serves the next request.
+    let response = pool.send_in_time(request("GET")).await.expect("response");
+    assert_eq!(read_all(response).await, "ok");
+    assert_eq!(upstream.accepted(), 1);
+}
+
+#[tokio::test]
 async fn bodiless_responses_give_their_connection_back_unpolled() {
     let upstream = RawUpstream::start(|head| {
         if head.starts_with("HEAD") {
