@@ -33,6 +33,8 @@ pub(super) struct Connection {
     out: Vec<u8>,
     /// Bytes read from the target.
     pub(super) read: u64,
+    /// The room the next read gets when the buffer needs more.
+    read_size: usize,
     /// The wait for each answer's head on this connection: one timer, made with the first request and kept, where a
     /// timer per request was registered and removed again (a visible share of a proxied request's instructions);
     /// each request waits on it until its own deadline (`send::head_timer`).
@@ -60,8 +62,11 @@ pub(super) struct Failed {
     pub(super) committed: bool,
 }
 
-/// Bytes asked of the transport per read, and the least room left in the buffer before it grows.
+/// Bytes asked of the transport per read at first, and at most: a read that fills the room it had doubles the next
+/// one's (a large answer in fewer reads, as hyper's adaptive buffer does), and a rest starts over.
 const READ_SIZE: usize = 8 * 1024;
+const MAX_READ_SIZE: usize = 64 * 1024;
+/// The least room left in the buffer before it grows.
 const MIN_READ_ROOM: usize = 1024;
 
 // === impl Shared ===
@@ -117,6 +122,7 @@ impl Shared {
             buffer: BytesMut::with_capacity(READ_SIZE),
             out: Vec::new(),
             read: 0,
+            read_size: READ_SIZE,
             head_timer: None,
         })
     }
@@ -207,9 +213,13 @@ impl Connection {
         if self.buffer.capacity() - self.buffer.len() < MIN_READ_ROOM {
             // Reuses the allocation when nothing else holds a part of it (the last answer's head and body are
             // usually written to the client and dropped by now).
-            self.buffer.reserve(READ_SIZE);
+            self.buffer.reserve(self.read_size);
         }
+        let room = self.buffer.capacity() - self.buffer.len();
         let read = ready!(poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buffer))?;
+        if read == room {
+            self.read_size = (self.read_size * 2).min(MAX_READ_SIZE);
+        }
         self.read += read as u64;
         Poll::Ready(Ok(read))
     }
@@ -219,6 +229,7 @@ impl Connection {
     pub(super) fn rest(&mut self) {
         if self.buffer.is_empty() && self.buffer.capacity() > 0 {
             self.buffer = BytesMut::new();
+            self.read_size = READ_SIZE;
         }
         self.out = Vec::new();
     }
