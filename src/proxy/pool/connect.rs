@@ -224,9 +224,10 @@ impl Connection {
         Poll::Ready(Ok(read))
     }
 
-    /// Gives back the connection's buffers while it is idle (its next request makes them again): an idle pooled
-    /// connection is then its socket and a few words, not 8 KB and more.
+    /// Gives back the connection's buffers and head timer while it is idle (its next request makes them again): an
+    /// idle pooled connection is then its socket and a few words, not 8 KB and more.
     pub(super) fn rest(&mut self) {
+        self.head_timer = None;
         if self.buffer.is_empty() && self.buffer.capacity() > 0 {
             self.buffer = BytesMut::new();
             self.read_size = READ_SIZE;
