@@ -57,7 +57,7 @@ pub struct Unanswered {
     /// body failed, or the target had begun an answer.
     pub failure: Option<Failure>,
     /// The request, when sending it elsewhere is harmless: it was never written (any method, its body untouched),
-    /// or it is a copy of a bodiless idempotent request whose new connection closed before any byte of an answer.
+    /// or it is a bodiless idempotent request whose new connection closed before any byte of an answer.
     /// Boxed: only failures carry one.
     pub again: Option<Box<Request<Body>>>,
 }
@@ -273,7 +273,7 @@ impl Unanswered {
         }
     }
 
-    /// The request was written (or failed as it was): `again` is a copy made beforehand, if any.
+    /// The request was written (or failed as it was): `again` is the request when it may still go elsewhere.
     #[cold]
     fn written(
         error: SendError,

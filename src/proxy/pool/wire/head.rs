@@ -16,7 +16,7 @@ use super::WireError;
 /// Header fields an answer may have (hyper's limit too).
 const MAX_HEADERS: usize = 100;
 /// The largest answer head read: past it the answer is refused as malformed.
-pub(in crate::proxy::pool) const MAX_HEAD_BYTES: usize = 256 * 1024;
+const MAX_HEAD_BYTES: usize = 256 * 1024;
 
 /// A parsed answer head.
 pub(in crate::proxy::pool) struct ResponseHead {
