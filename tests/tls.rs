@@ -589,13 +589,7 @@ async fn sighup_reads_the_certificates_again_and_a_broken_one_leaves_the_old_ser
     let upstream = Upstream::start().await;
     let tollgate = gateway(&pki, &upstream, "", "");
     let subject = || served_subject(&tollgate);
-    let hangup = || {
-        let status = Command::new("kill")
-            .args(["-HUP", &tollgate.pid().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
-    };
+    let hangup = || signal(tollgate.pid(), "-HUP");
     assert_eq!(subject(), "api.test");
 
     // Renewed in place: the same files, a certificate whose first name (its subject) is new.
@@ -641,11 +635,7 @@ async fn a_client_resumes_its_session_by_ticket_also_after_a_reload() {
             s_client_sending(&tollgate, &[version, "-sess_out", session], Some(request));
         assert!(completed && text.contains("New,"), "{text}");
         // A reload builds the TLS settings afresh: a session kept in the old settings' cache would be lost.
-        let status = Command::new("kill")
-            .args(["-HUP", &tollgate.pid().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
+        signal(tollgate.pid(), "-HUP");
         common::eventually(Duration::from_secs(5), async || {
             tollgate.log().matches("config reloaded").count() >= reloads
         })
@@ -724,11 +714,7 @@ async fn drain_closes_https_connections_as_it_closes_clear_text_ones() {
         .starts_with("HTTP/1.1 200"));
 
     let signalled = Instant::now();
-    let status = Command::new("kill")
-        .args(["-TERM", &tollgate.pid().to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
+    signal(tollgate.pid(), "-TERM");
     common::eventually(Duration::from_secs(5), async || {
         tollgate.log().contains("draining")
     })
@@ -862,4 +848,13 @@ async fn a_certificate_renewed_in_place_is_served_without_a_signal() {
     .await;
     assert!(refused.is_some(), "{}", tollgate.log());
     assert_eq!(subject(), "renewed.api.test");
+}
+
+/// Sends `name` (`-HUP`, `-TERM`) to the gateway's process.
+fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .args([name, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
 }
