@@ -5,9 +5,10 @@ use std::mem::MaybeUninit;
 
 use axum::body::Body;
 use bytes::BytesMut;
-use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::header::{self, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Version};
 use http_body::Body as _;
+use smallvec::SmallVec;
 
 use super::decode::Decoder;
 use super::upload::Framing;
@@ -87,8 +88,6 @@ pub(in crate::proxy::pool) fn parse_response_head(
     method: &Method,
 ) -> Result<Option<ResponseHead>, WireError> {
     loop {
-        // Each field's name and value as offsets into the head, read while the parser borrows the buffer.
-        let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
         let mut fields: [MaybeUninit<httparse::Header<'_>>; MAX_HEADERS] =
             [const { MaybeUninit::uninit() }; MAX_HEADERS];
         let mut response = httparse::Response::new(&mut []);
@@ -121,31 +120,38 @@ pub(in crate::proxy::pool) fn parse_response_head(
             Some(0) => Version::HTTP_10,
             _ => Version::HTTP_11,
         };
-        let count = response.headers.len();
-        for (span, field) in spans.iter_mut().zip(response.headers.iter()) {
+        // Each field's name and value as offsets into the head, read while the parser borrows the buffer. Room
+        // for the usual few fields without zeroing room for a hundred.
+        let mut spans: SmallVec<[(u32, u32, u32, u32); 16]> = SmallVec::new();
+        spans.extend(response.headers.iter().map(|field| {
             let name = field.name.as_ptr() as usize - base;
             let value = field.value.as_ptr() as usize - base;
-            *span = (
+            (
                 name as u32,
                 field.name.len() as u32,
                 value as u32,
                 field.value.len() as u32,
-            );
-        }
+            )
+        }));
+        let count = spans.len();
         // Values point into the head's bytes, frozen once: no copy per field.
         let head = buffer.split_to(length).freeze();
         let mut headers = HeaderMap::with_capacity(count);
-        for &(name, name_length, value, value_length) in &spans[..count] {
+        // The fields that frame the body and say whether the connection stays, read as they go into the map:
+        // looking each up again afterwards hashed its name and walked its values a second time.
+        let mut framing = FramingFields::default();
+        for &(name, name_length, value, value_length) in &spans {
             let (name, value) = (name as usize, value as usize);
-            let name = HeaderName::from_bytes(&head[name..name + name_length as usize])
-                .map_err(|_| WireError::Malformed("invalid header name"))?;
+            let name = field_name(&head[name..name + name_length as usize])
+                .ok_or(WireError::Malformed("invalid header name"))?;
             let value =
                 HeaderValue::from_maybe_shared(head.slice(value..value + value_length as usize))
                     .map_err(|_| WireError::Malformed("invalid header value"))?;
+            framing.read(&name, &value);
             headers.append(name, value);
         }
-        let body = body_of(method, status, &headers)?;
-        let keep_alive = !body.reads_until_close() && persistent(version, &headers);
+        let body = framing.body(method, status)?;
+        let keep_alive = !body.reads_until_close() && framing.persistent(version);
         return Ok(Some(ResponseHead {
             status,
             version,
@@ -156,63 +162,134 @@ pub(in crate::proxy::pool) fn parse_response_head(
     }
 }
 
-/// How the answer's body is framed (RFC 9112 §6.3).
-fn body_of(method: &Method, status: StatusCode, headers: &HeaderMap) -> Result<Decoder, WireError> {
-    if method == Method::HEAD
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
-        return Ok(Decoder::empty());
-    }
-    if let Some(last) = headers.get_all(TRANSFER_ENCODING).iter().next_back() {
-        let chunked = last
-            .to_str()
-            .ok()
-            .and_then(|codings| codings.rsplit(',').next())
-            .is_some_and(|coding| coding.trim().eq_ignore_ascii_case("chunked"));
-        // Another final coding is delimited by the close (RFC 9112 §6.3, item 4).
-        return Ok(if chunked {
-            Decoder::chunked()
-        } else {
-            Decoder::until_close()
-        });
-    }
-    let mut length = None;
-    for value in headers.get_all(CONTENT_LENGTH) {
-        let value = value
-            .to_str()
-            .map_err(|_| WireError::Malformed("invalid Content-Length"))?;
-        for item in value.split(',') {
-            let parsed = content_length_item(item.trim())
-                .ok_or(WireError::Malformed("invalid Content-Length"))?;
-            if length.is_some_and(|seen| seen != parsed) {
-                return Err(WireError::Malformed("conflicting Content-Length fields"));
-            }
-            length = Some(parsed);
-        }
-    }
-    Ok(match length {
-        Some(length) => Decoder::length(length),
-        None => Decoder::until_close(),
-    })
+/// A field's name: the ones nearly every answer carries, in the spellings servers write them, without the general
+/// parse (which lowercases the name into a scratch buffer before it looks it up), any other through it.
+#[inline]
+fn field_name(bytes: &[u8]) -> Option<HeaderName> {
+    let known = match bytes {
+        b"Date" | b"date" => header::DATE,
+        b"Server" | b"server" => header::SERVER,
+        b"Connection" | b"connection" => CONNECTION,
+        b"Content-Type" | b"content-type" => header::CONTENT_TYPE,
+        b"Content-Length" | b"content-length" => CONTENT_LENGTH,
+        b"Transfer-Encoding" | b"transfer-encoding" => TRANSFER_ENCODING,
+        _ => return HeaderName::from_bytes(bytes).ok(),
+    };
+    Some(known)
 }
 
-/// Whether the connection stays open after the answer: HTTP/1.1 unless `Connection: close`, HTTP/1.0 only with
-/// `Connection: keep-alive`.
-fn persistent(version: Version, headers: &HeaderMap) -> bool {
-    let says = |token: &str| {
-        headers.get_all(CONNECTION).iter().any(|value| {
-            value.to_str().is_ok_and(|value| {
+/// What an answer's `Transfer-Encoding`, `Content-Length` and `Connection` fields say, read field by field in
+/// their order.
+#[derive(Default)]
+struct FramingFields {
+    /// Whether the last `Transfer-Encoding` field's final coding is `chunked`; `None` without the field.
+    chunked: Option<bool>,
+    /// The length every `Content-Length` item agrees on, or the first reason they do not.
+    length: Option<Result<u64, &'static str>>,
+    /// Whether a `Connection` field lists `close`, or `keep-alive`.
+    close: bool,
+    keep_alive: bool,
+}
+
+impl FramingFields {
+    /// Notes what the field `name: value` says of the framing, if anything.
+    #[inline]
+    fn read(&mut self, name: &HeaderName, value: &HeaderValue) {
+        if *name == TRANSFER_ENCODING {
+            self.chunked = Some(
                 value
-                    .split(',')
-                    .any(|item| item.trim().eq_ignore_ascii_case(token))
-            })
+                    .to_str()
+                    .ok()
+                    .and_then(|codings| codings.rsplit(',').next())
+                    .is_some_and(|coding| coding.trim().eq_ignore_ascii_case("chunked")),
+            );
+        } else if *name == CONTENT_LENGTH {
+            self.read_length(value);
+        } else if *name == CONNECTION {
+            self.read_connection(value);
+        }
+    }
+
+    fn read_length(&mut self, value: &HeaderValue) {
+        if let Some(Err(_)) = self.length {
+            return;
+        }
+        let Ok(value) = value.to_str() else {
+            self.length = Some(Err("invalid Content-Length"));
+            return;
+        };
+        // Nearly every one is a number alone: the list it would be read as has that one item.
+        if let Some(parsed) = content_length_item(value) {
+            self.note_length(parsed);
+            return;
+        }
+        for item in value.split(',') {
+            let Some(parsed) = content_length_item(item.trim()) else {
+                self.length = Some(Err("invalid Content-Length"));
+                return;
+            };
+            self.note_length(parsed);
+            if let Some(Err(_)) = self.length {
+                return;
+            }
+        }
+    }
+
+    /// Notes one `Content-Length` item: the length, or a conflict with the one seen before.
+    fn note_length(&mut self, parsed: u64) {
+        self.length = Some(match self.length {
+            Some(Ok(seen)) if seen != parsed => Err("conflicting Content-Length fields"),
+            _ => Ok(parsed),
+        });
+    }
+
+    fn read_connection(&mut self, value: &HeaderValue) {
+        // Nearly every answer says `keep-alive` alone, in lower case: one comparison.
+        if value.as_bytes() == b"keep-alive" {
+            self.keep_alive = true;
+            return;
+        }
+        let Ok(value) = value.to_str() else {
+            return;
+        };
+        for item in value.split(',') {
+            let item = item.trim();
+            self.close |= item.eq_ignore_ascii_case("close");
+            self.keep_alive |= item.eq_ignore_ascii_case("keep-alive");
+        }
+    }
+
+    /// How the answer's body is framed (RFC 9112 §6.3).
+    fn body(&self, method: &Method, status: StatusCode) -> Result<Decoder, WireError> {
+        if method == Method::HEAD
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+        {
+            return Ok(Decoder::empty());
+        }
+        if let Some(chunked) = self.chunked {
+            // Another final coding is delimited by the close (RFC 9112 §6.3, item 4).
+            return Ok(if chunked {
+                Decoder::chunked()
+            } else {
+                Decoder::until_close()
+            });
+        }
+        Ok(match self.length {
+            Some(Ok(length)) => Decoder::length(length),
+            Some(Err(reason)) => return Err(WireError::Malformed(reason)),
+            None => Decoder::until_close(),
         })
-    };
-    if version == Version::HTTP_10 {
-        says("keep-alive")
-    } else {
-        !says("close")
+    }
+
+    /// Whether the connection stays open after the answer: HTTP/1.1 unless `Connection: close`, HTTP/1.0 only with
+    /// `Connection: keep-alive`.
+    fn persistent(&self, version: Version) -> bool {
+        if version == Version::HTTP_10 {
+            self.keep_alive
+        } else {
+            !self.close
+        }
     }
 }
 
@@ -292,6 +369,48 @@ mod tests {
         assert!(parse(b"HTTP/1.1 200 OK\r\nContent-Le", Method::GET)
             .expect("parsed")
             .is_none());
+    }
+
+    #[test]
+    fn names_read_the_same_in_any_spelling_and_lists_are_read_whole() {
+        let head = |bytes: &[u8]| {
+            parse(bytes, Method::GET)
+                .expect("parsed")
+                .expect("complete")
+        };
+        let answer = head(
+            b"HTTP/1.1 200 OK\r\nCONTENT-LENGTH: 3, 3\r\ncontent-type: a\r\nDate: d\r\nX-Other: b\r\n\r\n",
+        );
+        assert_eq!(answer.body.remaining(), Some(3));
+        assert_eq!(answer.headers[CONTENT_LENGTH], "3, 3");
+        assert_eq!(answer.headers[header::CONTENT_TYPE], "a");
+        assert_eq!(answer.headers[header::DATE], "d");
+        assert_eq!(answer.headers["x-other"], "b");
+        // The last Transfer-Encoding field says how the body ends, whatever came before it.
+        let last = head(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n\r\n",
+        );
+        assert!(!last.keep_alive);
+        let chunked = head(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: Chunked\r\n\r\n",
+        );
+        assert!(chunked.keep_alive);
+        // An invalid length is no error when the body is framed otherwise.
+        assert!(parse(
+            b"HTTP/1.1 204 No Content\r\nContent-Length: x\r\n\r\n",
+            Method::GET
+        )
+        .is_ok());
+        assert!(parse(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1, 2\r\n\r\n",
+            Method::GET
+        )
+        .is_err());
+        assert!(parse(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1,\r\n\r\n",
+            Method::GET
+        )
+        .is_err());
     }
 
     #[test]
