@@ -392,16 +392,11 @@ def server_command(binary: Path, config: Path, work: Path) -> tuple[list[str], s
 
 def idle_memory(binary: Path, config: Path, work: Path, connections: int) -> float:
     """The memory (VmRSS, bytes) one idle keep-alive connection holds: the server's RSS with `connections` open
-    after one request each, less its RSS before they opened, divided by their number. Not under callgrind.
-
-    tollgate runs with mimalloc told to return freed pages at once (MIMALLOC_PURGE_DELAY=0). By default it returns
-    them at its next call after a delay, which an idle process may not make: the buffers freed when connections
-    rest then stay in RSS or not by chance, and five runs read anywhere from 2 to 13 KB. What is counted is then what
-    the connections hold, not what the allocator keeps for the next burst."""
+    after one request each, less its RSS before they opened, divided by their number. Not under callgrind."""
     import socket
 
     command, ready = server_command(binary, config, work)
-    env = bench_env(TOKIO_WORKER_THREADS="1", RUST_LOG="warn", MIMALLOC_PURGE_DELAY="0")
+    env = bench_env(TOKIO_WORKER_THREADS="1", RUST_LOG="warn")
     server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def rss() -> int:
