@@ -23,6 +23,8 @@ const MAX_HEAD_BYTES: usize = 256 * 1024;
 pub(in crate::proxy::pool) struct ResponseHead {
     pub(in crate::proxy::pool) status: StatusCode,
     pub(in crate::proxy::pool) version: Version,
+    /// The answer's fields, but a `Connection` field that only says `keep-alive` or `close` (read into
+    /// `keep_alive`, and hop-by-hop).
     pub(in crate::proxy::pool) headers: HeaderMap,
     pub(in crate::proxy::pool) body: Decoder,
     /// Whether the connection may carry another request once this answer has been read.
@@ -147,8 +149,9 @@ pub(in crate::proxy::pool) fn parse_response_head(
             let value =
                 HeaderValue::from_maybe_shared(head.slice(value..value + value_length as usize))
                     .map_err(|_| WireError::Malformed("invalid header value"))?;
-            framing.read(&name, &value);
-            headers.append(name, value);
+            if framing.read(&name, &value) {
+                headers.append(name, value);
+            }
         }
         let body = framing.body(method, status)?;
         let keep_alive = !body.reads_until_close() && framing.persistent(version);
@@ -192,9 +195,12 @@ struct FramingFields {
 }
 
 impl FramingFields {
-    /// Notes what the field `name: value` says of the framing, if anything.
+    /// Notes what the field `name: value` says of the framing, if anything, and says whether the field goes into
+    /// the answer's map: a `Connection` field that only says `keep-alive` or `close` does not. It names no other
+    /// field, and it is hop-by-hop (the proxy removes it before the answer goes on), so taking it out here spares
+    /// its insertion, then its lookup and removal; what it says is in `keep_alive`.
     #[inline]
-    fn read(&mut self, name: &HeaderName, value: &HeaderValue) {
+    fn read(&mut self, name: &HeaderName, value: &HeaderValue) -> bool {
         if *name == TRANSFER_ENCODING {
             self.chunked = Some(
                 value
@@ -206,8 +212,9 @@ impl FramingFields {
         } else if *name == CONTENT_LENGTH {
             self.read_length(value);
         } else if *name == CONNECTION {
-            self.read_connection(value);
+            return self.read_connection(value);
         }
+        true
     }
 
     fn read_length(&mut self, value: &HeaderValue) {
@@ -243,20 +250,28 @@ impl FramingFields {
         });
     }
 
-    fn read_connection(&mut self, value: &HeaderValue) {
+    /// Reads a `Connection` field; whether it names anything but `keep-alive` or `close` (then it stays, so
+    /// that the fields it names are removed with it).
+    fn read_connection(&mut self, value: &HeaderValue) -> bool {
         // Nearly every answer says `keep-alive` alone, in lower case: one comparison.
-        if value.as_bytes() == b"keep-alive" {
+        let bytes = value.as_bytes();
+        if bytes == b"keep-alive" || bytes.eq_ignore_ascii_case(b"keep-alive") {
             self.keep_alive = true;
-            return;
+            return false;
+        }
+        if bytes.eq_ignore_ascii_case(b"close") {
+            self.close = true;
+            return false;
         }
         let Ok(value) = value.to_str() else {
-            return;
+            return true;
         };
         for item in value.split(',') {
             let item = item.trim();
             self.close |= item.eq_ignore_ascii_case("close");
             self.keep_alive |= item.eq_ignore_ascii_case("keep-alive");
         }
+        true
     }
 
     /// How the answer's body is framed (RFC 9112 §6.3).
@@ -395,6 +410,17 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: Chunked\r\n\r\n",
         );
         assert!(chunked.keep_alive);
+        // A `Connection` field that names no other field is read, not kept; one that does stays, for the proxy to
+        // remove what it names.
+        let plain = head(b"HTTP/1.1 200 OK\r\nConnection: Keep-Alive\r\nContent-Length: 0\r\n\r\n");
+        assert!(plain.keep_alive && !plain.headers.contains_key(CONNECTION));
+        let closing = head(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+        assert!(!closing.keep_alive && !closing.headers.contains_key(CONNECTION));
+        let naming = head(
+            b"HTTP/1.1 200 OK\r\nConnection: x-a, close\r\nX-A: 1\r\nContent-Length: 0\r\n\r\n",
+        );
+        assert!(!naming.keep_alive);
+        assert_eq!(naming.headers[CONNECTION], "x-a, close");
         // An invalid length is no error when the body is framed otherwise.
         assert!(parse(
             b"HTTP/1.1 204 No Content\r\nContent-Length: x\r\n\r\n",
