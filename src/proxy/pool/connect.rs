@@ -7,7 +7,7 @@ use std::task::{ready, Context, Poll, Waker};
 
 use axum::body::Body;
 use bytes::BytesMut;
-use http::Request;
+use http::{Method, Request};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper::rt::{Read, Write};
 use hyper_util::rt::TokioIo;
@@ -155,11 +155,13 @@ where
 impl Connection {
     /// Writes `request` and reads its answer's head, both at once: a target may answer before it has read the
     /// whole body. The request is borrowed, not consumed, so that one nothing of which went out can go elsewhere.
+    /// Once it is answered its fields are gone: their map holds the answer's (see `parse_response_head`).
     pub(super) async fn exchange(
         &mut self,
         request: &mut Request<Body>,
     ) -> Result<Exchanged, Failed> {
         let framing = write_request_head(request, &mut self.out);
+        let head_request = request.method() == Method::HEAD;
         let mut upload = Upload::new(framing);
         std::future::poll_fn(|cx| {
             if !upload.is_finished() {
@@ -177,7 +179,8 @@ impl Connection {
             }
             loop {
                 if !self.buffer.is_empty() {
-                    match parse_response_head(&mut self.buffer, request.method()) {
+                    match parse_response_head(&mut self.buffer, head_request, request.headers_mut())
+                    {
                         Ok(Some(head)) => {
                             return Poll::Ready(Ok(Exchanged {
                                 head,

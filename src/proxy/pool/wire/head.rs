@@ -6,7 +6,7 @@ use std::mem::MaybeUninit;
 use axum::body::Body;
 use bytes::BytesMut;
 use http::header::{self, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Version};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode, Version};
 use http_body::Body as _;
 use smallvec::SmallVec;
 
@@ -83,11 +83,17 @@ pub(in crate::proxy::pool) fn write_request_head(
 }
 
 /// The answer head at the start of `buffer`, taken out of it, or `None` while it is incomplete. Interim answers
-/// (`1xx` but `101`) are skipped: the client gets the final one. `method` is the request's (an answer to `HEAD`
-/// has no body whatever its fields say).
+/// (`1xx` but `101`) are skipped: the client gets the final one. `head_request`: the request was a `HEAD` (an
+/// answer to it has no body whatever its fields say).
+///
+/// The answer's fields go into `room`'s allocation, taken (and cleared) once the head is complete: the request's
+/// own map, no longer needed once its head is written and its answer has come. Its fields, then the answer's,
+/// then (hyper keeps a written answer's map for the next request it reads) the next request's share one
+/// allocation, where a map per answer cost an allocation and a free of two blocks each.
 pub(in crate::proxy::pool) fn parse_response_head(
     buffer: &mut BytesMut,
-    method: &Method,
+    head_request: bool,
+    room: &mut HeaderMap,
 ) -> Result<Option<ResponseHead>, WireError> {
     loop {
         let mut fields: [MaybeUninit<httparse::Header<'_>>; MAX_HEADERS] =
@@ -138,7 +144,9 @@ pub(in crate::proxy::pool) fn parse_response_head(
         let count = spans.len();
         // Values point into the head's bytes, frozen once: no copy per field.
         let head = buffer.split_to(length).freeze();
-        let mut headers = HeaderMap::with_capacity(count);
+        let mut headers = std::mem::take(room);
+        headers.clear();
+        headers.reserve(count);
         // The fields that frame the body and say whether the connection stays, read as they go into the map:
         // looking each up again afterwards hashed its name and walked its values a second time.
         let mut framing = FramingFields::default();
@@ -153,7 +161,7 @@ pub(in crate::proxy::pool) fn parse_response_head(
                 headers.append(name, value);
             }
         }
-        let body = framing.body(method, status)?;
+        let body = framing.body(head_request, status)?;
         let keep_alive = !body.reads_until_close() && framing.persistent(version);
         return Ok(Some(ResponseHead {
             status,
@@ -275,11 +283,8 @@ impl FramingFields {
     }
 
     /// How the answer's body is framed (RFC 9112 §6.3).
-    fn body(&self, method: &Method, status: StatusCode) -> Result<Decoder, WireError> {
-        if method == Method::HEAD
-            || status == StatusCode::NO_CONTENT
-            || status == StatusCode::NOT_MODIFIED
-        {
+    fn body(&self, head_request: bool, status: StatusCode) -> Result<Decoder, WireError> {
+        if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
             return Ok(Decoder::empty());
         }
         if let Some(chunked) = self.chunked {
@@ -325,11 +330,13 @@ fn content_length_item(item: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use http::Method;
+
     use super::*;
 
     fn parse(bytes: &[u8], method: Method) -> Result<Option<ResponseHead>, WireError> {
         let mut buffer = BytesMut::from(bytes);
-        parse_response_head(&mut buffer, &method)
+        parse_response_head(&mut buffer, method == Method::HEAD, &mut HeaderMap::new())
     }
 
     #[test]
