@@ -215,24 +215,39 @@ fn reads_as_protected(name: &str, rules: &ClientFieldRules) -> bool {
     PROTECTED.iter().any(|p| same(p)) || rules.protected.iter().any(|p| same(p.as_str()))
 }
 
-/// Which of the six hop-by-hop fields (bits 0-5, in `HOP_BY_HOP`'s order) and of the client-address fields that
-/// only trusted proxies may send (`CLIENT_ADDRESS_FIELDS`) `headers` holds: one pass over the few fields present,
-/// since each lookup or removal hashes its name and most messages carry none of them.
+/// Which of the six hop-by-hop fields (bits 0-5, in `HOP_BY_HOP`'s order), of the client-address fields that
+/// only trusted proxies may send (`CLIENT_ADDRESS_FIELDS`) and of the `X-Forwarded-*` fields tollgate writes
+/// `headers` holds: one pass over the few fields present, since each lookup or removal hashes its name and most
+/// messages carry none of them.
 fn scan(headers: &HeaderMap) -> u16 {
     let mut present = 0u16;
     for name in headers.keys() {
         let name = name.as_str();
         if let Some(index) = hop_by_hop_index(name) {
             present |= 1 << index;
-        } else if matches!(name, "forwarded" | "x-real-ip") {
-            present |= CLIENT_ADDRESS_FIELDS;
+        } else {
+            present |= match name {
+                "forwarded" | "x-real-ip" => CLIENT_ADDRESS_FIELDS,
+                "x-forwarded-for" => X_FORWARDED_FOR_FIELD,
+                "x-forwarded-proto" => X_FORWARDED_PROTO_FIELD,
+                "x-forwarded-host" => X_FORWARDED_HOST_FIELD,
+                _ => 0,
+            };
         }
     }
     present
 }
 
+/// The bits of [`scan`] for the six hop-by-hop fields.
+const HOP_BY_HOP_FIELDS: u16 = (1 << HOP_BY_HOP.len()) - 1;
+
 /// The bit of [`scan`] for `Forwarded` or `X-Real-IP`.
 const CLIENT_ADDRESS_FIELDS: u16 = 1 << 7;
+
+/// The bits of [`scan`] for the `X-Forwarded-*` fields tollgate writes.
+const X_FORWARDED_FOR_FIELD: u16 = 1 << 8;
+const X_FORWARDED_PROTO_FIELD: u16 = 1 << 9;
+const X_FORWARDED_HOST_FIELD: u16 = 1 << 10;
 
 /// The bit of [`scan`] for `TE`.
 const TE_FIELD: u16 = 1 << 3;
@@ -254,7 +269,7 @@ fn lists_trailers(headers: &HeaderMap) -> bool {
 /// Removes the six hop-by-hop fields [`scan`] found (most upstream responses carry `Connection: keep-alive`); the
 /// fields `Connection` names are the callers' to remove.
 fn remove_present_hop_by_hop(headers: &mut HeaderMap, present: u16) {
-    if present & !CLIENT_ADDRESS_FIELDS == 0 {
+    if present & HOP_BY_HOP_FIELDS == 0 {
         return;
     }
     for (index, name) in HOP_BY_HOP.iter().enumerate() {
@@ -278,6 +293,67 @@ fn remove_present_hop_by_hop(headers: &mut HeaderMap, present: u16) {
 /// With `write_forwarded`, `Forwarded` gets tollgate's element for the peer too (appended to a believed one, else
 /// alone).
 pub fn prepare_request(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) {
+    prepare_request_fields(headers, facts).insert_into(headers);
+}
+
+/// The fields tollgate writes for the upstream about the hop, decided by [`prepare_request_fields`]: written after
+/// the request's own fields, straight into its head on the wire ([`HopFields::write`]), or into its map
+/// ([`HopFields::insert_into`]). Writing them out without the map spares an insertion each (a hash of a custom
+/// name, a probe) and their removal with the map.
+#[derive(Debug, Default)]
+pub struct HopFields {
+    forwarded_for: Option<HeaderValue>,
+    /// `X-Forwarded-Proto: http`.
+    proto: bool,
+    forwarded_host: Option<HeaderValue>,
+    via: Option<&'static HeaderValue>,
+}
+
+impl HopFields {
+    /// Sets the fields in `headers`: each replaces any the map holds, but `Via`, which is appended.
+    pub fn insert_into(self, headers: &mut HeaderMap) {
+        if let Some(value) = self.forwarded_for {
+            headers.insert(&X_FORWARDED_FOR, value);
+        }
+        if self.proto {
+            headers.insert(&X_FORWARDED_PROTO, HTTP.clone());
+        }
+        if let Some(value) = self.forwarded_host {
+            headers.insert(&X_FORWARDED_HOST, value);
+        }
+        if let Some(via) = self.via {
+            headers.append(header::VIA, via.clone());
+        }
+    }
+
+    /// Writes the fields as head lines (`name: value\r\n`) into `out`. The request's map holds none of them but
+    /// `Via`, whose line comes after the request's own `Via` lines.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        let mut line = |name: &HeaderName, value: &[u8]| {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value);
+            out.extend_from_slice(b"\r\n");
+        };
+        if let Some(value) = &self.forwarded_for {
+            line(&X_FORWARDED_FOR, value.as_bytes());
+        }
+        if self.proto {
+            line(&X_FORWARDED_PROTO, HTTP.as_bytes());
+        }
+        if let Some(value) = &self.forwarded_host {
+            line(&X_FORWARDED_HOST, value.as_bytes());
+        }
+        if let Some(via) = self.via {
+            line(&header::VIA, via.as_bytes());
+        }
+    }
+}
+
+/// [`prepare_request`], but the fields tollgate writes about the hop (`X-Forwarded-For`, `X-Forwarded-Proto`,
+/// `X-Forwarded-Host`, `Via`) are returned, not set: the map loses any of the first three that tollgate replaces,
+/// and the caller writes them after the request's own fields.
+pub fn prepare_request_fields(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) -> HopFields {
     let present = scan(headers);
     // `TE: trailers` says the trailers will be taken: by the gateway itself, or by a client that asked for them
     // (the gateway passes them on). Its other codings are the client's hop's.
@@ -295,8 +371,12 @@ pub fn prepare_request(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) {
         }
         (true, other) => HeaderValue::try_from(translated_list(headers, other, &peer)),
     };
+    let mut fields = HopFields::default();
     if let Ok(value) = forwarded_for {
-        headers.insert(&X_FORWARDED_FOR, value);
+        if present & X_FORWARDED_FOR_FIELD != 0 {
+            headers.remove(&X_FORWARDED_FOR);
+        }
+        fields.forwarded_for = Some(value);
     }
     if present & CLIENT_ADDRESS_FIELDS != 0 {
         let believed = |field| facts.peer_trusted && facts.believed == field;
@@ -310,24 +390,25 @@ pub fn prepare_request(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) {
     if facts.write_forwarded {
         write_forwarded(headers, facts);
     }
-    if !(facts.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
-        headers.insert(&X_FORWARDED_PROTO, HTTP.clone());
+    let proto_present = present & X_FORWARDED_PROTO_FIELD != 0;
+    if !(facts.peer_trusted && proto_present) {
+        if proto_present {
+            headers.remove(&X_FORWARDED_PROTO);
+        }
+        fields.proto = true;
     }
-    if !(facts.peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
-        let host = match facts.host_field {
+    let host_present = present & X_FORWARDED_HOST_FIELD != 0;
+    if !(facts.peer_trusted && host_present) {
+        if host_present {
+            headers.remove(&X_FORWARDED_HOST);
+        }
+        fields.forwarded_host = match facts.host_field {
             Some(field) => Some(field.clone()),
             None => facts.host.and_then(|h| HeaderValue::from_str(h).ok()),
         };
-        match host {
-            Some(host) => {
-                headers.insert(&X_FORWARDED_HOST, host);
-            }
-            None => {
-                headers.remove(&X_FORWARDED_HOST);
-            }
-        }
     }
-    append_via(headers, facts.version);
+    fields.via = Some(via(facts.version));
+    fields
 }
 
 /// Every field line of `name` joined into one list, with `last` appended: `a, b, last`.
@@ -398,15 +479,18 @@ pub fn prepare_response(headers: &mut HeaderMap, version: Version) {
 }
 
 fn append_via(headers: &mut HeaderMap, version: Version) {
-    // Static values: no formatting per request.
-    let via = match version {
+    headers.append(header::VIA, via(version).clone());
+}
+
+/// Tollgate's `Via` value for a message received in `version`: static values, no formatting per request.
+fn via(version: Version) -> &'static HeaderValue {
+    match version {
         Version::HTTP_09 => &VIA_09,
         Version::HTTP_10 => &VIA_10,
         Version::HTTP_2 => &VIA_2,
         Version::HTTP_3 => &VIA_3,
         _ => &VIA_11,
-    };
-    headers.append(header::VIA, via.clone());
+    }
 }
 
 #[cfg(test)]
@@ -424,6 +508,52 @@ mod tests {
             write_forwarded: false,
             reads_trailers: false,
         }
+    }
+
+    #[test]
+    fn the_hop_fields_written_apart_replace_those_the_map_loses() {
+        let client = || {
+            let mut h = HeaderMap::new();
+            h.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.9"));
+            h.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+            h.insert("x-forwarded-host", HeaderValue::from_static("shop.example"));
+            h.insert("via", HeaderValue::from_static("1.0 edge"));
+            h
+        };
+        let written = |h: &mut HeaderMap, trusted| {
+            let mut out = Vec::new();
+            prepare_request_fields(h, &facts(trusted)).write(&mut out);
+            String::from_utf8(out).expect("text")
+        };
+        // Nobody vouches for an untrusted client's fields: the map loses them, tollgate's are written.
+        let mut h = client();
+        assert_eq!(
+            written(&mut h, false),
+            "x-forwarded-for: 192.0.2.1\r\nx-forwarded-proto: http\r\n\
+             x-forwarded-host: api.example.com\r\nvia: 1.1 tollgate\r\n"
+        );
+        assert!(!h.contains_key("x-forwarded-for"));
+        assert!(!h.contains_key("x-forwarded-proto"));
+        assert!(!h.contains_key("x-forwarded-host"));
+        assert_eq!(h["via"], "1.0 edge");
+        // A trusted proxy's list is extended, its other X-Forwarded-* kept in the map.
+        let mut h = client();
+        assert_eq!(
+            written(&mut h, true),
+            "x-forwarded-for: 203.0.113.9, 192.0.2.1\r\nvia: 1.1 tollgate\r\n"
+        );
+        assert!(!h.contains_key("x-forwarded-for"));
+        assert_eq!(h["x-forwarded-proto"], "https");
+        assert_eq!(h["x-forwarded-host"], "shop.example");
+        // Into the map, the same fields as prepare_request sets.
+        let (mut apart, mut whole) = (client(), client());
+        prepare_request_fields(&mut apart, &facts(false)).insert_into(&mut apart);
+        prepare_request(&mut whole, &facts(false));
+        assert_eq!(apart, whole);
+        assert_eq!(
+            whole.get_all("via").iter().collect::<Vec<_>>(),
+            ["1.0 edge", "1.1 tollgate"]
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use http::{header, HeaderValue, Request, Response, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
 use thiserror::Error;
 
-use super::headers::{self, ForwardedFacts};
+use super::headers::{self, ForwardedFacts, HopFields};
 use super::health::{Failure, HealthView, TargetHealth};
 use super::pool::{ConnectionPool, PoolSettings, SendError, Sent};
 use super::settings::UpstreamSettings;
@@ -205,21 +205,23 @@ impl Upstream {
                 host_from_target,
             };
             target.aim(&mut request, &aim)?;
-            headers::prepare_request(request.headers_mut(), facts);
+            // Tollgate's own fields about the hop go into the head as it is written, not into the map.
+            let hop = headers::prepare_request_fields(request.headers_mut(), facts);
             *request.version_mut() = http::Version::HTTP_11;
             if let Some(protocol) = websocket {
+                hop.insert_into(request.headers_mut());
                 return self.forward_upgrade(target, request, protocol).await;
             }
 
             // The caller's reading of the clock as it handed the request over: the same instant, read once.
             let deadline = sent_at + self.head_timeout;
-            let sent = target.pool.send(request, deadline).await;
+            let sent = target.pool.send(request, &hop, deadline).await;
             match sent {
                 Ok(Ok(response)) => {
                     target.pool.health().succeeded();
                     Ok(answer(response))
                 }
-                failed => self.retry(index, failed, aim).await,
+                failed => self.retry(index, failed, aim, &hop).await,
             }
         }
     }
@@ -264,6 +266,7 @@ impl Upstream {
         first: usize,
         mut outcome: Sent,
         aim: Aim<'a>,
+        hop: &'a HopFields,
     ) -> Pin<Box<dyn Future<Output = Result<Response<Body>, ProxyError>> + Send + 'a>> {
         Box::pin(async move {
             let mut tried = vec![first];
@@ -304,7 +307,7 @@ impl Upstream {
                 target.aim(&mut request, &aim)?;
                 tried.push(next);
                 let deadline = tokio::time::Instant::now() + self.head_timeout;
-                outcome = target.pool.send(*request, deadline).await;
+                outcome = target.pool.send(*request, hop, deadline).await;
             }
         })
     }

@@ -22,6 +22,7 @@ use super::send::SendError;
 use super::wire::{
     parse_response_head, write_request_head, ResponseHead, Upload, UploadError, WireError,
 };
+use crate::proxy::headers::HopFields;
 
 /// A pooled connection: its transport, what it has read and not yet handed on, and the count of bytes read, which
 /// tells a request that failed before any byte of an answer from one that failed mid-response.
@@ -159,8 +160,9 @@ impl Connection {
     pub(super) async fn exchange(
         &mut self,
         request: &mut Request<Body>,
+        hop: &HopFields,
     ) -> Result<Exchanged, Failed> {
-        let framing = write_request_head(request, &mut self.out);
+        let framing = write_request_head(request, hop, &mut self.out);
         let head_request = request.method() == Method::HEAD;
         let mut upload = Upload::new(framing);
         std::future::poll_fn(|cx| {

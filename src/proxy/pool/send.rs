@@ -20,6 +20,7 @@ use super::connect::{open_upgradable, Connection, Dialed, Exchanged, Failed};
 use super::idle::Shared;
 use super::lease::{Lease, PooledBody};
 use super::wire::WireError;
+use crate::proxy::headers::HopFields;
 use crate::proxy::health::{Failure, TargetHealth};
 use crate::proxy::tls::TlsDialer;
 
@@ -134,11 +135,12 @@ impl ConnectionPool {
     ///
     /// Not an `async fn`, which would keep a second copy of the request in its future (see `Policy::serve`).
     #[allow(clippy::manual_async_fn)]
-    pub fn send(
-        &self,
+    pub fn send<'a>(
+        &'a self,
         mut request: Request<Body>,
+        hop: &'a HopFields,
         deadline: Instant,
-    ) -> impl Future<Output = Sent> + Send + use<'_> {
+    ) -> impl Future<Output = Sent> + Send + use<'a> {
         async move {
             let mut fresh = false;
             loop {
@@ -153,8 +155,12 @@ impl ConnectionPool {
                 };
                 let mut timer = take_head_timer(&mut connection.head_timer, deadline);
                 let read_before = connection.read;
-                let exchanged =
-                    before(timer.as_mut(), deadline, connection.exchange(&mut request)).await;
+                let exchanged = before(
+                    timer.as_mut(),
+                    deadline,
+                    connection.exchange(&mut request, hop),
+                )
+                .await;
                 connection.head_timer = Some(timer);
                 let failed = match exchanged {
                     None => return Err(TimedOut),

@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::{ConnectionPool, PoolSettings, SendError};
+use crate::proxy::headers::HopFields;
 use crate::proxy::health::TargetHealth;
 use crate::proxy::HealthSettings;
 
@@ -23,7 +24,8 @@ impl ConnectionPool {
         request: Request<Body>,
     ) -> Result<Response<Body>, super::send::Unanswered> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(3600);
-        self.send(request, deadline)
+        let hop = HopFields::default();
+        self.send(request, &hop, deadline)
             .await
             .expect("answered in time")
     }
@@ -337,17 +339,22 @@ fn delayed(delay: Duration) -> Request<Body> {
 async fn each_request_on_a_reused_connection_waits_until_its_own_deadline() {
     let (upstream, pool) = keep_alive_pool(16, Duration::from_secs(60)).await;
     let timeout = Duration::from_millis(1500);
-    let first = pool.send(request("GET"), tokio::time::Instant::now() + timeout);
+    let hop = HopFields::default();
+    let first = pool.send(request("GET"), &hop, tokio::time::Instant::now() + timeout);
     read_all(first.await.expect("in time").expect("response")).await;
     // The first request's deadline is 1.5 s from its start; this one starts 0.9 s later and is answered 1 s after
     // that, past the first one's deadline and before its own.
     tokio::time::sleep(Duration::from_millis(900)).await;
     let delay = Duration::from_millis(1000);
-    let second = pool.send(delayed(delay), tokio::time::Instant::now() + timeout);
+    let second = pool.send(delayed(delay), &hop, tokio::time::Instant::now() + timeout);
     read_all(second.await.expect("in time").expect("response")).await;
     // On the same connection again, an answer 2.5 s away is past this request's deadline.
     let started = tokio::time::Instant::now();
-    let third = pool.send(delayed(Duration::from_millis(2500)), started + timeout);
+    let third = pool.send(
+        delayed(Duration::from_millis(2500)),
+        &hop,
+        started + timeout,
+    );
     assert!(third.await.is_err(), "no answer within the timeout");
     let waited = started.elapsed();
     assert!(

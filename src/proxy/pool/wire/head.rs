@@ -13,6 +13,7 @@ use smallvec::SmallVec;
 use super::decode::Decoder;
 use super::upload::Framing;
 use super::WireError;
+use crate::proxy::headers::HopFields;
 
 /// Header fields an answer may have (hyper's limit too).
 const MAX_HEADERS: usize = 100;
@@ -31,11 +32,13 @@ pub(in crate::proxy::pool) struct ResponseHead {
     pub(in crate::proxy::pool) keep_alive: bool,
 }
 
-/// Writes `request`'s head into `out` (cleared first) and says how its body goes: a `Content-Length` the request
-/// carries is kept; a body of known size without one gets one; any other body is chunked. The request's own
-/// `Transfer-Encoding` (a hop-by-hop field, normally removed already) is never written: the framing is this hop's.
+/// Writes `request`'s head into `out` (cleared first), with tollgate's fields about the hop (`hop`) after the
+/// request's own, and says how its body goes: a `Content-Length` the request carries is kept; a body of known size
+/// without one gets one; any other body is chunked. The request's own `Transfer-Encoding` (a hop-by-hop field,
+/// normally removed already) is never written: the framing is this hop's.
 pub(in crate::proxy::pool) fn write_request_head(
     request: &Request<Body>,
+    hop: &HopFields,
     out: &mut Vec<u8>,
 ) -> Framing {
     out.clear();
@@ -64,6 +67,7 @@ pub(in crate::proxy::pool) fn write_request_head(
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
+    hop.write(out);
     let body = request.body();
     let framing = if body.is_end_stream() {
         Framing::Empty
@@ -350,7 +354,7 @@ mod tests {
             .body(Body::empty())
             .expect("request");
         assert!(matches!(
-            write_request_head(&request, &mut out),
+            write_request_head(&request, &HopFields::default(), &mut out),
             Framing::Empty
         ));
         assert_eq!(
@@ -361,7 +365,7 @@ mod tests {
             .body(Body::from("12345"))
             .expect("request");
         assert!(matches!(
-            write_request_head(&sized, &mut out),
+            write_request_head(&sized, &HopFields::default(), &mut out),
             Framing::Length(5)
         ));
         assert!(String::from_utf8_lossy(&out).ends_with("content-length: 5\r\n\r\n"));
@@ -370,7 +374,7 @@ mod tests {
             .body(Body::from_stream(stream))
             .expect("request");
         assert!(matches!(
-            write_request_head(&streamed, &mut out),
+            write_request_head(&streamed, &HopFields::default(), &mut out),
             Framing::Chunked
         ));
         assert!(String::from_utf8_lossy(&out).ends_with("transfer-encoding: chunked\r\n\r\n"));
