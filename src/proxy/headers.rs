@@ -302,17 +302,29 @@ pub fn prepare_request(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) {
 /// name, a probe) and their removal with the map.
 #[derive(Debug, Default)]
 pub struct HopFields {
-    forwarded_for: Option<HeaderValue>,
+    forwarded_for: Option<ForwardedFor>,
     /// `X-Forwarded-Proto: http`.
     proto: bool,
     forwarded_host: Option<HeaderValue>,
     via: Option<&'static HeaderValue>,
 }
 
+/// An `X-Forwarded-For` value: the peer alone (the usual case, written out with no text made for it), or a list.
+#[derive(Debug)]
+enum ForwardedFor {
+    Peer(IpAddr),
+    List(HeaderValue),
+}
+
 impl HopFields {
     /// Sets the fields in `headers`: each replaces any the map holds, but `Via`, which is appended.
     pub fn insert_into(self, headers: &mut HeaderMap) {
-        if let Some(value) = self.forwarded_for {
+        let forwarded_for = match self.forwarded_for {
+            Some(ForwardedFor::Peer(peer)) => HeaderValue::try_from(crate::key::ip_text(peer)).ok(),
+            Some(ForwardedFor::List(list)) => Some(list),
+            None => None,
+        };
+        if let Some(value) = forwarded_for {
             headers.insert(&X_FORWARDED_FOR, value);
         }
         if self.proto {
@@ -329,24 +341,53 @@ impl HopFields {
     /// Writes the fields as head lines (`name: value\r\n`) into `out`. The request's map holds none of them but
     /// `Via`, whose line comes after the request's own `Via` lines.
     pub fn write(&self, out: &mut Vec<u8>) {
-        let mut line = |name: &HeaderName, value: &[u8]| {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value);
-            out.extend_from_slice(b"\r\n");
-        };
-        if let Some(value) = &self.forwarded_for {
-            line(&X_FORWARDED_FOR, value.as_bytes());
+        // Each name with its `: ` is one piece of text, and `X-Forwarded-Proto` is one line.
+        match &self.forwarded_for {
+            Some(ForwardedFor::Peer(peer)) => {
+                out.extend_from_slice(b"x-forwarded-for: ");
+                write_ip(out, *peer);
+                out.extend_from_slice(b"\r\n");
+            }
+            Some(ForwardedFor::List(list)) => line(out, b"x-forwarded-for: ", list.as_bytes()),
+            None => {}
         }
         if self.proto {
-            line(&X_FORWARDED_PROTO, HTTP.as_bytes());
+            out.extend_from_slice(b"x-forwarded-proto: http\r\n");
         }
         if let Some(value) = &self.forwarded_host {
-            line(&X_FORWARDED_HOST, value.as_bytes());
+            line(out, b"x-forwarded-host: ", value.as_bytes());
         }
         if let Some(via) = self.via {
-            line(&header::VIA, via.as_bytes());
+            line(out, b"via: ", via.as_bytes());
         }
+    }
+}
+
+/// Writes the head line `start` (a name and `: `) `value` `\r\n`.
+fn line(out: &mut Vec<u8>, start: &[u8], value: &[u8]) {
+    out.extend_from_slice(start);
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Writes [`crate::key::ip_text`] of `ip`, with no `String` made for it.
+fn write_ip(out: &mut Vec<u8>, ip: IpAddr) {
+    let IpAddr::V4(v4) = ip else {
+        use std::io::Write;
+        let _ = write!(out, "{ip}");
+        return;
+    };
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            out.push(b'.');
+        }
+        if octet >= 100 {
+            out.push(b'0' + octet / 100);
+        }
+        if octet >= 10 {
+            out.push(b'0' + octet / 10 % 10);
+        }
+        out.push(b'0' + octet % 10);
     }
 }
 
@@ -363,13 +404,17 @@ pub fn prepare_request_fields(headers: &mut HeaderMap, facts: &ForwardedFacts<'_
     if asks_trailers {
         headers.insert(header::TE, TRAILERS.clone());
     }
-    let peer = crate::key::ip_text(facts.peer);
     let forwarded_for = match (facts.peer_trusted, facts.believed) {
-        (false, _) => HeaderValue::try_from(peer),
+        (false, _) => Ok(ForwardedFor::Peer(facts.peer)),
         (true, ClientIpHeader::XForwardedFor) => {
+            let peer = crate::key::ip_text(facts.peer);
             HeaderValue::try_from(extended_list(headers, &X_FORWARDED_FOR, &peer))
+                .map(ForwardedFor::List)
         }
-        (true, other) => HeaderValue::try_from(translated_list(headers, other, &peer)),
+        (true, other) => {
+            let peer = crate::key::ip_text(facts.peer);
+            HeaderValue::try_from(translated_list(headers, other, &peer)).map(ForwardedFor::List)
+        }
     };
     let mut fields = HopFields::default();
     if let Ok(value) = forwarded_for {
@@ -507,6 +552,21 @@ mod tests {
             version: Version::HTTP_11,
             write_forwarded: false,
             reads_trailers: false,
+        }
+    }
+
+    #[test]
+    fn an_address_is_written_as_its_text() {
+        for ip in [
+            "0.10.100.255",
+            "192.0.2.1",
+            "2001:db8::1",
+            "::ffff:192.0.2.1",
+        ] {
+            let ip: IpAddr = ip.parse().expect("address");
+            let mut out = Vec::new();
+            write_ip(&mut out, ip);
+            assert_eq!(out, crate::key::ip_text(ip).as_bytes());
         }
     }
 
