@@ -5,19 +5,52 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
+use parking_lot::Mutex;
 use tokio::sync::watch;
 
 /// The server's side: signals shutdown and waits for the watched connections.
 #[derive(Debug)]
 pub(super) struct Drain {
+    /// Counts the watchers (its receivers), which `shutdown` waits to see gone.
     signal: watch::Sender<()>,
+    begun: Arc<Begun>,
 }
 
 /// A connection's side: learns of shutdown; the server waits until every watcher is dropped.
 #[derive(Debug)]
 pub(super) struct DrainWatcher {
-    signal: watch::Receiver<()>,
+    /// Held to be counted: the server waits until every one is dropped.
+    _counted: watch::Receiver<()>,
+    begun: Arc<Begun>,
+}
+
+/// Whether shutdown began, and the connections to wake when it does.
+///
+/// Every connection polls it at each of its wakes (two or three a request), so a poll is an atomic load and a
+/// waker comparison: a watch channel's `changed` took its lock and compared wakers under it, about 480
+/// instructions a request.
+#[derive(Debug, Default)]
+struct Begun {
+    flag: AtomicBool,
+    /// The wakers of the connections waiting, by slot; freed slots are reused.
+    waiting: Mutex<Slots>,
+}
+
+#[derive(Debug, Default)]
+struct Slots {
+    wakers: Vec<Option<Waker>>,
+    free: Vec<usize>,
+}
+
+/// Ready once shutdown has begun.
+struct ShutdownBegun<'a> {
+    begun: &'a Begun,
+    /// The slot of the waker registered, and that waker (to tell whether a poll brings another).
+    registered: Option<(usize, Waker)>,
 }
 
 // === impl Drain ===
@@ -26,14 +59,15 @@ impl Drain {
     pub(super) fn new() -> Self {
         Self {
             signal: watch::channel(()).0,
+            begun: Arc::default(),
         }
     }
 
-    /// A watcher for a connection about to be served. Taken from the server's own sender (never a cloned receiver),
-    /// so a watcher made before `shutdown` always sees its signal.
+    /// A watcher for a connection about to be served; one made once shutdown has begun is asked to finish at once.
     pub(super) fn watcher(&self) -> DrainWatcher {
         DrainWatcher {
-            signal: self.signal.subscribe(),
+            _counted: self.signal.subscribe(),
+            begun: Arc::clone(&self.begun),
         }
     }
 
@@ -55,7 +89,7 @@ impl Drain {
 
     /// Tells every watched connection to finish, then waits until all have.
     pub(super) async fn shutdown(&self) {
-        let _ = self.signal.send(());
+        self.begun.begin();
         self.signal.closed().await;
     }
 }
@@ -67,7 +101,7 @@ impl DrainWatcher {
     /// flight and close (hyper's `graceful_shutdown`), and it is run to that end. Pinned by the caller: taken by
     /// value, it would be held twice in this future (as the argument and pinned), for as long as it is served.
     pub(super) async fn watch<C: Future>(
-        mut self,
+        self,
         mut connection: Pin<&mut C>,
         start_draining: impl FnOnce(Pin<&mut C>),
     ) -> C::Output {
@@ -75,13 +109,86 @@ impl DrainWatcher {
             // The connection first: under load it is the one with work, and the signal comes once.
             biased;
             output = connection.as_mut() => return output,
-            _ = self.signal.changed() => {}
+            () = self.begun.wait() => {}
         }
         start_draining(connection.as_mut());
         let output = connection.await;
         // Held until here: the server waits for the last watcher to go.
         drop(self);
         output
+    }
+}
+
+// === impl Begun ===
+
+impl Begun {
+    fn wait(&self) -> ShutdownBegun<'_> {
+        ShutdownBegun {
+            begun: self,
+            registered: None,
+        }
+    }
+
+    /// Sets the flag, then wakes whoever registered before it was set (a registration checks the flag again under
+    /// the lock, so none is missed).
+    fn begin(&self) {
+        self.flag.store(true, Ordering::Release);
+        let wakers = std::mem::take(&mut self.waiting.lock().wakers);
+        for waker in wakers.into_iter().flatten() {
+            waker.wake();
+        }
+    }
+
+    fn has_begun(&self) -> bool {
+        self.flag.load(Ordering::Acquire)
+    }
+}
+
+impl Future for ShutdownBegun<'_> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.begun.has_begun() {
+            return Poll::Ready(());
+        }
+        if let Some((_, waker)) = &self.registered {
+            if waker.will_wake(cx.waker()) {
+                return Poll::Pending;
+            }
+        }
+        let mut waiting = self.begun.waiting.lock();
+        if self.begun.has_begun() {
+            return Poll::Ready(());
+        }
+        let waker = cx.waker().clone();
+        let slot = match self.registered {
+            Some((slot, _)) => slot,
+            None => match waiting.free.pop() {
+                Some(slot) => slot,
+                None => {
+                    waiting.wakers.push(None);
+                    waiting.wakers.len() - 1
+                }
+            },
+        };
+        waiting.wakers[slot] = Some(waker.clone());
+        drop(waiting);
+        self.registered = Some((slot, waker));
+        Poll::Pending
+    }
+}
+
+impl Drop for ShutdownBegun<'_> {
+    fn drop(&mut self) {
+        let Some((slot, _)) = self.registered.take() else {
+            return;
+        };
+        let mut waiting = self.begun.waiting.lock();
+        // Once shutdown began the slots are gone with the wakers they held.
+        if let Some(held) = waiting.wakers.get_mut(slot) {
+            *held = None;
+            waiting.free.push(slot);
+        }
     }
 }
 
@@ -139,6 +246,50 @@ mod tests {
             .await
             .expect("shutdown ends with the tunnel")
             .expect("shutdown");
+    }
+
+    #[tokio::test]
+    async fn a_connection_served_once_shutdown_has_begun_is_asked_to_finish_at_once() {
+        let drain = Drain::new();
+        // One connection waits through shutdown, and its slot is given back when it ends.
+        let before = drain.watcher();
+        let (finish, finished) = oneshot::channel::<()>();
+        let first =
+            tokio::spawn(
+                async move { before.watch(std::pin::pin!(finished), |_| {}).await.is_ok() },
+            );
+        tokio::task::yield_now().await;
+        let shutdown = {
+            let begun = Arc::clone(&drain.begun);
+            tokio::spawn(async move { begun.begin() })
+        };
+        shutdown.await.expect("begun");
+        let (asked, was_asked) = oneshot::channel::<()>();
+        let output = drain
+            .watcher()
+            .watch(std::pin::pin!(async { 7 }), move |_| {
+                let _ = asked.send(());
+            })
+            .await;
+        assert_eq!(output, 7);
+        // A connection that ends at its first poll is never asked; one that is still serving is.
+        assert!(was_asked.await.is_err());
+        let late = drain.watcher();
+        let (asked, was_asked) = oneshot::channel::<()>();
+        let (_keep, pending) = oneshot::channel::<()>();
+        let late = tokio::spawn(async move {
+            late.watch(std::pin::pin!(pending), move |_| {
+                let _ = asked.send(());
+            })
+            .await
+        });
+        tokio::time::timeout(Duration::from_secs(5), was_asked)
+            .await
+            .expect("asked at once")
+            .expect("asked");
+        late.abort();
+        finish.send(()).expect("finish");
+        assert!(first.await.expect("first"));
     }
 
     #[tokio::test]
