@@ -385,7 +385,7 @@ impl Policy {
     /// Whether the policy has nothing to decide, add or keep for any request: no limits and no consumers. Every
     /// capability that acts on admitted requests lives in one of these two (work kept for after the answer comes
     /// from limits), so that a route without either pays nothing for admission.
-    pub(super) fn decides_nothing(&self) -> bool {
+    pub(crate) fn decides_nothing(&self) -> bool {
         #[cfg(test)]
         if self.after_answer.is_some() {
             return false;

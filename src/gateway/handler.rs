@@ -290,6 +290,9 @@ impl Gateway {
             }
             let forward = |request| self.act(compiled, route, request, &canonical, peer);
             let served = match route.policy.usage() {
+                // Nothing to decide (no limits, no consumers): forwarded from here, as `serve` would at once. Its
+                // future, holding the request and then the forwarding's, is a level the request is not moved through.
+                None if route.policy.decides_nothing() => forward(request).await,
                 None => {
                     route
                         .policy
