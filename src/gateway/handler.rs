@@ -1,7 +1,7 @@
 //! The request path: route, key, limiter, then the route's action or a refusal.
 
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -253,79 +253,6 @@ impl Gateway {
         None
     }
 
-    /// Routes, limits and answers one request; returns the matched route, if any, with the response.
-    ///
-    /// Everything below reads the request through its canonical form (see the README's security model): the route is matched on, the
-    /// keys are built from and the upstream receives the same method, host and path.
-    ///
-    /// Not an `async fn`, which would keep a second copy of the request in its future (see `Policy::serve`).
-    #[allow(clippy::manual_async_fn)]
-    fn route_request<'r>(
-        &'r self,
-        compiled: &'r CompiledConfig,
-        mut request: Request<Body>,
-        peer: SocketAddr,
-        client_ip: IpAddr,
-    ) -> impl std::future::Future<Output = (Option<&'r Route>, Response<Body>)> + Send + use<'r>
-    {
-        async move {
-            if let Some(early) = self.answer_before_routing(compiled, &mut request) {
-                return (None, early);
-            }
-            // The request goes upstream by value while its path is still needed: a clone of the target shares its
-            // bytes, where an owned path would be a copy.
-            let uri = request.uri().clone();
-            let (canonical, route) = match read(compiled, &request, &uri) {
-                Ok(reading) => reading,
-                Err(refusal) => return (None, answer(refusal.into(), None)),
-            };
-            let Some(route) = route else {
-                let path = canonical.path.into_owned();
-                return (None, answer(Refusal::NoRoute { path }, None));
-            };
-            if let Some(field) = &canonical.host_field {
-                request
-                    .headers_mut()
-                    .insert(http::header::HOST, field.clone());
-            }
-            let forward = |request| self.act(compiled, route, request, &canonical, peer);
-            let served = match route.policy.usage() {
-                // Nothing to decide (no limits, no consumers): forwarded from here, as `serve` would at once. Its
-                // future, holding the request and then the forwarding's, is a level the request is not moved through.
-                None if route.policy.decides_nothing() => forward(request).await,
-                None => {
-                    route
-                        .policy
-                        .serve(
-                            &self.limiter,
-                            &canonical,
-                            client_ip,
-                            request,
-                            NoReservation,
-                            forward,
-                        )
-                        .await
-                }
-                // Boxed: a route without usage: carries no room for a body's reading and its reservation.
-                Some(usage) => {
-                    let serving: super::usage::Serving<'_> = Box::pin(super::usage::serve(
-                        &self.limiter,
-                        &route.policy,
-                        usage,
-                        &canonical,
-                        client_ip,
-                        request,
-                        forward,
-                    ));
-                    serving.await
-                }
-            };
-            // A failure's answer (an upstream unreachable, a client body that broke) is the gateway's own: it carries
-            // no rate-limit fields.
-            (Some(route), served.unwrap_or_else(|failure| failure))
-        }
-    }
-
     /// Does what `route` does with an admitted `request`: answers it directly, or forwards it upstream. `Err` is
     /// the answer to a failure (the client's body, the upstream).
     ///
@@ -450,9 +377,66 @@ where
             gateway.tracer.as_ref(),
         );
         let http1 = request.version() <= Version::HTTP_11;
-        let (route, mut response) = gateway
-            .route_request(&compiled, request, peer, client_ip)
-            .await;
+        // Routed, limited and answered here, not in a future of its own: the request, moved into one, was copied
+        // twice more (into it, and it into this one). Everything below reads the request through its canonical form
+        // (see the README's security model): the route is matched on, the keys are built from and the upstream
+        // receives the same method, host and path.
+        let (route, mut response) = 'routed: {
+            if let Some(early) = gateway.answer_before_routing(&compiled, &mut request) {
+                break 'routed (None, early);
+            }
+            // The request goes upstream by value while its path is still needed: a clone of the target shares its
+            // bytes, where an owned path would be a copy.
+            let uri = request.uri().clone();
+            let (canonical, route) = match read(&compiled, &request, &uri) {
+                Ok(reading) => reading,
+                Err(refusal) => break 'routed (None, answer(refusal.into(), None)),
+            };
+            let Some(route) = route else {
+                let path = canonical.path.into_owned();
+                break 'routed (None, answer(Refusal::NoRoute { path }, None));
+            };
+            if let Some(field) = &canonical.host_field {
+                request
+                    .headers_mut()
+                    .insert(http::header::HOST, field.clone());
+            }
+            let forward = |request| gateway.act(&compiled, route, request, &canonical, peer);
+            let served = match route.policy.usage() {
+                // Nothing to decide (no limits, no consumers): forwarded from here, as `serve` would at once. Its
+                // future, holding the request and then the forwarding's, is a level the request is not moved through.
+                None if route.policy.decides_nothing() => forward(request).await,
+                None => {
+                    route
+                        .policy
+                        .serve(
+                            &gateway.limiter,
+                            &canonical,
+                            client_ip,
+                            request,
+                            NoReservation,
+                            forward,
+                        )
+                        .await
+                }
+                // Boxed: a route without usage: carries no room for a body's reading and its reservation.
+                Some(usage) => {
+                    let serving: super::usage::Serving<'_> = Box::pin(super::usage::serve(
+                        &gateway.limiter,
+                        &route.policy,
+                        usage,
+                        &canonical,
+                        client_ip,
+                        request,
+                        forward,
+                    ));
+                    serving.await
+                }
+            };
+            // A failure's answer (an upstream unreachable, a client body that broke) is the gateway's own: it carries
+            // no rate-limit fields.
+            (Some(route), served.unwrap_or_else(|failure| failure))
+        };
         let status = response.status();
         route
             .map_or(&compiled.unmatched, |r| &r.metrics)
