@@ -262,7 +262,7 @@ impl Gateway {
         &'a self,
         compiled: &'a CompiledConfig,
         route: &'a Route,
-        request: Request<Body>,
+        mut request: Request<Body>,
         canonical: &'a CanonicalRequest<'a>,
         peer: SocketAddr,
     ) -> impl std::future::Future<Output = Result<Response<Body>, Response<Body>>> + use<'a> {
@@ -303,7 +303,6 @@ impl Gateway {
                             .usage()
                             .is_some_and(|usage| usage.reads_trailers()),
                     };
-                    let mut request = request;
                     // Only the trail is held across the wait: every request's future has room for what is.
                     let trail = Trail::of(&request).cloned();
                     if let Some(trail) = &trail {
