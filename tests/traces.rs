@@ -506,8 +506,13 @@ async fn a_collector_that_is_down_costs_dropped_spans_not_requests() {
         "{}",
         metrics_text(&gateway.admin_url("")).await
     );
+    // The counter moves before the warning is written, and the log is read from the process's stderr as it comes.
     assert!(
-        gateway.log().contains("spans not exported"),
+        eventually(Duration::from_secs(10), async || gateway
+            .log()
+            .contains("spans not exported"))
+        .await
+        .is_some(),
         "{}",
         gateway.log()
     );
