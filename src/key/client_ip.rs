@@ -112,22 +112,59 @@ pub fn ip_text(ip: IpAddr) -> String {
 
 /// Appends [`ip_text`] of `ip` to `out`.
 pub fn push_ip_text(out: &mut String, ip: IpAddr) {
-    let IpAddr::V4(v4) = ip else {
+    write_ip(out, ip);
+}
+
+/// Appends [`ip_text`] of `ip` to `out` as bytes: a message head being written.
+pub fn push_ip_bytes(out: &mut Vec<u8>, ip: IpAddr) {
+    write_ip(out, ip);
+}
+
+/// Where an address's text goes: a `String` (a key, a log line) or a message head's bytes.
+trait TextOut {
+    fn push_ascii(&mut self, byte: u8);
+    fn push_display(&mut self, ip: IpAddr);
+}
+
+impl TextOut for String {
+    fn push_ascii(&mut self, byte: u8) {
+        self.push(char::from(byte));
+    }
+
+    fn push_display(&mut self, ip: IpAddr) {
         use fmt::Write;
-        let _ = write!(out, "{ip}");
+        let _ = write!(self, "{ip}");
+    }
+}
+
+impl TextOut for Vec<u8> {
+    fn push_ascii(&mut self, byte: u8) {
+        self.push(byte);
+    }
+
+    fn push_display(&mut self, ip: IpAddr) {
+        use std::io::Write;
+        let _ = write!(self, "{ip}");
+    }
+}
+
+/// IPv4 digit by digit, into the destination itself; IPv6 as `Display` writes it.
+fn write_ip(out: &mut impl TextOut, ip: IpAddr) {
+    let IpAddr::V4(v4) = ip else {
+        out.push_display(ip);
         return;
     };
     for (i, octet) in v4.octets().into_iter().enumerate() {
         if i > 0 {
-            out.push('.');
+            out.push_ascii(b'.');
         }
         if octet >= 100 {
-            out.push(char::from(b'0' + octet / 100));
+            out.push_ascii(b'0' + octet / 100);
         }
         if octet >= 10 {
-            out.push(char::from(b'0' + octet / 10 % 10));
+            out.push_ascii(b'0' + octet / 10 % 10);
         }
-        out.push(char::from(b'0' + octet % 10));
+        out.push_ascii(b'0' + octet % 10);
     }
 }
 
@@ -250,9 +287,13 @@ mod tests {
             "192.0.2.45",
             "::1",
             "2001:db8::ff00:42:8329",
+            "::ffff:192.0.2.1",
         ] {
             let ip: IpAddr = ip.parse().expect("address");
             assert_eq!(ip_text(ip), ip.to_string());
+            let mut bytes = Vec::new();
+            push_ip_bytes(&mut bytes, ip);
+            assert_eq!(bytes, ip.to_string().as_bytes());
         }
         for n in (0..=u32::MAX).step_by(16_777_259) {
             let ip = IpAddr::from(n.to_be_bytes());

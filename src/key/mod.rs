@@ -9,7 +9,9 @@ mod spec;
 mod store_key;
 
 pub use client_cert::ClientCertificate;
-pub use client_ip::{believed_hops, ip_text, push_ip_text, ClientIpHeader, ClientIpResolver};
+pub use client_ip::{
+    believed_hops, ip_text, push_ip_bytes, push_ip_text, ClientIpHeader, ClientIpResolver,
+};
 pub use limit::{Counts, LimitSettings, StatusSet, TokenKind};
 pub use spec::{
     names_parameter, push_client_key, push_key_text, query_parameter, trimmed_value, AmbiguousKey,
