@@ -115,4 +115,17 @@ impl server::Handler for Served {
         };
         handle_on(gateway, request, peer, prepare)
     }
+
+    /// As `handle`, for a request without a body: nothing to read, nothing to time.
+    #[inline]
+    fn handle_bodiless(
+        served: Option<Self>,
+        request: Request<()>,
+        peer: SocketAddr,
+    ) -> impl Future<Output = Result<Response<Body>, Infallible>> + Send + 'static {
+        let gateway = served.map(|served| served.gateway);
+        handle_on(gateway, request, peer, |request: Request<()>| {
+            request.map(|()| Body::empty())
+        })
+    }
 }

@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 use super::drain::DrainWatcher;
 use super::h2_clock::{Activity, HeaderClock, IdleClosing, Tracked};
 use super::handler::BoxError;
-use super::http1::Http1Connection;
+use super::http1::{Http1Connection, Limits};
 use super::idle::ConnectionClock;
 use super::{Handler, Settings};
 
@@ -45,6 +45,18 @@ macro_rules! requests {
     }};
 }
 pub(super) use requests;
+
+/// [`requests!`] for the plain requests a connection reads itself (no body).
+macro_rules! bodiless_requests {
+    ($handler:expr, $peer:expr, $max_header_bytes:expr) => {{
+        let (handler, peer, max_header_bytes) = ($handler, $peer, $max_header_bytes);
+        move |request: hyper::Request<()>| {
+            let handler = ($crate::server::connection::head_bytes(&request) <= max_header_bytes)
+                .then(|| handler.clone());
+            H::handle_bodiless(handler, request, peer)
+        }
+    }};
+}
 
 /// The two ways a connection is served, built once.
 pub(super) struct Builders {
@@ -126,7 +138,7 @@ pub(super) async fn serve_connection<H: Handler>(
 ) {
     let accepted = std::time::Instant::now();
     let opening = sniff(&stream, header_read_timeout).await;
-    let service = service_fn(requests!(handler, peer, builders.max_header_bytes));
+    let service = service_fn(requests!(handler.clone(), peer, builders.max_header_bytes));
     let result = match opening {
         Opening::Http1 => {
             let (clock, stream) = ConnectionClock::new(
@@ -134,13 +146,26 @@ pub(super) async fn serve_connection<H: Handler>(
                 builders.keepalive_timeout,
                 builders.header_read_timeout,
             );
-            // Served by hyper while requests come, by the socket alone while it rests between them.
-            let connection = Http1Connection::new(stream, service, builders.http1.clone(), clock);
+            // Served directly while requests are plain, by hyper for any other, by the socket alone while it
+            // rests between them.
+            let direct = bodiless_requests!(handler, peer, builders.max_header_bytes);
+            let limits = Limits {
+                max_header_bytes: builders.max_header_bytes,
+                keepalive_timeout: builders.keepalive_timeout,
+                header_read_timeout: builders.header_read_timeout,
+            };
+            let connection = Http1Connection::new(
+                stream,
+                service,
+                direct,
+                builders.http1.clone(),
+                clock,
+                limits,
+            );
             let connection = std::pin::pin!(connection);
             watcher
                 .watch(connection, Http1Connection::graceful_shutdown)
                 .await
-                .map_err(BoxError::from)
         }
         Opening::MaybeHttp2 => {
             let stream = HeaderClock::new(stream, accepted, header_read_timeout);

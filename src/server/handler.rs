@@ -29,4 +29,12 @@ pub trait Handler: Clone + Send + Sync + Unpin + 'static {
         request: Request<Incoming>,
         peer: SocketAddr,
     ) -> impl Future<Output = Result<Response<Self::Body>, Infallible>> + Send + 'static;
+
+    /// Answers `request`, a request with no body that the connection read itself (see `direct.rs`), as
+    /// [`handle`](Self::handle) does.
+    fn handle_bodiless(
+        handler: Option<Self>,
+        request: Request<()>,
+        peer: SocketAddr,
+    ) -> impl Future<Output = Result<Response<Self::Body>, Infallible>> + Send + 'static;
 }

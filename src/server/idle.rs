@@ -59,8 +59,6 @@ struct Marks {
     rest_due: AtomicBool,
     /// Set while hyper's connection is closed to be put aside: its shutdown of the stream is not done.
     setting_aside: AtomicBool,
-    /// Set when a hyper connection takes over from a rest: its wait for a head goes on from the rest's.
-    resumed: AtomicBool,
     /// The two timeouts and `REST_AFTER`, in microseconds: the deadlines are worked out in whole microseconds from
     /// `base` and made an `Instant` once, as they are every request.
     keepalive_micros: u64,
@@ -98,7 +96,6 @@ impl ConnectionClock {
             reading_head: AtomicUsize::new(0),
             rest_due: AtomicBool::new(false),
             setting_aside: AtomicBool::new(false),
-            resumed: AtomicBool::new(false),
             keepalive_micros: micros(keepalive_timeout),
             header_read_micros: micros(header_read_timeout),
             header_read_timeout,
@@ -146,10 +143,9 @@ impl ConnectionClock {
         self.marks.spare.lock().take();
     }
 
-    /// A new hyper connection takes over from a rest: the wait for a head goes on, not from now.
-    pub(super) fn resume(&self) {
-        self.marks.rest_due.store(false, Ordering::Relaxed);
-        self.marks.resumed.store(true, Ordering::Relaxed);
+    /// A hyper connection takes over a head the connection read directly: its wait for the head starts now.
+    pub(super) fn hand_over(&self) {
+        self.marks.start_waiting(Instant::now());
     }
 
     /// The sleep of a wait for a request head that began at `now`.
@@ -200,11 +196,8 @@ impl Marks {
 
     /// A wait for a head begins at `now`.
     fn start_waiting(&self, now: Instant) {
-        // After a rest the wait began before it, and nothing of a head had come then.
-        if !self.resumed.swap(false, Ordering::Relaxed) {
-            self.waiting_since
-                .store(self.micros_since_base(now), Ordering::Relaxed);
-        }
+        self.waiting_since
+            .store(self.micros_since_base(now), Ordering::Relaxed);
         self.head_since.store(0, Ordering::Relaxed);
         self.rest_due.store(false, Ordering::Relaxed);
     }
@@ -470,8 +463,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_connection_rests_only_while_nothing_of_a_head_has_come_and_a_rest_keeps_its_keepalive_clock(
-    ) {
+    fn a_connection_rests_only_while_nothing_of_a_head_has_come_and_a_hand_over_starts_a_new_wait()
+    {
         let keepalive = Duration::from_secs(75);
         let (clock, _stream) = ConnectionClock::new((), keepalive, Duration::from_secs(10));
         let marks = &clock.marks;
@@ -483,13 +476,16 @@ mod tests {
         assert_eq!(marks.next_wake(), (waiting + keepalive, false));
         assert_eq!(clock.rest_deadline(), waiting + keepalive);
 
-        // A new hyper connection after the rest: its wait goes on from the rest's, so the time to rest and
-        // keepalive_timeout still count from the last answer (a wake-up with no bytes rests again at once).
-        clock.resume();
+        // A hyper connection takes over a head read directly: its wait starts then, not at the last answer.
         std::thread::sleep(Duration::from_millis(5));
-        marks.start_waiting(Instant::now());
+        clock.hand_over();
         assert!(!clock.rest_due());
-        assert_eq!(marks.next_wake(), (waiting + REST_AFTER, true));
+        let (wake, rest) = marks.next_wake();
+        assert!(rest);
+        assert!(
+            wake >= waiting + REST_AFTER + Duration::from_millis(5),
+            "{wake:?}"
+        );
         // Its first byte: header_read_timeout from then, and no rest while the head comes.
         marks.rest_due.store(true, Ordering::Relaxed);
         marks.on_read(1);

@@ -3,6 +3,7 @@
 
 mod connection;
 mod descriptors;
+mod direct;
 mod drain;
 mod h2_clock;
 mod handler;

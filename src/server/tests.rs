@@ -33,6 +33,18 @@ impl Handler for Echo {
         }
         Ok(response)
     }
+
+    async fn handle_bodiless(
+        handler: Option<Self>,
+        _request: Request<()>,
+        peer: SocketAddr,
+    ) -> Result<Response<Full<Bytes>>, Infallible> {
+        let mut response = Response::new(Full::new(Bytes::from(peer.ip().to_string())));
+        if handler.is_none() {
+            *response.status_mut() = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
+        }
+        Ok(response)
+    }
 }
 
 /// Sends `request` on a new connection to `address` and reads the answer until the server closes.
