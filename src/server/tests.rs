@@ -6,7 +6,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -15,35 +17,66 @@ use tokio::sync::oneshot;
 
 use super::{serve, Handler, Settings, Shutdown};
 
-/// Answers with the peer it was handed, or 431 when handed no handler.
+/// Answers with the peer it was handed, or 431 when handed no handler; `served-by` says which side of the server
+/// read the request (`direct` for a plain one, `hyper` for any other). `/slow` waits, and counts in `CANCELLED`
+/// when its future is dropped before it answers.
 #[derive(Debug, Clone)]
 struct Echo;
+
+/// The `/slow` answers dropped before they were made.
+static CANCELLED: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a drop that came before the answer.
+struct Cancelled(bool);
+
+impl Drop for Cancelled {
+    fn drop(&mut self) {
+        if !self.0 {
+            CANCELLED.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Echo {
+    async fn answer(
+        handler: Option<Self>,
+        path: &str,
+        peer: SocketAddr,
+        served_by: &'static str,
+    ) -> Result<Response<Full<Bytes>>, Infallible> {
+        if path == "/slow" {
+            let mut guard = Cancelled(false);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            guard.0 = true;
+        }
+        let mut response = Response::new(Full::new(Bytes::from(peer.ip().to_string())));
+        response
+            .headers_mut()
+            .insert("served-by", HeaderValue::from_static(served_by));
+        if handler.is_none() {
+            *response.status_mut() = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
+        }
+        Ok(response)
+    }
+}
 
 impl Handler for Echo {
     type Body = Full<Bytes>;
 
     async fn handle(
         handler: Option<Self>,
-        _request: Request<Incoming>,
+        request: Request<Incoming>,
         peer: SocketAddr,
     ) -> Result<Response<Full<Bytes>>, Infallible> {
-        let mut response = Response::new(Full::new(Bytes::from(peer.ip().to_string())));
-        if handler.is_none() {
-            *response.status_mut() = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
-        }
-        Ok(response)
+        Self::answer(handler, request.uri().path(), peer, "hyper").await
     }
 
     async fn handle_bodiless(
         handler: Option<Self>,
-        _request: Request<()>,
+        request: Request<()>,
         peer: SocketAddr,
     ) -> Result<Response<Full<Bytes>>, Infallible> {
-        let mut response = Response::new(Full::new(Bytes::from(peer.ip().to_string())));
-        if handler.is_none() {
-            *response.status_mut() = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
-        }
-        Ok(response)
+        Self::answer(handler, request.uri().path(), peer, "direct").await
     }
 }
 
@@ -100,4 +133,109 @@ async fn each_request_goes_to_the_handler_and_a_head_over_the_limit_without_it()
         .expect("drained within 5 s")
         .expect("served")
         .expect("every connection finished");
+}
+
+/// Starts the server with `Echo` on a free port: its address, and the sender that stops it.
+fn start_echo() -> (SocketAddr, oneshot::Sender<()>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let address = listener.local_addr().expect("address");
+    let settings = Settings {
+        header_read_timeout: Duration::from_secs(5),
+        keepalive_timeout: Duration::from_secs(5),
+        max_header_bytes: 1024,
+        shutdown_grace: Duration::from_secs(5),
+    };
+    let (close, closed) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let listener = TcpListener::from_std(listener).expect("listener");
+        let shutdown = Shutdown::default();
+        serve(listener, Echo, &settings, &shutdown, async {
+            let _ = closed.await;
+        })
+        .await
+    });
+    (address, close)
+}
+
+/// Reads answers from `stream` until `count` of them have come whole (each ends with the peer's address).
+async fn read_answers(stream: &mut TcpStream, count: usize) -> String {
+    let mut answers = String::new();
+    let mut buffer = [0u8; 4096];
+    while answers.matches("127.0.0.1").count() < count {
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buffer))
+            .await
+            .expect("answered within 5 s")
+            .expect("read");
+        assert!(read > 0, "closed after: {answers}");
+        answers.push_str(std::str::from_utf8(&buffer[..read]).expect("text"));
+    }
+    answers
+}
+
+#[tokio::test]
+async fn plain_requests_are_answered_directly_and_any_other_by_hyper_on_the_same_connection() {
+    let (address, _close) = start_echo();
+    let mut stream = TcpStream::connect(address).await.expect("connect");
+    // Two plain requests sent at once: both answered directly, in order, framed by their length.
+    stream
+        .write_all(b"GET /a HTTP/1.1\r\nhost: a\r\n\r\nDELETE /b HTTP/1.1\r\nhost: a\r\ncontent-length: 0\r\n\r\n")
+        .await
+        .expect("write");
+    let answers = read_answers(&mut stream, 2).await;
+    assert_eq!(
+        answers.matches("served-by: direct\r\n").count(),
+        2,
+        "{answers}"
+    );
+    assert_eq!(
+        answers.matches("content-length: 9\r\n").count(),
+        2,
+        "{answers}"
+    );
+    assert_eq!(answers.matches("\r\ndate: ").count(), 2, "{answers}");
+
+    // A body, then a plain request behind it: hyper takes the connection from the body's head on.
+    stream
+        .write_all(b"POST /c HTTP/1.1\r\nhost: a\r\ncontent-length: 3\r\n\r\nabcGET /d HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .expect("write");
+    let answers = read_answers(&mut stream, 2).await;
+    assert_eq!(
+        answers.matches("served-by: hyper\r\n").count(),
+        2,
+        "{answers}"
+    );
+
+    // Each kind of request that is not plain goes to hyper, on a connection of its own.
+    for head in [
+        "GET / HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n",
+        "GET / HTTP/1.0\r\n\r\n",
+        "HEAD / HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n",
+        "PUT / HTTP/1.1\r\nhost: a\r\nexpect: 100-continue\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+    ] {
+        let answer = exchange(address, head).await;
+        assert!(answer.contains("served-by: hyper\r\n"), "{head:?}: {answer}");
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_while_its_plain_request_is_answered_cancels_it() {
+    let (address, _close) = start_echo();
+    let before = CANCELLED.load(Ordering::SeqCst);
+    let mut stream = TcpStream::connect(address).await.expect("connect");
+    stream
+        .write_all(b"GET /slow HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .expect("write");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(stream);
+    let cancelled = async {
+        while CANCELLED.load(Ordering::SeqCst) == before {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(1), cancelled)
+        .await
+        .expect("the answer's future was dropped well before it would have finished");
 }
