@@ -61,6 +61,7 @@ pub mod key;
 #[cfg(feature = "layer")]
 pub mod layer;
 pub use tollgate_limiter as limiter;
+pub mod head_lines;
 pub mod proxy;
 #[cfg(feature = "gateway")]
 pub mod reload;

@@ -593,3 +593,107 @@ async fn bodies_over_max_body_bytes_are_413_declared_or_streamed() {
         assert!(answer.contains("body_too_large"), "{path}: {answer}");
     }
 }
+
+/// An upstream that answers every request with rate-limit fields of its own.
+async fn upstream_with_its_own_rate_limit_fields() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut read = Vec::new();
+                let mut buffer = [0u8; 4096];
+                loop {
+                    let Ok(n) = stream.read(&mut buffer).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    read.extend_from_slice(&buffer[..n]);
+                    // Each request's head, and the body a POST of this test sends ("abc").
+                    while let Some(end) = read.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&read[..end]).to_lowercase();
+                        let body = if head.contains("content-length: 3") {
+                            3
+                        } else {
+                            0
+                        };
+                        if read.len() < end + 4 + body {
+                            break;
+                        }
+                        read.drain(..end + 4 + body);
+                        let answer = "HTTP/1.1 200 OK\r\nX-RateLimit-Limit: 999\r\nx-ratelimit-remaining: 998\r\n\
+                                      RateLimit: \"theirs\";r=998;t=1\r\nratelimit-policy: \"theirs\";q=999;w=1\r\n\
+                                      content-length: 2\r\n\r\nok";
+                        if stream.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_upstream_s_own_rate_limit_fields_give_way_to_the_gateway_s() {
+    let upstream = upstream_with_its_own_rate_limit_fields().await;
+    let gateway = start_gateway(&format!(
+        r#"listen: 127.0.0.1:0
+store:
+  backend: memory
+upstreams:
+  backend:
+    targets: ["http://{upstream}"]
+routes:
+  - name: api
+    match: {{ path_prefix: /api }}
+    upstream: backend
+    limits:
+      - {{ name: per-ip, key: ip, algorithm: fixed_window, limit: 10, period: 1m }}
+"#
+    ))
+    .await;
+    let client = client();
+    // A GET (which the server reads and answers itself) and a POST with a body (which hyper serves).
+    for (i, request) in [
+        client.get(gateway.url("/api/a")),
+        client.post(gateway.url("/api/b")).body("abc"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let response = request.send().await.expect("answered");
+        assert_eq!(response.status(), 200);
+        let headers = response.headers();
+        let all = |name: &str| -> Vec<String> {
+            headers
+                .get_all(name)
+                .iter()
+                .map(|value| value.to_str().expect("text").to_owned())
+                .collect()
+        };
+        assert_eq!(all("x-ratelimit-limit"), ["10"], "request {i}");
+        assert_eq!(
+            all("x-ratelimit-remaining"),
+            [(9 - i).to_string()],
+            "request {i}"
+        );
+        assert_eq!(
+            all("ratelimit-policy"),
+            ["\"per-ip\";q=10;w=60"],
+            "request {i}"
+        );
+        let rate_limit = all("ratelimit");
+        assert_eq!(rate_limit.len(), 1, "request {i}: {rate_limit:?}");
+        assert!(
+            rate_limit[0].starts_with("\"per-ip\";r="),
+            "request {i}: {rate_limit:?}"
+        );
+        assert_eq!(response.text().await.expect("body"), "ok");
+    }
+}

@@ -5,6 +5,7 @@ use std::sync::OnceLock;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
+use crate::head_lines::HeadLines;
 use crate::limiter::{Decision, Limit};
 
 static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -62,48 +63,108 @@ impl Advertised {
     }
 }
 
+/// Where the rate-limit fields go: an answer's map, or the head lines the server's own HTTP/1.1 writer copies
+/// after the map's fields ([`HeadLines`]). One rendering for both, so that they say the same.
+pub(crate) trait Fields {
+    /// Makes room for `count` more fields.
+    fn reserve(&mut self, count: usize);
+    /// `name: value`, in place of any field of that name.
+    fn value(&mut self, name: &'static HeaderName, value: &HeaderValue);
+    /// `name: n`.
+    fn number(&mut self, name: &'static HeaderName, n: u64);
+    /// `RateLimit: <head><remaining>;t=<reset>`, `head` being the item's start (`"<name>";r=`).
+    fn rate_limit(&mut self, head: &str, remaining: u64, reset: u64);
+}
+
+impl Fields for HeaderMap {
+    fn reserve(&mut self, count: usize) {
+        HeaderMap::reserve(self, count);
+    }
+
+    fn value(&mut self, name: &'static HeaderName, value: &HeaderValue) {
+        self.insert(name, value.clone());
+    }
+
+    fn number(&mut self, name: &'static HeaderName, n: u64) {
+        self.insert(name, number_value(n));
+    }
+
+    fn rate_limit(&mut self, head: &str, remaining: u64, reset: u64) {
+        // Exactly sized, so that it becomes the header's bytes as it is (no copy, no second allocation).
+        let (mut remaining_digits, mut reset_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let (remaining, reset) = (
+            remaining_digits.format(remaining).as_bytes(),
+            reset_digits.format(reset).as_bytes(),
+        );
+        let mut current = Vec::with_capacity(head.len() + remaining.len() + 3 + reset.len());
+        current.extend_from_slice(head.as_bytes());
+        current.extend_from_slice(remaining);
+        current.extend_from_slice(b";t=");
+        current.extend_from_slice(reset);
+        if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(current)) {
+            self.insert(&RATELIMIT, value);
+        }
+    }
+}
+
+impl Fields for HeadLines {
+    fn reserve(&mut self, _count: usize) {}
+
+    fn value(&mut self, name: &'static HeaderName, value: &HeaderValue) {
+        self.push(name, value.as_bytes());
+    }
+
+    fn number(&mut self, name: &'static HeaderName, n: u64) {
+        self.push(name, itoa::Buffer::new().format(n).as_bytes());
+    }
+
+    fn rate_limit(&mut self, head: &str, remaining: u64, reset: u64) {
+        let (mut remaining_digits, mut reset_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
+        self.push_parts(
+            &RATELIMIT,
+            &[
+                head.as_bytes(),
+                remaining_digits.format(remaining).as_bytes(),
+                b";t=",
+                reset_digits.format(reset).as_bytes(),
+            ],
+        );
+    }
+}
+
+/// Whether `name` is one of the rate-limit fields an answer of tollgate's says (an upstream's own are replaced).
+pub(crate) fn is_rate_limit_field(name: &HeaderName) -> bool {
+    let name = name.as_str();
+    name.starts_with("x-ratelimit-") || name.starts_with("ratelimit")
+}
+
 /// Adds the fields describing `decision`, the one that explains the request's outcome (see
-/// [`Outcome::most_restrictive`](crate::limiter::Outcome::most_restrictive)), to `headers`; `limit` is how its limit
+/// [`Outcome::most_restrictive`](crate::limiter::Outcome::most_restrictive)), to `fields`; `limit` is how its limit
 /// is advertised.
 ///
 /// Runs on every admitted response: what does not change per request was rendered at load, small numbers come
-/// from a table, and the map grows once. `HeaderValue::from(u64)` would cost two allocations a number (a buffer
-/// and the header shared over it) and a `String` for `RateLimit` two more; here `RateLimit` costs one, and a
-/// number one only when it is too large for the table.
-pub(crate) fn apply(
-    headers: &mut HeaderMap,
+/// from a table, and a map grows once. `HeaderValue::from(u64)` would cost two allocations a number (a buffer
+/// and the header shared over it) and a `String` for `RateLimit` two more; into a map, `RateLimit` costs one, and
+/// a number one only when it is too large for the table; as head lines, nothing but the lines' own bytes.
+pub(crate) fn apply<F: Fields>(
+    fields: &mut F,
     policy: Option<&HeaderValue>,
     decision: &Decision,
     limit: &Advertised,
 ) {
     let reset = ceil_seconds(decision.reset_after_ms);
-    headers.reserve(5);
-    let limit_value = if decision.limit == limit.capacity {
-        limit.capacity_value.clone()
+    fields.reserve(5);
+    if decision.limit == limit.capacity {
+        fields.value(&X_RATELIMIT_LIMIT, &limit.capacity_value);
     } else {
-        number_value(decision.limit)
-    };
-    headers.insert(&X_RATELIMIT_LIMIT, limit_value);
-    headers.insert(&X_RATELIMIT_REMAINING, number_value(decision.remaining));
-    headers.insert(&X_RATELIMIT_RESET, number_value(reset));
+        fields.number(&X_RATELIMIT_LIMIT, decision.limit);
+    }
+    fields.number(&X_RATELIMIT_REMAINING, decision.remaining);
+    fields.number(&X_RATELIMIT_RESET, reset);
     if let Some(policy) = policy {
-        headers.insert(&RATELIMIT_POLICY, policy.clone());
+        fields.value(&RATELIMIT_POLICY, policy);
     }
-    // Exactly sized, so that it becomes the header's bytes as it is (no copy, no second allocation).
-    let (mut remaining, mut reset_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
-    let (remaining, reset) = (
-        remaining.format(decision.remaining).as_bytes(),
-        reset_digits.format(reset).as_bytes(),
-    );
-    let head = limit.rate_limit_head.as_bytes();
-    let mut current = Vec::with_capacity(head.len() + remaining.len() + 3 + reset.len());
-    current.extend_from_slice(head);
-    current.extend_from_slice(remaining);
-    current.extend_from_slice(b";t=");
-    current.extend_from_slice(reset);
-    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(current)) {
-        headers.insert(&RATELIMIT, value);
-    }
+    fields.rate_limit(&limit.rate_limit_head, decision.remaining, reset);
 }
 
 static X_RATELIMIT_LIMIT_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-limit-tokens");
@@ -189,6 +250,40 @@ fn ceil_seconds(ms: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The head lines say what the map's fields say, in the same order: the server's own writer and hyper send
+    /// the same answer.
+    #[test]
+    fn head_lines_and_the_map_carry_the_same_fields() {
+        let algorithm = crate::limiter::Algorithm::FixedWindow {
+            limit: 100,
+            period_ms: 60_000,
+        };
+        let limit = Limit::new("per-ip", algorithm, 1).expect("valid limit");
+        let advertised = Advertised::new(&limit);
+        let policy = policy([&limit].into_iter(), None);
+        for (limit, remaining, reset_after_ms) in [(100, 41, 2_500), (7, 0, 1), (100, 123_456, 0)] {
+            let decision = Decision {
+                allowed: true,
+                limit,
+                remaining,
+                retry_after_ms: 0,
+                reset_after_ms,
+                delay_ms: 0,
+                owed: 0,
+            };
+            let mut map = HeaderMap::new();
+            apply(&mut map, policy.as_ref(), &decision, &advertised);
+            let mut lines = HeadLines::default();
+            apply(&mut lines, policy.as_ref(), &decision, &advertised);
+            let from_map: String = map
+                .iter()
+                .map(|(name, value)| format!("{name}: {}\r\n", value.to_str().expect("text")))
+                .collect();
+            assert_eq!(std::str::from_utf8(lines.as_bytes()), Ok(from_map.as_str()));
+            assert!(from_map.contains(&format!("x-ratelimit-remaining: {remaining}\r\n")));
+        }
+    }
 
     #[test]
     fn token_resets_read_as_openai_writes_them() {

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::{HeaderMap, HeaderValue, Request};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use ipnet::IpNet;
 
 use super::after_answer::{AfterAnswer, AnswerGuard};
@@ -20,6 +20,7 @@ use super::slots::{Both, HeldSlots};
 use super::tokens::RouteUsage;
 use super::wait::hold_for_delay;
 use crate::consumers::{Caller, CallerRefusal, ConsumerMode, Consumers};
+use crate::head_lines::{FieldsAs, HeadLines};
 use crate::key::{AmbiguousKey, LimitSettings, RequestFacts};
 use crate::limiter::RateLimiter;
 use crate::top_keys::LimitTop;
@@ -344,11 +345,25 @@ impl Policy {
 
     /// Adds the rate-limit fields of an admitted request to its response's `headers`, unless the policy says not
     /// to; an exempt request (`None`) gets none.
-    pub(super) fn decorate(&self, admitted: Option<&Admitted>, headers: &mut HeaderMap) {
-        if let (true, Some(admitted)) = (self.headers, admitted) {
-            self.limits_for(admitted.caller.as_deref())
-                .decorate(headers, &admitted.checked);
+    pub(super) fn decorate<R>(
+        &self,
+        admitted: Option<&Admitted>,
+        response: &mut Response<R>,
+        fields_as: FieldsAs,
+    ) {
+        let (true, Some(admitted)) = (self.headers, admitted) else {
+            return;
+        };
+        let limits = self.limits_for(admitted.caller.as_deref());
+        if fields_as == FieldsAs::Lines {
+            let mut lines = HeadLines::with_capacity(192);
+            if limits.decorate_lines(&mut lines, &admitted.checked) {
+                take_out_rate_limit_fields(response.headers_mut());
+                response.extensions_mut().insert(lines);
+                return;
+            }
         }
+        limits.decorate(response.headers_mut(), &admitted.checked);
     }
 
     /// Sets the forwarded consumer headers (`consumers.forward`) on the request going upstream: the identified
@@ -457,5 +472,21 @@ impl Policy {
         let policy = self.consumers.as_ref()?;
         let plan = policy.consumers.plans().get(caller.plan?)?;
         Some(plan.name.as_str())
+    }
+}
+
+/// Takes an upstream's own rate-limit fields out of its answer, which carries tollgate's as head lines instead: as
+/// the map's insertions replace them. Rare: one pass over the names finds none nearly always.
+fn take_out_rate_limit_fields(headers: &mut HeaderMap) {
+    if !headers.keys().any(super::headers::is_rate_limit_field) {
+        return;
+    }
+    let names: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| super::headers::is_rate_limit_field(name))
+        .cloned()
+        .collect();
+    for name in names {
+        headers.remove(name);
     }
 }

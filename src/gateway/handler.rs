@@ -18,6 +18,7 @@ use crate::admission::{
 use crate::config::Config;
 use crate::consumers::directory::Directory;
 use crate::consumers::Consumers;
+use crate::head_lines::FieldsAs;
 use crate::limiter::RateLimiter;
 use crate::proxy::{ForwardedFacts, ProxyError};
 use crate::routing::{self, CanonicalRequest};
@@ -217,7 +218,13 @@ impl Gateway {
         request: Request<Body>,
         peer: SocketAddr,
     ) -> impl std::future::Future<Output = Response<Body>> + Send + use<'_> {
-        let answered = handle_on(Some(self), request, peer, std::convert::identity);
+        let answered = handle_on(
+            Some(self),
+            request,
+            peer,
+            std::convert::identity,
+            FieldsAs::Map,
+        );
         async move {
             match answered.await {
                 Ok(response) => response,
@@ -341,6 +348,7 @@ pub(super) fn handle_on<G, B, P>(
     request: Request<B>,
     peer: SocketAddr,
     prepare: P,
+    fields_as: FieldsAs,
 ) -> impl std::future::Future<Output = Result<Response<Body>, Infallible>> + Send + use<G, B, P>
 where
     G: std::ops::Deref<Target = Gateway> + Send,
@@ -415,6 +423,7 @@ where
                             request,
                             NoReservation,
                             forward,
+                            fields_as,
                         )
                         .await
                 }

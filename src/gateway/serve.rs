@@ -9,6 +9,8 @@ use std::time::Duration;
 use axum::body::Body;
 use http::{Request, Response};
 use hyper::body::Incoming;
+
+use crate::head_lines::FieldsAs;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -113,7 +115,7 @@ impl server::Handler for Served {
         let prepare = move |request: Request<Incoming>| {
             request.map(|body| Body::new(ClientBody::new(body, body_read_timeout)))
         };
-        handle_on(gateway, request, peer, prepare)
+        handle_on(gateway, request, peer, prepare, FieldsAs::Map)
     }
 
     /// As `handle`, for a request without a body: nothing to read, nothing to time.
@@ -124,8 +126,8 @@ impl server::Handler for Served {
         peer: SocketAddr,
     ) -> impl Future<Output = Result<Response<Body>, Infallible>> + Send + 'static {
         let gateway = served.map(|served| served.gateway);
-        handle_on(gateway, request, peer, |request: Request<()>| {
-            request.map(|()| Body::empty())
-        })
+        // Its answer's head is written by the server itself: the rate-limit fields go as head lines.
+        let prepare = |request: Request<()>| request.map(|()| Body::empty());
+        handle_on(gateway, request, peer, prepare, FieldsAs::Lines)
     }
 }

@@ -24,6 +24,7 @@ use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::idle::REST_AFTER;
+use crate::head_lines::HeadLines;
 
 /// Fields a request head may have here (hyper's limit too): a head with more is hyper's to refuse.
 const MAX_FIELDS: usize = 100;
@@ -185,9 +186,9 @@ enum Framing {
     UntilClose,
 }
 
-/// The answer's head as hyper would write it for a GET of HTTP/1.1: its status line, its fields (with the framing
-/// its body's size says where the fields do not), a `Date` where it has none, and `Connection: close` when the
-/// connection closes after it. Returns the body's framing and whether the connection closes after the answer.
+/// The answer's head as hyper would write it for a GET of HTTP/1.1: its status line, its fields (then the lines it
+/// carries, [`HeadLines`]), the framing its body's size says where the fields do not, a `Date` where it has none,
+/// and `Connection: close` when the connection closes after it. Returns the body's framing and whether the connection closes after the answer.
 fn write_head<B: Body>(
     response: &Response<B>,
     mut close: bool,
@@ -270,6 +271,10 @@ fn write_head<B: Body>(
             _ => {}
         }
         push_field(out, name, value);
+    }
+    // Fields the handler wrote as lines ahead of time (the rate-limit fields), as they are.
+    if let Some(lines) = response.extensions().get::<HeadLines>() {
+        out.extend_from_slice(lines.as_bytes());
     }
     let framing = match framing {
         Some(framing) => framing,

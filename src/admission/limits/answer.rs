@@ -6,6 +6,7 @@ use http::StatusCode;
 
 use super::super::headers;
 use super::{Checked, LimitSet};
+use crate::head_lines::HeadLines;
 use crate::limiter::Decision;
 
 // === impl LimitSet ===
@@ -50,6 +51,16 @@ impl LimitSet {
         }
     }
 
+    /// As [`decorate`](Self::decorate), as head lines; false, with nothing written, where the fields need a map
+    /// (token limits merge their item into `RateLimit`).
+    pub(crate) fn decorate_lines(&self, lines: &mut HeadLines, checked: &Checked) -> bool {
+        if self.counts_tokens {
+            return false;
+        }
+        self.decorate_requests(lines, checked);
+        true
+    }
+
     /// The fields of the token limit that explains the outcome among the token limits (the longest wait among
     /// those that denied, else the fewest left), as OpenAI's API names them.
     #[inline(never)]
@@ -83,7 +94,7 @@ impl LimitSet {
     }
 
     /// `X-RateLimit-*`, `RateLimit-Policy` and `RateLimit` of the limit that explains the outcome.
-    fn decorate_requests(&self, headers: &mut HeaderMap, checked: &Checked) {
+    fn decorate_requests<F: headers::Fields>(&self, fields: &mut F, checked: &Checked) {
         let Some(index) = self.most_restrictive(checked) else {
             return;
         };
@@ -95,7 +106,7 @@ impl LimitSet {
             let limits = (0..self.limits.len()).map(|i| self.limit_at(i, Some(replaced)));
             let advertised = headers::Advertised::new(self.limit_at(limit, Some(replaced)));
             headers::apply(
-                headers,
+                fields,
                 headers::policy(limits, checked.calendar_at_ms()).as_ref(),
                 &checked.outcome.decisions[index],
                 &advertised,
@@ -110,7 +121,7 @@ impl LimitSet {
             .calendar_at_ms()
             .and_then(|at| headers::policy(self.advertised_limits(), Some(at)));
         headers::apply(
-            headers,
+            fields,
             at_request.as_ref().or(self.policy.as_ref()),
             &checked.outcome.decisions[index],
             advertised,
