@@ -42,6 +42,12 @@ impl HeadLines {
     }
 }
 
+impl AsRef<[u8]> for HeadLines {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 /// Where an entry point wants an answer's rate-limit fields: in its map, or as [`HeadLines`] for the server's own
 /// HTTP/1.1 writer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

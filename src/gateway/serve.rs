@@ -10,7 +10,7 @@ use axum::body::Body;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
-use crate::head_lines::FieldsAs;
+use crate::head_lines::{FieldsAs, HeadLines};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -93,6 +93,7 @@ struct Served {
 
 impl server::Handler for Served {
     type Body = Body;
+    type HeadLines = HeadLines;
 
     /// The gateway's request future itself (see `handle_on`), with the body prepared inside it.
     #[inline]

@@ -154,7 +154,7 @@ pub(super) async fn serve_connection<H: Handler>(
                 keepalive_timeout: builders.keepalive_timeout,
                 header_read_timeout: builders.header_read_timeout,
             };
-            let connection = Http1Connection::new(
+            let connection = Http1Connection::<_, _, _, H::HeadLines>::new(
                 stream,
                 service,
                 direct,

@@ -24,7 +24,6 @@ use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::idle::REST_AFTER;
-use crate::head_lines::HeadLines;
 
 /// Fields a request head may have here (hyper's limit too): a head with more is hyper's to refuse.
 const MAX_FIELDS: usize = 100;
@@ -187,9 +186,9 @@ enum Framing {
 }
 
 /// The answer's head as hyper would write it for a GET of HTTP/1.1: its status line, its fields (then the lines it
-/// carries, [`HeadLines`]), the framing its body's size says where the fields do not, a `Date` where it has none,
+/// carries in its `L` extension, see [`Handler::HeadLines`](super::Handler::HeadLines)), the framing its body's size says where the fields do not, a `Date` where it has none,
 /// and `Connection: close` when the connection closes after it. Returns the body's framing and whether the connection closes after the answer.
-fn write_head<B: Body>(
+fn write_head<B: Body, L: AsRef<[u8]> + Send + Sync + 'static>(
     response: &Response<B>,
     mut close: bool,
     out: &mut Vec<u8>,
@@ -273,8 +272,8 @@ fn write_head<B: Body>(
         push_field(out, name, value);
     }
     // Fields the handler wrote as lines ahead of time (the rate-limit fields), as they are.
-    if let Some(lines) = response.extensions().get::<HeadLines>() {
-        out.extend_from_slice(lines.as_bytes());
+    if let Some(lines) = response.extensions().get::<L>() {
+        out.extend_from_slice(lines.as_ref());
     }
     let framing = match framing {
         Some(framing) => framing,
@@ -468,7 +467,7 @@ where
 
     /// Serves requests from `stream` with `service` until the turn ends. `draining`: shutdown has begun, so the
     /// answer in progress closes the connection and a wait for a head ends at once.
-    pub(super) fn poll_turn<S, D>(
+    pub(super) fn poll_turn<S, D, L>(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         stream: &mut S,
@@ -479,6 +478,7 @@ where
     where
         S: AsyncRead + AsyncWrite + Unpin,
         D: Answer<Body = B, Future = F>,
+        L: AsRef<[u8]> + Send + Sync + 'static,
     {
         loop {
             let mut this = self.as_mut().project();
@@ -559,7 +559,8 @@ where
                     };
                     this.out.clear();
                     *this.written = 0;
-                    let Ok((framing, close)) = write_head(&response, draining, this.out) else {
+                    let Ok((framing, close)) = write_head::<_, L>(&response, draining, this.out)
+                    else {
                         this.out.clear();
                         this.out.extend_from_slice(
                             b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
@@ -797,6 +798,16 @@ mod tests {
     use super::*;
     use http_body_util::{Empty, Full, StreamBody};
 
+    /// Head lines as a handler gives them.
+    #[derive(Clone)]
+    struct Lines(&'static [u8]);
+
+    impl AsRef<[u8]> for Lines {
+        fn as_ref(&self) -> &[u8] {
+            self.0
+        }
+    }
+
     fn parse(text: &str) -> (Parsed, BytesMut) {
         let mut read = BytesMut::from(text.as_bytes());
         let parsed = parse_request(&mut read, 1024, &mut HeaderMap::new());
@@ -854,7 +865,7 @@ mod tests {
 
     fn head<B: Body>(response: &Response<B>, close: bool) -> (String, Framing, bool) {
         let mut out = Vec::new();
-        let (framing, close) = write_head(response, close, &mut out).expect("written");
+        let (framing, close) = write_head::<_, Lines>(response, close, &mut out).expect("written");
         (String::from_utf8(out).expect("text"), framing, close)
     }
 
@@ -864,11 +875,14 @@ mod tests {
         let mut response = Response::new(Full::new(Bytes::from_static(b"hello")));
         response
             .headers_mut()
-            .insert("x-ratelimit-remaining", HeaderValue::from_static("9"));
+            .insert("x-request-id", HeaderValue::from_static("9"));
+        response
+            .extensions_mut()
+            .insert(Lines(b"x-ratelimit-remaining: 9\r\n"));
         let (text, framing, close) = head(&response, false);
         assert!(
             text.starts_with(
-                "HTTP/1.1 200 OK\r\nx-ratelimit-remaining: 9\r\ncontent-length: 5\r\ndate: "
+                "HTTP/1.1 200 OK\r\nx-request-id: 9\r\nx-ratelimit-remaining: 9\r\ncontent-length: 5\r\ndate: "
             ),
             "{text}"
         );
@@ -933,7 +947,7 @@ mod tests {
         response
             .headers_mut()
             .insert(header::CONTENT_LENGTH, HeaderValue::from_static("1"));
-        assert!(write_head(&response, false, &mut Vec::new()).is_err());
+        assert!(write_head::<_, Lines>(&response, false, &mut Vec::new()).is_err());
     }
 
     #[test]

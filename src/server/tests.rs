@@ -62,6 +62,7 @@ impl Echo {
 
 impl Handler for Echo {
     type Body = Full<Bytes>;
+    type HeadLines = Vec<u8>;
 
     async fn handle(
         handler: Option<Self>,
