@@ -189,11 +189,9 @@ impl RedisSync {
         mut edit: impl FnMut(Option<&ConsumerRecord>) -> Edit<T>,
     ) -> Result<(Option<ConsumerRecord>, T), DirectoryError> {
         let redis = &self.redis;
-        if !redis.client.is_connected() {
-            // Just started, or reconnecting after a blip: worth a moment before failing the admin's call; a Redis
-            // that is down fails it after this.
-            let _ = tokio::time::timeout(CONNECT_WAIT, redis.client.wait_for_connect()).await;
-        }
+        // Just started, or reconnecting after a blip: worth a moment before failing the admin's call; a Redis that
+        // is down fails it after this.
+        connected(&redis.client, CONNECT_WAIT).await;
         for _ in 0..WRITE_ATTEMPTS {
             let (_, _, stored) = redis.read_one(id, WRITE_TIMEOUT).await?;
             let before = match stored
@@ -245,6 +243,8 @@ impl RedisSync {
         &self,
         digests: &[[u8; 32]],
     ) -> Result<Option<Vec<Option<String>>>, DirectoryError> {
+        // Asked by the admin calls that add keys (an import's first step): as they do, worth a moment at start.
+        connected(&self.redis.client, CONNECT_WAIT).await;
         self.redis.key_holders(digests).await
     }
 
@@ -261,9 +261,7 @@ impl RedisSync {
     async fn turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>, DirectoryError> {
         let client = &self.redis.client;
         let turn = async {
-            if !client.is_connected() {
-                let _ = client.wait_for_connect().await;
-            }
+            connected(client, READ_TIMEOUT).await;
             self.lookups.acquire().await
         };
         match tokio::time::timeout(READ_TIMEOUT, turn).await {
@@ -284,9 +282,7 @@ impl RedisSync {
         records: Vec<(String, ConsumerRecord)>,
     ) -> Result<(), DirectoryError> {
         let redis = &self.redis;
-        if !redis.client.is_connected() {
-            let _ = tokio::time::timeout(CONNECT_WAIT, redis.client.wait_for_connect()).await;
-        }
+        connected(&redis.client, CONNECT_WAIT).await;
         if records.is_empty() {
             return Ok(());
         }
@@ -309,12 +305,30 @@ impl RedisSync {
     }
 }
 
+/// Waits at most `within` for `client` to be connected; whether it is. A command sent while it connects fails at
+/// once (fail-fast), and fred's `wait_for_connect` is not enough at start: an admin call that came while the
+/// client's first attempt had not begun failed at once (`tests/large_directory.rs`, with a fast build). So the
+/// state is looked at, a few milliseconds apart, until it says connected.
+async fn connected(client: &Client, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    while !client.is_connected() {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    true
+}
+
 // === impl Redis ===
 
 impl Redis {
     /// Compares the change counter with the snapshot's every [`CHECK_EVERY`], and reads everything when they
     /// differ or when asked (a reconnection, a change heard out of turn), until `stopped`.
     async fn keep_in_step(self: Arc<Self>, mut stopped: watch::Receiver<()>) {
+        // The first check comes at once: on the first connection, not before it (a command sent while the client
+        // connects fails at once).
+        connected(&self.client, CONNECT_WAIT).await;
         let mut ticks = tokio::time::interval(CHECK_EVERY);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing: Option<String> = None;
