@@ -95,22 +95,7 @@ async fn exchange(address: SocketAddr, request: &str) -> String {
 
 #[tokio::test]
 async fn each_request_goes_to_the_handler_and_a_head_over_the_limit_without_it() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let address = listener.local_addr().expect("address");
-    let settings = Settings {
-        header_read_timeout: Duration::from_secs(5),
-        keepalive_timeout: Duration::from_secs(5),
-        max_header_bytes: 1024,
-        shutdown_grace: Duration::from_secs(5),
-    };
-    let (close, closed) = oneshot::channel::<()>();
-    let served = tokio::spawn(async move {
-        let shutdown = Shutdown::default();
-        serve(listener, Echo, &settings, &shutdown, async {
-            let _ = closed.await;
-        })
-        .await
-    });
+    let (address, close, served) = start_echo();
 
     let answer = exchange(
         address,
@@ -136,8 +121,13 @@ async fn each_request_goes_to_the_handler_and_a_head_over_the_limit_without_it()
         .expect("every connection finished");
 }
 
-/// Starts the server with `Echo` on a free port: its address, and the sender that stops it.
-fn start_echo() -> (SocketAddr, oneshot::Sender<()>) {
+/// Starts the server with `Echo` on a free port (heads of at most 1,024 bytes): its address, the sender that stops
+/// it, and its task.
+fn start_echo() -> (
+    SocketAddr,
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), super::ServeError>>,
+) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     listener.set_nonblocking(true).expect("nonblocking");
     let address = listener.local_addr().expect("address");
@@ -148,7 +138,7 @@ fn start_echo() -> (SocketAddr, oneshot::Sender<()>) {
         shutdown_grace: Duration::from_secs(5),
     };
     let (close, closed) = oneshot::channel::<()>();
-    tokio::spawn(async move {
+    let served = tokio::spawn(async move {
         let listener = TcpListener::from_std(listener).expect("listener");
         let shutdown = Shutdown::default();
         serve(listener, Echo, &settings, &shutdown, async {
@@ -156,7 +146,13 @@ fn start_echo() -> (SocketAddr, oneshot::Sender<()>) {
         })
         .await
     });
-    (address, close)
+    (address, close, served)
+}
+
+/// Writes `requests` (two of them) on `stream` and reads their two answers.
+async fn send(stream: &mut TcpStream, requests: &str) -> String {
+    stream.write_all(requests.as_bytes()).await.expect("write");
+    read_answers(stream, 2).await
 }
 
 /// Reads answers from `stream` until `count` of them have come whole (each ends with the peer's address).
@@ -176,37 +172,26 @@ async fn read_answers(stream: &mut TcpStream, count: usize) -> String {
 
 #[tokio::test]
 async fn plain_requests_are_answered_directly_and_any_other_by_hyper_on_the_same_connection() {
-    let (address, _close) = start_echo();
+    let (address, _close, _served) = start_echo();
     let mut stream = TcpStream::connect(address).await.expect("connect");
+    let times = |text: &str, line: &str| text.matches(line).count();
     // Two plain requests sent at once: both answered directly, in order, framed by their length.
-    stream
-        .write_all(b"GET /a HTTP/1.1\r\nhost: a\r\n\r\nDELETE /b HTTP/1.1\r\nhost: a\r\ncontent-length: 0\r\n\r\n")
-        .await
-        .expect("write");
-    let answers = read_answers(&mut stream, 2).await;
-    assert_eq!(
-        answers.matches("served-by: direct\r\n").count(),
-        2,
-        "{answers}"
-    );
-    assert_eq!(
-        answers.matches("content-length: 9\r\n").count(),
-        2,
-        "{answers}"
-    );
-    assert_eq!(answers.matches("\r\ndate: ").count(), 2, "{answers}");
+    let answers = send(
+        &mut stream,
+        "GET /a HTTP/1.1\r\nhost: a\r\n\r\nDELETE /b HTTP/1.1\r\nhost: a\r\ncontent-length: 0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(times(&answers, "served-by: direct\r\n"), 2, "{answers}");
+    assert_eq!(times(&answers, "content-length: 9\r\n"), 2, "{answers}");
+    assert_eq!(times(&answers, "\r\ndate: "), 2, "{answers}");
 
     // A body, then a plain request behind it: hyper takes the connection from the body's head on.
-    stream
-        .write_all(b"POST /c HTTP/1.1\r\nhost: a\r\ncontent-length: 3\r\n\r\nabcGET /d HTTP/1.1\r\nhost: a\r\n\r\n")
-        .await
-        .expect("write");
-    let answers = read_answers(&mut stream, 2).await;
-    assert_eq!(
-        answers.matches("served-by: hyper\r\n").count(),
-        2,
-        "{answers}"
-    );
+    let answers = send(
+        &mut stream,
+        "POST /c HTTP/1.1\r\nhost: a\r\ncontent-length: 3\r\n\r\nabcGET /d HTTP/1.1\r\nhost: a\r\n\r\n",
+    )
+    .await;
+    assert_eq!(times(&answers, "served-by: hyper\r\n"), 2, "{answers}");
 
     // Each kind of request that is not plain goes to hyper, on a connection of its own.
     for head in [
@@ -222,7 +207,7 @@ async fn plain_requests_are_answered_directly_and_any_other_by_hyper_on_the_same
 
 #[tokio::test]
 async fn a_client_that_leaves_while_its_plain_request_is_answered_cancels_it() {
-    let (address, _close) = start_echo();
+    let (address, _close, _served) = start_echo();
     let before = CANCELLED.load(Ordering::SeqCst);
     let mut stream = TcpStream::connect(address).await.expect("connect");
     stream
