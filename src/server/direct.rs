@@ -2,7 +2,7 @@
 //! to negotiate, nearly all an API gateway is sent.
 //!
 //! hyper's server parses a head, hands it through its dispatcher, then encodes the answer's head field by field
-//! with checks on each: about a third of what a proxied request cost. Here the head is parsed into the map the last
+//! with checks on each: a sixth of what a proxied request cost (about 3,300 instructions of 20,700). Here the head is parsed into the map the last
 //! answer was in, the handler's future is polled in place, and the answer's head is written in one pass, as the
 //! upstream head already is. Anything else (a body, an upgrade, `Expect`, `HEAD`, `CONNECT`, HTTP/1.0,
 //! `Connection: close`, a malformed or oversized head) goes to a hyper connection from the same bytes, which
@@ -433,7 +433,7 @@ pin_project_lite::pin_project! {
         // The handler works on a request.
         Handling { #[pin] future: F },
         // The answer's body goes out as it comes; `close` once it is done.
-        Answering { body: B, framing: Framing, close: bool },
+        Answering { body: B, framing: Framing, owed: Owed, close: bool },
         // The last answer is written: `out` goes out, then the connection closes.
         Closing,
     }
@@ -575,16 +575,18 @@ where
                     this.phase.set(Phase::Answering {
                         body,
                         framing,
+                        owed: Owed::default(),
                         close,
                     });
                 }
                 PhaseProjection::Answering {
                     body,
                     framing,
+                    owed,
                     close,
                 } => {
                     let close = *close;
-                    match answer(body, framing, this.out, this.piece, cx) {
+                    match answer(body, framing, this.out, this.piece, owed, cx) {
                         Ok(Some(done)) => {
                             if !done {
                                 // The body waits: what is ready goes out first.
@@ -627,6 +629,7 @@ fn answer<B: Body<Data = Bytes> + Unpin>(
     framing: &mut Framing,
     out: &mut Vec<u8>,
     piece: &mut Bytes,
+    owed: &mut Owed,
     cx: &mut Context<'_>,
 ) -> Result<Option<bool>, ()> {
     if *framing == Framing::Nothing {
@@ -635,6 +638,13 @@ fn answer<B: Body<Data = Bytes> + Unpin>(
     loop {
         if !piece.is_empty() || out.len() >= COPY_LIMIT {
             return Ok(None);
+        }
+        // What goes after a large piece, once it is written: its chunk's end, then the body's end if it came.
+        if std::mem::take(&mut owed.chunk_end) {
+            out.extend_from_slice(b"\r\n");
+        }
+        if owed.body_end {
+            return finish(framing, out);
         }
         let frame = match Pin::new(&mut *body).poll_frame(cx) {
             Poll::Pending => return Ok(Some(false)),
@@ -676,29 +686,35 @@ fn answer<B: Body<Data = Bytes> + Unpin>(
             }
             Framing::UntilClose | Framing::Nothing => {}
         }
-        let end = if *framing == Framing::Chunked {
-            &b"\r\n"[..]
-        } else {
-            b""
-        };
+        let chunked = *framing == Framing::Chunked;
         if data.len() <= COPY_LIMIT {
             out.extend_from_slice(&data);
-            out.extend_from_slice(end);
-        } else {
-            *piece = data;
-            if !end.is_empty() {
-                // The chunk's end goes after the piece: kept as the start of what follows it.
-                let mut rest = std::mem::take(piece).to_vec();
-                rest.extend_from_slice(end);
-                *piece = Bytes::from(rest);
+            if chunked {
+                out.extend_from_slice(b"\r\n");
             }
+        } else {
+            // Written from its own bytes after `out`; what follows it waits until it is written.
+            *piece = data;
+            owed.chunk_end = chunked;
         }
         // As hyper does: a body that says it is done is not asked again (a proxied answer's connection goes back
         // to its pool as its last bytes are read).
         if body.is_end_stream() {
-            return finish(framing, out);
+            if piece.is_empty() {
+                return finish(framing, out);
+            }
+            owed.body_end = true;
         }
     }
+}
+
+/// What an answer's body still owes the wire after the large piece being written.
+#[derive(Debug, Default, Clone, Copy)]
+struct Owed {
+    /// The end of that piece's chunk (CRLF).
+    chunk_end: bool,
+    /// The end of the body: the body said it was done with that piece.
+    body_end: bool,
 }
 
 /// Ends a body that is done: its last chunk when chunked; an error when it gave fewer bytes than its length.
@@ -948,6 +964,78 @@ mod tests {
             .headers_mut()
             .insert(header::CONTENT_LENGTH, HeaderValue::from_static("1"));
         assert!(write_head::<_, Lines>(&response, false, &mut Vec::new()).is_err());
+    }
+
+    /// Runs `answer` over `body` to its end as the turn does, writing `out` then the large piece after each call
+    /// that has something to write: the bytes the client would read.
+    fn answered<B: Body<Data = Bytes> + Unpin>(framing: Framing, mut body: B) -> Vec<u8> {
+        let (mut framing, mut out, mut piece, mut owed) =
+            (framing, Vec::new(), Bytes::new(), Owed::default());
+        let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+        let mut wire = Vec::new();
+        loop {
+            let step = answer(
+                &mut body,
+                &mut framing,
+                &mut out,
+                &mut piece,
+                &mut owed,
+                &mut cx,
+            );
+            wire.append(&mut out);
+            wire.extend_from_slice(&std::mem::take(&mut piece));
+            match step {
+                Ok(Some(true)) => return wire,
+                Ok(None) => {}
+                other => panic!("the body cannot wait here: {other:?}"),
+            }
+        }
+    }
+
+    /// A body of `pieces` that learns it has ended only when asked for one more (a stream's).
+    fn streamed(pieces: &[Vec<u8>]) -> impl Body<Data = Bytes, Error = Infallible> + Unpin {
+        let frames: Vec<Result<http_body::Frame<Bytes>, Infallible>> = pieces
+            .iter()
+            .map(|piece| Ok(http_body::Frame::data(Bytes::from(piece.clone()))))
+            .collect();
+        StreamBody::new(futures_util::stream::iter(frames))
+    }
+
+    /// `pieces` as chunks, then the last chunk.
+    fn chunks(pieces: &[Vec<u8>]) -> Vec<u8> {
+        let mut wire = Vec::new();
+        for piece in pieces {
+            wire.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+            wire.extend_from_slice(piece);
+            wire.extend_from_slice(b"\r\n");
+        }
+        wire.extend_from_slice(b"0\r\n\r\n");
+        wire
+    }
+
+    #[test]
+    fn a_large_piece_keeps_its_place_among_the_chunks_and_before_the_last() {
+        let large = vec![b'x'; COPY_LIMIT + 1];
+        for pieces in [
+            vec![b"ab".to_vec(), large.clone(), b"cd".to_vec()],
+            vec![b"ab".to_vec(), large.clone()],
+            vec![large.clone()],
+        ] {
+            assert_eq!(
+                answered(Framing::Chunked, streamed(&pieces)),
+                chunks(&pieces)
+            );
+            let length = pieces.iter().map(Vec::len).sum::<usize>() as u64;
+            assert_eq!(
+                answered(Framing::Length(length), streamed(&pieces)),
+                pieces.concat()
+            );
+        }
+        // A body that says it is done with its large last piece: the end still comes after the piece.
+        let whole = Full::new(Bytes::from(large.clone()));
+        assert_eq!(answered(Framing::Chunked, whole), chunks(&[large.clone()]));
+        let whole = Full::new(Bytes::from(large.clone()));
+        assert_eq!(answered(Framing::Length(large.len() as u64), whole), large);
     }
 
     #[test]
