@@ -1033,7 +1033,10 @@ mod tests {
         }
         // A body that says it is done with its large last piece: the end still comes after the piece.
         let whole = Full::new(Bytes::from(large.clone()));
-        assert_eq!(answered(Framing::Chunked, whole), chunks(&[large.clone()]));
+        assert_eq!(
+            answered(Framing::Chunked, whole),
+            chunks(std::slice::from_ref(&large))
+        );
         let whole = Full::new(Bytes::from(large.clone()));
         assert_eq!(answered(Framing::Length(large.len() as u64), whole), large);
     }
