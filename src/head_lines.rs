@@ -2,17 +2,22 @@
 
 use http::header::HeaderName;
 
-/// Fields an answer carries as `name: value` lines already written (each ending with CRLF), in its extensions:
-/// the server's own HTTP/1.1 writer copies them after the map's fields as they are, which spares a map insertion
-/// and a re-encoding per field. Only an entry point whose answers that writer sends asks for them (see
-/// `FieldsAs`); every other answer carries its fields in its map.
+/// Fields an answer carries as `name: value` lines already written (each ending with CRLF), beside it: the
+/// server's own HTTP/1.1 writer copies them after the map's fields as they are, which spares a map insertion and a
+/// re-encoding per field. Only the entry point whose answers that writer sends gives a request these (in the
+/// buffer its connection's last answer used); every other answer carries its fields in its map.
 #[derive(Debug, Clone, Default)]
 pub struct HeadLines(Vec<u8>);
 
 impl HeadLines {
-    /// Room for about `bytes` bytes of lines.
-    pub fn with_capacity(bytes: usize) -> Self {
-        Self(Vec::with_capacity(bytes))
+    /// Lines written into `buffer`, after what it holds.
+    pub fn from_buffer(buffer: Vec<u8>) -> Self {
+        Self(buffer)
+    }
+
+    /// The lines' bytes, in their allocation.
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.0
     }
 
     /// Adds `name: value`. The value's bytes are those of a valid header value (the callers write digits or a
@@ -46,12 +51,4 @@ impl AsRef<[u8]> for HeadLines {
     fn as_ref(&self) -> &[u8] {
         &self.0
     }
-}
-
-/// Where an entry point wants an answer's rate-limit fields: in its map, or as [`HeadLines`] for the server's own
-/// HTTP/1.1 writer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FieldsAs {
-    Map,
-    Lines,
 }

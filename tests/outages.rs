@@ -1078,3 +1078,40 @@ async fn through_an_outage_local_instances_admit_at_most_their_number_times_the_
         "admitted in one window, over 2 x 50: {counted:?}"
     );
 }
+
+#[tokio::test]
+async fn the_fallback_starts_from_the_state_a_run_of_concurrent_requests_left() {
+    // Concurrent requests of one client reach Redis as runs of identical requests in one script call, and Redis
+    // reports each run once: the fallback must start from the state the run's last request left (40 of 50 taken),
+    // not from an earlier one of it.
+    let redis = RedisServer::start();
+    let gateway = start_gateway(&seeded_yaml(&redis.url())).await;
+    for path in ["/window", "/bucket"] {
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..40 {
+            let url = gateway.url(path);
+            tasks.spawn(async move {
+                let answer = client().get(url).header("x-tenant", "t").send().await;
+                answer.expect("request").status().as_u16()
+            });
+        }
+        let statuses = tasks.join_all().await;
+        assert!(
+            statuses.iter().all(|&status| status == 200),
+            "{path}: {statuses:?}"
+        );
+
+        redis.pause();
+        let mut during = 0;
+        for _ in 0..30 {
+            during += usize::from(status_of(&gateway, path).await == 200);
+        }
+        redis.resume();
+        assert_eq!(
+            during, 10,
+            "{path}: the fallback admitted the 10 Redis had left"
+        );
+        let admin = serve_admin(&gateway, None).await;
+        until_readyz(std::slice::from_ref(&admin), "ready", "").await;
+    }
+}

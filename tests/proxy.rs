@@ -594,7 +594,7 @@ async fn bodies_over_max_body_bytes_are_413_declared_or_streamed() {
     }
 }
 
-/// An upstream that answers every request with rate-limit fields of its own.
+/// An upstream that answers every request with rate-limit fields and a request id of its own.
 async fn upstream_with_its_own_rate_limit_fields() -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -627,7 +627,7 @@ async fn upstream_with_its_own_rate_limit_fields() -> std::net::SocketAddr {
                         read.drain(..end + 4 + body);
                         let answer = "HTTP/1.1 200 OK\r\nX-RateLimit-Limit: 999\r\nx-ratelimit-remaining: 998\r\n\
                                       RateLimit: \"theirs\";r=998;t=1\r\nratelimit-policy: \"theirs\";q=999;w=1\r\n\
-                                      content-length: 2\r\n\r\nok";
+                                      X-Request-Id: theirs\r\ncontent-length: 2\r\n\r\nok";
                         if stream.write_all(answer.as_bytes()).await.is_err() {
                             return;
                         }
@@ -640,7 +640,7 @@ async fn upstream_with_its_own_rate_limit_fields() -> std::net::SocketAddr {
 }
 
 #[tokio::test]
-async fn an_upstream_s_own_rate_limit_fields_give_way_to_the_gateway_s() {
+async fn an_upstream_s_own_rate_limit_fields_and_request_id_give_way_to_the_gateway_s() {
     let upstream = upstream_with_its_own_rate_limit_fields().await;
     let gateway = start_gateway(&format!(
         r#"listen: 127.0.0.1:0
@@ -664,6 +664,7 @@ routes:
         client.get(gateway.url("/api/a")),
         client.post(gateway.url("/api/b")).body("abc"),
     ]
+    .map(|request| request.header("x-request-id", "client-7"))
     .into_iter()
     .enumerate()
     {
@@ -678,6 +679,7 @@ routes:
                 .collect()
         };
         assert_eq!(all("x-ratelimit-limit"), ["10"], "request {i}");
+        assert_eq!(all("x-request-id"), ["client-7"], "request {i}");
         assert_eq!(
             all("x-ratelimit-remaining"),
             [(9 - i).to_string()],

@@ -41,7 +41,9 @@ pub(crate) use headers::{
 };
 pub use limits::{Checked, LimitRequest, LimitSet, NotChecked, Replaced};
 pub use policy::{Admission, Admitted, Policy};
-pub use read::{ensure_request_id, set_request_id, Arrival, RequestView, X_REQUEST_ID};
+pub use read::{
+    add_request_id_line, ensure_request_id, set_request_id, Arrival, RequestView, X_REQUEST_ID,
+};
 pub use refusal::Refusal;
 pub use reserve::{NoReservation, Reserve};
 pub use responses::answer;

@@ -20,7 +20,7 @@ use super::slots::{Both, HeldSlots};
 use super::tokens::RouteUsage;
 use super::wait::hold_for_delay;
 use crate::consumers::{Caller, CallerRefusal, ConsumerMode, Consumers};
-use crate::head_lines::{FieldsAs, HeadLines};
+use crate::head_lines::HeadLines;
 use crate::key::{AmbiguousKey, LimitSettings, RequestFacts};
 use crate::limiter::RateLimiter;
 use crate::top_keys::LimitTop;
@@ -343,23 +343,22 @@ impl Policy {
         self.limits_for(caller.as_ref()).keys(&identified)
     }
 
-    /// Adds the rate-limit fields of an admitted request to its response's `headers`, unless the policy says not
-    /// to; an exempt request (`None`) gets none.
+    /// Adds the rate-limit fields of an admitted request to its response: to `lines` where the entry point gives
+    /// them (the upstream's own copies then taken out of the map), else to its map; unless the policy says not to.
+    /// An exempt request (`None`) gets none.
     pub(super) fn decorate<R>(
         &self,
         admitted: Option<&Admitted>,
         response: &mut Response<R>,
-        fields_as: FieldsAs,
+        lines: Option<&mut HeadLines>,
     ) {
         let (true, Some(admitted)) = (self.headers, admitted) else {
             return;
         };
         let limits = self.limits_for(admitted.caller.as_deref());
-        if fields_as == FieldsAs::Lines {
-            let mut lines = HeadLines::with_capacity(192);
-            if limits.decorate_lines(&mut lines, &admitted.checked) {
+        if let Some(lines) = lines {
+            if limits.decorate_lines(lines, &admitted.checked) {
                 take_out_rate_limit_fields(response.headers_mut());
-                response.extensions_mut().insert(lines);
                 return;
             }
         }

@@ -10,6 +10,7 @@ use http::header::Entry;
 use http::{HeaderMap, HeaderName, HeaderValue, Request};
 
 use super::policy::Policy;
+use crate::head_lines::HeadLines;
 use crate::key::{AmbiguousKey, ClientCertificate, ClientIpResolver, RequestFacts};
 use crate::routing::CanonicalRequest;
 
@@ -174,6 +175,20 @@ const HEX_PAIRS: [[u8; 2]; 256] = {
 /// Sets `request_id` on an answer's `headers` as its `x-request-id`.
 pub fn set_request_id(headers: &mut HeaderMap, request_id: HeaderValue) {
     headers.insert(X_REQUEST_ID.clone(), request_id);
+}
+
+/// [`set_request_id`] for an answer whose head the server writes itself: `request_id` as a head line of `lines`,
+/// and any `x-request-id` of the answer's `headers` (an upstream's echo) taken out. One look-up, where the
+/// insertion into the map cost one and a new entry besides.
+pub fn add_request_id_line(
+    headers: &mut HeaderMap,
+    lines: &mut HeadLines,
+    request_id: &HeaderValue,
+) {
+    if !headers.is_empty() {
+        headers.remove(&X_REQUEST_ID);
+    }
+    lines.push(&X_REQUEST_ID, request_id.as_bytes());
 }
 
 #[cfg(test)]

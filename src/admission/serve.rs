@@ -14,7 +14,7 @@ use super::after_answer::{AnswerGuard, Ending, GuardedBody};
 use super::policy::{Admission, Policy};
 use super::reserve::Reserve;
 use super::responses::answer;
-use crate::head_lines::FieldsAs;
+use crate::head_lines::HeadLines;
 use crate::limiter::RateLimiter;
 use crate::routing::CanonicalRequest;
 use crate::trail::Trail;
@@ -27,8 +27,8 @@ impl Policy {
     /// (admission reads it from those, see [`RequestFacts`](crate::key::RequestFacts)), reserving `reserve` on the
     /// token limits ([`NoReservation`](super::NoReservation) off a route with `usage:`; on one, the body already
     /// read and rewritten): a refusal is answered here; an admitted (or allowlisted) request is passed to
-    /// `forward`, and its response comes back with the rate-limit fields (in its map, or as head lines where
-    /// `fields_as` says the server writes the head itself) and, when its limits keep work for after
+    /// `forward`, and its response comes back with the rate-limit fields (in its map, or in `lines` where the entry
+    /// point's server writes the head itself) and, when its limits keep work for after
     /// the answer, a body that runs that work when it ends (and reads the answer's usage, which settles the
     /// reservation). An error from `forward` is returned as it is (its answer is the entry point's), after the
     /// work kept for the answer has been told the upstream failed.
@@ -47,7 +47,7 @@ impl Policy {
         mut request: Request<B>,
         reserve: V,
         forward: F,
-        fields_as: FieldsAs,
+        lines: Option<&'a mut HeadLines>,
     ) -> impl Future<Output = Result<Response<Body>, E>> + use<'a, B, R, E, F, Fut, V>
     where
         F: FnOnce(Request<B>) -> Fut,
@@ -95,7 +95,7 @@ impl Policy {
                     return Err(error);
                 }
             };
-            self.decorate(admitted.as_ref(), &mut response, fields_as);
+            self.decorate(admitted.as_ref(), &mut response, lines);
             Ok(match after {
                 None => response.map(Body::new),
                 Some(mut after) => {

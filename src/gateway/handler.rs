@@ -18,7 +18,7 @@ use crate::admission::{
 use crate::config::Config;
 use crate::consumers::directory::Directory;
 use crate::consumers::Consumers;
-use crate::head_lines::FieldsAs;
+use crate::head_lines::HeadLines;
 use crate::limiter::RateLimiter;
 use crate::proxy::{ForwardedFacts, ProxyError};
 use crate::routing::{self, CanonicalRequest};
@@ -218,13 +218,7 @@ impl Gateway {
         request: Request<Body>,
         peer: SocketAddr,
     ) -> impl std::future::Future<Output = Response<Body>> + Send + use<'_> {
-        let answered = handle_on(
-            Some(self),
-            request,
-            peer,
-            std::convert::identity,
-            FieldsAs::Map,
-        );
+        let answered = handle_on(Some(self), request, peer, std::convert::identity, InMap);
         async move {
             match answered.await {
                 Ok(response) => response,
@@ -341,24 +335,27 @@ impl Gateway {
 /// [`Handler`](crate::server::Handler)), and not a second one around `Gateway::handle`'s: hyper copies each
 /// request's future whole, and every level of futures is copied again where it is built.
 ///
+/// `form` says where the answer's own fields go (see [`AnswerForm`]).
+///
 /// Not an `async fn`, which would keep a second copy of the request in its future (see `Policy::serve`).
 #[allow(clippy::manual_async_fn)]
-pub(super) fn handle_on<G, B, P>(
+pub(super) fn handle_on<G, B, P, A>(
     gateway: Option<G>,
     request: Request<B>,
     peer: SocketAddr,
     prepare: P,
-    fields_as: FieldsAs,
-) -> impl std::future::Future<Output = Result<Response<Body>, Infallible>> + Send + use<G, B, P>
+    mut form: A,
+) -> impl std::future::Future<Output = Result<A::Answer, Infallible>> + Send + use<G, B, P, A>
 where
     G: std::ops::Deref<Target = Gateway> + Send,
     B: Send,
     P: FnOnce(Request<B>) -> Request<Body> + Send,
+    A: AnswerForm,
 {
     async move {
         // Borrowed, not moved out: a moved-out `Arc` would be a second copy held across the await.
         let Some(gateway) = gateway.as_deref() else {
-            return Ok(responses::head_too_large(request.version()));
+            return Ok(form.answer(responses::head_too_large(request.version())));
         };
         let mut request = prepare(request);
         let compiled = gateway.compiled.load_full();
@@ -423,7 +420,7 @@ where
                             request,
                             NoReservation,
                             forward,
-                            fields_as,
+                            form.lines(),
                         )
                         .await
                 }
@@ -452,14 +449,64 @@ where
         if let Some(access) = access {
             response = access.follow(route.map(|r| r.name.as_str()), response);
         }
-        crate::admission::set_request_id(response.headers_mut(), request_id);
+        match form.lines() {
+            Some(lines) => {
+                crate::admission::add_request_id_line(response.headers_mut(), lines, &request_id)
+            }
+            None => crate::admission::set_request_id(response.headers_mut(), request_id),
+        }
         // Draining: a keep-alive client is told to reconnect, by then to an instance the balancer still sends to.
         if http1 && gateway.shutdown.is_draining() {
             response
                 .headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
-        Ok(response)
+        Ok(form.answer(response))
+    }
+}
+
+/// Where an entry point takes an answer's own fields (its rate-limit fields and `x-request-id`): in its map
+/// ([`InMap`]), or written ahead as [`HeadLines`] for the server that writes the answer's head itself, which then
+/// come back beside the answer.
+pub(super) trait AnswerForm: Send {
+    /// What the entry point gets.
+    type Answer;
+
+    /// The head lines to write the fields into, if the entry point takes them so.
+    fn lines(&mut self) -> Option<&mut HeadLines>;
+
+    fn answer(self, response: Response<Body>) -> Self::Answer;
+}
+
+/// The answer's fields in its map.
+pub(super) struct InMap;
+
+impl AnswerForm for InMap {
+    type Answer = Response<Body>;
+
+    #[inline]
+    fn lines(&mut self) -> Option<&mut HeadLines> {
+        None
+    }
+
+    #[inline]
+    fn answer(self, response: Response<Body>) -> Response<Body> {
+        response
+    }
+}
+
+impl AnswerForm for HeadLines {
+    /// The answer, and the bytes of its head lines.
+    type Answer = (Response<Body>, Vec<u8>);
+
+    #[inline]
+    fn lines(&mut self) -> Option<&mut HeadLines> {
+        Some(self)
+    }
+
+    #[inline]
+    fn answer(self, response: Response<Body>) -> (Response<Body>, Vec<u8>) {
+        (response, self.into_buffer())
     }
 }
 

@@ -10,13 +10,13 @@ use axum::body::Body;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
-use crate::head_lines::{FieldsAs, HeadLines};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use super::handler::handle_on;
+use super::handler::{handle_on, InMap};
 use super::Gateway;
 use crate::config::ServerSettings;
+use crate::head_lines::HeadLines;
 use crate::proxy::ClientBody;
 use crate::server::{self, ServeError};
 use crate::tls::Acceptor;
@@ -93,7 +93,6 @@ struct Served {
 
 impl server::Handler for Served {
     type Body = Body;
-    type HeadLines = HeadLines;
 
     /// The gateway's request future itself (see `handle_on`), with the body prepared inside it.
     #[inline]
@@ -116,7 +115,7 @@ impl server::Handler for Served {
         let prepare = move |request: Request<Incoming>| {
             request.map(|body| Body::new(ClientBody::new(body, body_read_timeout)))
         };
-        handle_on(gateway, request, peer, prepare, FieldsAs::Map)
+        handle_on(gateway, request, peer, prepare, InMap)
     }
 
     /// As `handle`, for a request without a body: nothing to read, nothing to time.
@@ -125,10 +124,18 @@ impl server::Handler for Served {
         served: Option<Self>,
         request: Request<()>,
         peer: SocketAddr,
-    ) -> impl Future<Output = Result<Response<Body>, Infallible>> + Send + 'static {
+        lines: Vec<u8>,
+    ) -> impl Future<Output = Result<(Response<Body>, Vec<u8>), Infallible>> + Send + 'static {
         let gateway = served.map(|served| served.gateway);
-        // Its answer's head is written by the server itself: the rate-limit fields go as head lines.
+        // Its answer's head is written by the server itself: the rate-limit fields and `x-request-id` go as head
+        // lines.
         let prepare = |request: Request<()>| request.map(|()| Body::empty());
-        handle_on(gateway, request, peer, prepare, FieldsAs::Lines)
+        handle_on(
+            gateway,
+            request,
+            peer,
+            prepare,
+            HeadLines::from_buffer(lines),
+        )
     }
 }

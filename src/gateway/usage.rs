@@ -13,7 +13,6 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use super::responses;
 use crate::admission::{answer, Policy, Refusal, Reservation, RouteUsage};
-use crate::head_lines::FieldsAs;
 use crate::limiter::RateLimiter;
 use crate::routing::CanonicalRequest;
 use crate::usage::{rewrite_request, set_body_length};
@@ -154,7 +153,7 @@ where
             request,
             &reservation,
             forward,
-            FieldsAs::Map,
+            None,
         )
         .await
 }

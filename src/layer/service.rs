@@ -15,7 +15,6 @@ use tower::{Service, ServiceExt};
 use super::future::ResponseFuture;
 use super::rate_limit::{RateLimitLayer, Shared};
 use crate::admission::{answer, set_request_id, Arrival, NoReservation, X_REQUEST_ID};
-use crate::head_lines::FieldsAs;
 use crate::routing::CanonicalRequest;
 
 /// The client address assumed when a request carries no `ConnectInfo<SocketAddr>` (see the module docs).
@@ -128,7 +127,7 @@ where
             request,
             NoReservation,
             |request| inner.oneshot(request),
-            FieldsAs::Map,
+            None,
         )
         .await?;
     // A refusal carries the request id; an admitted request's response is the inner service's own.

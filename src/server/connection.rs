@@ -50,10 +50,10 @@ pub(super) use requests;
 macro_rules! bodiless_requests {
     ($handler:expr, $peer:expr, $max_header_bytes:expr) => {{
         let (handler, peer, max_header_bytes) = ($handler, $peer, $max_header_bytes);
-        move |request: hyper::Request<()>| {
+        move |request: hyper::Request<()>, lines: Vec<u8>| {
             let handler = ($crate::server::connection::head_bytes(&request) <= max_header_bytes)
                 .then(|| handler.clone());
-            H::handle_bodiless(handler, request, peer)
+            H::handle_bodiless(handler, request, peer, lines)
         }
     }};
 }
@@ -154,7 +154,7 @@ pub(super) async fn serve_connection<H: Handler>(
                 keepalive_timeout: builders.keepalive_timeout,
                 header_read_timeout: builders.header_read_timeout,
             };
-            let connection = Http1Connection::<_, _, _, H::HeadLines>::new(
+            let connection = Http1Connection::new(
                 stream,
                 service,
                 direct,

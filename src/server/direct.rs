@@ -185,11 +185,14 @@ enum Framing {
     UntilClose,
 }
 
-/// The answer's head as hyper would write it for a GET of HTTP/1.1: its status line, its fields (then the lines it
-/// carries in its `L` extension, see [`Handler::HeadLines`](super::Handler::HeadLines)), the framing its body's size says where the fields do not, a `Date` where it has none,
-/// and `Connection: close` when the connection closes after it. Returns the body's framing and whether the connection closes after the answer.
-fn write_head<B: Body, L: AsRef<[u8]> + Send + Sync + 'static>(
+/// The answer's head as hyper would write it for a GET of HTTP/1.1: its status line, its fields, then `lines` (the
+/// fields the handler wrote ahead as head lines, see [`Handler::handle_bodiless`](super::Handler::handle_bodiless)),
+/// the framing its body's size says where the fields do not, a `Date` where it has none, and `Connection: close`
+/// when the connection closes after it. Returns the body's framing and whether the connection closes after the
+/// answer.
+fn write_head<B: Body>(
     response: &Response<B>,
+    lines: &[u8],
     mut close: bool,
     out: &mut Vec<u8>,
 ) -> Result<(Framing, bool), ()> {
@@ -272,9 +275,7 @@ fn write_head<B: Body, L: AsRef<[u8]> + Send + Sync + 'static>(
         push_field(out, name, value);
     }
     // Fields the handler wrote as lines ahead of time (the rate-limit fields), as they are.
-    if let Some(lines) = response.extensions().get::<L>() {
-        out.extend_from_slice(lines.as_ref());
-    }
+    out.extend_from_slice(lines);
     let framing = match framing {
         Some(framing) => framing,
         None if !has_body => Framing::Nothing,
@@ -366,24 +367,25 @@ fn push_date(out: &mut Vec<u8>) {
     });
 }
 
-/// What answers the plain requests: the handler's future for each one.
+/// What answers the plain requests: the handler's future for each one, given an empty buffer for the head lines
+/// it hands back with the answer.
 pub(super) trait Answer {
     type Body;
-    type Future: Future<Output = Result<Response<Self::Body>, Infallible>>;
+    type Future: Future<Output = Result<(Response<Self::Body>, Vec<u8>), Infallible>>;
 
-    fn answer(&mut self, request: Request<()>) -> Self::Future;
+    fn answer(&mut self, request: Request<()>, lines: Vec<u8>) -> Self::Future;
 }
 
 impl<A, F, B> Answer for A
 where
-    A: FnMut(Request<()>) -> F,
-    F: Future<Output = Result<Response<B>, Infallible>>,
+    A: FnMut(Request<()>, Vec<u8>) -> F,
+    F: Future<Output = Result<(Response<B>, Vec<u8>), Infallible>>,
 {
     type Body = B;
     type Future = F;
 
-    fn answer(&mut self, request: Request<()>) -> F {
-        self(request)
+    fn answer(&mut self, request: Request<()>, lines: Vec<u8>) -> F {
+        self(request, lines)
     }
 }
 
@@ -411,6 +413,8 @@ pin_project_lite::pin_project! {
         piece: Bytes,
         // The map of the last answer written: the next request's fields go into its allocation.
         room: HeaderMap,
+        // The last answer's head lines, emptied: the next answer's are written into its allocation.
+        lines: Vec<u8>,
         // When the wait for the current head began (`None` until a read found nothing).
         idle_since: Option<Instant>,
         // When the current head's first bytes came, if it is incomplete.
@@ -441,7 +445,7 @@ pin_project_lite::pin_project! {
 
 impl<F, B> DirectTurn<F, B>
 where
-    F: Future<Output = Result<Response<B>, Infallible>>,
+    F: Future<Output = Result<(Response<B>, Vec<u8>), Infallible>>,
     B: Body<Data = Bytes> + Unpin,
 {
     /// A turn starting with `read` (bytes a hyper connection read and did not parse, or none).
@@ -456,6 +460,7 @@ where
             written: 0,
             piece: Bytes::new(),
             room: HeaderMap::new(),
+            lines: Vec::new(),
             idle_since: None,
             head_since: None,
             sleep: None,
@@ -467,7 +472,7 @@ where
 
     /// Serves requests from `stream` with `service` until the turn ends. `draining`: shutdown has begun, so the
     /// answer in progress closes the connection and a wait for a head ends at once.
-    pub(super) fn poll_turn<S, D, L>(
+    pub(super) fn poll_turn<S, D>(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         stream: &mut S,
@@ -478,7 +483,6 @@ where
     where
         S: AsyncRead + AsyncWrite + Unpin,
         D: Answer<Body = B, Future = F>,
-        L: AsRef<[u8]> + Send + Sync + 'static,
     {
         loop {
             let mut this = self.as_mut().project();
@@ -489,8 +493,9 @@ where
                             Parsed::Plain(request) => {
                                 *this.idle_since = None;
                                 *this.head_since = None;
+                                let lines = std::mem::take(this.lines);
                                 this.phase.set(Phase::Handling {
-                                    future: service.answer(request),
+                                    future: service.answer(request, lines),
                                 });
                                 continue;
                             }
@@ -546,8 +551,8 @@ where
                     }
                 }
                 PhaseProjection::Handling { future } => {
-                    let response = match future.poll(cx) {
-                        Poll::Ready(Ok(response)) => response,
+                    let (response, lines) = match future.poll(cx) {
+                        Poll::Ready(Ok(answered)) => answered,
                         Poll::Ready(Err(never)) => match never {},
                         Poll::Pending => {
                             // A client that leaves while its answer is made cancels it, as with hyper.
@@ -559,8 +564,11 @@ where
                     };
                     this.out.clear();
                     *this.written = 0;
-                    let Ok((framing, close)) = write_head::<_, L>(&response, draining, this.out)
-                    else {
+                    let written = write_head(&response, &lines, draining, this.out);
+                    // Kept, emptied, for the next answer's lines.
+                    *this.lines = lines;
+                    this.lines.clear();
+                    let Ok((framing, close)) = written else {
                         this.out.clear();
                         this.out.extend_from_slice(
                             b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
@@ -814,16 +822,6 @@ mod tests {
     use super::*;
     use http_body_util::{Empty, Full, StreamBody};
 
-    /// Head lines as a handler gives them.
-    #[derive(Clone)]
-    struct Lines(&'static [u8]);
-
-    impl AsRef<[u8]> for Lines {
-        fn as_ref(&self) -> &[u8] {
-            self.0
-        }
-    }
-
     fn parse(text: &str) -> (Parsed, BytesMut) {
         let mut read = BytesMut::from(text.as_bytes());
         let parsed = parse_request(&mut read, 1024, &mut HeaderMap::new());
@@ -881,7 +879,7 @@ mod tests {
 
     fn head<B: Body>(response: &Response<B>, close: bool) -> (String, Framing, bool) {
         let mut out = Vec::new();
-        let (framing, close) = write_head::<_, Lines>(response, close, &mut out).expect("written");
+        let (framing, close) = write_head(response, b"", close, &mut out).expect("written");
         (String::from_utf8(out).expect("text"), framing, close)
     }
 
@@ -892,10 +890,11 @@ mod tests {
         response
             .headers_mut()
             .insert("x-request-id", HeaderValue::from_static("9"));
-        response
-            .extensions_mut()
-            .insert(Lines(b"x-ratelimit-remaining: 9\r\n"));
-        let (text, framing, close) = head(&response, false);
+        let mut out = Vec::new();
+        let (framing, close) =
+            write_head(&response, b"x-ratelimit-remaining: 9\r\n", false, &mut out)
+                .expect("written");
+        let text = String::from_utf8(out).expect("text");
         assert!(
             text.starts_with(
                 "HTTP/1.1 200 OK\r\nx-request-id: 9\r\nx-ratelimit-remaining: 9\r\ncontent-length: 5\r\ndate: "
@@ -963,7 +962,7 @@ mod tests {
         response
             .headers_mut()
             .insert(header::CONTENT_LENGTH, HeaderValue::from_static("1"));
-        assert!(write_head::<_, Lines>(&response, false, &mut Vec::new()).is_err());
+        assert!(write_head(&response, b"", false, &mut Vec::new()).is_err());
     }
 
     /// Runs `answer` over `body` to its end as the turn does, writing `out` then the large piece after each call

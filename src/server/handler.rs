@@ -17,11 +17,6 @@ pub trait Handler: Clone + Send + Sync + Unpin + 'static {
     /// The body of its answers. `Unpin`: an HTTP/2 answer's body is wrapped to follow the requests in flight.
     type Body: http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static;
 
-    /// The extension an answer to a plain HTTP/1.1 request may carry with fields already written as head lines
-    /// (`name: value` and CRLF each), which the server writes after the answer's map as they are (see
-    /// [`handle_bodiless`](Self::handle_bodiless)).
-    type HeadLines: AsRef<[u8]> + Send + Sync + 'static;
-
     /// Answers `request`, read from `peer`. `handler` is `None` when the request's head was over
     /// [`Settings::max_header_bytes`](super::Settings::max_header_bytes): the answer is then the handler's refusal
     /// of it, with nothing else read.
@@ -36,11 +31,14 @@ pub trait Handler: Clone + Send + Sync + Unpin + 'static {
     ) -> impl Future<Output = Result<Response<Self::Body>, Infallible>> + Send + 'static;
 
     /// Answers `request`, a request with no body that the connection read itself (see `direct.rs`), as
-    /// [`handle`](Self::handle) does. Its answer goes out through the server's own writer, which copies the
-    /// answer's [`HeadLines`](Self::HeadLines) extension into the head.
+    /// [`handle`](Self::handle) does. Its answer goes out through the server's own writer, with `lines`, handed
+    /// back with it: fields the handler wrote ahead as head lines (`name: value` and CRLF each), copied after the
+    /// answer's map as they are. `lines` comes empty, in the allocation the connection's last answer used, so that
+    /// writing them costs no allocation.
     fn handle_bodiless(
         handler: Option<Self>,
         request: Request<()>,
         peer: SocketAddr,
-    ) -> impl Future<Output = Result<Response<Self::Body>, Infallible>> + Send + 'static;
+        lines: Vec<u8>,
+    ) -> impl Future<Output = Result<(Response<Self::Body>, Vec<u8>), Infallible>> + Send + 'static;
 }

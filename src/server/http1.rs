@@ -14,7 +14,6 @@
 
 use std::error::Error as StdError;
 use std::future::Future;
-use std::marker::PhantomData;
 use std::mem;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -32,10 +31,8 @@ use super::handler::BoxError;
 use super::idle::{ConnectionClock, MarkedStream};
 
 /// One HTTP/1.1 connection, for as long as it is open.
-pub(super) struct Http1Connection<S: HttpService<Incoming>, D: Answer, B, L> {
+pub(super) struct Http1Connection<S: HttpService<Incoming>, D: Answer, B> {
     turn: Turn<S, D::Future, B>,
-    /// The extension of the head lines the direct turns write (the handler's `HeadLines`).
-    lines: PhantomData<fn() -> L>,
     /// What answers the requests served directly.
     direct: D,
     /// The server's HTTP/1 settings, with this connection's clock as hyper's timer.
@@ -78,14 +75,13 @@ enum Turn<S: HttpService<Incoming>, F, B> {
 
 // === impl Http1Connection ===
 
-impl<S, D, B, L> Http1Connection<S, D, B, L>
+impl<S, D, B> Http1Connection<S, D, B>
 where
     S: HttpService<Incoming, ResBody = B> + Unpin,
     S::Error: Into<Box<dyn StdError + Send + Sync>>,
     D: Answer<Body = B> + Unpin,
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn StdError + Send + Sync>>,
-    L: AsRef<[u8]> + Send + Sync + 'static,
 {
     /// Serves `stream` (with `clock` watching it): plain requests with `direct`, any other with `service` on hyper
     /// connections made by `builder`.
@@ -100,7 +96,6 @@ where
         builder.timer(clock.clone());
         let mut connection = Self {
             turn: Turn::Ended,
-            lines: PhantomData,
             direct,
             builder,
             clock,
@@ -215,14 +210,13 @@ where
     }
 }
 
-impl<S, D, B, L> Future for Http1Connection<S, D, B, L>
+impl<S, D, B> Future for Http1Connection<S, D, B>
 where
     S: HttpService<Incoming, ResBody = B> + Unpin,
     S::Error: Into<Box<dyn StdError + Send + Sync>>,
     D: Answer<Body = B> + Unpin,
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn StdError + Send + Sync>>,
-    L: AsRef<[u8]> + Send + Sync + 'static,
 {
     type Output = Result<(), BoxError>;
 
@@ -231,7 +225,7 @@ where
         loop {
             match &mut this.turn {
                 Turn::Direct { stream, turn, .. } => {
-                    let ended = match turn.as_mut().poll_turn::<_, _, L>(
+                    let ended = match turn.as_mut().poll_turn(
                         cx,
                         stream,
                         &mut this.direct,

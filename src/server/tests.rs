@@ -62,8 +62,6 @@ impl Echo {
 
 impl Handler for Echo {
     type Body = Full<Bytes>;
-    type HeadLines = Vec<u8>;
-
     async fn handle(
         handler: Option<Self>,
         request: Request<Incoming>,
@@ -72,12 +70,23 @@ impl Handler for Echo {
         Self::answer(handler, request.uri().path(), peer, "hyper").await
     }
 
+    /// Also writes a head line that says the request's path, whether `lines` came empty and whether it came in an
+    /// allocation already made (the connection's last answer's).
     async fn handle_bodiless(
         handler: Option<Self>,
         request: Request<()>,
         peer: SocketAddr,
-    ) -> Result<Response<Full<Bytes>>, Infallible> {
-        Self::answer(handler, request.uri().path(), peer, "direct").await
+        mut lines: Vec<u8>,
+    ) -> Result<(Response<Full<Bytes>>, Vec<u8>), Infallible> {
+        let came = match (lines.is_empty(), lines.capacity() > 0) {
+            (false, _) => "not empty",
+            (true, false) => "empty, new",
+            (true, true) => "empty, reused",
+        };
+        let path = request.uri().path();
+        lines.extend_from_slice(format!("x-line: {path} {came}\r\n").as_bytes());
+        let response = Self::answer(handler, path, peer, "direct").await?;
+        Ok((response, lines))
     }
 }
 
@@ -182,6 +191,13 @@ async fn plain_requests_are_answered_directly_and_any_other_by_hyper_on_the_same
     )
     .await;
     assert_eq!(times(&answers, "served-by: direct\r\n"), 2, "{answers}");
+    // The handler's head lines go into each head, each answer's into the last one's allocation, emptied.
+    assert_eq!(times(&answers, "x-line: /a empty, new\r\n"), 1, "{answers}");
+    assert_eq!(
+        times(&answers, "x-line: /b empty, reused\r\n"),
+        1,
+        "{answers}"
+    );
     assert_eq!(times(&answers, "content-length: 9\r\n"), 2, "{answers}");
     assert_eq!(times(&answers, "\r\ndate: "), 2, "{answers}");
 

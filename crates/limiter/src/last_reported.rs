@@ -2,13 +2,14 @@
 //! each key from what Redis had admitted in its window, not from empty.
 
 use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
 
 use indexmap::IndexMap;
 use parking_lot::Mutex;
 
+use super::clock::Clock;
 use super::store::memory_keys::{KeyRef, StoredHash, StoredKey, SHARDS};
-use super::store::LimitCheck;
-use super::Outcome;
+use super::Decision;
 
 /// Keys remembered at most: past it, a new key's report is dropped (its fallback starts from empty, as without
 /// this), so memory stays bounded whatever the number of keys Redis decides.
@@ -30,61 +31,71 @@ pub(super) struct Report {
 type Reports = IndexMap<StoredKey, Report, StoredHash>;
 
 /// The last [`Report`] of each key Redis decided, sharded so that concurrent requests rarely share a lock.
-#[derive(Debug)]
-pub(super) struct LastReported {
+///
+/// The Redis store tells it what each call decided (see `RedisStore::report_to`), once per run of identical
+/// requests (the run's last decision says the state its keys were left in), rather than each request telling it
+/// its own: a hot key's requests then pay one look-up for a whole call.
+pub(crate) struct LastReported {
     shards: Box<[Mutex<Reports>]>,
     hasher: RandomState,
+    /// The fallback's clock, which reports are stamped with.
+    clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for LastReported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LastReported").finish_non_exhaustive()
+    }
 }
 
 // === impl LastReported ===
 
-impl Default for LastReported {
-    fn default() -> Self {
+impl LastReported {
+    /// Reports stamped with `clock`'s time: the fallback's, which they seed.
+    pub(crate) fn new(clock: Arc<dyn Clock>) -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: RandomState::new(),
+            clock,
         }
     }
-}
 
-impl LastReported {
-    /// Remembers what Redis's `outcome` for `checks` says of each key at `now_ms`. A key that is back to full is
-    /// forgotten; slots and shadow limits are not the fallback's to seed.
-    pub(super) fn remember(&self, checks: &[LimitCheck<'_>], outcome: &Outcome, now_ms: i64) {
-        for (check, decision) in checks.iter().zip(&outcome.decisions) {
-            let limit = check.limit;
-            if limit.is_shadow() || limit.algorithm().holds_slots() {
-                continue;
-            }
-            let taken = decision.limit.saturating_sub(decision.remaining);
-            let key = self.key_ref(check.key);
-            let mut shard = self.shards[key.shard()].lock();
-            if taken == 0 || decision.reset_after_ms == 0 {
-                shard.swap_remove(&key);
-                continue;
-            }
-            let report = Report {
-                taken,
-                at_ms: now_ms,
-                until_ms: now_ms.saturating_add(decision.reset_after_ms as i64),
-            };
-            // Found in place, a key known already costs no allocation.
-            if let Some(held) = shard.get_mut(&key) {
-                *held = report;
-                continue;
-            }
-            if shard.len() >= MAX_KEYS / SHARDS {
-                shard.retain(|_, held| held.until_ms > now_ms);
-                if shard.len() >= MAX_KEYS / SHARDS {
-                    continue;
-                }
-            }
-            let stored = StoredKey {
-                hash: key.hash,
-                text: check.key.into(),
-            };
-            shard.insert(stored, report);
+    /// The time reports are stamped with now.
+    pub(crate) fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// Remembers what Redis's `decision` says of `key` at `now_ms`: a key back to full is forgotten. The caller
+    /// leaves out the keys the fallback is not to seed (a shadow limit's, slots).
+    pub(crate) fn remember(&self, key: &str, decision: &Decision, now_ms: i64) {
+        let taken = decision.limit.saturating_sub(decision.remaining);
+        let found = self.key_ref(key);
+        let mut shard = self.shards[found.shard()].lock();
+        if taken == 0 || decision.reset_after_ms == 0 {
+            shard.swap_remove(&found);
+            return;
         }
+        let report = Report {
+            taken,
+            at_ms: now_ms,
+            until_ms: now_ms.saturating_add(decision.reset_after_ms as i64),
+        };
+        // Found in place, a key known already costs no allocation.
+        if let Some(held) = shard.get_mut(&found) {
+            *held = report;
+            return;
+        }
+        if shard.len() >= MAX_KEYS / SHARDS {
+            shard.retain(|_, held| held.until_ms > now_ms);
+            if shard.len() >= MAX_KEYS / SHARDS {
+                return;
+            }
+        }
+        let stored = StoredKey {
+            hash: found.hash,
+            text: key.into(),
+        };
+        shard.insert(stored, report);
     }
 
     /// The last report of `key`, if it still says something at `now_ms`, forgotten once taken: the fallback
@@ -108,39 +119,21 @@ impl LastReported {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Algorithm, Decision, Limit};
 
     #[test]
     fn the_last_report_is_taken_once_and_only_while_it_says_something() {
-        let limit = Limit::new(
-            "log",
-            Algorithm::SlidingLog {
-                limit: 50,
-                period_ms: 10_000,
-            },
-            1,
-        )
-        .expect("valid");
-        let checks = [LimitCheck {
-            key: "k",
-            limit: &limit,
-        }];
-        let decided = |remaining, reset_after_ms| Outcome {
+        let decided = |remaining, reset_after_ms| Decision {
             allowed: true,
-            decisions: vec![Decision {
-                allowed: true,
-                limit: 50,
-                remaining,
-                retry_after_ms: 0,
-                reset_after_ms,
-                delay_ms: 0,
-                owed: 0,
-            }],
-            batch: 0,
+            limit: 50,
+            remaining,
+            retry_after_ms: 0,
+            reset_after_ms,
+            delay_ms: 0,
+            owed: 0,
         };
-        let reported = LastReported::default();
-        reported.remember(&checks, &decided(10, 10_000), 1_000);
-        reported.remember(&checks, &decided(5, 10_000), 2_000);
+        let reported = LastReported::new(Arc::new(crate::clock::SystemClock));
+        reported.remember("k", &decided(10, 10_000), 1_000);
+        reported.remember("k", &decided(5, 10_000), 2_000);
         let report = Report {
             taken: 45,
             at_ms: 2_000,
@@ -148,10 +141,10 @@ mod tests {
         };
         assert_eq!(reported.take("k", 3_000), Some(report));
         assert_eq!(reported.take("k", 3_000), None);
-        reported.remember(&checks, &decided(5, 10_000), 2_000);
+        reported.remember("k", &decided(5, 10_000), 2_000);
         assert_eq!(reported.take("k", 12_000), None, "back to full by then");
-        reported.remember(&checks, &decided(5, 10_000), 2_000);
-        reported.remember(&checks, &decided(50, 0), 2_500);
+        reported.remember("k", &decided(5, 10_000), 2_000);
+        reported.remember("k", &decided(50, 0), 2_500);
         assert_eq!(reported.take("k", 3_000), None, "full again");
     }
 }

@@ -124,26 +124,29 @@ pub fn evaluate(
 ///
 /// The one place the rule lives: the memory store applies it to its map, the Redis store to the runs of identical
 /// requests it replays (see `store/script/`), and the Redis script (`scripts/check/`) mirrors it.
+///
+/// `transitions` is any list of them, taken by value or borrowed (a list kept for the next request, or one on the
+/// stack, spares each request an allocation); the decisions go into one allocation of their own, never into the
+/// transitions' (which collecting in place would have shrunk with a reallocation).
 pub fn combine(
-    transitions: Vec<Transition<State>>,
+    transitions: impl AsRef<[Transition<State>]>,
     is_shadow: impl Fn(usize) -> bool,
     mut commit: impl FnMut(usize, State, u64),
 ) -> Outcome {
+    let transitions = transitions.as_ref();
     let allowed = transitions
         .iter()
         .enumerate()
         .all(|(i, e)| e.admitted.allowed || is_shadow(i));
-    let decisions = transitions
-        .into_iter()
-        .enumerate()
-        .map(|(i, ev)| {
-            if !(allowed && ev.admitted.allowed) {
-                return ev.standing;
-            }
-            commit(i, ev.next, ev.ttl_ms);
+    let mut decisions = Vec::with_capacity(transitions.len());
+    for (i, ev) in transitions.iter().enumerate() {
+        decisions.push(if allowed && ev.admitted.allowed {
+            commit(i, ev.next.clone(), ev.ttl_ms);
             ev.admitted
-        })
-        .collect();
+        } else {
+            ev.standing
+        });
+    }
     Outcome {
         allowed,
         decisions,

@@ -31,9 +31,10 @@ pub(super) struct Shared {
     /// The budget of one limiter call.
     timeout: Duration,
     health: Arc<Health>,
-    /// Under `on_error: local` with Redis, what Redis last said of each key, where the fallback starts it from;
-    /// `None` otherwise, so that no other policy pays for it.
-    reported: Option<Box<LastReported>>,
+    /// Under `on_error: local` with Redis, what Redis last said of each key (the store tells it, see
+    /// [`RedisStore::report_to`]), where the fallback starts it from; `None` otherwise, so that no other policy
+    /// pays for it.
+    reported: Option<Arc<LastReported>>,
     /// The over-limit cache's clock starts here: its times are milliseconds of this process's monotonic clock.
     started: Instant,
     /// `tollgate_store_duration_seconds` and `tollgate_store_errors_total`, registered once.
@@ -92,11 +93,15 @@ impl Shared {
             timeout,
             on_error,
         ));
-        let reported = (on_error == OnError::Local).then(Box::default);
+        let reported = (on_error == OnError::Local).then(|| {
+            let reported = Arc::new(LastReported::new(local.clock()));
+            redis.report_to(&reported);
+            reported
+        });
         Self::with(health, reported, timeout)
     }
 
-    fn with(health: Arc<Health>, reported: Option<Box<LastReported>>, timeout: Duration) -> Self {
+    fn with(health: Arc<Health>, reported: Option<Arc<LastReported>>, timeout: Duration) -> Self {
         Self {
             timeout,
             health,
@@ -223,9 +228,6 @@ impl RateLimiter {
             Ok(outcome) => {
                 if !self.shared.health.ready.load(Ordering::Acquire) {
                     self.shared.health.recovered(redis);
-                }
-                if let Some(reported) = &self.shared.reported {
-                    reported.remember(checks, &outcome, self.local.now_ms());
                 }
                 // Stamped with when the call was sent, not when Redis decided: the waits it projects are then
                 // never longer than Redis's.

@@ -134,7 +134,7 @@ impl MemoryStore {
             })
             .collect();
         let mut guards = self.lock_shards(keys.iter().map(|k| k.shard));
-        let transitions: Vec<Transition<State>> = checks
+        let transitions: SmallVec<[Transition<State>; INLINE_LIMITS]> = checks
             .iter()
             .zip(keys.iter_mut())
             .map(|(check, hashed)| {
@@ -165,7 +165,7 @@ impl MemoryStore {
             self.full.increment(1);
             let enforced = refused.iter().any(|&(i, _)| !checks[i].limit.is_shadow());
             if enforced && self.when_full() == WhenFull::Deny {
-                return refusal(transitions, &refused, now_ms);
+                return refusal(&transitions, &refused, now_ms);
             }
         }
         let over_limit: SmallVec<[bool; INLINE_LIMITS]> = transitions
@@ -178,7 +178,7 @@ impl MemoryStore {
             .collect();
 
         algorithms::combine(
-            transitions,
+            &transitions,
             |i| checks[i].limit.is_shadow(),
             |i, state, ttl_ms| {
                 if refused.iter().any(|&(r, _)| r == i) {
@@ -242,6 +242,12 @@ impl MemoryStore {
     /// This store's time, in ms: what [`give_back`](Self::give_back) takes an admission's time in.
     pub fn now_ms(&self) -> i64 {
         self.clock.now_ms()
+    }
+
+    /// This store's clock.
+    #[cfg(feature = "redis")]
+    pub(crate) fn clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.clock)
     }
 
     /// Gives back, at the clock's time, what `checks` took when they were admitted at `at_ms` (see
@@ -471,13 +477,9 @@ impl MemoryStore {
 
 /// The answer to a request refused because a new key of it found no room: the refused limits deny until the
 /// earliest time a key they could displace frees up; nothing was consumed.
-fn refusal(
-    transitions: Vec<Transition<State>>,
-    refused: &[(usize, NoRoom)],
-    now_ms: i64,
-) -> Outcome {
+fn refusal(transitions: &[Transition<State>], refused: &[(usize, NoRoom)], now_ms: i64) -> Outcome {
     let decisions = transitions
-        .into_iter()
+        .iter()
         .enumerate()
         .map(|(i, ev)| match refused.iter().find(|&&(r, _)| r == i) {
             Some((_, no_room)) => {

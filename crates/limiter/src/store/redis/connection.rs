@@ -1,7 +1,7 @@
 //! The pool's side of the Redis store: fred clients with the gateway's settings, script calls, batches.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use fred::prelude::*;
@@ -17,6 +17,7 @@ use super::lost::{cluster_marker, Epoch, DEFAULT_MARKER};
 use super::migration::{self, Migrations};
 use super::outage::Link;
 use super::RedisTopology;
+use crate::last_reported::LastReported;
 use crate::store::batcher::{Pending, RunBatch};
 use crate::store::redis_clock::RedisClock;
 use crate::store::script::{self, EncodedRequest, Marker};
@@ -53,6 +54,8 @@ pub(super) struct Connection {
     pub(super) key_prefix: std::sync::OnceLock<String>,
     /// The epoch of Redis's data as the replies tell it.
     pub(super) epoch: Epoch,
+    /// What is told each key's state as the calls leave it (each limiter's under `on_error: local`).
+    pub(super) reports: parking_lot::Mutex<Vec<Weak<LastReported>>>,
 }
 
 // === impl Connection ===
@@ -169,7 +172,40 @@ impl Connection {
         if now_ms.is_none() {
             self.clock.observe(decided_at, received);
         }
-        Ok((decided_at, script::parse_reply(&reply, requests, &runs)?))
+        let outcomes = script::parse_reply(&reply, requests, &runs)?;
+        self.report(requests, &runs, &outcomes);
+        Ok((decided_at, outcomes))
+    }
+
+    /// Tells what listens for reports (see [`LastReported`]) the state each committing call left its keys in: of
+    /// a run of identical requests, only its last decision, which says the state the run left.
+    fn report(
+        &self,
+        requests: &[&EncodedRequest],
+        runs: &[usize],
+        outcomes: &[Result<Outcome, StoreError>],
+    ) {
+        let listeners = self.reports.lock();
+        if listeners.is_empty() {
+            return;
+        }
+        for reported in listeners.iter().filter_map(Weak::upgrade) {
+            let now_ms = reported.now_ms();
+            let mut end = 0;
+            for &count in runs {
+                end += count;
+                let (Some(request), Some(Ok(outcome))) =
+                    (requests.get(end - 1), outcomes.get(end - 1))
+                else {
+                    continue;
+                };
+                for (limit, key) in request.seeding_keys() {
+                    if let Some(decision) = outcome.decisions.get(limit) {
+                        reported.remember(key, decision, now_ms);
+                    }
+                }
+            }
+        }
     }
 
     /// The marker a call on `slot` checks, with the epoch this instance knows of it: on Redis Cluster the marker of

@@ -32,6 +32,7 @@ use super::redis_clock::RedisClock;
 use super::script::{EncodedRequest, Mode, CHECK_SCRIPT};
 use super::sentinel;
 use super::{LimitCheck, StoreError};
+use crate::last_reported::LastReported;
 use crate::{Algorithm, Decision, Limit, Outcome};
 
 /// Which kind of Redis deployment the URL names.
@@ -118,6 +119,7 @@ impl RedisStore {
             } else {
                 lost::Epoch::default()
             },
+            reports: parking_lot::Mutex::default(),
         });
         if topology == RedisTopology::Sentinel {
             let weak = Arc::downgrade(&connection);
@@ -266,6 +268,14 @@ impl RedisStore {
         self.batcher
             .check(connection.slot_of(checks), request, budget)
             .await
+    }
+
+    /// Tells `reported` the state every committing call leaves its keys in, for as long as it lives (a limiter's
+    /// under `on_error: local`, which starts its fallback from them).
+    pub(crate) fn report_to(&self, reported: &Arc<LastReported>) {
+        let mut listeners = self.connection.reports.lock();
+        listeners.retain(|listener| listener.strong_count() > 0);
+        listeners.push(Arc::downgrade(reported));
     }
 
     /// A lease id for one request with `concurrency` limits: unique to it among every instance's.

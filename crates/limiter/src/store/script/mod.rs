@@ -197,6 +197,20 @@ impl EncodedRequest {
             .map(|(start, end)| start..end)
     }
 
+    /// The keys of a committing request whose state the fallback may start from (see `LastReported`), with their
+    /// limit's index: none of a shadow limit's (which never denies), nor slots (which the fallback never takes
+    /// over).
+    pub(super) fn seeding_keys(&self) -> impl Iterator<Item = (usize, &str)> + '_ {
+        let commits = self.mode == Mode::Commit;
+        self.key_ranges()
+            .zip(&self.limits)
+            .enumerate()
+            .filter(move |(_, (_, limit))| {
+                commits && !limit.shadow && !limit.algorithm.holds_slots()
+            })
+            .filter_map(|(i, (range, _))| Some((i, std::str::from_utf8(&self.keys[range]).ok()?)))
+    }
+
     /// Whether a run of copies of this request may be decided at once: committing requests whose limits each
     /// have a key of their own, none a `sliding_log` (whose state, a sorted set, the reply cannot carry).
     fn can_run(&self) -> bool {
@@ -549,14 +563,17 @@ fn replay_run(
         .map(|(limit, f)| state_before_run(&limit.algorithm, f))
         .collect::<Result<Vec<_>, _>>()?;
     let limits = &request.limits;
+    // One list for the run's requests, each evaluated into it in turn.
+    let mut transitions = Vec::with_capacity(limits.len());
     for _ in 0..count {
-        let transitions = limits
-            .iter()
-            .zip(&states)
-            .map(|(l, state)| algorithms::evaluate(&l.algorithm, state.as_ref(), now_ms, l.cost))
-            .collect();
+        transitions.clear();
+        transitions.extend(
+            limits.iter().zip(&states).map(|(l, state)| {
+                algorithms::evaluate(&l.algorithm, state.as_ref(), now_ms, l.cost)
+            }),
+        );
         outcomes.push(Ok(algorithms::combine(
-            transitions,
+            &transitions,
             |i| limits[i].shadow,
             |i, next, _| states[i] = Some(next),
         )));
