@@ -8,10 +8,26 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use crate::head_lines::HeadLines;
 use crate::limiter::{Decision, Limit};
 
-static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// A rate-limit field's name as a map keys it, and as its head line starts.
+pub(crate) struct Field {
+    name: HeaderName,
+    line_start: &'static [u8],
+}
+
+impl Field {
+    const fn new(name: &'static str, line_start: &'static str) -> Self {
+        Self {
+            name: HeaderName::from_static(name),
+            line_start: line_start.as_bytes(),
+        }
+    }
+}
+
+static X_RATELIMIT_LIMIT: Field = Field::new("x-ratelimit-limit", "x-ratelimit-limit: ");
+static X_RATELIMIT_REMAINING: Field =
+    Field::new("x-ratelimit-remaining", "x-ratelimit-remaining: ");
+static X_RATELIMIT_RESET: Field = Field::new("x-ratelimit-reset", "x-ratelimit-reset: ");
+static RATELIMIT_POLICY: Field = Field::new("ratelimit-policy", "ratelimit-policy: ");
 static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// `"per-ip";q=100;w=60, "per-key";q=50;w=180` for a route's limits; `None` without limits. A calendar window's `w`
@@ -44,22 +60,32 @@ pub(crate) fn policy<'l>(
 /// What the fields say of one limit whatever the decision, rendered once when the config is loaded.
 #[derive(Debug, Clone)]
 pub(crate) struct Advertised {
-    /// The start of its `RateLimit` item, `"<name>";r=`.
-    rate_limit_head: String,
+    /// The start of its `RateLimit` line, `ratelimit: "<name>";r=`; the item alone is what follows `: `.
+    rate_limit_line_start: String,
     /// Its capacity (`limit` or `burst`), what decisions report as their limit.
     capacity: u64,
     /// `capacity` as the `X-RateLimit-Limit` value: cloning it shares the bytes.
     capacity_value: HeaderValue,
+    /// The `X-RateLimit-Limit` line of `capacity`, CRLF included.
+    capacity_line: Box<[u8]>,
 }
 
 impl Advertised {
     pub(crate) fn new(limit: &Limit) -> Self {
         let capacity = limit.algorithm().capacity();
         Self {
-            rate_limit_head: format!("\"{}\";r=", limit.name()),
+            rate_limit_line_start: format!("ratelimit: \"{}\";r=", limit.name()),
             capacity,
             capacity_value: HeaderValue::from(capacity),
+            capacity_line: format!("x-ratelimit-limit: {capacity}\r\n")
+                .into_bytes()
+                .into_boxed_slice(),
         }
+    }
+
+    /// The start of its `RateLimit` item, `"<name>";r=`.
+    fn rate_limit_head(&self) -> &str {
+        &self.rate_limit_line_start["ratelimit: ".len()..]
     }
 }
 
@@ -68,12 +94,14 @@ impl Advertised {
 pub(crate) trait Fields {
     /// Makes room for `count` more fields.
     fn reserve(&mut self, count: usize);
-    /// `name: value`, in place of any field of that name.
-    fn value(&mut self, name: &'static HeaderName, value: &HeaderValue);
-    /// `name: n`.
-    fn number(&mut self, name: &'static HeaderName, n: u64);
-    /// `RateLimit: <head><remaining>;t=<reset>`, `head` being the item's start (`"<name>";r=`).
-    fn rate_limit(&mut self, head: &str, remaining: u64, reset: u64);
+    /// `X-RateLimit-Limit` of a decision that reports the limit's capacity, as `limit` advertises it.
+    fn capacity(&mut self, limit: &Advertised);
+    /// `field: value`, in place of any field of that name.
+    fn value(&mut self, field: &'static Field, value: &HeaderValue);
+    /// `field: n`.
+    fn number(&mut self, field: &'static Field, n: u64);
+    /// `RateLimit: "<name>";r=<remaining>;t=<reset>` of the limit `limit` advertises.
+    fn rate_limit(&mut self, limit: &Advertised, remaining: u64, reset: u64);
 }
 
 impl Fields for HeaderMap {
@@ -81,16 +109,21 @@ impl Fields for HeaderMap {
         HeaderMap::reserve(self, count);
     }
 
-    fn value(&mut self, name: &'static HeaderName, value: &HeaderValue) {
-        self.insert(name, value.clone());
+    fn capacity(&mut self, limit: &Advertised) {
+        self.insert(&X_RATELIMIT_LIMIT.name, limit.capacity_value.clone());
     }
 
-    fn number(&mut self, name: &'static HeaderName, n: u64) {
-        self.insert(name, number_value(n));
+    fn value(&mut self, field: &'static Field, value: &HeaderValue) {
+        self.insert(&field.name, value.clone());
     }
 
-    fn rate_limit(&mut self, head: &str, remaining: u64, reset: u64) {
+    fn number(&mut self, field: &'static Field, n: u64) {
+        self.insert(&field.name, number_value(n));
+    }
+
+    fn rate_limit(&mut self, limit: &Advertised, remaining: u64, reset: u64) {
         // Exactly sized, so that it becomes the header's bytes as it is (no copy, no second allocation).
+        let head = limit.rate_limit_head();
         let (mut remaining_digits, mut reset_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
         let (remaining, reset) = (
             remaining_digits.format(remaining).as_bytes(),
@@ -107,28 +140,28 @@ impl Fields for HeaderMap {
     }
 }
 
+/// As lines, each field's start and whatever does not change per request were written once: a line costs a copy
+/// or three, not one per part.
 impl Fields for HeadLines {
     fn reserve(&mut self, _count: usize) {}
 
-    fn value(&mut self, name: &'static HeaderName, value: &HeaderValue) {
-        self.push(name, value.as_bytes());
+    fn capacity(&mut self, limit: &Advertised) {
+        self.push_raw(&limit.capacity_line);
     }
 
-    fn number(&mut self, name: &'static HeaderName, n: u64) {
-        self.push(name, itoa::Buffer::new().format(n).as_bytes());
+    fn value(&mut self, field: &'static Field, value: &HeaderValue) {
+        self.push_line(field.line_start, value.as_bytes());
     }
 
-    fn rate_limit(&mut self, head: &str, remaining: u64, reset: u64) {
+    fn number(&mut self, field: &'static Field, n: u64) {
+        self.push_line(field.line_start, itoa::Buffer::new().format(n).as_bytes());
+    }
+
+    fn rate_limit(&mut self, limit: &Advertised, remaining: u64, reset: u64) {
         let (mut remaining_digits, mut reset_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
-        self.push_parts(
-            &RATELIMIT,
-            &[
-                head.as_bytes(),
-                remaining_digits.format(remaining).as_bytes(),
-                b";t=",
-                reset_digits.format(reset).as_bytes(),
-            ],
-        );
+        self.push_raw(limit.rate_limit_line_start.as_bytes());
+        self.push_raw(remaining_digits.format(remaining).as_bytes());
+        self.push_line(b";t=", reset_digits.format(reset).as_bytes());
     }
 }
 
@@ -155,7 +188,7 @@ pub(crate) fn apply<F: Fields>(
     let reset = ceil_seconds(decision.reset_after_ms);
     fields.reserve(5);
     if decision.limit == limit.capacity {
-        fields.value(&X_RATELIMIT_LIMIT, &limit.capacity_value);
+        fields.capacity(limit);
     } else {
         fields.number(&X_RATELIMIT_LIMIT, decision.limit);
     }
@@ -164,7 +197,7 @@ pub(crate) fn apply<F: Fields>(
     if let Some(policy) = policy {
         fields.value(&RATELIMIT_POLICY, policy);
     }
-    fields.rate_limit(&limit.rate_limit_head, decision.remaining, reset);
+    fields.rate_limit(limit, decision.remaining, reset);
 }
 
 static X_RATELIMIT_LIMIT_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-limit-tokens");

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use http::{HeaderValue, Request, Response};
 use ipnet::IpNet;
 
 use super::after_answer::{AfterAnswer, AnswerGuard};
@@ -358,7 +358,8 @@ impl Policy {
         let limits = self.limits_for(admitted.caller.as_deref());
         if let Some(lines) = lines {
             if limits.decorate_lines(lines, &admitted.checked) {
-                take_out_rate_limit_fields(response.headers_mut());
+                // The answer's own (an upstream's) are taken out with its `x-request-id`, in one pass.
+                lines.hold_rate_limit_fields();
                 return;
             }
         }
@@ -471,21 +472,5 @@ impl Policy {
         let policy = self.consumers.as_ref()?;
         let plan = policy.consumers.plans().get(caller.plan?)?;
         Some(plan.name.as_str())
-    }
-}
-
-/// Takes an upstream's own rate-limit fields out of its answer, which carries tollgate's as head lines instead: as
-/// the map's insertions replace them. Rare: one pass over the names finds none nearly always.
-fn take_out_rate_limit_fields(headers: &mut HeaderMap) {
-    if !headers.keys().any(super::headers::is_rate_limit_field) {
-        return;
-    }
-    let names: Vec<HeaderName> = headers
-        .keys()
-        .filter(|name| super::headers::is_rate_limit_field(name))
-        .cloned()
-        .collect();
-    for name in names {
-        headers.remove(name);
     }
 }

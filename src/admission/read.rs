@@ -9,6 +9,7 @@ use bytes::Bytes;
 use http::header::Entry;
 use http::{HeaderMap, HeaderName, HeaderValue, Request};
 
+use super::headers::is_rate_limit_field;
 use super::policy::Policy;
 use crate::head_lines::HeadLines;
 use crate::key::{AmbiguousKey, ClientCertificate, ClientIpResolver, RequestFacts};
@@ -177,18 +178,29 @@ pub fn set_request_id(headers: &mut HeaderMap, request_id: HeaderValue) {
     headers.insert(X_REQUEST_ID.clone(), request_id);
 }
 
-/// [`set_request_id`] for an answer whose head the server writes itself: `request_id` as a head line of `lines`,
-/// and any `x-request-id` of the answer's `headers` (an upstream's echo) taken out. One look-up, where the
-/// insertion into the map cost one and a new entry besides.
+/// [`set_request_id`] for an answer whose head the server writes itself: `request_id` as a head line of `lines`.
+/// The answer's own `x-request-id` (an upstream's echo), and its rate-limit fields where `lines` holds the
+/// gateway's, give way: as the map's insertions replace them. One pass over the names finds none nearly always,
+/// where a look-up hashed each name.
 pub fn add_request_id_line(
     headers: &mut HeaderMap,
     lines: &mut HeadLines,
     request_id: &HeaderValue,
 ) {
-    if !headers.is_empty() {
-        headers.remove(&X_REQUEST_ID);
+    let rate_limit = lines.holds_rate_limit_fields();
+    let replaced =
+        |name: &HeaderName| name == X_REQUEST_ID || (rate_limit && is_rate_limit_field(name));
+    if headers.keys().any(replaced) {
+        let names: Vec<HeaderName> = headers
+            .keys()
+            .filter(|name| replaced(name))
+            .cloned()
+            .collect();
+        for name in names {
+            headers.remove(name);
+        }
     }
-    lines.push(&X_REQUEST_ID, request_id.as_bytes());
+    lines.push_line(b"x-request-id: ", request_id.as_bytes());
 }
 
 #[cfg(test)]
