@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
+use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
@@ -118,18 +119,26 @@ impl server::Handler for Served {
         handle_on(gateway, request, peer, prepare, InMap)
     }
 
-    /// As `handle`, for a request without a body: nothing to read, nothing to time.
+    /// As `handle`, for a request read whole: nothing left to read, nothing to time.
     #[inline]
-    fn handle_bodiless(
+    fn handle_whole(
         served: Option<Self>,
-        request: Request<()>,
+        request: Request<Bytes>,
         peer: SocketAddr,
         lines: Vec<u8>,
     ) -> impl Future<Output = Result<(Response<Body>, Vec<u8>), Infallible>> + Send + 'static {
         let gateway = served.map(|served| served.gateway);
         // Its answer's head is written by the server itself: the rate-limit fields and `x-request-id` go as head
         // lines.
-        let prepare = |request: Request<()>| request.map(|()| Body::empty());
+        let prepare = |request: Request<Bytes>| {
+            request.map(|body| {
+                if body.is_empty() {
+                    Body::empty()
+                } else {
+                    Body::from(body)
+                }
+            })
+        };
         handle_on(
             gateway,
             request,

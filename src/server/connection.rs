@@ -46,14 +46,13 @@ macro_rules! requests {
 }
 pub(super) use requests;
 
-/// [`requests!`] for the plain requests a connection reads itself (no body).
-macro_rules! bodiless_requests {
-    ($handler:expr, $peer:expr, $max_header_bytes:expr) => {{
-        let (handler, peer, max_header_bytes) = ($handler, $peer, $max_header_bytes);
-        move |request: hyper::Request<()>, lines: Vec<u8>| {
-            let handler = ($crate::server::connection::head_bytes(&request) <= max_header_bytes)
-                .then(|| handler.clone());
-            H::handle_bodiless(handler, request, peer, lines)
+/// [`requests!`] for the plain requests a connection reads itself, bodies whole (their heads within the limit:
+/// one over it is hyper's).
+macro_rules! whole_requests {
+    ($handler:expr, $peer:expr) => {{
+        let (handler, peer) = ($handler, $peer);
+        move |request: hyper::Request<bytes::Bytes>, lines: Vec<u8>| {
+            H::handle_whole(Some(handler.clone()), request, peer, lines)
         }
     }};
 }
@@ -148,7 +147,7 @@ pub(super) async fn serve_connection<H: Handler>(
             );
             // Served directly while requests are plain, by hyper for any other, by the socket alone while it
             // rests between them.
-            let direct = bodiless_requests!(handler, peer, builders.max_header_bytes);
+            let direct = whole_requests!(handler, peer);
             let limits = Limits {
                 max_header_bytes: builders.max_header_bytes,
                 keepalive_timeout: builders.keepalive_timeout,

@@ -30,14 +30,15 @@ pub trait Handler: Clone + Send + Sync + Unpin + 'static {
         peer: SocketAddr,
     ) -> impl Future<Output = Result<Response<Self::Body>, Infallible>> + Send + 'static;
 
-    /// Answers `request`, a request with no body that the connection read itself (see `direct.rs`), as
-    /// [`handle`](Self::handle) does. Its answer goes out through the server's own writer, with `lines`, handed
-    /// back with it: fields the handler wrote ahead as head lines (`name: value` and CRLF each), copied after the
-    /// answer's map as they are. `lines` comes empty, in the allocation the connection's last answer used, so that
-    /// writing them costs no allocation.
-    fn handle_bodiless(
+    /// Answers `request`, a request that the connection read itself with its whole body (empty when it has none;
+    /// see `direct.rs`), as [`handle`](Self::handle) does. Its answer goes out through the server's own writer,
+    /// with `lines`, handed back with it: fields the handler wrote ahead as head lines (`name: value` and CRLF
+    /// each), copied after the answer's map as they are. `lines` comes empty, in the allocation the connection's
+    /// last answer used, so that writing them costs no allocation. The handler is always given: a head over
+    /// [`Settings::max_header_bytes`](super::Settings::max_header_bytes) is never read here.
+    fn handle_whole(
         handler: Option<Self>,
-        request: Request<()>,
+        request: Request<Bytes>,
         peer: SocketAddr,
         lines: Vec<u8>,
     ) -> impl Future<Output = Result<(Response<Self::Body>, Vec<u8>), Infallible>> + Send + 'static;

@@ -72,9 +72,9 @@ impl Handler for Echo {
 
     /// Also writes a head line that says the request's path, whether `lines` came empty and whether it came in an
     /// allocation already made (the connection's last answer's).
-    async fn handle_bodiless(
+    async fn handle_whole(
         handler: Option<Self>,
-        request: Request<()>,
+        request: Request<Bytes>,
         peer: SocketAddr,
         mut lines: Vec<u8>,
     ) -> Result<(Response<Full<Bytes>>, Vec<u8>), Infallible> {
@@ -83,8 +83,8 @@ impl Handler for Echo {
             (true, false) => "empty, new",
             (true, true) => "empty, reused",
         };
-        let path = request.uri().path();
-        lines.extend_from_slice(format!("x-line: {path} {came}\r\n").as_bytes());
+        let (path, body) = (request.uri().path(), request.body().len());
+        lines.extend_from_slice(format!("x-line: {path} {came}, body {body}\r\n").as_bytes());
         let response = Self::answer(handler, path, peer, "direct").await?;
         Ok((response, lines))
     }
@@ -192,22 +192,45 @@ async fn plain_requests_are_answered_directly_and_any_other_by_hyper_on_the_same
     .await;
     assert_eq!(times(&answers, "served-by: direct\r\n"), 2, "{answers}");
     // The handler's head lines go into each head, each answer's into the last one's allocation, emptied.
-    assert_eq!(times(&answers, "x-line: /a empty, new\r\n"), 1, "{answers}");
-    assert_eq!(
-        times(&answers, "x-line: /b empty, reused\r\n"),
-        1,
-        "{answers}"
-    );
+    let lines = [
+        "x-line: /a empty, new, body 0\r\n",
+        "x-line: /b empty, reused, body 0\r\n",
+    ];
+    for line in lines {
+        assert_eq!(times(&answers, line), 1, "{answers}");
+    }
     assert_eq!(times(&answers, "content-length: 9\r\n"), 2, "{answers}");
     assert_eq!(times(&answers, "\r\ndate: "), 2, "{answers}");
 
-    // A body, then a plain request behind it: hyper takes the connection from the body's head on.
+    // A body of declared length that came whole with its head: read here, and given to the handler.
     let answers = send(
         &mut stream,
         "POST /c HTTP/1.1\r\nhost: a\r\ncontent-length: 3\r\n\r\nabcGET /d HTTP/1.1\r\nhost: a\r\n\r\n",
     )
     .await;
+    assert_eq!(times(&answers, "served-by: direct\r\n"), 2, "{answers}");
+    let line = "x-line: /c empty, reused, body 3\r\n";
+    assert_eq!(times(&answers, line), 1, "{answers}");
+
+    // A chunked body, then a plain request behind it: hyper takes the connection from the body's head on.
+    let answers = send(
+        &mut stream,
+        "POST /e HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n\
+         GET /f HTTP/1.1\r\nhost: a\r\n\r\n",
+    )
+    .await;
     assert_eq!(times(&answers, "served-by: hyper\r\n"), 2, "{answers}");
+
+    // A body still on its way when its head is read: hyper reads it as it comes.
+    let mut stream = TcpStream::connect(address).await.expect("connect");
+    stream
+        .write_all(b"POST /g HTTP/1.1\r\nhost: a\r\ncontent-length: 6\r\n\r\nabc")
+        .await
+        .expect("write");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stream.write_all(b"def").await.expect("write");
+    let answer = read_answers(&mut stream, 1).await;
+    assert_eq!(times(&answer, "served-by: hyper\r\n"), 1, "{answer}");
 
     // Each kind of request that is not plain goes to hyper, on a connection of its own.
     for head in [
