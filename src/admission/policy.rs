@@ -265,7 +265,10 @@ impl Policy {
                 Ok(checked) => checked,
                 Err(refusal) => return Admission::Refused(refusal),
             };
-        hold_for_delay(limiter, limits, facts, &checked).await;
+        let delay_ms = limits.delay_ms(&checked);
+        if delay_ms > 0 {
+            hold_for_delay(limiter, limits, facts, &checked, delay_ms).await;
+        }
         let after = self.kept_for_after(limiter, limits, facts, &checked, asked, reserve);
         Admission::Admitted(Admitted {
             checked,

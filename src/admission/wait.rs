@@ -9,22 +9,21 @@ use super::limits::{Checked, LimitSet};
 use crate::key::RequestFacts;
 use crate::limiter::RateLimiter;
 
-/// Holds an admitted request for as long as a `leaky_bucket` in delay mode asks (not at all elsewhere).
+/// Holds an admitted request for the `delay_ms` a `leaky_bucket` in delay mode asks (the caller awaits this only
+/// when it asks some: a future polled for nothing costs every request).
 pub(super) async fn hold_for_delay(
     limiter: &RateLimiter,
     limits: &LimitSet,
     facts: &RequestFacts<'_>,
     checked: &Checked,
+    delay_ms: u64,
 ) {
-    let delay_ms = limits.delay_ms(checked);
-    if delay_ms > 0 {
-        // Held, as nginx's limit_req holds: a client that leaves meanwhile gives its place back, so the queue
-        // moves on without it.
-        let taken = limits.taken(facts, checked);
-        let held = Held::new(limiter.give_back(taken, checked.decided_by, Instant::now()));
-        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-        held.forwarded();
-    }
+    // Held, as nginx's limit_req holds: a client that leaves meanwhile gives its place back, so the queue moves on
+    // without it.
+    let taken = limits.taken(facts, checked);
+    let held = Held::new(limiter.give_back(taken, checked.decided_by, Instant::now()));
+    tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+    held.forwarded();
 }
 
 /// Gives back a held request's place when dropped, unless [`forwarded`](Self::forwarded) said it left the hold.

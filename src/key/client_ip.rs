@@ -122,13 +122,14 @@ pub fn push_ip_bytes(out: &mut Vec<u8>, ip: IpAddr) {
 
 /// Where an address's text goes: a `String` (a key, a log line) or a message head's bytes.
 trait TextOut {
-    fn push_ascii(&mut self, byte: u8);
+    /// ASCII bytes (an IPv4 address's digits and dots).
+    fn push_ascii(&mut self, ascii: &[u8]);
     fn push_display(&mut self, ip: IpAddr);
 }
 
 impl TextOut for String {
-    fn push_ascii(&mut self, byte: u8) {
-        self.push(char::from(byte));
+    fn push_ascii(&mut self, ascii: &[u8]) {
+        self.push_str(std::str::from_utf8(ascii).unwrap_or_default());
     }
 
     fn push_display(&mut self, ip: IpAddr) {
@@ -138,8 +139,8 @@ impl TextOut for String {
 }
 
 impl TextOut for Vec<u8> {
-    fn push_ascii(&mut self, byte: u8) {
-        self.push(byte);
+    fn push_ascii(&mut self, ascii: &[u8]) {
+        self.extend_from_slice(ascii);
     }
 
     fn push_display(&mut self, ip: IpAddr) {
@@ -148,24 +149,32 @@ impl TextOut for Vec<u8> {
     }
 }
 
-/// IPv4 digit by digit, into the destination itself; IPv6 as `Display` writes it.
+/// IPv4 digit by digit on the stack, then into the destination at once (a push per digit checked the room each
+/// time); IPv6 as `Display` writes it.
 fn write_ip(out: &mut impl TextOut, ip: IpAddr) {
     let IpAddr::V4(v4) = ip else {
         out.push_display(ip);
         return;
     };
+    let mut text = [0u8; 15];
+    let mut length = 0;
     for (i, octet) in v4.octets().into_iter().enumerate() {
         if i > 0 {
-            out.push_ascii(b'.');
+            text[length] = b'.';
+            length += 1;
         }
         if octet >= 100 {
-            out.push_ascii(b'0' + octet / 100);
+            text[length] = b'0' + octet / 100;
+            length += 1;
         }
         if octet >= 10 {
-            out.push_ascii(b'0' + octet / 10 % 10);
+            text[length] = b'0' + octet / 10 % 10;
+            length += 1;
         }
-        out.push_ascii(b'0' + octet % 10);
+        text[length] = b'0' + octet % 10;
+        length += 1;
     }
+    out.push_ascii(&text[..length]);
 }
 
 /// IPv4-mapped IPv6 addresses (`::ffff:1.2.3.4`) are the IPv4 client they carry.

@@ -281,6 +281,16 @@ impl KeySpec {
         Ok(applies)
     }
 
+    /// Ends a store key whose value this spec wrote from `value_start` on, as [`seal_key`](super::seal_key) does:
+    /// a client's address alone is always short printable text, which needs no look.
+    pub fn seal(&self, key: &mut String, value_start: usize) {
+        if !self.secret && matches!(self.parts[..], [KeyPart::Ip]) {
+            key.push('}');
+        } else {
+            super::seal_key(key, value_start);
+        }
+    }
+
     /// [`push_value`](Self::push_value) before a secret value is digested.
     fn push_plain_value(
         &self,
@@ -558,6 +568,45 @@ mod tests {
     fn spec(parts: &[&str], missing: MissingKey) -> KeySpec {
         let parts = parts.iter().map(|p| KeyPart::parse(p).unwrap()).collect();
         KeySpec::new(parts, missing)
+    }
+
+    /// A key of the client's address alone is closed without a look at its value, and reads as the general
+    /// sealing writes it: IPv4, IPv6 by its prefix and whole.
+    #[test]
+    fn an_address_key_seals_as_any_key_does() {
+        let headers = HeaderMap::new();
+        let by_ip = spec(&["ip"], MissingKey::Ip);
+        for (client, prefix) in [
+            ("192.0.2.1", 64),
+            ("2001:db8::7", 64),
+            ("2001:db8::7", 128),
+            ("10.0.0.255", 64),
+        ] {
+            let facts = RequestFacts {
+                ipv6_prefix: prefix,
+                ..facts(&headers, None)
+            };
+            let facts = RequestFacts {
+                client_ip: ip(client),
+                ..facts
+            };
+            let mut fast = String::from("rl:api:per-ip:{");
+            let start = fast.len();
+            assert_eq!(by_ip.push_value(&facts, &mut fast), Ok(true));
+            let mut general = fast.clone();
+            by_ip.seal(&mut fast, start);
+            super::super::seal_key(&mut general, start);
+            assert_eq!(fast, general, "{client}/{prefix}");
+            assert!(fast.ends_with('}'), "{fast}");
+        }
+        assert_eq!(
+            {
+                let mut text = String::new();
+                push_client_key(&mut text, ip("10.20.3.255"), 64);
+                text
+            },
+            "10.20.3.255"
+        );
     }
 
     #[test]

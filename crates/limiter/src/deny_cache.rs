@@ -13,6 +13,7 @@
 //! errs on the side of refusing until a denial's `retry_after`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
@@ -28,6 +29,9 @@ const MAX_ENTRIES: usize = 100_000;
 #[derive(Debug, Default)]
 pub struct DenyCache {
     entries: Mutex<HashMap<Box<str>, Denial>>,
+    /// Whether `entries` may hold any, kept beside it under its lock: asked for every request, an empty cache is
+    /// told without taking the lock. Read without it, it can only be as late as a lock taken a moment earlier.
+    held: AtomicBool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -53,6 +57,9 @@ impl DenyCache {
     /// `now_ms`; `None` otherwise (the store is to be asked). Asked for every request: one lock for all the keys,
     /// no hashing while nothing is denied, and nothing allocated on a miss.
     pub fn answer(&self, checks: &[LimitCheck<'_>], now_ms: i64) -> Option<Outcome> {
+        if !self.held.load(Ordering::Acquire) {
+            return None;
+        }
         let entries = self.entries.lock();
         if entries.is_empty() || checks.is_empty() {
             return None;
@@ -78,12 +85,16 @@ impl DenyCache {
     /// nothing, and what is remembered of it stands.
     pub fn learn(&self, checks: &[LimitCheck<'_>], outcome: &Outcome, at_ms: i64) {
         if outcome.allowed {
+            if !self.held.load(Ordering::Acquire) {
+                return;
+            }
             let mut entries = self.entries.lock();
             if !entries.is_empty() {
                 for check in checks {
                     entries.remove(check.key);
                 }
             }
+            self.held.store(!entries.is_empty(), Ordering::Release);
             return;
         }
         let mut entries = None;
@@ -99,6 +110,7 @@ impl DenyCache {
                 }
             }
             entries.insert(check.key.into(), denial);
+            self.held.store(true, Ordering::Release);
         }
     }
 
@@ -110,16 +122,22 @@ impl DenyCache {
 
     /// Forgets the denial of `key`, if any (after an admin reset, here or on another instance).
     pub fn forget(&self, key: &str) {
+        if !self.held.load(Ordering::Acquire) {
+            return;
+        }
         let mut entries = self.entries.lock();
         if !entries.is_empty() {
             entries.remove(key);
         }
+        self.held.store(!entries.is_empty(), Ordering::Release);
     }
 
     /// Forgets every denial (when resets elsewhere may have gone unheard: the cache only spares Redis work, and
     /// an empty one asks Redis, which is always right).
     pub fn clear(&self) {
-        self.entries.lock().clear();
+        let mut entries = self.entries.lock();
+        entries.clear();
+        self.held.store(false, Ordering::Release);
     }
 }
 

@@ -17,8 +17,8 @@ use super::headers;
 use super::reserve::{NoReservation, Reserve};
 use crate::consumers::Plan;
 use crate::key::{
-    key_head, key_with_head, seal_key, AmbiguousKey, KeySpec, LimitSettings, RequestFacts,
-    StatusSet, TokenKind, PLAN_KEY_SCOPE,
+    key_head, key_with_head, AmbiguousKey, KeySpec, LimitSettings, RequestFacts, StatusSet,
+    TokenKind, PLAN_KEY_SCOPE,
 };
 use crate::limiter::store::{LimitCheck, INLINE_LIMITS};
 use crate::limiter::{DecidedBy, Limit, Outcome, RateLimiter, Unavailable};
@@ -542,7 +542,7 @@ impl LimitSet {
                         written[spec] = Written::Skipped;
                         continue;
                     }
-                    seal_key(&mut text, value_start);
+                    self.key_specs[spec].seal(&mut text, value_start);
                     written[spec] = Written::At(value_start..text.len());
                 }
             }

@@ -201,7 +201,8 @@ impl RateLimiter {
         lease: u64,
     ) -> Result<(Outcome, DecidedBy), Unavailable> {
         let now = Instant::now();
-        if let Some(outcome) = self.denials.answer(checks, self.cache_ms(now)) {
+        let cache_now = self.cache_ms(now);
+        if let Some(outcome) = self.denials.answer(checks, cache_now) {
             return Ok((outcome, DecidedBy::Nobody));
         }
         if self.shared.health.breaker.is_open() {
@@ -231,7 +232,7 @@ impl RateLimiter {
                 }
                 // Stamped with when the call was sent, not when Redis decided: the waits it projects are then
                 // never longer than Redis's.
-                self.denials.learn(checks, &outcome, self.cache_ms(now));
+                self.denials.learn(checks, &outcome, cache_now);
                 return Ok((outcome, DecidedBy::Store));
             }
             Err(error) => error,
