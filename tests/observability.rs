@@ -158,6 +158,21 @@ async fn request_ids_are_generated_passed_upstream_and_returned() {
     let echo: serde_json::Value = serde_json::from_str(&response.text().await.unwrap()).unwrap();
     assert_eq!(echo["headers"]["x-request-id"], "client-chosen-42");
 
+    // An id no upstream should be handed (over 200 bytes) is replaced by one made here, upstream and back.
+    let response = client
+        .get(gateway.url("/ids"))
+        .header("x-request-id", "x".repeat(201))
+        .send()
+        .await
+        .unwrap();
+    let made = response.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(made.len(), 32, "{made}");
+    let echo: serde_json::Value = serde_json::from_str(&response.text().await.unwrap()).unwrap();
+    assert_eq!(echo["headers"]["x-request-id"], made.as_str());
+
     let other = client.get(gateway.url("/ids")).send().await.unwrap();
     assert_ne!(
         other.headers()["x-request-id"].to_str().unwrap(),

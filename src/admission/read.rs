@@ -26,6 +26,9 @@ pub struct Arrival {
     pub request_id: HeaderValue,
     /// The client address, resolved through trusted proxies.
     pub client_ip: IpAddr,
+    /// `request_id` was made here and is not among the request's fields ([`Arrival::leaving_id_out`]): what
+    /// forwards the request writes it.
+    pub id_left_out: bool,
 }
 
 /// How admission reads a request without deciding it (nothing is counted): what the gateway's `view` gives tools
@@ -54,6 +57,42 @@ impl Arrival {
         Self {
             request_id,
             client_ip,
+            id_left_out: false,
+        }
+    }
+
+    /// [`of`](Self::of), but an id made here is left out of the request's fields (`id_left_out`), for a forwarder
+    /// that writes it into the upstream head itself, as it writes `X-Forwarded-For`: a map insertion (a hash of
+    /// the name, a probe) spared nearly every request, since few clients send one. A client's unusable id is taken
+    /// out all the same.
+    pub fn leaving_id_out<B>(
+        request: &mut Request<B>,
+        peer: IpAddr,
+        clients: &ClientIpResolver,
+    ) -> Self {
+        let headers = request.headers_mut();
+        // The name among a request's few fields, by comparison: a look-up would hash it first.
+        let sent = if headers.len() <= 16 {
+            headers
+                .iter()
+                .find(|(name, _)| **name == X_REQUEST_ID)
+                .map(|(_, id)| id)
+        } else {
+            headers.get(&X_REQUEST_ID)
+        };
+        let (request_id, id_left_out) = match sent {
+            Some(id) if usable_request_id(id) => (id.clone(), false),
+            Some(_) => {
+                headers.remove(&X_REQUEST_ID);
+                (new_request_id(), true)
+            }
+            None => (new_request_id(), true),
+        };
+        let client_ip = clients.resolve(peer, request.headers());
+        Self {
+            request_id,
+            client_ip,
+            id_left_out,
         }
     }
 }
@@ -135,7 +174,7 @@ pub fn ensure_request_id(headers: &mut HeaderMap) -> HeaderValue {
     match headers.entry(&X_REQUEST_ID) {
         Entry::Occupied(mut field) => {
             let id = field.get();
-            if !id.is_empty() && id.len() <= 200 {
+            if usable_request_id(id) {
                 return id.clone();
             }
             let made = new_request_id();
@@ -148,6 +187,11 @@ pub fn ensure_request_id(headers: &mut HeaderMap) -> HeaderValue {
             made
         }
     }
+}
+
+/// Whether a client's `x-request-id` is kept: not empty, and at most 200 bytes.
+fn usable_request_id(id: &HeaderValue) -> bool {
+    !id.is_empty() && id.len() <= 200
 }
 
 /// A new request id: 128 random bits in hex, in one allocation that its clones share (the request and its answer

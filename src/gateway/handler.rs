@@ -266,6 +266,7 @@ impl Gateway {
         mut request: Request<Body>,
         canonical: &'a CanonicalRequest<'a>,
         peer: SocketAddr,
+        request_id: Option<&'a HeaderValue>,
     ) -> impl std::future::Future<Output = Result<Response<Body>, Response<Body>>> + use<'a> {
         async move {
             match &route.action {
@@ -303,6 +304,7 @@ impl Gateway {
                             .policy
                             .usage()
                             .is_some_and(|usage| usage.reads_trailers()),
+                        request_id,
                     };
                     // Only the trail is held across the wait: every request's future has room for what is.
                     let trail = Trail::of(&request).cloned();
@@ -369,10 +371,12 @@ where
         // Before anything reads or writes a field: what `Connection` names is the client's own fields, never
         // tollgate's.
         crate::proxy::clean_client_fields(request.headers_mut(), &compiled.client_fields);
+        // An id made here goes upstream as a line of the head the proxy writes, not through the request's map.
         let Arrival {
             request_id,
             client_ip,
-        } = Arrival::of(&mut request, peer.ip(), &compiled.client_ip);
+            id_left_out,
+        } = Arrival::leaving_id_out(&mut request, peer.ip(), &compiled.client_ip);
         let access = AccessLine::begin(
             &mut request,
             client_ip,
@@ -405,7 +409,9 @@ where
                     .headers_mut()
                     .insert(http::header::HOST, field.clone());
             }
-            let forward = |request| gateway.act(&compiled, route, request, &canonical, peer);
+            let id_to_write = id_left_out.then_some(&request_id);
+            let forward =
+                |request| gateway.act(&compiled, route, request, &canonical, peer, id_to_write);
             let served = match route.policy.usage() {
                 // Nothing to decide (no limits, no consumers): forwarded from here, as `serve` would at once. Its
                 // future, holding the request and then the forwarding's, is a level the request is not moved through.

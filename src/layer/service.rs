@@ -100,6 +100,7 @@ where
     let Arrival {
         request_id,
         client_ip,
+        ..
     } = Arrival::of(&mut request, peer, &shared.client_ip);
     let with_id = |mut response: Response<Body>| {
         set_request_id(response.headers_mut(), request_id);

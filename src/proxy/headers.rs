@@ -18,6 +18,7 @@ static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host"
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 // The values tollgate writes, made once: `HeaderValue::from_static` called on the request path checks each byte of
 // its text every time.
@@ -50,6 +51,8 @@ pub struct ForwardedFacts<'a> {
     /// The gateway reads the answer's trailers (a route's `usage: header:<name>`): the upstream is told so with
     /// `TE: trailers`, without which a server may drop them (hyper's HTTP/1 server does).
     pub reads_trailers: bool,
+    /// An `x-request-id` made by the gateway and not among the request's fields: written with the hop's fields.
+    pub request_id: Option<&'a HeaderValue>,
 }
 
 /// The hop-by-hop fields every message loses, whether or not `Connection` names them (RFC 9110 §7.6.1). `Trailer`
@@ -307,6 +310,8 @@ pub struct HopFields {
     proto: bool,
     forwarded_host: Option<HeaderValue>,
     via: Option<&'static HeaderValue>,
+    /// The gateway's own request id, when the request's fields do not hold it.
+    request_id: Option<HeaderValue>,
 }
 
 /// An `X-Forwarded-For` value: the peer alone (the usual case, written out with no text made for it), or a list.
@@ -336,6 +341,9 @@ impl HopFields {
         if let Some(via) = self.via {
             headers.append(header::VIA, via.clone());
         }
+        if let Some(id) = self.request_id {
+            headers.insert(&X_REQUEST_ID, id);
+        }
     }
 
     /// Writes the fields as head lines (`name: value\r\n`) into `out`. The request's map holds none of them but
@@ -360,6 +368,9 @@ impl HopFields {
         if let Some(via) = self.via {
             line(out, b"via: ", via.as_bytes());
         }
+        if let Some(id) = &self.request_id {
+            line(out, b"x-request-id: ", id.as_bytes());
+        }
     }
 }
 
@@ -371,7 +382,7 @@ fn line(out: &mut Vec<u8>, start: &[u8], value: &[u8]) {
 }
 
 /// [`prepare_request`], but the fields tollgate writes about the hop (`X-Forwarded-For`, `X-Forwarded-Proto`,
-/// `X-Forwarded-Host`, `Via`) are returned, not set: the map loses any of the first three that tollgate replaces,
+/// `X-Forwarded-Host`, `Via`, and a request id it made) are returned, not set: the map loses any of the first three that tollgate replaces,
 /// and the caller writes them after the request's own fields.
 pub fn prepare_request_fields(headers: &mut HeaderMap, facts: &ForwardedFacts<'_>) -> HopFields {
     let present = scan(headers);
@@ -432,6 +443,7 @@ pub fn prepare_request_fields(headers: &mut HeaderMap, facts: &ForwardedFacts<'_
         };
     }
     fields.via = Some(via(facts.version));
+    fields.request_id = facts.request_id.cloned();
     fields
 }
 
@@ -531,7 +543,34 @@ mod tests {
             version: Version::HTTP_11,
             write_forwarded: false,
             reads_trailers: false,
+            request_id: None,
         }
+    }
+
+    #[test]
+    fn a_request_id_the_gateway_made_goes_with_the_hop_s_fields() {
+        let id = HeaderValue::from_static("0123abcd");
+        let made = ForwardedFacts {
+            request_id: Some(&id),
+            ..facts(false)
+        };
+        let mut out = Vec::new();
+        prepare_request_fields(&mut HeaderMap::new(), &made).write(&mut out);
+        let written = String::from_utf8(out).expect("text");
+        assert!(
+            written.ends_with("\r\nx-request-id: 0123abcd\r\n"),
+            "{written}"
+        );
+        // Into the map, for the requests hyper's client sends (a WebSocket handshake).
+        let mut h = HeaderMap::new();
+        prepare_request(&mut h, &made);
+        assert_eq!(h["x-request-id"], "0123abcd");
+        // None made: none written.
+        let mut out = Vec::new();
+        prepare_request_fields(&mut HeaderMap::new(), &facts(false)).write(&mut out);
+        assert!(!String::from_utf8(out)
+            .expect("text")
+            .contains("x-request-id"));
     }
 
     #[test]
