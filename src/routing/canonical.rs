@@ -263,12 +263,13 @@ fn read_host(
 /// The host of a `Host` field, and the field to send instead when it is not written canonically. An empty field
 /// (allowed for targets without an authority) names no host.
 fn host_of_field(field: &HeaderValue) -> Result<(Option<String>, Option<HeaderValue>), Refusal> {
-    let text = field.to_str().map_err(|_| Refusal::BadHost)?;
-    // The usual `Host: name[:port]`, already in lower case, is taken as it is, read in one pass; anything else
-    // goes through the full authority parser (brackets, case, a trailing dot).
-    if let Some(host) = plain_host(text) {
+    // The usual `Host: name[:port]`, already in lower case, is taken as it is, read in one pass over its bytes
+    // (which are ASCII then: no check of the whole value as text first); anything else goes through the full
+    // authority parser (brackets, case, a trailing dot).
+    if let Some(host) = plain_host(field.as_bytes()) {
         return Ok((Some(host.to_owned()), None));
     }
+    let text = field.to_str().map_err(|_| Refusal::BadHost)?;
     if text.is_empty() {
         return Ok((None, None));
     }
@@ -283,9 +284,9 @@ fn host_of_field(field: &HeaderValue) -> Result<(Option<String>, Option<HeaderVa
 /// The host of `text` when it is a lower-case name or IPv4 address (`a-z`, `0-9`, `-`, `.`, not ending in a dot)
 /// with an optional port of up to five digits: already canonical. One pass over the bytes, which finds the `:` as
 /// it checks them (a search for it first, then a check of each part, cost every request twice as much).
-fn plain_host(text: &str) -> Option<&str> {
+fn plain_host(text: &[u8]) -> Option<&str> {
     let mut colon = None;
-    for (at, &byte) in text.as_bytes().iter().enumerate() {
+    for (at, &byte) in text.iter().enumerate() {
         match byte {
             b'0'..=b'9' => {}
             b'a'..=b'z' | b'-' | b'.' if colon.is_none() => {}
@@ -297,12 +298,14 @@ fn plain_host(text: &str) -> Option<&str> {
         Some(at) => (&text[..at], Some(&text[at + 1..])),
         None => (text, None),
     };
-    if host.is_empty() || host.ends_with('.') {
+    if host.is_empty() || host.ends_with(b".") {
         return None;
     }
     // Digits compared as text: five digits are a port only up to 65535 (no number parsed per request).
-    let port_ok = port.is_none_or(|p| (1..=5).contains(&p.len()) && (p.len() < 5 || p <= "65535"));
-    port_ok.then_some(host)
+    let port_ok =
+        port.is_none_or(|p| (1..=5).contains(&p.len()) && (p.len() < 5 || p <= &b"65535"[..]));
+    // ASCII, every byte checked above: the text check cannot fail.
+    port_ok.then(|| std::str::from_utf8(host).ok()).flatten()
 }
 
 /// Parses `host[:port]` into the host (lower case, without the trailing dot of a fully qualified name) and the
@@ -459,7 +462,11 @@ mod tests {
             "h:9",
         ] {
             let (parsed, canonical) = parse_authority(text).expect("valid");
-            assert_eq!(plain_host(text), Some(parsed.as_str()), "{text:?}");
+            assert_eq!(
+                plain_host(text.as_bytes()),
+                Some(parsed.as_str()),
+                "{text:?}"
+            );
             assert_eq!(canonical, text);
         }
         for text in [
@@ -476,7 +483,7 @@ mod tests {
             "a.b:8.0",
             "h\u{e9}.example",
         ] {
-            assert_eq!(plain_host(text), None, "{text:?}");
+            assert_eq!(plain_host(text.as_bytes()), None, "{text:?}");
         }
     }
 

@@ -1,10 +1,12 @@
 //! Prometheus metrics: the process-wide recorder and the series of docs/operations.md, "Admin listener", with buckets sized for a limiter
 //! (sub-millisecond store calls) and for upstreams (milliseconds to seconds).
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+use super::histograms::{Counted, Layered};
 
 /// Store calls on loopback take well under a millisecond; the timeout is typically 25 ms.
 const STORE_BUCKETS: &[f64] = &[
@@ -19,43 +21,55 @@ const UPSTREAM_BUCKETS: &[f64] = &[
 /// bytes plus its block); a scrape folds them too, but an instance nobody scrapes would otherwise grow without end.
 const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 
-static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+static INSTALLED: OnceLock<Option<Metrics>> = OnceLock::new();
 
-/// Installs the Prometheus recorder once per process and returns its handle (`None` if another recorder was
+/// The process's metrics, as `GET /metrics` shows them.
+pub struct Metrics {
+    handle: PrometheusHandle,
+    /// The histograms the request path records into, counted apart from the exporter's (see `histograms.rs`).
+    counted: Arc<Counted>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// Every metric in Prometheus's text format.
+    pub fn render(&self) -> String {
+        let mut text = self.handle.render();
+        self.counted.render(&mut text);
+        text
+    }
+}
+
+/// Installs the Prometheus recorder once per process and returns the metrics (`None` if another recorder was
 /// installed first, e.g. by an application embedding the tower layer).
-pub fn prometheus() -> Option<&'static PrometheusHandle> {
-    HANDLE
+pub fn prometheus() -> Option<&'static Metrics> {
+    INSTALLED
         .get_or_init(|| {
-            let builder = PrometheusBuilder::new()
-                .set_buckets_for_metric(
-                    Matcher::Full("tollgate_store_duration_seconds".into()),
-                    STORE_BUCKETS,
-                )
-                .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        Matcher::Full("tollgate_upstream_duration_seconds".into()),
-                        UPSTREAM_BUCKETS,
-                    )
-                })
-                .and_then(|b| {
-                    // A rate limit service answer is a store call and a little matching around it.
-                    b.set_buckets_for_metric(
-                        Matcher::Full("tollgate_rls_request_duration_seconds".into()),
-                        STORE_BUCKETS,
-                    )
-                });
-            match builder.map(|b| b.install_recorder()) {
-                Ok(Ok(handle)) => {
+            let inner = PrometheusBuilder::new().build_recorder();
+            let handle = inner.handle();
+            // A rate limit service answer is a store call and a little matching around it.
+            let counted = Arc::new(Counted::new(&[
+                ("tollgate_store_duration_seconds", STORE_BUCKETS),
+                ("tollgate_upstream_duration_seconds", UPSTREAM_BUCKETS),
+                ("tollgate_rls_request_duration_seconds", STORE_BUCKETS),
+            ]));
+            let recorder = Layered {
+                inner,
+                counted: Arc::clone(&counted),
+            };
+            match metrics::set_global_recorder(recorder) {
+                Ok(()) => {
                     describe();
                     keep_up(handle.clone());
-                    Some(handle)
-                }
-                Ok(Err(error)) => {
-                    tracing::warn!(%error, "metrics recorder not installed");
-                    None
+                    Some(Metrics { handle, counted })
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "metrics buckets rejected");
+                    tracing::warn!(%error, "metrics recorder not installed");
                     None
                 }
             }

@@ -1,7 +1,8 @@
 //! What the gateway tells its operators about itself: Prometheus metrics, the access log and traces.
 
 pub mod access;
+mod histograms;
 mod metrics;
 pub mod trace;
 
-pub use metrics::{prometheus, RouteMetrics};
+pub use metrics::{prometheus, Metrics, RouteMetrics};
