@@ -59,7 +59,10 @@ async fn the_request_path_s_histograms_hold_no_samples() {
             histogram.record(f64::from(i % 1000) / 1000.0);
         }
         let grown = live_bytes().saturating_sub(baseline);
-        assert!(grown < 100_000, "{name}: {grown} bytes grown for 1M samples");
+        assert!(
+            grown < 100_000,
+            "{name}: {grown} bytes grown for 1M samples"
+        );
         let count = format!("{name}_count{{route=\"counted\"}} 1000000\n");
         assert!(metrics.render().contains(&count), "{name}: not counted");
     }
