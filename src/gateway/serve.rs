@@ -122,12 +122,12 @@ impl server::Handler for Served {
     /// As `handle`, for a request read whole: nothing left to read, nothing to time.
     #[inline]
     fn handle_whole(
-        served: Option<Self>,
+        served: Self,
         request: Request<Bytes>,
         peer: SocketAddr,
         lines: Vec<u8>,
     ) -> impl Future<Output = Result<(Response<Body>, Vec<u8>), Infallible>> + Send + 'static {
-        let gateway = served.map(|served| served.gateway);
+        let gateway = Some(served.gateway);
         // Its answer's head is written by the server itself: the rate-limit fields and `x-request-id` go as head
         // lines.
         let prepare = |request: Request<Bytes>| {

@@ -52,7 +52,7 @@ macro_rules! whole_requests {
     ($handler:expr, $peer:expr) => {{
         let (handler, peer) = ($handler, $peer);
         move |request: hyper::Request<bytes::Bytes>, lines: Vec<u8>| {
-            H::handle_whole(Some(handler.clone()), request, peer, lines)
+            H::handle_whole(handler.clone(), request, peer, lines)
         }
     }};
 }

@@ -34,10 +34,11 @@ pub trait Handler: Clone + Send + Sync + Unpin + 'static {
     /// see `direct.rs`), as [`handle`](Self::handle) does. Its answer goes out through the server's own writer,
     /// with `lines`, handed back with it: fields the handler wrote ahead as head lines (`name: value` and CRLF
     /// each), copied after the answer's map as they are. `lines` comes empty, in the allocation the connection's
-    /// last answer used, so that writing them costs no allocation. The handler is always given: a head over
-    /// [`Settings::max_header_bytes`](super::Settings::max_header_bytes) is never read here.
+    /// last answer used, so that writing them costs no allocation. A head over
+    /// [`Settings::max_header_bytes`](super::Settings::max_header_bytes) is never read here (hyper refuses it), so
+    /// there is always a handler.
     fn handle_whole(
-        handler: Option<Self>,
+        handler: Self,
         request: Request<Bytes>,
         peer: SocketAddr,
         lines: Vec<u8>,

@@ -73,7 +73,7 @@ impl Handler for Echo {
     /// Also writes a head line that says the request's path, whether `lines` came empty and whether it came in an
     /// allocation already made (the connection's last answer's).
     async fn handle_whole(
-        handler: Option<Self>,
+        handler: Self,
         request: Request<Bytes>,
         peer: SocketAddr,
         mut lines: Vec<u8>,
@@ -85,7 +85,7 @@ impl Handler for Echo {
         };
         let (path, body) = (request.uri().path(), request.body().len());
         lines.extend_from_slice(format!("x-line: {path} {came}, body {body}\r\n").as_bytes());
-        let response = Self::answer(handler, path, peer, "direct").await?;
+        let response = Self::answer(Some(handler), path, peer, "direct").await?;
         Ok((response, lines))
     }
 }
