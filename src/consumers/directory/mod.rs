@@ -90,7 +90,24 @@ struct View {
     read_whole: tokio::sync::Notify,
     /// With `consumers.cache`: the most recently used consumers are kept, the others looked up when asked for.
     cache: Option<Recency>,
+    /// The last changes applied, which a full read begun before them must not undo (see `replace_all`).
+    recent: parking_lot::Mutex<Vec<Applied>>,
 }
+
+/// A change applied to the tables: `id`'s record as of change `change` of `lineage`.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[derive(Debug)]
+struct Applied {
+    id: Box<str>,
+    record: Option<ConsumerRecord>,
+    change: u64,
+    lineage: Option<Arc<str>>,
+}
+
+/// Changes kept for the next full read at most: a read outlived by more than this many changes has missed
+/// announcements as well, and another read follows it.
+#[cfg(feature = "redis")]
+const RECENT_CHANGES: usize = 64;
 
 #[cfg(feature = "redis")]
 /// How long a request whose key the index cannot tell (a directory written before the index) waits for the
@@ -554,6 +571,16 @@ impl View {
         }
         let digests = record.iter().flat_map(ConsumerRecord::key_digests);
         self.absent.lock().forget(id, digests);
+        let mut recent = self.recent.lock();
+        if recent.len() >= RECENT_CHANGES {
+            recent.remove(0);
+        }
+        recent.push(Applied {
+            id: id.into(),
+            record,
+            change,
+            lineage: lineage.map(Arc::from),
+        });
         // Complete again only when the one change since their moment is this one; otherwise another record
         // changed too, and its announcement may be lost.
         let complete = same_lineage
@@ -567,9 +594,23 @@ impl View {
     }
 
     /// Replaces the tables with everything the store held at `point`; returns the moment the tables replaced were
-    /// complete for, and how many consumers they held.
+    /// complete for, and how many consumers they held. The changes applied since `point` (a read takes a while,
+    /// and this instance's own changes are applied as they are written) are applied again over what was read: a
+    /// read begun before an admin's change must not undo it, as the next read would only later.
     fn replace_all(&self, tables: Arc<Tables>, point: Point) -> (Point, usize) {
         let _replacing = self.replacing.lock();
+        {
+            let mut recent = self.recent.lock();
+            match point.version {
+                Some(at) => recent.retain(|c| c.lineage == point.lineage && c.change > at),
+                None => recent.clear(),
+            }
+            for change in recent.iter() {
+                if self.cache.is_none() || tables.holds(&change.id) {
+                    tables.set(&change.id, change.record.as_ref());
+                }
+            }
+        }
         held(&tables);
         let before = self.tables.swap(tables);
         let complete = point.version.is_some();
@@ -691,6 +732,29 @@ mod tests {
         );
         assert!(view.apply("acme", None, 9, 9, None));
         assert!(has(&view, "acme"));
+    }
+
+    #[test]
+    #[cfg(feature = "redis")]
+    fn a_full_read_begun_before_a_change_does_not_undo_it() {
+        let view = View::default();
+        let has = |view: &View, id| view.tables.load().consumer(id).is_some();
+        // Change 5 (acme set) is applied while a read of the store at 4 is under way: the read lands after it.
+        assert!(!view.apply("acme", Some(pro()), 5, 5, Some("l")));
+        view.replace_all(Arc::default(), Point::at(4, Some("l")));
+        assert!(has(&view, "acme"), "the read at 4 undid change 5");
+        // A read at or after a change holds it (here: acme deleted by change 6, read at 6).
+        assert!(!view.apply("acme", None, 6, 6, Some("l")));
+        view.replace_all(
+            Arc::new(Tables::from_records(vec![("globex".to_owned(), pro())])),
+            Point::at(6, Some("l")),
+        );
+        assert!(!has(&view, "acme"));
+        assert!(has(&view, "globex"));
+        // Changes of another lineage (a flushed store) are not the read's to keep.
+        assert!(!view.apply("initech", Some(pro()), 9, 9, Some("old")));
+        view.replace_all(Arc::default(), Point::at(2, Some("new")));
+        assert!(!has(&view, "initech"));
     }
 
     #[test]
