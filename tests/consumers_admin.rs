@@ -705,7 +705,12 @@ async fn a_flushed_directory_is_one_warning_a_count_and_is_reseeded_from_its_lis
         metrics.contains("tollgate_consumer_directory_resets_total 1"),
         "{metrics}"
     );
-    assert_eq!(through(key.clone()).await, 401, "the flushed key");
+    assert_eq!(
+        through(key.clone()).await,
+        401,
+        "the flushed key:\n{}",
+        tollgate.log()
+    );
 
     // Re-seeded from the listing: the key identifies again, with nothing but its digest.
     for consumer in &listed {

@@ -91,10 +91,18 @@ struct View {
     /// With `consumers.cache`: the most recently used consumers are kept, the others looked up when asked for.
     cache: Option<Recency>,
     /// The last changes applied, which a full read begun before them must not undo (see `replace_all`).
-    recent: parking_lot::Mutex<Vec<Applied>>,
+    recent: parking_lot::Mutex<Recent>,
 }
 
-/// A change applied to the tables: `id`'s record as of change `change` of `lineage`.
+/// The last changes applied, and how many were applied in all: a full read notes the count as it begins.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[derive(Debug, Default)]
+struct Recent {
+    changes: Vec<Applied>,
+    count: u64,
+}
+
+/// A change applied to the tables: `id`'s record as of change `change` of `lineage`, the `order`th applied.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 #[derive(Debug)]
 struct Applied {
@@ -102,6 +110,29 @@ struct Applied {
     record: Option<ConsumerRecord>,
     change: u64,
     lineage: Option<Arc<str>>,
+    order: u64,
+    origin: Origin,
+}
+
+/// What a full read notes as it begins: how many changes were applied so far, and the moment the tables were then
+/// complete for. A loss is judged against that moment: changes applied while the read is under way may take the
+/// tables past the moment it reads, and that is no loss.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[derive(Debug)]
+struct ReadBegun {
+    changes: u64,
+    point: Point,
+}
+
+/// Where a change applied to the tables comes from.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// This instance wrote it: when the write returned, it was the store's newest state of the record.
+    Written,
+    /// Another instance announced it, and the record was read from the store: as of a moment that may be before
+    /// or after the tables' own.
+    Heard,
 }
 
 /// Changes kept for the next full read at most: a read outlived by more than this many changes has missed
@@ -550,9 +581,9 @@ impl View {
         &self,
         id: &str,
         record: Option<ConsumerRecord>,
-        change: u64,
-        version: u64,
+        (change, version): (u64, u64),
         lineage: Option<&str>,
+        origin: Origin,
     ) -> bool {
         let _replacing = self.replacing.lock();
         let mut point = self.point.lock();
@@ -563,23 +594,37 @@ impl View {
             // Complete for a later moment already: they have this record as new or newer.
             return true;
         }
+        // Of another lineage than the tables read: the store was flushed or replaced since they were read, or since
+        // this record was (an announcement heard late). The tables are then complete for no moment (what they lack
+        // is looked up in the store) until the full read the caller asks for. A record this instance wrote goes in
+        // (only a flush at the same moment could have outdated it, and that read corrects it); one heard of does
+        // not, as which is newer is not known here.
+        let foreign = !same_lineage && point.last.is_some();
+        if foreign {
+            point.lose_completeness();
+            self.complete.store(false, Ordering::Release);
+        }
         let tables = self.tables.load();
         // A cache keeps only the records it holds up to date; the others are read when asked for.
-        if self.cache.is_none() || tables.holds(id) {
+        if (!foreign || origin == Origin::Written) && (self.cache.is_none() || tables.holds(id)) {
             tables.set(id, record.as_ref());
             held(&tables);
         }
         let digests = record.iter().flat_map(ConsumerRecord::key_digests);
         self.absent.lock().forget(id, digests);
         let mut recent = self.recent.lock();
-        if recent.len() >= RECENT_CHANGES {
-            recent.remove(0);
+        if recent.changes.len() >= RECENT_CHANGES {
+            recent.changes.remove(0);
         }
-        recent.push(Applied {
+        recent.count += 1;
+        let order = recent.count;
+        recent.changes.push(Applied {
             id: id.into(),
             record,
             change,
             lineage: lineage.map(Arc::from),
+            order,
+            origin,
         });
         // Complete again only when the one change since their moment is this one; otherwise another record
         // changed too, and its announcement may be lost.
@@ -589,24 +634,60 @@ impl View {
                 .is_some_and(|applied| change == applied + 1 && version == change);
         if complete {
             point.version = Some(version);
+            point.last = Some(version);
         }
         complete
     }
 
-    /// Replaces the tables with everything the store held at `point`; returns the moment the tables replaced were
-    /// complete for, and how many consumers they held. The changes applied since `point` (a read takes a while,
-    /// and this instance's own changes are applied as they are written) are applied again over what was read: a
-    /// read begun before an admin's change must not undo it, as the next read would only later.
-    fn replace_all(&self, tables: Arc<Tables>, point: Point) -> (Point, usize) {
+    /// What a full read notes before its first page, for [`replace_all`](Self::replace_all).
+    fn begin_read(&self) -> ReadBegun {
         let _replacing = self.replacing.lock();
+        let changes = self.recent.lock().count;
+        ReadBegun {
+            changes,
+            point: self.point.lock().clone(),
+        }
+    }
+
+    /// Replaces the tables with everything the store held at `point`, read by a read that began as `begun` says.
+    /// Returns how many consumers the tables replaced held when the store lost them: its counter started again
+    /// (another lineage) or went back (a Redis restarted from an older save) since the moment the read began from.
+    /// Changes applied while the read was under way may have taken the tables past the moment it read, which is no
+    /// loss.
+    ///
+    /// The changes applied since `point` (a read takes a while, and this instance's own changes are applied as they
+    /// are written) are applied again over what was read: a read begun before an admin's change must not undo it,
+    /// as the next read would only later. Those of `point`'s lineage are since `point` when counted past it. One of
+    /// another lineage applied after the read began was made after the read's first page found another lineage
+    /// (or none: the first change to an empty store starts one), or before it, should the store have been flushed
+    /// in between: the tables are then complete for no moment (what they lack is looked up in the store) until the
+    /// next check reads everything again, and only a change this instance wrote is applied again, as
+    /// [`apply`](Self::apply) puts one in.
+    fn replace_all(
+        &self,
+        tables: Arc<Tables>,
+        mut point: Point,
+        begun: &ReadBegun,
+    ) -> Option<usize> {
+        let _replacing = self.replacing.lock();
+        let lost = point
+            .version
+            .is_some_and(|version| begun.point.lost_by(version, point.lineage.as_deref()));
         {
             let mut recent = self.recent.lock();
-            match point.version {
-                Some(at) => recent.retain(|c| c.lineage == point.lineage && c.change > at),
-                None => recent.clear(),
-            }
-            for change in recent.iter() {
-                if self.cache.is_none() || tables.holds(&change.id) {
+            let since = |c: &Applied| match point.version {
+                Some(at) if c.lineage == point.lineage => c.change > at,
+                _ => c.order > begun.changes,
+            };
+            recent.changes.retain(since);
+            for change in &recent.changes {
+                let foreign = change.lineage != point.lineage;
+                if foreign {
+                    point.lose_completeness();
+                }
+                if (!foreign || change.origin == Origin::Written)
+                    && (self.cache.is_none() || tables.holds(&change.id))
+                {
                     tables.set(&change.id, change.record.as_ref());
                 }
             }
@@ -614,7 +695,7 @@ impl View {
         held(&tables);
         let before = self.tables.swap(tables);
         let complete = point.version.is_some();
-        let point_before = std::mem::replace(&mut *self.point.lock(), point);
+        *self.point.lock() = point;
         self.complete.store(complete, Ordering::Release);
         // Everything is known now (or, for a cache, forgotten): what was looked up before is in the tables or
         // absent from them.
@@ -623,7 +704,7 @@ impl View {
             cache.clear();
         }
         self.read_whole.notify_waiters();
-        (point_before, before.len())
+        lost.then_some(before.len())
     }
 
     /// Puts `id`'s record, looked up, into the tables: before the first full read (which replaces them), or into
@@ -714,23 +795,24 @@ mod tests {
         let view = View::default();
         let version = |view: &View| view.point.lock().version;
         let has = |view: &View, id| view.tables.load().consumer(id).is_some();
-        view.replace_all(Arc::default(), Point::at(4, None));
+        view.replace_all(Arc::default(), Point::at(4, None), &view.begin_read());
         // Change 5 was to acme, and nothing changed since: complete at 5.
-        assert!(view.apply("acme", Some(pro()), 5, 5, None));
+        assert!(view.apply("acme", Some(pro()), (5, 5), None, Origin::Written));
         assert_eq!(version(&view), Some(5));
         // Announced change 5 heard late, read at 6: applied, but change 6 (another record's?) is not in.
-        assert!(!view.apply("acme", None, 5, 6, None));
+        assert!(!view.apply("acme", None, (5, 6), None, Origin::Written));
         assert!(!has(&view, "acme"));
         assert_eq!(version(&view), Some(5));
         // Change 8 while the tables are at 5: 6 and 7 are missing.
-        assert!(!view.apply("globex", Some(pro()), 8, 8, None));
+        assert!(!view.apply("globex", Some(pro()), (8, 8), None, Origin::Written));
         assert_eq!(version(&view), Some(5));
         // Read at or before the tables' moment: nothing to do.
         view.replace_all(
             Arc::new(Tables::from_records(vec![("acme".to_owned(), pro())])),
             Point::at(9, None),
+            &view.begin_read(),
         );
-        assert!(view.apply("acme", None, 9, 9, None));
+        assert!(view.apply("acme", None, (9, 9), None, Origin::Written));
         assert!(has(&view, "acme"));
     }
 
@@ -740,28 +822,124 @@ mod tests {
         let view = View::default();
         let has = |view: &View, id| view.tables.load().consumer(id).is_some();
         // Change 5 (acme set) is applied while a read of the store at 4 is under way: the read lands after it.
-        assert!(!view.apply("acme", Some(pro()), 5, 5, Some("l")));
-        view.replace_all(Arc::default(), Point::at(4, Some("l")));
+        let begun = view.begin_read();
+        assert!(!view.apply("acme", Some(pro()), (5, 5), Some("l"), Origin::Written));
+        view.replace_all(Arc::default(), Point::at(4, Some("l")), &begun);
         assert!(has(&view, "acme"), "the read at 4 undid change 5");
         // A read at or after a change holds it (here: acme deleted by change 6, read at 6).
-        assert!(!view.apply("acme", None, 6, 6, Some("l")));
+        assert!(!view.apply("acme", None, (6, 6), Some("l"), Origin::Written));
         view.replace_all(
             Arc::new(Tables::from_records(vec![("globex".to_owned(), pro())])),
             Point::at(6, Some("l")),
+            &view.begin_read(),
         );
         assert!(!has(&view, "acme"));
         assert!(has(&view, "globex"));
-        // Changes of another lineage (a flushed store) are not the read's to keep.
-        assert!(!view.apply("initech", Some(pro()), 9, 9, Some("old")));
-        view.replace_all(Arc::default(), Point::at(2, Some("new")));
+        // Changes of another lineage applied before the read began (a store flushed since) are not the read's to
+        // keep.
+        assert!(!view.apply("initech", Some(pro()), (9, 9), Some("old"), Origin::Written));
+        view.replace_all(
+            Arc::default(),
+            Point::at(2, Some("new")),
+            &view.begin_read(),
+        );
         assert!(!has(&view, "initech"));
+        assert!(view.complete.load(Ordering::Acquire));
+    }
+
+    #[test]
+    #[cfg(feature = "redis")]
+    fn the_first_change_to_an_empty_store_is_not_undone_by_a_read_begun_before_it() {
+        let view = View::default();
+        let complete = |view: &View| view.complete.load(Ordering::Acquire);
+        let has = |view: &View, id| view.tables.load().consumer(id).is_some();
+        // A read finds an empty store (no counter, no lineage); before it lands, this instance's first change
+        // starts lineage "l" at change 1.
+        let begun = &view.begin_read();
+        assert!(!view.apply("acme", Some(pro()), (1, 1), Some("l"), Origin::Written));
+        view.replace_all(Arc::default(), Point::at(0, None), begun);
+        assert!(
+            has(&view, "acme"),
+            "the read of the empty store undid change 1"
+        );
+        // The read cannot vouch for a lineage it did not see: complete for no moment (what the tables lack is
+        // looked up in the store), until a read of lineage "l" lands.
+        assert!(
+            !complete(&view),
+            "the read of the empty store claims to be complete"
+        );
+        assert_eq!(view.point.lock().version, None);
+        view.replace_all(
+            Arc::new(Tables::from_records(vec![("acme".to_owned(), pro())])),
+            Point::at(1, Some("l")),
+            &view.begin_read(),
+        );
+        assert!(complete(&view));
+        // Once the empty store was read, change 1 is of a lineage the tables are not of: written here, it goes in;
+        // heard of, it does not (which is newer is not known); either way the tables are complete no more.
+        for (origin, kept) in [(Origin::Written, true), (Origin::Heard, false)] {
+            let view = View::default();
+            view.replace_all(Arc::default(), Point::at(0, None), &view.begin_read());
+            assert!(!view.apply("acme", Some(pro()), (1, 1), Some("l"), origin));
+            assert_eq!(has(&view, "acme"), kept, "{origin:?}");
+            assert!(!complete(&view), "{origin:?}");
+        }
+    }
+
+    #[test]
+    #[cfg(feature = "redis")]
+    fn a_record_heard_late_does_not_outlive_a_flush() {
+        let view = View::default();
+        let has = |view: &View, id| view.tables.load().consumer(id).is_some();
+        view.replace_all(
+            Arc::new(Tables::from_records(vec![("globex".to_owned(), pro())])),
+            Point::at(4, Some("l")),
+            &view.begin_read(),
+        );
+        // Flushed, and read empty (the one consumer held is lost); then globex's change 4, read before the flush,
+        // is heard.
+        let lost = view.replace_all(Arc::default(), Point::at(0, None), &view.begin_read());
+        assert_eq!(lost, Some(1));
+        assert!(!view.apply("globex", Some(pro()), (4, 4), Some("l"), Origin::Heard));
+        assert!(!has(&view, "globex"), "a flushed record came back");
+        assert!(!view.complete.load(Ordering::Acquire));
+        // What was last read is still what a later loss is measured against.
+        assert_eq!(view.point.lock().last, Some(0));
+    }
+
+    #[test]
+    #[cfg(feature = "redis")]
+    fn a_read_outrun_by_the_changes_applied_meanwhile_is_no_loss() {
+        let view = View::default();
+        let has = |view: &View, id| view.tables.load().consumer(id).is_some();
+        let begun = view.begin_read();
+        assert_eq!(
+            view.replace_all(Arc::default(), Point::at(1, Some("l")), &begun),
+            None
+        );
+        // A read begins at 1; changes 2 and 3, written here, take the tables to 3 before it lands with the store
+        // as it was at 1.
+        let begun = view.begin_read();
+        assert!(view.apply("acme", Some(pro()), (2, 2), Some("l"), Origin::Written));
+        assert!(view.apply("globex", Some(pro()), (3, 3), Some("l"), Origin::Written));
+        assert_eq!(view.point.lock().version, Some(3));
+        let lost = view.replace_all(Arc::default(), Point::at(1, Some("l")), &begun);
+        assert_eq!(
+            lost, None,
+            "a read begun before changes 2 and 3 counted as a loss"
+        );
+        assert!(has(&view, "acme") && has(&view, "globex"));
+        // A counter found behind the moment a read began from is one (a Redis restarted from an older save).
+        let begun = view.begin_read();
+        let lost = view.replace_all(Arc::default(), Point::at(0, Some("l")), &begun);
+        assert_eq!(lost, Some(2));
     }
 
     #[test]
     #[cfg(feature = "redis")]
     fn before_the_first_full_read_nothing_is_complete() {
         let view = View::default();
-        assert!(!view.apply("acme", Some(pro()), 1, 1, None));
+        assert!(!view.apply("acme", Some(pro()), (1, 1), None, Origin::Written));
         assert!(view.tables.load().consumer("acme").is_some());
         assert_eq!(view.point.lock().version, None);
         assert!(!view.complete.load(Ordering::Acquire));

@@ -9,6 +9,9 @@ pub(super) struct Point {
     pub(super) version: Option<u64>,
     /// The lineage of the counter `version` counts in (see the scripts): `None` when the store has none yet.
     pub(super) lineage: Option<Arc<str>>,
+    /// The change the tables were last complete for, kept when they no longer are (a change of another lineage
+    /// was heard): `None` before the first full read.
+    pub(super) last: Option<u64>,
 }
 
 #[cfg(feature = "redis")]
@@ -18,7 +21,13 @@ impl Point {
         Self {
             version: Some(version),
             lineage: lineage.map(Arc::from),
+            last: Some(version),
         }
+    }
+
+    /// The tables are complete for no moment of the store (until the next full read).
+    pub(super) fn lose_completeness(&mut self) {
+        self.version = None;
     }
 
     /// Whether the store at change `version` of `lineage` is this moment.
@@ -29,7 +38,7 @@ impl Point {
     /// Whether a store now at change `version` of `lineage` lost what was read from it at this moment: its counter
     /// started again (another lineage) or went back (a Redis restarted from an older save).
     pub(super) fn lost_by(&self, version: u64, lineage: Option<&str>) -> bool {
-        let Some(had) = self.version.filter(|&had| had > 0) else {
+        let Some(had) = self.last.filter(|&had| had > 0) else {
             // Never read, or read before any change: nothing to lose.
             return false;
         };

@@ -15,7 +15,7 @@ use tokio::sync::{watch, Notify};
 use super::point::Point;
 use super::record::ConsumerRecord;
 use super::tables::Tables;
-use super::{DirectoryError, Edit, View};
+use super::{DirectoryError, Edit, Origin, View};
 use crate::limiter::store::{client_builder, plain_words};
 
 /// How often each instance compares the store's change counter with its own: a change whose announcement was
@@ -220,7 +220,10 @@ impl RedisSync {
             match redis.write(id, stored.as_deref(), &json).await? {
                 Written::At(version, lineage) => {
                     let lineage = Some(lineage.as_str());
-                    if !redis.view.apply(id, after, version, version, lineage) {
+                    if !redis
+                        .view
+                        .apply(id, after, (version, version), lineage, Origin::Written)
+                    {
                         redis.resync.notify_one();
                     }
                     redis.announce(version, lineage, id).await;
@@ -370,7 +373,7 @@ impl Redis {
     /// Asks for a full read after a (re)connection, when something was read before it: the first connection's
     /// read is the first counter check's, and a second one would read a large directory twice at start.
     fn resync_after_reconnection(&self) {
-        if self.view.point.lock().version.is_some() {
+        if self.view.point.lock().last.is_some() {
             self.resync.notify_one();
         }
     }
@@ -397,6 +400,7 @@ impl Redis {
         if self.view.cache.is_none() {
             return self.read_all().await;
         }
+        let begun = self.view.begin_read();
         let reply = self
             .eval(&self.read, &["head", ""], READ_TIMEOUT)
             .await
@@ -411,8 +415,8 @@ impl Redis {
             return self.read_all().await;
         }
         let point = Point::at(version, lineage.as_deref());
-        let (before, held) = self.view.replace_all(Arc::default(), point);
-        self.noticed_loss(&before, version, lineage.as_deref(), held, 0);
+        let lost = self.view.replace_all(Arc::default(), point, &begun);
+        self.noticed_loss(lost, 0);
         Ok(())
     }
 
@@ -426,6 +430,7 @@ impl Redis {
         // Packed as read: a full read never holds the records twice, however many there are. HSCAN may return a
         // field twice (the hash grew while it was scanned): the last one read stands.
         let mut tables = None;
+        let begun = self.view.begin_read();
         loop {
             let reply = self
                 .eval(&self.read, &["page", &cursor, PAGE_FIELDS], READ_TIMEOUT)
@@ -482,10 +487,10 @@ impl Redis {
         } else {
             tables
         };
-        let (before, held) = self
+        let lost = self
             .view
-            .replace_all(kept, Point::at(version, lineage.as_deref()));
-        self.noticed_loss(&before, version, lineage.as_deref(), held, count);
+            .replace_all(kept, Point::at(version, lineage.as_deref()), &begun);
+        self.noticed_loss(lost, count);
         tracing::debug!(
             consumers = count,
             version,
@@ -494,16 +499,9 @@ impl Redis {
         Ok(())
     }
 
-    /// Counts and logs a store found to have lost what was read at `before` (now at `version` of `lineage`).
-    fn noticed_loss(
-        &self,
-        before: &Point,
-        version: u64,
-        lineage: Option<&str>,
-        lost: usize,
-        count: usize,
-    ) {
-        if before.lost_by(version, lineage) {
+    /// Counts and logs a store found to have lost the `lost` consumers the tables held (it holds `count` now).
+    fn noticed_loss(&self, lost: Option<usize>, count: usize) {
+        if let Some(lost) = lost {
             self.view.count_reset();
             tracing::warn!(
                 lost,
@@ -586,21 +584,32 @@ impl Redis {
         let applied = match self.read_one(id, READ_TIMEOUT).await {
             Ok((version, lineage, Some(json))) => {
                 match serde_json::from_str::<ConsumerRecord>(&json) {
-                    Ok(record) => {
-                        self.view
-                            .apply(id, Some(record), change, version, lineage.as_deref())
-                    }
+                    Ok(record) => self.view.apply(
+                        id,
+                        Some(record),
+                        (change, version),
+                        lineage.as_deref(),
+                        Origin::Heard,
+                    ),
                     Err(error) => {
                         tracing::warn!(consumer = %id, %error, "a consumer's record in redis is not a record; ignored");
-                        self.view
-                            .apply(id, None, change, version, lineage.as_deref())
+                        self.view.apply(
+                            id,
+                            None,
+                            (change, version),
+                            lineage.as_deref(),
+                            Origin::Heard,
+                        )
                     }
                 }
             }
-            Ok((version, lineage, None)) => {
-                self.view
-                    .apply(id, None, change, version, lineage.as_deref())
-            }
+            Ok((version, lineage, None)) => self.view.apply(
+                id,
+                None,
+                (change, version),
+                lineage.as_deref(),
+                Origin::Heard,
+            ),
             // The counter checks will bring the change.
             Err(_) => false,
         };
