@@ -363,3 +363,63 @@ async fn peek_at_an_ipv6_address_reports_the_network_it_is_counted_under() {
     let (_, body) = json_answer(client.get(&url).bearer_auth(TOKEN)).await;
     assert_eq!(body["remaining"], 3, "{body}");
 }
+
+/// The admin API reads keys as requests write them (docs/operations.md): a header value that reads as an address
+/// after a `\`, the address alone for a request without the header (an IPv6 one by its network), and a `|` inside a
+/// part of a composite key escaped.
+#[tokio::test]
+async fn peek_reads_marked_and_escaped_key_values_as_requests_write_them() {
+    let yaml = ConfigBuilder::new()
+        .route("demo", "/demo")
+        .limit(
+            "per-key",
+            "[header:x-api-key]",
+            "algorithm: sliding_log, limit: 3, period: 1m",
+        )
+        .limit(
+            "per-pair",
+            "[header:x-api-key, \"query:t\"]",
+            "algorithm: sliding_log, limit: 3, period: 1m",
+        )
+        .build();
+    let yaml = format!("client_ip:\n  trusted_proxies: [127.0.0.1]\n{yaml}");
+    let gateway = start_gateway(&yaml).await;
+    let admin = serve_admin(&gateway, Some(TOKEN)).await;
+    let client = client();
+    let send = async |key: Option<&str>, from: &str, query: &str| {
+        let mut request = client
+            .get(gateway.url(&format!("/demo?t={query}")))
+            .header("x-forwarded-for", from);
+        if let Some(key) = key {
+            request = request.header("x-api-key", key);
+        }
+        request.send().await.expect("request").status().as_u16()
+    };
+    assert_eq!(
+        send(Some("203.0.113.7"), "198.51.100.9", "a%7Cb").await,
+        200
+    );
+    assert_eq!(send(None, "2001:db8:1:2::5", "x").await, 200);
+    assert_eq!(send(None, "2001:db8:1:2::6", "x").await, 200);
+    let peek = async |limit: &str, key: &str| {
+        let url = format!("{admin}/limits/demo/{limit}?key={key}");
+        let (status, body) = json_answer(client.get(url).bearer_auth(TOKEN)).await;
+        assert_eq!(status, 200, "{body}");
+        body
+    };
+    let marked = peek("per-key", "%5C203.0.113.7").await;
+    assert_eq!(marked["store_key"], "tollgate:demo:per-key:{\\203.0.113.7}");
+    assert_eq!(marked["remaining"], 2, "{marked}");
+    // The address itself is the key of a client without the header, counted by its network.
+    let by_address = peek("per-key", "2001:db8:1:2::99").await;
+    assert_eq!(
+        by_address["counted_key"], "2001:db8:1:2::/64",
+        "{by_address}"
+    );
+    assert_eq!(by_address["remaining"], 1, "{by_address}");
+    assert_eq!(peek("per-key", "203.0.113.7").await["remaining"], 3);
+    // In a key of several parts, an address among them needs no mark: the `|` tells it from a client's own key.
+    let pair = peek("per-pair", "203.0.113.7%7Ca%5C%7Cb").await;
+    assert_eq!(pair["remaining"], 2, "{pair}");
+    assert_eq!(pair["counted_key"], "203.0.113.7|a\\|b", "{pair}");
+}

@@ -148,9 +148,11 @@ impl Admin {
 }
 
 /// The key value that requests `key` describes are counted under: a client address where the limit keys by `ip`
-/// (the whole value, or its part at the place of `ip` in a composite key, parts joined by `|`) is taken to what the
-/// gateway counts, an IPv6 address to its `client_ip.ipv6_prefix` network (`::1` → `::/64`). Anything else, and
-/// a network given as such, is the value as written; the whole is digested where the key is secret.
+/// (the whole value, or its part at the place of `ip` in a composite key, parts joined by a `|` no `\` escapes),
+/// or where an address stands for the client's own key (a one-part key the client writes, whose own values that
+/// read as addresses are marked with a `\`), is taken to what the gateway counts, an IPv6 address to its
+/// `client_ip.ipv6_prefix` network (`::1` → `::/64`). Anything else, and a network given as such, is the value as
+/// written; the whole is digested where the key is secret.
 fn counted_value(spec: &KeySpec, key: &str, ipv6_prefix: u8) -> String {
     let as_client = |text: &str, out: &mut String| match text.parse::<std::net::IpAddr>() {
         Ok(ip) => push_client_key(out, ip, ipv6_prefix),
@@ -158,7 +160,7 @@ fn counted_value(spec: &KeySpec, key: &str, ipv6_prefix: u8) -> String {
     };
     let mut counted = String::with_capacity(key.len());
     let parts = spec.parts();
-    let texts: Vec<&str> = key.split('|').collect();
+    let texts = key_parts(key);
     if texts.len() == parts.len() {
         for (i, (part, text)) in parts.iter().zip(texts).enumerate() {
             if i > 0 {
@@ -166,6 +168,7 @@ fn counted_value(spec: &KeySpec, key: &str, ipv6_prefix: u8) -> String {
             }
             match part {
                 KeyPart::Ip => as_client(text, &mut counted),
+                part if parts.len() == 1 && part.is_client_text() => as_client(text, &mut counted),
                 _ => counted.push_str(text),
             }
         }
@@ -175,4 +178,23 @@ fn counted_value(spec: &KeySpec, key: &str, ipv6_prefix: u8) -> String {
     }
     // A credential is looked up by what the store holds of it, its digest.
     spec.sealed(&counted)
+}
+
+/// The parts of a key value as requests build it: split at each `|` that no `\` escapes.
+fn key_parts(key: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut start, mut escaped) = (0, false);
+    for (at, c) in key.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            '|' => {
+                parts.push(&key[start..at]);
+                start = at + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&key[start..]);
+    parts
 }

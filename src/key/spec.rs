@@ -155,6 +155,15 @@ pub enum KeyPartError {
 // === impl KeyPart ===
 
 impl KeyPart {
+    /// Whether the client writes this part's value as it likes: a header, a query parameter, the host, or a
+    /// certificate's subject (its CA vouches for the certificate, not for what the subject looks like).
+    pub fn is_client_text(&self) -> bool {
+        matches!(
+            self,
+            Self::Header(_) | Self::Query(_) | Self::Host | Self::ClientCert
+        )
+    }
+
     /// Parses `ip`, `route`, `method`, `path`, `host`, `header:NAME`, `query:NAME`, `consumer`, `plan` or
     /// `client_cert`.
     pub fn parse(text: &str) -> Result<Self, KeyPartError> {
@@ -260,7 +269,11 @@ impl KeySpec {
 
     /// The key value of a request, or `Ok(None)` when the limit does not apply to it (`missing: skip`).
     ///
-    /// Parts are joined with `|`. The value is not yet safe for a store key: see [`store_key`](super::store_key()).
+    /// Parts are joined with `|`, a `|` or `\` inside a part written `\|` or `\\`, so that no two requests' parts
+    /// make one value. A key of one part the client writes (a header, a query parameter, the host, a certificate's
+    /// subject) whose value reads as an address, or starts with `\`, is written after a `\`: it is never the key
+    /// `missing: ip` gives a client by its address. The value is not yet safe for a store key: see
+    /// [`store_key`](super::store_key()).
     pub fn value(&self, facts: &RequestFacts<'_>) -> Result<Option<String>, AmbiguousKey> {
         let mut value = String::new();
         Ok(self.push_value(facts, &mut value)?.then_some(value))
@@ -298,12 +311,19 @@ impl KeySpec {
         out: &mut String,
     ) -> Result<bool, AmbiguousKey> {
         let start = out.len();
+        let joined = self.parts.len() > 1;
         for (i, part) in self.parts.iter().enumerate() {
             if i > 0 {
                 out.push('|');
             }
+            let part_start = out.len();
             match push_part(part, facts, out) {
-                PartValue::Present => {}
+                PartValue::Present if joined => escape_from(out, part_start),
+                PartValue::Present => {
+                    if part.is_client_text() && passes_for_an_address(&out[part_start..]) {
+                        out.insert(part_start, ADDRESS_MARK);
+                    }
+                }
                 PartValue::Ambiguous => {
                     out.truncate(start);
                     return Err(AmbiguousKey);
@@ -334,6 +354,50 @@ impl fmt::Display for KeySpec {
         }
         Ok(())
     }
+}
+
+/// What a one-part key the client writes is preceded by when it reads as an address, or starts with this mark (see
+/// [`KeySpec::value`]).
+pub const ADDRESS_MARK: char = '\\';
+
+/// Writes `out[from..]`, one part of a key of several, with `\` before each `|` and `\`: the join is then read one
+/// way only (`a|b` + `c` is `a\|b|c`, never `a` + `b|c`).
+fn escape_from(out: &mut String, from: usize) {
+    if !out[from..].contains(['|', '\\']) {
+        return;
+    }
+    let part = out.split_off(from);
+    for c in part.chars() {
+        if matches!(c, '|' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+}
+
+/// Whether a one-part key's value could be taken for the key `missing: ip` writes for an address (`192.0.2.7`,
+/// `2001:db8:1:2::/64`), or for one so marked: an address, an address and a prefix length, or text starting with
+/// [`ADDRESS_MARK`].
+fn passes_for_an_address(value: &str) -> bool {
+    if value.starts_with(ADDRESS_MARK) {
+        return true;
+    }
+    // The longest address text with a prefix is 49 bytes; an API key or a tenant name fails the first test at once.
+    if value.len() > 49
+        || !value
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() || matches!(b, b'.' | b':' | b'/'))
+    {
+        return false;
+    }
+    let address = value.split_once('/').map_or(value, |(address, length)| {
+        if length.parse::<u8>().is_ok() {
+            address
+        } else {
+            ""
+        }
+    });
+    address.parse::<IpAddr>().is_ok()
 }
 
 /// Appends the value of one key part (the part's text may be left behind when it is not `Present`).
@@ -619,6 +683,57 @@ mod tests {
         assert_eq!(skip.value(&facts), Ok(None));
         let mixed = spec(&["route", "query:tenant"], MissingKey::Ip);
         assert_eq!(mixed.value(&facts), Ok(Some("api|acme".into())));
+    }
+
+    #[test]
+    fn the_parts_of_a_composite_key_are_read_one_way_only() {
+        let pair = spec(&["header:x-a", "query:b"], MissingKey::Skip);
+        let value = |a: &'static str, b: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert("x-a", HeaderValue::from_static(a));
+            let query = format!("b={b}");
+            pair.value(&facts(&headers, Some(&query))).unwrap().unwrap()
+        };
+        assert_eq!(value("a|b", "c"), r"a\|b|c");
+        assert_eq!(value("a", "b%7Cc"), r"a|b\|c");
+        assert_eq!(value("a\\", "%7Cb"), r"a\\|\|b");
+        assert_eq!(value("a", "%5C%7Cb"), r"a|\\\|b");
+        // Nothing else changes, an address among the parts included.
+        assert_eq!(value("203.0.113.7", "t-1"), "203.0.113.7|t-1");
+    }
+
+    #[test]
+    fn a_one_part_client_value_is_never_a_clients_address_key() {
+        let by_header = spec(&["header:x-api-key"], MissingKey::Ip);
+        let value = |key: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert("x-api-key", HeaderValue::from_static(key));
+            by_header.value(&facts(&headers, None)).unwrap().unwrap()
+        };
+        // What `missing: ip` writes for a client (192.0.2.1 here, or an IPv6 network), marked when written.
+        assert_eq!(
+            by_header.value(&facts(&HeaderMap::new(), None)),
+            Ok(Some("192.0.2.1".into()))
+        );
+        assert_eq!(value("192.0.2.1"), r"\192.0.2.1");
+        assert_eq!(value("2001:db8:1:2::/64"), r"\2001:db8:1:2::/64");
+        assert_eq!(value("::1"), r"\::1");
+        // A value starting with the mark is marked too: `\192.0.2.1` is not the marked `192.0.2.1`.
+        assert_eq!(value(r"\192.0.2.1"), r"\\192.0.2.1");
+        // Everything else is as written: tokens, hex, a version number, a prefix length of nothing.
+        for plain in [
+            "k1",
+            "deadbeef",
+            "1.2.3",
+            "abc:def",
+            "10.0.0.1/x",
+            "2001:db8::/300",
+        ] {
+            assert_eq!(value(plain), plain);
+        }
+        // Parts the client does not write are as they are: a consumer named like an address is the operator's.
+        assert!(!KeyPart::Consumer.is_client_text());
+        assert!(KeyPart::Host.is_client_text());
     }
 
     #[test]

@@ -194,6 +194,61 @@ async fn a_key_header_or_parameter_sent_twice_is_refused() {
     assert_eq!(upstream.hits(), 3);
 }
 
+/// A client cannot spend another's budget by writing it: a key header that reads as an address is not the key an
+/// address without the header is given (`missing: ip`), and a `|` inside one part of a composite key does not move
+/// the join (`a|b` + `c` is not `a` + `b|c`).
+#[tokio::test]
+async fn a_key_value_cannot_be_written_as_another_clients_key() {
+    let upstream = Upstream::start().await;
+    // Before the catch-all route, which would take it.
+    let yaml = inner_yaml(&upstream.url()).replace(
+        "  - name: catch-all",
+        r#"  - name: composite
+    match: { path_prefix: /composite }
+    upstream: backend
+    limits: [{ name: per-pair, key: [header:x-api-key, "query:tenant"], algorithm: sliding_log, limit: 3, period: 1m }]
+  - name: catch-all"#,
+    );
+    let gateway = start_gateway(&yaml).await;
+    let request = |path: &str, from: &str, key: Option<&str>| {
+        let key = key.map_or(String::new(), |key| format!("X-Api-Key: {key}\r\n"));
+        format!("GET {path} HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: {from}\r\n{key}Connection: close\r\n\r\n")
+    };
+    // From 198.51.100.9, the victims' keys as values: 203.0.113.7's address, 2001:db8:1:2::/64's network.
+    for victim in ["203.0.113.7", "2001:db8:1:2::/64"] {
+        for expected in [200, 200, 200, 429] {
+            let status = send(
+                gateway.addr,
+                &request("/keyed", "198.51.100.9", Some(victim)),
+            )
+            .await
+            .0;
+            assert_eq!(status, expected, "{victim}: the written value's own budget");
+        }
+    }
+    // The victims, without the header, keyed by their address: untouched.
+    for victim in ["203.0.113.7", "2001:db8:1:2::9"] {
+        let status = send(gateway.addr, &request("/keyed", victim, None)).await.0;
+        assert_eq!(status, 200, "{victim}'s budget was spent by a header");
+    }
+    for expected in [200, 200, 200, 429] {
+        let status = send(
+            gateway.addr,
+            &request("/composite?tenant=c", "198.51.100.9", Some("a|b")),
+        )
+        .await
+        .0;
+        assert_eq!(status, expected);
+    }
+    let status = send(
+        gateway.addr,
+        &request("/composite?tenant=b%7Cc", "203.0.113.7", Some("a")),
+    )
+    .await
+    .0;
+    assert_eq!(status, 200, "a + b|c was counted as a|b + c");
+}
+
 #[tokio::test]
 async fn ipv6_clients_share_a_limit_per_slash_64() {
     let upstream = Upstream::start().await;
