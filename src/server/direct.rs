@@ -24,6 +24,7 @@ use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::idle::REST_AFTER;
+use crate::body_framing::{push_field, Framing, Staged};
 
 /// Fields a request head may have here (hyper's limit too): a head with more is hyper's to refuse.
 const MAX_FIELDS: usize = 100;
@@ -221,19 +222,6 @@ fn field_name(bytes: &[u8]) -> Option<HeaderName> {
     Some(known)
 }
 
-/// How an answer's body goes on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Framing {
-    /// No body (an empty one, or a status that has none).
-    Nothing,
-    /// This many bytes are left to write (`Content-Length`).
-    Length(u64),
-    /// In chunks, ended by the last chunk.
-    Chunked,
-    /// Until the connection closes (an HTTP/1.0 answer of unknown length).
-    UntilClose,
-}
-
 /// The answer's head as hyper would write it for a GET of HTTP/1.1: its status line, its fields, then `lines` (the
 /// fields the handler wrote ahead as head lines, see [`Handler::handle_bodiless`](super::Handler::handle_bodiless)),
 /// the framing its body's size says where the fields do not, a `Date` where it has none, and `Connection: close`
@@ -363,13 +351,6 @@ fn write_head<B: Body>(
     }
     out.extend_from_slice(b"\r\n");
     Ok((framing, close))
-}
-
-fn push_field(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
-    out.extend_from_slice(name.as_str().as_bytes());
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value.as_bytes());
-    out.extend_from_slice(b"\r\n");
 }
 
 /// Whether a `Transfer-Encoding` value's last coding is `chunked`.
@@ -709,50 +690,14 @@ fn answer<B: Body<Data = Bytes> + Unpin>(
             Poll::Ready(Some(Err(_))) => return Err(()),
             Poll::Ready(Some(Ok(frame))) => frame,
         };
-        let data = match frame.into_data() {
-            Ok(data) => data,
-            Err(frame) => {
-                if let (Framing::Chunked, Ok(trailers)) = (*framing, frame.into_trailers()) {
-                    out.extend_from_slice(b"0\r\n");
-                    for (name, value) in &trailers {
-                        push_field(out, name, value);
-                    }
-                    out.extend_from_slice(b"\r\n");
-                    *framing = Framing::Nothing;
-                    return Ok(Some(true));
-                }
-                continue;
-            }
-        };
-        if data.is_empty() {
-            continue;
-        }
-        match framing {
-            Framing::Length(left) => {
-                let length = data.len() as u64;
-                if length > *left {
-                    return Err(());
-                }
-                *left -= length;
-            }
-            Framing::Chunked => {
-                let mut size = [0u8; 16];
-                let digits = hex(data.len(), &mut size);
-                out.extend_from_slice(digits);
-                out.extend_from_slice(b"\r\n");
-            }
-            Framing::UntilClose | Framing::Nothing => {}
-        }
-        let chunked = *framing == Framing::Chunked;
-        if data.len() <= COPY_LIMIT {
-            out.extend_from_slice(&data);
-            if chunked {
-                out.extend_from_slice(b"\r\n");
-            }
-        } else {
+        match framing.stage(frame, out, COPY_LIMIT).map_err(|_| ())? {
+            Staged::Gathered => {}
+            Staged::Ended => return Ok(Some(true)),
             // Written from its own bytes after `out`; what follows it waits until it is written.
-            *piece = data;
-            owed.chunk_end = chunked;
+            Staged::Piece { data, chunk_end } => {
+                *piece = data;
+                owed.chunk_end = chunk_end;
+            }
         }
         // As hyper does: a body that says it is done is not asked again (a proxied answer's connection goes back
         // to its pool as its last bytes are read).
@@ -774,29 +719,9 @@ struct Owed {
     body_end: bool,
 }
 
-/// Ends a body that is done: its last chunk when chunked; an error when it gave fewer bytes than its length.
-fn finish(framing: &Framing, out: &mut Vec<u8>) -> Result<Option<bool>, ()> {
-    match *framing {
-        Framing::Chunked => {
-            out.extend_from_slice(b"0\r\n\r\n");
-            Ok(Some(true))
-        }
-        Framing::Length(0) | Framing::UntilClose | Framing::Nothing => Ok(Some(true)),
-        Framing::Length(_) => Err(()),
-    }
-}
-
-/// `value` in lowercase hexadecimal, written at the end of `buffer`.
-fn hex(mut value: usize, buffer: &mut [u8; 16]) -> &[u8] {
-    let mut start = buffer.len();
-    loop {
-        start -= 1;
-        buffer[start] = b"0123456789abcdef"[value & 15];
-        value >>= 4;
-        if value == 0 {
-            return &buffer[start..];
-        }
-    }
+/// Ends a body that is done (see [`Framing::finish`]), as [`answer`] reports it.
+fn finish(framing: &mut Framing, out: &mut Vec<u8>) -> Result<Option<bool>, ()> {
+    framing.finish(out).map(|()| Some(true)).map_err(|_| ())
 }
 
 /// Writes `out` from `written` on, then `piece`; ready once both are written (and `out` emptied).
@@ -1115,13 +1040,5 @@ mod tests {
         );
         let whole = Full::new(Bytes::from(large.clone()));
         assert_eq!(answered(Framing::Length(large.len() as u64), whole), large);
-    }
-
-    #[test]
-    fn chunk_sizes_are_written_in_hex() {
-        let mut buffer = [0u8; 16];
-        assert_eq!(hex(0, &mut buffer), b"0");
-        assert_eq!(hex(255, &mut buffer), b"ff");
-        assert_eq!(hex(0x1_0000, &mut buffer), b"10000");
     }
 }

@@ -11,8 +11,8 @@ use http_body::Body as _;
 use smallvec::SmallVec;
 
 use super::decode::Decoder;
-use super::upload::Framing;
 use super::WireError;
+use crate::body_framing::Framing;
 use crate::proxy::headers::HopFields;
 
 /// Header fields an answer may have (hyper's limit too).
@@ -70,7 +70,7 @@ pub(in crate::proxy::pool) fn write_request_head(
     hop.write(out);
     let body = request.body();
     let framing = if body.is_end_stream() {
-        Framing::Empty
+        Framing::Nothing
     } else if let Some(length) = declared {
         Framing::Length(length)
     } else if let Some(length) = body.size_hint().exact() {
@@ -355,7 +355,7 @@ mod tests {
             .expect("request");
         assert!(matches!(
             write_request_head(&request, &HopFields::default(), &mut out),
-            Framing::Empty
+            Framing::Nothing
         ));
         assert_eq!(
             String::from_utf8_lossy(&out),

@@ -9,16 +9,7 @@ use bytes::{Buf, Bytes};
 use http_body::{Body as _, Frame};
 use tokio::io::AsyncWrite;
 
-/// How the request body goes on the wire.
-#[derive(Debug, Clone, Copy)]
-pub(in crate::proxy::pool) enum Framing {
-    /// No body.
-    Empty,
-    /// This many bytes, as the head's `Content-Length` says.
-    Length(u64),
-    /// Chunks, then the last chunk (and any trailers).
-    Chunked,
-}
+use crate::body_framing::{Framing, Staged};
 
 /// Body bytes gathered into the write of what comes before them (the head, a chunk's size line) while it stays
 /// under this size: a small request goes out in one write, a large chunk is written from its own bytes.
@@ -54,7 +45,7 @@ impl Upload {
             written: 0,
             data: Bytes::new(),
             chunk_open: false,
-            body_done: matches!(framing, Framing::Empty),
+            body_done: framing == Framing::Nothing,
             finished: false,
             committed: false,
         }
@@ -89,11 +80,9 @@ impl Upload {
                     }
                     Poll::Ready(None) => {
                         self.body_done = true;
-                        match self.framing {
-                            Framing::Chunked => out.extend_from_slice(b"0\r\n\r\n"),
-                            // The target would wait for the rest, and read the next request as it.
-                            Framing::Length(1..) => return Poll::Ready(Err(mismatch())),
-                            _ => {}
+                        // Short of its length, the target would wait for the rest, and read the next request as it.
+                        if self.framing.finish(out).is_err() {
+                            return Poll::Ready(Err(mismatch()));
                         }
                     }
                     Poll::Pending => {}
@@ -135,45 +124,19 @@ impl Upload {
         }
     }
 
-    /// Puts a body frame in line: gathered into `out` when small, else kept in `data`. A body longer than its
-    /// `Content-Length` is refused: its surplus would reach the target as the start of another request.
+    /// Puts a body frame in line: gathered into `out` while that stays under [`GATHER`], else kept in `data`. A
+    /// body longer than its `Content-Length` is refused: its surplus would reach the target as the start of another
+    /// request.
     fn stage(&mut self, frame: Frame<Bytes>, out: &mut Vec<u8>) -> Result<(), UploadError> {
-        let data = match frame.into_data() {
-            Ok(data) => data,
-            Err(frame) => {
-                // Trailers travel only in chunked framing: they end it.
-                if let (Ok(trailers), Framing::Chunked) = (frame.into_trailers(), self.framing) {
-                    out.extend_from_slice(b"0\r\n");
-                    for (name, value) in &trailers {
-                        out.extend_from_slice(name.as_str().as_bytes());
-                        out.extend_from_slice(b": ");
-                        out.extend_from_slice(value.as_bytes());
-                        out.extend_from_slice(b"\r\n");
-                    }
-                    out.extend_from_slice(b"\r\n");
-                    self.framing = Framing::Length(0);
-                }
-                return Ok(());
+        let room = GATHER.saturating_sub(out.len() - self.written);
+        match self.framing.stage(frame, out, room) {
+            Err(_) => return Err(mismatch()),
+            Ok(Staged::Gathered) => {}
+            Ok(Staged::Ended) => self.body_done = true,
+            Ok(Staged::Piece { data, chunk_end }) => {
+                self.data = data;
+                self.chunk_open = chunk_end;
             }
-        };
-        if data.is_empty() {
-            return Ok(());
-        }
-        if let Framing::Length(left) = &mut self.framing {
-            *left = left.checked_sub(data.len() as u64).ok_or_else(mismatch)?;
-        }
-        let chunked = matches!(self.framing, Framing::Chunked);
-        if chunked {
-            out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
-        }
-        if out.len() - self.written + data.len() <= GATHER {
-            out.extend_from_slice(&data);
-            if chunked {
-                out.extend_from_slice(b"\r\n");
-            }
-        } else {
-            self.data = data;
-            self.chunk_open = chunked;
         }
         Ok(())
     }
