@@ -335,13 +335,22 @@ fuzz_target!(|input: Input| {
         query: input.query.as_deref(),
         consumer: None,
         plan: None,
+        client_cert: None,
     };
+    // A key the client writes alone is never the key its address falls back to: a value that reads as an address
+    // is marked, so that a header cannot name another client's address budget.
+    let written_alone = matches!(&parts[..], [part] if part.is_client_text());
     let by_ip = KeySpec::new(parts.clone(), MissingKey::Ip).value(&facts);
     let skip = KeySpec::new(parts, MissingKey::Skip).value(&facts);
     // The two policies differ only when a part is absent: then one falls back to the address (an IPv6 client's
     // network of `ipv6_prefix` bits), the other skips. A part that occurs twice is ambiguous under both.
     match (&by_ip, &skip) {
-        (Ok(Some(a)), Ok(Some(b))) => assert_eq!(a, b),
+        (Ok(Some(a)), Ok(Some(b))) => {
+            assert_eq!(a, b);
+            if written_alone {
+                assert_ne!(a, &client_key(client, ipv6_prefix), "a written value took an address's key");
+            }
+        }
         (Ok(Some(a)), Ok(None)) => assert_eq!(a, &client_key(client, ipv6_prefix)),
         (Ok(None), _) => panic!("missing: ip never skips a request"),
         (Err(_), Err(_)) => {}

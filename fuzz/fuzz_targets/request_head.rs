@@ -228,6 +228,7 @@ fuzz_target!(|data: &[u8]| {
         version: request.version(),
         write_forwarded: which & 4 != 0,
         reads_trailers: false,
+        request_id: None,
     };
     prepare_request(&mut upstream, &facts);
     for name in HOP_BY_HOP {

@@ -358,7 +358,7 @@ impl fmt::Display for KeySpec {
 
 /// What a one-part key the client writes is preceded by when it reads as an address, or starts with this mark (see
 /// [`KeySpec::value`]).
-pub const ADDRESS_MARK: char = '\\';
+const ADDRESS_MARK: char = '\\';
 
 /// Writes `out[from..]`, one part of a key of several, with `\` before each `|` and `\`: the join is then read one
 /// way only (`a|b` + `c` is `a\|b|c`, never `a` + `b|c`).
@@ -734,6 +734,47 @@ mod tests {
         // Parts the client does not write are as they are: a consumer named like an address is the operator's.
         assert!(!KeyPart::Consumer.is_client_text());
         assert!(KeyPart::Host.is_client_text());
+    }
+
+    proptest::proptest! {
+        /// Whatever the client writes, a one-part key of it is never the key of an address (any address, any IPv6
+        /// prefix), and two pairs of values make two composite keys unless they are the same pair.
+        #[test]
+        fn written_values_name_no_address_and_composite_keys_no_other_pair(
+            a in "[0-9a-f:./|\\\\x]{1,12}",
+            b in "[0-9a-f:./|\\\\x]{1,12}",
+            c in "[0-9a-f:./|\\\\x]{1,12}",
+            d in "[0-9a-f:./|\\\\x]{1,12}",
+            v4 in proptest::prelude::any::<[u8; 4]>(),
+            v6 in proptest::prelude::any::<u128>(),
+            prefix in 0u8..=128,
+        ) {
+            let headers_of = |x: &str, y: &str| {
+                let mut headers = HeaderMap::new();
+                headers.insert("x-a", HeaderValue::from_str(x).unwrap());
+                headers.insert("x-b", HeaderValue::from_str(y).unwrap());
+                headers
+            };
+            let alone = spec(&["header:x-a"], MissingKey::Skip);
+            let headers = headers_of(&a, &b);
+            let written = alone.value(&facts(&headers, None)).unwrap().unwrap();
+            for address in [IpAddr::from(v4), IpAddr::from(std::net::Ipv6Addr::from(v6))] {
+                let mut key = String::new();
+                push_client_key(&mut key, address, prefix);
+                proptest::prop_assert_ne!(&written, &key);
+            }
+            // The address's key itself, written by the client, too.
+            for address in [IpAddr::from(v4), IpAddr::from(std::net::Ipv6Addr::from(v6))] {
+                let mut key = String::new();
+                push_client_key(&mut key, address, prefix);
+                let headers = headers_of(&key, &b);
+                proptest::prop_assert_ne!(alone.value(&facts(&headers, None)).unwrap().unwrap(), key);
+            }
+            let pair = spec(&["header:x-a", "header:x-b"], MissingKey::Skip);
+            let (one, other) = (headers_of(&a, &b), headers_of(&c, &d));
+            let same = pair.value(&facts(&one, None)) == pair.value(&facts(&other, None));
+            proptest::prop_assert_eq!(same, (&a, &b) == (&c, &d));
+        }
     }
 
     #[test]
