@@ -38,6 +38,8 @@ pub(crate) enum Staged {
 impl Framing {
     /// Puts `frame` in line after what `out` holds: its data, framed, copied into `out` when it is at most
     /// `copy_limit` bytes, else handed back as a piece to write from its own bytes (no copy of a large body).
+    // Inlined into each writer's loop: an answer's one frame is on every proxied request's path.
+    #[inline]
     pub(crate) fn stage(
         &mut self,
         frame: Frame<Bytes>,
@@ -85,6 +87,7 @@ impl Framing {
     }
 
     /// Ends a body that is done: writes its last chunk when chunked; fails when it gave fewer bytes than its length.
+    #[inline]
     pub(crate) fn finish(&mut self, out: &mut Vec<u8>) -> Result<(), LengthMismatch> {
         match std::mem::replace(self, Self::Nothing) {
             Self::Chunked => {

@@ -255,3 +255,47 @@ async fn top_refuses_without_the_token_an_unknown_route_or_limit_and_a_bad_n() {
     );
     top(&tollgate, "route=api&limit=per_ip&n=64").await;
 }
+
+/// A reload keeps each limit's top keys when its route, name and key stay (as it keeps the counts they show), and a
+/// plan's consumers nearest it; a limit whose key changed starts afresh.
+#[tokio::test]
+async fn a_reload_keeps_the_top_keys_of_the_limits_it_keeps() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tollgate = start_on(&dir, None);
+    top(&tollgate, "route=api&limit=per_user").await;
+    send(&tollgate, "/api", ("x-user", "flooder"), 7).await;
+    send(&tollgate, "/tokens", ("authorization", "Bearer t-1"), 1).await;
+    send(&tollgate, "/plans", ("x-api-key", "pro-key-1"), 3).await;
+
+    // per_user's limit raised, per_token keyed otherwise, a route added: the new config is running once it answers.
+    let path = dir.path().join("gateway.yaml");
+    let yaml = std::fs::read_to_string(&path).expect("config");
+    let yaml = yaml
+        .replace("missing: skip, algorithm: fixed_window, limit: 5", "missing: skip, algorithm: fixed_window, limit: 6")
+        .replace("key: \"header:authorization\"", "key: \"header:x-token\"")
+        + "  - name: extra\n    consumers: \"off\"\n    match: { path_prefix: /extra }\n    respond: { status: 204 }\n";
+    std::fs::write(&path, yaml).expect("write config");
+    let reloaded = common::eventually(std::time::Duration::from_secs(10), async || {
+        let response = client().get(tollgate.url("/extra")).send().await;
+        response.is_ok_and(|r| r.status() == 204)
+    })
+    .await;
+    assert!(reloaded.is_some(), "never reloaded:\n{}", tollgate.log());
+
+    let kept = top(&tollgate, "route=api&limit=per_user").await;
+    assert_eq!(
+        keys(&kept, "one_minute"),
+        [("flooder".into(), 5, 2, 0)],
+        "{kept}"
+    );
+    let plan = top(&tollgate, "route=plans&limit=pro.hourly").await;
+    assert_eq!(
+        keys(&plan, "one_minute"),
+        [("acme".into(), 2, 1, 0)],
+        "{plan}"
+    );
+    let (_, stats) = admin_get(&tollgate, "/stats").await;
+    assert_eq!(stats["consumers"]["nearest"][0]["key"], "acme", "{stats}");
+    let rekeyed = top(&tollgate, "route=tokens&limit=per_token").await;
+    assert_eq!(keys(&rekeyed, "one_minute"), [], "{rekeyed}");
+}

@@ -133,6 +133,24 @@ impl CompiledConfig {
         }
     }
 
+    /// Takes over, limit by limit, the top keys `before` (the config a reload replaces) gathered: of each limit
+    /// (a plan's too) of a route of the same name, with the same name and the same key.
+    pub(super) fn keep_top_keys_of(&self, before: &CompiledConfig) {
+        for route in &self.routes {
+            let Some(old) = before.routes.iter().find(|old| old.name == route.name) else {
+                continue;
+            };
+            for (settings, top) in route.policy.tops() {
+                let same = old.policy.tops().find(|(was, _)| {
+                    was.limit.name() == settings.limit.name() && was.key == settings.key
+                });
+                if let Some((_, before)) = same {
+                    top.take_from(before);
+                }
+            }
+        }
+    }
+
     pub(super) fn route_for(&self, target: &RequestTarget<'_>) -> Option<&Route> {
         match &self.index {
             Some(index) => index

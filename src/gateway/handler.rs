@@ -112,6 +112,7 @@ impl Gateway {
     pub fn reload(&self, config: &Config) {
         let directory = self.directory_for(config);
         let compiled = CompiledConfig::new(config, directory.as_ref());
+        compiled.keep_top_keys_of(&self.compiled.load());
         let maxes: Vec<(String, u64)> = compiled
             .routes
             .iter()

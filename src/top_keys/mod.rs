@@ -123,6 +123,17 @@ impl LimitTop {
         }
     }
 
+    /// Takes over what `before` saw, the same limit in the config a reload replaces: its minutes and, for a plan's
+    /// limit, the consumers nearest it. A reload changes no key's count, so it must not empty the page showing them.
+    pub fn take_from(&self, before: &LimitTop) {
+        let minutes = std::mem::take(&mut *before.minutes.lock());
+        *self.minutes.lock() = minutes;
+        if let (Some(nearest), Some(before)) = (&self.nearest, &before.nearest) {
+            let taken = std::mem::take(&mut *before.lock());
+            *nearest.lock() = taken;
+        }
+    }
+
     /// Records one request as `seen`: denied, always; admitted, while `watch` says someone looks.
     pub fn record(&self, watch: &Watch, seen: Seen<'_>) {
         self.record_at(watch, now_ms(), seen);
