@@ -145,6 +145,20 @@ async fn a_dead_target_is_skipped_after_its_first_failure_and_that_request_retri
     assert_eq!(up["fails"], 0);
     assert_eq!(gauge(&admin, &closed(&dead)).await, Some(0.0));
     assert_eq!(gauge(&admin, &live.url()).await, Some(1.0));
+
+    // A reload that drops the dead target drops its series: a 0 left behind would keep its alert firing.
+    gateway
+        .gateway
+        .reload(&common::config(&yaml(&[live.url()], "", "", None)));
+    assert_eq!(gauge(&admin, &closed(&dead)).await, None);
+    assert_eq!(gauge(&admin, &live.url()).await, Some(1.0));
+    let text = metrics_text(&admin).await;
+    assert_eq!(
+        text.matches("# TYPE tollgate_upstream_target_up gauge")
+            .count(),
+        1,
+        "{text}"
+    );
 }
 
 /// Without retries (`attempts: 1`), the request that met the closed port is 502, and health alone keeps every

@@ -24,13 +24,16 @@ pub(super) async fn readyz(State(admin): State<Admin>) -> impl IntoResponse {
 
 /// Prometheus text format.
 pub(super) async fn metrics(State(admin): State<Admin>) -> impl IntoResponse {
-    super::upstreams::refresh_gauges(&admin);
     match crate::telemetry::prometheus() {
-        Some(handle) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-            handle.render(),
-        ),
+        Some(handle) => {
+            let mut text = handle.render();
+            super::upstreams::render_target_up(&admin, &mut text);
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                text,
+            )
+        }
         None => (
             StatusCode::SERVICE_UNAVAILABLE,
             [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

@@ -37,11 +37,32 @@ pub(super) fn health(admin: &Admin) -> Vec<Value> {
         .collect()
 }
 
-/// Brings `tollgate_upstream_target_up` up to date before a scrape: a target's skip ends when its `fail_timeout`
-/// passes, with no request needed to notice.
-pub(super) fn refresh_gauges(admin: &Admin) {
-    for upstream in admin.gateway.upstreams() {
-        drop(upstream.health());
+/// Writes `tollgate_upstream_target_up` in the Prometheus text format: a series for each target of the running
+/// config's upstreams, read as the scrape asks (a target's skip ends when its `fail_timeout` passes, with no request
+/// needed to notice). Written here, not kept in the exporter, so that a target a reload removed leaves no series
+/// behind: a last 0 kept for it would hold its alert firing until a restart.
+pub(super) fn render_target_up(admin: &Admin, out: &mut String) {
+    use std::fmt::Write;
+    const NAME: &str = "tollgate_upstream_target_up";
+    let upstreams = admin.gateway.upstreams();
+    if upstreams.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "# HELP {NAME} 1 while an upstream target is tried, 0 while it is skipped after failing (health: \
+         max_fails, fail_timeout).\n# TYPE {NAME} gauge"
+    );
+    for upstream in &upstreams {
+        for (target, view) in upstream.health() {
+            let _ = writeln!(
+                out,
+                "{NAME}{{upstream=\"{}\",target=\"{}\"}} {}",
+                crate::telemetry::label_value(upstream.name()),
+                crate::telemetry::label_value(target),
+                u8::from(view.down_for.is_none()),
+            );
+        }
     }
 }
 

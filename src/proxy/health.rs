@@ -22,8 +22,6 @@ pub(crate) struct TargetHealth {
     /// Failures counted since the last success; a success resets them only when there are some.
     fails: AtomicU32,
     record: Mutex<Record>,
-    /// `tollgate_upstream_target_up{upstream,target}`.
-    gauge: metrics::Gauge,
     upstream: String,
     target: String,
 }
@@ -69,27 +67,20 @@ struct Record {
 // === impl TargetHealth ===
 
 impl TargetHealth {
-    /// A target that is up, named `target` in `upstream` for the gauge and the logs.
+    /// A target that is up, named `target` in `upstream` for `/upstreams`, the metrics and the logs.
     pub(crate) fn new(settings: HealthSettings, upstream: &str, target: &str) -> Self {
-        let gauge = metrics::gauge!(
-            "tollgate_upstream_target_up",
-            "upstream" => upstream.to_owned(),
-            "target" => target.to_owned(),
-        );
-        gauge.set(1.0);
         Self {
             settings,
             epoch: Instant::now(),
             down_until: AtomicU64::new(0),
             fails: AtomicU32::new(0),
             record: Mutex::new(Record::default()),
-            gauge,
             upstream: upstream.to_owned(),
             target: target.to_owned(),
         }
     }
 
-    /// The target's name (its URL), as the gauge and `/upstreams` show it.
+    /// The target's name (its URL), as the metrics and `/upstreams` show it.
     pub(crate) fn target(&self) -> &str {
         &self.target
     }
@@ -126,7 +117,6 @@ impl TargetHealth {
         self.fails.store(0, Ordering::Relaxed);
         self.down_until.store(0, Ordering::Relaxed);
         drop(record);
-        self.gauge.set(1.0);
         if was_down {
             tracing::info!(upstream = %self.upstream, target = %self.target, "upstream target answers again");
         }
@@ -163,7 +153,6 @@ impl TargetHealth {
         self.down_until.store(until, Ordering::Relaxed);
         let fails = record.fails;
         drop(record);
-        self.gauge.set(0.0);
         tracing::warn!(
             upstream = %self.upstream,
             target = %self.target,
@@ -174,8 +163,7 @@ impl TargetHealth {
         );
     }
 
-    /// Where the target stands at `now` (also brings the gauge up to date: a target's skip ends with no request
-    /// to notice it).
+    /// Where the target stands at `now` (a target's skip ends with no request to notice it).
     pub(crate) fn view(&self, now: Instant) -> HealthView {
         let record = self.record.lock();
         let until = self.down_until.load(Ordering::Relaxed);
@@ -188,7 +176,6 @@ impl TargetHealth {
             (None, true) => "retrying",
             (None, false) => "up",
         };
-        self.gauge.set(if down_for.is_some() { 0.0 } else { 1.0 });
         HealthView {
             state,
             fails: record.fails,

@@ -130,7 +130,7 @@ impl Counted {
 }
 
 /// A label value as the text format writes it: `\`, `"` and line feeds escaped.
-fn escaped(value: &str) -> String {
+pub(crate) fn escaped(value: &str) -> String {
     value
         .replace('\\', "\\\\")
         .replace('"', "\\\"")

@@ -153,10 +153,6 @@ fn describe() {
         "Time to the upstream's response head, by route."
     );
     metrics::describe_gauge!(
-        "tollgate_upstream_target_up",
-        "1 while an upstream target is tried, 0 while it is skipped after failing (health: max_fails, fail_timeout)."
-    );
-    metrics::describe_gauge!(
         "tollgate_websocket_tunnels",
         "WebSocket connections open through the gateway now, by upstream."
     );

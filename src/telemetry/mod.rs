@@ -5,4 +5,5 @@ mod histograms;
 mod metrics;
 pub mod trace;
 
+pub(crate) use histograms::escaped as label_value;
 pub use metrics::{prometheus, Metrics, RouteMetrics};
