@@ -447,3 +447,65 @@ routes:
         }
     }
 }
+
+/// `hide_credentials: true` in a `jwt:` block: the token that named the caller is not sent upstream (the upstream
+/// learns the caller from `forward:`), while an `Authorization` of another scheme, which named nobody, goes as sent.
+#[tokio::test]
+async fn a_hidden_token_never_reaches_the_upstream() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rsa = rsa_key("rsa-1");
+    let jwks_path = dir.path().join("jwks.json");
+    std::fs::write(&jwks_path, jwks(&[&rsa])).expect("write jwks");
+    let yaml = format!(
+        r#"listen: 127.0.0.1:0
+store: {{ backend: memory }}
+upstreams:
+  backend:
+    targets: ["{upstream}"]
+consumers:
+  identify:
+    - jwt:
+        algorithms: [RS256]
+        jwks_file: {jwks}
+        issuer: {ISSUER}
+        audiences: [api]
+        hide_credentials: true
+  forward: {{ consumer: X-Consumer-Id }}
+routes:
+  - name: open
+    match: {{ path_prefix: /open }}
+    upstream: backend
+    consumers: optional
+"#,
+        upstream = upstream.url(),
+        jwks = jwks_path.display(),
+    );
+    let gateway = common::start_gateway(&yaml).await;
+    let echoed = async |authorization: &str| {
+        let response = client()
+            .get(gateway.url("/open/x"))
+            .header("authorization", authorization)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.status(), 200);
+        let body = response.bytes().await.expect("body");
+        serde_json::from_slice::<Value>(&body).expect("an echo")["headers"].clone()
+    };
+    let token = sign(&rsa, &claims("ann", "free", json!({})));
+    let headers = echoed(&format!("Bearer {token}")).await;
+    assert_eq!(
+        headers["x-consumer-id"],
+        format!("{}:ann", &ISSUER[8..]),
+        "{headers}"
+    );
+    assert_eq!(
+        headers.get("authorization"),
+        None,
+        "the token reached the upstream: {headers}"
+    );
+    let headers = echoed("Basic dXNlcjpwYXNz").await;
+    assert_eq!(headers.get("x-consumer-id"), None, "{headers}");
+    assert_eq!(headers["authorization"], "Basic dXNlcjpwYXNz");
+}
