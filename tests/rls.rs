@@ -1117,6 +1117,12 @@ async fn copies_are_each_charged(redis: Option<&RedisServer>) {
     // Two copies of 2 each take 4 of 5.
     let twice = ask(&mut client, copies("b", 2, 2)).await;
     assert_eq!((twice.overall_code, remaining(&twice)), (OK, vec![1, 1]));
+    // One limit met twice is one policy, which `RateLimit` names.
+    assert_eq!(
+        header(&twice, "ratelimit-policy"),
+        Some("\"five\";q=5;w=1728000000"),
+        "{twice:?}"
+    );
     let once = ask(&mut client, copies("b", 1, 2)).await;
     assert_eq!(once.overall_code, OVER_LIMIT);
 }

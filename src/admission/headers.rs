@@ -36,21 +36,25 @@ pub(crate) fn policy<'l>(
     limits: impl Iterator<Item = &'l Limit>,
     at_ms: Option<i64>,
 ) -> Option<HeaderValue> {
-    // Shadow limits are never enforced: clients are not told about them.
-    let items: Vec<String> = limits
-        .filter(|l| !l.is_shadow())
-        .map(|l| {
-            let algorithm = l.algorithm();
-            format!(
-                "\"{}\";q={};w={}",
-                l.name(),
-                algorithm.capacity(),
-                ceil_seconds(
-                    at_ms.map_or_else(|| algorithm.window_ms(), |at| algorithm.window_ms_at(at))
-                )
+    // Shadow limits are never enforced: clients are not told about them. A limit met more than once (the rate limit
+    // service's copies of one descriptor, each charged) is one policy: `RateLimit` names it once.
+    let mut items: Vec<String> = Vec::new();
+    let described = limits.filter(|l| !l.is_shadow()).map(|l| {
+        let algorithm = l.algorithm();
+        format!(
+            "\"{}\";q={};w={}",
+            l.name(),
+            algorithm.capacity(),
+            ceil_seconds(
+                at_ms.map_or_else(|| algorithm.window_ms(), |at| algorithm.window_ms_at(at))
             )
-        })
-        .collect();
+        )
+    });
+    for item in described {
+        if !items.contains(&item) {
+            items.push(item);
+        }
+    }
     if items.is_empty() {
         return None;
     }
