@@ -259,13 +259,17 @@ async fn the_runtime_plan_goes_ahead_of_the_tokens_claim() {
     );
 }
 
-#[tokio::test]
-async fn another_authorization_scheme_is_no_credential_for_a_jwt_identifier() {
-    let upstream = Upstream::start().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let rsa = rsa_key("rsa-1");
+/// A gateway on the in-process store whose first identifier verifies RS256 tokens of `rsa_key("rsa-1")` from a
+/// JWKS file in `dir` (its block ending with `jwt_lines`), then `rest`: the other identifiers, the rest of
+/// `consumers:`, and the routes, whose upstream `backend` is `upstream`.
+async fn with_jwks_file(
+    upstream: &Upstream,
+    dir: &tempfile::TempDir,
+    jwt_lines: &str,
+    rest: &str,
+) -> TestGateway {
     let jwks_path = dir.path().join("jwks.json");
-    std::fs::write(&jwks_path, jwks(&[&rsa])).expect("write jwks");
+    std::fs::write(&jwks_path, jwks(&[&rsa_key("rsa-1")])).expect("write jwks");
     let yaml = format!(
         r#"listen: 127.0.0.1:0
 store: {{ backend: memory }}
@@ -279,29 +283,37 @@ consumers:
         jwks_file: {jwks}
         issuer: {ISSUER}
         audiences: [api]
-    - api_key: {{ header: x-api-key }}
-  keys:
-    - {{ key: key-of-bob, consumer: bob, plan: free }}
-  anonymous: {{ plan: free }}
-  forward: {{ consumer: X-Consumer-Id, plan: X-Consumer-Plan }}
-  plans:
-    free:
-      limits:
-        - {{ name: hourly, key: consumer, algorithm: sliding_log, limit: 100, period: 1h }}
-routes:
-  - name: open
-    match: {{ path_prefix: /open }}
-    upstream: backend
-    consumers: optional
-  - name: closed
-    match: {{ path_prefix: /closed }}
-    upstream: backend
-    consumers: required
-"#,
+{jwt_lines}{rest}"#,
         upstream = upstream.url(),
         jwks = jwks_path.display(),
     );
-    let gateway = common::start_gateway(&yaml).await;
+    common::start_gateway(&yaml).await
+}
+
+#[tokio::test]
+async fn another_authorization_scheme_is_no_credential_for_a_jwt_identifier() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rest = r#"    - api_key: { header: x-api-key }
+  keys:
+    - { key: key-of-bob, consumer: bob, plan: free }
+  anonymous: { plan: free }
+  forward: { consumer: X-Consumer-Id, plan: X-Consumer-Plan }
+  plans:
+    free:
+      limits:
+        - { name: hourly, key: consumer, algorithm: sliding_log, limit: 100, period: 1h }
+routes:
+  - name: open
+    match: { path_prefix: /open }
+    upstream: backend
+    consumers: optional
+  - name: closed
+    match: { path_prefix: /closed }
+    upstream: backend
+    consumers: required
+"#;
+    let gateway = with_jwks_file(&upstream, &dir, "", rest).await;
     let get = async |path: &str, authorization: &str, key: Option<&str>| {
         let mut request = client()
             .get(gateway.url(path))
@@ -454,34 +466,15 @@ routes:
 async fn a_hidden_token_never_reaches_the_upstream() {
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let rsa = rsa_key("rsa-1");
-    let jwks_path = dir.path().join("jwks.json");
-    std::fs::write(&jwks_path, jwks(&[&rsa])).expect("write jwks");
-    let yaml = format!(
-        r#"listen: 127.0.0.1:0
-store: {{ backend: memory }}
-upstreams:
-  backend:
-    targets: ["{upstream}"]
-consumers:
-  identify:
-    - jwt:
-        algorithms: [RS256]
-        jwks_file: {jwks}
-        issuer: {ISSUER}
-        audiences: [api]
-        hide_credentials: true
-  forward: {{ consumer: X-Consumer-Id }}
+    let rest = r#"  forward: { consumer: X-Consumer-Id }
 routes:
   - name: open
-    match: {{ path_prefix: /open }}
+    match: { path_prefix: /open }
     upstream: backend
     consumers: optional
-"#,
-        upstream = upstream.url(),
-        jwks = jwks_path.display(),
-    );
-    let gateway = common::start_gateway(&yaml).await;
+"#;
+    let gateway = with_jwks_file(&upstream, &dir, "        hide_credentials: true\n", rest).await;
+    let rsa = rsa_key("rsa-1");
     let echoed = async |authorization: &str| {
         let response = client()
             .get(gateway.url("/open/x"))
