@@ -52,8 +52,6 @@ pub use ipnet::IpNet;
 pub mod admin;
 pub mod admission;
 #[cfg(feature = "gateway")]
-mod body_framing;
-#[cfg(feature = "gateway")]
 mod civil;
 pub mod config;
 pub mod consumers;

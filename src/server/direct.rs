@@ -23,8 +23,8 @@ use http_body::Body;
 use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use super::body_framing::{push_field, Framing, Staged};
 use super::idle::REST_AFTER;
-use crate::body_framing::{push_field, Framing, Staged};
 
 /// Fields a request head may have here (hyper's limit too): a head with more is hyper's to refuse.
 const MAX_FIELDS: usize = 100;

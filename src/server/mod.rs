@@ -1,6 +1,7 @@
 //! The connections: listeners, HTTP/1 and HTTP/2 connections and their clocks, drain and shutdown, running out of
 //! file descriptors.
 
+pub(crate) mod body_framing;
 mod connection;
 mod descriptors;
 mod direct;

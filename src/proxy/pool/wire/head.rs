@@ -12,8 +12,8 @@ use smallvec::SmallVec;
 
 use super::decode::Decoder;
 use super::WireError;
-use crate::body_framing::Framing;
 use crate::proxy::headers::HopFields;
+use crate::server::body_framing::Framing;
 
 /// Header fields an answer may have (hyper's limit too).
 const MAX_HEADERS: usize = 100;

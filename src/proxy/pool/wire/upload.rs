@@ -9,7 +9,7 @@ use bytes::{Buf, Bytes};
 use http_body::{Body as _, Frame};
 use tokio::io::AsyncWrite;
 
-use crate::body_framing::{Framing, Staged};
+use crate::server::body_framing::{Framing, Staged};
 
 /// Body bytes gathered into the write of what comes before them (the head, a chunk's size line) while it stays
 /// under this size: a small request goes out in one write, a large chunk is written from its own bytes.
