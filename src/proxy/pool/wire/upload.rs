@@ -132,7 +132,8 @@ impl Upload {
         match self.framing.stage(frame, out, room) {
             Err(_) => return Err(mismatch()),
             Ok(Staged::Gathered) => {}
-            Ok(Staged::Ended) => self.body_done = true,
+            // The last chunk is written; the body is still read to its end (a byte more is refused).
+            Ok(Staged::Ended) => self.framing = Framing::Length(0),
             Ok(Staged::Piece { data, chunk_end }) => {
                 self.data = data;
                 self.chunk_open = chunk_end;
@@ -198,5 +199,17 @@ mod tests {
         expected.extend_from_slice(&big);
         expected.extend_from_slice(b"\r\n0\r\n\r\n");
         assert_eq!(chunked, expected);
+        // Trailers end a chunked body: the last chunk carries them, and nothing follows.
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-sum", http::HeaderValue::from_static("7"));
+        let frames = [
+            Ok::<_, std::io::Error>(Frame::data(Bytes::from("ab"))),
+            Ok(Frame::trailers(trailers)),
+        ];
+        let body = Body::new(http_body_util::StreamBody::new(futures_util::stream::iter(
+            frames,
+        )));
+        let sent = written(Framing::Chunked, body).await;
+        assert_eq!(sent, b"HEAD\r\n\r\n2\r\nab\r\n0\r\nx-sum: 7\r\n\r\n");
     }
 }
