@@ -14,8 +14,9 @@ pub use client_ip::{
 };
 pub use limit::{Counts, LimitSettings, StatusSet, TokenKind};
 pub use spec::{
-    names_parameter, push_client_key, push_key_text, query_parameter, trimmed_value, AmbiguousKey,
-    KeyPart, KeyPartError, KeySpec, MissingKey, QueryParameter, RequestFacts, BYTES_MARK,
+    names_parameter, push_client_key, push_escaped, push_key_text, query_parameter, trimmed_value,
+    AmbiguousKey, KeyPart, KeyPartError, KeySpec, MissingKey, QueryParameter, RequestFacts,
+    BYTES_MARK,
 };
 pub use store_key::{
     key_head, key_with_head, seal_key, store_key, MAX_PLAIN_KEY_LEN, PLAN_KEY_SCOPE,

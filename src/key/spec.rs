@@ -367,8 +367,14 @@ fn escape_from(out: &mut String, from: usize) {
         return;
     }
     let part = out.split_off(from);
-    for c in part.chars() {
-        if matches!(c, '|' | '\\') {
+    push_escaped(out, &part, &['|']);
+}
+
+/// Appends `text` with a `\` before each of `separators` and before `\` itself: text joined with those separators
+/// is then read one way only (key parts here, a rate limit service descriptor's entries too).
+pub fn push_escaped(out: &mut String, text: &str, separators: &[char]) {
+    for c in text.chars() {
+        if c == '\\' || separators.contains(&c) {
             out.push('\\');
         }
         out.push(c);

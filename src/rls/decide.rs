@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 use super::domains::{Domain, Matched, Rule, RuleKind, MAX_SHARED_DEPTH};
 use super::unit::Unit;
 use crate::admission::{check_keyed, Refusal};
-use crate::key::{key_head, seal_key};
+use crate::key::{key_head, push_escaped, seal_key};
 use crate::limiter::store::LimitCheck;
 use crate::limiter::{Decision, Limit, Outcome, RateLimiter};
 
@@ -331,21 +331,12 @@ fn push_entries(key: &mut String, entries: &[(&str, &str)], shared: &SharedEntri
         if depth > 0 {
             key.push('|');
         }
-        push_escaped(key, name);
+        push_escaped(key, name, &['|', '=']);
         key.push('=');
         let value = shared.get(depth).copied().flatten().unwrap_or(value);
-        push_escaped(key, value);
+        push_escaped(key, value, &['|', '=']);
     }
     seal_key(key, start);
-}
-
-fn push_escaped(out: &mut String, text: &str) {
-    for c in text.chars() {
-        if matches!(c, '|' | '=' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ pub(crate) enum Staged {
     /// Too large to copy: to be written from its own bytes after the buffer (which holds its chunk's size line),
     /// then `\r\n` when `chunk_end`.
     Piece { data: Bytes, chunk_end: bool },
-    /// Trailers: the last chunk and its fields are in the buffer, and the body is ended.
+    /// Trailers: the last chunk and its fields are in the buffer, and the body is ended (a byte more is refused).
     Ended,
 }
 
@@ -56,7 +56,8 @@ impl Framing {
                         push_field(out, name, value);
                     }
                     out.extend_from_slice(b"\r\n");
-                    *self = Self::Nothing;
+                    // Nothing may follow the last chunk: a body that goes on breaks its framing.
+                    *self = Self::Length(0);
                     return Ok(Staged::Ended);
                 }
                 return Ok(Staged::Gathered);
@@ -168,7 +169,11 @@ mod tests {
             Ok(Staged::Ended)
         );
         assert_eq!(out, b"0\r\nx-sum: 7\r\n\r\n");
-        // Ended: nothing more is written.
+        // Ended: a byte more is refused, and nothing more is written.
+        assert_eq!(
+            framing.clone().stage(data(b"x"), &mut Vec::new(), 8),
+            Err(LengthMismatch)
+        );
         assert_eq!(framing.finish(&mut out), Ok(()));
         assert_eq!(out, b"0\r\nx-sum: 7\r\n\r\n");
     }

@@ -131,9 +131,8 @@ impl Upload {
         let room = GATHER.saturating_sub(out.len() - self.written);
         match self.framing.stage(frame, out, room) {
             Err(_) => return Err(mismatch()),
-            Ok(Staged::Gathered) => {}
-            // The last chunk is written; the body is still read to its end (a byte more is refused).
-            Ok(Staged::Ended) => self.framing = Framing::Length(0),
+            // The last chunk is written; the body is still read to its end.
+            Ok(Staged::Gathered | Staged::Ended) => {}
             Ok(Staged::Piece { data, chunk_end }) => {
                 self.data = data;
                 self.chunk_open = chunk_end;
